@@ -1,0 +1,30 @@
+"""Where and in which precision a model runs: GPU when there is one, the CPU otherwise."""
+from __future__ import annotations
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(setting: str, instance_device_id: int = 0) -> torch.device:
+    """setting: "auto" (CUDA if available), "cpu" or "cuda"."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("parameter device=cuda but no CUDA GPU is visible to this process")
+        # Triton does not set CUDA_VISIBLE_DEVICES per instance: select the instance's GPU.
+        device = torch.device("cuda", instance_device_id % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """setting: "auto" (float16 on GPU, float32 on CPU) or a dtype name."""
+    if setting == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return _DTYPES[setting]
+
+
+DTYPE_CHOICES = ("auto", *_DTYPES)

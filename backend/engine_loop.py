@@ -1,0 +1,89 @@
+"""The thread that owns the model: requests come in through `submit`, work runs in `step`.
+
+`execute()` in Triton's stub thread only validates and calls `submit`, then returns; this
+thread batches and runs the model and hands results to the response sink. The queue is
+bounded: when it is full `submit` raises `Overloaded` at once, so the client gets a clear
+"retry" error instead of a request that waits without limit.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+log = logging.getLogger("tritonformer")
+
+
+class Overloaded(RuntimeError):
+    """The request queue is full; the client should retry later (UNAVAILABLE / HTTP 503)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The model is being unloaded; queued work is answered with this error."""
+
+
+class EngineLoop:
+    def __init__(self, name: str, max_queue: int):
+        if max_queue < 1:
+            raise ValueError("max_queue must be >= 1")
+        self.max_queue = max_queue
+        self._inbox: deque = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # ---- called from Triton's threads -------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, item) -> None:
+        with self._cv:
+            if self._stopping:
+                raise ShuttingDown("the model is shutting down")
+            if len(self._inbox) + self.num_queued() >= self.max_queue:
+                raise Overloaded(f"server overloaded: {self.max_queue} requests already queued; retry later")
+            self._inbox.append(item)
+            self._cv.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    # ---- implemented by the engines, run on this thread ---------------------------------
+    def admit(self, items: list) -> None:
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        raise NotImplementedError
+
+    def num_queued(self) -> int:
+        """Requests admitted but not finished (counted against max_queue)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def abort_all(self, error: Exception) -> None:
+        """Answer every request still held with `error` (used at shutdown)."""
+        raise NotImplementedError
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self._stopping and not self.has_work():
+                    self._cv.wait()
+                items = list(self._inbox)
+                self._inbox.clear()
+                stopping = self._stopping
+            self.admit(items)
+            if stopping:
+                self.abort_all(ShuttingDown("the model is shutting down"))
+                return
+            try:
+                self.step()
+            except Exception:  # a bug must not kill the thread and strand every request
+                log.exception("engine step failed")
+                self.abort_all(RuntimeError("internal error in the engine; see the server log"))

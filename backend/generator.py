@@ -1,0 +1,158 @@
+"""The decoder engine: one model iteration at a time over all active sequences.
+
+Each loop step asks the iteration scheduler which sequences run, runs one forward over all of
+them (prompts of joining sequences and one token of each running one), samples, and streams
+the new text. Sequences join and leave between iterations.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tritonformer.backend.detokenizer import IncrementalDetokenizer
+from tritonformer.backend.engine_loop import EngineLoop, log
+from tritonformer.backend.models.llama import KVCache, LlamaModel
+from tritonformer.backend.responses import ResponseSink
+from tritonformer.backend.sampling import Sampler, SamplingParams
+from tritonformer.backend.tokenization import TextTokenizer
+from tritonformer.scheduler.iteration import IterationScheduler
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)  # identity equality: the scheduler removes sequences by identity
+class Sequence:
+    handle: Any
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    detok: IncrementalDetokenizer
+    key: int = field(default_factory=lambda: next(_ids))
+    arrival: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    unsent_ids: list[int] = field(default_factory=list)
+    cache: KVCache | None = None
+    finish_reason: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+
+class GeneratorEngine(EngineLoop):
+    def __init__(
+        self,
+        model: LlamaModel,
+        tokenizer: TextTokenizer,
+        sink: ResponseSink,
+        scheduler: IterationScheduler,
+        max_queue: int = 256,
+        cancel_check_interval_s: float = 0.05,
+    ):
+        super().__init__("tritonformer-generator", max_queue)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sink = sink
+        self.scheduler = scheduler
+        self.sampler = Sampler()
+        self.cancel_check_interval_s = cancel_check_interval_s
+        self._last_cancel_check = 0.0
+
+    def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool) -> Sequence:
+        return Sequence(handle, prompt_ids, params, stream, IncrementalDetokenizer(self.tokenizer, params.stop))
+
+    # ---- EngineLoop ---------------------------------------------------------------------
+    def admit(self, items: list[Sequence]) -> None:
+        for seq in items:
+            self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def num_queued(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    def abort_all(self, error: Exception) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._release(seq)
+            self.sink.send(seq.handle, None, error, final=True)
+
+    def step(self) -> None:
+        self._drop_cancelled()
+        it = self.scheduler.schedule()
+        if not it:
+            return
+        seqs = it.prefill + it.decode
+        for seq in it.prefill:
+            seq.cache = self.model.new_cache()
+        tokens = [s.prompt_ids for s in it.prefill] + [[s.output_ids[-1]] for s in it.decode]
+        try:
+            logits = self.model.forward(tokens, [s.cache for s in seqs])
+            next_ids = self.sampler.sample(logits, [s.params for s in seqs], [s.key for s in seqs])
+        except Exception as e:
+            log.exception("generation iteration failed")
+            for seq in seqs:
+                self._release(seq)
+                self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {e}"), final=True)
+            return
+        for seq, token in zip(seqs, next_ids):
+            self._advance(seq, token)
+
+    # ---- per-sequence bookkeeping -------------------------------------------------------
+    def _advance(self, seq: Sequence, token: int) -> None:
+        seq.output_ids.append(token)
+        seq.unsent_ids.append(token)
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model.config.eos_token_ids):
+            seq.finish_reason = "stop"
+        elif seq.detok.add(token):
+            seq.finish_reason = "stop"  # a stop string appeared
+        elif len(seq.output_ids) >= p.max_tokens:
+            seq.finish_reason = "length"
+        elif len(seq.prompt_ids) + len(seq.output_ids) >= self.model.config.max_position_embeddings:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            self._finish(seq)
+        elif seq.stream:
+            self._send(seq, final=False)
+
+    def _send(self, seq: Sequence, final: bool) -> None:
+        if seq.stream:
+            text, ids = seq.detok.take_delta(final), seq.unsent_ids
+        else:
+            text, ids = seq.detok.text, seq.output_ids
+        if not final and not text:
+            return  # nothing readable yet (e.g. half a UTF-8 character): wait for more tokens
+        outputs = {
+            "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
+            "output_ids": np.array(ids, dtype=np.int32),
+        }
+        if final:
+            outputs["finish_reason"] = np.array([seq.finish_reason.encode()], dtype=np.object_)
+        seq.unsent_ids = []
+        self.sink.send(seq.handle, outputs, None, final=final)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self._release(seq)
+        self._send(seq, final=True)
+
+    def _release(self, seq: Sequence) -> None:
+        seq.cache = None  # frees its KV memory
+        self.sampler.release(seq.key)
+
+    def _drop_cancelled(self) -> None:
+        # Each cancellation check is an IPC round trip to the server: do it at most every
+        # cancel_check_interval_s, not per token.
+        now = time.monotonic()
+        if now - self._last_cancel_check < self.cancel_check_interval_s:
+            return
+        self._last_cancel_check = now
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if self.sink.is_cancelled(seq.handle):
+                seq.finish_reason = "cancelled"
+                self._finish(seq)

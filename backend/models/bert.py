@@ -1,0 +1,158 @@
+"""BERT-family encoder (BERT, RoBERTa, MiniLM) over packed variable-length batches.
+
+A batch of sequences of different lengths runs as one `[total_tokens, hidden]` activation:
+every GEMM sees only real tokens and attention uses cumulative sequence offsets, so there is
+no padding anywhere (TurboTransformers / EET's idea).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tritonformer import kernels
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    layer_norm_eps: float
+    hidden_act: str
+    position_offset: int  # RoBERTa numbers positions from padding_idx + 1
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "BertConfig":
+        model_type = cfg.get("model_type", "bert")
+        if model_type not in ("bert", "roberta", "xlm-roberta", "camembert"):
+            raise ValueError(f"unsupported encoder model_type {model_type!r} (expected a BERT/RoBERTa family model)")
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only absolute position embeddings are supported")
+        offset = cfg.get("pad_token_id", 1) + 1 if model_type != "bert" else 0
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"],
+            max_position_embeddings=cfg["max_position_embeddings"],
+            layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
+            hidden_act=cfg.get("hidden_act", "gelu"),
+            position_offset=offset,
+        )
+
+    @property
+    def max_tokens_per_sequence(self) -> int:
+        return self.max_position_embeddings - self.position_offset
+
+    @property
+    def gelu_approximate(self) -> str:
+        if self.hidden_act == "gelu":
+            return "none"
+        if self.hidden_act in ("gelu_new", "gelu_pytorch_tanh"):
+            return "tanh"
+        raise ValueError(f"unsupported hidden_act {self.hidden_act!r}")
+
+
+class BertEncoder:
+    """Weights plus a forward over packed sequences. Not an nn.Module: inference only."""
+
+    def __init__(self, config: BertConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+
+        def w(name: str) -> torch.Tensor:
+            if name not in state:
+                raise KeyError(f"checkpoint is missing weight {name!r}")
+            return state[name].to(device=device, dtype=dtype).contiguous()
+
+        self.word_emb = w("embeddings.word_embeddings.weight")
+        self.pos_emb = w("embeddings.position_embeddings.weight")
+        # Single-segment inputs: token type 0 for every token, folded into one bias vector.
+        self.type_emb0 = w("embeddings.token_type_embeddings.weight")[0]
+        self.emb_ln = (w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
+        self.layers = []
+        for i in range(config.num_layers):
+            p = f"encoder.layer.{i}."
+            att = p + "attention.self."
+            self.layers.append(
+                {
+                    # Q, K and V fused into one GEMM.
+                    "qkv_w": torch.cat([w(att + "query.weight"), w(att + "key.weight"), w(att + "value.weight")]),
+                    "qkv_b": torch.cat([w(att + "query.bias"), w(att + "key.bias"), w(att + "value.bias")]),
+                    "out_w": w(p + "attention.output.dense.weight"),
+                    "out_b": w(p + "attention.output.dense.bias"),
+                    "ln1": (w(p + "attention.output.LayerNorm.weight"), w(p + "attention.output.LayerNorm.bias")),
+                    "ffn_in_w": w(p + "intermediate.dense.weight"),
+                    "ffn_in_b": w(p + "intermediate.dense.bias"),
+                    "ffn_out_w": w(p + "output.dense.weight"),
+                    "ffn_out_b": w(p + "output.dense.bias"),
+                    "ln2": (w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias")),
+                }
+            )
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """input_ids `[T]` (all sequences concatenated), cu_seqlens `[B + 1]` int32.
+        Returns the last hidden state `[T, hidden]`."""
+        cfg = self.config
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
+        positions = torch.arange(input_ids.shape[0], device=input_ids.device) - starts + cfg.position_offset
+
+        x = self.word_emb[input_ids] + self.pos_emb[positions]
+        h = kernels.add_bias_residual_layer_norm(x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps)
+        head_dim = cfg.hidden_size // cfg.num_heads
+        for layer in self.layers:
+            qkv = F.linear(h, layer["qkv_w"])
+            q, k, v = kernels.qkv_split(qkv, layer["qkv_b"], cfg.num_heads, cfg.num_heads, head_dim)
+            ctx = kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, causal=False)
+            attn_out = F.linear(ctx.reshape(-1, cfg.hidden_size), layer["out_w"])
+            h = kernels.add_bias_residual_layer_norm(attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps)
+            ffn = kernels.bias_gelu(F.linear(h, layer["ffn_in_w"]), layer["ffn_in_b"], cfg.gelu_approximate)
+            ffn_out = F.linear(ffn, layer["ffn_out_w"])
+            h = kernels.add_bias_residual_layer_norm(ffn_out, layer["ffn_out_b"], h, *layer["ln2"], cfg.layer_norm_eps)
+        return h
+
+
+def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
+    """Sentence embeddings `[B, hidden]` (fp32) from packed token states: "mean" or "cls"."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    if mode == "cls":
+        out = hidden[cu_seqlens[:-1].long()].float()
+    elif mode == "mean":
+        seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths)
+        sums = torch.zeros(len(lengths), hidden.shape[1], device=hidden.device, dtype=torch.float32)
+        sums.index_add_(0, seq_index, hidden.float())
+        out = sums / lengths[:, None].float()
+    else:
+        raise ValueError(f"unknown pooling mode {mode!r}")
+    return F.normalize(out, p=2, dim=1) if normalize else out
+
+
+def pooling_from_checkpoint(checkpoint) -> tuple[str, bool]:
+    """(mode, normalize) as sentence-transformers would apply them for this folder: its
+    `1_Pooling/config.json` and a Normalize module in `modules.json`; mean + no
+    normalisation for a bare Hugging Face folder."""
+    import json
+    from pathlib import Path
+
+    folder = Path(checkpoint)
+    mode, normalize = "mean", False
+    modules_path = folder / "modules.json"
+    if modules_path.is_file():
+        modules = json.loads(modules_path.read_text())
+        normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+        for m in modules:
+            if m.get("type", "").endswith("Pooling"):
+                cfg_path = folder / m.get("path", "") / "config.json"
+                if cfg_path.is_file():
+                    cfg = json.loads(cfg_path.read_text())
+                    mode = "cls" if cfg.get("pooling_mode_cls_token") else "mean"
+    return mode, normalize

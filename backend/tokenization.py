@@ -1,0 +1,74 @@
+"""Text <-> token ids for a checkpoint folder (tokenizer.json), plus chat templates.
+
+Uses the `tokenizers` library directly: Hugging Face `transformers` is never imported at
+serve time.
+"""
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+
+class TextTokenizer:
+    def __init__(self, checkpoint: Path):
+        checkpoint = Path(checkpoint)
+        path = checkpoint / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint folder {checkpoint} has no tokenizer.json")
+        self._tok = Tokenizer.from_file(str(path))
+        # A tokenizer.json may carry training-time truncation/padding; we bound lengths
+        # ourselves and never pad (batches are packed).
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        cfg_path = checkpoint / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.chat_template: str | None = self.config.get("chat_template")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, user_text: str) -> str:
+        """Render one user turn with the checkpoint's chat template, ready for the reply."""
+        if not self.chat_template:
+            raise ValueError("this checkpoint has no chat template; send apply_chat_template=false")
+        return _render_chat_template(
+            self.chat_template,
+            messages=[{"role": "user", "content": user_text}],
+            bos_token=_token_str(self.config.get("bos_token")),
+            eos_token=_token_str(self.config.get("eos_token")),
+        )
+
+
+def _token_str(tok) -> str:
+    if isinstance(tok, dict):  # {"content": "<s>", ...} in some tokenizer_config files
+        return tok.get("content", "")
+    return tok or ""
+
+
+def _render_chat_template(template: str, **context) -> str:
+    # Chat templates are Jinja; render them sandboxed, as they come with the checkpoint.
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: date.today().strftime(fmt)
+    return env.from_string(template).render(add_generation_prompt=True, **context)

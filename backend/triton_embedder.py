@@ -1,0 +1,103 @@
+"""TritonPythonModel for the `embedder` model (not decoupled).
+
+execute() validates, tokenizes and queues each request, then returns None; the engine thread
+answers every request exactly once, later (Triton >= 24.06 allows that for non-decoupled
+models), so plain HTTP/gRPC `infer` and perf_analyzer work against it.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tritonformer.backend import inputs
+from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
+from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
+from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
+from tritonformer.backend.params import ModelParameters
+from tritonformer.backend.tokenization import TextTokenizer
+from tritonformer.backend.triton_glue import (
+    TritonSink,
+    bool_parameter,
+    input_array,
+    reject,
+    request_parameters,
+    setup_logging,
+)
+from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.scheduler.fifo import FifoBatchPolicy
+
+PARAMETERS = {
+    "checkpoint": "",  # a BERT/RoBERTa/MiniLM folder; empty = the bundled all-MiniLM-L6-v2
+    "device": "auto",  # auto | cpu | cuda
+    "dtype": "auto",  # auto (fp16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16
+    "pooling": "auto",  # auto (from the checkpoint) | mean | cls
+    "normalize": "auto",  # auto (from the checkpoint) | true | false
+    "max_batch_sequences": "64",
+    "max_batch_tokens": "16384",
+    "max_queue_requests": "1024",
+    "max_texts_per_request": "256",
+    "max_text_bytes": "100000",
+}
+
+log = logging.getLogger("tritonformer")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        setup_logging()
+        p = ModelParameters.from_args(args, PARAMETERS)
+        checkpoint = Path(p.str("checkpoint")) if p.str("checkpoint") else _default_checkpoint()
+        device = pick_device(p.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
+        dtype = pick_dtype(p.choice("dtype", DTYPE_CHOICES), device)
+
+        config = BertConfig.from_hf(load_config(checkpoint))
+        model = BertEncoder(config, load_state_dict(checkpoint), device, dtype)
+        self.tokenizer = TextTokenizer(checkpoint)
+        self.max_tokens = min(config.max_tokens_per_sequence, self.tokenizer.config.get("model_max_length", 10**9))
+        mode, normalize = pooling_from_checkpoint(checkpoint)
+        if p.choice("pooling", ("auto", "mean", "cls")) != "auto":
+            mode = p.str("pooling")
+        if p.choice("normalize", ("auto", "true", "false")) != "auto":
+            normalize = p.str("normalize") == "true"
+        self.max_texts = p.int("max_texts_per_request")
+        self.max_text_bytes = p.int("max_text_bytes")
+        self.vocab_size = config.vocab_size
+
+        self.sink = TritonSink("embedder")
+        policy = FifoBatchPolicy(p.int("max_batch_sequences"), p.int("max_batch_tokens"))
+        self.engine = EmbedderEngine(model, self.sink, policy, mode, normalize, p.int("max_queue_requests"))
+        self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
+        self.engine.start()
+        log.info(
+            "embedder ready: %s on %s (%s), pooling=%s normalize=%s, max %d tokens per text",
+            checkpoint, device, dtype, mode, normalize, self.max_tokens,
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self.engine.submit(EmbedRequest(sender, self._sequences(request)))
+            except Exception as e:
+                reject(sender, e)
+        return None
+
+    def _sequences(self, request) -> list[list[int]]:
+        arrays = {name: input_array(request, name) for name in ("text_input", "input_ids")}
+        truncate = bool_parameter(request_parameters(request), "truncate", False)
+        if inputs.exactly_one(arrays, ("text_input", "input_ids")) == "input_ids":
+            ids = inputs.token_ids(arrays["input_ids"], "input_ids", self.vocab_size)
+            return [inputs.fit_length(ids, self.max_tokens, truncate, "input_ids")]
+        texts = inputs.decode_texts(arrays["text_input"], "text_input", self.max_texts, self.max_text_bytes)
+        encoded = self.tokenizer.encode_batch(texts)
+        return [inputs.fit_length(ids, self.max_tokens, truncate, f"text_input[{i}]") for i, ids in enumerate(encoded)]
+
+    def finalize(self):
+        self.engine.stop()
+        self.sink.close()
+
+
+def _default_checkpoint() -> Path:
+    from tritonformer.backend.checkpoints import minilm_dir
+
+    return minilm_dir()

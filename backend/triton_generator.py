@@ -1,0 +1,120 @@
+"""TritonPythonModel for the `generator` model (decoupled: streams tokens).
+
+execute() validates and queues each request, then returns None; the engine thread runs one
+model iteration at a time over every active sequence and streams responses back. Reachable
+over gRPC streaming, HTTP /generate (stream false: exactly one response) and /generate_stream.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from tritonformer.backend import inputs
+from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
+from tritonformer.backend.generator import GeneratorEngine
+from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+from tritonformer.backend.params import ModelParameters
+from tritonformer.backend.sampling import InvalidRequest, SamplingParams, parse_sampling_parameters
+from tritonformer.backend.tokenization import TextTokenizer
+from tritonformer.backend.triton_glue import TritonSink, input_array, reject, request_parameters, setup_logging
+from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.scheduler.iteration import IterationScheduler
+
+PARAMETERS = {
+    "checkpoint": "",  # a Llama-family HF folder; empty = SmolLM2-135M-Instruct from its GGUF
+    "device": "auto",
+    "dtype": "auto",
+    "max_running_sequences": "32",
+    "max_tokens_per_iteration": "4096",
+    "max_queue_requests": "256",
+    "max_tokens_limit": "4096",  # the largest max_tokens a request may ask for
+    "max_prompt_bytes": "200000",
+    "cancel_check_interval_ms": "50",
+}
+
+log = logging.getLogger("tritonformer")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        setup_logging()
+        p = ModelParameters.from_args(args, PARAMETERS)
+        checkpoint = Path(p.str("checkpoint")) if p.str("checkpoint") else _default_checkpoint()
+        device = pick_device(p.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
+        dtype = pick_dtype(p.choice("dtype", DTYPE_CHOICES), device)
+
+        self.config = LlamaConfig.from_hf(load_config(checkpoint))
+        model = LlamaModel(self.config, load_state_dict(checkpoint), device, dtype)
+        self.tokenizer = TextTokenizer(checkpoint)
+        self.max_tokens_limit = p.int("max_tokens_limit")
+        self.max_prompt_bytes = p.int("max_prompt_bytes")
+
+        self.sink = TritonSink("generator")
+        scheduler = IterationScheduler(p.int("max_running_sequences"), p.int("max_tokens_per_iteration"))
+        self.engine = GeneratorEngine(
+            model, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
+            p.int("cancel_check_interval_ms", minimum=0) / 1000.0,
+        )
+        model.forward([self.tokenizer.encode("warm up")], [model.new_cache()])  # first-call costs before READY
+        self.engine.start()
+        log.info("generator ready: %s on %s (%s)", checkpoint, device, dtype)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt_ids, params, stream = self._parse(request)
+                self.engine.submit(self.engine.new_sequence(sender, prompt_ids, params, stream))
+            except Exception as e:
+                reject(sender, e)
+        return None
+
+    def _parse(self, request) -> tuple[list[int], SamplingParams, bool]:
+        arrays = {name: input_array(request, name) for name in ("text_input", "input_ids")}
+        stream = inputs.single_bool(input_array(request, "stream"), "stream", default=True)
+        raw = inputs.single_text(input_array(request, "sampling_parameters"), "sampling_parameters", 65536)
+        params = parse_sampling_parameters(
+            _merge_request_parameters(raw, request_parameters(request)), self.max_tokens_limit, self.config.vocab_size
+        )
+        if inputs.exactly_one(arrays, ("text_input", "input_ids")) == "input_ids":
+            if params.apply_chat_template:
+                raise InvalidRequest("apply_chat_template needs text_input, not input_ids")
+            prompt_ids = inputs.token_ids(arrays["input_ids"], "input_ids", self.config.vocab_size)
+        else:
+            (text,) = inputs.decode_texts(arrays["text_input"], "text_input", 1, self.max_prompt_bytes)
+            if params.apply_chat_template:
+                try:
+                    text = self.tokenizer.apply_chat_template(text)
+                except Exception as e:
+                    raise InvalidRequest(f"cannot apply the chat template: {e}") from None
+            prompt_ids = self.tokenizer.encode(text)
+        limit = self.config.max_position_embeddings - 1  # room for at least one new token
+        if len(prompt_ids) > limit:
+            raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens; this model allows at most {limit}")
+        return prompt_ids, params, stream
+
+    def finalize(self):
+        self.engine.stop()
+        self.sink.close()
+
+
+def _merge_request_parameters(raw: str | None, request_params: dict) -> str | None:
+    """Sampling keys may also come as request parameters (HTTP /generate puts every JSON key that
+    is not an input there): {"text_input": "...", "max_tokens": 8}. The JSON input wins."""
+    extra = {k: v for k, v in request_params.items() if k in SamplingParams.__dataclass_fields__}
+    if not extra:
+        return raw
+    try:
+        given = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return raw  # let the parser report the bad JSON
+    if not isinstance(given, dict):
+        return raw
+    return json.dumps({**extra, **given})
+
+
+def _default_checkpoint() -> Path:
+    from tritonformer.backend.checkpoints import prepare_smollm2
+
+    return prepare_smollm2(progress=False)

@@ -1,0 +1,112 @@
+"""Everything that touches Triton's Python-backend API (`triton_python_backend_utils`).
+
+The engines know nothing of Triton: they answer through a `ResponseSink`. `TritonSink` is the
+real one. Every `send()` is an IPC round trip to the server (~0.1-0.2 ms), so responses leave
+from a dedicated sender thread and the engine thread goes back to the GPU at once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonformer.backend.engine_loop import Overloaded, ShuttingDown
+from tritonformer.backend.sampling import InvalidRequest
+
+_STOP = object()
+
+
+def error_code(error: Exception) -> int:
+    if isinstance(error, InvalidRequest):
+        return pb_utils.TritonError.INVALID_ARG
+    if isinstance(error, (Overloaded, ShuttingDown)):
+        return pb_utils.TritonError.UNAVAILABLE  # HTTP 503 / gRPC UNAVAILABLE: retry later
+    return pb_utils.TritonError.INTERNAL
+
+
+def make_response(outputs: dict[str, np.ndarray] | None, error: Exception | None):
+    if error is not None:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), error_code(error)))
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in outputs.items()])
+
+
+class TritonSink:
+    """A ResponseSink whose handles are `InferenceResponseSender`s."""
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, handle, outputs, error, final) -> None:
+        self._queue.put((handle, outputs, error, final))
+
+    def is_cancelled(self, handle) -> bool:
+        return handle.is_cancelled()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            handle, outputs, error, final = item
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+            try:
+                handle.send(make_response(outputs, error), flags=flags)
+            except Exception as e:  # e.g. the client went away; nothing else to do for it
+                logging.getLogger("tritonformer").warning("could not send a response: %s", e)
+
+
+def reject(sender, error: Exception) -> None:
+    """Answer a request that never reaches the queue, directly from execute()."""
+    sender.send(make_response(None, error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def input_array(request, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def request_parameters(request) -> dict:
+    try:
+        return json.loads(request.parameters() or "{}")
+    except json.JSONDecodeError:
+        return {}
+
+
+def bool_parameter(params: dict, key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"request parameter {key} must be true or false, got {value!r}")
+    return value
+
+
+class TritonLogHandler(logging.Handler):
+    """Route our `logging` records into the server log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = self.format(record)
+        if record.levelno >= logging.ERROR:
+            pb_utils.Logger.log_error(msg)
+        elif record.levelno >= logging.WARNING:
+            pb_utils.Logger.log_warn(msg)
+        else:
+            pb_utils.Logger.log_info(msg)
+
+
+def setup_logging() -> None:
+    logger = logging.getLogger("tritonformer")
+    if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
+        logger.addHandler(TritonLogHandler())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

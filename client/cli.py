@@ -1,0 +1,104 @@
+"""The `tritonformer` command: serve, embed, generate.
+
+    tritonformer serve                      start the bundled tritonserver on model_repository/
+    tritonformer embed "a text" "another"   sentence embeddings (HTTP or gRPC)
+    tritonformer generate "prompt" --stream stream a completion (gRPC streaming)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _default_url(protocol: str) -> str:
+    if protocol == "grpc":
+        return f"127.0.0.1:{os.environ.get('TRITONFORMER_GRPC_PORT', '8001')}"
+    return f"127.0.0.1:{os.environ.get('TRITONFORMER_HTTP_PORT', '8000')}"
+
+
+def _cmd_embed(args) -> int:
+    from tritonformer.client.calls import embed
+
+    url = args.url or _default_url(args.protocol)
+    vectors = embed(args.texts, url=url, protocol=args.protocol, model=args.model, truncate=args.truncate)
+    for text, vec in zip(args.texts, vectors):
+        if args.full:
+            print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in vec]}))
+        else:
+            head = ", ".join(f"{x:+.4f}" for x in vec[:6])
+            print(f"[{head}, ...] dim={len(vec)}  {text[:60]!r}")
+    return 0
+
+
+def _cmd_generate(args) -> int:
+    from tritonformer.client.calls import generate
+
+    params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "apply_chat_template": args.chat}
+    for key in ("top_k", "top_p", "seed"):
+        if getattr(args, key) is not None:
+            params[key] = getattr(args, key)
+    if args.stop:
+        params["stop"] = args.stop
+    url = args.url or _default_url("grpc")
+    finish = None
+    for piece in generate(args.prompt, url=url, model=args.model, stream=args.stream, sampling_parameters=params):
+        sys.stdout.write(piece.text)
+        sys.stdout.flush()
+        finish = piece.finish_reason or finish
+    sys.stdout.write("\n")
+    if finish:
+        print(f"[finish_reason: {finish}]", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tritonformer.client.serve import add_serve_arguments
+
+    parser = argparse.ArgumentParser(prog="tritonformer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start tritonserver with model_repository/ in the foreground")
+    add_serve_arguments(serve)
+
+    embed = sub.add_parser("embed", help="embed texts with the embedder model")
+    embed.add_argument("texts", nargs="+", metavar="TEXT")
+    embed.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    embed.add_argument("--url", help="host:port (default 127.0.0.1 and $TRITONFORMER_HTTP_PORT / $TRITONFORMER_GRPC_PORT)")
+    embed.add_argument("--model", default="embedder")
+    embed.add_argument("--truncate", action="store_true", help="truncate texts longer than the model's maximum")
+    embed.add_argument("--full", action="store_true", help="print whole vectors as JSON lines")
+    embed.set_defaults(func=_cmd_embed)
+
+    gen = sub.add_parser("generate", help="generate text with the generator model (gRPC streaming)")
+    gen.add_argument("prompt")
+    gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--url", help="gRPC host:port (default 127.0.0.1:$TRITONFORMER_GRPC_PORT or 8001)")
+    gen.add_argument("--model", default="generator")
+    gen.set_defaults(func=_cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from tritonformer.client.serve import run_serve
+
+        return run_serve(args)
+    try:
+        return args.func(args)
+    except Exception as e:  # tritonclient errors carry the server's message: show it plainly
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""tritonformer.kernels: the ops the runtime is built from.
+
+Every op has a plain-PyTorch reference (`reference.py`) that defines its semantics. The
+dispatcher below runs a Triton-language kernel for an op when one is registered and the
+tensors are on a CUDA device, and the reference otherwise (CPU, or an op without a kernel).
+"""
+from tritonformer.kernels.dispatch import (  # noqa: F401
+    add_bias_residual_layer_norm,
+    apply_rotary,
+    bias_gelu,
+    qkv_split,
+    rms_norm,
+    rotary_cos_sin,
+    silu_and_mul,
+    softmax,
+    triton_kernels_enabled,
+    varlen_attention,
+)

@@ -1,0 +1,140 @@
+"""Plain-PyTorch reference implementations of every op the runtime uses.
+
+These define the semantics. A Triton-language kernel for an op must have the same signature
+and match its reference on random inputs (see tests/test_kernels_reference.py). On a machine
+without a GPU these are what actually runs.
+
+Activations are packed: a batch of sequences of different lengths is one `[total_tokens, ...]`
+tensor plus `cu_seqlens` (int32, cumulative lengths starting at 0), never a padded batch.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def add_bias_residual_layer_norm(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """LayerNorm(x + bias + residual): BERT's post-attention / post-FFN block, statistics in fp32."""
+    h = x.float()
+    if bias is not None:
+        h = h + bias.float()
+    if residual is not None:
+        h = h + residual.float()
+    out = F.layer_norm(h, (h.shape[-1],), weight.float(), ln_bias.float(), eps)
+    return out.to(x.dtype)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm(x + residual) (Llama). Returns (normalised, x + residual) so the caller keeps
+    the un-normalised sum as the next residual without a second pass."""
+    h = x.float() if residual is None else x.float() + residual.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(x.dtype), h.to(x.dtype)
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
+    """GELU(x + bias); `approximate` is "none" (erf, BERT's "gelu") or "tanh" ("gelu_new")."""
+    h = x.float() if bias is None else x.float() + bias.float()
+    return F.gelu(h, approximate=approximate).to(x.dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: silu(gate) * up where gate_up = [gate | up] along the last dim (Llama MLP)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(gate_up.dtype)
+
+
+def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Row softmax over the last dim of scale * x, fp32 accumulation."""
+    return torch.softmax(x.float() * scale, dim=-1).to(x.dtype)
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables `[len(positions), head_dim // 2]` for rotate-half rotary embeddings."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding (Llama/HF layout) on `[tokens, heads, head_dim]`."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def qkv_split(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Add the fused QKV bias and split `[tokens, (H + 2*Hkv) * D]` into q `[T, H, D]`,
+    k and v `[T, Hkv, D]`."""
+    if bias is not None:
+        qkv = qkv + bias
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    t = qkv.shape[0]
+    return (
+        q.reshape(t, num_heads, head_dim),
+        k.reshape(t, num_kv_heads, head_dim),
+        v.reshape(t, num_kv_heads, head_dim),
+    )
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over packed sequences, no padding and no mask tensor.
+
+    q: `[Tq, H, D]`; k, v: `[Tk, Hkv, D]` with H a multiple of Hkv (grouped-query heads).
+    Sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i+1] of q and cu_seqlens_k[i]:
+    cu_seqlens_k[i+1] of k/v. With `causal`, queries are aligned to the *end* of their keys
+    (query j of a sequence with Lq queries and Lk keys sees keys 0 .. Lk - Lq + j), which
+    covers prefill (Lq == Lk), chunked prefill and decode against a KV cache (Lq < Lk).
+    Returns `[Tq, H, D]`.
+    """
+    group = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(cq) - 1):
+        qs = q[cq[i] : cq[i + 1]].transpose(0, 1)  # [H, Lq, D]
+        ks = k[ck[i] : ck[i + 1]].transpose(0, 1)
+        vs = v[ck[i] : ck[i + 1]].transpose(0, 1)
+        lq, lk = qs.shape[1], ks.shape[1]
+        if lq == 0:
+            continue
+        if group > 1:
+            ks = ks.repeat_interleave(group, dim=0)
+            vs = vs.repeat_interleave(group, dim=0)
+        mask = None
+        if causal and lq > 1:
+            q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
+            mask = torch.arange(lk, device=q.device)[None, :] <= q_pos
+        o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
+        out[cq[i] : cq[i + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out

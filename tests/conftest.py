@@ -1,0 +1,44 @@
+"""Shared fixtures: real checkpoints, Hugging Face references, and a real tritonserver."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from tritonformer.backend.checkpoints import minilm_dir
+
+    return minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2 checkpoint converted from its GGUF (cached like the server does)."""
+    from tritonformer.backend.checkpoints import prepare_smollm2
+
+    return prepare_smollm2(progress=False)
+
+
+@pytest.fixture(scope="session")
+def triton_server(smollm2_dir):
+    """A real tritonserver serving model_repository/ on free loopback ports, for the session."""
+    from tritonformer.client.server import TritonServer, free_ports
+
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(REPO / "model_repository", http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    server.start()
+    try:
+        server.wait_ready(["embedder", "generator"], timeout=600)
+        yield server
+    finally:
+        server.stop()
+

@@ -1,0 +1,52 @@
+"""Calling the server the way users do: raw HTTP JSON and gRPC streaming."""
+from __future__ import annotations
+
+
+def http_post(server, path: str, body: dict, timeout: float = 120.0) -> tuple[int, dict | str]:
+    """POST JSON to the server's HTTP endpoint; (status, parsed JSON or raw text)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://{server.http_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read().decode()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw
+
+
+def grpc_stream(server, model: str, inputs: dict, timeout: float = 120.0) -> tuple[list, str | None]:
+    """Send one request over gRPC streaming with raw numpy inputs {name: (array, triton_dtype)}.
+    Returns (results until the one carrying finish_reason, error message or None)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue = queue.Queue()
+    tensors = []
+    for name, (array, dtype) in inputs.items():
+        t = grpcclient.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = []
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer(model, tensors)
+        while True:
+            result, error = responses.get(timeout=timeout)
+            if error is not None:
+                return results, str(error)
+            results.append(result)
+            if result.as_numpy("finish_reason") is not None:
+                return results, None
+    finally:
+        client.stop_stream()
+        client.close()

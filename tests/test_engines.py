@@ -1,0 +1,145 @@
+"""The engines without Triton: a fake response sink records what the Triton glue would send."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
+from tritonformer.backend.engine_loop import Overloaded, ShuttingDown
+from tritonformer.backend.generator import GeneratorEngine
+from tritonformer.backend.models.bert import BertConfig, BertEncoder
+from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+from tritonformer.backend.sampling import SamplingParams
+from tritonformer.backend.tokenization import TextTokenizer
+from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.scheduler.fifo import FifoBatchPolicy
+from tritonformer.scheduler.iteration import IterationScheduler
+
+CPU = torch.device("cpu")
+
+
+class FakeSink:
+    def __init__(self):
+        self.responses: dict[object, list] = {}
+        self.cancelled: set = set()
+        self._cv = threading.Condition()
+
+    def send(self, handle, outputs, error, final):
+        with self._cv:
+            got = self.responses.setdefault(handle, [])
+            assert not (got and got[-1][2]), f"response after FINAL for {handle}"
+            got.append((outputs, error, final))
+            self._cv.notify_all()
+
+    def is_cancelled(self, handle):
+        return handle in self.cancelled
+
+    def wait_final(self, handles, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not all(self.responses.get(h) and self.responses[h][-1][2] for h in handles):
+                assert self._cv.wait(deadline - time.monotonic()), "timed out waiting for final responses"
+        return {h: self.responses[h] for h in handles}
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir):
+    model = BertEncoder(BertConfig.from_hf(load_config(minilm_dir)), load_state_dict(minilm_dir), CPU, torch.float32)
+    return model, TextTokenizer(minilm_dir)
+
+
+def test_embedder_answers_each_request_once_with_batch_invariant_results(minilm):
+    model, tok = minilm
+    sink = FakeSink()
+    engine = EmbedderEngine(model, sink, FifoBatchPolicy(max_sequences=5, max_tokens=200), "mean", True)
+    texts = [[f"request {i} text {j} " * (1 + (i * j) % 7) for j in range(1 + i % 3)] for i in range(12)]
+    handles = [f"r{i}" for i in range(12)]
+    for h, t in zip(handles, texts):
+        engine.submit(EmbedRequest(h, tok.encode_batch(t)))
+    engine.start()
+    got = sink.wait_final(handles)
+    engine.stop()
+    for h, t in zip(handles, texts):
+        (outputs, error, final), = got[h]  # exactly one response
+        assert error is None and final
+        emb = outputs["embedding"]
+        assert emb.shape == (len(t), 384) and emb.dtype == np.float32
+        alone = engine.embed(tok.encode_batch(t))
+        np.testing.assert_allclose(emb, alone, atol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_embedder_queue_is_bounded_and_shutdown_answers_queued(minilm):
+    model, tok = minilm
+    sink = FakeSink()
+    engine = EmbedderEngine(model, sink, FifoBatchPolicy(), max_queue=2)
+    engine.submit(EmbedRequest("a", [[101, 102]]))
+    engine.submit(EmbedRequest("b", [[101, 102]]))
+    with pytest.raises(Overloaded, match="retry"):
+        engine.submit(EmbedRequest("c", [[101, 102]]))
+    engine.start()
+    engine.stop()
+    for h in ("a", "b"):
+        (outputs, error, final), = sink.responses[h]
+        assert final and (error is None or isinstance(error, ShuttingDown))
+    with pytest.raises(ShuttingDown):
+        engine.submit(EmbedRequest("d", [[101, 102]]))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir):
+    model = LlamaModel(LlamaConfig.from_hf(load_config(smollm2_dir)), load_state_dict(smollm2_dir), CPU, torch.float32)
+    return model, TextTokenizer(smollm2_dir)
+
+
+def _run_generation(model, tok, requests, cancel=()):
+    """requests: list of (handle, prompt, SamplingParams, stream). Returns the sink."""
+    sink = FakeSink()
+    sink.cancelled.update(cancel)
+    engine = GeneratorEngine(model, tok, sink, IterationScheduler(4, 256), cancel_check_interval_s=0.0)
+    for handle, prompt, params, stream in requests:
+        engine.submit(engine.new_sequence(handle, tok.encode(prompt), params, stream))
+    engine.start()
+    sink.wait_final([r[0] for r in requests], timeout=120)
+    engine.stop()
+    return sink
+
+
+def _joined(responses):
+    text = "".join(o["text_output"][0].decode() for o, _, _ in responses)
+    ids = [i for o, _, _ in responses for i in o["output_ids"].tolist()]
+    return text, ids, responses[-1][0]["finish_reason"][0].decode()
+
+
+def test_generator_streams_the_same_completion_it_returns_whole(smollm2):
+    model, tok = smollm2
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,", "Le chat"]
+    reqs = [(f"s{i}", p, SamplingParams(max_tokens=12), True) for i, p in enumerate(prompts)]
+    reqs += [(f"n{i}", p, SamplingParams(max_tokens=12), False) for i, p in enumerate(prompts)]
+    sink = _run_generation(model, tok, reqs)
+    for i in range(len(prompts)):
+        s_text, s_ids, s_finish = _joined(sink.responses[f"s{i}"])
+        (whole, err, final), = sink.responses[f"n{i}"]
+        assert err is None and final
+        assert s_text == whole["text_output"][0].decode()
+        assert s_ids == whole["output_ids"].tolist()
+        assert s_finish == whole["finish_reason"][0].decode() in ("stop", "length")
+        assert len(s_ids) <= 12 and s_text == tok.decode(s_ids)
+
+
+def test_generator_stop_string_and_cancellation(smollm2):
+    model, tok = smollm2
+    # Greedy continuation of this prompt contains " Paris"; stopping at "Paris" cuts before it.
+    reqs = [
+        ("stop", "The capital of France is", SamplingParams(max_tokens=16, stop=["Paris"]), True),
+        ("cancel", "Write a long story about a dragon.", SamplingParams(max_tokens=500), True),
+    ]
+    sink = _run_generation(model, tok, reqs, cancel={"cancel"})
+    text, ids, finish = _joined(sink.responses["stop"])
+    assert finish == "stop" and "Paris" not in text
+    assert sink.responses["cancel"][-1][0]["finish_reason"][0].decode() == "cancelled"
+    assert len(sink.responses["cancel"]) <= 2  # dropped at its first check
