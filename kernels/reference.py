@@ -100,6 +100,20 @@ def qkv_split(
     )
 
 
+def qkv_split_rotary(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv_split, then rotary embedding on q and k (Llama): one pass over the QKV GEMM output."""
+    q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.contiguous()
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -108,6 +122,7 @@ def varlen_attention(
     cu_seqlens_k: torch.Tensor,
     causal: bool,
     scale: float | None = None,
+    max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences, no padding and no mask tensor.
 
@@ -116,6 +131,7 @@ def varlen_attention(
     cu_seqlens_k[i+1] of k/v. With `causal`, queries are aligned to the *end* of their keys
     (query j of a sequence with Lq queries and Lk keys sees keys 0 .. Lk - Lq + j), which
     covers prefill (Lq == Lk), chunked prefill and decode against a KV cache (Lq < Lk).
+    `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]`.
     """
     group = q.shape[1] // k.shape[1]

@@ -119,3 +119,13 @@ def test_dispatcher_uses_reference_on_cpu():
 
     x, w = rand(3, 8), rand(8)
     torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6)[0], ref.rms_norm(x, w, 1e-6)[0])
+
+
+def test_qkv_split_rotary_is_split_then_rotate():
+    qkv, pos = rand(6, (4 + 2 * 2) * 8), torch.arange(6)
+    cos, sin = ref.rotary_cos_sin(pos, 8, 10000.0)
+    q, k, v = ref.qkv_split_rotary(qkv, None, 4, 2, 8, cos, sin)
+    q0, k0, v0 = ref.qkv_split(qkv, None, 4, 2, 8)
+    torch.testing.assert_close(q, ref.apply_rotary(q0, cos, sin))
+    torch.testing.assert_close(k, ref.apply_rotary(k0, cos, sin))
+    torch.testing.assert_close(v, v0)

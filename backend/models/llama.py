@@ -146,9 +146,9 @@ class LlamaModel:
         residual = None
         for li, layer in enumerate(self.layers):
             x, residual = kernels.rms_norm(h, layer["in_norm"], cfg.rms_norm_eps, residual)
-            q, k, v = kernels.qkv_split(F.linear(x, layer["qkv_w"]), None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-            q = kernels.apply_rotary(q, cos, sin)
-            k = kernels.apply_rotary(k, cos, sin)
+            q, k, v = kernels.qkv_split_rotary(
+                F.linear(x, layer["qkv_w"]), None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cos, sin
+            )
             keys, values = self._append_and_gather(li, k, v, caches, past, new_lens)
             ctx = kernels.varlen_attention(q, keys, values, cu_q, cu_k, causal=True)
             h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
