@@ -7,12 +7,14 @@ is how the GPU tests compare the two paths in one process).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Callable
 
 from tritonformer.kernels import reference
 
 _KERNELS: dict[str, Callable] = {}
+log = logging.getLogger("tritonformer")
 
 
 def register(op_name: str) -> Callable[[Callable], Callable]:
@@ -27,15 +29,38 @@ def triton_kernels_enabled() -> bool:
     return os.environ.get("TRITONFORMER_KERNELS", "triton") != "reference"
 
 
+# Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
+# CPU path never imports triton (and works without it installed).
+_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention")
+_loaded = False
+
+
+def load_kernels() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import importlib
+
+    for name in _KERNEL_MODULES:
+        try:
+            importlib.import_module(f"tritonformer.kernels.{name}")
+        except ImportError as e:  # no triton: every op runs its reference
+            log.warning("Triton kernels unavailable (%s); using the PyTorch reference ops", e)
+            return
+
+
 def _dispatched(op_name: str) -> Callable:
     ref = getattr(reference, op_name)
 
     @functools.wraps(ref)
     def op(*args, **kwargs):
-        kernel = _KERNELS.get(op_name)
         first = args[0] if args else None
-        if kernel is not None and getattr(first, "is_cuda", False) and triton_kernels_enabled():
-            return kernel(*args, **kwargs)
+        if getattr(first, "is_cuda", False) and triton_kernels_enabled():
+            load_kernels()
+            kernel = _KERNELS.get(op_name)
+            if kernel is not None:
+                return kernel(*args, **kwargs)
         return ref(*args, **kwargs)
 
     return op
