@@ -10,10 +10,8 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend import inputs
-from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
-from tritonformer.backend.params import ModelParameters
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.triton_glue import (
     TritonSink,
@@ -21,7 +19,7 @@ from tritonformer.backend.triton_glue import (
     input_array,
     reject,
     request_parameters,
-    setup_logging,
+    load_settings,
 )
 from tritonformer.backend.weights import load_config, load_state_dict
 from tritonformer.scheduler.fifo import FifoBatchPolicy
@@ -44,11 +42,7 @@ log = logging.getLogger("tritonformer")
 
 class TritonPythonModel:
     def initialize(self, args):
-        setup_logging()
-        p = ModelParameters.from_args(args, PARAMETERS)
-        checkpoint = Path(p.str("checkpoint")) if p.str("checkpoint") else _default_checkpoint()
-        device = pick_device(p.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
-        dtype = pick_dtype(p.choice("dtype", DTYPE_CHOICES), device)
+        p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
 
         config = BertConfig.from_hf(load_config(checkpoint))
         model = BertEncoder(config, load_state_dict(checkpoint), device, dtype)

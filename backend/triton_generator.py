@@ -11,13 +11,11 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend import inputs
-from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
-from tritonformer.backend.params import ModelParameters
 from tritonformer.backend.sampling import InvalidRequest, SamplingParams, parse_sampling_parameters
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.backend.triton_glue import TritonSink, input_array, reject, request_parameters, setup_logging
+from tritonformer.backend.triton_glue import TritonSink, input_array, load_settings, reject, request_parameters
 from tritonformer.backend.weights import load_config, load_state_dict
 from tritonformer.scheduler.iteration import IterationScheduler
 
@@ -38,11 +36,7 @@ log = logging.getLogger("tritonformer")
 
 class TritonPythonModel:
     def initialize(self, args):
-        setup_logging()
-        p = ModelParameters.from_args(args, PARAMETERS)
-        checkpoint = Path(p.str("checkpoint")) if p.str("checkpoint") else _default_checkpoint()
-        device = pick_device(p.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
-        dtype = pick_dtype(p.choice("dtype", DTYPE_CHOICES), device)
+        p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
 
         self.config = LlamaConfig.from_hf(load_config(checkpoint))
         model = LlamaModel(self.config, load_state_dict(checkpoint), device, dtype)

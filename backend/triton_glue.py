@@ -10,11 +10,14 @@ import json
 import logging
 import queue
 import threading
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.engine_loop import Overloaded, ShuttingDown
+from tritonformer.backend.params import ModelParameters
 from tritonformer.backend.sampling import InvalidRequest
 
 _STOP = object()
@@ -110,3 +113,14 @@ def setup_logging() -> None:
         logger.addHandler(TritonLogHandler())
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+def load_settings(args: dict, known: dict[str, str], default_checkpoint):
+    """The start of every model's initialize(): logging, config parameters, and where and in
+    which precision to run. Returns (parameters, checkpoint folder, device, dtype)."""
+    setup_logging()
+    params = ModelParameters.from_args(args, known)
+    checkpoint = Path(params.str("checkpoint")) if params.str("checkpoint") else default_checkpoint()
+    device = pick_device(params.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
+    dtype = pick_dtype(params.choice("dtype", DTYPE_CHOICES), device)
+    return params, checkpoint, device, dtype

@@ -42,3 +42,14 @@ def _strip(name: str) -> str:
         if name.startswith(p):
             return name[len(p) :]
     return name
+
+
+def weight_getter(state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+    """`w(name)`: the named tensor on `device` in `dtype`, contiguous; a clear error if missing."""
+
+    def w(name: str) -> torch.Tensor:
+        if name not in state:
+            raise KeyError(f"checkpoint is missing weight {name!r}")
+        return state[name].to(device=device, dtype=dtype).contiguous()
+
+    return w

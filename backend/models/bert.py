@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonformer import kernels
+from tritonformer.backend.weights import weight_getter
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,7 @@ class BertEncoder:
         self.config = config
         self.device = device
         self.dtype = dtype
-
-        def w(name: str) -> torch.Tensor:
-            if name not in state:
-                raise KeyError(f"checkpoint is missing weight {name!r}")
-            return state[name].to(device=device, dtype=dtype).contiguous()
+        w = weight_getter(state, device, dtype)
 
         self.word_emb = w("embeddings.word_embeddings.weight")
         self.pos_emb = w("embeddings.position_embeddings.weight")

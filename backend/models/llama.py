@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonformer import kernels
+from tritonformer.backend.weights import weight_getter
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,7 @@ class LlamaModel:
         self.config = config
         self.device = device
         self.dtype = dtype
-
-        def w(name: str) -> torch.Tensor:
-            if name not in state:
-                raise KeyError(f"checkpoint is missing weight {name!r}")
-            return state[name].to(device=device, dtype=dtype).contiguous()
+        w = weight_getter(state, device, dtype)
 
         self.embed = w("embed_tokens.weight")
         self.lm_head = self.embed if config.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
