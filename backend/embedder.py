@@ -75,7 +75,7 @@ class EmbedderEngine(EngineLoop):
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
         cu = cu.to(device)
-        hidden = self.model.forward(ids, cu)
+        hidden = self.model.forward(ids, cu, max(lengths))
         return pool(hidden, cu, self.pooling, self.normalize).cpu().numpy()
 
     def abort_all(self, error: Exception) -> None:

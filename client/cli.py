@@ -3,6 +3,7 @@
     tritonformer serve                      start the bundled tritonserver on model_repository/
     tritonformer embed "a text" "another"   sentence embeddings (HTTP or gRPC)
     tritonformer generate "prompt" --stream stream a completion (gRPC streaming)
+    tritonformer bench runtime              encoder runtime vs Hugging Face (GPU)
 """
 from __future__ import annotations
 
@@ -84,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--url", help="gRPC host:port (default 127.0.0.1:$TRITONFORMER_GRPC_PORT or 8001)")
     gen.add_argument("--model", default="generator")
     gen.set_defaults(func=_cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks (GPU): baseline and ours from one run")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    runtime = bench_sub.add_parser("runtime", help="encoder runtime vs Hugging Face BertModel (eager, SDPA)")
+    from tritonformer.client import bench_runtime
+
+    bench_runtime.add_arguments(runtime)
+    runtime.set_defaults(func=bench_runtime.run)
     return parser
 
 

@@ -95,13 +95,17 @@ class BertEncoder:
             )
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
         """input_ids `[T]` (all sequences concatenated), cu_seqlens `[B + 1]` int32.
+        `max_seqlen` (the longest sequence), when the caller knows it, saves a device sync.
         Returns the last hidden state `[T, hidden]`."""
         cfg = self.config
+        total = input_ids.shape[0]
         lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
-        positions = torch.arange(input_ids.shape[0], device=input_ids.device) - starts + cfg.position_offset
+        if max_seqlen is None:
+            max_seqlen = int(lengths.max())
+        starts = torch.repeat_interleave(cu_seqlens[:-1], lengths, output_size=total)
+        positions = torch.arange(total, device=input_ids.device) - starts + cfg.position_offset
 
         x = self.word_emb[input_ids] + self.pos_emb[positions]
         h = kernels.add_bias_residual_layer_norm(x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps)
@@ -109,7 +113,7 @@ class BertEncoder:
         for layer in self.layers:
             qkv = F.linear(h, layer["qkv_w"])
             q, k, v = kernels.qkv_split(qkv, layer["qkv_b"], cfg.num_heads, cfg.num_heads, head_dim)
-            ctx = kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, causal=False)
+            ctx = kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, causal=False, max_seqlen_q=max_seqlen)
             attn_out = F.linear(ctx.reshape(-1, cfg.hidden_size), layer["out_w"])
             h = kernels.add_bias_residual_layer_norm(attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps)
             ffn = kernels.bias_gelu(F.linear(h, layer["ffn_in_w"]), layer["ffn_in_b"], cfg.gelu_approximate)

@@ -136,6 +136,7 @@ class LlamaModel:
         ids = torch.tensor([t for seq in token_lists for t in seq], device=dev, dtype=torch.long)
         positions = torch.tensor([p + j for p, n in zip(past, new_lens) for j in range(n)], device=dev)
         cu_q = _cumsum(new_lens, dev)
+        max_q = max(new_lens)
         cu_k = _cumsum([p + n for p, n in zip(past, new_lens)], dev)
         cos, sin = kernels.rotary_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
 
@@ -147,7 +148,7 @@ class LlamaModel:
                 F.linear(x, layer["qkv_w"]), None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cos, sin
             )
             keys, values = self._append_and_gather(li, k, v, caches, past, new_lens)
-            ctx = kernels.varlen_attention(q, keys, values, cu_q, cu_k, causal=True)
+            ctx = kernels.varlen_attention(q, keys, values, cu_q, cu_k, causal=True, max_seqlen_q=max_q)
             h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
             x, residual = kernels.rms_norm(h, layer["post_norm"], cfg.rms_norm_eps, residual)
             h = F.linear(kernels.silu_and_mul(F.linear(x, layer["gate_up_w"])), layer["down_w"])

@@ -1,0 +1,109 @@
+"""Our models on the GPU (Triton kernels, fp16) against Hugging Face transformers on the same
+weights. Run on the GPU machine: `pytest -m gpu`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritonformer.backend.models.bert import BertConfig, BertEncoder
+from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+from tritonformer.backend.weights import load_config, load_state_dict
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+transformers = pytest.importorskip("transformers")
+CUDA = torch.device("cuda")
+
+
+def _cos_min(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).min().item()
+
+
+def _packed(lengths, vocab, gen):
+    seqs = [torch.randint(1000, vocab - 1, (n,), generator=gen).tolist() for n in lengths]
+    ids = torch.tensor([t for s in seqs for t in s], device=CUDA)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=CUDA)
+    return seqs, ids, cu
+
+
+def _check_encoder(hf, ours, lengths, vocab):
+    gen = torch.Generator().manual_seed(5)
+    seqs, ids, cu = _packed(lengths, vocab, gen)
+    hidden = ours.forward(ids, cu, max(lengths))
+    with torch.inference_mode():
+        for i, s in enumerate(seqs):
+            ref = hf(input_ids=torch.tensor([s], device=CUDA)).last_hidden_state[0]
+            assert _cos_min(hidden[cu[i] : cu[i + 1]], ref) >= 0.999, (i, len(s))
+
+
+def test_random_bert_base_fp16_matches_hf_sdpa():
+    cfg = transformers.BertConfig()
+    torch.manual_seed(0)
+    hf = transformers.BertModel._from_config(cfg, attn_implementation="sdpa", add_pooling_layer=False)
+    hf = hf.eval().to(CUDA, torch.float16)
+    ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), CUDA, torch.float16)
+    _check_encoder(hf, ours, [1, 7, 128, 300, 512, 64], cfg.vocab_size)
+
+
+def _minilm_dir() -> Path:
+    env = os.environ.get("TRITONFORMER_MINILM_DIR")
+    if env:
+        return Path(env)
+    try:
+        from tritonformer.backend.checkpoints import minilm_dir
+
+        return minilm_dir()
+    except (FileNotFoundError, ImportError):
+        pytest.skip("the all-MiniLM-L6-v2 checkpoint is not installed here")
+
+
+def test_real_minilm_fp16_matches_hf():
+    folder = _minilm_dir()
+    hf = transformers.AutoModel.from_pretrained(folder, torch_dtype=torch.float16).eval().to(CUDA)
+    ours = BertEncoder(BertConfig.from_hf(load_config(folder)), load_state_dict(folder), CUDA, torch.float16)
+    _check_encoder(hf, ours, [3, 40, 256, 512, 17], 30522)
+
+
+def test_triton_and_reference_paths_agree(monkeypatch):
+    cfg = transformers.BertConfig(num_hidden_layers=2)
+    torch.manual_seed(1)
+    hf = transformers.BertModel._from_config(cfg, add_pooling_layer=False).eval()
+    ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), CUDA, torch.float16)
+    gen = torch.Generator().manual_seed(2)
+    _, ids, cu = _packed([5, 77, 200], cfg.vocab_size, gen)
+    fast = ours.forward(ids, cu, 200)
+    monkeypatch.setenv("TRITONFORMER_KERNELS", "reference")
+    slow = ours.forward(ids, cu, 200)
+    assert _cos_min(fast, slow) >= 0.9995
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_llama_iterations_match_hf_on_gpu(dtype):
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+        num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False,
+    )
+    torch.manual_seed(3)
+    hf = transformers.LlamaForCausalLM(cfg).eval().to(CUDA, dtype)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    ours = LlamaModel(LlamaConfig.from_hf(cfg.to_dict()), state, CUDA, dtype)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 32000, (n,), generator=gen).tolist() for n in (300, 1, 57)]
+    caches = [ours.new_cache() for _ in prompts]
+    histories = [list(p) for p in prompts]
+    token_lists = [list(p) for p in prompts]
+    for step in range(8):  # prefill, then decode steps, all three sequences in every iteration
+        logits = ours.forward(token_lists, caches)
+        with torch.inference_mode():
+            for i, h in enumerate(histories):
+                ref = hf(torch.tensor([h], device=CUDA)).logits[0, -1]
+                assert _cos_min(logits[i : i + 1], ref[None]) >= 0.999, (step, i)
+        nxt = logits.argmax(-1).tolist()
+        token_lists = [[t] for t in nxt]
+        for h, t in zip(histories, nxt):
+            h.append(t)
