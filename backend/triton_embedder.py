@@ -35,6 +35,7 @@ PARAMETERS = {
     "max_queue_requests": "1024",
     "max_texts_per_request": "256",
     "max_text_bytes": "100000",
+    "cuda_graphs": "true",  # replay captured CUDA graphs for small batches (GPU only)
 }
 
 log = logging.getLogger("tritonformer")
@@ -59,7 +60,10 @@ class TritonPythonModel:
 
         self.sink = TritonSink("embedder")
         policy = FifoBatchPolicy(p.int("max_batch_sequences"), p.int("max_batch_tokens"))
-        self.engine = EmbedderEngine(model, self.sink, policy, mode, normalize, p.int("max_queue_requests"))
+        self.engine = EmbedderEngine(
+            model, self.sink, policy, mode, normalize, p.int("max_queue_requests"),
+            cuda_graphs=p.choice("cuda_graphs", ("true", "false")) == "true",
+        )
         self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
         self.engine.start()
         log.info(

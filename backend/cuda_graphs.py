@@ -1,0 +1,77 @@
+"""CUDA graphs for small encoder batches (Nimble's ahead-of-time idea).
+
+A small batch is launch-bound: a 12-layer encoder issues ~100 kernels whose launch costs more
+than their work. Capturing the whole forward once per shape bucket and replaying it removes
+that. Graphs need static shapes, so a batch is rounded up to a bucket (total tokens, number of
+sequences): its tokens are copied into static buffers and one extra padding sequence absorbs
+the unused token slots (its result is ignored). Sequences past the real ones are empty.
+"""
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64)  # includes the padding sequence
+
+
+class EncoderGraphs:
+    def __init__(self, model, token_buckets=TOKEN_BUCKETS, sequence_buckets=SEQUENCE_BUCKETS):
+        self.model = model
+        self.token_buckets = token_buckets
+        self.sequence_buckets = sequence_buckets
+        self._graphs: dict[tuple[int, int], tuple] = {}
+        self._pool = None  # one memory pool shared by all graphs: they never run at once
+        self.replays = 0
+
+    def bucket(self, total_tokens: int, num_seqs: int) -> tuple[int, int] | None:
+        """The smallest bucket that holds the batch plus a padding sequence (empty when the
+        tokens fill the bucket exactly), or None."""
+        t = bisect.bisect_left(self.token_buckets, total_tokens)
+        s = bisect.bisect_left(self.sequence_buckets, num_seqs + 1)
+        if t == len(self.token_buckets) or s == len(self.sequence_buckets):
+            return None
+        return self.token_buckets[t], self.sequence_buckets[s]
+
+    def forward(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Hidden states `[sum(lengths), hidden]`: a graph replay when a bucket fits, else eager."""
+        total = sum(lengths)
+        key = self.bucket(total, len(lengths))
+        if key is None:
+            cu = torch.tensor([0, *_cumsum(lengths)], dtype=torch.int32, device=input_ids.device)
+            return self.model.forward(input_ids, cu, max(lengths))
+        graph, ids_buf, cu_buf, out = self._graphs.get(key) or self._capture(*key)
+        ids_buf.zero_()
+        ids_buf[:total].copy_(input_ids)
+        # Real sequences, then one padding sequence over the unused slots, then empty ones.
+        cu = [0, *_cumsum(lengths)] + [key[0]] * (key[1] - len(lengths))
+        cu_buf.copy_(torch.tensor(cu, dtype=torch.int32), non_blocking=True)
+        graph.replay()
+        self.replays += 1
+        return out[:total]
+
+    def _capture(self, tokens: int, seqs: int):
+        dev = self.model.device
+        ids_buf = torch.zeros(tokens, dtype=torch.long, device=dev)
+        cu_buf = torch.tensor([0] + [tokens] * seqs, dtype=torch.int32, device=dev)
+        # Warm up on a side stream (kernel compilation, cuBLAS handles) before capturing.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.model.forward(ids_buf, cu_buf, tokens)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.model.forward(ids_buf, cu_buf, tokens)
+        self._pool = graph.pool()
+        self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, out)
+        return self._graphs[(tokens, seqs)]
+
+
+def _cumsum(lengths: list[int]) -> list[int]:
+    out, acc = [], 0
+    for n in lengths:
+        acc += n
+        out.append(acc)
+    return out

@@ -1,0 +1,190 @@
+"""The Triton varlen flash-attention kernel against `reference.varlen_attention`.
+
+Fresh seeded random inputs every time. Without a GPU the kernel runs in Triton's CPU
+interpreter (TRITON_INTERPRET=1, set before triton is imported), so those shapes are tiny;
+the `gpu` group runs serving-sized shapes on CUDA.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernel cannot run", allow_module_level=True)
+
+from tritonformer.kernels import dispatch  # noqa: E402
+from tritonformer.kernels import reference as ref  # noqa: E402
+from tritonformer.kernels.triton_attention import varlen_attention  # noqa: E402
+
+# (atol, rtol) against the fp32 reference; fp16/bf16 round P to the input dtype before P @ V.
+TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def cu(lengths: list[int]) -> torch.Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=DEVICE)
+
+
+def make(lq, lk, heads, kv_heads, head_dim, dtype, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
+
+    q = rand(sum(lq), heads, head_dim)
+    k = rand(sum(lk), kv_heads, head_dim)
+    v = rand(sum(lk), kv_heads, head_dim)
+    return q, k, v, cu(lq), cu(lk)
+
+
+def check(q, k, v, cq, ck, causal, **kwargs):
+    out = varlen_attention(q, k, v, cq, ck, causal, **kwargs)
+    expected = ref.varlen_attention(q, k, v, cq, ck, causal, **kwargs)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    atol, rtol = TOL[q.dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+    return out
+
+
+# ---------------------------------------------------------------- tiny (interpreter) shapes
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_prefill_fp32(causal, heads, kv_heads, head_dim):
+    lengths = [1, 5, 17, 33]
+    check(*make(lengths, lengths, heads, kv_heads, head_dim, torch.float32, seed=head_dim + heads * kv_heads), causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_half(dtype, causal):
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        pytest.skip("Triton's CPU interpreter computes bf16 tl.dot wrongly (bf16 is held as uint16); bf16 runs in the gpu group")
+    lengths = [33, 5, 17]
+    check(*make(lengths, lengths, 4, 2, 32, dtype, seed=1), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_against_cache(causal):
+    """One query per sequence against a longer cache (Lq == 1 < Lk), GQA."""
+    check(*make([1, 1, 1], [20, 1, 37], 4, 1, 32, torch.float32, seed=2), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_prefill(causal):
+    """Query chunks aligned to the end of their keys (Lq < Lk), crossing block edges."""
+    check(*make([7, 17, 3], [30, 40, 3], 4, 2, 32, torch.float32, seed=3), causal)
+
+
+def test_chunked_prefill_fp16_head_dim_64():
+    check(*make([7, 20], [30, 20], 4, 4, 64, torch.float16, seed=4), True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_sequence_in_batch(causal):
+    check(*make([0, 5, 0, 18], [4, 5, 0, 30], 4, 2, 32, torch.float32, seed=5), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_queries_at_all(causal):
+    q, k, v, cq, ck = make([0, 0], [3, 6], 4, 2, 32, torch.float32, seed=6)
+    out = varlen_attention(q, k, v, cq, ck, causal)
+    assert out.shape == (0, 4, 32)
+    q, k, v, cq, ck = make([], [], 4, 2, 32, torch.float32, seed=6)
+    assert varlen_attention(q, k, v, cq, ck, causal).shape == (0, 4, 32)
+
+
+def test_strided_views_of_packed_qkv_scale_and_max_seqlen():
+    """q/k/v as column slices of one packed QKV projection, explicit scale and max_seqlen_q."""
+    heads, kv_heads, head_dim, lengths = 4, 2, 32, [9, 21]
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    qkv = torch.randn(sum(lengths), (heads + 2 * kv_heads) * head_dim, generator=gen).to(DEVICE)
+    q, k, v = ref.qkv_split(qkv, None, heads, kv_heads, head_dim)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    check(q, k, v, cu(lengths), cu(lengths), True, scale=0.3, max_seqlen_q=21)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32)])
+def test_other_block_shapes(monkeypatch, block_m, block_n):
+    """The causal block bounds with BLOCK_M != BLOCK_N (as on the GPU: 128 x 64)."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_launch_config", lambda *a: (block_m, block_n, 4, 1))
+    check(*make([7, 40, 33, 1], [30, 40, 50, 9], 4, 2, 32, torch.float32, seed=15), True)
+
+
+def test_rejects_bad_head_dim():
+    q, k, v, cq, ck = make([3], [3], 2, 1, 48, torch.float32)
+    with pytest.raises(AssertionError, match="power-of-two head_dim"):
+        varlen_attention(q, k, v, cq, ck, False)
+
+
+def test_registered_for_dispatch():
+    assert dispatch._KERNELS["varlen_attention"] is varlen_attention
+
+
+# ---------------------------------------------------------------- serving-sized shapes (GPU)
+
+def random_lengths(n, low, high, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (n,), generator=gen).tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(12, 12), (16, 4)])
+def test_gpu_many_sequences(dtype, causal, head_dim, heads, kv_heads):
+    lengths = random_lengths(64, 5, 500, seed=head_dim + heads)
+    check(*make(lengths, lengths, heads, kv_heads, head_dim, dtype, seed=8), causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_long_sequences(dtype, causal, head_dim):
+    lengths = [8192, 3000, 1]
+    check(*make(lengths, lengths, 8, 2, head_dim, dtype, seed=9), causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_decode_and_chunked_prefill(dtype, head_dim):
+    """A serving step: many one-token decodes against caches plus a prefill chunk."""
+    lk = random_lengths(63, 5, 4000, seed=10) + [8192]
+    lq = [1] * 63 + [512]
+    check(*make(lq, lk, 32, 8, head_dim, dtype, seed=11), True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fp32_and_packed_qkv(causal):
+    heads, kv_heads, head_dim = 8, 2, 128
+    lengths = random_lengths(16, 1, 700, seed=12)
+    gen = torch.Generator(device="cpu").manual_seed(13)
+    qkv = torch.randn(sum(lengths), (heads + 2 * kv_heads) * head_dim, generator=gen).to(DEVICE)
+    q, k, v = ref.qkv_split(qkv, None, heads, kv_heads, head_dim)
+    check(q, k, v, cu(lengths), cu(lengths), causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_dispatch_runs_the_kernel():
+    lengths = [100, 37]
+    q, k, v, cq, ck = make(lengths, lengths, 4, 2, 64, torch.float16, seed=14)
+    out = dispatch.varlen_attention(q, k, v, cq, ck, True)
+    torch.testing.assert_close(out, varlen_attention(q, k, v, cq, ck, True), atol=0, rtol=0)

@@ -1,0 +1,377 @@
+"""Triton-language kernels (kernels/triton_norms.py, kernels/triton_elementwise.py) against
+the PyTorch references, on fresh random inputs.
+
+Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, which the
+conftest sets), so the first group keeps shapes tiny but still covers non-power-of-2 sizes,
+row counts that leave a partial tile, optional operands and the chunked long-row paths
+(forced by shrinking the tile limits). The `gpu` group runs real model shapes on CUDA.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1: Triton kernels cannot run", allow_module_level=True)
+
+from tritonformer.kernels import dispatch  # noqa: E402
+from tritonformer.kernels import reference as ref  # noqa: E402
+from tritonformer.kernels import triton_elementwise as te  # noqa: E402
+from tritonformer.kernels import triton_norms as tn  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (atol, rtol): fp32 is a reordering of the same fp32 arithmetic; fp16/bf16 outputs may be
+# one rounding step apart (the kernel and the reference round slightly different fp32 values).
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+
+# In the interpreter, numpy reports the IEEE behaviour some tests rely on on purpose
+# (exp overflowing to inf in the saturated GELU/SiLU tails, 0/0 in an all -inf softmax row).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning"),
+]
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def seed_of(*params) -> int:
+    """A stable per-test seed (str hashing is randomised per process; crc32 is not)."""
+    return zlib.crc32(repr(params).encode())
+
+
+def make_rand(seed: int):
+    """A seeded normal sampler on DEVICE: rand(*shape, dtype=, mean=, std=)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def rand(*shape, dtype=torch.float32, mean=0.0, std=1.0):
+        return (torch.randn(*shape, generator=gen, device=DEVICE) * std + mean).to(dtype)
+
+    return rand
+
+
+def close(actual, expected, dtype=None):
+    atol, rtol = TOL[dtype or expected.dtype]
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+
+
+@pytest.fixture
+def long_rows(monkeypatch):
+    """Force the chunked (row does not fit one tile) paths on tiny rows: tiles of 32 columns."""
+    monkeypatch.setattr(tn, "_MAX_ONE_TILE", 16)
+    monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+
+
+def test_kernels_are_registered_with_the_dispatcher():
+    for name, mod in [
+        ("add_bias_residual_layer_norm", tn), ("rms_norm", tn), ("softmax", tn),
+        ("bias_gelu", te), ("silu_and_mul", te), ("apply_rotary", te),
+        ("qkv_split", te), ("qkv_split_rotary", te),
+    ]:
+        assert dispatch._KERNELS[name] is getattr(mod, name)
+
+
+def test_row_launch_choices():
+    rows, block, one_tile, _ = tn._row_launch(10_000, 768)
+    assert (rows, block, one_tile) == (4, 1024, True)
+    rows, block, one_tile, _ = tn._row_launch(3, 64)
+    assert rows == 4 and one_tile  # never taller than the batch
+    rows, block, one_tile, _ = tn._row_launch(10_000, 12288)
+    assert (rows, block, one_tile) == (1, 4096, False)
+
+
+# ---------------------------------------------------------------- LayerNorm (interpreter)
+
+def _ln_inputs(rand, n_rows, hidden, dtype, with_bias, with_res, mean=3.0):
+    # A non-zero mean exercises the one-pass E[x²] − E[x]² variance.
+    x = rand(n_rows, hidden, dtype=dtype, mean=mean)
+    bias = rand(hidden, dtype=dtype) if with_bias else None
+    res = rand(n_rows, hidden, dtype=dtype, mean=-1.0) if with_res else None
+    return x, bias, res, rand(hidden, mean=1.0), rand(hidden)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias,with_res", [(True, True), (False, True), (True, False), (False, False)])
+@pytest.mark.parametrize("n_rows,hidden", [(37, 96), (5, 8)])
+def test_layer_norm(dtype, with_bias, with_res, n_rows, hidden):
+    rand = make_rand(seed_of(n_rows, hidden, with_bias, with_res))
+    args = _ln_inputs(rand, n_rows, hidden, dtype, with_bias, with_res)
+    close(tn.add_bias_residual_layer_norm(*args, 1e-5), ref.add_bias_residual_layer_norm(*args, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_chunked_rows(long_rows, dtype):
+    rand = make_rand(1)
+    args = _ln_inputs(rand, 7, 80, dtype, True, True)  # 80 columns: 3 chunks, the last partial
+    assert not tn._row_launch(7, 80)[2]
+    close(tn.add_bias_residual_layer_norm(*args, 1e-6), ref.add_bias_residual_layer_norm(*args, 1e-6))
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("std", [1.0, 0.01])
+def test_layer_norm_large_mean_no_cancellation(chunked, std, monkeypatch):
+    """|mean| >> std: plain fp32 E[x²] − E[x]² loses the variance entirely (error ~1 and
+    ~1e4 here); the per-row shift keeps the kernel within fp32 rounding of an fp64 LayerNorm
+    (closer than the fp32 reference itself, whose error here is ~2e-4 and ~1.5e-2)."""
+    if chunked:
+        monkeypatch.setattr(tn, "_MAX_ONE_TILE", 16)
+        monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+    rand = make_rand(seed_of(std))
+    x, w, b = rand(6, 96, mean=1000.0, std=std), rand(96), rand(96)
+    exact = torch.nn.functional.layer_norm(x.double(), (96,), w.double(), b.double(), 1e-12)
+    out = tn.add_bias_residual_layer_norm(x, None, None, w, b, 1e-12)
+    torch.testing.assert_close(out.double(), exact, atol=2e-5, rtol=1e-5)
+    m = x.mean(-1, keepdim=True)
+    naive = (x - m) * torch.rsqrt(((x * x).mean(-1, keepdim=True) - m * m).clamp_min(0) + 1e-12) * w + b
+    assert (naive.double() - exact).abs().max() > 0.1  # what the shift buys
+
+
+def test_layer_norm_3d_and_non_contiguous():
+    rand = make_rand(3)
+    x = rand(2, 24, 5).transpose(1, 2)  # [2, 5, 24], not contiguous
+    res, w, b = rand(2, 5, 24), rand(24), rand(24)
+    close(tn.add_bias_residual_layer_norm(x, None, res, w, b, 1e-5),
+          ref.add_bias_residual_layer_norm(x, None, res, w, b, 1e-5))
+
+
+# ---------------------------------------------------------------- RMSNorm (interpreter)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_res", [True, False])
+@pytest.mark.parametrize("n_rows,hidden", [(37, 96), (3, 40)])
+def test_rms_norm(dtype, with_res, n_rows, hidden):
+    rand = make_rand(seed_of(n_rows, hidden, with_res))
+    x, w = rand(n_rows, hidden, dtype=dtype, mean=0.5), rand(hidden, mean=1.0)
+    res = rand(n_rows, hidden, dtype=dtype) if with_res else None
+    out, summed = tn.rms_norm(x, w, 1e-6, res)
+    exp_out, exp_sum = ref.rms_norm(x, w, 1e-6, res)
+    close(out, exp_out)
+    close(summed, exp_sum)
+    if res is None:
+        assert summed is x
+
+
+@pytest.mark.parametrize("with_res", [True, False])
+def test_rms_norm_chunked_rows(long_rows, with_res):
+    rand = make_rand(4)
+    x, w = rand(5, 72, dtype=torch.float16), rand(72)
+    res = rand(5, 72, dtype=torch.float16) if with_res else None
+    for actual, expected in zip(tn.rms_norm(x, w, 1e-5, res), ref.rms_norm(x, w, 1e-5, res)):
+        close(actual, expected)
+
+
+# ---------------------------------------------------------------- softmax (interpreter)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 0.125, -0.7])
+@pytest.mark.parametrize("n_rows,n_cols", [(37, 96), (3, 8)])
+def test_softmax(dtype, scale, n_rows, n_cols):
+    rand = make_rand(seed_of(n_rows, n_cols, scale))
+    x = rand(n_rows, n_cols, dtype=dtype, mean=2.0, std=3.0)
+    close(tn.softmax(x, scale), ref.softmax(x, scale))
+
+
+def _masked_scores(rand, n_rows, n_cols, dtype):
+    """Causal-style -inf entries, plus one row entirely -inf (NaN, as in torch)."""
+    x = rand(n_rows, n_cols, dtype=dtype, std=4.0)
+    keep = torch.arange(n_cols, device=DEVICE)[None, :] <= torch.arange(n_rows, device=DEVICE)[:, None] * 7
+    x = x.masked_fill(~keep, float("-inf"))
+    x[-1] = float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_softmax_with_infinities(chunked, monkeypatch):
+    if chunked:
+        monkeypatch.setattr(tn, "_MAX_ONE_TILE", 16)
+        monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+    x = _masked_scores(make_rand(5), 9, 70, torch.float32)
+    out = tn.softmax(x, 0.5)
+    close(out, ref.softmax(x, 0.5))
+    assert out[-1].isnan().all() and not out[:-1].isnan().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_softmax_chunked_rows(long_rows, dtype):
+    x = make_rand(6)(6, 100, dtype=dtype, std=5.0)
+    close(tn.softmax(x, 0.3), ref.softmax(x, 0.3))
+
+
+# ---------------------------------------------------------------- element-wise (interpreter)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_bias_gelu(dtype, approximate, with_bias):
+    rand = make_rand(seed_of(approximate, with_bias))
+    x = rand(37, 96, dtype=dtype, std=4.0)  # wide range: both tails and the saturated tanh
+    bias = rand(96, dtype=dtype) if with_bias else None
+    close(te.bias_gelu(x, bias, approximate), ref.bias_gelu(x, bias, approximate))
+
+
+def test_bias_gelu_3d_extremes():
+    x = make_rand(7)(2, 3, 40)
+    x[0, 0, :4] = torch.tensor([-60.0, 60.0, -1e4, 1e4])
+    bias = make_rand(8)(40, dtype=torch.float16)
+    for approximate in ("none", "tanh"):
+        close(te.bias_gelu(x, bias, approximate), ref.bias_gelu(x, bias, approximate))
+    with pytest.raises(ValueError):
+        te.bias_gelu(x, bias, "exact")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 2 * 48), (2, 3, 2 * 20)])
+def test_silu_and_mul(dtype, shape):
+    gate_up = make_rand(9)(*shape, dtype=dtype, std=3.0)
+    gate_up.view(-1)[:2] = torch.tensor([-200.0, 200.0])  # saturated sigmoid, no NaN
+    close(te.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
+
+
+def _cos_sin(n_tokens, head_dim, dtype=torch.float32, seed=10):
+    positions = torch.randint(0, 4096, (n_tokens,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    return ref.rotary_cos_sin(positions, head_dim, 10000.0, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 20])
+def test_apply_rotary(dtype, head_dim):
+    x = make_rand(11)(7, 3, head_dim, dtype=dtype)
+    cos, sin = _cos_sin(7, head_dim)
+    close(te.apply_rotary(x, cos, sin), ref.apply_rotary(x, cos, sin))
+
+
+def test_apply_rotary_strided_view():
+    """q as a view into a fused QKV buffer (token stride != H * D), bf16 tables."""
+    qkv = make_rand(12)(5, (4 + 2 * 2) * 12, dtype=torch.float16)
+    q = qkv[:, : 4 * 12].view(5, 4, 12)
+    cos, sin = _cos_sin(5, 12, torch.bfloat16)
+    out = te.apply_rotary(q, cos, sin)
+    close(out, ref.apply_rotary(q, cos, sin))
+    assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 12), (3, 3, 5)])
+def test_qkv_split(dtype, with_bias, heads, kv_heads, head_dim):
+    rand = make_rand(seed_of(with_bias, heads, head_dim))
+    qkv = rand(9, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    bias = rand(qkv.shape[1], dtype=dtype) if with_bias else None
+    got = te.qkv_split(qkv, bias, heads, kv_heads, head_dim)
+    for actual, expected in zip(got, ref.qkv_split(qkv, bias, heads, kv_heads, head_dim)):
+        assert actual.is_contiguous()
+        close(actual, expected)
+
+
+def test_qkv_split_promotes_like_the_reference():
+    """fp16 qkv + fp32 bias: the reference's `qkv + bias` is fp32, and so are the outputs."""
+    rand = make_rand(13)
+    qkv, bias = rand(3, 4 * 8, dtype=torch.float16), rand(4 * 8)
+    for actual, expected in zip(te.qkv_split(qkv, bias, 2, 1, 8), ref.qkv_split(qkv, bias, 2, 1, 8)):
+        close(actual, expected)
+    with pytest.raises(ValueError):
+        te.qkv_split(qkv, bias, 2, 2, 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (2, 2, 20), (6, 1, 8)])
+def test_qkv_split_rotary(dtype, with_bias, heads, kv_heads, head_dim):
+    rand = make_rand(seed_of(with_bias, heads, kv_heads, head_dim))
+    n_tokens = 6
+    qkv = rand(n_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    bias = rand(qkv.shape[1], dtype=dtype) if with_bias else None
+    cos, sin = _cos_sin(n_tokens, head_dim, dtype)
+    got = te.qkv_split_rotary(qkv, bias, heads, kv_heads, head_dim, cos, sin)
+    expected = ref.qkv_split_rotary(qkv, bias, heads, kv_heads, head_dim, cos, sin)
+    for a, e in zip(got, expected):
+        assert a.is_contiguous()
+        # The reference rounds qkv + bias to the input dtype before rotating; the kernel
+        # rotates the fp32 sum, so allow one extra rounding step.
+        close(a, e)
+
+
+def test_empty_inputs():
+    x = torch.empty(0, 16, device=DEVICE)
+    w = torch.ones(16, device=DEVICE)
+    assert tn.add_bias_residual_layer_norm(x, None, None, w, w, 1e-5).shape == (0, 16)
+    assert tn.softmax(x).shape == (0, 16)
+    assert tn.rms_norm(x, w, 1e-5, x)[1].shape == (0, 16)
+    assert te.silu_and_mul(x).shape == (0, 8)
+    assert [t.shape for t in te.qkv_split_rotary(x, None, 1, 0, 16, x[:, :8], x[:, :8])] == [(0, 1, 16), (0, 0, 16), (0, 0, 16)]
+
+
+# ---------------------------------------------------------------- real shapes on the GPU
+
+LOW = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("hidden", [768, 4096, 12288])
+@pytest.mark.parametrize("with_bias,with_res", [(True, True), (False, False)])
+def test_gpu_layer_norm(dtype, hidden, with_bias, with_res):
+    rand = make_rand(100 + hidden)
+    args = _ln_inputs(rand, 3001, hidden, dtype, with_bias, with_res)
+    close(tn.add_bias_residual_layer_norm(*args, 1e-12), ref.add_bias_residual_layer_norm(*args, 1e-12))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("hidden", [768, 4096, 12288])
+def test_gpu_rms_norm(dtype, hidden):
+    rand = make_rand(200 + hidden)
+    x, res, w = rand(3001, hidden, dtype=dtype), rand(3001, hidden, dtype=dtype), rand(hidden, mean=1.0)
+    for actual, expected in zip(tn.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)):
+        close(actual, expected)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("n_cols", [512, 2048, 8192, 10000])
+def test_gpu_softmax(dtype, n_cols):
+    x = make_rand(300 + n_cols)(4099, n_cols, dtype=dtype, std=4.0)
+    close(tn.softmax(x, 1 / math.sqrt(128)), ref.softmax(x, 1 / math.sqrt(128)))
+    x = _masked_scores(make_rand(301), 1030, n_cols, dtype)
+    close(tn.softmax(x, 0.5), ref.softmax(x, 0.5))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+def test_gpu_elementwise(dtype):
+    rand = make_rand(400)
+    x, bias = rand(4099, 3072, dtype=dtype, std=3.0), rand(3072, dtype=dtype)
+    for approximate in ("none", "tanh"):
+        close(te.bias_gelu(x, bias, approximate), ref.bias_gelu(x, bias, approximate))
+    gate_up = rand(4099, 2 * 11008, dtype=dtype, std=3.0)
+    close(te.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,with_bias", [(32, 8, 128, False), (12, 12, 64, True), (14, 2, 64, True)])
+def test_gpu_qkv_split_rotary(dtype, heads, kv_heads, head_dim, with_bias):
+    rand = make_rand(500 + heads)
+    n_tokens = 4099
+    qkv = rand(n_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    bias = rand(qkv.shape[1], dtype=dtype) if with_bias else None
+    cos, sin = _cos_sin(n_tokens, head_dim, dtype)
+    got = te.qkv_split_rotary(qkv, bias, heads, kv_heads, head_dim, cos, sin)
+    for a, e in zip(got, ref.qkv_split_rotary(qkv, bias, heads, kv_heads, head_dim, cos, sin)):
+        close(a, e)
+    for a, e in zip(te.qkv_split(qkv, bias, heads, kv_heads, head_dim), ref.qkv_split(qkv, bias, heads, kv_heads, head_dim)):
+        close(a, e)
+    q = ref.qkv_split(qkv, None, heads, kv_heads, head_dim)[0]  # strided view
+    close(te.apply_rotary(q, cos, sin), ref.apply_rotary(q, cos, sin))
