@@ -5,7 +5,7 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
 * Packed, mask-free. A batch is one `[tokens, heads, head_dim]` tensor plus `cu_seqlens`; there is
   no padding and no mask tensor (EET's idea). Each program reads its sequence's bounds from
   `cu_seqlens` and compares positions in registers, so nothing per batch is materialised.
-* Online softmax. A program owns BLOCK_M queries of one sequence and one head. It streams the
+* Online softmax. A program owns BLOCK_M query rows of one sequence. It streams the
   sequence's keys and values in BLOCK_N blocks, keeping a running row max, row sum and output
   accumulator in fp32; the `[Lq, Lk]` score matrix never exists. Scores are scaled by
   `scale * log2(e)` so that `exp2` can replace `exp`.
@@ -15,13 +15,23 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   above a query block's diagonal are never visited; blocks wholly below it run unmasked; only
   the few blocks that straddle the diagonal (and the ragged last key block) pay for the
   position comparison.
-* Grouped-query heads: query head h reads kv head h // (H // Hkv).
+* Grouped-query heads: query head h reads kv head h // G, G = H // Hkv. A program serves one
+  kv head and all G query heads that share it: its BLOCK_M rows are (query, head-in-group)
+  pairs, row r = query r // G, head r % G. Each K/V tile is then loaded once for G heads, and
+  a decode step (one query per sequence) fills G rows of the tile instead of one.
 
-Grid: (cdiv(max_seqlen_q, BLOCK_M), num_seqs, H). Programs whose query block starts past their
-sequence's end exit at once, so the grid can be sized from the longest sequence.
+* Split keys for small decode launches (flash-decoding). When a few sequences decode against
+  long caches, (sequences x Hkv) programs leave most of the GPU idle; then each sequence's
+  keys are cut into NUM_SPLITS chunks handled by separate programs, which write a normalised
+  partial output and its log-sum-exp to fp32 workspaces, and `_combine_splits_kernel` merges
+  them.
+
+Grid: (cdiv(max_seqlen_q * G, BLOCK_M) * NUM_SPLITS, num_seqs, Hkv). Programs whose rows start
+past their sequence's end exit at once, so the grid can be sized from the longest sequence.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,14 +47,15 @@ _LOG2E = 1.4426950408889634
 def _attend_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kt, stride_vt,
-    offs_m, offs_d, q_shift, seqlen_k, qk_scale,
+    offs_q, offs_d, q_shift, seqlen_k, qk_scale,
     start, end,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Fold key/value blocks [start, end) of one sequence into the online-softmax state.
 
-    With MASKED, keys past the sequence's end and (if CAUSAL) keys after a query's position
-    `q_shift + offs_m` get a score of -inf; without it every key in the range is visible.
+    Row r of the block is query offs_q[r]. With MASKED, keys past the sequence's end and (if
+    CAUSAL) keys after a query's position `q_shift + offs_q` get a score of -inf; without it
+    every key in the range is visible.
     """
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -59,7 +70,7 @@ def _attend_blocks(
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
-                visible = visible & (offs_n[None, :] <= (q_shift + offs_m)[:, None])
+                visible = visible & (offs_n[None, :] <= (q_shift + offs_q)[:, None])
             s = tl.where(visible, s, float("-inf"))
         # m_i starts finite (-1e30), so a row that has seen only masked keys keeps alpha = 1
         # and p = 0 instead of producing inf - inf.
@@ -80,28 +91,35 @@ def _attend_blocks(
 def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    qk_scale,
+    qk_scale, PartialOut, PartialLse, split_stride,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
-    block_m = tl.program_id(0)
+    # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
+    # the sequence in query head kv_head * GROUP + r % GROUP, so the GROUP query heads that
+    # share a kv head share every K/V tile this program loads. With NUM_SPLITS > 1 the program
+    # covers only its split's share of the keys and writes a partial result (see below).
+    block_m = tl.program_id(0) // NUM_SPLITS
+    split = tl.program_id(0) % NUM_SPLITS
     seq = tl.program_id(1)
-    head = tl.program_id(2)
+    kv_head = tl.program_id(2)
 
     q_start = tl.load(cu_seqlens_q + seq).to(tl.int64)
     seqlen_q = (tl.load(cu_seqlens_q + seq + 1) - q_start).to(tl.int32)
     m_lo = block_m * BLOCK_M
-    if m_lo >= seqlen_q:
+    if m_lo >= seqlen_q * GROUP:
         return
     k_start = tl.load(cu_seqlens_k + seq).to(tl.int64)
     seqlen_k = (tl.load(cu_seqlens_k + seq + 1) - k_start).to(tl.int32)
-    kv_head = head // GROUP
 
-    offs_m = m_lo + tl.arange(0, BLOCK_M)
+    rows = m_lo + tl.arange(0, BLOCK_M)
+    offs_q = rows // GROUP  # query index within the sequence
+    heads = kv_head * GROUP + rows % GROUP
+    row_ok = (offs_q < seqlen_q)[:, None]
     offs_d = tl.arange(0, BLOCK_D)
-    q_rows = q_start + offs_m.to(tl.int64)
-    q_ptrs = Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=(offs_m < seqlen_q)[:, None], other=0.0)
+    q_tok = q_start + offs_q.to(tl.int64)
+    q_ptrs = Q + q_tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok, other=0.0)
 
     k_base = K + k_start * stride_kt + kv_head * stride_kh
     v_base = V + k_start * stride_vt + kv_head * stride_vh
@@ -113,51 +131,110 @@ def _varlen_attention_kernel(
     # Query j sits at key position q_shift + j (causal queries are aligned to the end).
     q_shift = seqlen_k - seqlen_q
     if CAUSAL:
-        # Keys < full_end are visible to every query of this block (its first query sees
-        # keys 0 .. q_shift + m_lo); keys >= end are visible to none of them.
-        m_hi = tl.minimum(m_lo + BLOCK_M, seqlen_q)
-        end = tl.maximum(tl.minimum(seqlen_k, q_shift + m_hi), 0)
-        full_end = (tl.maximum(q_shift + m_lo + 1, 0) // BLOCK_N) * BLOCK_N
+        # Keys < full_end are visible to every query of this block (its first query, q_lo,
+        # sees keys 0 .. q_shift + q_lo); keys >= end are visible to none of them.
+        q_lo = m_lo // GROUP
+        q_hi = tl.minimum((m_lo + BLOCK_M - 1) // GROUP, seqlen_q - 1)
+        end = tl.maximum(tl.minimum(seqlen_k, q_shift + q_hi + 1), 0)
+        full_end = (tl.maximum(q_shift + q_lo + 1, 0) // BLOCK_N) * BLOCK_N
         full_end = tl.minimum(full_end, end)
     else:
         end = seqlen_k
         full_end = (seqlen_k // BLOCK_N) * BLOCK_N
 
+    # This program's keys: all of [0, end), or with splits one BLOCK_N-aligned chunk of it.
+    lo = 0
+    if NUM_SPLITS > 1:
+        chunk = tl.cdiv(tl.cdiv(end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        end = tl.minimum(end, lo + chunk)
+
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-        offs_m, offs_d, q_shift, seqlen_k, qk_scale, 0, full_end,
+        offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end),
         BLOCK_N, False, CAUSAL, PRECISION,
     )
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-        offs_m, offs_d, q_shift, seqlen_k, qk_scale, full_end, end,
+        offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_end, lo), end,
         BLOCK_N, True, CAUSAL, PRECISION,
     )
 
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_i[:, None]
-    o_ptrs = Out + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m < seqlen_q)[:, None])
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok)
+    else:
+        # Partial result of this split: its normalised output and log2-sum-exp2 of its scores
+        # (-1e30 when it saw no key), in fp32 workspaces laid out [NUM_SPLITS, Tq, H, (D)].
+        part = split * split_stride + q_tok * (GROUP * tl.num_programs(2)) + heads
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), -1.0e30)
+        tl.store(PartialLse + part, lse, mask=offs_q < seqlen_q)
+        tl.store(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok)
 
 
-def _launch_config(head_dim: int, dtype: torch.dtype, max_seqlen_q: int, on_gpu: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this problem.
+@triton.jit
+def _combine_splits_kernel(
+    PartialOut, PartialLse, Out, split_stride, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Out[t, h] = the splits' partial outputs weighted by their share of the softmax mass."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    part = tl.arange(0, NUM_SPLITS) * split_stride + tok * tl.num_programs(1) + head
+    lse = tl.load(PartialLse + part)
+    weight = tl.exp2(lse - tl.max(lse, 0))
+    weight = tl.where(lse > -1.0e29, weight, 0.0)
+    offs_d = tl.arange(0, BLOCK_D)
+    partial = tl.load(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :])
+    total = tl.sum(weight, 0)
+    out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
-    On the GPU: 128-query blocks for prefill (BLOCK_N 64; 8 warps at head dim 128 to keep the
-    fp32 accumulator in registers), down to 16 when every sequence has few queries (decode),
-    so a one-query program does not compute 127 dead rows. fp32 tiles are twice the bytes,
-    so they get smaller blocks. In the CPU interpreter: 16x16 tiles, the smallest tl.dot takes.
+
+def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the longest sequence's `rows` (its
+    queries times the GQA group).
+
+    Measured on an H100: 128x64 blocks and 8 warps for long prefills; 64-row blocks for
+    batches of short sequences (less padding in each sequence's last block, more programs to
+    spread; 64x32 at head dim 128); down to 16 rows when every sequence has only a few
+    queries (decode), so a one-query program does not compute 127 dead rows. fp32 tiles are twice the bytes and get smaller
+    blocks. In the CPU interpreter: 16x16 tiles, the smallest tl.dot takes.
     """
     if not on_gpu:
         return 16, 16, 4, 1
-    big = dtype == torch.float32 or head_dim > 128
-    block_m = 64 if big else 128
-    block_m = min(block_m, max(16, triton.next_power_of_2(max_seqlen_q)))
-    block_n = 32 if big else 64
-    num_warps = 8 if (block_m >= 128 and head_dim >= 128) or head_dim > 128 else 4
-    num_stages = 2 if big else 3
-    return block_m, block_n, num_warps, num_stages
+    if dtype == torch.float32 or head_dim > 128:
+        return min(64, max(16, triton.next_power_of_2(rows))), 32, 4 if head_dim <= 64 else 8, 2
+    if head_dim > 64 and rows <= 2048:
+        return min(64, max(16, triton.next_power_of_2(rows))), 32, 4, 3
+    if rows > 512:
+        return 128, 64, 8, 3
+    return min(64, max(16, triton.next_power_of_2(rows))), 64, 4, 3
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_splits(programs: int, rows: int, keys_per_seq: float, device: torch.device) -> int:
+    """How many ways to split each sequence's keys (flash-decoding).
+
+    Only for decode-like launches (at most 64 query rows per sequence and kv head) that have
+    too few programs to fill the GPU, e.g. a handful of sequences decoding against long
+    caches: each split keeps at least 256 keys, and the partial results cost one small
+    combine kernel. A power of two, at most 16; 1 means no split.
+    """
+    if device.type != "cuda" or rows > 64:
+        return 1
+    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    splits = 1
+    while splits < 16 and programs * splits < target and keys_per_seq / (2 * splits) >= 256:
+        splits *= 2
+    return splits
 
 
 @register("varlen_attention")
@@ -190,6 +267,9 @@ def varlen_attention(
     )
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     assert cu_seqlens_q.numel() == cu_seqlens_k.numel(), "cu_seqlens_q and cu_seqlens_k differ in length"
+    assert cu_seqlens_q.device == q.device and cu_seqlens_k.device == q.device, (
+        f"cu_seqlens must be on q's device {q.device}"
+    )
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = cu_seqlens_q.numel() - 1
@@ -203,17 +283,32 @@ def varlen_attention(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    block_m, block_n, num_warps, num_stages = _launch_config(head_dim, q.dtype, max_seqlen_q, q.is_cuda)
-    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
-    _varlen_attention_kernel[grid](
+    group = num_heads // num_kv_heads
+    rows = max_seqlen_q * group
+    block_m, block_n, num_warps, num_stages = _launch_config(head_dim, q.dtype, rows, q.is_cuda)
+    m_blocks = triton.cdiv(rows, block_m)
+    splits = _num_splits(m_blocks * num_seqs * num_kv_heads, rows, k.shape[0] / num_seqs, q.device)
+    total_q = q.shape[0]
+    split_stride = total_q * num_heads
+    if splits > 1:
+        partial_out = torch.empty((splits, total_q, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty((splits, total_q, num_heads), dtype=torch.float32, device=q.device)
+    else:
+        partial_out = partial_lse = out  # unused
+    _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        float(scale) * _LOG2E,
-        GROUP=num_heads // num_kv_heads,
+        float(scale) * _LOG2E, partial_out, partial_lse, split_stride,
+        GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, NUM_SPLITS=splits,
         num_warps=num_warps, num_stages=num_stages,
     )
+    if splits > 1:
+        _combine_splits_kernel[(total_q, num_heads)](
+            partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, BLOCK_D=head_dim, num_warps=4 if head_dim <= 64 else 8,
+        )
     return out

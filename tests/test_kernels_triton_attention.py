@@ -120,6 +120,24 @@ def test_other_block_shapes(monkeypatch, block_m, block_n):
     check(*make([7, 40, 33, 1], [30, 40, 50, 9], 4, 2, 32, torch.float32, seed=15), True)
 
 
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_keys(monkeypatch, splits, causal):
+    """Flash-decoding path: keys split across programs, partial results combined. Lengths
+    leave some splits with no keys (Lk = 1) and cross split edges; includes an empty query
+    sequence and a short chunk (Lq = 3 < Lk)."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_num_splits", lambda *a: splits)
+    check(*make([1, 1, 0, 3, 1], [70, 1, 5, 50, 33], 4, 2, 32, torch.float32, seed=17), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_group_of_three(causal):
+    """A GQA group that is not a power of two (SmolLM2: 9 heads over 3 kv heads)."""
+    check(*make([7, 17, 1], [30, 17, 12], 6, 2, 32, torch.float32, seed=16), causal)
+
+
 def test_rejects_bad_head_dim():
     q, k, v, cq, ck = make([3], [3], 2, 1, 48, torch.float32)
     with pytest.raises(AssertionError, match="power-of-two head_dim"):
@@ -167,6 +185,19 @@ def test_gpu_decode_and_chunked_prefill(dtype, head_dim):
     lk = random_lengths(63, 5, 4000, seed=10) + [8192]
     lq = [1] * 63 + [512]
     check(*make(lq, lk, 32, 8, head_dim, dtype, seed=11), True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_few_sequences_split_keys(dtype, head_dim):
+    """Few decodes (and a 4-query chunk) against long caches: the split-keys path."""
+    from tritonformer.kernels import triton_attention
+
+    lq, lk = [1, 1, 4, 1], [8192, 300, 5000, 1]
+    assert triton_attention._num_splits(4 * 8, 4 * 4, sum(lk) / 4, torch.device(DEVICE)) > 1
+    check(*make(lq, lk, 32, 8, head_dim, dtype, seed=18), True)
 
 
 @pytest.mark.gpu

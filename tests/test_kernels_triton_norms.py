@@ -26,6 +26,7 @@ from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels import triton_elementwise as te  # noqa: E402
 from tritonformer.kernels import triton_norms as tn  # noqa: E402
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (atol, rtol): fp32 is a reordering of the same fp32 arithmetic; fp16/bf16 outputs may be
 # one rounding step apart (the kernel and the reference round slightly different fp32 values).
@@ -66,6 +67,7 @@ def close(actual, expected, dtype=None):
 def long_rows(monkeypatch):
     """Force the chunked (row does not fit one tile) paths on tiny rows: tiles of 32 columns."""
     monkeypatch.setattr(tn, "_MAX_ONE_TILE", 16)
+    monkeypatch.setattr(tn, "_MAX_ONE_TILE_RMS", 16)
     monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
 
 
@@ -80,11 +82,12 @@ def test_kernels_are_registered_with_the_dispatcher():
 
 def test_row_launch_choices():
     rows, block, one_tile, _ = tn._row_launch(10_000, 768)
-    assert (rows, block, one_tile) == (4, 1024, True)
+    assert (rows, block, one_tile) == (2, 1024, True)
     rows, block, one_tile, _ = tn._row_launch(3, 64)
     assert rows == 4 and one_tile  # never taller than the batch
     rows, block, one_tile, _ = tn._row_launch(10_000, 12288)
     assert (rows, block, one_tile) == (1, 4096, False)
+    assert tn._row_launch(10_000, 12288, tn._MAX_ONE_TILE_RMS)[1:3] == (16384, True)
 
 
 # ---------------------------------------------------------------- LayerNorm (interpreter)
@@ -270,6 +273,18 @@ def test_qkv_split(dtype, with_bias, heads, kv_heads, head_dim):
         close(actual, expected)
 
 
+def test_qkv_split_rotary_strided_rows():
+    """qkv as a column slice of a wider buffer (row stride > width), strided cos/sin rows."""
+    rand = make_rand(14)
+    wide = rand(5, 3 * 8 + 16, dtype=torch.float16)
+    qkv = wide[:, : 3 * 8]
+    table = rand(5, 2 * 4)
+    cos, sin = table[:, :4], table[:, 4:]
+    got = te.qkv_split_rotary(qkv, None, 1, 1, 8, cos, sin)
+    for actual, expected in zip(got, ref.qkv_split_rotary(qkv, None, 1, 1, 8, cos, sin)):
+        close(actual, expected)
+
+
 def test_qkv_split_promotes_like_the_reference():
     """fp16 qkv + fp32 bias: the reference's `qkv + bias` is fp32, and so are the outputs."""
     rand = make_rand(13)
@@ -293,9 +308,13 @@ def test_qkv_split_rotary(dtype, with_bias, heads, kv_heads, head_dim):
     expected = ref.qkv_split_rotary(qkv, bias, heads, kv_heads, head_dim, cos, sin)
     for a, e in zip(got, expected):
         assert a.is_contiguous()
-        # The reference rounds qkv + bias to the input dtype before rotating; the kernel
-        # rotates the fp32 sum, so allow one extra rounding step.
-        close(a, e)
+        if INTERPRETED and dtype == torch.bfloat16 and with_bias:
+            # The interpreter's fp32 -> bf16 cast truncates (the GPU rounds to nearest), so
+            # the rounded qkv + bias can be one ulp off before the rotation, whose
+            # cancellation (x1*c - x2*s) turns that into a large relative error near 0.
+            torch.testing.assert_close(a, e, atol=2.0**-7 * 8, rtol=1.6e-2)
+        else:
+            close(a, e)
 
 
 def test_empty_inputs():

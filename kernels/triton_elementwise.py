@@ -1,0 +1,279 @@
+"""Triton-language element-wise kernels: bias + activation, SwiGLU, rotary and the QKV split.
+
+These are the "element-wise" non-GEMM kernels of TurboTransformers' fusion rule (seeds.md
+§1.1.2: fuse everything between two GEMMs into one kernel): each reads the previous GEMM's
+output once and writes exactly what the next GEMM or attention needs, in fp32 arithmetic and
+the input dtype in memory. They are memory-bound, so the point is one read and one write per
+element and enough elements per program (`_TILE_ELEMS`) to keep loads in flight.
+
+Every wrapper has the signature and result of its counterpart in `reference.py`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonformer.kernels.dispatch import register
+
+_TILE_ELEMS = 4096  # elements per program (32 per thread at 4 warps)
+_MAX_BLOCK_COLS = 1024
+_MAX_ROWS = 64
+
+
+def _contig(t: torch.Tensor) -> torch.Tensor:
+    """t itself when contiguous (the usual case), else a contiguous copy. The kernels index
+    rows as `row * n_cols` and need no 2-D view; wrappers keep their torch calls few because
+    the host-side cost per op is comparable to a small kernel's run time."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _tile_2d(n_rows: int, n_cols: int) -> tuple[int, int, int]:
+    """(ROWS, BLOCK columns, num_warps) for a `[rows, cols]` element-wise launch."""
+    block = min(triton.next_power_of_2(n_cols), _MAX_BLOCK_COLS)
+    rows = max(1, min(_MAX_ROWS, _TILE_ELEMS // block, triton.next_power_of_2(max(n_rows, 1))))
+    num_warps = max(1, min(8, rows * block // 1024))
+    return rows, block, num_warps
+
+
+@triton.jit
+def _erf_gelu(h):
+    """Exact GELU (BERT's "gelu"); tl.math.erf is fp32-only, h is fp32 here."""
+    return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+
+
+@triton.jit
+def _tanh_gelu(h):
+    """GPT-2's "gelu_new" tanh approximation."""
+    # tanh(u) = 1 - 2 / (exp(2u) + 1): no libdevice tanh needed, and it saturates to ±1
+    # cleanly (exp overflowing to inf gives 1, underflowing to 0 gives -1).
+    u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+    return 0.5 * h * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+
+
+@triton.jit
+def _bias_gelu_kernel(
+    x_ptr, bias_ptr, out_ptr, n_rows, n_cols,
+    HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out = GELU(x + bias): BERT's "AddBias + Activation" after the FFN's first GEMM, so
+    the biased pre-activation never goes to memory. Grid: (row tiles, column tiles)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (rows < n_rows) & (cols < n_cols)
+    offs = rows.to(tl.int64) * n_cols + cols
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        h += tl.load(bias_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    if APPROX_TANH:
+        y = _tanh_gelu(h)
+    else:
+        y = _erf_gelu(h)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("bias_gelu")
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
+    """GELU(x + bias) in one kernel; see reference.bias_gelu."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    x = _contig(x)
+    out = torch.empty_like(x)
+    if out.numel() > 0:
+        n_cols = x.shape[-1]
+        n_rows = x.numel() // n_cols
+        rows, block, num_warps = _tile_2d(n_rows, n_cols)
+        grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_cols, block))
+        _bias_gelu_kernel[grid](
+            x, _contig(bias) if bias is not None else x, out, n_rows, n_cols,
+            HAS_BIAS=bias is not None, APPROX_TANH=approximate == "tanh",
+            ROWS=rows, BLOCK=block, num_warps=num_warps,
+        )
+    return out
+
+
+@triton.jit
+def _silu_and_mul_kernel(gu_ptr, out_ptr, n_rows, n_inner, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """out = silu(gate) * up with gate_up = [gate | up] per row: Llama's SwiGLU, read straight
+    from the fused gate/up GEMM output so neither half is materialised on its own."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (rows < n_rows) & (cols < n_inner)
+    rows = rows.to(tl.int64)
+    in_offs = rows * (2 * n_inner) + cols
+    gate = tl.load(gu_ptr + in_offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + in_offs + n_inner, mask=mask, other=0.0).to(tl.float32)
+    # silu(g) = g * sigmoid(g) = g / (1 + exp(-g)); for g -> -inf this tends to -0, no NaN.
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + rows * n_inner + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("silu_and_mul")
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up where gate_up = [gate | up] on the last dim; see reference.silu_and_mul."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up's last dim must be even, got {gate_up.shape[-1]}")
+    gate_up = _contig(gate_up)
+    n_inner = gate_up.shape[-1] // 2
+    out = torch.empty((*gate_up.shape[:-1], n_inner), dtype=gate_up.dtype, device=gate_up.device)
+    if out.numel() > 0:
+        n_rows = out.numel() // n_inner
+        rows, block, num_warps = _tile_2d(n_rows, n_inner)
+        grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_inner, block))
+        _silu_and_mul_kernel[grid](gate_up, out, n_rows, n_inner, ROWS=rows, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+@triton.jit
+def _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, y, mask, n_q_heads, n_kv_heads, head_dim):
+    """Store a [heads, cols] tile of one token into q / k / v by head slot: slots
+    [0, H) go to q, [H, H + Hkv) to k, the rest to v. Three masked stores, so each element
+    is written once, to its own contiguous `[T, heads, D]` output."""
+    kv_start = n_q_heads + n_kv_heads
+    q_offs = (t * n_q_heads + heads) * head_dim + cols
+    k_offs = (t * n_kv_heads + heads - n_q_heads) * head_dim + cols
+    v_offs = (t * n_kv_heads + heads - kv_start) * head_dim + cols
+    tl.store(q_ptr + q_offs, y.to(q_ptr.dtype.element_ty), mask=mask & (heads < n_q_heads))
+    tl.store(k_ptr + k_offs, y.to(k_ptr.dtype.element_ty),
+             mask=mask & (heads >= n_q_heads) & (heads < kv_start))
+    tl.store(v_ptr + v_offs, y.to(v_ptr.dtype.element_ty), mask=mask & (heads >= kv_start))
+
+
+@triton.jit
+def _split_rotary_kernel(
+    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+    src_stride_t, src_stride_h, cos_stride_t, sin_stride_t,
+    n_q_heads, n_kv_heads, head_dim, half,
+    HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
+
+    TurboTransformers' "split + AddBias + Transpose" for the fused QKV GEMM output, with
+    Llama's rotary folded in: the GEMM output is read once and q, k, v are written once,
+    contiguous. The token's cos/sin row is loaded once and shared by all its heads. With
+    n_kv_heads = 0 and no bias it is plain `apply_rotary` on a (possibly strided) q.
+    Grid: (tokens, head-slot blocks). ROTARY needs an even head_dim; the halves are
+    [0, half) and [half, D) and BLOCK_D covers one half.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    n_slots = n_q_heads + 2 * n_kv_heads
+    cols = tl.arange(0, BLOCK_D)[None, :]
+    src = src_ptr + t * src_stride_t + heads * src_stride_h
+    if ROTARY:
+        col_mask = cols < half
+        mask = (heads < n_slots) & col_mask
+        x1 = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + half + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            # The unfused path materialises qkv + bias in the output dtype before rotating;
+            # round the same way so that the fused kernel gives the same numbers.
+            x1 += tl.load(bias_ptr + heads * head_dim + cols, mask=mask, other=0.0).to(tl.float32)
+            x2 += tl.load(bias_ptr + heads * head_dim + half + cols, mask=mask, other=0.0).to(tl.float32)
+            x1 = x1.to(q_ptr.dtype.element_ty).to(tl.float32)
+            x2 = x2.to(q_ptr.dtype.element_ty).to(tl.float32)
+        c = tl.load(cos_ptr + t * cos_stride_t + cols, mask=col_mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * sin_stride_t + cols, mask=col_mask, other=0.0).to(tl.float32)
+        rotate = heads < n_q_heads + n_kv_heads  # v passes through un-rotated
+        y1 = tl.where(rotate, x1 * c - x2 * s, x1)
+        y2 = tl.where(rotate, x2 * c + x1 * s, x2)
+        _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, y1, mask, n_q_heads, n_kv_heads, head_dim)
+        _store_split(q_ptr, k_ptr, v_ptr, t, heads, half + cols, y2, mask, n_q_heads, n_kv_heads, head_dim)
+    else:
+        mask = (heads < n_slots) & (cols < head_dim)
+        x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            x += tl.load(bias_ptr + heads * head_dim + cols, mask=mask, other=0.0).to(tl.float32)
+        _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, x, mask, n_q_heads, n_kv_heads, head_dim)
+
+
+def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, sin,
+                         n_q_heads, n_kv_heads, head_dim):
+    """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary."""
+    n_tokens = q.shape[0]
+    n_slots = n_q_heads + 2 * n_kv_heads
+    if n_tokens == 0 or head_dim == 0 or n_slots == 0:
+        return
+    rotary = cos is not None
+    if rotary:
+        if head_dim % 2:
+            raise ValueError(f"rotary needs an even head_dim, got {head_dim}")
+        # Only the last dim must be contiguous: rows are addressed by their own stride.
+        cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+        sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    block_d = triton.next_power_of_2(head_dim // 2 if rotary else head_dim)
+    elems_per_head = block_d * (2 if rotary else 1)
+    block_h = max(1, min(_TILE_ELEMS // elems_per_head, triton.next_power_of_2(n_slots)))
+    num_warps = max(1, min(8, block_h * elems_per_head // 1024))
+    grid = (n_tokens, triton.cdiv(n_slots, block_h))
+    _split_rotary_kernel[grid](
+        src, bias if bias is not None else src, q, k, v,
+        cos if rotary else src, sin if rotary else src,
+        src_stride_t, src_stride_h,
+        cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
+        n_q_heads, n_kv_heads, head_dim, head_dim // 2,
+        HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
+        num_warps=num_warps,
+    )
+
+
+@register("apply_rotary")
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding on `[T, H, D]`; see reference.apply_rotary. x may be a
+    strided view over tokens and heads (e.g. a slice of a QKV buffer); its last dim is made
+    contiguous if it is not."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch_split_rotary(x, x.stride(0), x.stride(1), None, out, out, out, cos, sin,
+                         x.shape[1], 0, x.shape[2])
+    return out
+
+
+def _split_outputs(qkv, bias, num_heads, num_kv_heads, head_dim):
+    """Validated contiguous qkv (+ bias) and empty q, k, v in the reference's dtype (qkv + bias
+    promotes, e.g. fp16 + fp32 bias gives fp32)."""
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(
+            f"qkv must be [tokens, (H + 2*Hkv) * D] = [T, {(num_heads + 2 * num_kv_heads) * head_dim}], "
+            f"got {list(qkv.shape)}"
+        )
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()  # rows use qkv.stride(0)
+    dtype = qkv.dtype if bias is None else torch.promote_types(qkv.dtype, bias.dtype)
+    t = qkv.shape[0]
+    q = torch.empty((t, num_heads, head_dim), dtype=dtype, device=qkv.device)
+    k = torch.empty((t, num_kv_heads, head_dim), dtype=dtype, device=qkv.device)
+    v = torch.empty((t, num_kv_heads, head_dim), dtype=dtype, device=qkv.device)
+    return qkv, (_contig(bias) if bias is not None else None), q, k, v
+
+
+@register("qkv_split")
+def qkv_split(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bias add and split of the fused QKV output into contiguous q, k, v; see reference.qkv_split."""
+    qkv, bias, q, k, v = _split_outputs(qkv, bias, num_heads, num_kv_heads, head_dim)
+    _launch_split_rotary(qkv, qkv.stride(0), head_dim, bias, q, k, v, None, None,
+                         num_heads, num_kv_heads, head_dim)
+    return q, k, v
+
+
+@register("qkv_split_rotary")
+def qkv_split_rotary(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv_split + rotary on q and k in one kernel; see reference.qkv_split_rotary."""
+    qkv, bias, q, k, v = _split_outputs(qkv, bias, num_heads, num_kv_heads, head_dim)
+    _launch_split_rotary(qkv, qkv.stride(0), head_dim, bias, q, k, v, cos, sin,
+                         num_heads, num_kv_heads, head_dim)
+    return q, k, v

@@ -1,0 +1,320 @@
+"""Triton-language row-reduction kernels: fused LayerNorm, RMSNorm and softmax.
+
+These are the "reduction" non-GEMM kernels of TurboTransformers (seeds.md §1.1.2-1.1.3),
+written as batch reductions:
+
+* Several short rows are reduced by one program (a `[ROWS, BLOCK]` tile), so one launch
+  covers many rows with few programs and each program's reductions overlap. ROWS is chosen
+  from the row length so that a tile holds about `_TILE_ELEMS` elements.
+* LayerNorm statistics come from ONE pass: Σd and Σd² are accumulated together in fp32 and
+  Var = E[d²] − E[d]², clamped at 0. To blunt the catastrophic cancellation of that formula
+  when |mean| >> std, d is the input shifted by the row's first element (Var is
+  shift-invariant), which keeps E[d] near 0 at the cost of one extra scalar load per row.
+* A row that fits in `_MAX_ONE_TILE` elements (`_MAX_ONE_TILE_RMS` for RMSNorm) stays in
+  registers between the statistics and the normalisation; longer rows (e.g. LayerNorm at
+  hidden 12288) are walked in `_LOOP_BLOCK` chunks twice (statistics, then normalise), the
+  second pass mostly hitting L2. Softmax's long-row path is an online softmax.
+
+Every wrapper has the signature and result of its counterpart in `reference.py`, computes in
+fp32 and writes the input dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonformer.kernels.dispatch import register
+
+# Elements per program tile for short rows (ROWS = _TILE_ELEMS // BLOCK). Measured on an
+# H100 with fp16 and 8192 rows: ~2K-element tiles at 4 warps beat 4K tiles at 8 warps for
+# hidden 768/1024 (~1.9 vs ~1.7 TB/s for LayerNorm), and longer rows want 16 warps.
+_TILE_ELEMS = 2048
+# Longest power-of-2 row kept entirely in registers; longer rows are processed in chunks.
+# Measured on an H100 at hidden 12288 (fp16): LayerNorm streams best in 4096-wide chunks
+# (2.8 TB/s vs 2.5 one-tile), while RMSNorm with a residual is much better one-tile (3.0 vs
+# 2.2 TB/s: its chunked form writes the sum between the two passes over x and residual).
+_MAX_ONE_TILE = 8192
+_MAX_ONE_TILE_RMS = 16384
+_LOOP_BLOCK = 4096
+_MAX_ROWS = 32
+
+
+def _row_launch(n_rows: int, n_cols: int, max_one_tile: int | None = None) -> tuple[int, int, bool, int]:
+    """(ROWS per program, BLOCK, ONE_TILE, num_warps) for a row reduction over n_cols."""
+    block = triton.next_power_of_2(n_cols)
+    one_tile = block <= (max_one_tile or _MAX_ONE_TILE)
+    if not one_tile:
+        block = _LOOP_BLOCK
+    rows = max(1, min(_MAX_ROWS, _TILE_ELEMS // block)) if one_tile else 1
+    # No point in a tile taller than the whole batch (e.g. decode with a handful of rows).
+    rows = min(rows, triton.next_power_of_2(max(n_rows, 1)))
+    # Short tiles: 4 warps (fewer for tiny rows). Long rows/chunks (>= 4096): 16 warps, so
+    # each thread holds only 8-16 fp32 values and the cross-warp reduction is short.
+    tile = rows * block
+    num_warps = max(1, min(4, tile // 256)) if tile <= 2048 else 16
+    return rows, block, one_tile, num_warps
+
+
+def _contig(t: torch.Tensor) -> torch.Tensor:
+    """t itself when contiguous (the usual case), else a contiguous copy. The kernels index
+    rows as `row * n_cols`, so they only need a contiguous buffer, not a 2-D view; wrappers
+    keep their torch calls few because the host-side cost per op is comparable to a small
+    kernel's run time."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+@triton.jit
+def _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """x + bias + residual as fp32 for a tile; row_start is [ROWS, 1] (int64), cols [1, B]."""
+    h = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        h += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        h += tl.load(res_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+    return h
+
+
+@triton.jit
+def _add_bias_residual_layer_norm_kernel(
+    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr,
+    n_rows, n_cols, eps,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+):
+    """out = LayerNorm(x + bias + residual) * w + b for ROWS rows.
+
+    Fuses the bias add and residual add of the preceding GEMM with the LayerNorm (BERT's
+    "AddBias + LayerNorm"), so the sum never round-trips through memory. Statistics are one
+    shifted pass: Σd, Σd² with d = h − h[row, 0] (see the module docstring).
+    """
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_mask = rows[:, None] < n_rows
+    row_start = rows.to(tl.int64)[:, None] * n_cols  # int64: rows * 12288 can pass 2**31
+
+    # Shift: the row's first element (any value near the mean would do).
+    shift = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, tl.zeros([1, 1], tl.int32), row_mask,
+                      HAS_BIAS, HAS_RESIDUAL)
+
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)[None, :]
+        mask = row_mask & (cols < n_cols)
+        h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+        d = tl.where(mask, h - shift, 0.0)
+        mean_d = tl.sum(d, axis=1) / n_cols
+        var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - mean_d * mean_d, 0.0)
+        rstd = tl.math.rsqrt(var + eps)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        y = (d - mean_d[:, None]) * rstd[:, None] * w + b
+        tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Pass 1: lane-wise partial sums, reduced across the tile only once at the end.
+        acc1 = tl.zeros([ROWS, BLOCK], tl.float32)
+        acc2 = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = row_mask & (cols < n_cols)
+            h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+            d = tl.where(mask, h - shift, 0.0)
+            acc1 += d
+            acc2 += d * d
+        mean_d = tl.sum(acc1, axis=1) / n_cols
+        var = tl.maximum(tl.sum(acc2, axis=1) / n_cols - mean_d * mean_d, 0.0)
+        rstd = tl.math.rsqrt(var + eps)
+        # Pass 2: re-read (mostly from L2) and normalise.
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = row_mask & (cols < n_cols)
+            h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            # (h − shift) − mean_d, not h − (shift + mean_d): the latter rounds the mean at
+            # the magnitude of h and loses what the shift saved.
+            y = ((h - shift) - mean_d[:, None]) * rstd[:, None] * w + b
+            tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("add_bias_residual_layer_norm")
+def add_bias_residual_layer_norm(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """LayerNorm(x + bias + residual), one fused kernel; see reference.add_bias_residual_layer_norm."""
+    x = _contig(x)
+    out = torch.empty_like(x)
+    if out.numel() == 0:
+        return out
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols)
+    _add_bias_residual_layer_norm_kernel[(triton.cdiv(n_rows, rows),)](
+        x,
+        _contig(bias) if bias is not None else x,  # dummy pointers when absent, never read
+        _contig(residual) if residual is not None else x,
+        _contig(weight), _contig(ln_bias), out,
+        n_rows, n_cols, float(eps),
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        ROWS=rows, BLOCK=block, ONE_TILE=one_tile, num_warps=num_warps,
+    )
+    return out
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+    n_rows, n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+):
+    """out = (x + residual) * rsqrt(mean((x + residual)²) + eps) * w; also writes x + residual.
+
+    Fuses Llama's residual add with the RMSNorm that follows it: the sum is formed once in
+    fp32, normalised from fp32 (not from its rounded copy), and written out as the next
+    layer's residual only when there is a residual (otherwise it is x itself).
+    """
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_mask = rows[:, None] < n_rows
+    row_start = rows.to(tl.int64)[:, None] * n_cols
+
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)[None, :]
+        mask = row_mask & (cols < n_cols)
+        h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, cols, mask, False, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
+        rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        y = h * rstd[:, None] * w
+        tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = row_mask & (cols < n_cols)
+            h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, cols, mask, False, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
+            acc += h * h
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = row_mask & (cols < n_cols)
+            # Re-form the fp32 sum rather than reading back its rounded copy.
+            h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, cols, mask, False, HAS_RESIDUAL)
+            w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            y = h * rstd[:, None] * w
+            tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("rms_norm")
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual), one kernel; see reference.rms_norm."""
+    xc = _contig(x)
+    out = torch.empty_like(xc)
+    summed = torch.empty_like(xc) if residual is not None else None
+    if out.numel() > 0:
+        n_cols = xc.shape[-1]
+        n_rows = xc.numel() // n_cols
+        rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols, _MAX_ONE_TILE_RMS)
+        _rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
+            xc, _contig(residual) if residual is not None else xc, _contig(weight), out,
+            summed if summed is not None else out,  # dummy pointer, never written
+            n_rows, n_cols, float(eps),
+            HAS_RESIDUAL=residual is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile,
+            num_warps=num_warps,
+        )
+    # Without a residual the "sum" is x itself, exactly what the reference returns.
+    return out, (summed if summed is not None else x)
+
+
+@triton.jit
+def _load_scaled(x_ptr, row_start, cols, mask, scale):
+    """scale * x as fp32, -inf outside the row (masked after scaling: a negative scale must
+    not turn the padding into +inf)."""
+    x = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, x * scale, -float("inf"))
+
+
+@triton.jit
+def _padding_safe(row_sum, valid):
+    """The tile's padding rows (past n_rows) have a zero sum; give them 1 so that their
+    never-stored outputs are not 0/0 (harmless on the GPU, a warning in the interpreter)."""
+    return tl.where(valid, row_sum, 1.0)
+
+
+@triton.jit
+def _softmax_kernel(
+    x_ptr, out_ptr, n_rows, n_cols, scale,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+):
+    """out = softmax(scale * x) over each row, ROWS rows per program.
+
+    Fuses the score scaling into the softmax. A row that fits one tile is read once (max,
+    exp, sum in registers). Longer rows use an online softmax: per lane a running max and a
+    sum rescaled when the max grows, so the statistics need one read and the output a second.
+    A row that is entirely -inf yields NaN, as torch.softmax does.
+    """
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_mask = rows[:, None] < n_rows
+    row_start = rows.to(tl.int64)[:, None] * n_cols
+
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)[None, :]
+        mask = row_mask & (cols < n_cols)
+        z = _load_scaled(x_ptr, row_start, cols, mask, scale)
+        m = tl.max(z, axis=1)
+        # Guard -inf - -inf = NaN for padding rows; exp(-inf - 0) = 0 still gives 0/0 = NaN
+        # for a genuine all -inf row.
+        m = tl.where(m == -float("inf"), 0.0, m)
+        e = tl.exp(z - m[:, None])
+        s = _padding_safe(tl.sum(e, axis=1), rows < n_rows)
+        y = e / s[:, None]
+        tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        m_lane = tl.full([ROWS, BLOCK], -float("inf"), tl.float32)
+        s_lane = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = row_mask & (cols < n_cols)
+            z = _load_scaled(x_ptr, row_start, cols, mask, scale)
+            m_new = tl.maximum(m_lane, z)
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s_lane = s_lane * tl.exp(m_lane - m_safe) + tl.exp(z - m_safe)
+            m_lane = m_new
+        m = tl.max(m_lane, axis=1)
+        m = tl.where(m == -float("inf"), 0.0, m)
+        s = _padding_safe(tl.sum(s_lane * tl.exp(m_lane - m[:, None]), axis=1), rows < n_rows)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            mask = row_mask & (cols < n_cols)
+            z = _load_scaled(x_ptr, row_start, cols, mask, scale)
+            y = tl.exp(z - m[:, None]) / s[:, None]
+            tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("softmax")
+def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Row softmax of scale * x over the last dim; see reference.softmax."""
+    x = _contig(x)
+    out = torch.empty_like(x)
+    if out.numel() > 0:
+        n_cols = x.shape[-1]
+        n_rows = x.numel() // n_cols
+        rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols)
+        _softmax_kernel[(triton.cdiv(n_rows, rows),)](
+            x, out, n_rows, n_cols, float(scale),
+            ROWS=rows, BLOCK=block, ONE_TILE=one_tile, num_warps=num_warps,
+        )
+    return out
