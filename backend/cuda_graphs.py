@@ -19,7 +19,9 @@ SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64)  # includes the padding sequence
 class EncoderGraphs:
     def __init__(self, model, token_buckets=TOKEN_BUCKETS, sequence_buckets=SEQUENCE_BUCKETS):
         self.model = model
-        self.token_buckets = token_buckets
+        # The padding sequence gets position ids too: a bucket may not exceed the longest
+        # sequence the model has position embeddings for.
+        self.token_buckets = tuple(t for t in token_buckets if t <= model.config.max_tokens_per_sequence)
         self.sequence_buckets = sequence_buckets
         self._graphs: dict[tuple[int, int], tuple] = {}
         self._pool = None  # one memory pool shared by all graphs: they never run at once
