@@ -12,16 +12,15 @@ import bisect
 
 import torch
 
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
-SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64)  # includes the padding sequence
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)  # includes the padding sequence
 
 
 class EncoderGraphs:
-    def __init__(self, model, token_buckets=TOKEN_BUCKETS, sequence_buckets=SEQUENCE_BUCKETS):
+    def __init__(self, model, token_buckets=TOKEN_BUCKETS, sequence_buckets=SEQUENCE_BUCKETS, capture: bool = True):
         self.model = model
-        # The padding sequence gets position ids too: a bucket may not exceed the longest
-        # sequence the model has position embeddings for.
-        self.token_buckets = tuple(t for t in token_buckets if t <= model.config.max_tokens_per_sequence)
+        self.capture = capture  # False: run the padded shapes eagerly (for tests without a GPU)
+        self.token_buckets = token_buckets
         self.sequence_buckets = sequence_buckets
         self._graphs: dict[tuple[int, int], tuple] = {}
         self._pool = None  # one memory pool shared by all graphs: they never run at once
@@ -43,13 +42,19 @@ class EncoderGraphs:
         if key is None:
             cu = torch.tensor([0, *_cumsum(lengths)], dtype=torch.int32, device=input_ids.device)
             return self.model.forward(input_ids, cu, max(lengths))
-        graph, ids_buf, cu_buf, out = self._graphs.get(key) or self._capture(*key)
-        ids_buf.zero_()
+        graph, ids_buf, cu_buf, pos_buf, out = self._graphs.get(key) or self._capture(*key)
         ids_buf[:total].copy_(input_ids)
-        # Real sequences, then one padding sequence over the unused slots, then empty ones.
+        # Real sequences, then one padding sequence over the unused slots, then empty ones. The
+        # padding tokens get position 0, so a bucket may be longer than the position table.
         cu = [0, *_cumsum(lengths)] + [key[0]] * (key[1] - len(lengths))
-        cu_buf.copy_(torch.tensor(cu, dtype=torch.int32), non_blocking=True)
-        graph.replay()
+        offset = self.model.config.position_offset
+        pos = [p + offset for n in lengths for p in range(n)] + [offset] * (key[0] - total)
+        cu_buf.copy_(torch.tensor(cu, dtype=torch.int32))
+        pos_buf.copy_(torch.tensor(pos, dtype=torch.long))
+        if self.capture:
+            graph.replay()
+        else:  # same padded static shapes, run eagerly (CPU tests of the bucketing)
+            out.copy_(self.model.forward(ids_buf, cu_buf, key[0], pos_buf))
         self.replays += 1
         return out[:total]
 
@@ -57,17 +62,22 @@ class EncoderGraphs:
         dev = self.model.device
         ids_buf = torch.zeros(tokens, dtype=torch.long, device=dev)
         cu_buf = torch.tensor([0] + [tokens] * seqs, dtype=torch.int32, device=dev)
-        # Warm up on a side stream (kernel compilation, cuBLAS handles) before capturing.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self.model.forward(ids_buf, cu_buf, tokens)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self.model.forward(ids_buf, cu_buf, tokens)
-        self._pool = graph.pool()
-        self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, out)
+        pos_buf = torch.zeros(tokens, dtype=torch.long, device=dev)
+        graph = None
+        if self.capture:
+            # Warm up on a side stream (kernel compilation, cuBLAS handles) before capturing.
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.model.forward(ids_buf, cu_buf, tokens, pos_buf)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self.model.forward(ids_buf, cu_buf, tokens, pos_buf)
+            self._pool = graph.pool()
+        else:
+            out = torch.empty(tokens, self.model.config.hidden_size, device=dev, dtype=self.model.dtype)
+        self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, pos_buf, out)
         return self._graphs[(tokens, seqs)]
 
 

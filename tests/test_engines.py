@@ -143,3 +143,19 @@ def test_generator_stop_string_and_cancellation(smollm2):
     assert finish == "stop" and "Paris" not in text
     assert sink.responses["cancel"][-1][0]["finish_reason"][0].decode() == "cancelled"
     assert len(sink.responses["cancel"]) <= 2  # dropped at its first check
+
+
+def test_graph_bucketing_pads_without_changing_results(minilm):
+    """The CUDA-graph path's padding (static buckets, a padding sequence, empty sequences,
+    padding positions) checked eagerly on the CPU; on the GPU the same buffers are replayed."""
+    from tritonformer.backend.cuda_graphs import EncoderGraphs
+
+    model, tok = minilm
+    graphs = EncoderGraphs(model, token_buckets=(16, 64, 1024), sequence_buckets=(2, 4, 8), capture=False)
+    for texts in (["one short text"], ["a", "bb cc", "ddd eee fff " * 20], ["x " * 500]):
+        seqs = tok.encode_batch(texts)
+        lengths = [len(s) for s in seqs]
+        ids = torch.tensor([t for s in seqs for t in s])
+        cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+        torch.testing.assert_close(graphs.forward(ids, lengths), model.forward(ids, cu), atol=1e-4, rtol=1e-4)
+    assert graphs.replays == 3 and graphs.bucket(1025, 1) is None and graphs.bucket(10, 8) is None

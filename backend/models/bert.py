@@ -95,17 +95,22 @@ class BertEncoder:
             )
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """input_ids `[T]` (all sequences concatenated), cu_seqlens `[B + 1]` int32.
         `max_seqlen` (the longest sequence), when the caller knows it, saves a device sync.
+        `positions` (position ids, offset included) default to 0.. within each sequence.
         Returns the last hidden state `[T, hidden]`."""
         cfg = self.config
-        total = input_ids.shape[0]
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
         if max_seqlen is None:
-            max_seqlen = int(lengths.max())
-        starts = torch.repeat_interleave(cu_seqlens[:-1], lengths, output_size=total)
-        positions = torch.arange(total, device=input_ids.device) - starts + cfg.position_offset
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        if positions is None:
+            positions = position_ids(cu_seqlens, input_ids.shape[0], cfg.position_offset)
 
         x = self.word_emb[input_ids] + self.pos_emb[positions]
         h = kernels.add_bias_residual_layer_norm(x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps)
@@ -120,6 +125,13 @@ class BertEncoder:
             ffn_out = F.linear(ffn, layer["ffn_out_w"])
             h = kernels.add_bias_residual_layer_norm(ffn_out, layer["ffn_out_b"], h, *layer["ln2"], cfg.layer_norm_eps)
         return h
+
+
+def position_ids(cu_seqlens: torch.Tensor, total: int, offset: int) -> torch.Tensor:
+    """0, 1, ... within each packed sequence (+ offset), computed on the device."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths, output_size=total)
+    return torch.arange(total, device=cu_seqlens.device) - starts + offset
 
 
 def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
