@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tritonformer.backend.allocator import ActivationArena
 from tritonformer.backend.cuda_graphs import EncoderGraphs
 from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.models.bert import BertEncoder, pool
@@ -36,10 +37,13 @@ class EmbedderEngine(EngineLoop):
         normalize: bool = True,
         max_queue: int = 1024,
         cuda_graphs: bool = True,
+        arena: ActivationArena | None = None,
     ):
         super().__init__("tritonformer-embedder", max_queue)
         # Small batches replay captured CUDA graphs (launch-bound otherwise); GPU only.
         self.graphs = EncoderGraphs(model) if cuda_graphs and model.device.type == "cuda" else None
+        # Larger ones run eagerly with their intermediates in the length-aware arena.
+        self.arena = arena
         self.model = model
         self.sink = sink
         self.policy = policy
@@ -79,10 +83,10 @@ class EmbedderEngine(EngineLoop):
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
         cu = cu.to(device)
-        if self.graphs is not None:
+        if self.graphs is not None and self.graphs.bucket(len(ids), len(lengths)) is not None:
             hidden = self.graphs.forward(ids, lengths)
         else:
-            hidden = self.model.forward(ids, cu, max(lengths))
+            hidden = self.model.forward(ids, cu, max(lengths), arena=self.arena)
         return pool(hidden, cu, self.pooling, self.normalize).cpu().numpy()
 
     def abort_all(self, error: Exception) -> None:

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend import inputs
+from tritonformer.backend.allocator import ActivationArena
 from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
 from tritonformer.backend.tokenization import TextTokenizer
@@ -36,6 +37,8 @@ PARAMETERS = {
     "max_texts_per_request": "256",
     "max_text_bytes": "100000",
     "cuda_graphs": "true",  # replay captured CUDA graphs for small batches (GPU only)
+    "activation_arena": "auto",  # auto (on GPU) | true | false: length-aware activation allocator
+    "arena_release_after_idle": "0",  # release an unused arena chunk after N idle batches
 }
 
 log = logging.getLogger("tritonformer")
@@ -63,6 +66,7 @@ class TritonPythonModel:
         self.engine = EmbedderEngine(
             model, self.sink, policy, mode, normalize, p.int("max_queue_requests"),
             cuda_graphs=p.choice("cuda_graphs", ("true", "false")) == "true",
+            arena=_arena(p, device),
         )
         self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
         self.engine.start()
@@ -93,6 +97,13 @@ class TritonPythonModel:
     def finalize(self):
         self.engine.stop()
         self.sink.close()
+
+
+def _arena(p, device) -> ActivationArena | None:
+    setting = p.choice("activation_arena", ("auto", "true", "false"))
+    if setting == "false" or (setting == "auto" and device.type != "cuda"):
+        return None
+    return ActivationArena(device, release_after_idle=p.int("arena_release_after_idle", minimum=0))
 
 
 def _default_checkpoint() -> Path:

@@ -60,6 +60,7 @@ def run(args) -> int:
     import torch
     import transformers
 
+    from tritonformer.backend.allocator import ActivationArena
     from tritonformer.backend.cuda_graphs import EncoderGraphs
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
 
@@ -79,6 +80,7 @@ def run(args) -> int:
     hf_eager = hf_eager.eval().to(dev, torch.float16)
     ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf_sdpa.state_dict(), dev, torch.float16)
     graphs = EncoderGraphs(ours)
+    arena = ActivationArena(dev)  # the served configuration: eager batches run in the arena
     h, L, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
 
     def packed(lengths):
@@ -99,7 +101,7 @@ def run(args) -> int:
             flat, cu, mx = ids.reshape(-1), torch.arange(0, b * s + 1, s, device=dev, dtype=torch.int32), s
             t_eager = _time_ms(lambda: hf_eager(input_ids=ids), args.iters)
             t_sdpa = _time_ms(lambda: hf_sdpa(input_ids=ids), args.iters)
-            t_ours = _time_ms(lambda: ours.forward(flat, cu, mx), args.iters)
+            t_ours = _time_ms(lambda: ours.forward(flat, cu, mx, arena=arena), args.iters)
             if graphs.bucket(b * s, b) is not None:  # small shapes: replay a captured CUDA graph
                 t_ours = min(t_ours, _time_ms(lambda: graphs.forward(flat, [s] * b), args.iters))
             flops = bert_flops([s] * b, h, L, inter)
@@ -128,13 +130,16 @@ def run(args) -> int:
             for ids, mask in hf_inputs:
                 hf_sdpa(input_ids=ids, attention_mask=mask)
 
-        def run_ours_sorted():
+        def run_ours_sorted(arena=None):
             for ids, cu, mx in ours_sorted:
-                ours.forward(ids, cu, mx)
+                ours.forward(ids, cu, mx, arena=arena)
 
+        arena = ActivationArena(dev)
         mem = {}
         for name, fn in (("hf_sdpa_sorted32", run_hf), ("ours_sorted32", run_ours_sorted),
-                         ("ours_one_batch", lambda: ours.forward(*ours_all))):
+                         ("ours_sorted32_arena", lambda: run_ours_sorted(arena)),
+                         ("ours_one_batch", lambda: ours.forward(*ours_all)),
+                         ("ours_one_batch_arena", lambda: ours.forward(*ours_all, arena=arena))):
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -142,6 +147,15 @@ def run(args) -> int:
             mem[name] = torch.cuda.max_memory_allocated() - base
             rows.append({"shape": f"256 req U[5,500] {name}", "ms": ms, "req_per_s": 256 / (ms * 1e-3),
                          "peak_activation_MiB": mem[name] / 2**20})
+
+        # One 8192-token request, then short ones: the arena must shrink back.
+        arena = ActivationArena(dev)
+        ours.forward(*packed([8192]), arena=arena)
+        after_long = arena.stats.reserved_bytes
+        for _ in range(3):
+            ours.forward(*packed([32, 17]), arena=arena)
+        rows.append({"arena_after_8192_MiB": after_long / 2**20, "arena_after_short_MiB": arena.stats.reserved_bytes / 2**20,
+                     "arena_planning_ms": 1e3 * arena.stats.planning_seconds, "arena_plan_hits": arena.stats.plan_cache_hits})
 
     _print_table(gpu, peak, cosine, rows)
     if args.json:
@@ -162,7 +176,12 @@ def _print_table(gpu: str, peak: float, cosine: float, rows: list[dict]) -> None
     for r in rows:
         if "req_per_s" in r:
             print(f"{r['shape']:<40} {r['ms']:9.2f} {r['req_per_s']:9.0f} {r['peak_activation_MiB']:14.1f}")
-    hf = next(r for r in rows if r["shape"].endswith("hf_sdpa_sorted32"))
+    hf = next(r for r in rows if r.get("shape", "").endswith("hf_sdpa_sorted32"))
     for r in rows:
         if "req_per_s" in r and r is not hf:
             print(f"  {r['shape'].split()[-1]} vs HF SDPA sorted batches of 32: {r['req_per_s'] / hf['req_per_s']:.2f}x")
+    for r in rows:
+        if "arena_after_8192_MiB" in r:
+            print(f"\narena: {r['arena_after_8192_MiB']:.1f} MiB after one 8192-token request, "
+                  f"{r['arena_after_short_MiB']:.1f} MiB after 3 short ones "
+                  f"(planning {r['arena_planning_ms']:.2f} ms in all, {r['arena_plan_hits']} plan-cache hits)")

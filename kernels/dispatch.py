@@ -31,7 +31,7 @@ def triton_kernels_enabled() -> bool:
 
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
-_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention")
+_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm")
 _loaded = False
 
 
@@ -69,6 +69,7 @@ def _dispatched(op_name: str) -> Callable:
 add_bias_residual_layer_norm = _dispatched("add_bias_residual_layer_norm")
 rms_norm = _dispatched("rms_norm")
 bias_gelu = _dispatched("bias_gelu")
+linear_bias_gelu = _dispatched("linear_bias_gelu")
 silu_and_mul = _dispatched("silu_and_mul")
 softmax = _dispatched("softmax")
 apply_rotary = _dispatched("apply_rotary")

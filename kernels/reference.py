@@ -20,15 +20,17 @@ def add_bias_residual_layer_norm(
     weight: torch.Tensor,
     ln_bias: torch.Tensor,
     eps: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """LayerNorm(x + bias + residual): BERT's post-attention / post-FFN block, statistics in fp32."""
+    """LayerNorm(x + bias + residual): BERT's post-attention / post-FFN block, statistics in fp32.
+    `out` (optional) receives the result (an activation-arena view, say)."""
     h = x.float()
     if bias is not None:
         h = h + bias.float()
     if residual is not None:
         h = h + residual.float()
-    out = F.layer_norm(h, (h.shape[-1],), weight.float(), ln_bias.float(), eps)
-    return out.to(x.dtype)
+    result = F.layer_norm(h, (h.shape[-1],), weight.float(), ln_bias.float(), eps).to(x.dtype)
+    return result if out is None else out.copy_(result)
 
 
 def rms_norm(
@@ -44,10 +46,14 @@ def rms_norm(
     return (normed * weight.float()).to(x.dtype), h.to(x.dtype)
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
-    """GELU(x + bias); `approximate` is "none" (erf, BERT's "gelu") or "tanh" ("gelu_new")."""
+def bias_gelu(
+    x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none", out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """GELU(x + bias); `approximate` is "none" (erf, BERT's "gelu") or "tanh" ("gelu_new").
+    `out` may be x itself (in place)."""
     h = x.float() if bias is None else x.float() + bias.float()
-    return F.gelu(h, approximate=approximate).to(x.dtype)
+    result = F.gelu(h, approximate=approximate).to(x.dtype)
+    return result if out is None else out.copy_(result)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -123,6 +129,7 @@ def varlen_attention(
     causal: bool,
     scale: float | None = None,
     max_seqlen_q: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences, no padding and no mask tensor.
 
@@ -132,10 +139,10 @@ def varlen_attention(
     (query j of a sequence with Lq queries and Lk keys sees keys 0 .. Lk - Lq + j), which
     covers prefill (Lq == Lk), chunked prefill and decode against a KV cache (Lq < Lk).
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
-    Returns `[Tq, H, D]`.
+    Returns `[Tq, H, D]` (in `out` when given).
     """
     group = q.shape[1] // k.shape[1]
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for i in range(len(cq) - 1):
         qs = q[cq[i] : cq[i + 1]].transpose(0, 1)  # [H, Lq, D]
@@ -154,3 +161,15 @@ def varlen_attention(
         o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
         out[cq[i] : cq[i + 1]] = o.transpose(0, 1).to(q.dtype)
     return out
+
+
+def linear_bias_gelu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none"
+) -> torch.Tensor:
+    """GELU(x @ weight^T + bias): BERT's FFN up-projection with its bias and activation.
+
+    x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. A kernel fuses the
+    bias + GELU of `bias_gelu` into the GEMM's epilogue, so the `[M, N]` activation is written
+    once instead of written, read back and written again; here it is the two ops in sequence.
+    """
+    return bias_gelu(F.linear(x, weight), bias, approximate)

@@ -247,6 +247,7 @@ def varlen_attention(
     causal: bool,
     scale: float | None = None,
     max_seqlen_q: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton flash attention with exactly `reference.varlen_attention`'s contract.
 
@@ -271,7 +272,9 @@ def varlen_attention(
         f"cu_seqlens must be on q's device {q.device}"
     )
 
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.stride(-1) == 1, "out must be shaped like q with a contiguous last dim"
     num_seqs = cu_seqlens_q.numel() - 1
     if q.shape[0] == 0 or num_seqs <= 0:
         return out

@@ -73,12 +73,17 @@ def _bias_gelu_kernel(
 
 
 @register("bias_gelu")
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
-    """GELU(x + bias) in one kernel; see reference.bias_gelu."""
+def bias_gelu(
+    x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none", out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """GELU(x + bias) in one kernel; see reference.bias_gelu. `out` may be x (in place: each
+    element is read before it is written by the same program)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     x = _contig(x)
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    assert out.shape == x.shape and out.is_contiguous(), "out must be a contiguous tensor shaped like x"
     if out.numel() > 0:
         n_cols = x.shape[-1]
         n_rows = x.numel() // n_cols

@@ -144,10 +144,13 @@ def add_bias_residual_layer_norm(
     weight: torch.Tensor,
     ln_bias: torch.Tensor,
     eps: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LayerNorm(x + bias + residual), one fused kernel; see reference.add_bias_residual_layer_norm."""
     x = _contig(x)
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    assert out.shape == x.shape and out.is_contiguous(), "out must be a contiguous tensor shaped like x"
     if out.numel() == 0:
         return out
     n_cols = x.shape[-1]

@@ -91,3 +91,26 @@ def test_arena_views_plan_cache_and_release():
     assert lazy.stats.reserved_bytes > 64 * 1024 * 1024  # kept for 2 idle inferences
     lazy.plan(small)
     assert lazy.stats.reserved_bytes <= 2 * DEFAULT_CHUNK_BYTES
+
+
+def test_encoder_forward_in_the_arena_matches_plain_forward(minilm_dir):
+    """Every intermediate of the encoder lives in planned arena views: same result, one plan
+    per shape, reused across layers and calls; memory comes back after a long batch."""
+    from tritonformer.backend.models.bert import BertConfig, BertEncoder
+    from tritonformer.backend.weights import load_config, load_state_dict
+
+    model = BertEncoder(
+        BertConfig.from_hf(load_config(minilm_dir)), load_state_dict(minilm_dir), torch.device("cpu"), torch.float32
+    )
+    arena = ActivationArena(torch.device("cpu"), release_after_idle=0)
+    gen = torch.Generator().manual_seed(0)
+    for lengths in ([7], [30, 2, 100], [7], [512, 512, 300], [5, 6]):
+        ids = torch.randint(1000, 30000, (sum(lengths),), generator=gen)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        expected = model.forward(ids, cu)
+        got = model.forward(ids, cu, arena=arena)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert arena.stats.plan_cache_hits == 1  # [7] twice
+    assert arena.stats.plan_cache_misses == 4
+    # After the 1324-token batch, short batches leave at most one default-size chunk.
+    assert arena.stats.reserved_bytes <= DEFAULT_CHUNK_BYTES

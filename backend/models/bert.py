@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonformer import kernels
+from tritonformer.backend.allocator import ActivationArena, UsageRecord
 from tritonformer.backend.weights import weight_getter
 
 
@@ -94,6 +95,24 @@ class BertEncoder:
                 }
             )
 
+    def usage_records(self, total_tokens: int) -> list[UsageRecord]:
+        """Intermediates of one forward in op order, for the activation allocator. Every layer
+        repeats ops 1-7 with the same sizes, so one plan serves them all; `hidden` is the layer
+        input and output (LN2 writes it in place once the layer no longer reads it)."""
+        t, h = total_tokens, self.config.hidden_size
+        e = torch.empty((), dtype=self.dtype).element_size()
+        return [
+            UsageRecord("word", 0, 0, t * h * e),
+            UsageRecord("pos", 0, 0, t * h * e),
+            UsageRecord("hidden", 0, 7, t * h * e),
+            UsageRecord("qkv", 1, 2, 3 * t * h * e),
+            UsageRecord("ctx", 2, 3, t * h * e),
+            UsageRecord("attn_out", 3, 4, t * h * e),
+            UsageRecord("h1", 4, 7, t * h * e),
+            UsageRecord("ffn", 5, 6, t * self.config.intermediate_size * e),
+            UsageRecord("ffn_out", 6, 7, t * h * e),
+        ]
+
     @torch.inference_mode()
     def forward(
         self,
@@ -101,30 +120,59 @@ class BertEncoder:
         cu_seqlens: torch.Tensor,
         max_seqlen: int | None = None,
         positions: torch.Tensor | None = None,
+        arena: ActivationArena | None = None,
     ) -> torch.Tensor:
         """input_ids `[T]` (all sequences concatenated), cu_seqlens `[B + 1]` int32.
         `max_seqlen` (the longest sequence), when the caller knows it, saves a device sync.
         `positions` (position ids, offset included) default to 0.. within each sequence.
-        Returns the last hidden state `[T, hidden]`."""
+        With an `arena`, every intermediate is a view of its planned memory, and the result is
+        valid until the arena's next forward. Returns the last hidden state `[T, hidden]`."""
         cfg = self.config
+        total, hsz = input_ids.shape[0], cfg.hidden_size
         if max_seqlen is None:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         if positions is None:
-            positions = position_ids(cu_seqlens, input_ids.shape[0], cfg.position_offset)
+            positions = position_ids(cu_seqlens, total, cfg.position_offset)
+        plan = arena.plan(self.usage_records(total)) if arena is not None else None
 
-        x = self.word_emb[input_ids] + self.pos_emb[positions]
-        h = kernels.add_bias_residual_layer_norm(x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps)
-        head_dim = cfg.hidden_size // cfg.num_heads
+        def buf(name: str, width: int) -> torch.Tensor | None:
+            return None if plan is None else arena.view(plan, name, (total, width), self.dtype)
+
+        x = torch.index_select(self.word_emb, 0, input_ids, out=buf("word", hsz))
+        x += torch.index_select(self.pos_emb, 0, positions, out=buf("pos", hsz))
+        h = kernels.add_bias_residual_layer_norm(
+            x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps, out=buf("hidden", hsz)
+        )
+        head_dim = hsz // cfg.num_heads
         for layer in self.layers:
-            qkv = F.linear(h, layer["qkv_w"])
-            q, k, v = kernels.qkv_split(qkv, layer["qkv_b"], cfg.num_heads, cfg.num_heads, head_dim)
-            ctx = kernels.varlen_attention(q, k, v, cu_seqlens, cu_seqlens, causal=False, max_seqlen_q=max_seqlen)
-            attn_out = F.linear(ctx.reshape(-1, cfg.hidden_size), layer["out_w"])
-            h = kernels.add_bias_residual_layer_norm(attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps)
-            ffn = kernels.bias_gelu(F.linear(h, layer["ffn_in_w"]), layer["ffn_in_b"], cfg.gelu_approximate)
-            ffn_out = F.linear(ffn, layer["ffn_out_w"])
-            h = kernels.add_bias_residual_layer_norm(ffn_out, layer["ffn_out_b"], h, *layer["ln2"], cfg.layer_norm_eps)
+            # The QKV bias rides in the GEMM's epilogue; q, k and v are strided views of its
+            # output (the attention kernel reads strides), so no split/copy pass is needed.
+            qkv = _linear(h, layer["qkv_w"], layer["qkv_b"], buf("qkv", 3 * hsz)).view(-1, 3, cfg.num_heads, head_dim)
+            ctx = buf("ctx", hsz)
+            ctx = kernels.varlen_attention(
+                qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, causal=False, max_seqlen_q=max_seqlen,
+                out=None if ctx is None else ctx.view(-1, cfg.num_heads, head_dim),
+            )
+            attn_out = _linear(ctx.reshape(-1, hsz), layer["out_w"], None, buf("attn_out", hsz))
+            h1 = kernels.add_bias_residual_layer_norm(
+                attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=buf("h1", hsz)
+            )
+            ffn = _linear(h1, layer["ffn_in_w"], None, buf("ffn", cfg.intermediate_size))
+            ffn = kernels.bias_gelu(ffn, layer["ffn_in_b"], cfg.gelu_approximate, out=ffn)
+            ffn_out = _linear(ffn, layer["ffn_out_w"], None, buf("ffn_out", hsz))
+            h = kernels.add_bias_residual_layer_norm(
+                ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if plan is not None else None
+            )
         return h
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None):
+    """x @ weight^T (+ bias in the GEMM epilogue), into `out` when given (an arena view)."""
+    if out is None:
+        return F.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def position_ids(cu_seqlens: torch.Tensor, total: int, offset: int) -> torch.Tensor:
