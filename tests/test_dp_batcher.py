@@ -1,0 +1,142 @@
+"""The DP length batcher against brute force, the paper's example, and the trigger rules."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tritonformer.scheduler.dp_batcher import TriggerPolicy, next_batch, plan_batches
+
+
+class PaddedCost:
+    """A padded-batch cost: fixed launch cost + per padded token, + per sequence."""
+
+    def __init__(self, launch=1.0, per_token=0.01, per_seq=0.05):
+        self.launch, self.per_token, self.per_seq = launch, per_token, per_seq
+
+    def batch_seconds(self, num_seqs, max_len, total_tokens):
+        return self.launch + self.per_token * num_seqs * max_len + self.per_seq * num_seqs
+
+
+def _contiguous_partitions(n):
+    for cuts in itertools.product([False, True], repeat=max(0, n - 1)):
+        groups, start = [], 0
+        for i, cut in enumerate(cuts, start=1):
+            if cut:
+                groups.append((start, i))
+                start = i
+        groups.append((start, n))
+        yield groups
+
+
+def _brute_force(lengths, cost, max_bs, max_tokens, objective):
+    sl = sorted(lengths)
+    best = float("inf")
+    for groups in _contiguous_partitions(len(sl)):
+        ok = all(b - a <= max_bs and (b - a == 1 or sum(sl[a:b]) <= max_tokens) for a, b in groups)
+        if not ok:
+            continue
+        costs = [cost.batch_seconds(b - a, sl[b - 1], sum(sl[a:b])) for a, b in groups]
+        if objective == "throughput":
+            total = sum(costs)
+        else:  # sum of completion times, batches run in order
+            total, clock = 0.0, 0.0
+            for (a, b), c in zip(groups, costs):
+                clock += c
+                total += (b - a) * clock
+        best = min(best, total)
+    return best
+
+
+def _objective_value(plan, lengths, objective):
+    if objective == "throughput":
+        return sum(plan.estimated_seconds)
+    total, clock = 0.0, 0.0
+    for batch, c in zip(plan.batches, plan.estimated_seconds):
+        clock += c
+        total += len(batch) * clock
+    return total
+
+
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=9),
+    max_bs=st.integers(1, 9),
+    max_tokens=st.integers(1, 1500),
+    launch=st.floats(0.0, 5.0),
+    objective=st.sampled_from(["throughput", "latency"]),
+)
+@settings(max_examples=300, deadline=None)
+def test_dp_equals_brute_force(lengths, max_bs, max_tokens, launch, objective):
+    cost = PaddedCost(launch=launch)
+    plan = plan_batches(lengths, cost, max_bs, max_tokens, objective)
+    # Every request exactly once, caps respected, batches sorted by length and run shortest first.
+    assert sorted(i for b in plan.batches for i in b) == list(range(len(lengths)))
+    for batch in plan.batches:
+        assert len(batch) <= max_bs
+        assert len(batch) == 1 or sum(lengths[i] for i in batch) <= max_tokens
+    flat = [lengths[i] for b in plan.batches for i in b]
+    assert flat == sorted(flat)
+    assert _objective_value(plan, lengths, objective) == pytest.approx(
+        _brute_force(lengths, cost, max_bs, max_tokens, objective), rel=1e-9, abs=1e-9
+    )
+
+
+def test_paper_example_three_batches():
+    """TurboTransformers Fig. 8: lengths 17, 18, 52, 63, 77; the optimum is {17,18} {52,63} {77}
+    in 15.24 ms against 20.62 ms without batching."""
+    measured = {(1, 17): 2.97, (1, 18): 2.97, (1, 52): 4.54, (1, 63): 4.61, (1, 77): 5.53, (2, 18): 4.35, (2, 63): 5.36}
+
+    class TableCost:
+        def batch_seconds(self, num_seqs, max_len, total_tokens):
+            return measured.get((num_seqs, max_len), 1e9)  # groups the figure does not show: never
+
+    plan = plan_batches([52, 17, 77, 18, 63], TableCost(), max_batch_size=20, max_batch_tokens=10**6)
+    assert [[[52, 17, 77, 18, 63][i] for i in b] for b in plan.batches] == [[17, 18], [52, 63], [77]]
+    assert sum(plan.estimated_seconds) == pytest.approx(15.24)
+
+
+def test_batching_wins_when_launch_dominates_and_not_when_padding_does():
+    lengths = [10, 11, 12, 500]
+    plan = plan_batches(lengths, PaddedCost(launch=5.0, per_token=0.001), 64, 10**6)
+    assert [sorted(lengths[i] for i in b) for b in plan.batches] == [[10, 11, 12, 500]]
+    plan = plan_batches(lengths, PaddedCost(launch=0.1, per_token=0.01), 64, 10**6)
+    assert [sorted(lengths[i] for i in b) for b in plan.batches] == [[10, 11, 12], [500]]
+
+
+def test_empty_queue_and_bad_objective():
+    assert plan_batches([], PaddedCost(), 4, 100).batches == []
+    with pytest.raises(ValueError, match="objective"):
+        plan_batches([3], PaddedCost(), 4, 100, objective="fast")
+
+
+def test_trigger_modes_with_a_fake_clock():
+    est = lambda: 0.010  # noqa: E731
+    hungry = TriggerPolicy(mode="hungry")
+    assert hungry.should_dispatch(100.0, 99.999, 1, True, est)
+    assert not hungry.should_dispatch(100.0, 99.999, 1, False, est)  # runtime busy
+    assert not hungry.should_dispatch(100.0, None, 0, True, est)  # nothing queued
+
+    lazy = TriggerPolicy(mode="lazy", lazy_timeout_s=0.005, lazy_max_queue=8)
+    assert not lazy.should_dispatch(100.0, 99.998, 3, True, est)
+    assert lazy.should_dispatch(100.0, 99.994, 3, True, est)  # timeout
+    assert lazy.should_dispatch(100.0, 99.999, 8, True, est)  # queue full
+
+    slo = TriggerPolicy(mode="slo", slo_s=0.040, lazy_timeout_s=1.0, lazy_max_queue=100)
+    assert not slo.should_dispatch(100.0, 99.995, 2, True, est)  # 5 + 10 ms < 20 ms
+    assert slo.should_dispatch(100.0, 99.989, 2, True, est)  # 11 + 10 ms > 20 ms
+
+    starving = TriggerPolicy(mode="lazy", lazy_timeout_s=10.0, lazy_max_queue=10**6, max_wait_s=0.5)
+    assert starving.should_dispatch(100.0, 99.4, 1, True, est)
+
+
+def test_next_batch_serves_the_oldest_when_it_would_miss_its_budget():
+    lengths = [400, 10, 12, 11]
+    plan = plan_batches(lengths, PaddedCost(launch=0.001, per_token=0.0001, per_seq=0.0), 3, 10**6)
+    assert [[lengths[i] for i in b] for b in plan.batches] == [[10, 11, 12], [400]]
+    arrivals = [0.0, 0.9, 0.95, 0.97]  # the long request is the oldest
+    assert next_batch(plan, arrivals, now=1.0, slo_s=10.0, max_wait_s=10.0) == 0  # no risk: shortest first
+    holder = 1  # the batch holding request 0 (length 400)
+    assert next_batch(plan, arrivals, now=1.0, slo_s=1.0, max_wait_s=10.0) == holder  # would miss 1 s
+    assert next_batch(plan, arrivals, now=1.0, slo_s=10.0, max_wait_s=0.5) == holder  # starvation bound
