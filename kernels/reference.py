@@ -164,7 +164,11 @@ def varlen_attention(
 
 
 def linear_bias_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    approximate: str = "none",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GELU(x @ weight^T + bias): BERT's FFN up-projection with its bias and activation.
 
@@ -172,4 +176,4 @@ def linear_bias_gelu(
     bias + GELU of `bias_gelu` into the GEMM's epilogue, so the `[M, N]` activation is written
     once instead of written, read back and written again; here it is the two ops in sequence.
     """
-    return bias_gelu(F.linear(x, weight), bias, approximate)
+    return bias_gelu(F.linear(x, weight), bias, approximate, out=out)

@@ -45,7 +45,9 @@ def _configs() -> list[triton.Config]:
     On the GPU: a few Hopper-sensible tiles (wgmma wants BLOCK_M of 64 or 128 and a BLOCK_K of
     64 halves per stage; 3-4 stages of shared-memory pipelining). Large tiles win on the big
     prefill GEMMs, the 64-row ones on small batches where the big tiles would leave most SMs
-    idle. In the CPU interpreter tiles cost time per element, so one small tile.
+    idle; the narrow 64 x 32 tile (tried for a handful of tokens only) spreads the weight
+    read, which is all the work at M ~ 1, over more SMs. In the CPU interpreter tiles cost
+    time per element, so one small tile.
     """
     if _INTERPRETED:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1, num_stages=1)]
@@ -61,19 +63,22 @@ def _configs() -> list[triton.Config]:
         cfg(64, 128, 64, 4, 4),
         cfg(128, 64, 64, 4, 4),
         cfg(64, 64, 64, 4, 4),
+        cfg(64, 32, 128, 4, 4),
     ]
 
 
 def _prune_configs(configs, named_args, **kwargs):
     """Skip tiles that cannot win, so tuning a new (M bucket, N, K) is quick: tiles with far
-    more rows than there are tokens, and for fp32 inputs (tests only) the largest tile, which
-    does not fit in shared memory at 4 bytes per element."""
+    more rows than there are tokens, the narrow tile beyond a handful of tokens, and for fp32
+    inputs (tests only) the tiles whose pipeline stages do not fit in shared memory at 4 bytes
+    per element."""
     m_bucket = named_args["M_BUCKET"]
     fp32 = named_args["a_ptr"].dtype == torch.float32
     kept = [
         c for c in configs
         if c.kwargs["BLOCK_M"] <= max(64, m_bucket)
-        and not (fp32 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 128)
+        and (c.kwargs["BLOCK_N"] >= 64 or m_bucket <= 64)
+        and not (fp32 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 64)
     ]
     return kept or configs[-1:]
 
@@ -107,7 +112,7 @@ def _linear_bias_gelu_kernel(
     a_ptr, w_ptr, bias_ptr, c_ptr,
     M, N, K, M_BUCKET,
     stride_am, stride_ak, stride_wn, stride_wk, stride_cm,
-    HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, IEEE_FP32: tl.constexpr,
+    HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, DOT_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
@@ -115,7 +120,10 @@ def _linear_bias_gelu_kernel(
 
     M_BUCKET is only the autotuning key (a power of two >= M). Rows and columns past the edges
     are clamped to the last valid one for the loads (they compute garbage that is never
-    stored), so the K loop needs masks only when K is not a multiple of BLOCK_K.
+    stored), so the K loop needs masks only when K is not a multiple of BLOCK_K. DOT_FP32 runs
+    the dot on fp32 operands at full ("ieee") precision: for fp32 inputs (tests), and for bf16
+    in the CPU interpreter, whose numpy dot has no bf16 (the upcast is exact, and so are the
+    bf16 products in fp32, so the result is what the tensor cores give up to summation order).
     """
     tile_m, tile_n = _tile_of_program(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -136,9 +144,8 @@ def _linear_bias_gelu_kernel(
             k_left = K - k0
             a = tl.load(a_tile, mask=ks[None, :] < k_left, other=0.0)
             w = tl.load(w_tile, mask=ks[:, None] < k_left, other=0.0)
-        if IEEE_FP32:
-            # fp32 inputs (tests): full-precision products, as in the interpreter and torch.
-            acc = tl.dot(a, w, acc, input_precision="ieee")
+        if DOT_FP32:
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
         a_tile += BLOCK_K * stride_ak
@@ -164,13 +171,17 @@ def _m_bucket(m: int) -> int:
 
 @register("linear_bias_gelu")
 def linear_bias_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    approximate: str = "none",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GELU(x @ weight^T + bias) in one GEMM kernel; see reference.linear_bias_gelu.
 
     x: `[M, K]` (rows may be strided, e.g. a column slice of a wider tensor); weight: `[N, K]`
     (nn.Linear layout, read in place); bias: `[N]` or None. Returns a contiguous `[M, N]` in
-    x's dtype.
+    x's dtype (in `out` when given: an activation-arena view, say).
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -190,11 +201,13 @@ def linear_bias_gelu(
         assert bias.device == x.device, f"x and bias devices differ: {x.device} vs {bias.device}"
         bias = bias if bias.stride(0) == 1 else bias.contiguous()
 
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    assert out.shape == (m, n) and out.stride(1) == 1, f"out must be [M, N] = [{m}, {n}] with contiguous rows"
     if m == 0 or n == 0:
         return out
     if k == 0:  # an empty sum: nothing for a GEMM to do, gelu(bias) broadcast over the rows
-        return reference.linear_bias_gelu(x, weight, bias, approximate)
+        return reference.linear_bias_gelu(x, weight, bias, approximate, out=out)
     if x.stride(1) != 1:  # rows may be strided; within a row, elements must be adjacent
         x = x.contiguous()
 
@@ -206,6 +219,6 @@ def linear_bias_gelu(
         m, n, k, _m_bucket(m),
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
         HAS_BIAS=bias is not None, APPROX_TANH=approximate == "tanh",
-        IEEE_FP32=x.dtype == torch.float32,
+        DOT_FP32=x.dtype == torch.float32 or (_INTERPRETED and x.dtype == torch.bfloat16),
     )
     return out

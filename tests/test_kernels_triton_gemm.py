@@ -54,7 +54,7 @@ def make_inputs(m, n, k, dtype, with_bias, seed, x_cols=None):
     else:
         wide = rand(m, x_cols)
         x = wide[:, 3 : 3 + k]  # rows x_cols apart, starting mid-row
-    weight = rand(n, k, std=1.5 / k**0.5)
+    weight = rand(n, k, std=1.5 / max(k, 1) ** 0.5)
     bias = rand(n, std=0.5) if with_bias else None
     return x, weight, bias
 
@@ -72,14 +72,19 @@ def test_kernel_is_registered_with_the_dispatcher():
     assert "triton_gemm" in dispatch._KERNEL_MODULES
 
 
+# (M, N, K): partial tiles on every edge and a K that is not a multiple of BLOCK_K (masked K
+# loop); a single row; a K that is (the unmasked loop) with a ragged N.
+SHAPES = [(37, 48, 40), (1, 48, 40), (20, 33, 32)]
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("m", [37, 1])
-def test_fp32_matches_reference(m, with_bias, approximate):
-    x, w, b = make_inputs(m, 48, 40, torch.float32, with_bias, seed_of("fp32", m, with_bias, approximate))
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_fp32_matches_reference(m, n, k, with_bias, approximate):
+    x, w, b = make_inputs(m, n, k, torch.float32, with_bias, seed_of("fp32", m, n, k, with_bias, approximate))
     out = tg.linear_bias_gelu(x, w, b, approximate)
     expected = ref.linear_bias_gelu(x, w, b, approximate)
-    assert out.dtype == torch.float32 and out.shape == (m, 48) and out.is_contiguous()
+    assert out.dtype == torch.float32 and out.shape == (m, n) and out.is_contiguous()
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 
 
@@ -91,12 +96,15 @@ def test_half_matches_reference(dtype, approximate):
     expected = ref.linear_bias_gelu(x, w, b, approximate)
     assert out.dtype == dtype and out.shape == (37, 48)
     # The reference rounds the GEMM result to fp16/bf16 before the bias and GELU, the kernel
-    # keeps it in fp32: a rounding step or two apart. Against the exact fp32 result the kernel
-    # is at least as close as the reference.
+    # keeps it in fp32: a rounding step or two apart.
     atol, rtol = {torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.6e-2, 3.2e-2)}[dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
-    exact = fp32_reference(x, w, b, approximate)
-    assert (out.float() - exact).norm() <= (expected.float() - exact).norm() * 1.05 + 1e-6
+    # Against the exact fp32 result the kernel is then at least as close as the reference;
+    # except for bf16 in the interpreter, whose fp32 -> bf16 cast truncates instead of
+    # rounding to nearest (the GPU rounds), which costs up to half a bf16 step more.
+    if not (INTERPRETED and dtype == torch.bfloat16):
+        exact = fp32_reference(x, w, b, approximate)
+        assert (out.float() - exact).norm() <= (expected.float() - exact).norm() * 1.05 + 1e-6
 
 
 def test_strided_x_is_read_in_place():

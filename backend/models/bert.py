@@ -6,6 +6,7 @@ no padding anywhere (TurboTransformers / EET's idea).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,9 @@ class BertEncoder:
         self.config = config
         self.device = device
         self.dtype = dtype
+        # The FFN up-projection as one Triton GEMM with bias + GELU fused (GPU), or cuBLAS + a
+        # separate bias/GELU pass. Env TRITONFORMER_FUSED_FFN=0 turns the fusion off.
+        self.fuse_ffn_gelu = device.type == "cuda" and os.environ.get("TRITONFORMER_FUSED_FFN", "1") != "0"
         w = weight_getter(state, device, dtype)
 
         self.word_emb = w("embeddings.word_embeddings.weight")
@@ -157,8 +161,13 @@ class BertEncoder:
             h1 = kernels.add_bias_residual_layer_norm(
                 attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=buf("h1", hsz)
             )
-            ffn = _linear(h1, layer["ffn_in_w"], None, buf("ffn", cfg.intermediate_size))
-            ffn = kernels.bias_gelu(ffn, layer["ffn_in_b"], cfg.gelu_approximate, out=ffn)
+            if self.fuse_ffn_gelu:  # bias + GELU in the GEMM epilogue: one pass over [T, 4h]
+                ffn = kernels.linear_bias_gelu(
+                    h1, layer["ffn_in_w"], layer["ffn_in_b"], cfg.gelu_approximate, out=buf("ffn", cfg.intermediate_size)
+                )
+            else:  # cuBLAS GEMM, then bias + GELU in place
+                ffn = _linear(h1, layer["ffn_in_w"], None, buf("ffn", cfg.intermediate_size))
+                ffn = kernels.bias_gelu(ffn, layer["ffn_in_b"], cfg.gelu_approximate, out=ffn)
             ffn_out = _linear(ffn, layer["ffn_out_w"], None, buf("ffn_out", hsz))
             h = kernels.add_bias_residual_layer_norm(
                 ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if plan is not None else None
