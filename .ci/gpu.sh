@@ -10,8 +10,9 @@ ln -sfn "$PWD" /tmp/tf/tritonformer          # import tritonformer.* without ins
 export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-python3 -m pytest -q -p no:cacheprovider -m gpu -rs "$@" \
-  tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_models_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
+python3 -m pytest -q -p no:cacheprovider -m "gpu or cuda_ok" -rs "$@" \
+  tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_gemm.py \
+  tests/test_kernels_out_param.py tests/test_models_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 python3 -m tritonformer.client.cli bench runtime --json "$OUT/bench_runtime.json" 2>&1 | tee "$OUT/bench_runtime.log"
 bench_rc=${PIPESTATUS[0]}

@@ -8,6 +8,8 @@ import torch
 
 from tritonformer.kernels import reference as ref
 
+pytestmark = pytest.mark.cuda_ok  # runs on the GPU machine too (with the real kernels)
+
 triton = pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
