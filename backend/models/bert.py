@@ -69,9 +69,11 @@ class BertEncoder:
         self.config = config
         self.device = device
         self.dtype = dtype
-        # The FFN up-projection as one Triton GEMM with bias + GELU fused (GPU), or cuBLAS + a
-        # separate bias/GELU pass. Env TRITONFORMER_FUSED_FFN=0 turns the fusion off.
-        self.fuse_ffn_gelu = device.type == "cuda" and os.environ.get("TRITONFORMER_FUSED_FFN", "1") != "0"
+        # The FFN up-projection as cuBLAS + a separate bias/GELU pass (default), or one Triton
+        # GEMM with bias + GELU fused in its epilogue (env TRITONFORMER_FUSED_FFN=1). Measured on
+        # the H100 at 32768x3072x768 fp16: fused 0.466 ms, cuBLAS + bias_gelu 0.390 ms, so the
+        # fusion stays off until the Triton GEMM catches up with cuBLAS.
+        self.fuse_ffn_gelu = device.type == "cuda" and os.environ.get("TRITONFORMER_FUSED_FFN", "0") == "1"
         w = weight_getter(state, device, dtype)
 
         self.word_emb = w("embeddings.word_embeddings.weight")
