@@ -37,7 +37,7 @@ PARAMETERS = {
     "max_texts_per_request": "256",
     "max_text_bytes": "100000",
     "cuda_graphs": "true",  # replay captured CUDA graphs for small batches (GPU only)
-    "activation_arena": "auto",  # auto (on GPU) | true | false: length-aware activation allocator
+    "activation_arena": "false",  # auto (on GPU) | true | false: length-aware activation allocator
     "arena_release_after_idle": "0",  # release an unused arena chunk after N idle batches
 }
 
