@@ -13,6 +13,7 @@ from tritonformer.backend.cuda_graphs import EncoderGraphs
 from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.models.bert import BertEncoder, pool
 from tritonformer.backend.responses import ResponseSink
+from tritonformer.scheduler.dp_batcher import DpBatchPolicy
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 
 
@@ -32,7 +33,7 @@ class EmbedderEngine(EngineLoop):
         self,
         model: BertEncoder,
         sink: ResponseSink,
-        policy: FifoBatchPolicy,
+        policy: FifoBatchPolicy | DpBatchPolicy,
         pooling: str = "mean",
         normalize: bool = True,
         max_queue: int = 1024,
@@ -60,10 +61,23 @@ class EmbedderEngine(EngineLoop):
     def num_queued(self) -> int:
         return len(self._queue)
 
+    def ready(self) -> bool:
+        return self.policy.ready(self._queue, time.monotonic())
+
+    def wait_timeout(self) -> float | None:
+        return self.policy.wait_timeout(self._queue, time.monotonic())
+
     def step(self) -> None:
-        batch = self.policy.take(self._queue)
+        batch = self.policy.take(self._queue, time.monotonic())
+        sequences = [s for r in batch for s in r.sequences]
         try:
-            embeddings = self.embed([s for r in batch for s in r.sequences])
+            start = time.perf_counter()
+            embeddings = self.embed(sequences)
+            elapsed = time.perf_counter() - start
+            cost = getattr(self.policy, "cost", None)
+            if cost is not None:  # learn from what really ran
+                lengths = [len(s) for s in sequences]
+                cost.observe(len(lengths), max(lengths), sum(lengths), elapsed)
         except Exception as e:
             log.exception("embedding batch failed")
             for r in batch:

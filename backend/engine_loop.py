@@ -58,6 +58,14 @@ class EngineLoop:
     def has_work(self) -> bool:
         raise NotImplementedError
 
+    def ready(self) -> bool:
+        """Whether `step` should run now (a batching policy may prefer to wait for more)."""
+        return self.has_work()
+
+    def wait_timeout(self) -> float | None:
+        """Longest sleep before `ready` may turn true without a new request (None: no limit)."""
+        return None
+
     def num_queued(self) -> int:
         """Requests admitted but not finished (counted against max_queue)."""
         raise NotImplementedError
@@ -73,8 +81,9 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._inbox and not self._stopping and not self.has_work():
-                    self._cv.wait()
+                if not self._inbox and not self._stopping and not self.ready():
+                    # Sleep until a request arrives, or until a waiting batch is due.
+                    self._cv.wait(self.wait_timeout())
                 items = list(self._inbox)
                 self._inbox.clear()
                 stopping = self._stopping
@@ -82,6 +91,8 @@ class EngineLoop:
             if stopping:
                 self.abort_all(ShuttingDown("the model is shutting down"))
                 return
+            if not self.ready():
+                continue
             try:
                 self.step()
             except Exception:  # a bug must not kill the thread and strand every request

@@ -7,10 +7,11 @@ models), so plain HTTP/gRPC `infer` and perf_analyzer work against it.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from tritonformer.backend import inputs
 from tritonformer.backend.allocator import ActivationArena
+from tritonformer.backend.checkpoints import cache_dir, minilm_dir
+from tritonformer.backend.cost_measure import cost_model_key, load_or_measure
 from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
 from tritonformer.backend.tokenization import TextTokenizer
@@ -23,6 +24,7 @@ from tritonformer.backend.triton_glue import (
     load_settings,
 )
 from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.scheduler.dp_batcher import OBJECTIVES, DpBatchPolicy, TriggerPolicy
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 
 PARAMETERS = {
@@ -39,6 +41,13 @@ PARAMETERS = {
     "cuda_graphs": "true",  # replay captured CUDA graphs for small batches (GPU only)
     "activation_arena": "false",  # auto (on GPU) | true | false: length-aware activation allocator
     "arena_release_after_idle": "0",  # release an unused arena chunk after N idle batches
+    "batch_policy": "dp",  # dp (length-aware dynamic programming) | fifo
+    "dp_objective": "throughput",  # throughput | latency (mean completion time)
+    "batch_trigger": "hungry",  # hungry | lazy | slo
+    "lazy_timeout_ms": "2",
+    "lazy_max_queue": "64",
+    "slo_ms": "50",  # latency budget the slo trigger and the DP's oldest-first rule aim for
+    "max_wait_ms": "500",  # starvation bound: nobody waits longer behind shorter requests
 }
 
 log = logging.getLogger("tritonformer")
@@ -46,7 +55,7 @@ log = logging.getLogger("tritonformer")
 
 class TritonPythonModel:
     def initialize(self, args):
-        p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
+        p, checkpoint, device, dtype = load_settings(args, PARAMETERS, minilm_dir)
 
         config = BertConfig.from_hf(load_config(checkpoint))
         model = BertEncoder(config, load_state_dict(checkpoint), device, dtype)
@@ -62,17 +71,24 @@ class TritonPythonModel:
         self.vocab_size = config.vocab_size
 
         self.sink = TritonSink("embedder")
-        policy = FifoBatchPolicy(p.int("max_batch_sequences"), p.int("max_batch_tokens"))
+        graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
+        arena = _arena(p, device)
         self.engine = EmbedderEngine(
-            model, self.sink, policy, mode, normalize, p.int("max_queue_requests"),
-            cuda_graphs=p.choice("cuda_graphs", ("true", "false")) == "true",
-            arena=_arena(p, device),
+            model, self.sink, FifoBatchPolicy(p.int("max_batch_sequences"), p.int("max_batch_tokens")),
+            mode, normalize, p.int("max_queue_requests"), cuda_graphs=graphs, arena=arena,
         )
         self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
+        if p.choice("batch_policy", ("dp", "fifo")) == "dp":
+            key = cost_model_key(device, checkpoint, dtype, {"cuda_graphs": graphs, "arena": arena is not None})
+            cost = load_or_measure(self.engine.embed, key, cache_dir(), config.vocab_size, self.max_tokens, device)
+            self.engine.policy = DpBatchPolicy(
+                cost, p.int("max_batch_sequences"), p.int("max_batch_tokens"),
+                p.choice("dp_objective", OBJECTIVES), _trigger(p),
+            )
         self.engine.start()
         log.info(
-            "embedder ready: %s on %s (%s), pooling=%s normalize=%s, max %d tokens per text",
-            checkpoint, device, dtype, mode, normalize, self.max_tokens,
+            "embedder ready: %s on %s (%s), pooling=%s normalize=%s, max %d tokens per text, %s batching",
+            checkpoint, device, dtype, mode, normalize, self.max_tokens, p.str("batch_policy"),
         )
 
     def execute(self, requests):
@@ -99,14 +115,19 @@ class TritonPythonModel:
         self.sink.close()
 
 
+def _trigger(p) -> TriggerPolicy:
+    return TriggerPolicy(
+        mode=p.choice("batch_trigger", ("hungry", "lazy", "slo")),
+        lazy_timeout_s=p.int("lazy_timeout_ms", minimum=0) / 1000,
+        lazy_max_queue=p.int("lazy_max_queue"),
+        slo_s=p.int("slo_ms") / 1000,
+        max_wait_s=p.int("max_wait_ms") / 1000,
+    )
+
+
 def _arena(p, device) -> ActivationArena | None:
     setting = p.choice("activation_arena", ("auto", "true", "false"))
     if setting == "false" or (setting == "auto" and device.type != "cuda"):
         return None
     return ActivationArena(device, release_after_idle=p.int("arena_release_after_idle", minimum=0))
 
-
-def _default_checkpoint() -> Path:
-    from tritonformer.backend.checkpoints import minilm_dir
-
-    return minilm_dir()

@@ -41,38 +41,44 @@ def plan_batches(
     max_batch_size: int,
     max_batch_tokens: int,
     objective: str = "throughput",
+    seq_counts: Sequence[int] | None = None,
+    token_counts: Sequence[int] | None = None,
 ) -> Plan:
-    """Cut the sequences into batches minimising the objective; O(n * max_batch_size).
+    """Cut the items into batches minimising the objective; O(n * max_batch_size).
 
-    Batches come back in the order they should run: shortest sequences first."""
+    An item is one sequence of `lengths[i]` tokens, or, with `seq_counts`/`token_counts`, a
+    request of several sequences that must run together (lengths[i] then is its longest).
+    Caps count sequences and tokens. Batches come back in the order they should run:
+    shortest first."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(lengths)
+    seqs = seq_counts if seq_counts is not None else [1] * n
+    toks = token_counts if token_counts is not None else lengths
+    order = sorted(range(n), key=lambda i: lengths[i])
     sl = [lengths[i] for i in order]
-    n = len(sl)
-    prefix = [0]
-    for length in sl:
-        prefix.append(prefix[-1] + length)
+    pre_tok, pre_seq = [0], [0]
+    for i in order:
+        pre_tok.append(pre_tok[-1] + toks[i])
+        pre_seq.append(pre_seq[-1] + seqs[i])
 
     def group_cost(a: int, b: int) -> float:  # sorted positions a..b-1
-        return cost.batch_seconds(b - a, sl[b - 1], prefix[b] - prefix[a])
+        return cost.batch_seconds(pre_seq[b] - pre_seq[a], sl[b - 1], pre_tok[b] - pre_tok[a])
 
-    def feasible_starts(end: int):
-        """Starts a of groups a..end-1 within the caps, longest group last (tokens grow with it)."""
-        for a in range(end - 1, max(-1, end - 1 - max_batch_size), -1):
-            if a < end - 1 and prefix[end] - prefix[a] > max_batch_tokens:
-                break  # a single sequence over the token cap still runs, alone
-            yield a
+    def fits(a: int, b: int) -> bool:  # a lone item always runs, even over the caps
+        return b - a == 1 or (pre_seq[b] - pre_seq[a] <= max_batch_size and pre_tok[b] - pre_tok[a] <= max_batch_tokens)
 
     inf = float("inf")
     if objective == "throughput":
         best = [0.0] + [inf] * n  # best[i]: cheapest plan for sorted[0:i]
         start = [0] * (n + 1)
         for i in range(1, n + 1):
-            for a in feasible_starts(i):
+            a = i - 1
+            while a >= 0 and fits(a, i):  # groups only grow as a moves left
                 c = best[a] + group_cost(a, i)
                 if c < best[i]:
                     best[i], start[i] = c, a
+                a -= 1
         cuts, i = [], n
         while i > 0:  # backtrack: the group is start[i]..i-1, then the prefix sorted[0:start[i]]
             cuts.append((start[i], i))
@@ -81,13 +87,14 @@ def plan_batches(
     else:
         best = [inf] * n + [0.0]  # best[i]: cheapest weighted plan for sorted[i:n]
         end = [n] * (n + 1)
+        remaining = [pre_seq[n] - pre_seq[i] for i in range(n + 1)]  # requests' sequences still waiting
         for i in range(n - 1, -1, -1):
-            for k in range(i + 1, min(n, i + max_batch_size) + 1):
-                if k > i + 1 and prefix[k] - prefix[i] > max_batch_tokens:
-                    break
-                c = (n - i) * group_cost(i, k) + best[k]
+            k = i + 1
+            while k <= n and fits(i, k):
+                c = remaining[i] * group_cost(i, k) + best[k]
                 if c < best[i]:
                     best[i], end[i] = c, k
+                k += 1
         cuts, i = [], 0
         while i < n:
             cuts.append((i, end[i]))
@@ -142,3 +149,75 @@ def next_batch(plan: Plan, arrivals: Sequence[float], now: float, slo_s: float, 
     if waited >= max_wait_s or waited + finish_in_order > slo_s:
         return holder
     return 0
+
+
+class DpBatchPolicy:
+    """The encoder queue's policy: when to cut a batch (trigger) and which (DP over the queue).
+
+    Queue items have `.lengths` (their sequences' token counts; a request's sequences run
+    together) and `.arrival` (monotonic seconds). Planning looks at the `window` oldest items
+    so that its cost stays bounded however long the queue grows."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        max_sequences: int = 64,
+        max_tokens: int = 16384,
+        objective: str = "throughput",
+        trigger: TriggerPolicy | None = None,
+        window: int = 256,
+    ):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        self.cost = cost
+        self.max_sequences = max_sequences
+        self.max_tokens = max_tokens
+        self.objective = objective
+        self.trigger = trigger or TriggerPolicy()
+        self.window = window
+        self.last_decision_seconds = 0.0
+
+    def ready(self, queue, now: float) -> bool:
+        if not queue:
+            return False
+        return self.trigger.should_dispatch(now, queue[0].arrival, len(queue), True, lambda: self._head_estimate(queue))
+
+    def wait_timeout(self, queue, now: float) -> float | None:
+        """Seconds until a lazy trigger could fire with no new arrival (None: wait for one)."""
+        if not queue or self.trigger.mode == "hungry":
+            return None
+        waited = now - queue[0].arrival
+        deadline = min(self.trigger.lazy_timeout_s, self.trigger.max_wait_s)
+        if self.trigger.mode == "slo":
+            deadline = min(deadline, max(0.0, self.trigger.slo_s / 2 - self._head_estimate(queue)))
+        return max(0.0, deadline - waited)
+
+    def take(self, queue, now: float) -> list:
+        import time
+
+        start = time.perf_counter()
+        items = [queue[i] for i in range(min(len(queue), self.window))]
+        plan = plan_batches(
+            [max(it.lengths) for it in items], self.cost, self.max_sequences, self.max_tokens, self.objective,
+            seq_counts=[len(it.lengths) for it in items], token_counts=[sum(it.lengths) for it in items],
+        )
+        chosen = plan.batches[next_batch(plan, [it.arrival for it in items], now, self.trigger.slo_s, self.trigger.max_wait_s)]
+        picked = {id(items[i]) for i in chosen}
+        batch = [it for it in items if id(it) in picked]  # arrival order
+        remaining = [it for it in queue if id(it) not in picked]
+        queue.clear()
+        queue.extend(remaining)
+        self.last_decision_seconds = time.perf_counter() - start
+        return batch
+
+    def _head_estimate(self, queue) -> float:
+        """Estimated run time of the oldest requests taken as one batch (the trigger's guess)."""
+        seqs = tokens = longest = 0
+        for it in queue:
+            if seqs + len(it.lengths) > self.max_sequences or tokens + sum(it.lengths) > self.max_tokens:
+                break
+            seqs, tokens, longest = seqs + len(it.lengths), tokens + sum(it.lengths), max(longest, max(it.lengths))
+        if seqs == 0:
+            it = queue[0]
+            seqs, tokens, longest = len(it.lengths), sum(it.lengths), max(it.lengths)
+        return self.cost.batch_seconds(seqs, longest, tokens)

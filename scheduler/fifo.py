@@ -26,7 +26,13 @@ class FifoBatchPolicy:
         if self.max_sequences < 1 or self.max_tokens < 1:
             raise ValueError("max_sequences and max_tokens must be >= 1")
 
-    def take(self, queue: deque) -> list:
+    def ready(self, queue: deque, now: float) -> bool:
+        return bool(queue)  # hungry: whenever the runtime is free and something waits
+
+    def wait_timeout(self, queue: deque, now: float) -> float | None:
+        return None
+
+    def take(self, queue: deque, now: float = 0.0) -> list:
         """Pop the next batch off the front of `queue` (items have `.lengths`)."""
         batch: list = []
         n_seqs = n_tokens = 0
