@@ -18,6 +18,14 @@ class Overloaded(RuntimeError):
     """The request queue is full; the client should retry later (UNAVAILABLE / HTTP 503)."""
 
 
+class RequestCancelled(RuntimeError):
+    """The client cancelled; the final response carries this error (CANCELLED)."""
+
+
+class RequestTimedOut(RuntimeError):
+    """The client's timeout passed while the request waited in our queue."""
+
+
 class ShuttingDown(RuntimeError):
     """The model is being unloaded; queued work is answered with this error."""
 

@@ -7,6 +7,7 @@ models), so plain HTTP/gRPC `infer` and perf_analyzer work against it.
 from __future__ import annotations
 
 import logging
+import time
 
 from tritonformer.backend import inputs
 from tritonformer.backend.allocator import ActivationArena
@@ -15,6 +16,7 @@ from tritonformer.backend.cost_measure import cost_model_key, load_or_measure
 from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
 from tritonformer.backend.tokenization import TextTokenizer
+from tritonformer.backend.triton_metrics import EmbedderMetrics
 from tritonformer.backend.triton_glue import (
     TritonSink,
     bool_parameter,
@@ -48,6 +50,8 @@ PARAMETERS = {
     "lazy_max_queue": "64",
     "slo_ms": "50",  # latency budget the slo trigger and the DP's oldest-first rule aim for
     "max_wait_ms": "500",  # starvation bound: nobody waits longer behind shorter requests
+    "response_cache_size": "1024",  # embeddings of recent token sequences kept for repeats; 0 = off
+    "cancel_check_after_ms": "20",  # ask Triton about cancellation only for requests this old
 }
 
 log = logging.getLogger("tritonformer")
@@ -73,9 +77,12 @@ class TritonPythonModel:
         self.sink = TritonSink("embedder")
         graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
         arena = _arena(p, device)
+        self.metrics = EmbedderMetrics(args["model_name"], args.get("model_version", "1"))
         self.engine = EmbedderEngine(
             model, self.sink, FifoBatchPolicy(p.int("max_batch_sequences"), p.int("max_batch_tokens")),
             mode, normalize, p.int("max_queue_requests"), cuda_graphs=graphs, arena=arena,
+            cache_entries=p.int("response_cache_size", minimum=0),
+            cancel_check_after_s=p.int("cancel_check_after_ms", minimum=0) / 1000, stats=self.metrics,
         )
         self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
         if p.choice("batch_policy", ("dp", "fifo")) == "dp":
@@ -95,9 +102,13 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self.engine.submit(EmbedRequest(sender, self._sequences(request)))
+                # Triton passes the client's timeout in microseconds (0: none).
+                timeout_us = request.timeout()
+                deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
+                self.engine.submit(EmbedRequest(sender, self._sequences(request), deadline=deadline))
             except Exception as e:
                 reject(sender, e)
+        self.metrics.queue_depth(self.engine.num_queued())
         return None
 
     def _sequences(self, request) -> list[list[int]]:
@@ -113,6 +124,7 @@ class TritonPythonModel:
     def finalize(self):
         self.engine.stop()
         self.sink.close()
+        self.metrics.close()
 
 
 def _trigger(p) -> TriggerPolicy:

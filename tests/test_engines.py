@@ -159,3 +159,57 @@ def test_graph_bucketing_pads_without_changing_results(minilm):
         cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
         torch.testing.assert_close(graphs.forward(ids, lengths), model.forward(ids, cu), atol=1e-4, rtol=1e-4)
     assert graphs.replays == 3 and graphs.bucket(1025, 1) is None and graphs.bucket(10, 8) is None
+
+
+class RecordingStats:
+    def __init__(self):
+        self.batches = []
+
+    def batch_done(self, **kw):
+        self.batches.append(kw)
+
+
+def test_embedder_queue_discipline_cache_timeout_cancel(minilm):
+    model, tok = minilm
+    sink, stats = FakeSink(), RecordingStats()
+    engine = EmbedderEngine(model, sink, FifoBatchPolicy(), cache_entries=8, cancel_check_after_s=0.0, stats=stats)
+    ids = tok.encode_batch(["repeat me", "something else"])
+    now = time.monotonic()
+    engine.submit(EmbedRequest("first", [ids[0]]))
+    engine.submit(EmbedRequest("expired", [ids[1]], deadline=now - 1.0))
+    engine.submit(EmbedRequest("gone", [ids[1]]))
+    sink.cancelled.add("gone")
+    engine.start()
+    sink.wait_final(["first", "expired", "gone"])
+    engine.submit(EmbedRequest("again", [ids[0], ids[0]]))  # both from the cache
+    sink.wait_final(["again"])
+    engine.stop()
+    assert "timed out" in str(sink.responses["expired"][0][1])
+    assert "cancelled" in str(sink.responses["gone"][0][1])
+    first = sink.responses["first"][0][0]["embedding"]
+    again = sink.responses["again"][0][0]["embedding"]
+    np.testing.assert_array_equal(again, np.concatenate([first, first]))
+    assert engine.cache.hits == 2
+    assert stats.batches[-1]["sequences"] == 0 and stats.batches[-1]["cache_hits"] == 2  # nothing computed
+    assert stats.batches[0]["sequences"] == 1 and stats.batches[0]["tokens"] == len(ids[0])
+
+
+def test_embedder_with_dp_policy_answers_everything(minilm):
+    from tritonformer.scheduler.cost_model import GridCostModel
+    from tritonformer.scheduler.dp_batcher import DpBatchPolicy, TriggerPolicy
+
+    model, tok = minilm
+    cost = GridCostModel.measure(lambda n, length: 0.001 + 1e-6 * n * length, {}, seqs=(1, 64), lengths=(8, 512))
+    sink = FakeSink()
+    policy = DpBatchPolicy(cost, max_sequences=8, max_tokens=2048, trigger=TriggerPolicy(mode="lazy", lazy_timeout_s=0.01))
+    engine = EmbedderEngine(model, sink, policy)
+    engine.start()
+    texts = [("word " * (1 + (i * 37) % 120)).strip() for i in range(30)]
+    for i, t in enumerate(texts):
+        engine.submit(EmbedRequest(f"r{i}", tok.encode_batch([t])))
+    got = sink.wait_final([f"r{i}" for i in range(30)])
+    engine.stop()
+    for i, t in enumerate(texts):
+        (outputs, error, final), = got[f"r{i}"]
+        np.testing.assert_allclose(outputs["embedding"], engine.embed(tok.encode_batch([t])), atol=1e-5)
+    assert cost.observations > 0

@@ -1,0 +1,57 @@
+"""Our custom metrics on Triton's metrics port move as traffic flows."""
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pytest
+
+from helpers import http_post
+
+pytestmark = pytest.mark.server
+
+
+def _scrape(server) -> dict[str, float]:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        m = re.match(r'^(tritonformer_\w+)\{([^}]*model="embedder"[^}]*)\} ([0-9.e+-]+)$', line)
+        if m and 'le="' not in m.group(2):
+            values[m.group(1)] = float(m.group(3))
+    return values
+
+
+def _embed(server, texts):
+    body = {"inputs": [{"name": "text_input", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]}
+    status, answer = http_post(server, "/v2/models/embedder/infer", body)
+    assert status == 200, answer
+
+
+def _wait_for(server, predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        values = _scrape(server)
+        if predicate(values) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.2)
+
+
+def test_embedder_metrics_move_with_traffic(triton_server):
+    before = _scrape(triton_server)
+    for name in ("tritonformer_queue_depth", "tritonformer_batches_total", "tritonformer_batch_tokens_count",
+                 "tritonformer_queue_wait_seconds_count", "tritonformer_response_cache_hits_total"):
+        assert name in before, f"{name} missing from /metrics"
+    texts = [f"metrics test sentence number {i} {time.time()}" for i in range(5)]
+    _embed(triton_server, texts)
+    after = _wait_for(triton_server, lambda v: v["tritonformer_queue_wait_seconds_count"]
+                      >= before["tritonformer_queue_wait_seconds_count"] + 1)
+    assert after["tritonformer_batches_total"] > before["tritonformer_batches_total"]
+    assert after["tritonformer_queue_wait_seconds_count"] >= before["tritonformer_queue_wait_seconds_count"] + 1
+    assert after["tritonformer_batch_tokens_sum"] >= before["tritonformer_batch_tokens_sum"] + 5 * 8
+    assert after["tritonformer_queue_depth"] == 0  # all answered
+
+    _embed(triton_server, texts[:2])  # the same texts again: answered from the response cache
+    cached = _wait_for(triton_server, lambda v: v["tritonformer_response_cache_hits_total"]
+                       >= after["tritonformer_response_cache_hits_total"] + 2)
+    assert cached["tritonformer_response_cache_hits_total"] >= after["tritonformer_response_cache_hits_total"] + 2
