@@ -23,14 +23,16 @@ from tritonformer.backend.triton_glue import (
     input_array,
     reject,
     request_parameters,
+    checkpoint_weights,
     load_settings,
 )
-from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.backend.weights import load_config
 from tritonformer.scheduler.dp_batcher import OBJECTIVES, DpBatchPolicy, TriggerPolicy
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 
 PARAMETERS = {
     "checkpoint": "",  # a BERT/RoBERTa/MiniLM folder; empty = the bundled all-MiniLM-L6-v2
+    "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",  # auto | cpu | cuda
     "dtype": "auto",  # auto (fp16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16
     "pooling": "auto",  # auto (from the checkpoint) | mean | cls
@@ -62,7 +64,7 @@ class TritonPythonModel:
         p, checkpoint, device, dtype = load_settings(args, PARAMETERS, minilm_dir)
 
         config = BertConfig.from_hf(load_config(checkpoint))
-        model = BertEncoder(config, load_state_dict(checkpoint), device, dtype)
+        model = BertEncoder(config, checkpoint_weights(p, checkpoint), device, dtype)
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens = min(config.max_tokens_per_sequence, self.tokenizer.config.get("model_max_length", 10**9))
         mode, normalize = pooling_from_checkpoint(checkpoint)

@@ -15,12 +15,20 @@ from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
 from tritonformer.backend.sampling import InvalidRequest, SamplingParams, parse_sampling_parameters
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.backend.triton_glue import TritonSink, input_array, load_settings, reject, request_parameters
-from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.backend.triton_glue import (
+    TritonSink,
+    checkpoint_weights,
+    input_array,
+    load_settings,
+    reject,
+    request_parameters,
+)
+from tritonformer.backend.weights import load_config
 from tritonformer.scheduler.iteration import IterationScheduler
 
 PARAMETERS = {
     "checkpoint": "",  # a Llama-family HF folder; empty = SmolLM2-135M-Instruct from its GGUF
+    "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",
     "dtype": "auto",
     "max_running_sequences": "32",
@@ -39,7 +47,7 @@ class TritonPythonModel:
         p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
 
         self.config = LlamaConfig.from_hf(load_config(checkpoint))
-        model = LlamaModel(self.config, load_state_dict(checkpoint), device, dtype)
+        model = LlamaModel(self.config, checkpoint_weights(p, checkpoint), device, dtype)
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens_limit = p.int("max_tokens_limit")
         self.max_prompt_bytes = p.int("max_prompt_bytes")

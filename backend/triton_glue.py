@@ -19,6 +19,7 @@ from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.engine_loop import Overloaded, RequestCancelled, RequestTimedOut, ShuttingDown
 from tritonformer.backend.params import ModelParameters
 from tritonformer.backend.sampling import InvalidRequest
+from tritonformer.backend.weights import load_state_dict
 
 _STOP = object()
 
@@ -126,3 +127,9 @@ def load_settings(args: dict, known: dict[str, str], default_checkpoint):
     device = pick_device(params.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
     dtype = pick_dtype(params.choice("dtype", DTYPE_CHOICES), device)
     return params, checkpoint, device, dtype
+
+
+def checkpoint_weights(params: ModelParameters, checkpoint: Path) -> dict:
+    """The checkpoint's tensors, pickle weights only with the explicit opt-in."""
+    allow = params.choice("allow_pickle_checkpoint", ("true", "false")) == "true"
+    return load_state_dict(checkpoint, allow_pickle=allow)

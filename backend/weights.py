@@ -18,20 +18,29 @@ def load_config(checkpoint: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_state_dict(checkpoint: Path, strip_prefixes: bool = True) -> dict[str, torch.Tensor]:
+def load_state_dict(checkpoint: Path, strip_prefixes: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """All tensors of every `*.safetensors` file in the folder.
 
-    Pickle-based `.bin` checkpoints are refused on purpose: loading them can run arbitrary code.
+    Pickle-based `.bin` checkpoints can run arbitrary code when loaded: they are refused unless
+    `allow_pickle` (config parameter `allow_pickle_checkpoint`), and even then load with
+    `weights_only=True`, which only rebuilds tensors and plain containers.
     """
     files = sorted(Path(checkpoint).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(
-            f"checkpoint folder {checkpoint} has no *.safetensors file "
-            "(pickle .bin checkpoints are not loaded; convert them to safetensors)"
-        )
     state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
+    if files:
+        for f in files:
+            state.update(load_file(str(f)))
+    else:
+        pickles = sorted(Path(checkpoint).glob("*.bin"))
+        if not pickles:
+            raise FileNotFoundError(f"checkpoint folder {checkpoint} has no *.safetensors (or *.bin) weights")
+        if not allow_pickle:
+            raise PermissionError(
+                f"checkpoint folder {checkpoint} has only pickle .bin weights, which can run code when "
+                'loaded; convert them to safetensors, or set the parameter allow_pickle_checkpoint to "true"'
+            )
+        for f in pickles:
+            state.update(torch.load(str(f), map_location="cpu", weights_only=True))
     if strip_prefixes:
         state = {_strip(k): v for k, v in state.items()}
     return state

@@ -3,6 +3,7 @@
     tritonformer serve                      start the bundled tritonserver on model_repository/
     tritonformer embed "a text" "another"   sentence embeddings (HTTP or gRPC)
     tritonformer generate "prompt" --stream stream a completion (gRPC streaming)
+    tritonformer health                     is every model really answering? (probes)
     tritonformer bench runtime              encoder runtime vs Hugging Face (GPU)
 """
 from __future__ import annotations
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--url", help="gRPC host:port (default 127.0.0.1:$TRITONFORMER_GRPC_PORT or 8001)")
     gen.add_argument("--model", default="generator")
     gen.set_defaults(func=_cmd_generate)
+
+    health = sub.add_parser("health", help="send each model a tiny real request (for liveness/readiness probes)")
+    from tritonformer.client import health as health_cmd
+
+    health_cmd.add_arguments(health)
+    health.set_defaults(func=health_cmd.run)
 
     bench = sub.add_parser("bench", help="benchmarks (GPU): baseline and ours from one run")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -115,3 +115,25 @@ def test_unsupported_configs_are_clear_errors():
         BertConfig.from_hf({"model_type": "gpt2"})
     with pytest.raises(ValueError, match="rope_scaling"):
         LlamaConfig.from_hf({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}})
+
+
+def test_pickle_checkpoints_need_an_opt_in_and_load_weights_only(tmp_path):
+    import pickle
+
+    tensors = {"encoder.layer.0.output.dense.bias": torch.randn(4)}
+    torch.save(tensors, tmp_path / "pytorch_model.bin")
+    with pytest.raises(PermissionError, match="allow_pickle_checkpoint"):
+        load_state_dict(tmp_path)
+    loaded = load_state_dict(tmp_path, allow_pickle=True)
+    torch.testing.assert_close(loaded["encoder.layer.0.output.dense.bias"], tensors["encoder.layer.0.output.dense.bias"])
+
+    class Evil:  # a pickle that would run code when loaded
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    with open(evil / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"w": Evil()}, f)
+    with pytest.raises(pickle.UnpicklingError):
+        load_state_dict(evil, allow_pickle=True)  # weights_only refuses arbitrary callables
