@@ -189,6 +189,14 @@ def _grpc_address(host: str | None) -> str:
     return f"[{hostname}]:{GRPC_PORT}" if ":" in hostname else f"{hostname}:{GRPC_PORT}"
 
 
+def _as_error(e: Exception) -> TritonError:
+    if isinstance(e, TritonError):
+        return e
+    if isinstance(e, grpcclient.InferenceServerException):
+        return TritonError(str(e))  # its repr() leaves out the status and often the message
+    return TritonError(repr(e))
+
+
 def _http_error(status: int, body: bytes) -> TritonError:
     """The server's message from an error body: JSON {"error": ...} or an SSE `data:` line."""
     text = body.decode("utf-8", "replace").strip()
@@ -229,9 +237,7 @@ class EmbedHttpUser(FastHttpUser, TritonUser):
             "inputs": [{"name": "text_input", "shape": [len(texts)], "datatype": "BYTES", "data": texts}],
             "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
         }
-        with self.client.post(
-            "/v2/models/embedder/infer", json=body, name="embedder http", catch_response=True
-        ) as resp:
+        with self.client.post("/v2/models/embedder/infer", json=body, name="embedder http", catch_response=True) as resp:
             if not resp.status_code:
                 return  # no response at all: Locust reports the connection error itself
             if resp.status_code != 200:
@@ -266,9 +272,7 @@ class EmbedGrpcUser(TritonUser):
         data.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
         with self.environment.events.request.measure("grpc", "embedder grpc") as meta:
             try:
-                result = self.client.infer(
-                    "embedder", [data], parameters={"truncate": True}, client_timeout=TIMEOUT
-                )
+                result = self.client.infer("embedder", [data], parameters={"truncate": True}, client_timeout=TIMEOUT)
             except grpcclient.InferenceServerException as e:
                 raise TritonError(str(e)) from None  # str() carries gRPC status + message
             embedding = result.as_numpy("embedding")
@@ -294,9 +298,19 @@ class GenerateGrpcUser(TritonUser):
 
     def _restart_stream(self) -> None:
         # After a transport error or a timeout the stream is dead or holds a stray request:
-        # cancel whatever is in flight and open a fresh one.
-        self.client.stop_stream(cancel_requests=True)
+        # cancel whatever is in flight and open a fresh one (a new queue drops stale responses).
+        try:
+            self.client.stop_stream(cancel_requests=True)
+        except Exception:
+            pass  # a stream that broke may complain on the way out; it is replaced either way
         self._start_stream()
+
+    def _stream_error(self) -> Exception | None:
+        while not self.responses.empty():
+            _, _, error = self.responses.get_nowait()
+            if error is not None:
+                return error
+        return None
 
     def on_stop(self) -> None:
         # Cancels a generation cut short by the end of the run (the server frees it within one
@@ -314,18 +328,23 @@ class GenerateGrpcUser(TritonUser):
         params.set_data_from_numpy(np.array([sampling_parameters().encode()], dtype=np.object_))
         clock = StreamClock(self.environment, "generator grpc-stream")
         try:
-            self.client.async_stream_infer("generator", [text, params], request_id=request_id)
+            try:
+                self.client.async_stream_infer("generator", [text, params], request_id=request_id)
+            except grpcclient.InferenceServerException as e:
+                # A stream that broke while idle (it could not connect, the server went away)
+                # refuses new requests and tells why only through the callback.
+                raise self._stream_error() or e from None
             deadline = clock.start + TIMEOUT
             while True:
                 try:
                     at, result, error = self.responses.get(timeout=max(0.0, deadline - time.perf_counter()))
                 except queue.Empty:
-                    self._restart_stream()
                     raise TritonError(f"no final response within {TIMEOUT:g} s") from None
                 if error is not None:
-                    if error.status() is not None:  # a gRPC status: the stream itself broke
-                        self._restart_stream()
-                    raise TritonError(str(error))
+                    if error.status() is None:  # the model's own error answer: the stream is fine
+                        clock.failed(TritonError(str(error)))
+                        return
+                    raise error  # a gRPC status: the stream itself broke
                 if result.get_response().id != request_id:
                     continue  # a late response of an earlier, abandoned request
                 ids = result.as_numpy("output_ids")
@@ -334,7 +353,8 @@ class GenerateGrpcUser(TritonUser):
                     clock.finished(at)
                     return
         except Exception as e:  # not GreenletExit: a user stopped mid-request reports nothing
-            clock.failed(e if isinstance(e, TritonError) else TritonError(repr(e)))
+            self._restart_stream()
+            clock.failed(_as_error(e))
 
 
 class GenerateHttpUser(TritonUser):
@@ -381,10 +401,12 @@ class GenerateHttpUser(TritonUser):
                     resp.read()  # the end of the chunked body, so the connection can be reused
                     return
         except Exception as e:
+            if isinstance(e, TimeoutError):  # network_timeout: per read, so between two events
+                e = TritonError(f"nothing received for {TIMEOUT:g} s")
             # The connection may hold half a response: drop it rather than reuse it.
             self.http.close()
             self.http = HTTPClient.from_url(self.host, connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
-            clock.failed(e if isinstance(e, TritonError) else TritonError(repr(e)))
+            clock.failed(_as_error(e))
 
 
 # ---------------------------------------------------------------- run control
