@@ -43,6 +43,20 @@ class GridCostModel:
         high = s[i1][j0] * (1 - wj) + s[i1][j1] * wj
         return max(0.0, low * (1 - wi) + high * wi)
 
+    def dense_table(self, max_seqs: int, max_len: int) -> list[list[float]]:
+        """Uncorrected estimates for every (sequences 0..max_seqs, mean or longest length
+        0..max_len), so the DP's inner loop is a list lookup rather than an interpolation.
+        (The correction factor scales every cost alike: it cannot change the DP's choice.)"""
+        table = self.__dict__.get("_dense")
+        if table is None or len(table) <= max_seqs or len(table[0]) <= max_len:
+            # Built once, at least as large as the grid, and only rebuilt for a larger request.
+            seqs = max(max_seqs, self.seqs[-1])
+            lengths = max(max_len, self.lengths[-1])
+            table = [[self._interpolate(max(n, 1), max(length, 1)) for length in range(lengths + 1)]
+                     for n in range(seqs + 1)]
+            self.__dict__["_dense"] = table
+        return table
+
     # ---- learning from what ran -------------------------------------------------------
     def observe(self, num_seqs: int, max_len: int, total_tokens: int, seconds: float, alpha: float = 0.05) -> None:
         """Fold an observed batch latency into a smoothed global correction factor."""

@@ -65,6 +65,20 @@ def plan_batches(
     def group_cost(a: int, b: int) -> float:  # sorted positions a..b-1
         return cost.batch_seconds(pre_seq[b] - pre_seq[a], sl[b - 1], pre_tok[b] - pre_tok[a])
 
+    # A cost model with a dense table makes each evaluation a list lookup: the DP's inner loop
+    # runs n * max_batch_size times, so this is what keeps a decision cheap.
+    dense = getattr(cost, "dense_table", None)
+    if dense is not None and n:
+        table = dense(max(max_batch_size, max(seqs)), max(sl))
+        packed = getattr(cost, "packed", True)
+
+        def group_cost(a: int, b: int) -> float:  # noqa: F811 (the fast version of the same)
+            n_seq = pre_seq[b] - pre_seq[a]
+            row = table[n_seq] if n_seq < len(table) else None
+            if row is None:
+                return cost.batch_seconds(n_seq, sl[b - 1], pre_tok[b] - pre_tok[a])
+            return row[(pre_tok[b] - pre_tok[a]) // n_seq] if packed else row[sl[b - 1]]
+
     def fits(a: int, b: int) -> bool:  # a lone item always runs, even over the caps
         return b - a == 1 or (pre_seq[b] - pre_seq[a] <= max_batch_size and pre_tok[b] - pre_tok[a] <= max_batch_tokens)
 
@@ -72,7 +86,9 @@ def plan_batches(
     if objective == "throughput":
         best = [0.0] + [inf] * n  # best[i]: cheapest plan for sorted[0:i]
         start = [0] * (n + 1)
-        for i in range(1, n + 1):
+        if dense is not None and n and packed and max(seqs) <= max_batch_size:
+            _throughput_dense(n, pre_seq, pre_tok, table, max_batch_size, max_batch_tokens, best, start)
+        for i in range(1, n + 1) if best[n] == inf else ():
             a = i - 1
             while a >= 0 and fits(a, i):  # groups only grow as a moves left
                 c = best[a] + group_cost(a, i)
@@ -101,8 +117,27 @@ def plan_batches(
             i = end[i]
     return Plan(
         batches=[[order[p] for p in range(a, b)] for a, b in cuts],
-        estimated_seconds=[group_cost(a, b) for a, b in cuts],
+        # Estimates from the full model (correction included), for the triggers and metrics.
+        estimated_seconds=[cost.batch_seconds(pre_seq[b] - pre_seq[a], sl[b - 1], pre_tok[b] - pre_tok[a])
+                           for a, b in cuts],
     )
+
+
+def _throughput_dense(n, pre_seq, pre_tok, table, max_seqs, max_tokens, best, start) -> None:
+    """The throughput DP's loop with the cost lookup inlined (the hot path: no calls inside)."""
+    for i in range(1, n + 1):
+        seq_i, tok_i = pre_seq[i], pre_tok[i]
+        best_i, start_i = float("inf"), i - 1
+        a = i - 1
+        while a >= 0:
+            ns, nt = seq_i - pre_seq[a], tok_i - pre_tok[a]
+            if a < i - 1 and (ns > max_seqs or nt > max_tokens):
+                break
+            c = best[a] + table[ns][nt // ns]
+            if c < best_i:
+                best_i, start_i = c, a
+            a -= 1
+        best[i], start[i] = best_i, start_i
 
 
 @dataclass(frozen=True)
@@ -176,6 +211,8 @@ class DpBatchPolicy:
         self.trigger = trigger or TriggerPolicy()
         self.window = window
         self.last_decision_seconds = 0.0
+        if hasattr(cost, "dense_table"):  # build the lookup table now, not on the first request
+            cost.dense_table(max_sequences, 512)
 
     def ready(self, queue, now: float) -> bool:
         if not queue:

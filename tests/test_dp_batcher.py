@@ -140,3 +140,35 @@ def test_next_batch_serves_the_oldest_when_it_would_miss_its_budget():
     holder = 1  # the batch holding request 0 (length 400)
     assert next_batch(plan, arrivals, now=1.0, slo_s=1.0, max_wait_s=10.0) == holder  # would miss 1 s
     assert next_batch(plan, arrivals, now=1.0, slo_s=10.0, max_wait_s=0.5) == holder  # starvation bound
+
+
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=9),
+    max_bs=st.integers(1, 9),
+    max_tokens=st.integers(1, 1500),
+    objective=st.sampled_from(["throughput", "latency"]),
+)
+@settings(max_examples=150, deadline=None)
+def test_dp_with_a_measured_grid_equals_brute_force(lengths, max_bs, max_tokens, objective):
+    """The fast path (a dense cost table, inlined loop) finds the same optimum."""
+    from tritonformer.scheduler.cost_model import GridCostModel
+
+    grid = GridCostModel.measure(lambda n, length: 0.5 + 0.01 * n * length + 0.002 * n * n, {},
+                                 seqs=(1, 3, 9), lengths=(1, 50, 300))
+
+    class Exact:  # what the dense table holds: the grid at the mean length, rounded down
+        def batch_seconds(self, num_seqs, max_len, total_tokens):
+            return grid.batch_seconds(num_seqs, max_len, (total_tokens // num_seqs) * num_seqs)
+
+    plan = plan_batches(lengths, grid, max_bs, max_tokens, objective)
+    exact = Exact()
+    costs = [exact.batch_seconds(len(b), max(lengths[i] for i in b), sum(lengths[i] for i in b)) for b in plan.batches]
+    if objective == "throughput":
+        value = sum(costs)
+    else:
+        value, clock = 0.0, 0.0
+        for batch, c in zip(plan.batches, costs):
+            clock += c
+            value += len(batch) * clock
+    assert value == pytest.approx(_brute_force(lengths, exact, max_bs, max_tokens, objective), rel=1e-9)
+    assert sorted(i for b in plan.batches for i in b) == list(range(len(lengths)))
