@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_runtime.add_arguments(runtime)
     runtime.set_defaults(func=bench_runtime.run)
+    serve_encoder = bench_sub.add_parser("serve-encoder", help="encoder batching policies under open-loop Poisson load")
+    from tritonformer.client import bench_serve_encoder
+
+    bench_serve_encoder.add_arguments(serve_encoder)
+    serve_encoder.set_defaults(func=bench_serve_encoder.run)
     return parser
 
 

@@ -1,0 +1,153 @@
+"""`tritonformer bench serve-encoder --in-process`: batching policies under open-loop load.
+
+The embedder's engine (queue, batching policy, runtime) driven directly, without tritonserver
+in between, by an open-loop Poisson load generator: requests arrive on a schedule drawn in
+advance whatever the server does, and latency runs from the *scheduled* arrival, so a server
+that falls behind is charged for it. Same runtime and weights for every policy:
+
+- fifo-count: arrival order, at most 64 sequences (Triton's dynamic batcher semantics);
+- fifo-tokens: arrival order up to a token budget (TEI's semantics);
+- dp: our dynamic-programming length batcher over the measured cost table.
+
+For each policy and offered rate it prints p50/p99 latency, and the goodput: the highest
+offered rate whose p99 stays within the budget. The full benchmark through a real
+tritonserver (and the stock Triton + HF baseline) is a separate, later piece of work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--in-process", action="store_true", required=True,
+                        help="drive the engine directly (the only mode so far)")
+    parser.add_argument("--rates", default="500,1000,2000,3000,4000,6000,8000", help="offered req/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=3.0, help="arrivals per rate")
+    parser.add_argument("--distribution", default="mixed", choices=("short", "mixed", "uniform", "constant"))
+    parser.add_argument("--policies", default="fifo-count,fifo-tokens,dp")
+    parser.add_argument("--slo-ms", type=float, default=50.0)
+    parser.add_argument("--layers", type=int, default=12, help="bert-base layers (12)")
+    parser.add_argument("--json", help="also write the results here")
+
+
+def lengths_for(distribution: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Token counts (special tokens included) of n requests."""
+    short = np.clip(rng.lognormal(np.log(24), 0.6, n), 4, 512).astype(int)
+    if distribution == "short":  # search queries: lognormal, median 24
+        return short
+    if distribution == "mixed":  # 70% short + 30% passages U[128, 512]
+        return np.where(rng.random(n) < 0.7, short, rng.integers(128, 513, n))
+    if distribution == "uniform":
+        return rng.integers(16, 513, n)
+    return np.full(n, 128)
+
+
+class LatencySink:
+    """Records when each request was answered (the engine calls send exactly once)."""
+
+    def __init__(self):
+        self.done: dict[int, float] = {}
+        self.errors = 0
+        self.lock = threading.Lock()
+
+    def send(self, handle, outputs, error, final):
+        with self.lock:
+            self.done[handle] = time.perf_counter()
+            self.errors += error is not None
+
+    def is_cancelled(self, handle):
+        return False
+
+
+def run_load(engine_factory, rate: float, seconds: float, distribution: str, vocab: int, seed: int = 0) -> dict:
+    from tritonformer.backend.embedder import EmbedRequest
+
+    rng = np.random.default_rng(seed)
+    n = max(1, int(rate * seconds))
+    gaps = rng.exponential(1.0 / rate, n)
+    lengths = lengths_for(distribution, n, rng)
+    requests = [rng.integers(1000, vocab - 1, int(length)).tolist() for length in lengths]
+    sink = LatencySink()
+    engine = engine_factory(sink)
+    engine.start()
+    start = time.perf_counter() + 0.05
+    scheduled = start + np.cumsum(gaps)
+    for i in range(n):  # open loop: submit on schedule, never wait for answers
+        delay = scheduled[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        engine.submit(EmbedRequest(i, [requests[i]], arrival=time.monotonic() - max(0.0, -delay)))
+    deadline = time.perf_counter() + 60
+    while len(sink.done) < n and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    engine.stop()
+    lat = np.array([sink.done[i] - scheduled[i] for i in range(n) if i in sink.done]) * 1e3
+    return {"offered": rate, "answered": len(lat), "sent": n, "errors": sink.errors,
+            "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("inf"),
+            "p99_ms": float(np.percentile(lat, 99)) if len(lat) == n else float("inf"),
+            "achieved": len(lat) / (max(sink.done.values()) - start) if sink.done else 0.0}
+
+
+def run(args) -> int:
+    import torch
+    import transformers
+
+    from tritonformer.backend.checkpoints import cache_dir
+    from tritonformer.backend.cost_measure import cost_model_key, load_or_measure
+    from tritonformer.backend.embedder import EmbedderEngine
+    from tritonformer.backend.models.bert import BertConfig, BertEncoder
+    from tritonformer.scheduler.dp_batcher import DpBatchPolicy
+    from tritonformer.scheduler.fifo import FifoBatchPolicy
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if dev.type == "cuda" else torch.float32
+    cfg = transformers.BertConfig(num_hidden_layers=args.layers)
+    torch.manual_seed(0)
+    hf = transformers.BertModel._from_config(cfg, add_pooling_layer=False).eval()
+    model = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), dev, dtype)
+    del hf
+    probe = EmbedderEngine(model, LatencySink(), FifoBatchPolicy())
+    key = cost_model_key(dev, "random-bert-base", dtype, {"cuda_graphs": True, "arena": False, "layers": args.layers})
+    t0 = time.perf_counter()
+    cost = load_or_measure(probe.embed, key, cache_dir(), cfg.vocab_size, 512, dev)
+    print(f"cost table ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+    policies = {
+        "fifo-count": lambda: FifoBatchPolicy(max_sequences=64, max_tokens=10**9),
+        "fifo-tokens": lambda: FifoBatchPolicy(max_sequences=1024, max_tokens=16384),
+        "dp": lambda: DpBatchPolicy(cost, max_sequences=64, max_tokens=16384),
+    }
+    rates = [float(r) for r in args.rates.split(",")]
+    results = {}
+    for name in args.policies.split(","):
+        results[name] = []
+        for rate in rates:
+            def factory(sink, name=name):
+                engine = EmbedderEngine(model, sink, policies[name]())
+                engine.graphs = probe.graphs  # share captured graphs: same runtime for every policy
+                return engine
+
+            r = run_load(factory, rate, args.seconds, args.distribution, cfg.vocab_size)
+            results[name].append(r)
+            print(f"{name:12s} {rate:7.0f} req/s offered: p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+                  f"achieved {r['achieved']:7.0f} req/s", file=sys.stderr)
+            if r["p99_ms"] > 10 * args.slo_ms:
+                break  # saturated: higher rates only queue longer
+    gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
+    print(f"\n{gpu}, bert-base ({args.layers} layers) {dtype}, {args.distribution} lengths, open-loop Poisson, "
+          f"{args.seconds:.0f} s per rate, latency from the scheduled arrival")
+    print(f"{'policy':12s} {'goodput@p99<=' + str(int(args.slo_ms)) + 'ms':>20s} {'p50/p99 ms at each offered rate'}")
+    for name, rows in results.items():
+        ok = [r["offered"] for r in rows if r["p99_ms"] <= args.slo_ms]
+        cells = "  ".join(f"{r['offered']:.0f}:{r['p50_ms']:.0f}/{r['p99_ms']:.0f}" for r in rows)
+        print(f"{name:12s} {max(ok) if ok else 0:>20.0f}  {cells}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": gpu, "results": results}, f, indent=1)
+    return 0
