@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -98,7 +100,6 @@ def run(args) -> int:
     import torch
     import transformers
 
-    from tritonformer.backend.checkpoints import cache_dir
     from tritonformer.backend.cost_measure import cost_model_key, load_or_measure
     from tritonformer.backend.embedder import EmbedderEngine
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
@@ -115,7 +116,10 @@ def run(args) -> int:
     probe = EmbedderEngine(model, LatencySink(), FifoBatchPolicy())
     key = cost_model_key(dev, "random-bert-base", dtype, {"cuda_graphs": True, "arena": False, "layers": args.layers})
     t0 = time.perf_counter()
-    cost = load_or_measure(probe.embed, key, cache_dir(), cfg.vocab_size, 512, dev)
+    # The cost table's cache (not tritonformer.backend.checkpoints.cache_dir: that package needs
+    # gguf, which a bare GPU image may lack).
+    cache = Path(os.environ.get("TRITONFORMER_CACHE_DIR", Path.home() / ".cache" / "tritonformer"))
+    cost = load_or_measure(probe.embed, key, cache, cfg.vocab_size, 512, dev)
     print(f"cost table ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
     policies = {
