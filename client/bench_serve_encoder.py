@@ -69,6 +69,7 @@ class LatencySink:
 
 def run_load(engine_factory, rate: float, seconds: float, distribution: str, vocab: int, seed: int = 0) -> dict:
     from tritonformer.backend.embedder import EmbedRequest
+    from tritonformer.backend.engine_loop import Overloaded
 
     rng = np.random.default_rng(seed)
     n = max(1, int(rate * seconds))
@@ -80,17 +81,21 @@ def run_load(engine_factory, rate: float, seconds: float, distribution: str, voc
     engine.start()
     start = time.perf_counter() + 0.05
     scheduled = start + np.cumsum(gaps)
+    rejected = 0
     for i in range(n):  # open loop: submit on schedule, never wait for answers
         delay = scheduled[i] - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        engine.submit(EmbedRequest(i, [requests[i]], arrival=time.monotonic() - max(0.0, -delay)))
+        try:
+            engine.submit(EmbedRequest(i, [requests[i]], arrival=time.monotonic() - max(0.0, -delay)))
+        except Overloaded:  # the bounded queue said "retry later": a failed request
+            rejected += 1
     deadline = time.perf_counter() + 60
-    while len(sink.done) < n and time.perf_counter() < deadline:
+    while len(sink.done) + rejected < n and time.perf_counter() < deadline:
         time.sleep(0.01)
     engine.stop()
     lat = np.array([sink.done[i] - scheduled[i] for i in range(n) if i in sink.done]) * 1e3
-    return {"offered": rate, "answered": len(lat), "sent": n, "errors": sink.errors,
+    return {"offered": rate, "answered": len(lat), "sent": n, "errors": sink.errors, "rejected": rejected,
             "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("inf"),
             "p99_ms": float(np.percentile(lat, 99)) if len(lat) == n else float("inf"),
             "achieved": len(lat) / (max(sink.done.values()) - start) if sink.done else 0.0}
@@ -140,7 +145,7 @@ def run(args) -> int:
             r = run_load(factory, rate, args.seconds, args.distribution, cfg.vocab_size)
             results[name].append(r)
             print(f"{name:12s} {rate:7.0f} req/s offered: p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-                  f"achieved {r['achieved']:7.0f} req/s", file=sys.stderr)
+                  f"achieved {r['achieved']:7.0f} req/s, rejected {r['rejected']}", file=sys.stderr)
             if r["p99_ms"] > 10 * args.slo_ms:
                 break  # saturated: higher rates only queue longer
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
