@@ -21,9 +21,9 @@ from tritonformer.scheduler.cost_model import GridCostModel
 
 log = logging.getLogger("tritonformer")
 
-RUNTIME_VERSION = "1"  # bump when the runtime changes enough to invalidate saved tables
+RUNTIME_VERSION = "2"  # bump when the runtime changes enough to invalidate saved tables
 
-GPU_GRID = ((1, 2, 4, 8, 16, 32, 64), (8, 16, 32, 64, 128, 256, 512), 65536)
+GPU_GRID = ((1, 2, 4, 8, 16, 32, 64, 128, 256), (8, 16, 32, 64, 128, 256, 512), 65536)
 CPU_GRID = ((1, 4, 16, 64), (16, 64, 256, 512), 2048)  # CPU batches are slow: measure fewer
 
 

@@ -35,6 +35,18 @@ class EncoderGraphs:
             return None
         return self.token_buckets[t], self.sequence_buckets[s]
 
+    def warm_up(self, max_tokens: int | None = None) -> int:
+        """Capture every bucket now (at start-up), not on a request's critical path: a capture
+        (and the first compile of its kernels) costs ~0.1 s, which under load would overflow the
+        queue. Returns the number of graphs."""
+        for tokens in self.token_buckets:
+            if max_tokens is not None and tokens > max_tokens:
+                continue
+            for seqs in self.sequence_buckets:
+                if seqs <= tokens + 1 and (tokens, seqs) not in self._graphs:
+                    self._capture(tokens, seqs)
+        return len(self._graphs)
+
     def forward(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """Hidden states `[sum(lengths), hidden]`: a graph replay when a bucket fits, else eager."""
         total = sum(lengths)

@@ -87,6 +87,9 @@ class TritonPythonModel:
             cancel_check_after_s=p.int("cancel_check_after_ms", minimum=0) / 1000, stats=self.metrics,
         )
         self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
+        if self.engine.graphs is not None:
+            n = self.engine.graphs.warm_up()
+            log.info("captured %d CUDA graphs for small batches", n)
         if p.choice("batch_policy", ("dp", "fifo")) == "dp":
             key = cost_model_key(device, checkpoint, dtype, {"cuda_graphs": graphs, "arena": arena is not None})
             cost = load_or_measure(self.engine.embed, key, cache_dir(), config.vocab_size, self.max_tokens, device)

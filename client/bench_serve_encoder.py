@@ -119,6 +119,8 @@ def run(args) -> int:
     model = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), dev, dtype)
     del hf
     probe = EmbedderEngine(model, LatencySink(), FifoBatchPolicy())
+    if probe.graphs is not None:  # as the served embedder does at start-up
+        print(f"captured {probe.graphs.warm_up()} CUDA graphs", file=sys.stderr)
     key = cost_model_key(dev, "random-bert-base", dtype, {"cuda_graphs": True, "arena": False, "layers": args.layers})
     t0 = time.perf_counter()
     # The cost table's cache (not tritonformer.backend.checkpoints.cache_dir: that package needs
@@ -130,7 +132,8 @@ def run(args) -> int:
     policies = {
         "fifo-count": lambda: FifoBatchPolicy(max_sequences=64, max_tokens=10**9),
         "fifo-tokens": lambda: FifoBatchPolicy(max_sequences=1024, max_tokens=16384),
-        "dp": lambda: DpBatchPolicy(cost, max_sequences=64, max_tokens=16384),
+        # The same caps as fifo-tokens: the policies differ only in which requests go together.
+        "dp": lambda: DpBatchPolicy(cost, max_sequences=1024, max_tokens=16384, window=128),
     }
     rates = [float(r) for r in args.rates.split(",")]
     results = {}

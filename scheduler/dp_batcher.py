@@ -200,7 +200,7 @@ class DpBatchPolicy:
         max_tokens: int = 16384,
         objective: str = "throughput",
         trigger: TriggerPolicy | None = None,
-        window: int = 256,
+        window: int = 128,
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
