@@ -37,7 +37,7 @@ PARAMETERS = {
     "dtype": "auto",  # auto (fp16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16
     "pooling": "auto",  # auto (from the checkpoint) | mean | cls
     "normalize": "auto",  # auto (from the checkpoint) | true | false
-    "max_batch_sequences": "64",
+    "max_batch_sequences": "256",
     "max_batch_tokens": "16384",
     "max_queue_requests": "1024",
     "max_texts_per_request": "256",
@@ -45,7 +45,7 @@ PARAMETERS = {
     "cuda_graphs": "true",  # replay captured CUDA graphs for small batches (GPU only)
     "activation_arena": "false",  # auto (on GPU) | true | false: length-aware activation allocator
     "arena_release_after_idle": "0",  # release an unused arena chunk after N idle batches
-    "batch_policy": "dp",  # dp (length-aware dynamic programming) | fifo
+    "batch_policy": "fifo",  # fifo (arrival order up to the caps) | dp (length-aware dynamic programming)
     "dp_objective": "throughput",  # throughput | latency (mean completion time)
     "batch_trigger": "hungry",  # hungry | lazy | slo
     "lazy_timeout_ms": "2",

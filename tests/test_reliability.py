@@ -23,7 +23,7 @@ pytestmark = pytest.mark.server
 REPO = Path(__file__).resolve().parents[1]
 TIGHT = {
     "embedder": {"max_queue_requests": "4", "max_texts_per_request": "8", "max_text_bytes": "1000",
-                 "response_cache_size": "0"},
+                 "response_cache_size": "0", "batch_policy": "dp"},  # the DP path through a real server
     "generator": {"max_queue_requests": "2", "max_running_sequences": "1", "max_tokens_limit": "512"},
 }
 
