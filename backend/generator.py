@@ -52,6 +52,7 @@ class GeneratorEngine(EngineLoop):
         scheduler: IterationScheduler,
         max_queue: int = 256,
         cancel_check_interval_s: float = 0.05,
+        stream_interval: int = 1,
     ):
         super().__init__("tritonformer-generator", max_queue)
         self.model = model
@@ -60,6 +61,9 @@ class GeneratorEngine(EngineLoop):
         self.scheduler = scheduler
         self.sampler = Sampler()
         self.cancel_check_interval_s = cancel_check_interval_s
+        # Stream a response every `stream_interval` tokens (the last always goes at once):
+        # fewer, larger responses when each send's IPC cost matters more than smoothness.
+        self.stream_interval = max(1, stream_interval)
         self._last_cancel_check = 0.0
 
     def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool) -> Sequence:
@@ -117,7 +121,7 @@ class GeneratorEngine(EngineLoop):
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             self._finish(seq)
-        elif seq.stream:
+        elif seq.stream and len(seq.unsent_ids) >= self.stream_interval:
             self._send(seq, final=False)
 
     def _send(self, seq: Sequence, final: bool) -> None:

@@ -37,6 +37,7 @@ PARAMETERS = {
     "max_tokens_limit": "4096",  # the largest max_tokens a request may ask for
     "max_prompt_bytes": "200000",
     "cancel_check_interval_ms": "50",
+    "stream_interval": "1",  # tokens per streamed response (pending pieces also coalesce when sending lags)
 }
 
 log = logging.getLogger("tritonformer")
@@ -56,7 +57,7 @@ class TritonPythonModel:
         scheduler = IterationScheduler(p.int("max_running_sequences"), p.int("max_tokens_per_iteration"))
         self.engine = GeneratorEngine(
             model, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
-            p.int("cancel_check_interval_ms", minimum=0) / 1000.0,
+            p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"),
         )
         model.forward([self.tokenizer.encode("warm up")], [model.new_cache()])  # first-call costs before READY
         self.engine.start()

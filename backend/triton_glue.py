@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.engine_loop import Overloaded, RequestCancelled, RequestTimedOut, ShuttingDown
 from tritonformer.backend.params import ModelParameters
+from tritonformer.backend.responses import coalesce
 from tritonformer.backend.sampling import InvalidRequest
 from tritonformer.backend.weights import load_state_dict
 
@@ -41,7 +42,8 @@ def make_response(outputs: dict[str, np.ndarray] | None, error: Exception | None
 
 
 class TritonSink:
-    """A ResponseSink whose handles are `InferenceResponseSender`s."""
+    """A ResponseSink whose handles are `InferenceResponseSender`s. When sending falls behind
+    the engine, a stream's pending pieces are coalesced into one response."""
 
     def __init__(self, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -60,15 +62,18 @@ class TritonSink:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
+            items = [self._queue.get()]
+            while not self._queue.empty():  # whatever piled up while we were sending
+                items.append(self._queue.get_nowait())
+            stop = _STOP in items
+            for handle, outputs, error, final in coalesce([i for i in items if i is not _STOP]):
+                flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+                try:
+                    handle.send(make_response(outputs, error), flags=flags)
+                except Exception as e:  # e.g. the client went away; nothing else to do for it
+                    logging.getLogger("tritonformer").warning("could not send a response: %s", e)
+            if stop:
                 return
-            handle, outputs, error, final = item
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            try:
-                handle.send(make_response(outputs, error), flags=flags)
-            except Exception as e:  # e.g. the client went away; nothing else to do for it
-                logging.getLogger("tritonformer").warning("could not send a response: %s", e)
 
 
 def reject(sender, error: Exception) -> None:

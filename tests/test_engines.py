@@ -96,11 +96,12 @@ def smollm2(smollm2_dir):
     return model, TextTokenizer(smollm2_dir)
 
 
-def _run_generation(model, tok, requests, cancel=()):
+def _run_generation(model, tok, requests, cancel=(), stream_interval=1):
     """requests: list of (handle, prompt, SamplingParams, stream). Returns the sink."""
     sink = FakeSink()
     sink.cancelled.update(cancel)
-    engine = GeneratorEngine(model, tok, sink, IterationScheduler(4, 256), cancel_check_interval_s=0.0)
+    engine = GeneratorEngine(model, tok, sink, IterationScheduler(4, 256), cancel_check_interval_s=0.0,
+                             stream_interval=stream_interval)
     for handle, prompt, params, stream in requests:
         engine.submit(engine.new_sequence(handle, tok.encode(prompt), params, stream))
     engine.start()
@@ -213,3 +214,15 @@ def test_embedder_with_dp_policy_answers_everything(minilm):
         (outputs, error, final), = got[f"r{i}"]
         np.testing.assert_allclose(outputs["embedding"], engine.embed(tok.encode_batch([t])), atol=1e-5)
     assert cost.observations > 0
+
+
+def test_stream_interval_sends_fewer_larger_pieces(smollm2):
+    model, tok = smollm2
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    sink = _run_generation(model, tok, [("s", "Once upon a time", params, True), ("n", "Once upon a time", params, False)],
+                           stream_interval=4)
+    pieces = sink.responses["s"]
+    assert all(len(o["output_ids"]) >= 4 for o, _, _ in pieces[:-1])
+    text, ids, finish = _joined(pieces)
+    (whole, _, _), = sink.responses["n"]
+    assert ids == whole["output_ids"].tolist() and text == whole["text_output"][0].decode() and finish == "length"
