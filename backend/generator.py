@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,6 +22,14 @@ from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.scheduler.iteration import IterationScheduler
 
 _ids = itertools.count()
+
+
+class GeneratorStats(Protocol):
+    """Where the engine reports what it did (Triton metrics in the glue; nothing in tests)."""
+
+    def iteration_done(self, running: int, waiting: int, tokens: int, kv_bytes: int) -> None: ...
+
+    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None: ...
 
 
 @dataclass(eq=False)  # identity equality: the scheduler removes sequences by identity
@@ -37,6 +45,7 @@ class Sequence:
     unsent_ids: list[int] = field(default_factory=list)
     cache: KVCache | None = None
     finish_reason: str | None = None
+    first_token_at: float | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -53,6 +62,7 @@ class GeneratorEngine(EngineLoop):
         max_queue: int = 256,
         cancel_check_interval_s: float = 0.05,
         stream_interval: int = 1,
+        stats: GeneratorStats | None = None,
     ):
         super().__init__("tritonformer-generator", max_queue)
         self.model = model
@@ -64,6 +74,7 @@ class GeneratorEngine(EngineLoop):
         # Stream a response every `stream_interval` tokens (the last always goes at once):
         # fewer, larger responses when each send's IPC cost matters more than smoothness.
         self.stream_interval = max(1, stream_interval)
+        self.stats = stats
         self._last_cancel_check = 0.0
 
     def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool) -> Sequence:
@@ -105,9 +116,17 @@ class GeneratorEngine(EngineLoop):
             return
         for seq, token in zip(seqs, next_ids):
             self._advance(seq, token)
+        if self.stats is not None:
+            running = self.scheduler.running
+            self.stats.iteration_done(
+                running=len(running), waiting=len(self.scheduler.waiting), tokens=it.num_tokens,
+                kv_bytes=sum(s.cache.nbytes() for s in running if s.cache is not None),
+            )
 
     # ---- per-sequence bookkeeping -------------------------------------------------------
     def _advance(self, seq: Sequence, token: int) -> None:
+        if seq.first_token_at is None:
+            seq.first_token_at = time.monotonic()
         seq.output_ids.append(token)
         seq.unsent_ids.append(token)
         p = seq.params
@@ -144,6 +163,11 @@ class GeneratorEngine(EngineLoop):
         self.scheduler.finish(seq)
         self._release(seq)
         self._send(seq, final=True)
+        if self.stats is not None:
+            n, first = len(seq.output_ids), seq.first_token_at
+            ttft = first - seq.arrival if first is not None else None
+            tpot = (time.monotonic() - first) / (n - 1) if first is not None and n > 1 else None
+            self.stats.request_done(ttft=ttft, tpot=tpot, output_tokens=n)
 
     def _release(self, seq: Sequence) -> None:
         seq.cache = None  # frees its KV memory

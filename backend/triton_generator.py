@@ -23,6 +23,7 @@ from tritonformer.backend.triton_glue import (
     reject,
     request_parameters,
 )
+from tritonformer.backend.triton_metrics import GeneratorMetrics
 from tritonformer.backend.weights import load_config
 from tritonformer.scheduler.iteration import IterationScheduler
 
@@ -54,10 +55,11 @@ class TritonPythonModel:
         self.max_prompt_bytes = p.int("max_prompt_bytes")
 
         self.sink = TritonSink("generator")
+        self.metrics = GeneratorMetrics(args["model_name"], args.get("model_version", "1"))
         scheduler = IterationScheduler(p.int("max_running_sequences"), p.int("max_tokens_per_iteration"))
         self.engine = GeneratorEngine(
             model, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
-            p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"),
+            p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"), stats=self.metrics,
         )
         model.forward([self.tokenizer.encode("warm up")], [model.new_cache()])  # first-call costs before READY
         self.engine.start()
@@ -100,6 +102,7 @@ class TritonPythonModel:
     def finalize(self):
         self.engine.stop()
         self.sink.close()
+        self.metrics.close()
 
 
 def _merge_request_parameters(raw: str | None, request_params: dict) -> str | None:

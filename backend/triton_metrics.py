@@ -1,14 +1,15 @@
-"""Our queue's metrics on Triton's metrics port (`pb_utils.MetricFamily`).
+"""Our engines' metrics on Triton's metrics port (`pb_utils.MetricFamily`).
 
-Triton's own queue metrics cannot see our queue (execute() returns at once), so we publish
+Triton's own queue metrics cannot see our queues (execute() returns at once), so we publish
 our own. Every metric update is an IPC round trip to the server: updates go through a queue to
-a dedicated thread, never from the engine's hot loop.
+a dedicated thread, never from an engine's hot loop.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
@@ -31,16 +32,27 @@ EMBEDDER_METRICS = {
     "tritonformer_response_cache_hits_total": ("COUNTER", "Sequences answered from the response cache", None),
 }
 
+GENERATOR_METRICS = {
+    "tritonformer_running_requests": ("GAUGE", "Sequences in the running batch", None),
+    "tritonformer_waiting_requests": ("GAUGE", "Sequences waiting to join", None),
+    "tritonformer_iterations_total": ("COUNTER", "Model iterations run by the decoder engine", None),
+    "tritonformer_iteration_tokens": ("HISTOGRAM", "Tokens per iteration (prompts + one per decoding sequence)", _TOKEN_BUCKETS),
+    "tritonformer_kv_cache_bytes": ("GAUGE", "Bytes held by the running sequences' KV caches", None),
+    "tritonformer_time_to_first_token_seconds": ("HISTOGRAM", "Arrival to first generated token", _SECONDS_BUCKETS),
+    "tritonformer_time_per_output_token_seconds": ("HISTOGRAM", "Mean time between output tokens, per request", _SECONDS_BUCKETS),
+    "tritonformer_generated_tokens_total": ("COUNTER", "Output tokens generated", None),
+}
 
-class EmbedderMetrics:
-    """EmbedderStats published as Triton custom metrics, labelled with the model's name."""
 
-    def __init__(self, model_name: str, version: str):
+class _Publisher:
+    """Metric families labelled with the model, updated from a background thread."""
+
+    def __init__(self, spec: dict, model_name: str, version: str):
         self._metrics = {}
         self._families = []  # a family is unregistered when its Python object dies: keep them
         labels = {"model": model_name, "version": version}
         try:
-            for name, (kind, description, buckets) in EMBEDDER_METRICS.items():
+            for name, (kind, description, buckets) in spec.items():
                 family = pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind))
                 self._families.append(family)
                 self._metrics[name] = family.Metric(labels=labels, buckets=buckets) if buckets else family.Metric(labels=labels)
@@ -51,42 +63,76 @@ class EmbedderMetrics:
         self._thread = threading.Thread(target=self._run, name="tritonformer-metrics", daemon=True)
         self._thread.start()
 
-    def batch_done(self, sequences, tokens, padded_tokens, queue_waits, compute_seconds, queue_depth, cost_error,
-                   cache_hits) -> None:
+    def post(self, update: Callable[[dict], None]) -> None:
+        """Run `update(metrics)` on the metrics thread (nothing when metrics are off)."""
         if self._metrics:
-            self._queue.put((sequences, tokens, padded_tokens, queue_waits, compute_seconds, queue_depth, cost_error,
-                             cache_hits))
-
-    def queue_depth(self, depth: int) -> None:
-        if self._metrics:
-            self._queue.put(depth)
+            self._queue.put(update)
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(5)
 
     def _run(self) -> None:
-        m = self._metrics
         while True:
-            item = self._queue.get()
-            if item is None:
+            update = self._queue.get()
+            if update is None:
                 return
             try:
-                if isinstance(item, int):
-                    m["tritonformer_queue_depth"].set(item)
-                    continue
-                sequences, tokens, padded, waits, compute, depth, cost_error, cache_hits = item
-                m["tritonformer_queue_depth"].set(depth)
-                m["tritonformer_batches_total"].increment(1)
-                if sequences:
-                    m["tritonformer_batch_sequences"].observe(sequences)
-                    m["tritonformer_batch_tokens"].observe(tokens)
-                    m["tritonformer_padding_ratio"].set(padded / (tokens + padded))
-                    m["tritonformer_batch_compute_seconds"].observe(compute)
-                for w in waits:
-                    m["tritonformer_queue_wait_seconds"].observe(w)
-                m["tritonformer_cost_model_relative_error"].set(cost_error)
-                if cache_hits:
-                    m["tritonformer_response_cache_hits_total"].increment(cache_hits)
+                update(self._metrics)
             except Exception as e:
                 log.warning("could not update metrics: %s", e)
+
+
+class EmbedderMetrics(_Publisher):
+    """EmbedderStats published as Triton custom metrics."""
+
+    def __init__(self, model_name: str, version: str):
+        super().__init__(EMBEDDER_METRICS, model_name, version)
+
+    def queue_depth(self, depth: int) -> None:
+        self.post(lambda m: m["tritonformer_queue_depth"].set(depth))
+
+    def batch_done(self, sequences, tokens, padded_tokens, queue_waits, compute_seconds, queue_depth, cost_error,
+                   cache_hits) -> None:
+        def update(m):
+            m["tritonformer_queue_depth"].set(queue_depth)
+            m["tritonformer_batches_total"].increment(1)
+            if sequences:
+                m["tritonformer_batch_sequences"].observe(sequences)
+                m["tritonformer_batch_tokens"].observe(tokens)
+                m["tritonformer_padding_ratio"].set(padded_tokens / (tokens + padded_tokens))
+                m["tritonformer_batch_compute_seconds"].observe(compute_seconds)
+            for wait in queue_waits:
+                m["tritonformer_queue_wait_seconds"].observe(wait)
+            m["tritonformer_cost_model_relative_error"].set(cost_error)
+            if cache_hits:
+                m["tritonformer_response_cache_hits_total"].increment(cache_hits)
+
+        self.post(update)
+
+
+class GeneratorMetrics(_Publisher):
+    """GeneratorStats published as Triton custom metrics."""
+
+    def __init__(self, model_name: str, version: str):
+        super().__init__(GENERATOR_METRICS, model_name, version)
+
+    def iteration_done(self, running: int, waiting: int, tokens: int, kv_bytes: int) -> None:
+        def update(m):
+            m["tritonformer_running_requests"].set(running)
+            m["tritonformer_waiting_requests"].set(waiting)
+            m["tritonformer_iterations_total"].increment(1)
+            m["tritonformer_iteration_tokens"].observe(tokens)
+            m["tritonformer_kv_cache_bytes"].set(kv_bytes)
+
+        self.post(update)
+
+    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None:
+        def update(m):
+            if ttft is not None:
+                m["tritonformer_time_to_first_token_seconds"].observe(ttft)
+            if tpot is not None:
+                m["tritonformer_time_per_output_token_seconds"].observe(tpot)
+            m["tritonformer_generated_tokens_total"].increment(output_tokens)
+
+        self.post(update)

@@ -12,11 +12,11 @@ from helpers import http_post
 pytestmark = pytest.mark.server
 
 
-def _scrape(server) -> dict[str, float]:
+def _scrape(server, model: str = "embedder") -> dict[str, float]:
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     values = {}
     for line in text.splitlines():
-        m = re.match(r'^(tritonformer_\w+)\{([^}]*model="embedder"[^}]*)\} ([0-9.e+-]+)$', line)
+        m = re.match(rf'^(tritonformer_\w+)\{{([^}}]*model="{model}"[^}}]*)\}} ([0-9.e+-]+)$', line)
         if m and 'le="' not in m.group(2):
             values[m.group(1)] = float(m.group(3))
     return values
@@ -28,10 +28,10 @@ def _embed(server, texts):
     assert status == 200, answer
 
 
-def _wait_for(server, predicate, timeout=10.0):
+def _wait_for(server, predicate, timeout=10.0, model="embedder"):
     deadline = time.monotonic() + timeout
     while True:
-        values = _scrape(server)
+        values = _scrape(server, model)
         if predicate(values) or time.monotonic() > deadline:
             return values
         time.sleep(0.2)
@@ -55,3 +55,18 @@ def test_embedder_metrics_move_with_traffic(triton_server):
     cached = _wait_for(triton_server, lambda v: v["tritonformer_response_cache_hits_total"]
                        >= after["tritonformer_response_cache_hits_total"] + 2)
     assert cached["tritonformer_response_cache_hits_total"] >= after["tritonformer_response_cache_hits_total"] + 2
+
+
+def test_generator_metrics_move_with_traffic(triton_server):
+    before = _scrape(triton_server, "generator")
+    assert "tritonformer_iterations_total" in before and "tritonformer_time_to_first_token_seconds_count" in before
+    status, answer = http_post(triton_server, "/v2/models/generator/generate",
+                               {"text_input": "Metrics, please:", "stream": False, "max_tokens": 5, "ignore_eos": True})
+    assert status == 200, answer
+    after = _wait_for(triton_server, lambda v: v["tritonformer_generated_tokens_total"]
+                      >= before["tritonformer_generated_tokens_total"] + 5, model="generator")
+    assert after["tritonformer_generated_tokens_total"] == before["tritonformer_generated_tokens_total"] + 5
+    assert after["tritonformer_iterations_total"] >= before["tritonformer_iterations_total"] + 5
+    assert after["tritonformer_time_to_first_token_seconds_count"] == before["tritonformer_time_to_first_token_seconds_count"] + 1
+    assert after["tritonformer_time_per_output_token_seconds_count"] == before["tritonformer_time_per_output_token_seconds_count"] + 1
+    assert after["tritonformer_running_requests"] == 0 and after["tritonformer_kv_cache_bytes"] == 0
