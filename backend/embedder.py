@@ -132,7 +132,7 @@ class EmbedderEngine(EngineLoop):
                 computed = self.embed([flat[i] for i in todo])
                 for i, row in zip(todo, computed):
                     rows[i] = row
-                    self.cache.put(flat[i], row)
+                    self.cache.put(flat[i], row.copy())  # not a view: it would pin the whole batch
         except Exception as e:
             log.exception("embedding batch failed")
             for r in batch:
