@@ -110,7 +110,8 @@ class GeneratorEngine(EngineLoop):
             next_ids = self.sampler.sample(logits, [s.params for s in seqs], [s.key for s in seqs])
         except Exception as e:
             log.exception("generation iteration failed")
-            for seq in seqs:
+            for seq in seqs:  # answer and drop them: they must not run (or fail) again
+                self.scheduler.finish(seq)
                 self._release(seq)
                 self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {e}"), final=True)
             return

@@ -226,3 +226,37 @@ def test_stream_interval_sends_fewer_larger_pieces(smollm2):
     text, ids, finish = _joined(pieces)
     (whole, _, _), = sink.responses["n"]
     assert ids == whole["output_ids"].tolist() and text == whole["text_output"][0].decode() and finish == "length"
+
+
+def test_a_failing_iteration_answers_its_sequences_once_and_the_engine_goes_on(smollm2):
+    model, tok = smollm2
+
+    class Flaky:
+        """The real model, except that its first call fails (e.g. out of memory)."""
+
+        def __init__(self):
+            self.calls = 0
+            self.config, self.device = model.config, model.device
+
+        def new_cache(self):
+            return model.new_cache()
+
+        def forward(self, tokens, caches):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("simulated failure")
+            return model.forward(tokens, caches)
+
+    sink = FakeSink()
+    engine = GeneratorEngine(Flaky(), tok, sink, IterationScheduler(4, 256), cancel_check_interval_s=0.0)
+    engine.submit(engine.new_sequence("doomed", tok.encode("Hello"), SamplingParams(max_tokens=3), True))
+    engine.start()
+    sink.wait_final(["doomed"])
+    engine.submit(engine.new_sequence("fine", tok.encode("Hello"), SamplingParams(max_tokens=3), False))
+    sink.wait_final(["fine"])
+    engine.stop()
+    (outputs, error, final), = sink.responses["doomed"]
+    assert "simulated failure" in str(error) and final
+    (outputs, error, final), = sink.responses["fine"]
+    assert error is None and len(outputs["output_ids"]) == 3
+    assert not engine.scheduler.has_work()
