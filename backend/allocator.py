@@ -16,6 +16,7 @@ Instead, as soon as a batch's shape is known, we plan where every intermediate l
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -155,10 +156,7 @@ class ActivationArena:
 
     def view(self, plan: dict[str, tuple[int, int]], name: str, shape: tuple[int, ...], dtype):
         chunk, offset = plan[name]
-        numel = 1
-        for d in shape:
-            numel *= d
-        nbytes = numel * self._torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         return self._chunks[chunk][offset : offset + nbytes].view(dtype).view(shape)
 
     def _after_inference(self, used: set[int]) -> None:

@@ -9,6 +9,7 @@ the unused token slots (its result is ignored). Sequences past the real ones are
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 
 import torch
 
@@ -52,13 +53,13 @@ class EncoderGraphs:
         total = sum(lengths)
         key = self.bucket(total, len(lengths))
         if key is None:
-            cu = torch.tensor([0, *_cumsum(lengths)], dtype=torch.int32, device=input_ids.device)
+            cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32, device=input_ids.device)
             return self.model.forward(input_ids, cu, max(lengths))
         graph, ids_buf, cu_buf, pos_buf, out = self._graphs.get(key) or self._capture(*key)
         ids_buf[:total].copy_(input_ids)
         # Real sequences, then one padding sequence over the unused slots, then empty ones. The
         # padding tokens get position 0, so a bucket may be longer than the position table.
-        cu = [0, *_cumsum(lengths)] + [key[0]] * (key[1] - len(lengths))
+        cu = [0, *accumulate(lengths)] + [key[0]] * (key[1] - len(lengths))
         offset = self.model.config.position_offset
         pos = [p + offset for n in lengths for p in range(n)] + [offset] * (key[0] - total)
         cu_buf.copy_(torch.tensor(cu, dtype=torch.int32))
@@ -92,10 +93,3 @@ class EncoderGraphs:
         self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, pos_buf, out)
         return self._graphs[(tokens, seqs)]
 
-
-def _cumsum(lengths: list[int]) -> list[int]:
-    out, acc = [], 0
-    for n in lengths:
-        acc += n
-        out.append(acc)
-    return out

@@ -101,23 +101,20 @@ class BertEncoder:
                 }
             )
 
-    def usage_records(self, total_tokens: int) -> list[UsageRecord]:
-        """Intermediates of one forward in op order, for the activation allocator. Every layer
-        repeats ops 1-7 with the same sizes, so one plan serves them all; `hidden` is the layer
-        input and output (LN2 writes it in place once the layer no longer reads it)."""
-        t, h = total_tokens, self.config.hidden_size
-        e = torch.empty((), dtype=self.dtype).element_size()
+    def _intermediates(self) -> list[tuple[str, int, int, int]]:
+        """(name, first op, last op, width) of one forward's intermediates, in op order. Every
+        layer repeats ops 1-7 with the same sizes, so one plan serves them all; `hidden` is the
+        layer input and output (LN2 writes it in place once the layer no longer reads it)."""
+        h = self.config.hidden_size
         return [
-            UsageRecord("word", 0, 0, t * h * e),
-            UsageRecord("pos", 0, 0, t * h * e),
-            UsageRecord("hidden", 0, 7, t * h * e),
-            UsageRecord("qkv", 1, 2, 3 * t * h * e),
-            UsageRecord("ctx", 2, 3, t * h * e),
-            UsageRecord("attn_out", 3, 4, t * h * e),
-            UsageRecord("h1", 4, 7, t * h * e),
-            UsageRecord("ffn", 5, 6, t * self.config.intermediate_size * e),
-            UsageRecord("ffn_out", 6, 7, t * h * e),
+            ("word", 0, 0, h), ("pos", 0, 0, h), ("hidden", 0, 7, h), ("qkv", 1, 2, 3 * h), ("ctx", 2, 3, h),
+            ("attn_out", 3, 4, h), ("h1", 4, 7, h), ("ffn", 5, 6, self.config.intermediate_size), ("ffn_out", 6, 7, h),
         ]
+
+    def usage_records(self, total_tokens: int) -> list[UsageRecord]:
+        """The intermediates' usage records for the activation allocator."""
+        e = self.dtype.itemsize
+        return [UsageRecord(name, first, last, total_tokens * width * e) for name, first, last, width in self._intermediates()]
 
     @torch.inference_mode()
     def forward(
@@ -139,40 +136,41 @@ class BertEncoder:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         if positions is None:
             positions = position_ids(cu_seqlens, total, cfg.position_offset)
-        plan = arena.plan(self.usage_records(total)) if arena is not None else None
+        # With an arena, every intermediate's view is made once here: all layers share them.
+        bufs: dict[str, torch.Tensor | None] = dict.fromkeys(name for name, *_ in self._intermediates())
+        if arena is not None:
+            plan = arena.plan(self.usage_records(total))
+            bufs = {name: arena.view(plan, name, (total, width), self.dtype) for name, _, _, width in self._intermediates()}
 
-        def buf(name: str, width: int) -> torch.Tensor | None:
-            return None if plan is None else arena.view(plan, name, (total, width), self.dtype)
-
-        x = torch.index_select(self.word_emb, 0, input_ids, out=buf("word", hsz))
-        x += torch.index_select(self.pos_emb, 0, positions, out=buf("pos", hsz))
+        x = torch.index_select(self.word_emb, 0, input_ids, out=bufs["word"])
+        x += torch.index_select(self.pos_emb, 0, positions, out=bufs["pos"])
         h = kernels.add_bias_residual_layer_norm(
-            x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps, out=buf("hidden", hsz)
+            x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps, out=bufs["hidden"]
         )
         head_dim = hsz // cfg.num_heads
         for layer in self.layers:
             # The QKV bias rides in the GEMM's epilogue; q, k and v are strided views of its
             # output (the attention kernel reads strides), so no split/copy pass is needed.
-            qkv = _linear(h, layer["qkv_w"], layer["qkv_b"], buf("qkv", 3 * hsz)).view(-1, 3, cfg.num_heads, head_dim)
-            ctx = buf("ctx", hsz)
+            qkv = _linear(h, layer["qkv_w"], layer["qkv_b"], bufs["qkv"]).view(-1, 3, cfg.num_heads, head_dim)
+            ctx = bufs["ctx"]
             ctx = kernels.varlen_attention(
                 qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, causal=False, max_seqlen_q=max_seqlen,
                 out=None if ctx is None else ctx.view(-1, cfg.num_heads, head_dim),
             )
-            attn_out = _linear(ctx.reshape(-1, hsz), layer["out_w"], None, buf("attn_out", hsz))
+            attn_out = _linear(ctx.reshape(-1, hsz), layer["out_w"], None, bufs["attn_out"])
             h1 = kernels.add_bias_residual_layer_norm(
-                attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=buf("h1", hsz)
+                attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=bufs["h1"]
             )
             if self.fuse_ffn_gelu:  # bias + GELU in the GEMM epilogue: one pass over [T, 4h]
                 ffn = kernels.linear_bias_gelu(
-                    h1, layer["ffn_in_w"], layer["ffn_in_b"], cfg.gelu_approximate, out=buf("ffn", cfg.intermediate_size)
+                    h1, layer["ffn_in_w"], layer["ffn_in_b"], cfg.gelu_approximate, out=bufs["ffn"]
                 )
             else:  # cuBLAS GEMM, then bias + GELU in place
-                ffn = _linear(h1, layer["ffn_in_w"], None, buf("ffn", cfg.intermediate_size))
+                ffn = _linear(h1, layer["ffn_in_w"], None, bufs["ffn"])
                 ffn = kernels.bias_gelu(ffn, layer["ffn_in_b"], cfg.gelu_approximate, out=ffn)
-            ffn_out = _linear(ffn, layer["ffn_out_w"], None, buf("ffn_out", hsz))
+            ffn_out = _linear(ffn, layer["ffn_out_w"], None, bufs["ffn_out"])
             h = kernels.add_bias_residual_layer_norm(
-                ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if plan is not None else None
+                ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if arena is not None else None
             )
         return h
 
