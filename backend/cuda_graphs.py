@@ -49,12 +49,12 @@ class EncoderGraphs:
         return len(self._graphs)
 
     def forward(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """Hidden states `[sum(lengths), hidden]`: a graph replay when a bucket fits, else eager."""
+        """Hidden states `[sum(lengths), hidden]` from the bucket's graph (callers check `bucket`
+        first and run the model eagerly when none fits)."""
         total = sum(lengths)
         key = self.bucket(total, len(lengths))
         if key is None:
-            cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32, device=input_ids.device)
-            return self.model.forward(input_ids, cu, max(lengths))
+            raise ValueError(f"no CUDA-graph bucket holds {total} tokens in {len(lengths)} sequences")
         graph, ids_buf, cu_buf, pos_buf, out = self._graphs.get(key) or self._capture(*key)
         ids_buf[:total].copy_(input_ids)
         # Real sequences, then one padding sequence over the unused slots, then empty ones. The

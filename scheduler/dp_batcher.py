@@ -88,13 +88,14 @@ def plan_batches(
         start = [0] * (n + 1)
         if dense is not None and n and packed and max(seqs) <= max_batch_size:
             _throughput_dense(n, pre_seq, pre_tok, table, max_batch_size, max_batch_tokens, best, start)
-        for i in range(1, n + 1) if best[n] == inf else ():
-            a = i - 1
-            while a >= 0 and fits(a, i):  # groups only grow as a moves left
-                c = best[a] + group_cost(a, i)
-                if c < best[i]:
-                    best[i], start[i] = c, a
-                a -= 1
+        else:
+            for i in range(1, n + 1):
+                a = i - 1
+                while a >= 0 and fits(a, i):  # groups only grow as a moves left
+                    c = best[a] + group_cost(a, i)
+                    if c < best[i]:
+                        best[i], start[i] = c, a
+                    a -= 1
         cuts, i = [], n
         while i > 0:  # backtrack: the group is start[i]..i-1, then the prefix sorted[0:start[i]]
             cuts.append((start[i], i))
