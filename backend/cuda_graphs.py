@@ -78,18 +78,25 @@ class EncoderGraphs:
         pos_buf = torch.zeros(tokens, dtype=torch.long, device=dev)
         graph = None
         if self.capture:
-            # Warm up on a side stream (kernel compilation, cuBLAS handles) before capturing.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.model.forward(ids_buf, cu_buf, tokens, pos_buf)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self.model.forward(ids_buf, cu_buf, tokens, pos_buf)
+            graph, out = capture_graph(lambda: self.model.forward(ids_buf, cu_buf, tokens, pos_buf), self._pool)
             self._pool = graph.pool()
         else:
             out = torch.empty(tokens, self.model.config.hidden_size, device=dev, dtype=self.model.dtype)
         self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, pos_buf, out)
         return self._graphs[(tokens, seqs)]
 
+
+
+def capture_graph(fn, pool=None):
+    """Capture `fn()` (which reads and writes only static tensors) as a CUDA graph sharing the
+    memory `pool`; returns (graph, fn's output). A first run on a side stream does the one-off
+    work a capture cannot contain (kernel compilation, cuBLAS handles, allocations)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out

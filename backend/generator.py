@@ -1,8 +1,10 @@
-"""The decoder engine: one model iteration at a time over all active sequences.
+"""The decoder engine: one model iteration at a time over all active sequences (Orca).
 
-Each loop step asks the iteration scheduler which sequences run, runs one forward over all of
-them (prompts of joining sequences and one token of each running one), samples, and streams
-the new text. Sequences join and leave between iterations.
+Each loop step asks the iteration scheduler which tokens run (one per decoding sequence, then
+prompt chunks within the token budget), runs one forward over all of them on the paged KV
+cache, samples the sequences whose last known token ran, and streams the new text. Sequences
+join and leave between iterations; their KV blocks are freed the moment they finish or are
+cancelled.
 """
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tritonformer.backend.decoder_batch import BatchEntry
+from tritonformer.backend.decoder_runner import DecoderRunner
 from tritonformer.backend.detokenizer import IncrementalDetokenizer
 from tritonformer.backend.engine_loop import EngineLoop, log
-from tritonformer.backend.models.llama import KVCache, LlamaModel
 from tritonformer.backend.responses import ResponseSink
 from tritonformer.backend.sampling import Sampler, SamplingParams
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.scheduler.iteration import IterationScheduler
+from tritonformer.scheduler.iteration import Iteration, IterationScheduler
 
 _ids = itertools.count()
 
@@ -27,7 +30,9 @@ _ids = itertools.count()
 class GeneratorStats(Protocol):
     """Where the engine reports what it did (Triton metrics in the glue; nothing in tests)."""
 
-    def iteration_done(self, running: int, waiting: int, tokens: int, kv_bytes: int) -> None: ...
+    def iteration_done(self, tokens: int, preempted: int) -> None: ...
+
+    def occupancy(self, running: int, waiting: int, kv_blocks_used: int, kv_blocks_free: int, kv_bytes: int) -> None: ...
 
     def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None: ...
 
@@ -43,19 +48,29 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
-    cache: KVCache | None = None
+    block_table: list[int] = field(default_factory=list)  # its KV blocks (the scheduler's)
+    num_computed: int = 0  # tokens whose keys/values are in the cache
     finish_reason: str | None = None
     first_token_at: float | None = None
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def tokens(self, start: int, n: int) -> list[int]:
+        """Tokens start .. start+n-1 of prompt + output (without building the whole list)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return self.output_ids[start - p : start - p + n]
+        if start + n <= p:
+            return self.prompt_ids[start : start + n]
+        return self.prompt_ids[start:] + self.output_ids[: start + n - p]
 
 
 class GeneratorEngine(EngineLoop):
     def __init__(
         self,
-        model: LlamaModel,
+        runner: DecoderRunner,
         tokenizer: TextTokenizer,
         sink: ResponseSink,
         scheduler: IterationScheduler,
@@ -65,7 +80,8 @@ class GeneratorEngine(EngineLoop):
         stats: GeneratorStats | None = None,
     ):
         super().__init__("tritonformer-generator", max_queue)
-        self.model = model
+        self.runner = runner
+        self.config = runner.model.config
         self.tokenizer = tokenizer
         self.sink = sink
         self.scheduler = scheduler
@@ -95,34 +111,47 @@ class GeneratorEngine(EngineLoop):
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self._release(seq)
             self.sink.send(seq.handle, None, error, final=True)
+        self._report_occupancy()
 
     def step(self) -> None:
         self._drop_cancelled()
         it = self.scheduler.schedule()
         if not it:
             return
-        seqs = it.prefill + it.decode
-        for seq in it.prefill:
-            seq.cache = self.model.new_cache()
-        tokens = [s.prompt_ids for s in it.prefill] + [[s.output_ids[-1]] for s in it.decode]
+        work = it.all()
+        entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples) for w in work]
+        sampling = [w.seq for w in work if w.samples]
         try:
-            logits = self.model.forward(tokens, [s.cache for s in seqs])
-            next_ids = self.sampler.sample(logits, [s.params for s in seqs], [s.key for s in seqs])
+            logits = self.runner.run(entries)
+            next_ids = self.sampler.sample(logits, [s.params for s in sampling], [s.key for s in sampling])
         except Exception as e:
             log.exception("generation iteration failed")
-            for seq in seqs:  # answer and drop them: they must not run (or fail) again
-                self.scheduler.finish(seq)
-                self._release(seq)
-                self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {e}"), final=True)
+            for w in work:  # answer and drop them: they must not run (or fail) again
+                self._release(w.seq)
+                self.sink.send(w.seq.handle, None, RuntimeError(f"generation failed: {e}"), final=True)
+            self._report_occupancy()
             return
-        for seq, token in zip(seqs, next_ids):
+        self.scheduler.commit(it)
+        for seq, token in zip(sampling, next_ids):
             self._advance(seq, token)
         if self.stats is not None:
-            running = self.scheduler.running
-            self.stats.iteration_done(
-                running=len(running), waiting=len(self.scheduler.waiting), tokens=it.num_tokens,
-                kv_bytes=sum(s.cache.nbytes() for s in running if s.cache is not None),
-            )
+            self._report(it)
+
+    def _report(self, it: Iteration) -> None:
+        self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
+        self._report_occupancy()
+
+    def _report_occupancy(self) -> None:
+        """Gauges of what the engine holds; also after sequences leave without an iteration
+        (cancelled, failed), or they would show the last iteration's values while idle."""
+        if self.stats is None:
+            return
+        blocks = self.scheduler.blocks
+        self.stats.occupancy(
+            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            kv_blocks_used=blocks.num_used, kv_blocks_free=blocks.num_free,
+            kv_bytes=blocks.num_used * self.runner.cache.bytes_per_block(),
+        )
 
     # ---- per-sequence bookkeeping -------------------------------------------------------
     def _advance(self, seq: Sequence, token: int) -> None:
@@ -131,13 +160,13 @@ class GeneratorEngine(EngineLoop):
         seq.output_ids.append(token)
         seq.unsent_ids.append(token)
         p = seq.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model.config.eos_token_ids):
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
             seq.finish_reason = "stop"
         elif seq.detok.add(token):
             seq.finish_reason = "stop"  # a stop string appeared
         elif len(seq.output_ids) >= p.max_tokens:
             seq.finish_reason = "length"
-        elif len(seq.prompt_ids) + len(seq.output_ids) >= self.model.config.max_position_embeddings:
+        elif seq.num_tokens >= self.config.max_position_embeddings:
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             self._finish(seq)
@@ -161,7 +190,6 @@ class GeneratorEngine(EngineLoop):
         self.sink.send(seq.handle, outputs, None, final=final)
 
     def _finish(self, seq: Sequence) -> None:
-        self.scheduler.finish(seq)
         self._release(seq)
         self._send(seq, final=True)
         if self.stats is not None:
@@ -171,7 +199,7 @@ class GeneratorEngine(EngineLoop):
             self.stats.request_done(ttft=ttft, tpot=tpot, output_tokens=n)
 
     def _release(self, seq: Sequence) -> None:
-        seq.cache = None  # frees its KV memory
+        self.scheduler.finish(seq)  # frees its KV blocks at once
         self.sampler.release(seq.key)
 
     def _drop_cancelled(self) -> None:
@@ -181,7 +209,11 @@ class GeneratorEngine(EngineLoop):
         if now - self._last_cancel_check < self.cancel_check_interval_s:
             return
         self._last_cancel_check = now
+        dropped = False
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             if self.sink.is_cancelled(seq.handle):
                 seq.finish_reason = "cancelled"
                 self._finish(seq)
+                dropped = True
+        if dropped:
+            self._report_occupancy()

@@ -11,8 +11,10 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend import inputs
+from tritonformer.backend.decoder_runner import DecoderRunner
 from tritonformer.backend.generator import GeneratorEngine
-from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+from tritonformer.backend.kv_cache import plan_num_blocks
+from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.sampling import InvalidRequest, SamplingParams, parse_sampling_parameters
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.triton_glue import (
@@ -26,14 +28,19 @@ from tritonformer.backend.triton_glue import (
 from tritonformer.backend.triton_metrics import GeneratorMetrics
 from tritonformer.backend.weights import load_config
 from tritonformer.scheduler.iteration import IterationScheduler
+from tritonformer.scheduler.kv_blocks import BlockManager
 
 PARAMETERS = {
-    "checkpoint": "",  # a Llama-family HF folder; empty = SmolLM2-135M-Instruct from its GGUF
+    "checkpoint": "",  # a Llama- or GPT-2-family HF folder; empty = SmolLM2-135M-Instruct from its GGUF
     "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",
     "dtype": "auto",
-    "max_running_sequences": "32",
-    "max_tokens_per_iteration": "4096",
+    "max_running_sequences": "64",
+    "max_tokens_per_iteration": "2048",  # decode tokens + prompt chunks; longer prompts continue next iteration
+    "kv_block_size": "16",  # tokens per KV cache block
+    "kv_cache_tokens": "auto",  # KV cache capacity in tokens; auto: kv_cache_memory_fraction of free GPU memory
+    "kv_cache_memory_fraction": "0.3",
+    "cuda_graphs": "true",  # replay captured CUDA graphs for decode iterations (GPU)
     "max_queue_requests": "256",
     "max_tokens_limit": "4096",  # the largest max_tokens a request may ask for
     "max_prompt_bytes": "200000",
@@ -48,22 +55,31 @@ class TritonPythonModel:
     def initialize(self, args):
         p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
 
-        self.config = LlamaConfig.from_hf(load_config(checkpoint))
-        model = LlamaModel(self.config, checkpoint_weights(p, checkpoint), device, dtype)
+        model = load_decoder(load_config(checkpoint), checkpoint_weights(p, checkpoint), device, dtype)
+        self.config = model.config
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens_limit = p.int("max_tokens_limit")
         self.max_prompt_bytes = p.int("max_prompt_bytes")
 
         self.sink = TritonSink("generator")
         self.metrics = GeneratorMetrics(args["model_name"], args.get("model_version", "1"))
-        scheduler = IterationScheduler(p.int("max_running_sequences"), p.int("max_tokens_per_iteration"))
+        block_size = p.int("kv_block_size")
+        num_blocks = plan_num_blocks(model, block_size, p.str("kv_cache_tokens"), p.float("kv_cache_memory_fraction"))
+        max_running = p.int("max_running_sequences")
+        scheduler = IterationScheduler(
+            BlockManager(num_blocks, block_size), max_running, p.int("max_tokens_per_iteration"),
+            max_seq_len=self.config.max_position_embeddings,
+        )
+        cuda_graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
+        runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running, cuda_graphs)
+        runner.warm_up()  # kernel compilation and graph capture before READY, not on a request
         self.engine = GeneratorEngine(
-            model, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
+            runner, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
             p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"), stats=self.metrics,
         )
-        model.forward([self.tokenizer.encode("warm up")], [model.new_cache()])  # first-call costs before READY
         self.engine.start()
-        log.info("generator ready: %s on %s (%s)", checkpoint, device, dtype)
+        log.info("generator ready: %s on %s (%s), KV cache %d blocks x %d tokens", checkpoint, device, dtype,
+                 num_blocks, block_size)
 
     def execute(self, requests):
         for request in requests:

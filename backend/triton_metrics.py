@@ -37,7 +37,10 @@ GENERATOR_METRICS = {
     "tritonformer_waiting_requests": ("GAUGE", "Sequences waiting to join", None),
     "tritonformer_iterations_total": ("COUNTER", "Model iterations run by the decoder engine", None),
     "tritonformer_iteration_tokens": ("HISTOGRAM", "Tokens per iteration (prompts + one per decoding sequence)", _TOKEN_BUCKETS),
-    "tritonformer_kv_cache_bytes": ("GAUGE", "Bytes held by the running sequences' KV caches", None),
+    "tritonformer_kv_cache_bytes": ("GAUGE", "Bytes of the KV blocks held by sequences", None),
+    "tritonformer_kv_blocks_used": ("GAUGE", "KV cache blocks held by sequences", None),
+    "tritonformer_kv_blocks_free": ("GAUGE", "KV cache blocks free", None),
+    "tritonformer_preemptions_total": ("COUNTER", "Sequences preempted (blocks freed, recomputed later) for lack of KV blocks", None),
     "tritonformer_time_to_first_token_seconds": ("HISTOGRAM", "Arrival to first generated token", _SECONDS_BUCKETS),
     "tritonformer_time_per_output_token_seconds": ("HISTOGRAM", "Mean time between output tokens, per request", _SECONDS_BUCKETS),
     "tritonformer_generated_tokens_total": ("COUNTER", "Output tokens generated", None),
@@ -112,20 +115,58 @@ class EmbedderMetrics(_Publisher):
 
 
 class GeneratorMetrics(_Publisher):
-    """GeneratorStats published as Triton custom metrics."""
+    """GeneratorStats published as Triton custom metrics.
+
+    The engine reports every iteration (thousands per second on a GPU), faster than metric
+    updates (an IPC call each) can leave. Iteration counts accumulate here and gauges keep only
+    their latest value; at most one flush waits in the queue, so the queue stays bounded."""
 
     def __init__(self, model_name: str, version: str):
         super().__init__(GENERATOR_METRICS, model_name, version)
+        self._lock = threading.Lock()
+        self._iterations = 0
+        self._iteration_tokens: list[int] = []
+        self._preempted = 0
+        self._occupancy: tuple | None = None
+        self._flush_queued = False
 
-    def iteration_done(self, running: int, waiting: int, tokens: int, kv_bytes: int) -> None:
-        def update(m):
-            m["tritonformer_running_requests"].set(running)
-            m["tritonformer_waiting_requests"].set(waiting)
-            m["tritonformer_iterations_total"].increment(1)
-            m["tritonformer_iteration_tokens"].observe(tokens)
-            m["tritonformer_kv_cache_bytes"].set(kv_bytes)
+    def iteration_done(self, tokens: int, preempted: int) -> None:
+        if not self._metrics:  # metrics off: nothing would ever flush
+            return
+        with self._lock:
+            self._iterations += 1
+            self._iteration_tokens.append(tokens)
+            self._preempted += preempted
+            self._queue_flush()
 
-        self.post(update)
+    def occupancy(self, running: int, waiting: int, kv_blocks_used: int, kv_blocks_free: int, kv_bytes: int) -> None:
+        if not self._metrics:
+            return
+        with self._lock:
+            self._occupancy = (running, waiting, kv_blocks_used, kv_blocks_free, kv_bytes)
+            self._queue_flush()
+
+    def _queue_flush(self) -> None:  # holding the lock
+        if not self._flush_queued:
+            self._flush_queued = True
+            self.post(self._flush)
+
+    def _flush(self, m) -> None:
+        with self._lock:
+            iterations, tokens, preempted, occupancy = (
+                self._iterations, self._iteration_tokens, self._preempted, self._occupancy)
+            self._iterations, self._iteration_tokens, self._preempted, self._occupancy = 0, [], 0, None
+            self._flush_queued = False
+        if iterations:
+            m["tritonformer_iterations_total"].increment(iterations)
+            for n in tokens:
+                m["tritonformer_iteration_tokens"].observe(n)
+        if preempted:
+            m["tritonformer_preemptions_total"].increment(preempted)
+        if occupancy is not None:
+            names = ("running_requests", "waiting_requests", "kv_blocks_used", "kv_blocks_free", "kv_cache_bytes")
+            for name, value in zip(names, occupancy):
+                m[f"tritonformer_{name}"].set(value)
 
     def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None:
         def update(m):

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 # Prefixes under which Hugging Face heads store the bare encoder/decoder weights.
-_STRIP_PREFIXES = ("bert.", "roberta.", "model.")
+_STRIP_PREFIXES = ("bert.", "roberta.", "model.", "transformer.")
 
 
 def load_config(checkpoint: Path) -> dict:
@@ -41,9 +41,12 @@ def load_state_dict(checkpoint: Path, strip_prefixes: bool = True, allow_pickle:
             )
         for f in pickles:
             state.update(torch.load(str(f), map_location="cpu", weights_only=True))
-    if strip_prefixes:
-        state = {_strip(k): v for k, v in state.items()}
-    return state
+    return strip_prefixes_of(state) if strip_prefixes else state
+
+
+def strip_prefixes_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Names without the head's prefix (`model.`, `transformer.`, ...): what the models expect."""
+    return {_strip(k): v for k, v in state.items()}
 
 
 def _strip(name: str) -> str:

@@ -5,6 +5,7 @@
     tritonformer generate "prompt" --stream stream a completion (gRPC streaming)
     tritonformer health                     is every model really answering? (probes)
     tritonformer bench runtime              encoder runtime vs Hugging Face (GPU)
+    tritonformer bench serve-decoder --in-process   decoder engine vs Hugging Face (GPU)
 """
 from __future__ import annotations
 
@@ -105,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_serve_encoder.add_arguments(serve_encoder)
     serve_encoder.set_defaults(func=bench_serve_encoder.run)
+    serve_decoder = bench_sub.add_parser("serve-decoder", help="decoder engine vs Hugging Face generate / continuous batching")
+    from tritonformer.client import bench_serve_decoder
+
+    bench_serve_decoder.add_arguments(serve_decoder)
+    serve_decoder.set_defaults(func=bench_serve_decoder.run)
     return parser
 
 

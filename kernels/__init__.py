@@ -11,10 +11,13 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     linear_bias_gelu,
     qkv_split,
     qkv_split_rotary,
+    qkv_to_cache,
     rms_norm,
     rotary_cos_sin,
     silu_and_mul,
     softmax,
     triton_kernels_enabled,
+    paged_attention,
     varlen_attention,
+    write_kv,
 )

@@ -76,5 +76,8 @@ apply_rotary = _dispatched("apply_rotary")
 qkv_split = _dispatched("qkv_split")
 qkv_split_rotary = _dispatched("qkv_split_rotary")
 varlen_attention = _dispatched("varlen_attention")
+paged_attention = _dispatched("paged_attention")
+write_kv = _dispatched("write_kv")
+qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin

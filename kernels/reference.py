@@ -21,14 +21,18 @@ def add_bias_residual_layer_norm(
     ln_bias: torch.Tensor,
     eps: float,
     out: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LayerNorm(x + bias + residual): BERT's post-attention / post-FFN block, statistics in fp32.
-    `out` (optional) receives the result (an activation-arena view, say)."""
+    `out` (optional) receives the result (an activation-arena view, say); `sum_out` (optional,
+    not overlapping the inputs) receives x + bias + residual, a pre-norm decoder's next residual."""
     h = x.float()
     if bias is not None:
         h = h + bias.float()
     if residual is not None:
         h = h + residual.float()
+    if sum_out is not None:
+        sum_out.copy_(h)
     result = F.layer_norm(h, (h.shape[-1],), weight.float(), ln_bias.float(), eps).to(x.dtype)
     return result if out is None else out.copy_(result)
 
@@ -177,3 +181,72 @@ def linear_bias_gelu(
     once instead of written, read back and written again; here it is the two ops in sequence.
     """
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store this iteration's keys/values `[T, Hkv, D]` in a paged cache `[blocks, block_size,
+    Hkv, D]`: token t goes to slot `slot_mapping[t]` = block * block_size + offset (int64)."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    causal: bool,
+    scale: float | None = None,
+    max_seqlen_q: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """`varlen_attention` whose keys/values live in a paged cache (vLLM's layout).
+
+    k_cache, v_cache: `[num_blocks, block_size, Hkv, D]`; block_tables: `[B, max_blocks]` int32,
+    row i lists sequence i's blocks in order (entries past its length are ignored); seqlens_k:
+    `[B]` int32, keys of sequence i (cached + this iteration's, already written). Queries are
+    packed by `cu_seqlens_q` and aligned to the end of their keys as in `varlen_attention`.
+    `num_splits` is a kernel tuning knob (split keys over programs); the reference ignores it.
+    """
+    block_size = k_cache.shape[1]
+    lengths = seqlens_k.tolist()
+    slots = [
+        block_tables[i, : -(-n // block_size)].long()[:, None] * block_size
+        + torch.arange(block_size, device=q.device)[None, :]
+        for i, n in enumerate(lengths)
+    ]
+    index = torch.cat([s.reshape(-1)[:n] for s, n in zip(slots, lengths)]) if slots else None
+    flat_k = k_cache.reshape(-1, *k_cache.shape[2:])
+    flat_v = v_cache.reshape(-1, *v_cache.shape[2:])
+    keys = flat_k[index] if index is not None else flat_k[:0]
+    values = flat_v[index] if index is not None else flat_v[:0]
+    cu_k = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
+    cu_k[1:] = torch.cumsum(seqlens_k.to(torch.int32), 0)
+    return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out)
+
+
+def qkv_to_cache(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """A decoder layer's QKV epilogue: bias, split, rotary (when cos/sin are given) and the
+    write of k and v into the paged cache (`write_kv`); returns q `[T, H, D]`."""
+    if cos is None:
+        q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
+    else:
+        q, k, v = qkv_split_rotary(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    return q

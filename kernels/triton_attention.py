@@ -48,19 +48,30 @@ def _attend_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kt, stride_vt,
     offs_q, offs_d, q_shift, seqlen_k, qk_scale,
-    start, end,
+    start, end, block_table,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     """Fold key/value blocks [start, end) of one sequence into the online-softmax state.
 
     Row r of the block is query offs_q[r]. With MASKED, keys past the sequence's end and (if
     CAUSAL) keys after a query's position `q_shift + offs_q` get a score of -inf; without it
-    every key in the range is visible.
+    every key in the range is visible. With PAGE > 0 the keys live in a paged cache: key n is
+    row `block_table[n // PAGE] * PAGE + n % PAGE` of the flattened cache (a gather per key,
+    so any block size works, whatever BLOCK_N is).
     """
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_ptrs = k_base + offs_n.to(tl.int64)[:, None] * stride_kt + offs_d[None, :]
-        v_ptrs = v_base + offs_n.to(tl.int64)[:, None] * stride_vt + offs_d[None, :]
+        if PAGE > 0:
+            if MASKED:
+                blk = tl.load(block_table + offs_n // PAGE, mask=offs_n < seqlen_k, other=0)
+            else:
+                blk = tl.load(block_table + offs_n // PAGE)
+            rows_k = blk.to(tl.int64) * PAGE + offs_n % PAGE
+        else:
+            rows_k = offs_n.to(tl.int64)
+        k_ptrs = k_base + rows_k[:, None] * stride_kt + offs_d[None, :]
+        v_ptrs = v_base + rows_k[:, None] * stride_vt + offs_d[None, :]
         if MASKED:
             in_seq = offs_n < seqlen_k
             k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
@@ -87,13 +98,16 @@ def _attend_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit
+# Batch-dependent integers are not specialised on (Triton would otherwise compile a variant per
+# "divisible by 16 / equal to 1" class of each): a new batch shape must not stall serving on a compile.
+@triton.jit(do_not_specialize=["split_stride", "stride_bt"])
 def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    qk_scale, PartialOut, PartialLse, split_stride,
+    qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
     # the sequence in query head kv_head * GROUP + r % GROUP, so the GROUP query heads that
@@ -109,8 +123,13 @@ def _varlen_attention_kernel(
     m_lo = block_m * BLOCK_M
     if m_lo >= seqlen_q * GROUP:
         return
-    k_start = tl.load(cu_seqlens_k + seq).to(tl.int64)
-    seqlen_k = (tl.load(cu_seqlens_k + seq + 1) - k_start).to(tl.int32)
+    if PAGE > 0:  # paged: cu_seqlens_k holds each sequence's key count; K, V are flat caches
+        k_start = tl.zeros([], dtype=tl.int64)
+        seqlen_k = tl.load(cu_seqlens_k + seq).to(tl.int32)
+    else:
+        k_start = tl.load(cu_seqlens_k + seq).to(tl.int64)
+        seqlen_k = (tl.load(cu_seqlens_k + seq + 1) - k_start).to(tl.int32)
+    block_table = BlockTables + seq.to(tl.int64) * stride_bt
 
     rows = m_lo + tl.arange(0, BLOCK_M)
     offs_q = rows // GROUP  # query index within the sequence
@@ -151,13 +170,13 @@ def _varlen_attention_kernel(
 
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-        offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end),
-        BLOCK_N, False, CAUSAL, PRECISION,
+        offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end), block_table,
+        BLOCK_N, False, CAUSAL, PRECISION, PAGE,
     )
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-        offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_end, lo), end,
-        BLOCK_N, True, CAUSAL, PRECISION,
+        offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_end, lo), end, block_table,
+        BLOCK_N, True, CAUSAL, PRECISION, PAGE,
     )
 
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
@@ -255,6 +274,54 @@ def varlen_attention(
     (slices of a packed QKV, say); a tensor whose last dim is not contiguous is copied first.
     Without `max_seqlen_q`, one device-to-host sync computes it from `cu_seqlens_q`.
     """
+    assert cu_seqlens_q.numel() == cu_seqlens_k.numel(), "cu_seqlens_q and cu_seqlens_k differ in length"
+    assert cu_seqlens_k.device == q.device, f"cu_seqlens_k must be on q's device {q.device}"
+    num_seqs = cu_seqlens_q.numel() - 1
+    keys_per_seq = k.shape[0] / max(num_seqs, 1)
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, 0, keys_per_seq, causal, scale, max_seqlen_q, out, None)
+
+
+@register("paged_attention")
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    causal: bool,
+    scale: float | None = None,
+    max_seqlen_q: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton flash attention over a paged KV cache, `reference.paged_attention`'s contract.
+
+    The same kernel as `varlen_attention`: keys are gathered through the block table inside
+    the kernel, so nothing is copied out of the cache. `num_splits` fixes the number of key
+    splits (CUDA-graph capture needs a launch that does not depend on the lengths); without
+    it the split count is chosen from the table's width.
+    """
+    assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "k/v caches must be [blocks, block_size, Hkv, D]"
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "k/v caches must be contiguous"
+    assert block_tables.dim() == 2 and block_tables.dtype == torch.int32, "block_tables must be [B, max_blocks] int32"
+    assert seqlens_k.numel() == cu_seqlens_q.numel() - 1 == block_tables.shape[0], (
+        "seqlens_k, cu_seqlens_q and block_tables disagree on the number of sequences"
+    )
+    page = k_cache.shape[1]
+    k = k_cache.view(-1, *k_cache.shape[2:])
+    v = v_cache.view(-1, *v_cache.shape[2:])
+    keys_per_seq = block_tables.shape[1] * page
+    return _attention(
+        q, k, v, cu_seqlens_q, seqlens_k.to(torch.int32), block_tables, page, keys_per_seq,
+        causal, scale, max_seqlen_q, out, num_splits,
+    )
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per_seq, causal, scale, max_seqlen_q,
+               out, num_splits):
+    """Checks, launch configuration and the launch shared by the contiguous and paged entry
+    points. Paged (`page` > 0): k/v are the flattened caches and `cu_seqlens_k` holds key counts."""
     assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [tokens, heads, head_dim]"
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
@@ -264,13 +331,10 @@ def varlen_attention(
         f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}"
     )
     assert 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0, (
-        f"triton varlen_attention needs a power-of-two head_dim in [16, 256], got {head_dim}"
+        f"triton attention needs a power-of-two head_dim in [16, 256], got {head_dim}"
     )
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
-    assert cu_seqlens_q.numel() == cu_seqlens_k.numel(), "cu_seqlens_q and cu_seqlens_k differ in length"
-    assert cu_seqlens_q.device == q.device and cu_seqlens_k.device == q.device, (
-        f"cu_seqlens must be on q's device {q.device}"
-    )
+    assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -290,7 +354,7 @@ def varlen_attention(
     rows = max_seqlen_q * group
     block_m, block_n, num_warps, num_stages = _launch_config(head_dim, q.dtype, rows, q.is_cuda)
     m_blocks = triton.cdiv(rows, block_m)
-    splits = _num_splits(m_blocks * num_seqs * num_kv_heads, rows, k.shape[0] / num_seqs, q.device)
+    splits = num_splits or _num_splits(m_blocks * num_seqs * num_kv_heads, rows, keys_per_seq, q.device)
     total_q = q.shape[0]
     split_stride = total_q * num_heads
     if splits > 1:
@@ -298,15 +362,17 @@ def varlen_attention(
         partial_lse = torch.empty((splits, total_q, num_heads), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
+    tables = block_tables if block_tables is not None else cu_seqlens_k  # unused when not paged
     _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         float(scale) * _LOG2E, partial_out, partial_lse, split_stride,
+        tables, tables.stride(0) if block_tables is not None else 0,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, NUM_SPLITS=splits,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, NUM_SPLITS=splits, PAGE=page,
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:

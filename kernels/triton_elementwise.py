@@ -51,7 +51,7 @@ def _tanh_gelu(h):
     return 0.5 * h * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _bias_gelu_kernel(
     x_ptr, bias_ptr, out_ptr, n_rows, n_cols,
     HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
@@ -97,7 +97,7 @@ def bias_gelu(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _silu_and_mul_kernel(gu_ptr, out_ptr, n_rows, n_inner, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """out = silu(gate) * up with gate_up = [gate | up] per row: Llama's SwiGLU, read straight
     from the fused gate/up GEMM output so neither half is materialised on its own."""
@@ -130,14 +130,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, y, mask, n_q_heads, n_kv_heads, head_dim):
+def _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, y, mask, n_q_heads, n_kv_heads, head_dim):
     """Store a [heads, cols] tile of one token into q / k / v by head slot: slots
     [0, H) go to q, [H, H + Hkv) to k, the rest to v. Three masked stores, so each element
-    is written once, to its own contiguous `[T, heads, D]` output."""
+    is written once, to its own contiguous `[rows, heads, D]` output: q's row is the token,
+    k's and v's is `kv_row` (the token, or its slot in a paged KV cache)."""
     kv_start = n_q_heads + n_kv_heads
     q_offs = (t * n_q_heads + heads) * head_dim + cols
-    k_offs = (t * n_kv_heads + heads - n_q_heads) * head_dim + cols
-    v_offs = (t * n_kv_heads + heads - kv_start) * head_dim + cols
+    k_offs = (kv_row * n_kv_heads + heads - n_q_heads) * head_dim + cols
+    v_offs = (kv_row * n_kv_heads + heads - kv_start) * head_dim + cols
     tl.store(q_ptr + q_offs, y.to(q_ptr.dtype.element_ty), mask=mask & (heads < n_q_heads))
     tl.store(k_ptr + k_offs, y.to(k_ptr.dtype.element_ty),
              mask=mask & (heads >= n_q_heads) & (heads < kv_start))
@@ -146,10 +147,11 @@ def _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, y, mask, n_q_heads, n_kv_h
 
 @triton.jit
 def _split_rotary_kernel(
-    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr,
     src_stride_t, src_stride_h, cos_stride_t, sin_stride_t,
     n_q_heads, n_kv_heads, head_dim, half,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    TO_SLOTS: tl.constexpr,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 
@@ -158,9 +160,14 @@ def _split_rotary_kernel(
     contiguous. The token's cos/sin row is loaded once and shared by all its heads. With
     n_kv_heads = 0 and no bias it is plain `apply_rotary` on a (possibly strided) q.
     Grid: (tokens, head-slot blocks). ROTARY needs an even head_dim; the halves are
-    [0, half) and [half, D) and BLOCK_D covers one half.
+    [0, half) and [half, D) and BLOCK_D covers one half. With TO_SLOTS, k and v go straight
+    into a paged KV cache, token t to row `slot_ptr[t]`, instead of to their own tensors.
     """
     t = tl.program_id(0).to(tl.int64)
+    if TO_SLOTS:
+        kv_row = tl.load(slot_ptr + t).to(tl.int64)
+    else:
+        kv_row = t
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
     n_slots = n_q_heads + 2 * n_kv_heads
     cols = tl.arange(0, BLOCK_D)[None, :]
@@ -182,19 +189,20 @@ def _split_rotary_kernel(
         rotate = heads < n_q_heads + n_kv_heads  # v passes through un-rotated
         y1 = tl.where(rotate, x1 * c - x2 * s, x1)
         y2 = tl.where(rotate, x2 * c + x1 * s, x2)
-        _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, y1, mask, n_q_heads, n_kv_heads, head_dim)
-        _store_split(q_ptr, k_ptr, v_ptr, t, heads, half + cols, y2, mask, n_q_heads, n_kv_heads, head_dim)
+        _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, y1, mask, n_q_heads, n_kv_heads, head_dim)
+        _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, half + cols, y2, mask, n_q_heads, n_kv_heads, head_dim)
     else:
         mask = (heads < n_slots) & (cols < head_dim)
         x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x += tl.load(bias_ptr + heads * head_dim + cols, mask=mask, other=0.0).to(tl.float32)
-        _store_split(q_ptr, k_ptr, v_ptr, t, heads, cols, x, mask, n_q_heads, n_kv_heads, head_dim)
+        _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, x, mask, n_q_heads, n_kv_heads, head_dim)
 
 
 def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, sin,
-                         n_q_heads, n_kv_heads, head_dim):
-    """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary."""
+                         n_q_heads, n_kv_heads, head_dim, slots=None):
+    """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary; `slots`
+    (int64 `[T]`) sends k and v to those rows of flattened cache tensors."""
     n_tokens = q.shape[0]
     n_slots = n_q_heads + 2 * n_kv_heads
     if n_tokens == 0 or head_dim == 0 or n_slots == 0:
@@ -213,12 +221,12 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
     grid = (n_tokens, triton.cdiv(n_slots, block_h))
     _split_rotary_kernel[grid](
         src, bias if bias is not None else src, q, k, v,
-        cos if rotary else src, sin if rotary else src,
+        cos if rotary else src, sin if rotary else src, slots if slots is not None else src,
         src_stride_t, src_stride_h,
         cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
         n_q_heads, n_kv_heads, head_dim, head_dim // 2,
         HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
-        num_warps=num_warps,
+        TO_SLOTS=slots is not None, num_warps=num_warps,
     )
 
 
@@ -282,3 +290,30 @@ def qkv_split_rotary(
     _launch_split_rotary(qkv, qkv.stride(0), head_dim, bias, q, k, v, cos, sin,
                          num_heads, num_kv_heads, head_dim)
     return q, k, v
+
+
+@register("qkv_to_cache")
+def qkv_to_cache(
+    qkv: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Bias, split, rotary and the paged-cache write in one pass; see reference.qkv_to_cache."""
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv must be [tokens, (H + 2*Hkv) * D], got {list(qkv.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
+        raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
+    if k_cache.dtype != qkv.dtype or (bias is not None and bias.dtype != qkv.dtype):
+        raise ValueError("qkv, bias and the caches must share one dtype")
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _launch_split_rotary(qkv, qkv.stride(0), head_dim, _contig(bias) if bias is not None else None, q, k_cache,
+                         v_cache, cos, sin, num_heads, num_kv_heads, head_dim, slots=slot_mapping.contiguous())
+    return q

@@ -75,18 +75,19 @@ def _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS: tl.cons
     return h
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _add_bias_residual_layer_norm_kernel(
-    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr,
+    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr, sum_ptr,
     n_rows, n_cols, eps,
-    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     """out = LayerNorm(x + bias + residual) * w + b for ROWS rows.
 
     Fuses the bias add and residual add of the preceding GEMM with the LayerNorm (BERT's
     "AddBias + LayerNorm"), so the sum never round-trips through memory. Statistics are one
-    shifted pass: Σd, Σd² with d = h − h[row, 0] (see the module docstring).
+    shifted pass: Σd, Σd² with d = h − h[row, 0] (see the module docstring). WRITE_SUM also
+    stores h = x + bias + residual (a pre-norm decoder's residual stream, GPT-2).
     """
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -101,6 +102,8 @@ def _add_bias_residual_layer_norm_kernel(
         cols = tl.arange(0, BLOCK)[None, :]
         mask = row_mask & (cols < n_cols)
         h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+        if WRITE_SUM:
+            tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
         d = tl.where(mask, h - shift, 0.0)
         mean_d = tl.sum(d, axis=1) / n_cols
         var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - mean_d * mean_d, 0.0)
@@ -117,6 +120,8 @@ def _add_bias_residual_layer_norm_kernel(
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
             h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+            if WRITE_SUM:
+                tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
             d = tl.where(mask, h - shift, 0.0)
             acc1 += d
             acc2 += d * d
@@ -145,12 +150,16 @@ def add_bias_residual_layer_norm(
     ln_bias: torch.Tensor,
     eps: float,
     out: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LayerNorm(x + bias + residual), one fused kernel; see reference.add_bias_residual_layer_norm."""
     x = _contig(x)
     if out is None:
         out = torch.empty_like(x)
     assert out.shape == x.shape and out.is_contiguous(), "out must be a contiguous tensor shaped like x"
+    assert sum_out is None or (sum_out.shape == x.shape and sum_out.is_contiguous()), (
+        "sum_out must be a contiguous tensor shaped like x"
+    )
     if out.numel() == 0:
         return out
     n_cols = x.shape[-1]
@@ -160,15 +169,15 @@ def add_bias_residual_layer_norm(
         x,
         _contig(bias) if bias is not None else x,  # dummy pointers when absent, never read
         _contig(residual) if residual is not None else x,
-        _contig(weight), _contig(ln_bias), out,
+        _contig(weight), _contig(ln_bias), out, sum_out if sum_out is not None else out,
         n_rows, n_cols, float(eps),
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, WRITE_SUM=sum_out is not None,
         ROWS=rows, BLOCK=block, ONE_TILE=one_tile, num_warps=num_warps,
     )
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
     n_rows, n_cols, eps,
@@ -256,7 +265,7 @@ def _padding_safe(row_sum, valid):
     return tl.where(valid, row_sum, 1.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _softmax_kernel(
     x_ptr, out_ptr, n_rows, n_cols, scale,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,

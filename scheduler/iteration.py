@@ -1,73 +1,193 @@
-"""Iteration-level scheduling for decoders (Orca's shape, simple policy).
+"""Iteration-level scheduling for decoders: Orca's loop over vLLM's paged KV blocks.
 
-Every model iteration the scheduler picks which sequences run: all running sequences decode one
-token, and waiting sequences join first-come-first-served while there is room (a cap on running
-sequences and a token budget per iteration, so a burst of long prompts cannot stall decoding
-for long). Sequences join and leave between iterations. Pure Python: the engine supplies the
-sequences (anything with `num_prompt_tokens`) and runs the model.
+Orca (OSDI'22): schedule one model *iteration* at a time, not one batch of requests to the end.
+Sequences join and leave between iterations, so a short answer never waits for the longest one
+in its batch, and a new request starts at the next iteration instead of the next batch.
+
+vLLM (SOSP'23): the KV cache is paged (see kv_blocks.py). A sequence takes blocks only as it
+grows; when the pool runs dry the *newest* running sequence is preempted: its blocks are freed
+and it is requeued at the front of the waiting queue, to recompute its KV (prompt plus the
+tokens generated so far) when it rejoins. Recompute rather than swap: a prefill over known
+tokens is one fast batched pass, and it needs no host memory or copy engine.
+
+Chunked prefill (Sarathi / vLLM): every iteration has a token budget. Running sequences go first
+(one token each while decoding), then waiting sequences join with what budget is left; a prompt
+longer than that runs in chunks over several iterations. A burst of long prompts therefore never
+stalls the decoding of running sequences, and the iteration size, hence its latency, is capped.
+
+Pure Python: the engine supplies the sequences and runs the model; this module only decides.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from .kv_blocks import BlockManager, OutOfBlocks
 
 
 class DecoderWork(Protocol):
-    @property
-    def num_prompt_tokens(self) -> int: ...
+    """What the scheduler needs from a sequence (the engine's own object)."""
+
+    num_tokens: int  # prompt + generated tokens known so far
+    num_computed: int  # tokens whose KV is in the cache; the scheduler advances/resets it
+    block_table: list[int]  # its KV blocks, grown and freed by the scheduler
+
+
+class SequenceTooLong(OutOfBlocks):
+    """One sequence needs more blocks than the whole pool: it can never run, so fail it.
+
+    Raised instead of looping forever; `seq` stays where it was (running or waiting), so the
+    engine can `finish(err.seq)` with an error response and go on. Cannot happen when `max_seq_len` is
+    given and the engine stops every sequence at that length.
+    """
+
+    def __init__(self, seq: Any, num_tokens: int):
+        super().__init__(f"a sequence of {num_tokens} tokens does not fit in the KV pool")
+        self.seq = seq
+
+
+@dataclass
+class Scheduled:
+    """Tokens `start .. start+num_new-1` of `seq` run this iteration."""
+
+    seq: Any
+    start: int  # == seq.num_computed when scheduled
+    num_new: int
+    # Whether the last known token runs, so the engine samples the next one. Fixed when
+    # scheduled: once the engine appends the sampled token, recomputing it would say False.
+    samples: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.samples = self.start + self.num_new == self.seq.num_tokens
 
 
 @dataclass
 class Iteration:
-    prefill: list = field(default_factory=list)  # join this iteration: run their whole prompt
-    decode: list = field(default_factory=list)  # already running: one new token each
+    decode: list[Scheduled] = field(default_factory=list)  # num_new == 1: the decode attention launch
+    prefill: list[Scheduled] = field(default_factory=list)  # num_new > 1: prompt chunks or recompute
+    preempted: list = field(default_factory=list)  # sequences preempted while building this one
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_prompt_tokens for s in self.prefill) + len(self.decode)
+        return sum(e.num_new for e in self.all())
 
     def __bool__(self) -> bool:
-        return bool(self.prefill or self.decode)
+        return bool(self.decode or self.prefill)
+
+    def all(self) -> list[Scheduled]:
+        """Decode entries first, then prefill: the order the engine packs its inputs in."""
+        return self.decode + self.prefill
+
+    def _add(self, seq: Any, num_new: int) -> None:
+        entry = Scheduled(seq, seq.num_computed, num_new)
+        (self.decode if num_new == 1 else self.prefill).append(entry)
 
 
 class IterationScheduler:
-    def __init__(self, max_running: int = 32, max_tokens_per_iteration: int = 4096):
-        if max_running < 1 or max_tokens_per_iteration < 1:
-            raise ValueError("max_running and max_tokens_per_iteration must be >= 1")
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_running: int = 32,
+        max_tokens_per_iteration: int = 4096,
+        max_seq_len: int | None = None,
+    ):
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        if max_tokens_per_iteration < max_running:
+            # Every running sequence must be able to decode every iteration, or a full
+            # house of decoders would starve some of them.
+            raise ValueError(
+                f"max_tokens_per_iteration ({max_tokens_per_iteration}) must be >= max_running ({max_running})"
+            )
+        if max_seq_len is not None and blocks.blocks_for(max_seq_len) > blocks.num_blocks:
+            # The oldest sequence must always be able to grow by preempting all the others;
+            # one that cannot fit even alone would never finish.
+            raise ValueError(
+                f"max_seq_len {max_seq_len} needs {blocks.blocks_for(max_seq_len)} blocks, the pool has {blocks.num_blocks}"
+            )
+        self.blocks = blocks
         self.max_running = max_running
         self.max_tokens_per_iteration = max_tokens_per_iteration
+        self.max_seq_len = max_seq_len
         self.waiting: deque = deque()
-        self.running: list = []
+        self.running: list = []  # oldest first: preemption takes from the tail
+        self.num_preemptions = 0
 
-    def add(self, seq) -> None:
+    def add(self, seq: DecoderWork) -> None:
+        if self.max_seq_len is not None and seq.num_tokens > self.max_seq_len:
+            raise ValueError(f"sequence of {seq.num_tokens} tokens exceeds max_seq_len {self.max_seq_len}")
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Iteration:
-        it = Iteration(decode=list(self.running))
-        budget = self.max_tokens_per_iteration - len(it.decode)
-        while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting[0]
-            # FCFS: never skip ahead of the oldest waiting sequence. A prompt longer than the
-            # whole budget still runs, alone, so it cannot wait forever.
-            too_big = seq.num_prompt_tokens > budget
-            if too_big and (it.prefill or it.decode):
-                break
-            self.waiting.popleft()
-            self.running.append(seq)
-            it.prefill.append(seq)
-            budget -= seq.num_prompt_tokens
+        """Pick what runs in the next iteration (see the module docstring for the policy)."""
+        it = Iteration()
+        budget = self.max_tokens_per_iteration
+        block_size = self.blocks.block_size
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            need = seq.num_computed + num_new
+            if len(seq.block_table) * block_size < need:  # most decode steps: room in its last block
+                if not self._make_room(seq, need, it):
+                    break  # seq preempted itself: it was the tail, nothing after it is left
+                self.blocks.grow(seq.block_table, need)
+            it._add(seq, num_new)
+            budget -= num_new
+            i += 1
+        if not it.preempted:  # short of blocks already: admitting more would only thrash
+            self._admit(it, budget)
         return it
 
-    def finish(self, seq) -> None:
-        """Remove a sequence that finished, failed or was cancelled (running or waiting)."""
-        if seq in self.running:
-            self.running.remove(seq)
-        else:
-            try:
-                self.waiting.remove(seq)
-            except ValueError:
-                pass
+    def _make_room(self, seq: Any, num_tokens: int, it: Iteration) -> bool:
+        """Preempt newest-first until `seq` can cover `num_tokens`; False if `seq` itself went."""
+        while not self.blocks.can_grow(seq.block_table, num_tokens):
+            if len(self.running) == 1:  # alone with the whole pool and still short
+                raise SequenceTooLong(seq, num_tokens)
+            victim = self.running.pop()
+            self.blocks.free(victim.block_table)
+            victim.num_computed = 0  # its KV is gone: recompute everything when it rejoins
+            # Tail first + appendleft: several preempted sequences keep their arrival order,
+            # ahead of every later arrival.
+            self.waiting.appendleft(victim)
+            it.preempted.append(victim)
+            self.num_preemptions += 1
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, it: Iteration, budget: int) -> None:
+        """Waiting sequences join first-come-first-served, as chunks when the budget is short."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            seq = self.waiting[0]
+            num_new = min(seq.num_tokens - seq.num_computed, budget)
+            if not self.blocks.can_grow(seq.block_table, seq.num_computed + num_new):
+                if not self.running:  # the whole pool is free and still too small
+                    raise SequenceTooLong(seq, seq.num_computed + num_new)
+                break  # never skip ahead of the oldest waiting sequence
+            self.waiting.popleft()
+            self.blocks.grow(seq.block_table, seq.num_computed + num_new)
+            self.running.append(seq)
+            it._add(seq, num_new)
+            budget -= num_new
+
+    def commit(self, it: Iteration) -> None:
+        """The engine ran `it`: the KV of every scheduled token is now in the cache."""
+        for e in it.all():
+            if e.seq.num_computed != e.start:
+                raise RuntimeError("iteration committed twice, or a stale iteration")
+            e.seq.num_computed += e.num_new
+
+    def finish(self, seq: Any) -> None:
+        """Remove a sequence that finished, failed or was cancelled, and free its blocks now."""
+        # By identity: the engine's sequences may be dataclasses that compare equal by value.
+        self.running = [s for s in self.running if s is not seq]
+        self.waiting = deque(s for s in self.waiting if s is not seq)
+        self.blocks.free(seq.block_table)

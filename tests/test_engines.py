@@ -10,14 +10,16 @@ import torch
 
 from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
 from tritonformer.backend.engine_loop import Overloaded, ShuttingDown
+from tritonformer.backend.decoder_runner import DecoderRunner
 from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.models.bert import BertConfig, BertEncoder
-from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.sampling import SamplingParams
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.weights import load_config, load_state_dict
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 from tritonformer.scheduler.iteration import IterationScheduler
+from tritonformer.scheduler.kv_blocks import BlockManager
 
 CPU = torch.device("cpu")
 
@@ -92,16 +94,24 @@ def test_embedder_queue_is_bounded_and_shutdown_answers_queued(minilm):
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_dir):
-    model = LlamaModel(LlamaConfig.from_hf(load_config(smollm2_dir)), load_state_dict(smollm2_dir), CPU, torch.float32)
+    model = load_decoder(load_config(smollm2_dir), load_state_dict(smollm2_dir), CPU, torch.float32)
     return model, TextTokenizer(smollm2_dir)
+
+
+def _generator(model, tok, sink, runner_cls=DecoderRunner, max_running=4, budget=256, block_size=16, **kwargs):
+    """An engine over a paged cache just big enough for one longest sequence plus a little."""
+    num_blocks = -(-model.config.max_position_embeddings // block_size) + 16
+    scheduler = IterationScheduler(BlockManager(num_blocks, block_size), max_running, budget,
+                                   max_seq_len=model.config.max_position_embeddings)
+    runner = runner_cls(model, model.new_kv_cache(num_blocks, block_size), max_running)
+    return GeneratorEngine(runner, tok, sink, scheduler, cancel_check_interval_s=0.0, **kwargs)
 
 
 def _run_generation(model, tok, requests, cancel=(), stream_interval=1):
     """requests: list of (handle, prompt, SamplingParams, stream). Returns the sink."""
     sink = FakeSink()
     sink.cancelled.update(cancel)
-    engine = GeneratorEngine(model, tok, sink, IterationScheduler(4, 256), cancel_check_interval_s=0.0,
-                             stream_interval=stream_interval)
+    engine = _generator(model, tok, sink, stream_interval=stream_interval)
     for handle, prompt, params, stream in requests:
         engine.submit(engine.new_sequence(handle, tok.encode(prompt), params, stream))
     engine.start()
@@ -231,24 +241,19 @@ def test_stream_interval_sends_fewer_larger_pieces(smollm2):
 def test_a_failing_iteration_answers_its_sequences_once_and_the_engine_goes_on(smollm2):
     model, tok = smollm2
 
-    class Flaky:
-        """The real model, except that its first call fails (e.g. out of memory)."""
+    class Flaky(DecoderRunner):
+        """The real runner, except that its first call fails (e.g. out of memory)."""
 
-        def __init__(self):
-            self.calls = 0
-            self.config, self.device = model.config, model.device
+        calls = 0
 
-        def new_cache(self):
-            return model.new_cache()
-
-        def forward(self, tokens, caches):
-            self.calls += 1
-            if self.calls == 1:
+        def run(self, entries):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
                 raise RuntimeError("simulated failure")
-            return model.forward(tokens, caches)
+            return super().run(entries)
 
     sink = FakeSink()
-    engine = GeneratorEngine(Flaky(), tok, sink, IterationScheduler(4, 256), cancel_check_interval_s=0.0)
+    engine = _generator(model, tok, sink, runner_cls=Flaky)
     engine.submit(engine.new_sequence("doomed", tok.encode("Hello"), SamplingParams(max_tokens=3), True))
     engine.start()
     sink.wait_final(["doomed"])
@@ -260,3 +265,4 @@ def test_a_failing_iteration_answers_its_sequences_once_and_the_engine_goes_on(s
     (outputs, error, final), = sink.responses["fine"]
     assert error is None and len(outputs["output_ids"]) == 3
     assert not engine.scheduler.has_work()
+    assert engine.scheduler.blocks.num_used == 0  # the failed sequence's blocks came back

@@ -117,6 +117,21 @@ def test_layer_norm_chunked_rows(long_rows, dtype):
     close(tn.add_bias_residual_layer_norm(*args, 1e-6), ref.add_bias_residual_layer_norm(*args, 1e-6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n_rows,hidden", [(9, 96), (7, 80)])  # one tile; chunked columns (long_rows below)
+def test_layer_norm_also_writes_the_sum(dtype, n_rows, hidden, monkeypatch):
+    """sum_out = x + bias + residual, the pre-norm decoder's next residual, from the same pass."""
+    if hidden == 80:
+        monkeypatch.setattr(tn, "_MAX_ONE_TILE", 16)
+        monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+    rand = make_rand(seed_of(n_rows, hidden, 11))
+    args = _ln_inputs(rand, n_rows, hidden, dtype, True, True)
+    got_sum, want_sum = torch.empty_like(args[0]), torch.empty_like(args[0])
+    close(tn.add_bias_residual_layer_norm(*args, 1e-5, sum_out=got_sum),
+          ref.add_bias_residual_layer_norm(*args, 1e-5, sum_out=want_sum))
+    close(got_sum, want_sum)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("std", [1.0, 0.01])
 def test_layer_norm_large_mean_no_cancellation(chunked, std, monkeypatch):

@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from tritonformer.backend.models.bert import BertConfig, BertEncoder
-from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
-from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.backend.models.decoder import load_decoder
+from tritonformer.backend.weights import load_config, load_state_dict, strip_prefixes_of
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
+
 transformers = pytest.importorskip("transformers")
 CUDA = torch.device("cuda")
 
@@ -82,6 +84,24 @@ def test_triton_and_reference_paths_agree(monkeypatch):
     assert _cos_min(fast, slow) >= 0.9995
 
 
+def _check_decoder_steps(hf, ours, prompts, steps=8):
+    """Prompts prefilled together (the first in two chunks), then decode steps of all of them
+    together; every step's logits against HF on the whole sequence so far."""
+    run = PagedSteps(ours, num_blocks=512, block_size=16)
+    histories = [list(p) for p in prompts]
+    logits = run.step([(0, prompts[0][:100])] + [(i, p) for i, p in enumerate(prompts) if i])
+    logits = torch.cat([run.step([(0, prompts[0][100:])]), logits[1:]])
+    for step in range(steps):
+        with torch.inference_mode():
+            for i, h in enumerate(histories):
+                ref = hf(torch.tensor([h], device=CUDA)).logits[0, -1]
+                assert _cos_min(logits[i : i + 1], ref[None]) >= 0.999, (step, i)
+        nxt = logits.argmax(-1).tolist()
+        for h, t in zip(histories, nxt):
+            h.append(t)
+        logits = run.step([(i, [t]) for i, t in enumerate(nxt)])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_llama_iterations_match_hf_on_gpu(dtype):
     cfg = transformers.LlamaConfig(
@@ -90,23 +110,48 @@ def test_llama_iterations_match_hf_on_gpu(dtype):
     )
     torch.manual_seed(3)
     hf = transformers.LlamaForCausalLM(cfg).eval().to(CUDA, dtype)
-    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
-    ours = LlamaModel(LlamaConfig.from_hf(cfg.to_dict()), state, CUDA, dtype)
+    ours = load_decoder(cfg.to_dict(), strip_prefixes_of(hf.state_dict()), CUDA, dtype)
     gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, 32000, (n,), generator=gen).tolist() for n in (300, 1, 57)]
-    caches = [ours.new_cache() for _ in prompts]
-    histories = [list(p) for p in prompts]
-    token_lists = [list(p) for p in prompts]
-    for step in range(8):  # prefill, then decode steps, all three sequences in every iteration
-        logits = ours.forward(token_lists, caches)
-        with torch.inference_mode():
-            for i, h in enumerate(histories):
-                ref = hf(torch.tensor([h], device=CUDA)).logits[0, -1]
-                assert _cos_min(logits[i : i + 1], ref[None]) >= 0.999, (step, i)
-        nxt = logits.argmax(-1).tolist()
-        token_lists = [[t] for t in nxt]
-        for h, t in zip(histories, nxt):
-            h.append(t)
+    _check_decoder_steps(hf, ours, [torch.randint(0, 32000, (n,), generator=gen).tolist() for n in (300, 1, 57)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpt2_iterations_match_hf_on_gpu(dtype):
+    cfg = transformers.GPT2Config()
+    torch.manual_seed(5)
+    hf = transformers.GPT2LMHeadModel(cfg).eval().to(CUDA, dtype)
+    ours = load_decoder(cfg.to_dict(), strip_prefixes_of(hf.state_dict()), CUDA, dtype)
+    gen = torch.Generator().manual_seed(6)
+    _check_decoder_steps(hf, ours, [torch.randint(0, 50256, (n,), generator=gen).tolist() for n in (700, 3, 129)])
+
+
+def test_decode_graph_replay_equals_eager():
+    """Captured decode iterations (padded to a bucket, fixed key splits) give the eager logits."""
+    from tritonformer.backend.decode_graphs import DecodeGraphs
+    from tritonformer.backend.decoder_batch import BatchEntry, build_batch
+
+    cfg = transformers.GPT2Config(n_layer=2)
+    torch.manual_seed(7)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    ours = load_decoder(cfg.to_dict(), strip_prefixes_of(hf.state_dict()), CUDA, torch.float16)
+    cache = ours.new_kv_cache(256, 16)
+    graphs = DecodeGraphs(ours, cache, max_batch=16, max_blocks_per_seq=64)
+    graphs.warm_up()
+    gen = torch.Generator().manual_seed(8)
+    lengths = [700, 3, 129, 40, 1000]
+    tables, next_block = [], 0
+    for n in lengths:  # fill each sequence's cache with a prefill, blocks laid out in turn
+        nb = -(-(n + 1) // 16)
+        tables.append(list(range(next_block, next_block + nb)))
+        next_block += nb
+    prompts = [torch.randint(0, 50256, (n,), generator=gen).tolist() for n in lengths]
+    ours.forward(build_batch([BatchEntry(p, 0, t, True) for p, t in zip(prompts, tables)], 16, CUDA), cache)
+    entries = [BatchEntry([7 + i], n, t, True) for i, (n, t) in enumerate(zip(lengths, tables))]
+    replayed = graphs.run(entries).clone()
+    eager = ours.forward(build_batch(entries, 16, CUDA), cache)
+    assert graphs.replays == 1 and graphs.bucket(len(entries)) == 8
+    torch.testing.assert_close(replayed, eager, atol=2e-2, rtol=2e-2)
+    assert _cos_min(replayed, eager) >= 0.9999
 
 
 def test_cuda_graph_replay_equals_eager():

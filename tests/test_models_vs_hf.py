@@ -1,4 +1,4 @@
-"""Our BERT and Llama implementations against Hugging Face transformers on the same weights
+"""Our BERT, Llama and GPT-2 implementations against Hugging Face transformers on the same weights
 (in-process, CPU, fp32). The served models are checked end to end in test_integration_*."""
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import pytest
 import torch
 
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pool, pooling_from_checkpoint
+from tritonformer.backend.models.decoder import load_decoder
+from tritonformer.backend.models.gpt2 import GPT2Config
 from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
 from tritonformer.backend.weights import load_config, load_state_dict
+
+from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
 
 transformers = pytest.importorskip("transformers")
 CPU = torch.device("cpu")
@@ -68,46 +72,71 @@ def _random_llama(tie: bool, kv_heads: int):
 
 @pytest.mark.parametrize("tie,kv_heads", [(True, 2), (False, 4), (False, 1)])
 def test_llama_iterations_match_hf_full_forward(tie, kv_heads):
-    """Sequences join at different iterations, prefill and decode share iterations, and each
-    step's logits equal HF's on the whole sequence so far."""
+    """Sequences join at different iterations, prefill chunks and decodes share iterations, keys
+    cross block boundaries, and each step's logits equal HF's on the whole sequence so far."""
     hf, ours = _random_llama(tie, kv_heads)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (9, 1, 23)]
-    history = [list(prompts[0]), None, None]
-    caches = [ours.new_cache(), ours.new_cache(), ours.new_cache()]
     steps = [
         [(0, prompts[0])],
-        [(0, [5]), (1, prompts[1])],
-        [(0, [6]), (1, [7]), (2, prompts[2])],
+        [(0, [5]), (1, prompts[1]), (2, prompts[2][:10])],  # sequence 2's prompt in two chunks
+        [(0, [6]), (1, [7]), (2, prompts[2][10:])],
         [(1, [8]), (2, [9]), (0, [10])],
     ]
+    run = PagedSteps(ours, block_size=4)
+    history = {0: [], 1: [], 2: []}
     for step in steps:
-        token_lists, step_caches = [], []
-        for seq, toks in step:
-            if history[seq] is None:
-                history[seq] = list(toks)
-            elif toks is not prompts[seq]:
-                history[seq] = history[seq] + toks
-            token_lists.append(toks)
-            step_caches.append(caches[seq])
-        logits = ours.forward(token_lists, step_caches)
+        logits = run.step(step)
         with torch.no_grad():
-            for row, (seq, _) in enumerate(step):
+            for row, (seq, toks) in enumerate(step):
+                history[seq] += toks
                 ref = hf(torch.tensor([history[seq]])).logits[0, -1]
                 torch.testing.assert_close(logits[row], ref, atol=1e-4, rtol=1e-4)
-    assert [c.length for c in caches] == [len(h) for h in history]
 
 
-def test_kv_cache_grows_past_initial_capacity():
-    hf, ours = _random_llama(True, 2)
-    seq = torch.randint(0, 300, (100,)).tolist()
-    cache = ours.new_cache()
-    ours.forward([seq[:70]], [cache])
-    logits = ours.forward([seq[70:]], [cache])
+def _random_gpt2():
+    cfg = transformers.GPT2Config()  # the gpt2 (124M) shape
+    torch.manual_seed(5)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    ours = load_decoder(cfg.to_dict(), load_state_dict_from(hf), CPU, torch.float32)
+    return hf, ours
+
+
+def load_state_dict_from(hf_model) -> dict:
+    return {k.removeprefix("transformer."): v for k, v in hf_model.state_dict().items()}
+
+
+def _hf_greedy(hf, prompt: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
-        ref = hf(torch.tensor([seq])).logits[0, -1]
-    torch.testing.assert_close(logits[0], ref, atol=1e-4, rtol=1e-4)
-    assert cache.capacity >= 100
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_gpt2_greedy_is_token_identical_to_hf():
+    """Random weights from the gpt2 config; five prompts decoded together for 32 tokens."""
+    hf, ours = _random_gpt2()
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 50257, (n,), generator=g).tolist() for n in (5, 17, 1, 40, 9)]
+    ours_out = PagedSteps(ours, num_blocks=64, block_size=16).greedy(prompts, 32)
+    for prompt, got in zip(prompts, ours_out):
+        assert got == _hf_greedy(hf, prompt, 32)
+
+
+def test_llama_greedy_is_token_identical_to_hf():
+    hf, ours = _random_llama(False, 2)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (3, 30, 12)]
+    ours_out = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 32)
+    for prompt, got in zip(prompts, ours_out):
+        assert got == _hf_greedy(hf, prompt, 32)
+
+
+def test_decoder_family_comes_from_model_type():
+    with pytest.raises(ValueError, match="unsupported decoder model_type"):
+        load_decoder({"model_type": "mamba"}, {}, CPU, torch.float32)
+    with pytest.raises(ValueError, match="activation_function"):
+        GPT2Config.from_hf({**transformers.GPT2Config().to_dict(), "activation_function": "relu"})
 
 
 def test_unsupported_configs_are_clear_errors():

@@ -1,4 +1,4 @@
-"""Pure-Python scheduling policies: FIFO encoder batches and the iteration-level scheduler."""
+"""FIFO encoder batches (the iteration-level scheduler is tested in test_iteration_scheduler.py)."""
 from __future__ import annotations
 
 from collections import deque
@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritonformer.scheduler.fifo import FifoBatchPolicy
-from tritonformer.scheduler.iteration import IterationScheduler
 
 
 @dataclass(eq=False)
@@ -42,49 +41,3 @@ def test_fifo_batches_keep_order_and_caps(requests, max_sequences, max_tokens):
 def test_fifo_rejects_bad_caps():
     with pytest.raises(ValueError):
         FifoBatchPolicy(0, 10)
-
-
-@dataclass(eq=False)
-class Seq:
-    num_prompt_tokens: int
-    remaining: int  # decode steps until it finishes
-
-
-@given(
-    seqs=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 20)), min_size=1, max_size=30),
-    max_running=st.integers(1, 8),
-    budget=st.integers(1, 512),
-)
-@settings(max_examples=150, deadline=None)
-def test_iteration_scheduler_fcfs_caps_and_completion(seqs, max_running, budget):
-    sched = IterationScheduler(max_running, budget)
-    items = [Seq(p, d) for p, d in seqs]
-    for s in items:
-        sched.add(s)
-    join_order, finished = [], []
-    for _ in range(10_000):
-        if not sched.has_work():
-            break
-        it = sched.schedule()
-        assert it, "work pending always schedules something"
-        assert len(sched.running) <= max_running
-        # Token budget holds unless one prompt alone exceeds it (it then runs without others).
-        assert it.num_tokens <= budget or (len(it.prefill) == 1 and not it.decode)
-        join_order.extend(it.prefill)
-        for s in it.decode:
-            s.remaining -= 1
-            if s.remaining == 0:
-                sched.finish(s)
-                finished.append(s)
-    assert join_order == items  # first come, first served
-    assert sorted(map(id, finished)) == sorted(map(id, items))  # every sequence finished
-
-
-def test_finish_removes_waiting_sequence():
-    sched = IterationScheduler(1, 100)
-    a, b = Seq(5, 1), Seq(5, 1)
-    sched.add(a)
-    sched.add(b)
-    sched.schedule()
-    sched.finish(b)  # cancelled while waiting
-    assert list(sched.waiting) == [] and sched.running == [a]

@@ -1,0 +1,136 @@
+"""One decoder iteration's inputs, laid out for selective batching (Orca) over a paged cache.
+
+Every scheduled token of every sequence is one row of a packed `[tokens, hidden]` activation:
+first the decoding sequences (one token each), then the prompt chunks. All non-attention ops
+run once over all rows; attention runs as two launches per layer over the paged cache: one
+with one query row per sequence (decode), one for the chunks (packed prefill), each with the
+launch configuration that suits it.
+
+The host builds every index as plain integers and moves them to the device in two copies
+(one int64 array, one int32 array) instead of one copy per field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tritonformer import kernels
+
+
+@dataclass
+class BatchEntry:
+    tokens: list[int]  # this iteration's tokens of the sequence
+    start: int  # position of tokens[0] (= tokens already cached)
+    block_table: list[int]  # the sequence's KV blocks, covering start + len(tokens)
+    sample: bool  # whether the logits of its last token are needed
+
+
+@dataclass
+class DecoderBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: where each row's key/value goes in the paged cache
+    logits_index: torch.Tensor  # [S] int64: rows whose next-token logits are wanted
+    num_decode: int  # rows 0..num_decode-1 are one-token sequences
+    decode_tables: torch.Tensor | None = None  # [num_decode, width] int32
+    decode_seqlens: torch.Tensor | None = None  # [num_decode] int32 keys incl. this token
+    decode_cu_q: torch.Tensor | None = None  # [num_decode + 1] int32 = 0..num_decode
+    prefill_tables: torch.Tensor | None = None
+    prefill_seqlens: torch.Tensor | None = None
+    prefill_cu_q: torch.Tensor | None = None
+    prefill_max_q: int = 0
+    decode_splits: int | None = None  # fixed key splits (a captured graph needs them fixed)
+
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Causal attention of every row against its sequence's cached keys (this iteration's
+        already written)."""
+        out = torch.empty_like(q)
+        d = self.num_decode
+        if d:
+            kernels.paged_attention(
+                q[:d], k_cache, v_cache, self.decode_tables, self.decode_cu_q, self.decode_seqlens, True,
+                max_seqlen_q=1, out=out[:d], num_splits=self.decode_splits,
+            )
+        if self.prefill_cu_q is not None:
+            kernels.paged_attention(
+                q[d:], k_cache, v_cache, self.prefill_tables, self.prefill_cu_q, self.prefill_seqlens, True,
+                max_seqlen_q=self.prefill_max_q, out=out[d:],
+            )
+        return out
+
+
+def _tables(entries: list[BatchEntry], width: int) -> np.ndarray:
+    out = np.zeros((len(entries), width), dtype=np.int32)
+    for row, e in zip(out, entries):
+        row[: len(e.block_table)] = e.block_table
+    return out
+
+
+_LONG_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index")
+
+
+class _Packer:
+    """Concatenates host arrays into one buffer, each part starting 16-byte aligned: one copy to
+    the device, and the kernels see the same pointer alignment every iteration (Triton compiles
+    a variant per alignment class)."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, values) -> slice:
+        arr = np.asarray(values, dtype=self.dtype).reshape(-1)
+        align = 16 // self.dtype.itemsize
+        start = -(-self.size // align) * align
+        if start > self.size:
+            self.parts.append(np.zeros(start - self.size, dtype=self.dtype))
+        self.parts.append(arr)
+        self.size = start + arr.size
+        return slice(start, self.size)
+
+    def to(self, device: torch.device) -> torch.Tensor:
+        host = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=self.dtype)
+        return torch.from_numpy(host).to(device, non_blocking=True)
+
+
+def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device) -> DecoderBatch:
+    """Pack the scheduled entries (decode entries, one token each, first) into a DecoderBatch."""
+    num_decode = 0
+    while num_decode < len(entries) and len(entries[num_decode].tokens) == 1:
+        num_decode += 1
+    decode, prefill = entries[:num_decode], entries[num_decode:]
+
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    logits_rows: list[int] = []
+    for e in entries:
+        n = len(e.tokens)
+        row0 = len(ids)
+        ids.extend(e.tokens)
+        table = e.block_table
+        for pos in range(e.start, e.start + n):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        if e.sample:
+            logits_rows.append(row0 + n - 1)
+    longs, ints = _Packer(np.int64), _Packer(np.int32)
+    where = {"input_ids": longs.add(ids), "positions": longs.add(positions), "slot_mapping": longs.add(slots),
+             "logits_index": longs.add(logits_rows)}
+    shapes = {}
+    for group, name in ((decode, "decode"), (prefill, "prefill")):
+        if group:
+            width = max(len(e.block_table) for e in group)
+            where[f"{name}_cu_q"] = ints.add(np.concatenate(([0], np.cumsum([len(e.tokens) for e in group]))))
+            where[f"{name}_seqlens"] = ints.add([e.start + len(e.tokens) for e in group])
+            where[f"{name}_tables"] = ints.add(_tables(group, width))
+            shapes[f"{name}_tables"] = (len(group), width)
+    long_dev, int_dev = longs.to(device), ints.to(device)
+    fields = {name: (long_dev if name in _LONG_FIELDS else int_dev)[sl] for name, sl in where.items()}
+    for name, shape in shapes.items():
+        fields[name] = fields[name].view(shape)
+    return DecoderBatch(num_decode=num_decode, prefill_max_q=max((len(e.tokens) for e in prefill), default=0),
+                        **fields)

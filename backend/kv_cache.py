@@ -1,0 +1,72 @@
+"""The paged KV cache: one pool of fixed-size blocks shared by every sequence (vLLM's layout).
+
+`data` is `[layers, 2, num_blocks + 1, block_size, kv_heads, head_dim]`. Which blocks a
+sequence owns is decided by the scheduler's BlockManager; this object only holds the memory.
+The extra last block belongs to no sequence: padded rows of a captured CUDA graph write their
+(meaningless) keys there, so a replay never touches a live sequence's cache.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("the KV cache needs at least one block of at least one token")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.data = torch.empty(
+            (num_layers, 2, num_blocks + 1, block_size, num_kv_heads, head_dim), device=device, dtype=dtype
+        )
+
+    @property
+    def scratch_slot(self) -> int:
+        """A slot in the block no sequence owns (for padding rows)."""
+        return self.num_blocks * self.block_size
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 0]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 1]
+
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def bytes_per_block(self) -> int:
+        return self.nbytes() // (self.num_blocks + 1)
+
+
+def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+
+def plan_num_blocks(model, block_size: int, tokens_setting: str, memory_fraction: float) -> int:
+    """How many blocks the cache gets: `tokens_setting` tokens' worth, or for "auto" a share
+    of the GPU memory still free (other models may share the GPU), on the CPU room for the
+    longest sequence or 16384 tokens. At least one longest sequence must fit, or it could never
+    finish."""
+    per_token = model.kv_bytes_per_token()
+    longest = model.config.max_position_embeddings
+    if tokens_setting != "auto":
+        try:
+            tokens = int(tokens_setting)
+        except ValueError:
+            raise ValueError(f"parameter kv_cache_tokens must be an integer or auto, got {tokens_setting!r}") from None
+    elif model.device.type == "cuda":
+        if not 0.0 < memory_fraction < 1.0:
+            raise ValueError(f"parameter kv_cache_memory_fraction must be in (0, 1), got {memory_fraction}")
+        free, _ = torch.cuda.mem_get_info(model.device)
+        tokens = int(free * memory_fraction) // per_token
+    else:
+        tokens = max(longest, 16384)
+    blocks = tokens // block_size
+    needed = -(-longest // block_size)
+    if blocks < needed:
+        raise ValueError(
+            f"the KV cache holds {blocks * block_size} tokens, less than one sequence of the model's "
+            f"maximum length {longest}: raise kv_cache_tokens / kv_cache_memory_fraction"
+        )
+    return blocks

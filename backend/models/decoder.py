@@ -1,0 +1,42 @@
+"""What every decoder family gives the generator engine, and how a checkpoint picks its family.
+
+A decoder model runs one iteration: `forward(batch, cache)` takes a DecoderBatch (the packed
+tokens of every scheduled sequence, see decoder_batch.py), writes their keys and values into
+the paged cache and returns fp32 logits for the rows the batch asks for.
+"""
+from __future__ import annotations
+
+import torch
+
+from tritonformer.backend.decoder_batch import DecoderBatch
+from tritonformer.backend.kv_cache import PagedKVCache
+
+
+class DecoderModel:
+    config: object  # has num_layers, num_kv_heads, head_dim, vocab_size, max_position_embeddings, eos_token_ids
+    device: torch.device
+    dtype: torch.dtype
+
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+        raise NotImplementedError
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        c = self.config
+        return PagedKVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype)
+
+    def kv_bytes_per_token(self) -> int:
+        c = self.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+
+
+def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> DecoderModel:
+    """The decoder family named by the checkpoint's `model_type` (llama or gpt2)."""
+    from tritonformer.backend.models.gpt2 import GPT2Config, GPT2Model
+    from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+
+    families = {"llama": (LlamaConfig, LlamaModel), "gpt2": (GPT2Config, GPT2Model)}
+    model_type = config.get("model_type", "llama")
+    if model_type not in families:
+        raise ValueError(f"unsupported decoder model_type {model_type!r} (supported: {sorted(families)})")
+    config_cls, model_cls = families[model_type]
+    return model_cls(config_cls.from_hf(config), state, device, dtype)

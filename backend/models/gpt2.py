@@ -1,0 +1,127 @@
+"""GPT-2 family decoder over a paged KV cache.
+
+The same iteration shape as the Llama model (selective batching over packed tokens, paged
+attention); what differs is the block: learned absolute positions, pre-LayerNorm with biases,
+a fused QKV projection with bias and no rotary embedding, a GELU (tanh) MLP, and the output
+head tied to the token embedding. Hugging Face stores GPT-2's projections as `Conv1D`
+(`[in, out]`); they are transposed once at load into nn.Linear's `[out, in]`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tritonformer import kernels
+from tritonformer.backend.decoder_batch import DecoderBatch
+from tritonformer.backend.kv_cache import PagedKVCache
+from tritonformer.backend.models.decoder import DecoderModel
+from tritonformer.backend.weights import weight_getter
+
+_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    layer_norm_eps: float
+    max_position_embeddings: int
+    gelu_approximate: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "GPT2Config":
+        if cfg.get("model_type") != "gpt2":
+            raise ValueError(f"expected model_type 'gpt2', got {cfg.get('model_type')!r}")
+        act = cfg.get("activation_function", "gelu_new")
+        if act not in _GELU:
+            raise ValueError(f"unsupported GPT-2 activation_function {act!r} (supported: {sorted(_GELU)})")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if cfg.get(flag):
+                raise ValueError(f"GPT-2 option {flag} is not supported")
+        if cfg.get("scale_attn_weights", True) is False:
+            raise ValueError("GPT-2 without scale_attn_weights is not supported")
+        hidden = cfg["n_embd"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg.get("n_inner") or 4 * hidden,
+            num_layers=cfg["n_layer"],
+            num_heads=cfg["n_head"],
+            layer_norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+            max_position_embeddings=cfg.get("n_positions", 1024),
+            gelu_approximate=_GELU[act],
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        )
+
+
+class GPT2Model(DecoderModel):
+    def __init__(self, config: GPT2Config, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        w = weight_getter(state, device, dtype)
+
+        def linear(name: str) -> torch.Tensor:  # Conv1D [in, out] -> Linear [out, in]
+            return w(name).t().contiguous()
+
+        self.wte = w("wte.weight")
+        self.wpe = w("wpe.weight")
+        self.ln_f = (w("ln_f.weight"), w("ln_f.bias"))
+        self.layers = []
+        for i in range(config.num_layers):
+            p = f"h.{i}."
+            self.layers.append(
+                {
+                    "ln_1": (w(p + "ln_1.weight"), w(p + "ln_1.bias")),
+                    "qkv_w": linear(p + "attn.c_attn.weight"),
+                    "qkv_b": w(p + "attn.c_attn.bias"),
+                    "o_w": linear(p + "attn.c_proj.weight"),
+                    "o_b": w(p + "attn.c_proj.bias"),
+                    "ln_2": (w(p + "ln_2.weight"), w(p + "ln_2.bias")),
+                    "fc_w": linear(p + "mlp.c_fc.weight"),
+                    "fc_b": w(p + "mlp.c_fc.bias"),
+                    "proj_w": linear(p + "mlp.c_proj.weight"),
+                    "proj_b": w(p + "mlp.c_proj.bias"),
+                }
+            )
+
+    def _add_norm(self, x, bias, residual, ln) -> tuple[torch.Tensor, torch.Tensor]:
+        """(LayerNorm(x + bias + residual), x + bias + residual) in one kernel: the residual add
+        of one sub-block fused with the pre-norm of the next."""
+        h = torch.empty_like(x)
+        normed = kernels.add_bias_residual_layer_norm(x, bias, residual, ln[0], ln[1], self.config.layer_norm_eps,
+                                                      sum_out=h)
+        return normed, h
+
+    @torch.inference_mode()
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+        cfg = self.config
+        x, h = self._add_norm(self.wte[batch.input_ids], None, self.wpe[batch.positions], self.layers[0]["ln_1"])
+        for li, layer in enumerate(self.layers):
+            q = kernels.qkv_to_cache(
+                F.linear(x, layer["qkv_w"], layer["qkv_b"]), None, cfg.num_heads, cfg.num_heads, cfg.head_dim,
+                None, None, cache.keys(li), cache.values(li), batch.slot_mapping,
+            )
+            ctx = batch.attention(q, cache.keys(li), cache.values(li))
+            x, h = self._add_norm(F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"]), layer["o_b"], h, layer["ln_2"])
+            up = kernels.bias_gelu(F.linear(x, layer["fc_w"]), layer["fc_b"], cfg.gelu_approximate)
+            next_ln = self.layers[li + 1]["ln_1"] if li + 1 < len(self.layers) else self.ln_f
+            x, h = self._add_norm(F.linear(up, layer["proj_w"]), layer["proj_b"], h, next_ln)
+        return F.linear(x[batch.logits_index], self.wte).float()

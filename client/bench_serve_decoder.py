@@ -1,0 +1,245 @@
+"""`tritonformer bench serve-decoder --in-process`: the decoder engine against Hugging Face.
+
+Our generator engine (iteration-level scheduler, paged KV cache, selective batching, CUDA-graph
+decode, batched sampling) driven directly in this process, on the same random weights as the
+Hugging Face baselines (client/bench_decoder_baselines.py), greedy, EOS ignored:
+
+1. decode step time at batch 1 and 64 (context 128) for GPT-2 124M, batch 1 for a
+   Llama-3.2-1B-shaped model: ours vs HF `generate`, and the weight-read floor (weight bytes
+   over the copy bandwidth measured here);
+2. the Orca trace (256 requests at once, prompt U[32,512], output U[1,128], seed 0): useful
+   tokens/s of request-level batching (HF generate, batches of 32), transformers' continuous
+   batching, and ours; plus the fixed grid 128/128, 512/512, 1024/128;
+3. KV utilisation: blocks in use over blocks reserved, sampled every iteration.
+
+The through-the-server benchmark (Poisson arrivals, TTFT/TPOT) is separate work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--in-process", action="store_true", required=True,
+                        help="drive the engine directly (the only mode so far)")
+    parser.add_argument("--parts", default="steps,trace,grid", help="comma-separated: steps, trace, grid")
+    parser.add_argument("--grid-requests", type=int, default=64, help="requests per fixed-grid point")
+    parser.add_argument("--max-running", type=int, default=256)
+    parser.add_argument("--max-tokens-per-iteration", type=int, default=4096)
+    parser.add_argument("--skip-hf", action="store_true", help="ours only (faster)")
+    parser.add_argument("--json", help="also write the results here")
+
+
+class _CountingSink:
+    """Collects final responses only (the benchmark asks for whole completions)."""
+
+    def __init__(self):
+        self.finished = 0
+        self.errors: list = []
+
+    def send(self, handle, outputs, error, final):
+        if final:
+            self.finished += 1
+        if error is not None:
+            self.errors.append(error)
+
+    def is_cancelled(self, handle):
+        return False
+
+
+class _IdsOnly:
+    """The random-weight models have no tokenizer; HF's baselines return ids, so do we."""
+
+    def decode(self, ids) -> str:
+        return ""
+
+
+def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4):
+    """Our engine on the HF model's weights; returns (engine, sink)."""
+    from tritonformer.backend.decoder_runner import DecoderRunner
+    from tritonformer.backend.generator import GeneratorEngine
+    from tritonformer.backend.kv_cache import plan_num_blocks
+    from tritonformer.backend.models.decoder import load_decoder
+    from tritonformer.backend.weights import strip_prefixes_of
+    from tritonformer.scheduler.iteration import IterationScheduler
+    from tritonformer.scheduler.kv_blocks import BlockManager
+
+    model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), device, dtype)
+    block_size = 16
+    num_blocks = plan_num_blocks(model, block_size, "auto", kv_fraction)
+    scheduler = IterationScheduler(BlockManager(num_blocks, block_size), max_running, token_budget,
+                                   max_seq_len=model.config.max_position_embeddings)
+    runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running)
+    runner.warm_up()
+    sink = _CountingSink()
+    return GeneratorEngine(runner, _IdsOnly(), sink, scheduler, max_queue=100_000, cancel_check_interval_s=3600), sink
+
+
+def _submit(engine, trace) -> None:
+    from tritonformer.backend.sampling import SamplingParams
+
+    seqs = [engine.new_sequence(i, r.prompt_ids, SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True), False)
+            for i, r in enumerate(trace)]
+    engine.admit(seqs)
+
+
+def _sync(engine) -> None:
+    import torch
+
+    if engine.runner.model.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_ours(engine, sink, trace) -> dict:
+    """All requests at once; iterations until every one finished. Useful tokens/s and the mean
+    share of reserved KV blocks in use."""
+    _submit(engine, trace)
+    used, iterations = [], 0
+    _sync(engine)
+    t0 = time.perf_counter()
+    while engine.has_work():
+        engine.step()
+        blocks = engine.scheduler.blocks
+        held = sum(len(s.block_table) for s in engine.scheduler.running)
+        cached = sum(s.num_computed for s in engine.scheduler.running)
+        if held:
+            used.append(cached / (held * blocks.block_size))
+        iterations += 1
+    _sync(engine)
+    seconds = time.perf_counter() - t0
+    useful = sum(r.max_new_tokens for r in trace)
+    if sink.errors or sink.finished < len(trace):
+        raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")
+    sink.finished = 0
+    return {"useful_tokens": useful, "seconds": seconds, "tok_per_s": useful / seconds, "iterations": iterations,
+            "kv_token_utilisation": float(np.mean(used)) if used else 0.0,
+            "preemptions": engine.scheduler.num_preemptions}
+
+
+def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> float:
+    """Milliseconds per engine iteration with `batch` sequences decoding (after their prefill):
+    scheduling, batch building, the forward (graph replay), sampling and bookkeeping."""
+    from tritonformer.client.bench_decoder_baselines import fixed_trace
+
+    trace = fixed_trace(context, steps + 2, batch, seed=1, vocab_size=vocab)
+    _submit(engine, trace)
+    while any(s.num_computed < s.num_tokens - 1 or not s.output_ids for s in engine.scheduler.running) \
+            or engine.scheduler.waiting:
+        engine.step()  # prefill until every sequence decodes
+    _sync(engine)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync(engine)
+    ms = (time.perf_counter() - t0) / steps * 1e3
+    forward = _forward_ms(engine)
+    while engine.has_work():
+        engine.step()
+    return ms, forward
+
+
+def _forward_ms(engine, repeats: int = 50) -> float:
+    """The model's part of a decode iteration alone (graph replay on a GPU): the same entries
+    run again (they rewrite the same cache slots with the same values)."""
+    from tritonformer.backend.decoder_batch import BatchEntry
+
+    running = engine.scheduler.running
+    entries = [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True) for s in running]
+    engine.runner.run(entries)
+    _sync(engine)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        engine.runner.run(entries)
+    _sync(engine)
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s the GPU reads in a large device-to-device copy (read + write counted)."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 10 / (time.perf_counter() - t0)
+
+
+def _weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def run(args) -> int:
+    import torch
+
+    from tritonformer.client import bench_decoder_baselines as hf
+
+    if not torch.cuda.is_available():
+        print("bench serve-decoder needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev, dtype = torch.device("cuda"), torch.float16
+    parts = set(args.parts.split(","))
+    gpu = torch.cuda.get_device_name()
+    results: dict = {"gpu": gpu, "dtype": "float16"}
+    print(f"# bench serve-decoder --in-process on {gpu}, fp16, greedy, EOS ignored")
+    bandwidth = copy_bandwidth()
+    results["copy_bandwidth_GBps"] = bandwidth / 1e9
+
+    for name, make, batches in (("gpt2-124M", hf.random_gpt2, (1, 64)), ("llama-1B-shape", hf.random_llama_1b, (1,))):
+        if "steps" not in parts and (name != "gpt2-124M" or not parts & {"trace", "grid"}):
+            continue
+        hf_model = make(dev, dtype)
+        engine, sink = our_engine(hf_model, dev, dtype, args.max_running, args.max_tokens_per_iteration)
+        floor_ms = _weight_bytes(hf_model) / bandwidth * 1e3
+        vocab = hf_model.config.vocab_size
+        if "steps" in parts:
+            print(f"\n## decode step, {name}, context 128 (weight-read floor {floor_ms:.3f} ms)")
+            print("| batch | HF generate ms | ours: engine step ms | ours: forward only ms | speed-up | step / floor |")
+            print("|---:|---:|---:|---:|---:|---:|")
+            for b in batches:
+                ours, forward = our_step_ms(engine, sink, b, vocab=vocab)
+                base = None if args.skip_hf else hf.hf_step_time(hf_model, b, device=dev)
+                results[f"step_{name}_b{b}"] = {"hf_ms": base, "ours_ms": ours, "forward_ms": forward, "floor_ms": floor_ms}
+                base_s = f"{base:.3f}" if base else "-"
+                ratio = f"{base / ours:.1f}x" if base else "-"
+                print(f"| {b} | {base_s} | {ours:.3f} | {forward:.3f} | {ratio} | {ours / floor_ms:.1f}x |", flush=True)
+        if name == "gpt2-124M" and parts & {"trace", "grid"}:
+            traces = []
+            if "trace" in parts:
+                traces.append(("orca 256 U[32,512]/U[1,128]", hf.orca_trace(256, 0, vocab_size=vocab)))
+            if "grid" in parts:
+                for p, o in ((128, 128), (512, 512), (1024, 128)):
+                    if p + o <= hf_model.config.n_positions:
+                        traces.append((f"{args.grid_requests} x {p}/{o}", hf.fixed_trace(p, o, args.grid_requests, vocab_size=vocab)))
+            print(f"\n## throughput, {name}, all requests at once (useful tokens/s)")
+            print("| trace | request-level HF | HF continuous batching | ours | vs request-level | vs HF CB | KV used/reserved |")
+            print("|---|---:|---:|---:|---:|---:|---:|")
+            for label, trace in traces:
+                ours = run_ours(engine, sink, trace)
+                base = cb = None
+                if not args.skip_hf:
+                    base = hf.request_level(hf_model, trace, 32, dev)["tok_per_s"]
+                    try:
+                        cb = hf.hf_continuous_batching(hf_model, trace, dev)["tok_per_s"]
+                    except RuntimeError as e:
+                        print(f"(HF continuous batching: n/a: {e})", file=sys.stderr)
+                results[f"trace_{label}"] = {"ours": ours, "request_level": base, "hf_cb": cb}
+                fmt = lambda v: f"{v:,.0f}" if v else "-"  # noqa: E731
+                rel = lambda v: f"{ours['tok_per_s'] / v:.1f}x" if v else "-"  # noqa: E731
+                print(f"| {label} | {fmt(base)} | {fmt(cb)} | {fmt(ours['tok_per_s'])} | {rel(base)} | {rel(cb)} | "
+                      f"{ours['kv_token_utilisation']:.1%} |", flush=True)
+        del engine, hf_model
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0

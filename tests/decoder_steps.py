@@ -1,0 +1,47 @@
+"""Drive a decoder model by hand, iteration by iteration, over a paged cache (no scheduler):
+what the engine does, reduced to the model's contract, so tests can compare each step with
+Hugging Face."""
+from __future__ import annotations
+
+import torch
+
+from tritonformer.backend.decoder_batch import BatchEntry, build_batch
+from tritonformer.scheduler.kv_blocks import BlockManager
+
+
+class PagedSteps:
+    def __init__(self, model, num_blocks: int = 128, block_size: int = 4):
+        self.model = model
+        self.cache = model.new_kv_cache(num_blocks, block_size)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.tables: dict = {}
+        self.lengths: dict = {}
+
+    def step(self, work: list[tuple[object, list[int]]]) -> torch.Tensor:
+        """work: (sequence key, its new tokens) pairs. Returns each pair's last-token logits,
+        in the order given (the batch itself puts one-token entries first, as the engine does)."""
+        order = sorted(range(len(work)), key=lambda i: len(work[i][1]) != 1)
+        entries = []
+        for i in order:
+            key, tokens = work[i]
+            table = self.tables.setdefault(key, [])
+            start = self.lengths.get(key, 0)
+            self.blocks.grow(table, start + len(tokens))
+            entries.append(BatchEntry(list(tokens), start, table, True))
+        logits = self.model.forward(build_batch(entries, self.cache.block_size, self.model.device), self.cache)
+        for key, tokens in work:
+            self.lengths[key] = self.lengths.get(key, 0) + len(tokens)
+        out = torch.empty_like(logits)
+        out[order] = logits
+        return out
+
+    def greedy(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of all prompts decoded together, one iteration per token."""
+        outputs = [[] for _ in prompts]
+        work = [(i, p) for i, p in enumerate(prompts)]
+        for _ in range(new_tokens):
+            nxt = self.step(work).argmax(-1).tolist()
+            for out, t in zip(outputs, nxt):
+                out.append(t)
+            work = [(i, [t]) for i, t in enumerate(nxt)]
+        return outputs

@@ -1,0 +1,176 @@
+"""Attention over a paged KV cache: the Triton kernel against `reference.paged_attention`, and
+the reference against plain `varlen_attention` on the same keys gathered contiguously.
+
+Block tables are random permutations of the pool, so a kernel that ignored the table (or read
+a neighbour's block) would fail. Tiny shapes run in Triton's CPU interpreter; the `gpu` group
+runs serving-sized ones.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tritonformer.kernels import reference as ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def paged_case(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed):
+    """Random q, a random pool with each sequence's keys scattered over random blocks, and the
+    same keys packed contiguously (what varlen_attention takes)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_each = [-(-n // block_size) for n in lk]
+    num_blocks = sum(blocks_each) + 3  # a few blocks no sequence owns
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    width = max(blocks_each + [1])
+    tables = torch.zeros(len(lk), width, dtype=torch.int32)
+    for i, nb in enumerate(blocks_each):
+        tables[i, :nb] = torch.tensor(order[:nb], dtype=torch.int32)
+        order = order[nb:]
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    k_cache = rand(num_blocks, block_size, kv_heads, head_dim)
+    v_cache = rand(num_blocks, block_size, kv_heads, head_dim)
+    q = rand(sum(lq), heads, head_dim)
+    packed_k = torch.cat([k_cache[tables[i, : blocks_each[i]].long()].flatten(0, 1)[:n] for i, n in enumerate(lk)])
+    packed_v = torch.cat([v_cache[tables[i, : blocks_each[i]].long()].flatten(0, 1)[:n] for i, n in enumerate(lk)])
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32)
+    seqlens = torch.tensor(lk, dtype=torch.int32)
+    to = lambda *ts: [t.to(DEVICE) for t in ts]  # noqa: E731
+    return to(q, k_cache, v_cache, tables, cu_q, seqlens, packed_k, packed_v, cu_k)
+
+
+def test_reference_equals_varlen_on_gathered_keys():
+    q, kc, vc, bt, cq, sk, pk, pv, ck = paged_case([3, 1, 5], [7, 20, 5], 4, 2, 16, 4, torch.float32, seed=1)
+    out = ref.paged_attention(q, kc, vc, bt, cq, sk, causal=True)
+    torch.testing.assert_close(out, ref.varlen_attention(q, pk, pv, cq, ck, causal=True), atol=0, rtol=0)
+
+
+def test_write_kv_puts_each_token_in_its_slot():
+    gen = torch.Generator().manual_seed(2)
+    kc, vc = torch.randn(6, 4, 2, 8, generator=gen), torch.randn(6, 4, 2, 8, generator=gen)
+    k, v = torch.randn(3, 2, 8, generator=gen), torch.randn(3, 2, 8, generator=gen)
+    slots = torch.tensor([21, 2, 8])  # block 5 offset 1, block 0 offset 2, block 2 offset 0
+    before = kc.clone()
+    ref.write_kv(kc, vc, k, v, slots)
+    assert torch.equal(kc[5, 1], k[0]) and torch.equal(kc[0, 2], k[1]) and torch.equal(kc[2, 0], k[2])
+    assert torch.equal(vc[5, 1], v[0]) and torch.equal(vc[2, 0], v[2])
+    untouched = torch.ones(6 * 4, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(kc.view(24, 2, 8)[untouched], before.view(24, 2, 8)[untouched])
+
+
+triton_needed = pytest.mark.skipif(
+    DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1", reason="no GPU and no Triton interpreter"
+)
+
+
+def check_kernel(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed, causal=True, **kwargs):
+    pytest.importorskip("triton")
+    from tritonformer.kernels.triton_attention import paged_attention
+
+    q, kc, vc, bt, cq, sk, *_ = paged_case(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed)
+    out = paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq), **kwargs)
+    expected = ref.paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq))
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+@triton_needed
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_kernel_decode_rows(block_size, heads, kv_heads):
+    check_kernel([1, 1, 1], [37, 1, 20], heads, kv_heads, 32, block_size, torch.float32, seed=3)
+
+
+@triton_needed
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_prefill_chunks_after_cached_keys(causal):
+    check_kernel([5, 17, 1], [12, 17, 9], 4, 2, 16, 8, torch.float32, seed=4, causal=causal)
+
+
+@triton_needed
+@pytest.mark.parametrize("splits", [2, 4])
+def test_kernel_fixed_key_splits(splits):
+    """A fixed split count (what a captured CUDA graph uses), even where splits are empty."""
+    check_kernel([1, 1, 1, 1], [40, 3, 0, 18], 4, 1, 16, 8, torch.float32, seed=5, num_splits=splits)
+
+
+@triton_needed
+def test_kernel_is_dispatched_for_the_paged_op():
+    pytest.importorskip("triton")
+    from tritonformer.kernels import dispatch, triton_attention
+
+    dispatch.load_kernels()
+    assert dispatch._KERNELS["paged_attention"] is triton_attention.paged_attention
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(64, 12, 12), (64, 32, 8), (128, 32, 8)])
+def test_gpu_serving_step(dtype, head_dim, heads, kv_heads):
+    gen = torch.Generator().manual_seed(6)
+    lk = torch.randint(1, 3000, (63,), generator=gen).tolist() + [4096]
+    check_kernel([1] * 63 + [512], lk, heads, kv_heads, head_dim, 16, dtype, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("splits", [None, 8])
+def test_gpu_few_long_decodes(splits):
+    check_kernel([1, 1], [8000, 77], 32, 8, 64, 16, torch.float16, seed=8, num_splits=splits)
+
+
+def _qkv_case(tokens, heads, kv_heads, head_dim, rotary, bias, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    width = (heads + 2 * kv_heads) * head_dim
+    qkv = torch.randn(tokens, width, generator=gen).to(dtype)
+    b = torch.randn(width, generator=gen).to(dtype) if bias else None
+    cos = sin = None
+    if rotary:
+        cos, sin = ref.rotary_cos_sin(torch.randint(0, 500, (tokens,), generator=gen), head_dim, 10000.0)
+    k_cache = torch.randn(6, 8, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(6, 8, kv_heads, head_dim, generator=gen).to(dtype)
+    slots = torch.randperm(48, generator=gen)[:tokens]
+    to = lambda t: t.to(DEVICE) if t is not None else None  # noqa: E731
+    return [to(t) for t in (qkv, b, cos, sin, k_cache, v_cache, slots)]
+
+
+@triton_needed
+@pytest.mark.parametrize("rotary,bias", [(True, False), (False, True), (True, True)])
+def test_qkv_to_cache_kernel_matches_reference(rotary, bias):
+    """Split (+ bias, + rotary) with k and v written straight into their cache slots."""
+    pytest.importorskip("triton")
+    from tritonformer.kernels.triton_elementwise import qkv_to_cache
+
+    heads, kv_heads, head_dim = 4, 2, 16
+    qkv, b, cos, sin, kc, vc, slots = _qkv_case(7, heads, kv_heads, head_dim, rotary, bias, torch.float32, seed=9)
+    kc2, vc2 = kc.clone(), vc.clone()
+    q = qkv_to_cache(qkv, b, heads, kv_heads, head_dim, cos, sin, kc, vc, slots)
+    q_ref = ref.qkv_to_cache(qkv, b, heads, kv_heads, head_dim, cos, sin, kc2, vc2, slots)
+    torch.testing.assert_close(q, q_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kc, kc2, atol=1e-5, rtol=1e-5)  # written slots and untouched ones
+    torch.testing.assert_close(vc, vc2, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_qkv_to_cache_llama_shape(dtype):
+    from tritonformer.kernels.triton_elementwise import qkv_to_cache
+
+    qkv, b, cos, sin, kc, vc, slots = _qkv_case(40, 32, 8, 64, True, False, dtype, seed=10)
+    kc2, vc2 = kc.clone(), vc.clone()
+    q = qkv_to_cache(qkv, b, 32, 8, 64, cos, sin, kc, vc, slots)
+    q_ref = ref.qkv_to_cache(qkv, b, 32, 8, 64, cos, sin, kc2, vc2, slots)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(kc, kc2, atol=atol, rtol=rtol)
+    torch.testing.assert_close(vc, vc2, atol=atol, rtol=rtol)
