@@ -60,6 +60,17 @@ class DecodeGraphs:
         n = len(entries)
         b = self.bucket(n)
         graph, long_buf, int_buf, logits, _ = self._graphs.get(b) or self._capture(b)
+        long_host, int_host = self.host_inputs(entries, b)
+        long_buf.copy_(torch.from_numpy(long_host))
+        int_buf.copy_(torch.from_numpy(int_host))
+        graph.replay()
+        self.replays += 1
+        return logits[:n]
+
+    def host_inputs(self, entries: list[BatchEntry], b: int) -> tuple[np.ndarray, np.ndarray]:
+        """The static buffers' contents for `entries` padded to bucket `b`: token ids, positions
+        and cache slots (int64), key counts and block tables (int32)."""
+        n = len(entries)
         bs = self.cache.block_size
         positions = [e.start for e in entries]
         long_host = np.empty(3 * b, dtype=np.int64)
@@ -75,11 +86,7 @@ class DecodeGraphs:
         tables = int_host[b:].reshape(b, self.width)
         for row, e in zip(tables, entries):
             row[: len(e.block_table)] = e.block_table
-        long_buf.copy_(torch.from_numpy(long_host))
-        int_buf.copy_(torch.from_numpy(int_host))
-        graph.replay()
-        self.replays += 1
-        return logits[:n]
+        return long_host, int_host
 
     def _capture(self, b: int):
         dev = self.model.device

@@ -53,9 +53,15 @@ class Sequence:
     finish_reason: str | None = None
     first_token_at: float | None = None
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+    num_tokens: int = 0  # prompt + output: read by the scheduler for every sequence every iteration
+
+    def __post_init__(self) -> None:
+        self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
+
+    def append(self, token: int) -> None:
+        self.output_ids.append(token)
+        self.unsent_ids.append(token)
+        self.num_tokens += 1
 
     def tokens(self, start: int, n: int) -> list[int]:
         """Tokens start .. start+n-1 of prompt + output (without building the whole list)."""
@@ -111,7 +117,7 @@ class GeneratorEngine(EngineLoop):
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self._release(seq)
             self.sink.send(seq.handle, None, error, final=True)
-        self._report_occupancy()
+        self.report_occupancy()
 
     def step(self) -> None:
         self._drop_cancelled()
@@ -129,7 +135,7 @@ class GeneratorEngine(EngineLoop):
             for w in work:  # answer and drop them: they must not run (or fail) again
                 self._release(w.seq)
                 self.sink.send(w.seq.handle, None, RuntimeError(f"generation failed: {e}"), final=True)
-            self._report_occupancy()
+            self.report_occupancy()
             return
         self.scheduler.commit(it)
         for seq, token in zip(sampling, next_ids):
@@ -139,9 +145,9 @@ class GeneratorEngine(EngineLoop):
 
     def _report(self, it: Iteration) -> None:
         self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
-        self._report_occupancy()
+        self.report_occupancy()
 
-    def _report_occupancy(self) -> None:
+    def report_occupancy(self) -> None:
         """Gauges of what the engine holds; also after sequences leave without an iteration
         (cancelled, failed), or they would show the last iteration's values while idle."""
         if self.stats is None:
@@ -157,8 +163,7 @@ class GeneratorEngine(EngineLoop):
     def _advance(self, seq: Sequence, token: int) -> None:
         if seq.first_token_at is None:
             seq.first_token_at = time.monotonic()
-        seq.output_ids.append(token)
-        seq.unsent_ids.append(token)
+        seq.append(token)
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
             seq.finish_reason = "stop"
@@ -216,4 +221,4 @@ class GeneratorEngine(EngineLoop):
                 self._finish(seq)
                 dropped = True
         if dropped:
-            self._report_occupancy()
+            self.report_occupancy()

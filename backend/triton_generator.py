@@ -77,6 +77,7 @@ class TritonPythonModel:
             runner, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
             p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"), stats=self.metrics,
         )
+        self.engine.report_occupancy()  # the KV gauges show the empty pool from the start
         self.engine.start()
         log.info("generator ready: %s on %s (%s), KV cache %d blocks x %d tokens", checkpoint, device, dtype,
                  num_blocks, block_size)

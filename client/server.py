@@ -173,7 +173,18 @@ class BundledTriton:
 
 
 def find_bundled_triton() -> BundledTriton:
-    """Locate the tritonserver that nvidia-pytriton installed, without importing pytriton."""
+    """Locate the tritonserver that nvidia-pytriton installed, without importing pytriton.
+
+    ``$TRITONFORMER_TRITONSERVER_ROOT`` names an unpacked copy instead: ``.../pytriton/tritonserver``
+    laid out as in site-packages, ``nvidia_pytriton.libs`` two levels up (tools/gpu_server.sh).
+    """
+    override = os.environ.get("TRITONFORMER_TRITONSERVER_ROOT")
+    if override:
+        root = Path(override).expanduser().resolve()
+        site = root.parent.parent
+        dists = list(importlib.metadata.distributions(name="nvidia-pytriton", path=[str(site)]))
+        version = dists[0].version if dists else "unknown"
+        return _checked(BundledTriton(version=version, root=root, libs=site / "nvidia_pytriton.libs"))
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise TritonServerError(
@@ -186,6 +197,11 @@ def find_bundled_triton() -> BundledTriton:
         root=package_dir / "tritonserver",
         libs=package_dir.parent / "nvidia_pytriton.libs",
     )
+    return _checked(bundled)
+
+
+def _checked(bundled: BundledTriton) -> BundledTriton:
+    """``bundled`` if its server, Python backend and libraries exist, else TritonServerError."""
     for needed in (bundled.server_binary, bundled.python_backend / "libtriton_python.so", bundled.libs):
         if not needed.exists():
             raise TritonServerError(f"nvidia-pytriton {bundled.version} looks incomplete: {needed} is missing")

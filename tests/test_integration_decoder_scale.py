@@ -242,7 +242,9 @@ def test_cancel_mid_stream_frees_kv_blocks(triton_server):
     body = _generate_alone(triton_server, "After the cancellation,", 4)
     assert body["finish_reason"] == "length" and len(body["output_ids"]) == 4, body
     ok, after_next = _wait_for(
-        triton_server, lambda v: v["tritonformer_generated_tokens_total"] >= stopped["tritonformer_generated_tokens_total"] + 4,
+        # Gauges and counters arrive in separate metric updates: wait for both.
+        triton_server, lambda v: v["tritonformer_generated_tokens_total"] >= stopped["tritonformer_generated_tokens_total"] + 4
+        and v["tritonformer_kv_blocks_used"] == 0 and v["tritonformer_running_requests"] == 0,
         timeout=30,
     )
     assert ok, after_next

@@ -7,6 +7,7 @@ the paged cache and returns fp32 logits for the rows the batch asks for.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from tritonformer.backend.decoder_batch import DecoderBatch
 from tritonformer.backend.kv_cache import PagedKVCache
@@ -19,6 +20,18 @@ class DecoderModel:
 
     def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
         raise NotImplementedError
+
+    def set_output_head(self, weight: torch.Tensor) -> None:
+        """The vocabulary projection `[vocab, hidden]`, its rows padded with zeros to a multiple
+        of 64: cuBLAS has no fast kernel for an odd N (GPT-2's 50257 took a 4x slower path on an
+        H100); the padded logits are sliced off in `logits`."""
+        self.vocab_size = weight.shape[0]
+        pad = -weight.shape[0] % 64
+        self.output_head = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])]) if pad else weight
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits `[rows, vocab]` of final hidden states `[rows, hidden]`."""
+        return F.linear(x, self.output_head)[:, : self.vocab_size].float()
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         c = self.config

@@ -82,6 +82,7 @@ class GPT2Model(DecoderModel):
             return w(name).t().contiguous()
 
         self.wte = w("wte.weight")
+        self.set_output_head(self.wte)  # tied
         self.wpe = w("wpe.weight")
         self.ln_f = (w("ln_f.weight"), w("ln_f.bias"))
         self.layers = []
@@ -124,4 +125,4 @@ class GPT2Model(DecoderModel):
             up = kernels.bias_gelu(F.linear(x, layer["fc_w"]), layer["fc_b"], cfg.gelu_approximate)
             next_ln = self.layers[li + 1]["ln_1"] if li + 1 < len(self.layers) else self.ln_f
             x, h = self._add_norm(F.linear(up, layer["proj_w"]), layer["proj_b"], h, next_ln)
-        return F.linear(x[batch.logits_index], self.wte).float()
+        return self.logits(x[batch.logits_index])

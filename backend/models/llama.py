@@ -73,7 +73,8 @@ class LlamaModel(DecoderModel):
         w = weight_getter(state, device, dtype)
 
         self.embed = w("embed_tokens.weight")
-        self.lm_head = self.embed if config.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
+        tied = config.tie_word_embeddings or "lm_head.weight" not in state
+        self.set_output_head(self.embed if tied else w("lm_head.weight"))
         self.final_norm = w("norm.weight")
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.
@@ -115,4 +116,4 @@ class LlamaModel(DecoderModel):
             h = F.linear(kernels.silu_and_mul(F.linear(x, layer["gate_up_w"])), layer["down_w"])
         rows = batch.logits_index
         x, _ = kernels.rms_norm(h[rows], self.final_norm, cfg.rms_norm_eps, residual[rows])
-        return F.linear(x, self.lm_head).float()
+        return self.logits(x)
