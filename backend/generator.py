@@ -198,6 +198,7 @@ class GeneratorEngine(EngineLoop):
         self._release(seq)
         self._send(seq, final=True)
         if self.stats is not None:
+            self.report_occupancy()  # before the request counts, so gauges never lag the counters
             n, first = len(seq.output_ids), seq.first_token_at
             ttft = first - seq.arrival if first is not None else None
             tpot = (time.monotonic() - first) / (n - 1) if first is not None and n > 1 else None

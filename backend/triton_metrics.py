@@ -118,8 +118,9 @@ class GeneratorMetrics(_Publisher):
     """GeneratorStats published as Triton custom metrics.
 
     The engine reports every iteration (thousands per second on a GPU), faster than metric
-    updates (an IPC call each) can leave. Iteration counts accumulate here and gauges keep only
-    their latest value; at most one flush waits in the queue, so the queue stays bounded."""
+    updates (an IPC call each) can leave. Iteration counts and finished requests accumulate
+    here and gauges keep only their latest value; at most one flush waits in the queue, so the
+    queue stays bounded."""
 
     def __init__(self, model_name: str, version: str):
         super().__init__(GENERATOR_METRICS, model_name, version)
@@ -128,6 +129,7 @@ class GeneratorMetrics(_Publisher):
         self._iteration_tokens: list[int] = []
         self._preempted = 0
         self._occupancy: tuple | None = None
+        self._requests: list[tuple] = []
         self._flush_queued = False
 
     def iteration_done(self, tokens: int, preempted: int) -> None:
@@ -153,27 +155,32 @@ class GeneratorMetrics(_Publisher):
 
     def _flush(self, m) -> None:
         with self._lock:
-            iterations, tokens, preempted, occupancy = (
-                self._iterations, self._iteration_tokens, self._preempted, self._occupancy)
-            self._iterations, self._iteration_tokens, self._preempted, self._occupancy = 0, [], 0, None
-            self._flush_queued = False
+            iterations, tokens, preempted, occupancy, requests = (
+                self._iterations, self._iteration_tokens, self._preempted, self._occupancy, self._requests)
+            self._iterations, self._iteration_tokens, self._preempted = 0, [], 0
+            self._occupancy, self._requests, self._flush_queued = None, [], False
+        # Gauges first: a scrape that sees a finished request counted also sees the state
+        # after it (the engine reports occupancy before the request).
+        if occupancy is not None:
+            names = ("running_requests", "waiting_requests", "kv_blocks_used", "kv_blocks_free", "kv_cache_bytes")
+            for name, value in zip(names, occupancy):
+                m[f"tritonformer_{name}"].set(value)
         if iterations:
             m["tritonformer_iterations_total"].increment(iterations)
             for n in tokens:
                 m["tritonformer_iteration_tokens"].observe(n)
         if preempted:
             m["tritonformer_preemptions_total"].increment(preempted)
-        if occupancy is not None:
-            names = ("running_requests", "waiting_requests", "kv_blocks_used", "kv_blocks_free", "kv_cache_bytes")
-            for name, value in zip(names, occupancy):
-                m[f"tritonformer_{name}"].set(value)
-
-    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None:
-        def update(m):
+        for ttft, tpot, output_tokens in requests:
             if ttft is not None:
                 m["tritonformer_time_to_first_token_seconds"].observe(ttft)
             if tpot is not None:
                 m["tritonformer_time_per_output_token_seconds"].observe(tpot)
             m["tritonformer_generated_tokens_total"].increment(output_tokens)
 
-        self.post(update)
+    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None:
+        if not self._metrics:
+            return
+        with self._lock:
+            self._requests.append((ttft, tpot, output_tokens))
+            self._queue_flush()

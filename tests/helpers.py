@@ -50,3 +50,18 @@ def grpc_stream(server, model: str, inputs: dict, timeout: float = 120.0) -> tup
     finally:
         client.stop_stream()
         client.close()
+
+
+def scrape_metrics(server, model: str) -> dict[str, float]:
+    """Our `tritonformer_*` metrics for `model` from the server's metrics port (histograms as
+    _count/_sum; buckets left out)."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        m = re.match(rf'^(tritonformer_\w+)\{{([^}}]*model="{model}"[^}}]*)\}} ([0-9.e+-]+)$', line)
+        if m and 'le="' not in m.group(2):
+            values[m.group(1)] = float(m.group(3))
+    return values

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 
-from helpers import http_post
+from helpers import http_post, scrape_metrics
 
 pytestmark = pytest.mark.server
 
@@ -52,14 +50,7 @@ def _is_final(result) -> bool:
 
 
 def _scrape(server, model: str = MODEL) -> dict[str, float]:
-    """Our metrics for `model` (histograms as _count/_sum; buckets left out)."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    values = {}
-    for line in text.splitlines():
-        m = re.match(rf'^(tritonformer_\w+)\{{([^}}]*model="{model}"[^}}]*)\}} ([0-9.e+-]+)$', line)
-        if m and 'le="' not in m.group(2):
-            values[m.group(1)] = float(m.group(3))
-    return values
+    return scrape_metrics(server, model)
 
 
 def _wait_for(server, predicate, timeout: float, interval: float = 0.1) -> tuple[bool, dict]:

@@ -1,25 +1,17 @@
 """Our custom metrics on Triton's metrics port move as traffic flows."""
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 
 import pytest
 
-from helpers import http_post
+from helpers import http_post, scrape_metrics
 
 pytestmark = pytest.mark.server
 
 
 def _scrape(server, model: str = "embedder") -> dict[str, float]:
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    values = {}
-    for line in text.splitlines():
-        m = re.match(rf'^(tritonformer_\w+)\{{([^}}]*model="{model}"[^}}]*)\}} ([0-9.e+-]+)$', line)
-        if m and 'le="' not in m.group(2):
-            values[m.group(1)] = float(m.group(3))
-    return values
+    return scrape_metrics(server, model)
 
 
 def _embed(server, texts):

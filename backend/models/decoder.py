@@ -11,12 +11,17 @@ import torch.nn.functional as F
 
 from tritonformer.backend.decoder_batch import DecoderBatch
 from tritonformer.backend.kv_cache import PagedKVCache
+from tritonformer.backend.weights import weight_getter
 
 
 class DecoderModel:
-    config: object  # has num_layers, num_kv_heads, head_dim, vocab_size, max_position_embeddings, eos_token_ids
-    device: torch.device
-    dtype: torch.dtype
+    def __init__(self, config, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        """`config` has num_layers, num_kv_heads, head_dim, vocab_size, max_position_embeddings and
+        eos_token_ids; returns the family's weight getter over `state`."""
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.weight = weight_getter(state, device, dtype)
 
     def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
         raise NotImplementedError

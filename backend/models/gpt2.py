@@ -17,7 +17,6 @@ from tritonformer import kernels
 from tritonformer.backend.decoder_batch import DecoderBatch
 from tritonformer.backend.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel
-from tritonformer.backend.weights import weight_getter
 
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
@@ -73,10 +72,8 @@ class GPT2Config:
 
 class GPT2Model(DecoderModel):
     def __init__(self, config: GPT2Config, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
-        self.config = config
-        self.device = device
-        self.dtype = dtype
-        w = weight_getter(state, device, dtype)
+        super().__init__(config, state, device, dtype)
+        w = self.weight
 
         def linear(name: str) -> torch.Tensor:  # Conv1D [in, out] -> Linear [out, in]
             return w(name).t().contiguous()

@@ -16,7 +16,6 @@ from tritonformer import kernels
 from tritonformer.backend.decoder_batch import DecoderBatch
 from tritonformer.backend.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel
-from tritonformer.backend.weights import weight_getter
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,8 @@ class LlamaConfig:
 
 class LlamaModel(DecoderModel):
     def __init__(self, config: LlamaConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
-        self.config = config
-        self.device = device
-        self.dtype = dtype
-        w = weight_getter(state, device, dtype)
+        super().__init__(config, state, device, dtype)
+        w = self.weight
 
         self.embed = w("embed_tokens.weight")
         tied = config.tie_word_embeddings or "lm_head.weight" not in state
