@@ -1,0 +1,906 @@
+"""Open-loop Poisson load against a real tritonserver over HTTP: standard library + numpy only.
+
+The GPU machine has neither tritonclient nor pip, so this speaks HTTP/1.1 itself (asyncio
+streams, keep-alive connections). It runs in its own process(es), never inside the server.
+
+Why it is built this way (docs/peers.md §4.3 and §4.5):
+
+* **Open loop.** Every arrival time is drawn in advance (Poisson: exponential gaps) and a
+  request goes out at its time whatever the server is doing. A closed-loop client (N users each
+  waiting for its answer before sending the next) slows down with the server and so hides
+  overload.
+* **Latency from the *scheduled* arrival**, not from the moment the request was written. If the
+  client or the server falls behind, the request's wait before sending is charged too: no
+  coordinated omission. The client's own delay (scheduled -> picked up: ``dispatch_lag``; plus
+  waiting for a connection: ``send_lag``) is reported on its own, so a client that cannot keep
+  up is visible rather than silently folded in.
+* **The client must not be the bottleneck.** One event loop per process multiplexes up to
+  ``max_in_flight`` keep-alive connections; a separate dispatcher thread sleeps until each
+  arrival (``time.sleep`` wakes within ~0.1 ms on Linux; asyncio's own timers round to 1 ms,
+  which measured 0.8 ms median dispatch lag against 0.2-0.4 ms this way) and hands due requests
+  to the loop; request bodies are encoded before the clock starts; several processes can split
+  one schedule (``processes``). ``capacity`` measures the client's own ceiling against a trivial
+  local server, and every result carries the client's CPU use. Measured on a shared 2-core VM
+  (client and trivial server on the same 2 cores): one process keeps dispatch lag p99 under
+  ~1 ms up to 4-6k req/s (about 120 us of CPU per request), two processes to 6k.
+
+Python API:
+
+* ``poisson_schedule(rate, seconds, seed, n=None)``: arrival offsets in seconds;
+* ``run_embed_load(url, rate, seconds, ...)``: POST ``/v2/models/embedder/infer`` with
+  pre-tokenized ``input_ids`` (exact lengths, drawn as bench_serve_encoder's distributions) or
+  ``text_input``; returns ``{"summary": ..., "records": [...]}``;
+* ``run_generate_load(url, trace, rate, seed)``: POST ``/v2/models/generator/generate_stream``
+  per trace request (prompt ids or text, ``max_tokens``, ``ignore_eos``, greedy), reading the
+  server-sent events as they arrive; TTFT, TPOT, output tok/s;
+* ``measure_capacity(...)``: the embed load against ``trivial_server`` (no model behind it).
+
+CLI (``python -m tritonformer.client.loadgen``)::
+
+    embed    --url 127.0.0.1:8000 --rates 50,100 --seconds 5 --distribution mixed [--json out.json]
+    generate --url 127.0.0.1:8000 --rate 2 --requests 8 --prompt-range 8,32 --output-range 4,8
+    capacity --rates 2000,4000,8000 --seconds 2            # the client's own ceiling
+
+Each prints one Markdown table with a row per (rate, seed); ``--csv PREFIX`` writes the raw
+per-request rows (§4.5 rule 7).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tritonformer.client.bench_decoder_baselines import TraceRequest, orca_trace
+from tritonformer.client.bench_serve_encoder import lengths_for
+
+__all__ = [
+    "Record",
+    "poisson_schedule",
+    "embed_jobs",
+    "generate_jobs",
+    "run_jobs",
+    "run_embed_load",
+    "run_generate_load",
+    "summarize_embed",
+    "summarize_generate",
+    "trivial_server",
+    "measure_capacity",
+    "main",
+]
+
+clock = time.perf_counter  # CLOCK_MONOTONIC on Linux: one clock for every process of the machine
+
+EMBED_PATH = "/v2/models/{model}/infer"
+GENERATE_PATH = "/v2/models/{model}/generate_stream"
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def poisson_schedule(rate: float, seconds: float | None = None, seed: int = 0, n: int | None = None) -> np.ndarray:
+    """Arrival offsets (seconds from the start) of a Poisson process of ``rate`` per second.
+
+    With ``n``: exactly n arrivals (the duration is random). Otherwise every arrival in
+    [0, seconds) (the count is random, Poisson(rate * seconds)). The same (rate, seed) gives the
+    same arrivals, so systems compared on one seed see the identical schedule."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    rng = np.random.default_rng(seed)
+    if n is not None:
+        return np.cumsum(rng.exponential(1.0 / rate, int(n)))
+    if seconds is None:
+        raise ValueError("give seconds or n")
+    expected = rate * seconds
+    block = int(expected + 6 * math.sqrt(expected) + 16)
+    times = np.cumsum(rng.exponential(1.0 / rate, block))
+    while times[-1] < seconds:  # the 6-sigma block was short: draw more from the same stream
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(1.0 / rate, block))])
+    return times[times < seconds]
+
+
+# ----------------------------------------------------------------------------- jobs and records
+
+
+class Record:
+    """What happened to one request; times are absolute ``clock()`` values."""
+
+    __slots__ = ("index", "scheduled", "launched", "sent", "first", "last_token", "end", "status", "error",
+                 "tokens", "events", "finish_reason", "input_tokens")
+
+    def __init__(self, index: int, scheduled: float, input_tokens: int = 0):
+        self.index = index
+        self.scheduled = scheduled  # when the open-loop schedule says the request arrives
+        self.launched = math.nan  # when the event loop picked it up
+        self.sent = math.nan  # when its bytes were handed to the socket (after getting a connection)
+        self.first = math.nan  # generator: first event carrying output tokens
+        self.last_token = math.nan  # generator: last event carrying output tokens
+        self.end = math.nan  # the whole response received
+        self.status = 0  # HTTP status; 0: no response (connection error), -1: client timeout
+        self.error: str | None = None
+        self.tokens = 0  # generator: output tokens received
+        self.events: list[tuple[float, int]] = []  # generator: (arrival time, tokens) per event with tokens
+        self.finish_reason: str | None = None
+        self.input_tokens = input_tokens
+
+    def __getstate__(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state):
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+class Job:
+    __slots__ = ("index", "offset", "data", "stream", "input_tokens")
+
+    def __init__(self, index: int, offset: float, data: bytes, stream: bool = False, input_tokens: int = 0):
+        self.index, self.offset, self.data, self.stream, self.input_tokens = index, offset, data, stream, input_tokens
+
+
+def _split_url(url: str) -> tuple[str, int]:
+    url = url.removeprefix("http://").rstrip("/")
+    host, _, port = url.rpartition(":")
+    if not host:
+        return url, 80
+    return host, int(port)
+
+
+def _http_request(host: str, port: int, path: str, body: bytes, stream: bool) -> bytes:
+    accept = b"Accept: text/event-stream\r\n" if stream else b""
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n").encode()
+    return head + accept + b"\r\n" + body
+
+
+def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", lengths: Sequence[int] | None = None,
+               texts: Sequence[str] | None = None, seed: int = 0, vocab_size: int = 30522, cls_id: int = 101,
+               sep_id: int = 102, model: str = "embedder") -> list[Job]:
+    """One embedder request per arrival, encoded up front.
+
+    Default: pre-tokenized ``input_ids`` of exact lengths (special tokens included: [CLS] random
+    ids [SEP]) drawn from bench_serve_encoder's distributions; tokenization is excluded, as §4.3
+    says. Random ids make every sequence distinct, so the embedder's response cache never hits.
+    ``texts`` instead sends ``text_input`` (request i gets texts[i % len(texts)])."""
+    host, port = _split_url(url)
+    path = EMBED_PATH.format(model=model)
+    rng = np.random.default_rng((seed, 1))  # independent of the arrival stream of the same seed
+    n = len(offsets)
+    jobs = []
+    if texts is not None:
+        for i in range(n):
+            text = texts[i % len(texts)]
+            body = json.dumps({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [text]}]})
+            jobs.append(Job(i, float(offsets[i]), _http_request(host, port, path, body.encode(), False)))
+        return jobs
+    if lengths is None:
+        lengths = lengths_for(distribution, n, rng)
+    for i in range(n):
+        length = int(lengths[i % len(lengths)])
+        ids = [cls_id, *rng.integers(1000, vocab_size, max(0, length - 2)).tolist(), sep_id][:length]
+        body = json.dumps({"inputs": [{"name": "input_ids", "shape": [len(ids)], "datatype": "INT32", "data": ids}]},
+                          separators=(",", ":"))
+        jobs.append(Job(i, float(offsets[i]), _http_request(host, port, path, body.encode(), False), input_tokens=len(ids)))
+    return jobs
+
+
+def _trace_item(item) -> tuple[list[int] | None, str | None, int]:
+    """(prompt ids, prompt text, max_tokens) of a TraceRequest or a dict."""
+    if isinstance(item, TraceRequest) or hasattr(item, "prompt_ids"):
+        return list(item.prompt_ids), None, int(item.max_new_tokens)
+    ids = item.get("prompt_ids", item.get("input_ids"))
+    text = item.get("text", item.get("prompt"))
+    return (list(ids) if ids is not None else None), text, int(item.get("max_tokens", item.get("max_new_tokens")))
+
+
+def generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: str = "generator") -> list[Job]:
+    """One /generate_stream request per trace entry: greedy, EOS ignored, so every system
+    generates exactly max_tokens (§4.4)."""
+    host, port = _split_url(url)
+    path = GENERATE_PATH.format(model=model)
+    jobs = []
+    for i, item in enumerate(trace):
+        ids, text, max_tokens = _trace_item(item)
+        params = json.dumps({"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0})
+        body = {"input_ids": ids} if ids is not None else {"text_input": text}
+        body["sampling_parameters"] = params
+        data = _http_request(host, port, path, json.dumps(body, separators=(",", ":")).encode(), True)
+        jobs.append(Job(i, float(offsets[i]), data, True, len(ids) if ids is not None else 0))
+    return jobs
+
+
+# ----------------------------------------------------------------------------- the HTTP client
+
+
+class _Connection:
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, int | None, bool, bool]:
+    """(status, content length, chunked, server wants the connection closed)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(None, 2)[1])
+    length, chunked, close = None, False, lines[0].startswith(b"HTTP/1.0")
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            close = value.strip().lower() == b"close"
+    return status, length, chunked, close
+
+
+async def _chunks(reader: asyncio.StreamReader, length: int | None, chunked: bool):
+    """The body as it arrives: chunk by chunk (chunked), whole (Content-Length) or to EOF."""
+    if chunked:
+        while True:
+            size = int((await reader.readline()).split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                while (await reader.readline()) not in (b"\r\n", b""):
+                    pass  # trailers
+                return
+            data = await reader.readexactly(size + 2)
+            yield data[:-2]
+    elif length is not None:
+        if length:
+            yield await reader.readexactly(length)
+    else:
+        while data := await reader.read(65536):
+            yield data
+
+
+class _Driver:
+    """Runs one shard of jobs on this thread's event loop; a dispatcher thread releases each job
+    at its scheduled time."""
+
+    def __init__(self, host: str, port: int, jobs: Sequence[Job], max_in_flight: int, timeout: float, prewarm: int):
+        self.host, self.port = host, port
+        self.jobs = jobs
+        self.records = [Record(j.index, math.nan, j.input_tokens) for j in jobs]
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout
+        self.prewarm = min(prewarm, max_in_flight, max(1, len(jobs)))
+        self.idle: list[_Connection] = []
+        self.closing = False
+        self.slots: asyncio.Semaphore | None = None
+        self.pending: set[asyncio.Task] = set()
+        self.remaining = len(jobs)
+        self.done: asyncio.Event | None = None
+        self.stop = threading.Event()
+
+    async def _connect(self) -> _Connection:
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Connection(reader, writer)
+
+    async def setup(self) -> None:
+        self.slots = asyncio.Semaphore(self.max_in_flight)
+        self.done = asyncio.Event()
+        # Connections opened before the clock starts, so the first arrivals do not pay for TCP set-up.
+        self.idle = list(await asyncio.gather(*(self._connect() for _ in range(self.prewarm))))
+
+    def _launch(self, batch: list[int]) -> None:
+        if self.closing:  # handed over just as the run timed out
+            for k in batch:
+                self.records[k].status, self.records[k].error = -1, "not sent: the run timed out"
+            return
+        for k in batch:
+            task = asyncio.ensure_future(self._one(k))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+
+    def _dispatch(self, loop: asyncio.AbstractEventLoop, start: float) -> None:
+        """Dispatcher thread: sleep until the next arrival, then hand every due job to the loop.
+        The loop never waits for an answer before the next arrival: that is the open loop."""
+        n, k = len(self.jobs), 0
+        while k < n and not self.stop.is_set():
+            now = clock()
+            due = start + self.jobs[k].offset
+            if due > now:
+                time.sleep(min(due - now, 0.05))
+                continue
+            j = k
+            while j < n and start + self.jobs[j].offset <= now:
+                self.records[j].scheduled = start + self.jobs[j].offset
+                j += 1
+            loop.call_soon_threadsafe(self._launch, list(range(k, j)))
+            k = j
+
+    async def _one(self, k: int) -> None:
+        job, rec = self.jobs[k], self.records[k]
+        rec.launched = clock()
+        conn = None
+        reusable = False
+        acquired = False
+        try:
+            await self.slots.acquire()  # the in-flight cap: above it, arrivals wait here (and are charged for it)
+            acquired = True
+            conn = self.idle.pop() if self.idle else await self._connect()
+            rec.sent = clock()
+            conn.writer.write(job.data)
+            status, length, chunked, close = await _read_head(conn.reader)
+            rec.status = status
+            if job.stream and status == 200:
+                await self._read_events(conn.reader, length, chunked, rec)
+            else:
+                body = b"".join([c async for c in _chunks(conn.reader, length, chunked)])
+                rec.end = clock()
+                if status != 200:
+                    rec.error = body[:300].decode(errors="replace")
+            reusable = not close and (length is not None or chunked)
+        except asyncio.CancelledError:
+            rec.status, rec.error = -1, f"no complete answer within {self.timeout:g} s of the last arrival"
+            raise
+        except Exception as e:  # connection refused/reset, malformed answer: a failed request
+            rec.end = clock() if math.isnan(rec.end) else rec.end
+            rec.error = f"{type(e).__name__}: {e}"
+            if rec.status == 200:
+                rec.status = 0
+        finally:
+            if conn is not None:
+                if reusable:
+                    self.idle.append(conn)
+                else:
+                    conn.close()
+            if acquired:
+                self.slots.release()
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.done.set()
+
+    async def _read_events(self, reader, length, chunked, rec: Record) -> None:
+        """Server-sent events, timestamped as each chunk arrives: TTFT and inter-token times are
+        what a streaming user sees."""
+        buf = b""
+        async for chunk in _chunks(reader, length, chunked):
+            now = clock()
+            buf += chunk
+            while (nl := buf.find(b"\n")) >= 0:
+                line, buf = buf[:nl].strip(), buf[nl + 1:]
+                if not line.startswith(b"data:"):
+                    continue  # blank separator lines, comments
+                event = json.loads(line[5:])
+                if "error" in event:  # a later error arrives as an event; the status stays 200
+                    rec.error = str(event["error"])
+                ids = event.get("output_ids")
+                count = 0 if ids is None else 1 if isinstance(ids, int) else len(ids)  # one id comes as a scalar
+                if count:
+                    if rec.tokens == 0:
+                        rec.first = now
+                    rec.last_token = now
+                    rec.tokens += count
+                    rec.events.append((now, count))
+                if event.get("finish_reason") is not None:
+                    rec.finish_reason = str(event["finish_reason"])
+                    rec.end = now
+        if math.isnan(rec.end):
+            rec.end = clock()
+            if rec.error is None:
+                rec.error = "the event stream ended without a finish_reason"
+
+    async def run(self, start: float) -> None:
+        loop = asyncio.get_running_loop()
+        dispatcher = threading.Thread(target=self._dispatch, args=(loop, start), daemon=True, name="loadgen-dispatch")
+        dispatcher.start()
+        last = start + (self.jobs[-1].offset if self.jobs else 0.0)
+        # A request still unanswered `timeout` seconds after the last arrival is a failure.
+        while not self.done.is_set() and self.jobs:
+            left = last + self.timeout - clock()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self.done.wait(), min(left, 1.0))
+            except asyncio.TimeoutError:
+                pass
+        self.stop.set()
+        dispatcher.join()
+        self.closing = True
+        for task in list(self.pending):
+            task.cancel()
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+        for conn in self.idle:
+            conn.close()
+        for k, rec in enumerate(self.records):  # never dispatched (only when the run was cut short)
+            if math.isnan(rec.scheduled):
+                rec.scheduled = start + self.jobs[k].offset
+                rec.status, rec.error = -1, "not sent: the run timed out"
+
+
+def _run_shard(host, port, jobs, max_in_flight, timeout, prewarm, ready: Callable[[], float]) -> tuple[list[Record], float]:
+    """Set up (connections), report ready and get the common start, run. Returns (records, cpu s)."""
+    # (A shorter GIL switch interval, tried so that the dispatcher gets the GIL back sooner, made
+    # the send lag's tail 40x worse at 5k req/s from GIL thrashing: the default stays.)
+    loop = asyncio.new_event_loop()
+    try:
+        driver = _Driver(host, port, jobs, max_in_flight, timeout, prewarm)
+        loop.run_until_complete(driver.setup())
+        start = ready()
+        cpu0 = time.process_time()
+        loop.run_until_complete(driver.run(start))
+        return driver.records, time.process_time() - cpu0
+    finally:
+        loop.close()
+
+
+def _child(conn, host, port, jobs, max_in_flight, timeout, prewarm) -> None:
+    def ready() -> float:
+        conn.send("ready")
+        return conn.recv()
+
+    try:
+        records, cpu = _run_shard(host, port, jobs, max_in_flight, timeout, prewarm, ready)
+        conn.send((records, cpu))
+    except BaseException as e:  # report rather than leave the parent waiting
+        conn.send(e)
+        raise
+
+
+def run_jobs(url: str, jobs: list[Job], *, max_in_flight: int = 1024, processes: int = 1, timeout: float = 120.0,
+             prewarm: int = 16) -> tuple[list[Record], float, float]:
+    """Send every job at start + job.offset. Returns (records in job order, start, client CPU
+    seconds). ``processes`` > 1 deals the jobs round-robin to that many forked processes, each
+    with its own loop, connections and ``max_in_flight // processes`` cap; they share one start
+    time on the machine-wide monotonic clock."""
+    host, port = _split_url(url)
+    if processes <= 1:
+        box = {}
+
+        def ready() -> float:
+            box["start"] = clock() + 0.02
+            return box["start"]
+
+        records, cpu = _run_shard(host, port, jobs, max_in_flight, timeout, prewarm, ready)
+        return records, box["start"], cpu
+    ctx = multiprocessing.get_context("fork")  # the jobs are inherited, not pickled
+    per = max(1, max_in_flight // processes)
+    shards = [jobs[p::processes] for p in range(processes)]
+    pipes, procs = [], []
+    try:
+        for shard in shards:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_child, args=(child, host, port, shard, per, timeout, prewarm), daemon=True)
+            proc.start()
+            pipes.append(parent)
+            procs.append(proc)
+        for pipe in pipes:
+            msg = pipe.recv()
+            if isinstance(msg, BaseException):
+                raise msg
+        start = clock() + 0.05
+        for pipe in pipes:
+            pipe.send(start)
+        records: list[Record | None] = [None] * len(jobs)
+        cpu = 0.0
+        for p, pipe in enumerate(pipes):
+            msg = pipe.recv()
+            if isinstance(msg, BaseException):
+                raise msg
+            shard_records, shard_cpu = msg
+            cpu += shard_cpu
+            for k, rec in enumerate(shard_records):
+                records[p + k * processes] = rec
+        return records, start, cpu
+    except BaseException:
+        for proc in procs:  # the others may be waiting for a start that will not come
+            proc.kill()
+        raise
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def _pct(values, q) -> float:
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def _common(records: list[Record], start: float, warmup: float, cpu: float) -> tuple[list[Record], dict]:
+    measured = [r for r in records if r.scheduled - start >= warmup]
+    # dispatch lag: scheduled -> picked up by the event loop, the client's own delay alone;
+    # send lag adds waiting for a connection under max_in_flight and opening one.
+    dispatch = np.array([r.launched - r.scheduled for r in measured if not math.isnan(r.launched)]) * 1e3
+    lag = np.array([r.sent - r.scheduled for r in measured if not math.isnan(r.sent)]) * 1e3
+    ends = [r.end for r in records if not math.isnan(r.end)]
+    wall = (max(ends) - start) if ends else math.nan
+    span = (measured[-1].scheduled - measured[0].scheduled) if len(measured) > 1 else math.nan
+    return measured, {
+        "requests": len(measured),
+        "arrival_rate": (len(measured) - 1) / span if span and span > 0 else math.nan,  # the realised λ
+        "ok": sum(r.ok for r in measured),
+        "overloaded_503": sum(r.status == 503 for r in measured),
+        "timeouts": sum(r.status == -1 for r in measured),
+        "errors": sum(not r.ok and r.status not in (503, -1) for r in measured),
+        "first_error": next((f"{r.status}: {r.error}" for r in measured if not r.ok), None),
+        "dispatch_lag_p50_ms": _pct(dispatch, 50),
+        "dispatch_lag_p99_ms": _pct(dispatch, 99),
+        "send_lag_p50_ms": _pct(lag, 50),
+        "send_lag_p99_ms": _pct(lag, 99),
+        "send_lag_max_ms": float(lag.max()) if len(lag) else math.nan,
+        # Client CPU over the run as a share of one core (per process when sharded, it is the sum):
+        # near 1.0 per process means the client, not the server, may be setting the pace.
+        "client_cpu_cores": cpu / wall if wall and wall > 0 else math.nan,
+    }
+
+
+def summarize_embed(records: list[Record], start: float, rate: float, warmup: float = 0.0, cpu: float = 0.0) -> dict:
+    """Throughput and latency (from the scheduled arrival, successful requests only; failures are
+    counted beside them) of the requests scheduled after the warm-up."""
+    measured, out = _common(records, start, warmup, cpu)
+    ok = [r for r in measured if r.ok]
+    lat = np.array([r.end - r.scheduled for r in ok]) * 1e3
+    window = (max(r.end for r in ok) - min(r.scheduled for r in measured)) if ok else math.nan
+    out = {"offered_rate": rate, **out,
+           "throughput_rps": len(ok) / window if ok and window > 0 else 0.0,
+           "tokens_per_s": sum(r.input_tokens for r in ok) / window if ok and window > 0 else 0.0,
+           "latency_mean_ms": float(lat.mean()) if len(lat) else math.nan,
+           "latency_p50_ms": _pct(lat, 50), "latency_p90_ms": _pct(lat, 90), "latency_p99_ms": _pct(lat, 99),
+           "latency_p999_ms": _pct(lat, 99.9), "latency_max_ms": float(lat.max()) if len(lat) else math.nan}
+    return out
+
+
+def summarize_generate(records: list[Record], start: float, rate: float, warmup: float = 0.0, cpu: float = 0.0) -> dict:
+    """§4.4's metrics from the client's side: TTFT = first event with output tokens minus the
+    scheduled arrival; TPOT = (last token - first token) / (n - 1) per request (the last
+    token's event, which is the end unless the final event carries no tokens); latency per
+    output token = (end - scheduled) / n per request."""
+    measured, out = _common(records, start, warmup, cpu)
+    ok = [r for r in measured if r.ok]
+    ttft = np.array([r.first - r.scheduled for r in ok if r.tokens]) * 1e3
+    tpot = np.array([(r.last_token - r.first) / (r.tokens - 1) for r in ok if r.tokens > 1]) * 1e3
+    per_token = np.array([(r.end - r.scheduled) / r.tokens for r in ok if r.tokens]) * 1e3
+    e2e = np.array([r.end - r.scheduled for r in ok]) * 1e3
+    tokens = sum(r.tokens for r in ok)
+    window = (max(r.end for r in ok) - min(r.scheduled for r in measured)) if ok else math.nan
+    return {"offered_rate": rate, **out,
+            "output_tokens": tokens,
+            "output_tok_per_s": tokens / window if ok and window > 0 else 0.0,
+            "requests_per_s": len(ok) / window if ok and window > 0 else 0.0,
+            "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+            "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
+            "latency_per_token_p50_ms": _pct(per_token, 50),
+            "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99)}
+
+
+# ----------------------------------------------------------------------------- the two loads
+
+
+def run_embed_load(url: str, rate: float, seconds: float, *, distribution: str = "mixed",
+                   lengths: Sequence[int] | None = None, texts: Sequence[str] | None = None, seed: int = 0,
+                   vocab_size: int = 30522, max_in_flight: int = 1024, processes: int = 1, warmup: float = 0.0,
+                   timeout: float = 120.0, model: str = "embedder") -> dict:
+    """Open-loop Poisson embedder load for ``warmup + seconds``; statistics over the arrivals after
+    the warm-up. Returns {"summary": {...}, "records": [Record, ...], "start": clock value}."""
+    offsets = poisson_schedule(rate, warmup + seconds, seed)
+    jobs = embed_jobs(url, offsets, distribution=distribution, lengths=lengths, texts=texts, seed=seed,
+                      vocab_size=vocab_size, model=model)
+    records, start, cpu = run_jobs(url, jobs, max_in_flight=max_in_flight, processes=processes, timeout=timeout)
+    summary = summarize_embed(records, start, rate, warmup, cpu)
+    summary.update(seed=seed, seconds=seconds, distribution="texts" if texts is not None else distribution)
+    return {"summary": summary, "records": records, "start": start}
+
+
+def run_generate_load(url: str, trace: Sequence, rate: float, seed: int = 0, *, max_in_flight: int = 1024,
+                      processes: int = 1, warmup: float = 0.0, timeout: float = 600.0, model: str = "generator") -> dict:
+    """Each trace request (TraceRequest or {"prompt_ids"|"text", "max_tokens"}) at its Poisson
+    arrival (exactly len(trace) arrivals) over /generate_stream. Returns like run_embed_load."""
+    offsets = poisson_schedule(rate, seed=seed, n=len(trace))
+    jobs = generate_jobs(url, offsets, trace, model=model)
+    records, start, cpu = run_jobs(url, jobs, max_in_flight=max_in_flight, processes=processes, timeout=timeout)
+    summary = summarize_generate(records, start, rate, warmup, cpu)
+    summary.update(seed=seed, expected_tokens=sum(_trace_item(t)[2] for t in trace))
+    return {"summary": summary, "records": records, "start": start}
+
+
+# ----------------------------------------------------------------------------- capacity
+
+
+class _TrivialProtocol(asyncio.Protocol):
+    """Answers each POST at once: a fixed embedder-sized JSON body, or for /generate_stream
+    ``max_tokens`` one-token events (chunked), like the real server's shapes but with no work."""
+
+    def __init__(self, embed_body: bytes):
+        self.embed_body = embed_body
+        self.buf = b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data):
+        self.buf += data
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+            head = self.buf[:end].lower()
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line[15:])
+            if len(self.buf) < end + 4 + length:
+                return
+            body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
+            if head.split(b" ", 2)[1].endswith(b"generate_stream"):
+                self._stream(body)
+            else:
+                self.transport.write(self.embed_body)
+
+    def _stream(self, body: bytes) -> None:
+        try:
+            n = int(json.loads(json.loads(body)["sampling_parameters"])["max_tokens"])
+        except Exception:
+            n = 8
+        out = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"]
+        for i in range(n):
+            fin = ', "finish_reason": "length"' if i == n - 1 else ""
+            event = f'data: {{"model_name": "generator", "text_output": " x", "output_ids": {1000 + i}{fin}}}\n\n'.encode()
+            out.append(b"%x\r\n%s\r\n" % (len(event), event))
+        out.append(b"0\r\n\r\n")
+        self.transport.write(b"".join(out))
+
+
+def _serve_trivial(sock: socket.socket, hidden: int) -> None:
+    floats = ",".join(f"{0.01 * ((i * 37) % 100 - 50):.6f}" for i in range(hidden))
+    payload = (f'{{"model_name":"embedder","model_version":"1","outputs":[{{"name":"embedding","datatype":"FP32",'
+               f'"shape":[1,{hidden}],"data":[{floats}]}}]}}').encode()
+    response = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(loop.create_server(lambda: _TrivialProtocol(response), sock=sock))
+    try:
+        loop.run_forever()
+    finally:
+        server.close()
+
+
+class trivial_server:
+    """A context manager: a do-nothing HTTP server in ``processes`` forked processes (sharing one
+    listening socket) on 127.0.0.1; ``.url`` is host:port. It answers with the real payload sizes
+    (``hidden`` floats per embedding) so the client's read and parse costs are the real ones."""
+
+    def __init__(self, processes: int = 1, hidden: int = 384):
+        self.processes, self.hidden = processes, hidden
+        self.procs: list = []
+
+    def __enter__(self) -> trivial_server:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4096)
+        sock.setblocking(False)
+        self.url = f"127.0.0.1:{sock.getsockname()[1]}"
+        ctx = multiprocessing.get_context("fork")
+        for _ in range(self.processes):
+            proc = ctx.Process(target=_serve_trivial, args=(sock, self.hidden), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+        sock.close()  # the children hold it
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=5)
+
+
+def measure_capacity(rates: Sequence[float], seconds: float = 2.0, processes: int = 1, server_processes: int = 1,
+                     distribution: str = "mixed", max_in_flight: int = 1024) -> list[dict]:
+    """The embed load against trivial_server at each rate. The client keeps up while throughput
+    ≈ offered and send lag stays sub-millisecond; where it stops, that is its own ceiling (or
+    the trivial server's: compare client_cpu_cores with the processes given)."""
+    rows = []
+    with trivial_server(server_processes) as server:
+        for rate in rates:
+            rows.append(run_embed_load(server.url, rate, seconds, distribution=distribution, processes=processes,
+                                       max_in_flight=max_in_flight, timeout=30)["summary"])
+    return rows
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(",")
+    return int(lo), int(hi or lo)
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+EMBED_COLUMNS = [("offered req/s", "offered_rate", 0), ("seed", "seed", 0), ("requests", "requests", 0),
+                 ("arrivals/s", "arrival_rate", 0), ("ok", "ok", 0), ("503", "overloaded_503", 0),
+                 ("errors", "errors", 0), ("timeouts", "timeouts", 0), ("throughput req/s", "throughput_rps", 0),
+                 ("tokens/s", "tokens_per_s", 0), ("p50 ms", "latency_p50_ms", 2), ("p90 ms", "latency_p90_ms", 2),
+                 ("p99 ms", "latency_p99_ms", 2), ("dispatch lag p99 ms", "dispatch_lag_p99_ms", 2),
+                 ("client CPU cores", "client_cpu_cores", 2)]
+GENERATE_COLUMNS = [("offered req/s", "offered_rate", 2), ("seed", "seed", 0), ("requests", "requests", 0),
+                    ("ok", "ok", 0), ("503", "overloaded_503", 0), ("errors", "errors", 0),
+                    ("output tokens", "output_tokens", 0), ("output tok/s", "output_tok_per_s", 1),
+                    ("TTFT p50 ms", "ttft_p50_ms", 1), ("TTFT p99 ms", "ttft_p99_ms", 1),
+                    ("TPOT p50 ms", "tpot_p50_ms", 2), ("TPOT p99 ms", "tpot_p99_ms", 2),
+                    ("latency/token p50 ms", "latency_per_token_p50_ms", 2),
+                    ("dispatch lag p99 ms", "dispatch_lag_p99_ms", 2)]
+
+
+CLIENT_LAG_WARN_MS = 2.0
+
+
+def _table_head(columns) -> str:
+    names = [c[0] for c in columns]
+    return "| " + " | ".join(names) + " |\n|" + "|".join("---:" for _ in names) + "|"
+
+
+def _table_row(columns, summary: dict) -> str:
+    return "| " + " | ".join(_fmt(summary.get(key), d) for _, key, d in columns) + " |"
+
+
+def _write_csv(path: str, result: dict) -> None:
+    start = result["start"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["index", "scheduled_s", "sent_s", "first_token_s", "end_s", "status", "input_tokens",
+                    "output_tokens", "latency_ms", "ttft_ms", "finish_reason", "error"])
+        for r in result["records"]:
+            w.writerow([r.index, f"{r.scheduled - start:.6f}", f"{r.sent - start:.6f}", f"{r.first - start:.6f}",
+                        f"{r.end - start:.6f}", r.status, r.input_tokens, r.tokens, f"{(r.end - r.scheduled) * 1e3:.3f}",
+                        f"{(r.first - r.scheduled) * 1e3:.3f}", r.finish_reason or "", r.error or ""])
+
+
+def _json_safe(summary: dict) -> dict:
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()}
+
+
+def _report(kind: str, columns, results: list[dict], args, header: str) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"kind": kind, "url": getattr(args, "url", None), "header": header,
+                       "results": [_json_safe(r["summary"]) for r in results]}, f, indent=1)
+    if args.csv:
+        for r in results:
+            s = r["summary"]
+            _write_csv(f"{args.csv}-{kind}-{s['offered_rate']:g}-seed{s['seed']}.csv", r)
+
+
+def _sweep(kind: str, columns, header: str, points, run_point, args) -> int:
+    print(header)
+    print()
+    print(_table_head(columns), flush=True)
+    results = []
+    failed = False
+    for rate, seed in points:
+        result = run_point(rate, seed)
+        results.append(result)
+        s = result["summary"]
+        print(_table_row(columns, s), flush=True)
+        if s["dispatch_lag_p99_ms"] > CLIENT_LAG_WARN_MS:
+            # Either the client is CPU-bound (client CPU near 1 core per process: add --processes)
+            # or the machine is oversubscribed (e.g. a CPU server on the same cores).
+            print(f"<!-- rate {rate:g} seed {seed}: requests left the client late (dispatch lag p99 "
+                  f"{s['dispatch_lag_p99_ms']:.1f} ms, client CPU {s['client_cpu_cores']:.2f} cores over "
+                  f"{args.processes} process(es)); latencies include that delay. Near 1 core per process: add "
+                  f"--processes; otherwise the machine's cores are busy elsewhere -->", file=sys.stderr)
+        if s["first_error"]:
+            failed = failed or s["ok"] == 0
+            print(f"<!-- rate {rate:g} seed {seed}: first failure {s['first_error'][:300]} -->", file=sys.stderr)
+    _report(kind, columns, results, args, header)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tritonformer.client.loadgen", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p, default_url=True):
+        if default_url:
+            p.add_argument("--url", default=f"127.0.0.1:{os.environ.get('TRITONFORMER_HTTP_PORT', '8000')}",
+                           help="host:port of the server's HTTP endpoint")
+        p.add_argument("--seeds", default="0", help="comma-separated; one row per (rate, seed)")
+        p.add_argument("--processes", type=int, default=1, help="client processes sharing the schedule")
+        p.add_argument("--max-in-flight", type=int, default=1024, help="open connections at most (all processes)")
+        p.add_argument("--warmup", type=float, default=0.0, help="seconds of arrivals sent but not measured")
+        p.add_argument("--json", help="write the summaries here")
+        p.add_argument("--csv", help="write raw per-request rows to PREFIX-KIND-RATE-seedS.csv")
+
+    e = sub.add_parser("embed", help="embedder: Poisson arrivals of pre-tokenized sequences")
+    common(e)
+    e.add_argument("--rates", default="50,100", help="offered req/s, comma-separated")
+    e.add_argument("--seconds", type=float, default=5.0, help="measured seconds of arrivals per point")
+    e.add_argument("--distribution", default="mixed", choices=("short", "mixed", "uniform", "constant"),
+                   help="token lengths (special tokens included), as bench serve-encoder")
+    e.add_argument("--vocab-size", type=int, default=30522, help="random ids are drawn from [1000, this)")
+    e.add_argument("--model", default="embedder")
+    e.add_argument("--timeout", type=float, default=120.0, help="seconds after the last arrival before giving up")
+
+    g = sub.add_parser("generate", help="generator: Poisson arrivals over /generate_stream")
+    common(g)
+    g.add_argument("--rate", "--rates", dest="rates", default="2", help="offered req/s, comma-separated")
+    g.add_argument("--requests", type=int, default=64, help="requests per point")
+    g.add_argument("--prompt-range", default="32,512", help="prompt tokens, uniform inclusive lo,hi")
+    g.add_argument("--output-range", default="1,128", help="max_tokens, uniform inclusive lo,hi (EOS ignored)")
+    g.add_argument("--vocab-size", type=int, default=49152, help="prompt ids from [0, this) (SmolLM2: 49152)")
+    g.add_argument("--model", default="generator")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds after the last arrival before giving up")
+
+    c = sub.add_parser("capacity", help="the client's own ceiling against a trivial local HTTP server")
+    common(c, default_url=False)
+    c.add_argument("--rates", default="1000,2000,4000,8000")
+    c.add_argument("--seconds", type=float, default=2.0)
+    c.add_argument("--distribution", default="mixed", choices=("short", "mixed", "uniform", "constant"))
+    c.add_argument("--server-processes", type=int, default=1)
+
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    points = [(rate, seed) for rate in _floats(args.rates) for seed in seeds]
+    clientside = f"{args.processes} client process(es), at most {args.max_in_flight} in flight"
+
+    if args.command == "embed":
+        header = (f"embedder at {args.url}: open-loop Poisson, {args.seconds:g} s measured after {args.warmup:g} s "
+                  f"warm-up, {args.distribution} lengths (pre-tokenized input_ids), latency from the scheduled "
+                  f"arrival (successful requests; failures counted beside), {clientside}")
+        return _sweep("embed", EMBED_COLUMNS, header, points, lambda rate, seed: run_embed_load(
+            args.url, rate, args.seconds, distribution=args.distribution, seed=seed, vocab_size=args.vocab_size,
+            max_in_flight=args.max_in_flight, processes=args.processes, warmup=args.warmup, timeout=args.timeout,
+            model=args.model), args)
+    if args.command == "generate":
+        prompt_range, output_range = _range(args.prompt_range), _range(args.output_range)
+        header = (f"generator at {args.url}: open-loop Poisson, {args.requests} requests per point, prompt "
+                  f"U{list(prompt_range)} output U{list(output_range)} tokens (input_ids, greedy, EOS ignored), "
+                  f"times from the scheduled arrival, {clientside}")
+
+        def point(rate, seed):
+            trace = orca_trace(args.requests, seed, prompt_range, output_range, args.vocab_size)
+            return run_generate_load(args.url, trace, rate, seed, max_in_flight=args.max_in_flight,
+                                     processes=args.processes, warmup=args.warmup, timeout=args.timeout,
+                                     model=args.model)
+
+        return _sweep("generate", GENERATE_COLUMNS, header, points, point, args)
+    with trivial_server(args.server_processes) as server:
+        header = (f"client capacity: embed load against a trivial local HTTP server ({args.server_processes} "
+                  f"process(es)), {args.seconds:g} s per rate, {os.cpu_count()} CPUs, {clientside}")
+        return _sweep("capacity", EMBED_COLUMNS, header, points, lambda rate, seed: run_embed_load(
+            server.url, rate, args.seconds, distribution=args.distribution, seed=seed, processes=args.processes,
+            max_in_flight=args.max_in_flight, warmup=args.warmup, timeout=30), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
