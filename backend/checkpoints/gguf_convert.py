@@ -19,14 +19,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
-from gguf.quants import dequantize
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
+
+if TYPE_CHECKING:  # `gguf` is imported where a conversion runs, so serving a ready folder never needs it
+    from gguf import GGUFReader
 
 # Bump whenever the output of this module changes: it is part of the cache key, so existing
 # converted folders are rebuilt instead of silently reused.
@@ -79,6 +80,8 @@ def convert_gguf_to_hf(gguf_path: str | Path, out_dir: str | Path, progress: boo
     that need that (the cache in defaults.py) convert into a temp folder and rename it.
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    from gguf import GGUFReader
+
     reader = GGUFReader(gguf_path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -195,6 +198,9 @@ def _undo_rotary_permutation(weight: np.ndarray, n_heads: int) -> np.ndarray:
 def _hf_tensors(
     reader: GGUFReader, config: dict[str, Any], progress: bool, desc: str
 ) -> dict[str, np.ndarray]:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
     heads_for = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     tensors: dict[str, np.ndarray] = {}
     for t in tqdm(reader.tensors, desc=desc, unit="tensor", file=sys.stderr, disable=not progress):
