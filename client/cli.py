@@ -6,6 +6,7 @@
     tritonformer health                     is every model really answering? (probes)
     tritonformer bench runtime              encoder runtime vs Hugging Face (GPU)
     tritonformer bench serve-decoder --in-process   decoder engine vs Hugging Face (GPU)
+    tritonformer bench load embed --rates 1000,2000   open-loop load through a running server
 """
 from __future__ import annotations
 
@@ -111,7 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_serve_decoder.add_arguments(serve_decoder)
     serve_decoder.set_defaults(func=bench_serve_decoder.run)
+    load = bench_sub.add_parser(
+        "load", add_help=False,
+        help="open-loop Poisson load over HTTP against a running server: embed | generate | capacity (--help)",
+    )
+    load.add_argument("load_args", nargs=argparse.REMAINDER)
+    load.set_defaults(func=_cmd_load)
     return parser
+
+
+def _cmd_load(args) -> int:
+    from tritonformer.client import loadgen
+
+    return loadgen.main(args.load_args, prog="tritonformer bench load")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -825,8 +825,8 @@ def _sweep(kind: str, columns, header: str, points, run_point, args) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tritonformer.client.loadgen", description=__doc__.split("\n")[0],
+def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.client.loadgen") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -31,3 +31,11 @@ def test_generate_streaming_and_whole(triton_server, capsys):
 def test_errors_are_reported_plainly(triton_server, capsys):
     assert main(["generate", "hi", "--max-tokens", "-3", "--url", triton_server.grpc_url]) == 1
     assert "max_tokens" in capsys.readouterr().err
+
+
+def test_bench_load_reaches_the_load_generator(capsys):
+    """`tritonformer bench load ...` is the load generator's own command line (here against its
+    trivial local server, so no model is needed)."""
+    assert main(["bench", "load", "capacity", "--rates", "50", "--seconds", "0.5"]) == 0
+    table = capsys.readouterr().out
+    assert "| 50 |" in table and "client capacity" in table

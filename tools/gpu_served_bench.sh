@@ -3,13 +3,16 @@
 # random-weight bert-base (embedder) and gpt2 (generator), driven over HTTP by the open-loop
 # Poisson load generator (client/loadgen.py) in separate processes.
 #
-#   tools/gpu_served_bench.sh fifo|dp    (carry .gpu-carry/server; results under $OUT)
+#   tools/gpu_served_bench.sh fifo|dp [INSTANCES]   (carry .gpu-carry/server; results under $OUT)
 #
 # fifo / dp: the embedder's batch_policy for this server start (the served default is fifo with
-# a token budget). The generator part runs with the fifo start only.
+# a token budget); INSTANCES: embedder model instances (1). The generator part runs with
+# "fifo 1" only, once per stream_interval in $STREAM_INTERVALS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 POLICY=${1:-fifo}
+INSTANCES=${2:-1}
+STREAM_INTERVALS=${STREAM_INTERVALS:-1}
 OUT=${OUT:-/tmp/served-out}
 EMBED_RATES=${EMBED_RATES:-500,1000,2000,4000,6000,8000}
 GEN_RATES=${GEN_RATES:-8,32,128}
@@ -19,18 +22,27 @@ export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
 [[ -d /tmp/ckpt/gpt2 ]] || python3 tools/make_bench_checkpoints.py /tmp/ckpt --tokenizers .gpu-carry/server/tokenizers
 export EMBEDDER_CHECKPOINT=/tmp/ckpt/bert-base GENERATOR_CHECKPOINT=/tmp/ckpt/gpt2
-export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=$POLICY"
-export GENERATOR_PARAMS="max_running_sequences=256 max_tokens_per_iteration=4096 kv_cache_memory_fraction=0.4"
-t0=$(date +%s)
-tools/gpu_server.sh start || { tail -50 /tmp/tritonserver.log; exit 1; }
-echo "server ready after $(( $(date +%s) - t0 )) s"
-
-python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "$EMBED_RATES" --seconds 4 --warmup 1 \
-  --distribution mixed --processes 4 --json "$OUT/served_embed_$POLICY.json" 2>&1 | tee "$OUT/served_embed_$POLICY.log"
-if [[ $POLICY == fifo ]]; then
-  python3 -m tritonformer.client.loadgen generate --url 127.0.0.1:8000 --rates "$GEN_RATES" --requests 256 \
-    --prompt-range 32,512 --output-range 1,128 --vocab-size 50256 --processes 2 \
-    --json "$OUT/served_generate.json" 2>&1 | tee "$OUT/served_generate.log"
-fi
-curl -s 127.0.0.1:8002/metrics | grep -E '^tritonformer_(batches_total|kv_blocks|preemptions|iterations_total)' | head
-tools/gpu_server.sh stop
+export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=$POLICY" EMBEDDER_INSTANCES=$INSTANCES
+start() {
+  t0=$(date +%s)
+  tools/gpu_server.sh start || { tail -50 /tmp/tritonserver.log; exit 1; }
+  echo "server ready after $(( $(date +%s) - t0 )) s"
+}
+first=1
+for interval in $STREAM_INTERVALS; do
+  export GENERATOR_PARAMS="max_running_sequences=256 max_tokens_per_iteration=4096 kv_cache_memory_fraction=0.4 stream_interval=$interval"
+  start
+  if [[ $first == 1 ]]; then
+    tag="${POLICY}_x$INSTANCES"
+    python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "$EMBED_RATES" --seconds 4 --warmup 1 \
+      --distribution mixed --processes 4 --json "$OUT/served_embed_$tag.json" 2>&1 | tee "$OUT/served_embed_$tag.log"
+    first=0
+  fi
+  if [[ $POLICY == fifo && $INSTANCES == 1 ]]; then
+    python3 -m tritonformer.client.loadgen generate --url 127.0.0.1:8000 --rates "$GEN_RATES" --requests 256 \
+      --prompt-range 32,512 --output-range 1,128 --vocab-size 50256 --processes 2 \
+      --json "$OUT/served_generate_si$interval.json" 2>&1 | tee "$OUT/served_generate_si$interval.log"
+  fi
+  curl -s 127.0.0.1:8002/metrics | grep -E '^tritonformer_(batches_total|kv_blocks|preemptions|iterations_total)' | head
+  tools/gpu_server.sh stop
+done

@@ -10,6 +10,7 @@
 # Environment (all optional except the two checkpoints):
 #   EMBEDDER_CHECKPOINT, GENERATOR_CHECKPOINT  checkpoint folders (config.pbtxt "checkpoint")
 #   EMBEDDER_PARAMS, GENERATOR_PARAMS  more config.pbtxt overrides, "key=value key=value"
+#   EMBEDDER_INSTANCES, GENERATOR_INSTANCES  instance_group count (model instances on the GPU)
 #   TRITONFORMER_HTTP_PORT/_GRPC_PORT/_METRICS_PORT  ports (8000/8001/8002)
 #   IMAGE_PYTHON    the Python that has torch and triton (python3); its minor version picks the
 #                   Python-backend stub and the numpy wheel
@@ -225,6 +226,15 @@ for model in ("embedder", "generator"):
             sys.exit(f"gpu_server: error: {prefix}_PARAMS item {item!r} is not key=value")
         values[key] = value
     override(Path(sys.argv[1]) / model / "config.pbtxt", values)
+    instances = os.environ.get(f"{prefix}_INSTANCES")
+    if instances:  # model instances (stub processes) on the GPU: each has its own queue and IPC
+        config = Path(sys.argv[1]) / model / "config.pbtxt"
+        text, n = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {int(instances)}",
+                          config.read_text())
+        if n != 1:
+            sys.exit(f"gpu_server: error: {config} has no single instance_group count")
+        config.write_text(text)
+        print(f"gpu_server: {model}: instances = {instances}", file=sys.stderr)
 EOF
 
     # ---- 4. start: client/server.py's TritonServer (same flags as `tritonformer serve`) under the
