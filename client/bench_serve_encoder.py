@@ -5,13 +5,15 @@ in between, by an open-loop Poisson load generator: requests arrive on a schedul
 advance whatever the server does, and latency runs from the *scheduled* arrival, so a server
 that falls behind is charged for it. Same runtime and weights for every policy:
 
+- none: one request per batch (no batching);
 - fifo-count: arrival order, at most 64 sequences (Triton's dynamic batcher semantics);
 - fifo-tokens: arrival order up to a token budget (TEI's semantics);
+- sort-window: the oldest 64 requests sorted by length, cut by the budget (infinity's semantics);
 - dp: our dynamic-programming length batcher over the measured cost table.
 
 For each policy and offered rate it prints p50/p99 latency, and the goodput: the highest
-offered rate whose p99 stays within the budget. The full benchmark through a real
-tritonserver (and the stock Triton + HF baseline) is a separate, later piece of work.
+offered rate whose p99 stays within the budget. The same load through a real tritonserver:
+`tritonformer bench load embed` (client/loadgen.py) and tools/gpu_served_bench.sh.
 """
 from __future__ import annotations
 
@@ -31,8 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drive the engine directly (the only mode so far)")
     parser.add_argument("--rates", default="500,1000,2000,3000,4000,6000,8000", help="offered req/s, comma-separated")
     parser.add_argument("--seconds", type=float, default=3.0, help="arrivals per rate")
-    parser.add_argument("--distribution", default="mixed", choices=("short", "mixed", "uniform", "constant"))
-    parser.add_argument("--policies", default="fifo-count,fifo-tokens,dp")
+    parser.add_argument("--distribution", default="mixed", choices=DISTRIBUTIONS,
+                        help="u2-100 / u5-500: the TurboTransformers paper's §6.3 set-up (with --max-batch 20)")
+    parser.add_argument("--policies", default="fifo-count,fifo-tokens,dp",
+                        help="none, fifo-count, fifo-tokens, sort-window, dp (comma-separated)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="sequence cap of every policy (default: 64 by count, 1024 under a token budget)")
     parser.add_argument("--slo-ms", type=float, default=50.0)
     parser.add_argument("--layers", type=int, default=12, help="bert-base layers (12)")
     parser.add_argument("--json", help="also write the results here")
@@ -47,7 +53,14 @@ def lengths_for(distribution: str, n: int, rng: np.random.Generator) -> np.ndarr
         return np.where(rng.random(n) < 0.7, short, rng.integers(128, 513, n))
     if distribution == "uniform":
         return rng.integers(16, 513, n)
+    if distribution in PAPER_DISTRIBUTIONS:  # TurboTransformers §6.3: U[2,100] and U[5,500]
+        lo, hi = PAPER_DISTRIBUTIONS[distribution]
+        return rng.integers(lo, hi + 1, n)
     return np.full(n, 128)
+
+
+PAPER_DISTRIBUTIONS = {"u2-100": (2, 100), "u5-500": (5, 500)}
+DISTRIBUTIONS = ("short", "mixed", "uniform", "constant", *PAPER_DISTRIBUTIONS)
 
 
 class LatencySink:
@@ -110,6 +123,7 @@ def run(args) -> int:
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
     from tritonformer.scheduler.dp_batcher import DpBatchPolicy
     from tritonformer.scheduler.fifo import FifoBatchPolicy
+    from tritonformer.scheduler.sort_window import SortWindowPolicy
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
@@ -129,11 +143,14 @@ def run(args) -> int:
     cost = load_or_measure(probe.embed, key, cache, cfg.vocab_size, 512, dev)
     print(f"cost table ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
+    count_cap, budget_cap = args.max_batch or 64, args.max_batch or 1024
     policies = {
-        "fifo-count": lambda: FifoBatchPolicy(max_sequences=64, max_tokens=10**9),
-        "fifo-tokens": lambda: FifoBatchPolicy(max_sequences=1024, max_tokens=16384),
+        "none": lambda: FifoBatchPolicy(max_sequences=1, max_tokens=10**9),  # one request per batch
+        "fifo-count": lambda: FifoBatchPolicy(max_sequences=count_cap, max_tokens=10**9),
+        "fifo-tokens": lambda: FifoBatchPolicy(max_sequences=budget_cap, max_tokens=16384),
         # The same caps as fifo-tokens: the policies differ only in which requests go together.
-        "dp": lambda: DpBatchPolicy(cost, max_sequences=1024, max_tokens=16384, window=128),
+        "sort-window": lambda: SortWindowPolicy(window=64, max_sequences=budget_cap, max_tokens=16384),
+        "dp": lambda: DpBatchPolicy(cost, max_sequences=budget_cap, max_tokens=16384, window=128),
     }
     rates = [float(r) for r in args.rates.split(",")]
     results = {}

@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tritonformer.client.bench_decoder_baselines import TraceRequest, orca_trace
-from tritonformer.client.bench_serve_encoder import lengths_for
+from tritonformer.client.bench_serve_encoder import DISTRIBUTIONS, lengths_for
 
 __all__ = [
     "Record",
@@ -845,7 +845,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
     common(e)
     e.add_argument("--rates", default="50,100", help="offered req/s, comma-separated")
     e.add_argument("--seconds", type=float, default=5.0, help="measured seconds of arrivals per point")
-    e.add_argument("--distribution", default="mixed", choices=("short", "mixed", "uniform", "constant"),
+    e.add_argument("--distribution", default="mixed", choices=DISTRIBUTIONS,
                    help="token lengths (special tokens included), as bench serve-encoder")
     e.add_argument("--vocab-size", type=int, default=30522, help="random ids are drawn from [1000, this)")
     e.add_argument("--model", default="embedder")
@@ -865,7 +865,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
     common(c, default_url=False)
     c.add_argument("--rates", default="1000,2000,4000,8000")
     c.add_argument("--seconds", type=float, default=2.0)
-    c.add_argument("--distribution", default="mixed", choices=("short", "mixed", "uniform", "constant"))
+    c.add_argument("--distribution", default="mixed", choices=DISTRIBUTIONS)
     c.add_argument("--server-processes", type=int, default=1)
 
     args = parser.parse_args(argv)
