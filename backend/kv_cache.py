@@ -39,10 +39,6 @@ class PagedKVCache:
         return self.nbytes() // (self.num_blocks + 1)
 
 
-def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
-
-
 def plan_num_blocks(model, block_size: int, tokens_setting: str, memory_fraction: float) -> int:
     """How many blocks the cache gets: `tokens_setting` tokens' worth, or for "auto" a share
     of the GPU memory still free (other models may share the GPU), on the CPU room for the
