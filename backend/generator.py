@@ -52,6 +52,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose keys/values are in the cache
     finish_reason: str | None = None
     first_token_at: float | None = None
+    last_sent_at: float | None = None  # when its last streamed response left
 
     num_tokens: int = 0  # prompt + output: read by the scheduler for every sequence every iteration
 
@@ -83,6 +84,7 @@ class GeneratorEngine(EngineLoop):
         max_queue: int = 256,
         cancel_check_interval_s: float = 0.05,
         stream_interval: int = 1,
+        max_stream_responses_per_s: float = 3000.0,
         stats: GeneratorStats | None = None,
     ):
         super().__init__("tritonformer-generator", max_queue)
@@ -96,6 +98,8 @@ class GeneratorEngine(EngineLoop):
         # Stream a response every `stream_interval` tokens (the last always goes at once):
         # fewer, larger responses when each send's IPC cost matters more than smoothness.
         self.stream_interval = max(1, stream_interval)
+        # Streamed responses per second across all streams, at most (see _due).
+        self.max_stream_responses_per_s = max_stream_responses_per_s
         self.stats = stats
         self._last_cancel_check = 0.0
 
@@ -175,8 +179,24 @@ class GeneratorEngine(EngineLoop):
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             self._finish(seq)
-        elif seq.stream and len(seq.unsent_ids) >= self.stream_interval:
+        elif seq.stream and self._due(seq):
             self._send(seq, final=False)
+
+    def _due(self, seq: Sequence) -> bool:
+        """Whether `seq`'s pending tokens leave now as one streamed response: at least
+        `stream_interval` of them, and (after the first piece, which goes at once for the time to
+        first token) at least len(running) / max_stream_responses_per_s seconds since its last
+        response. Every response is an IPC call in Triton's stub plus a detokenization here; at
+        one per token per stream they cost more than the iterations themselves (through the
+        server, 256 gpt2 streams: 18 ms per output token at one response per token, 6.5 ms at one
+        per 8). The budget keeps the total response rate under what the stub can send, whatever
+        the number of streams; with few streams it changes nothing."""
+        if len(seq.unsent_ids) < self.stream_interval:
+            return False
+        if seq.last_sent_at is None:
+            return True
+        gap = len(self.scheduler.running) / self.max_stream_responses_per_s
+        return time.monotonic() - seq.last_sent_at >= gap
 
     def _send(self, seq: Sequence, final: bool) -> None:
         if seq.stream:
@@ -192,6 +212,7 @@ class GeneratorEngine(EngineLoop):
         if final:
             outputs["finish_reason"] = np.array([seq.finish_reason.encode()], dtype=np.object_)
         seq.unsent_ids = []
+        seq.last_sent_at = time.monotonic()
         self.sink.send(seq.handle, outputs, None, final=final)
 
     def _finish(self, seq: Sequence) -> None:

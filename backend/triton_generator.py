@@ -46,6 +46,7 @@ PARAMETERS = {
     "max_prompt_bytes": "200000",
     "cancel_check_interval_ms": "50",
     "stream_interval": "1",  # tokens per streamed response (pending pieces also coalesce when sending lags)
+    "max_stream_responses_per_s": "3000",  # across all streams: under load each stream's pieces grow
 }
 
 log = logging.getLogger("tritonformer")
@@ -76,6 +77,7 @@ class TritonPythonModel:
         self.engine = GeneratorEngine(
             runner, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
             p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"), stats=self.metrics,
+            max_stream_responses_per_s=p.int("max_stream_responses_per_s"),
         )
         self.engine.report_occupancy()  # the KV gauges show the empty pool from the start
         self.engine.start()

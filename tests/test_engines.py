@@ -266,3 +266,27 @@ def test_a_failing_iteration_answers_its_sequences_once_and_the_engine_goes_on(s
     assert error is None and len(outputs["output_ids"]) == 3
     assert not engine.scheduler.has_work()
     assert engine.scheduler.blocks.num_used == 0  # the failed sequence's blocks came back
+
+
+def test_many_streams_get_larger_pieces_after_the_first_token(smollm2):
+    """Under a small response budget, pieces after the first grow (fewer responses, each an
+    IPC call in Triton), and the joined stream still equals the whole completion."""
+    model, tok = smollm2
+    sink = FakeSink()
+    # 8 streams, 4 responses/s in all: each stream at most one response per 2 s (an iteration
+    # here takes ~0.1-0.3 s), so a stream's 13 tokens cannot leave one per response.
+    engine = _generator(model, tok, sink, max_running=8, budget=512, max_stream_responses_per_s=4)
+    params = SamplingParams(max_tokens=13, ignore_eos=True)
+    handles = [f"s{i}" for i in range(7)]
+    for h in handles:
+        engine.submit(engine.new_sequence(h, tok.encode(f"Count with me: {h}"), params, True))
+    engine.submit(engine.new_sequence("whole", tok.encode("Count with me: s0"), params, False))
+    engine.start()
+    sink.wait_final(handles + ["whole"])
+    engine.stop()
+    pieces = sink.responses["s0"]
+    sizes = [len(o["output_ids"]) for o, _, _ in pieces]
+    assert sizes[0] == 1 and len(pieces) < 13  # the first token at once, then coalesced
+    text, ids, _ = _joined(pieces)
+    (whole, _, _), = sink.responses["whole"]
+    assert ids == whole["output_ids"].tolist() and text == whole["text_output"][0].decode()
