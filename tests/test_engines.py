@@ -147,13 +147,13 @@ def test_generator_stop_string_and_cancellation(smollm2):
     # Greedy continuation of this prompt contains " Paris"; stopping at "Paris" cuts before it.
     reqs = [
         ("stop", "The capital of France is", SamplingParams(max_tokens=16, stop=["Paris"]), True),
-        ("cancel", "Write a long story about a dragon.", SamplingParams(max_tokens=500), True),
+        ("cancel", "Write a long story about a dragon.", SamplingParams(max_tokens=500, ignore_eos=True), True),
     ]
     sink = _run_generation(model, tok, reqs, cancel={"cancel"})
     text, ids, finish = _joined(sink.responses["stop"])
     assert finish == "stop" and "Paris" not in text
     assert sink.responses["cancel"][-1][0]["finish_reason"][0].decode() == "cancelled"
-    assert len(sink.responses["cancel"]) <= 2  # dropped at its first check
+    assert len(sink.responses["cancel"]) <= 3  # dropped at its first check (one per round here)
 
 
 def test_graph_bucketing_pads_without_changing_results(minilm):
@@ -290,3 +290,32 @@ def test_many_streams_get_larger_pieces_after_the_first_token(smollm2):
     text, ids, _ = _joined(pieces)
     (whole, _, _), = sink.responses["whole"]
     assert ids == whole["output_ids"].tolist() and text == whole["text_output"][0].decode()
+
+
+def test_cancellation_checks_are_budgeted_round_robin(smollm2):
+    """With more sequences than one round's quota, each round asks about a different slice (every
+    ask is an IPC round trip in Triton), and a cancelled one is still found and answered."""
+    from tritonformer.backend import generator as gen
+
+    model, tok = smollm2
+    sink = FakeSink()
+    asked = []
+    real_is_cancelled = sink.is_cancelled
+    sink.is_cancelled = lambda handle: asked.append(handle) or real_is_cancelled(handle)
+    engine = _generator(model, tok, sink, max_running=8, budget=512)
+    engine.cancel_check_interval_s = 0.0
+    old, gen.CANCEL_CHECKS_PER_S = gen.CANCEL_CHECKS_PER_S, 2000  # quota 2 per round (0.001 s floor)
+    try:
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        handles = [f"r{i}" for i in range(6)]
+        sink.cancelled.add("r5")
+        for h in handles:
+            engine.submit(engine.new_sequence(h, tok.encode(f"Tell me about {h}"), params, False))
+        engine.start()
+        sink.wait_final(handles)
+        engine.stop()
+    finally:
+        gen.CANCEL_CHECKS_PER_S = old
+    assert sink.responses["r5"][-1][0]["finish_reason"][0].decode() == "cancelled"
+    assert {h for h in asked} >= set(handles[:5])  # every sequence got asked, in turns
+    assert all(r[-1][0]["finish_reason"][0].decode() == "length" for h, r in sink.responses.items() if h != "r5")
