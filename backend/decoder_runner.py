@@ -19,10 +19,6 @@ class DecoderRunner:
             max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
             self.graphs = DecodeGraphs(model, cache, max_running, max_blocks)
 
-    @property
-    def block_size(self) -> int:
-        return self.cache.block_size
-
     def warm_up(self) -> None:
         """First-call costs before the model reports READY, not on a request: kernel compilation
         for each attention launch configuration (chunks of a few, tens, hundreds of queries;
