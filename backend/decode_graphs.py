@@ -6,7 +6,8 @@ costs. Every bucket (1, 2, 4, ... up to the
 running-sequence cap) is captured once at start-up against static input buffers; an iteration
 with n decoding sequences copies its indices into the smallest bucket >= n and replays.
 Padding rows have no keys (length 0) and write their key/value into the cache's scratch
-block, so they change nothing a real sequence reads.
+block, so they change nothing a real sequence reads. The graph starts with `feed_tokens`, so a
+token id may name a sample of the previous iteration still on the device (see DecoderRunner).
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import bisect
 import numpy as np
 import torch
 
+from tritonformer import kernels
 from tritonformer.backend.cuda_graphs import capture_graph
 from tritonformer.backend.decoder_batch import BatchEntry, DecoderBatch
+from tritonformer.backend.device import copy_to_device_
 from tritonformer.backend.kv_cache import PagedKVCache
 
 
@@ -35,9 +38,10 @@ def key_splits(batch: int, kv_heads: int, sm_count: int) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, model, cache: PagedKVCache, max_batch: int, max_blocks_per_seq: int):
+    def __init__(self, model, cache: PagedKVCache, max_batch: int, max_blocks_per_seq: int, last_ids: torch.Tensor):
         self.model = model
         self.cache = cache
+        self.last_ids = last_ids  # the previous iteration's samples, read by feed_tokens
         self.width = max_blocks_per_seq
         self.buckets = decode_buckets(max_batch)
         self._graphs: dict[int, tuple] = {}
@@ -62,8 +66,8 @@ class DecodeGraphs:
         b = self.bucket(n)
         graph, long_buf, int_buf, logits, _ = self._graphs.get(b) or self._capture(b)
         long_host, int_host = self.host_inputs(entries, b)
-        long_buf.copy_(torch.from_numpy(long_host))
-        int_buf.copy_(torch.from_numpy(int_host))
+        copy_to_device_(long_buf, torch.from_numpy(long_host))
+        copy_to_device_(int_buf, torch.from_numpy(int_host))
         graph.replay()
         self.replays += 1
         return logits[:n]
@@ -102,7 +106,12 @@ class DecodeGraphs:
             decode_cu_q=torch.arange(b + 1, dtype=torch.int32, device=dev),
             decode_splits=key_splits(b, self.model.config.num_kv_heads, sm_count),
         )
-        graph, logits = capture_graph(lambda: self.model.forward(batch, self.cache), self._pool)
+
+        def forward():
+            kernels.feed_tokens(batch.input_ids, self.last_ids)
+            return self.model.forward(batch, self.cache)
+
+        graph, logits = capture_graph(forward, self._pool)
         self._pool = graph.pool()
         # Keep `batch` alive with the graph: the replay reads its tensors (cu_q, logits_index)
         # at their captured addresses, which must not return to the allocator.

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tritonformer import kernels
+from tritonformer.backend.device import to_device_async
 
 
 @dataclass
@@ -93,7 +94,7 @@ class _Packer:
 
     def to(self, device: torch.device) -> torch.Tensor:
         host = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=self.dtype)
-        return torch.from_numpy(host).to(device, non_blocking=True)
+        return to_device_async(torch.from_numpy(host), device)
 
 
 def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device) -> DecoderBatch:

@@ -28,3 +28,22 @@ def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
 
 
 DTYPE_CHOICES = ("auto", *_DTYPES)
+
+
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host->device copy that does not wait for the GPU. A blocking copy, or one from pageable
+    memory, synchronises the stream: it would wait for every kernel queued before it (the
+    previous iteration's forward), which is exactly the overlap the decoder engine relies on.
+    The pinned staging block comes from torch's caching host allocator, which does not hand it
+    out again before this copy has run."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def copy_to_device_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) from host memory, without waiting for the GPU (see to_device_async)."""
+    if dst.is_cuda:
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)

@@ -5,6 +5,14 @@ prompt chunks within the token budget), runs one forward over all of them on the
 cache, samples the sequences whose last known token ran, and streams the new text. Sequences
 join and leave between iterations; their KV blocks are freed the moment they finish or are
 cancelled.
+
+The host runs one iteration ahead of the GPU. A step launches iteration i+1 and only then waits
+for iteration i's tokens and does their bookkeeping (stop checks, detokenization, responses),
+so that work, and the scheduling of i+1, overlap the GPU running. A sampled token is therefore
+*reserved* at launch (a placeholder in `output_ids` that names its row on the device, so the
+next iteration can consume it) and *resolved* when it reaches the host. A sequence that stops
+on a token of iteration i has one more token computed in i+1, which is dropped; lengths are
+known in advance, so a sequence never runs past max_tokens or the context window.
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonformer.backend.decoder_batch import BatchEntry
-from tritonformer.backend.decoder_runner import DecoderRunner
+from tritonformer.backend.decoder_runner import DecoderRunner, SampledTokens, fed_token
 from tritonformer.backend.detokenizer import IncrementalDetokenizer
 from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.responses import ResponseSink
@@ -38,6 +46,15 @@ class GeneratorStats(Protocol):
     def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None: ...
 
 
+@dataclass
+class _Launched:
+    """An iteration on the GPU: which sequence each sampled row belongs to, and where in its
+    output_ids the token goes."""
+
+    samples: list[tuple["Sequence", int]]
+    tokens: SampledTokens
+
+
 @dataclass(eq=False)  # identity equality: the scheduler removes sequences by identity
 class Sequence:
     handle: Any
@@ -55,15 +72,32 @@ class Sequence:
     first_token_at: float | None = None
     last_sent_at: float | None = None  # when its last streamed response left
 
-    num_tokens: int = 0  # prompt + output: read by the scheduler for every sequence every iteration
+    # Tokens the scheduler may compute: prompt + output, reserved ones included, except a
+    # reserved token that will be the last (nothing runs after it). Read for every sequence
+    # every iteration, hence a counter.
+    num_tokens: int = 0
+    num_resolved: int = 0  # output_ids[:num_resolved] are real tokens; the rest are reserved
 
     def __post_init__(self) -> None:
         self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
+        self.num_resolved = len(self.output_ids)
 
-    def append(self, token: int) -> None:
-        self.output_ids.append(token)
+    def reserve(self, row: int, last: bool) -> int:
+        """A token of the launched iteration's row `row` will be this sequence's next output;
+        returns its index in output_ids. `last`: the sequence ends with it (by length)."""
+        self.output_ids.append(fed_token(row))
+        if not last:
+            self.num_tokens += 1
+        return len(self.output_ids) - 1
+
+    def resolve(self, index: int, token: int) -> None:
+        self.output_ids[index] = token
         self.unsent_ids.append(token)
-        self.num_tokens += 1
+        self.num_resolved = index + 1
+
+    def drop_reserved(self) -> None:
+        """Forget tokens still on their way (the sequence finished before they arrived)."""
+        del self.output_ids[self.num_resolved :]
 
     def tokens(self, start: int, n: int) -> list[int]:
         """Tokens start .. start+n-1 of prompt + output (without building the whole list)."""
@@ -104,6 +138,7 @@ class GeneratorEngine(EngineLoop):
         self.stats = stats
         self._last_cancel_check = 0.0
         self._cancel_cursor = 0  # where the next round of cancellation checks starts
+        self._launched: _Launched | None = None  # the iteration on the GPU, tokens not yet read
 
     def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool) -> Sequence:
         return Sequence(handle, prompt_ids, params, stream, IncrementalDetokenizer(self.tokenizer, params.stop))
@@ -114,7 +149,7 @@ class GeneratorEngine(EngineLoop):
             self.scheduler.add(seq)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._launched is not None
 
     def num_queued(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.running)
@@ -123,31 +158,56 @@ class GeneratorEngine(EngineLoop):
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self._release(seq)
             self.sink.send(seq.handle, None, error, final=True)
+        self._launched = None
         self.report_occupancy()
 
     def step(self) -> None:
+        """Launch the next iteration, then finish the one before it (see the module docstring)."""
         self._drop_cancelled()
         it = self.scheduler.schedule()
-        if not it:
-            return
+        previous, self._launched = self._launched, (self._launch(it) if it else None)
+        if previous is not None:
+            self._complete(previous)
+
+    def _launch(self, it: Iteration) -> _Launched | None:
         work = it.all()
         entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples) for w in work]
         sampling = [w.seq for w in work if w.samples]
         try:
             logits = self.runner.run(entries)
-            next_ids = self.sampler.sample(logits, [s.params for s in sampling], [s.key for s in sampling])
+            ids = self.sampler.sample_ids(logits, [s.params for s in sampling], [s.key for s in sampling])
+            tokens = self.runner.publish(ids)
         except Exception as e:
-            log.exception("generation iteration failed")
-            for w in work:  # answer and drop them: they must not run (or fail) again
-                self._release(w.seq)
-                self.sink.send(w.seq.handle, None, RuntimeError(f"generation failed: {e}"), final=True)
-            self.report_occupancy()
-            return
-        self.scheduler.commit(it)
-        for seq, token in zip(sampling, next_ids):
-            self._advance(seq, token)
+            self._fail([w.seq for w in work], e)
+            return None
+        self.scheduler.commit(it)  # the KV is written before anything later on the stream reads it
+        samples = [(seq, seq.reserve(row, self._ends_by_length(seq))) for row, seq in enumerate(sampling)]
         if self.stats is not None:
             self._report(it)
+        return _Launched(samples, tokens)
+
+    def _complete(self, launched: _Launched) -> None:
+        try:
+            tokens = launched.tokens.wait()
+        except Exception as e:
+            self._fail([seq for seq, _ in launched.samples if seq.finish_reason is None], e)
+            return
+        for (seq, index), token in zip(launched.samples, tokens):
+            if seq.finish_reason is None:  # else it stopped (or was cancelled) after the launch
+                self._advance(seq, index, token)
+
+    def _fail(self, seqs: list[Sequence], error: Exception) -> None:
+        log.exception("generation iteration failed")
+        for seq in seqs:  # answer and drop them: they must not run (or fail) again
+            seq.finish_reason = "error"  # and a token of theirs still on its way is ignored
+            self._release(seq)
+            self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {error}"), final=True)
+        self.report_occupancy()
+
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """Whether the token being reserved for `seq` will be its last by length."""
+        n = len(seq.output_ids) + 1
+        return n >= seq.params.max_tokens or len(seq.prompt_ids) + n >= self.config.max_position_embeddings
 
     def _report(self, it: Iteration) -> None:
         self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
@@ -166,18 +226,18 @@ class GeneratorEngine(EngineLoop):
         )
 
     # ---- per-sequence bookkeeping -------------------------------------------------------
-    def _advance(self, seq: Sequence, token: int) -> None:
+    def _advance(self, seq: Sequence, index: int, token: int) -> None:
         if seq.first_token_at is None:
             seq.first_token_at = time.monotonic()
-        seq.append(token)
+        seq.resolve(index, token)
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
             seq.finish_reason = "stop"
         elif seq.detok.add(token):
             seq.finish_reason = "stop"  # a stop string appeared
-        elif len(seq.output_ids) >= p.max_tokens:
+        elif index + 1 >= p.max_tokens:
             seq.finish_reason = "length"
-        elif seq.num_tokens >= self.config.max_position_embeddings:
+        elif len(seq.prompt_ids) + index + 1 >= self.config.max_position_embeddings:
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             self._finish(seq)
@@ -218,6 +278,7 @@ class GeneratorEngine(EngineLoop):
         self.sink.send(seq.handle, outputs, None, final=final)
 
     def _finish(self, seq: Sequence) -> None:
+        seq.drop_reserved()
         self._release(seq)
         self._send(seq, final=True)
         if self.stats is not None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tritonformer.backend.device import to_device_async
+
 
 class InvalidRequest(ValueError):
     """A request the client must fix; answered with INVALID_ARG and never queued."""
@@ -162,14 +164,6 @@ def _gumbel_noise(row_keys: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tens
     return e.log_().neg_()  # Gumbel = -log(Exp)
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host->device copy that does not wait for the GPU: a blocking copy (or one from pageable
-    memory) synchronises the stream, i.e. waits for the forward pass queued before it."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
 class Sampler:
     """Turns a batch of logits into one token per sequence, each with its own parameters.
 
@@ -228,7 +222,7 @@ class Sampler:
             [[p.temperature for p in sp], [p.top_p if p.top_p < 1.0 else float("inf") for p in sp]],
             dtype=torch.float32,
         )
-        ints, floats = _to_device(ints, device), _to_device(floats, device)
+        ints, floats = to_device_async(ints, device), to_device_async(floats, device)
         row_ids, top_k, row_keys = ints[0], ints[1], ints[2]
         temperature, top_p = floats[0], floats[1]
 

@@ -8,6 +8,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     add_bias_residual_layer_norm,
     apply_rotary,
     bias_gelu,
+    feed_tokens,
     linear_bias_gelu,
     qkv_split,
     qkv_split_rotary,

@@ -60,6 +60,18 @@ def bias_gelu(
     return result if out is None else out.copy_(result)
 
 
+def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor:
+    """In place on int64 `input_ids`: every negative id `-1 - r` becomes `last_ids[r]`.
+
+    A decoder iteration is launched before the previous one's sampled tokens reach the host;
+    its inputs name those tokens by their row in the previous iteration's samples, which stay
+    on the device in `last_ids`. Non-negative ids are left as they are."""
+    fed = input_ids < 0
+    src = (-1 - input_ids).clamp_(min=0)
+    input_ids.copy_(torch.where(fed, last_ids[src], input_ids))
+    return input_ids
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up where gate_up = [gate | up] along the last dim (Llama MLP)."""
     gate, up = gate_up.float().chunk(2, dim=-1)

@@ -129,6 +129,27 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@triton.jit(do_not_specialize=["n"])
+def _feed_tokens_kernel(ids_ptr, last_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+    fed = ids < 0
+    tok = tl.load(last_ptr + tl.where(fed, -1 - ids, 0), mask=mask & fed, other=0)
+    tl.store(ids_ptr + offs, tl.where(fed, tok, ids), mask=mask)
+
+
+@register("feed_tokens")
+def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor:
+    """One launch for what the reference does in five (see reference.feed_tokens): it runs in
+    every decode iteration, inside its CUDA graph."""
+    n = input_ids.numel()
+    if n:
+        block = min(1024, triton.next_power_of_2(n))
+        _feed_tokens_kernel[(triton.cdiv(n, block),)](input_ids, last_ids, n, BLOCK=block)
+    return input_ids
+
+
 @triton.jit
 def _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, y, mask, n_q_heads, n_kv_heads, head_dim):
     """Store a [heads, cols] tile of one token into q / k / v by head slot: slots

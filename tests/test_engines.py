@@ -319,3 +319,46 @@ def test_cancellation_checks_are_budgeted_round_robin(smollm2):
     assert sink.responses["r5"][-1][0]["finish_reason"][0].decode() == "cancelled"
     assert {h for h in asked} >= set(handles[:5])  # every sequence got asked, in turns
     assert all(r[-1][0]["finish_reason"][0].decode() == "length" for h, r in sink.responses.items() if h != "r5")
+
+
+def test_the_next_iteration_launches_before_the_last_ones_tokens_are_read(smollm2):
+    """The host runs one iteration ahead: run(i+1) is called before the tokens of i are waited
+    for, and a stop token found late still ends the output exactly at it (the token computed
+    after it in the meantime is dropped) with every block returned."""
+    model, tok = smollm2
+    prompt = tok.encode("The capital of France is")
+    events = []
+
+    class Recording(DecoderRunner):
+        def run(self, entries):
+            events.append("run")
+            return super().run(entries)
+
+        def publish(self, ids):
+            tokens, n = super().publish(ids), sum(e == "run" for e in events)
+
+            class Logged:
+                def wait(self):
+                    events.append(f"wait{n}")
+                    return tokens.wait()
+
+            return Logged()
+
+    sink = FakeSink()
+    engine = _generator(model, tok, sink, runner_cls=Recording)
+    engine.submit(engine.new_sequence("free", prompt, SamplingParams(max_tokens=8, ignore_eos=True), False))
+    engine.start()
+    sink.wait_final(["free"])
+    (free, _, _), = sink.responses["free"]
+    greedy = free["output_ids"].tolist()
+    assert len(greedy) == 8
+    assert events[:4] == ["run", "run", "wait1", "run"]  # iteration 2 launched before 1 was read
+
+    stop_at = greedy[4]
+    expected = greedy[: greedy.index(stop_at) + 1]
+    engine.submit(engine.new_sequence("stop", prompt, SamplingParams(max_tokens=8, stop_token_ids=[stop_at]), True))
+    sink.wait_final(["stop"])
+    engine.stop()
+    _, ids, finish = _joined(sink.responses["stop"])
+    assert finish == "stop" and ids == expected
+    assert not engine.has_work() and engine.scheduler.blocks.num_used == 0

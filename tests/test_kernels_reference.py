@@ -55,6 +55,19 @@ def test_silu_and_mul_and_softmax():
     torch.testing.assert_close(ref.softmax(x, 0.3), e / e.sum(-1, keepdim=True))
 
 
+def test_feed_tokens_takes_negative_ids_from_the_previous_samples():
+    gen = torch.Generator().manual_seed(3)
+    last = torch.randint(0, 50_000, (9,), generator=gen)
+    ids = torch.randint(0, 50_000, (12,), generator=gen)
+    rows = torch.randperm(9, generator=gen)[:5]
+    where = torch.randperm(12, generator=gen)[:5]
+    ids[where] = -1 - rows
+    expected = ids.clone()
+    expected[where] = last[rows]
+    assert ref.feed_tokens(ids, last) is ids
+    assert torch.equal(ids, expected)
+
+
 def test_rotary_matches_complex_rotation():
     pos = torch.tensor([0, 1, 5, 17])
     cos, sin = ref.rotary_cos_sin(pos, 8, 10000.0)

@@ -75,7 +75,7 @@ def test_kernels_are_registered_with_the_dispatcher():
     for name, mod in [
         ("add_bias_residual_layer_norm", tn), ("rms_norm", tn), ("softmax", tn),
         ("bias_gelu", te), ("silu_and_mul", te), ("apply_rotary", te),
-        ("qkv_split", te), ("qkv_split_rotary", te),
+        ("qkv_split", te), ("qkv_split_rotary", te), ("feed_tokens", te),
     ]:
         assert dispatch._KERNELS[name] is getattr(mod, name)
 
@@ -250,6 +250,19 @@ def test_silu_and_mul(dtype, shape):
     gate_up = make_rand(9)(*shape, dtype=dtype, std=3.0)
     gate_up.view(-1)[:2] = torch.tensor([-200.0, 200.0])  # saturated sigmoid, no NaN
     close(te.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("n", [1, 37, 1500])
+def test_feed_tokens(n):
+    gen = torch.Generator().manual_seed(n)
+    last = torch.randint(0, 50_000, (64,), generator=gen).to(DEVICE)
+    ids = torch.randint(0, 50_000, (n,), generator=gen)
+    fed = torch.rand(n, generator=gen) < 0.5
+    ids[fed] = -1 - torch.randint(0, 64, (int(fed.sum()),), generator=gen)
+    ids = ids.to(DEVICE)
+    expected = ref.feed_tokens(ids.clone(), last)
+    assert te.feed_tokens(ids, last) is ids
+    assert torch.equal(ids, expected) and bool((ids >= 0).all())
 
 
 def _cos_sin(n_tokens, head_dim, dtype=torch.float32, seed=10):

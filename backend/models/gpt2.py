@@ -113,8 +113,10 @@ class GPT2Model(DecoderModel):
         cfg = self.config
         x, h = self._add_norm(self.wte[batch.input_ids], None, self.wpe[batch.positions], self.layers[0]["ln_1"])
         for li, layer in enumerate(self.layers):
+            # Biases go to the kernels after each GEMM, not to the GEMM: at one row cuBLAS adds
+            # a bias with an extra copy kernel (no epilogue for a single-row GEMM).
             q = kernels.qkv_to_cache(
-                F.linear(x, layer["qkv_w"], layer["qkv_b"]), None, cfg.num_heads, cfg.num_heads, cfg.head_dim,
+                F.linear(x, layer["qkv_w"]), layer["qkv_b"], cfg.num_heads, cfg.num_heads, cfg.head_dim,
                 None, None, cache.keys(li), cache.values(li), batch.slot_mapping,
             )
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
