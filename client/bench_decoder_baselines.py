@@ -197,7 +197,8 @@ def _gen_config(new_tokens: int):
     )
 
 
-def _left_pad(prompts: list[list[int]], device):
+def left_pad(prompts: list[list[int]], device):
+    """Prompts as one left-padded batch (ids, attention mask), the way HF `generate` wants them."""
     import torch
 
     width = max(len(p) for p in prompts)
@@ -209,7 +210,8 @@ def _left_pad(prompts: list[list[int]], device):
     return ids.to(device), mask.to(device)
 
 
-def _generate(model, ids, mask, new_tokens: int):
+def generate_greedy(model, ids, mask, new_tokens: int):
+    """Exactly `new_tokens` greedy tokens for every row (EOS ignored); returns prompt + output ids."""
     import torch
 
     with torch.inference_mode():
@@ -236,7 +238,7 @@ def hf_step_time(model, batch_size: int, context_len: int = 128, steps: int = 64
     def timed(n: int) -> float:
         _sync(device)
         t0 = time.perf_counter()
-        out = _generate(model, ids, mask, n)
+        out = generate_greedy(model, ids, mask, n)
         _sync(device)
         dt = time.perf_counter() - t0
         assert out.shape[1] == context_len + n, (out.shape, context_len, n)
@@ -265,8 +267,8 @@ def request_level(model, trace: list[TraceRequest], batch_size: int = 32, device
     device = _device_of(model, device)
     # Warm-up: one small batch (first few requests, short budget).
     warm = trace[: min(4, len(trace))]
-    ids, mask = _left_pad([r.prompt_ids for r in warm], device)
-    _generate(model, ids, mask, min(4, max(r.max_new_tokens for r in warm)))
+    ids, mask = left_pad([r.prompt_ids for r in warm], device)
+    generate_greedy(model, ids, mask, min(4, max(r.max_new_tokens for r in warm)))
     _sync(device)
 
     useful = useful_tokens(trace)
@@ -277,9 +279,9 @@ def request_level(model, trace: list[TraceRequest], batch_size: int = 32, device
     for b in range(nbatches):
         batch = trace[b * batch_size:(b + 1) * batch_size]
         new = max(r.max_new_tokens for r in batch)
-        ids, mask = _left_pad([r.prompt_ids for r in batch], device)
+        ids, mask = left_pad([r.prompt_ids for r in batch], device)
         tb = time.perf_counter()
-        out = _generate(model, ids, mask, new)
+        out = generate_greedy(model, ids, mask, new)
         _sync(device)
         if out.shape[1] != ids.shape[1] + new:
             raise RuntimeError(f"generate stopped early: {out.shape[1] - ids.shape[1]} of {new} tokens")

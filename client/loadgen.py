@@ -39,6 +39,7 @@ CLI (``python -m tritonformer.client.loadgen``)::
 
     embed    --url 127.0.0.1:8000 --rates 50,100 --seconds 5 --distribution mixed [--json out.json]
     generate --url 127.0.0.1:8000 --rate 2 --requests 8 --prompt-range 8,32 --output-range 4,8
+    embed --model hf_embedder --batch-dim ...; generate --model hf_generator --unary ...  # the stock set-ups
     capacity --rates 2000,4000,8000 --seconds 2            # the client's own ceiling
 
 Each prints one Markdown table with a row per (rate, seed); ``--csv PREFIX`` writes the raw
@@ -69,6 +70,7 @@ __all__ = [
     "poisson_schedule",
     "embed_jobs",
     "generate_jobs",
+    "unary_generate_jobs",
     "run_jobs",
     "run_embed_load",
     "run_generate_load",
@@ -146,10 +148,13 @@ class Record:
 
 
 class Job:
-    __slots__ = ("index", "offset", "data", "stream", "input_tokens")
+    __slots__ = ("index", "offset", "data", "stream", "input_tokens", "unary_generate")
 
-    def __init__(self, index: int, offset: float, data: bytes, stream: bool = False, input_tokens: int = 0):
+    def __init__(self, index: int, offset: float, data: bytes, stream: bool = False, input_tokens: int = 0,
+                 unary_generate: bool = False):
         self.index, self.offset, self.data, self.stream, self.input_tokens = index, offset, data, stream, input_tokens
+        # A whole completion in one /infer answer: its output_ids are counted, all arriving at the end.
+        self.unary_generate = unary_generate
 
 
 def _split_url(url: str) -> tuple[str, int]:
@@ -169,13 +174,14 @@ def _http_request(host: str, port: int, path: str, body: bytes, stream: bool) ->
 
 def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", lengths: Sequence[int] | None = None,
                texts: Sequence[str] | None = None, seed: int = 0, vocab_size: int = 30522, cls_id: int = 101,
-               sep_id: int = 102, model: str = "embedder") -> list[Job]:
+               sep_id: int = 102, model: str = "embedder", batch_dim: bool = False) -> list[Job]:
     """One embedder request per arrival, encoded up front.
 
     Default: pre-tokenized ``input_ids`` of exact lengths (special tokens included: [CLS] random
     ids [SEP]) drawn from bench_serve_encoder's distributions; tokenization is excluded, as §4.3
     says. Random ids make every sequence distinct, so the embedder's response cache never hits.
-    ``texts`` instead sends ``text_input`` (request i gets texts[i % len(texts)])."""
+    ``texts`` instead sends ``text_input`` (request i gets texts[i % len(texts)]). ``batch_dim``:
+    ``input_ids`` shaped ``[1, n]``, for a model behind Triton's batcher (client/stock_repository)."""
     host, port = _split_url(url)
     path = EMBED_PATH.format(model=model)
     rng = np.random.default_rng((seed, 1))  # independent of the arrival stream of the same seed
@@ -192,7 +198,8 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
     for i in range(n):
         length = int(lengths[i % len(lengths)])
         ids = [cls_id, *rng.integers(1000, vocab_size, max(0, length - 2)).tolist(), sep_id][:length]
-        body = json.dumps({"inputs": [{"name": "input_ids", "shape": [len(ids)], "datatype": "INT32", "data": ids}]},
+        shape = [1, len(ids)] if batch_dim else [len(ids)]
+        body = json.dumps({"inputs": [{"name": "input_ids", "shape": shape, "datatype": "INT32", "data": ids}]},
                           separators=(",", ":"))
         jobs.append(Job(i, float(offsets[i]), _http_request(host, port, path, body.encode(), False), input_tokens=len(ids)))
     return jobs
@@ -221,6 +228,33 @@ def generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: str = "
         data = _http_request(host, port, path, json.dumps(body, separators=(",", ":")).encode(), True)
         jobs.append(Job(i, float(offsets[i]), data, True, len(ids) if ids is not None else 0))
     return jobs
+
+
+def unary_generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: str = "hf_generator") -> list[Job]:
+    """One ``/infer`` request per trace entry for a non-streaming generator behind Triton's
+    batcher (client/stock_repository/hf_generator): ``input_ids [1, n]``, ``max_tokens [1, 1]``.
+    Its tokens all arrive with the answer, so its time to first token is its whole latency."""
+    host, port = _split_url(url)
+    path = EMBED_PATH.format(model=model)
+    jobs = []
+    for i, item in enumerate(trace):
+        ids, text, max_tokens = _trace_item(item)
+        if ids is None:
+            raise ValueError("the unary generator takes prompt ids, not text")
+        body = {"inputs": [{"name": "input_ids", "shape": [1, len(ids)], "datatype": "INT32", "data": ids},
+                           {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [max_tokens]}]}
+        data = _http_request(host, port, path, json.dumps(body, separators=(",", ":")).encode(), False)
+        jobs.append(Job(i, float(offsets[i]), data, False, len(ids), unary_generate=True))
+    return jobs
+
+
+def _count_unary_tokens(body: bytes, rec: "Record") -> None:
+    """A whole completion's output ids, all received at the end."""
+    outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+    rec.tokens = len(outputs["output_ids"]["data"])
+    rec.first = rec.last_token = rec.end
+    rec.events.append((rec.end, rec.tokens))
+    rec.finish_reason = "length"
 
 
 # ----------------------------------------------------------------------------- the HTTP client
@@ -353,6 +387,8 @@ class _Driver:
                 rec.end = clock()
                 if status != 200:
                     rec.error = body[:300].decode(errors="replace")
+                elif job.unary_generate:
+                    _count_unary_tokens(body, rec)
             reusable = not close and (length is not None or chunked)
         except asyncio.CancelledError:
             rec.status, rec.error = -1, f"no complete answer within {self.timeout:g} s of the last arrival"
@@ -577,7 +613,8 @@ def summarize_generate(records: list[Record], start: float, rate: float, warmup:
     measured, out = _common(records, start, warmup, cpu)
     ok = [r for r in measured if r.ok]
     ttft = np.array([r.first - r.scheduled for r in ok if r.tokens]) * 1e3
-    tpot = np.array([(r.last_token - r.first) / (r.tokens - 1) for r in ok if r.tokens > 1]) * 1e3
+    # Between tokens, so only where they came in two events or more (a unary answer has none).
+    tpot = np.array([(r.last_token - r.first) / (r.tokens - 1) for r in ok if len(r.events) > 1]) * 1e3
     per_token = np.array([(r.end - r.scheduled) / r.tokens for r in ok if r.tokens]) * 1e3
     e2e = np.array([r.end - r.scheduled for r in ok]) * 1e3
     tokens = sum(r.tokens for r in ok)
@@ -598,12 +635,12 @@ def summarize_generate(records: list[Record], start: float, rate: float, warmup:
 def run_embed_load(url: str, rate: float, seconds: float, *, distribution: str = "mixed",
                    lengths: Sequence[int] | None = None, texts: Sequence[str] | None = None, seed: int = 0,
                    vocab_size: int = 30522, max_in_flight: int = 1024, processes: int = 1, warmup: float = 0.0,
-                   timeout: float = 120.0, model: str = "embedder") -> dict:
+                   timeout: float = 120.0, model: str = "embedder", batch_dim: bool = False) -> dict:
     """Open-loop Poisson embedder load for ``warmup + seconds``; statistics over the arrivals after
     the warm-up. Returns {"summary": {...}, "records": [Record, ...], "start": clock value}."""
     offsets = poisson_schedule(rate, warmup + seconds, seed)
     jobs = embed_jobs(url, offsets, distribution=distribution, lengths=lengths, texts=texts, seed=seed,
-                      vocab_size=vocab_size, model=model)
+                      vocab_size=vocab_size, model=model, batch_dim=batch_dim)
     records, start, cpu = run_jobs(url, jobs, max_in_flight=max_in_flight, processes=processes, timeout=timeout)
     summary = summarize_embed(records, start, rate, warmup, cpu)
     summary.update(seed=seed, seconds=seconds, distribution="texts" if texts is not None else distribution)
@@ -611,11 +648,14 @@ def run_embed_load(url: str, rate: float, seconds: float, *, distribution: str =
 
 
 def run_generate_load(url: str, trace: Sequence, rate: float, seed: int = 0, *, max_in_flight: int = 1024,
-                      processes: int = 1, warmup: float = 0.0, timeout: float = 600.0, model: str = "generator") -> dict:
+                      processes: int = 1, warmup: float = 0.0, timeout: float = 600.0, model: str = "generator",
+                      unary: bool = False) -> dict:
     """Each trace request (TraceRequest or {"prompt_ids"|"text", "max_tokens"}) at its Poisson
-    arrival (exactly len(trace) arrivals) over /generate_stream. Returns like run_embed_load."""
+    arrival (exactly len(trace) arrivals) over /generate_stream, or with ``unary`` one /infer
+    each (unary_generate_jobs). Returns like run_embed_load."""
     offsets = poisson_schedule(rate, seed=seed, n=len(trace))
-    jobs = generate_jobs(url, offsets, trace, model=model)
+    make = unary_generate_jobs if unary else generate_jobs
+    jobs = make(url, offsets, trace, model=model)
     records, start, cpu = run_jobs(url, jobs, max_in_flight=max_in_flight, processes=processes, timeout=timeout)
     summary = summarize_generate(records, start, rate, warmup, cpu)
     summary.update(seed=seed, expected_tokens=sum(_trace_item(t)[2] for t in trace))
@@ -849,6 +889,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
                    help="token lengths (special tokens included), as bench serve-encoder")
     e.add_argument("--vocab-size", type=int, default=30522, help="random ids are drawn from [1000, this)")
     e.add_argument("--model", default="embedder")
+    e.add_argument("--batch-dim", action="store_true",
+                   help="input_ids shaped [1, n]: a model behind Triton's batcher (client/stock_repository)")
     e.add_argument("--timeout", type=float, default=120.0, help="seconds after the last arrival before giving up")
 
     g = sub.add_parser("generate", help="generator: Poisson arrivals over /generate_stream")
@@ -859,6 +901,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
     g.add_argument("--output-range", default="1,128", help="max_tokens, uniform inclusive lo,hi (EOS ignored)")
     g.add_argument("--vocab-size", type=int, default=49152, help="prompt ids from [0, this) (SmolLM2: 49152)")
     g.add_argument("--model", default="generator")
+    g.add_argument("--unary", action="store_true",
+                   help="one /infer per request, whole answers (client/stock_repository/hf_generator)")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds after the last arrival before giving up")
 
     c = sub.add_parser("capacity", help="the client's own ceiling against a trivial local HTTP server")
@@ -880,7 +924,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
         return _sweep("embed", EMBED_COLUMNS, header, points, lambda rate, seed: run_embed_load(
             args.url, rate, args.seconds, distribution=args.distribution, seed=seed, vocab_size=args.vocab_size,
             max_in_flight=args.max_in_flight, processes=args.processes, warmup=args.warmup, timeout=args.timeout,
-            model=args.model), args)
+            model=args.model, batch_dim=args.batch_dim), args)
     if args.command == "generate":
         prompt_range, output_range = _range(args.prompt_range), _range(args.output_range)
         header = (f"generator at {args.url}: open-loop Poisson, {args.requests} requests per point, prompt "
@@ -891,7 +935,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
             trace = orca_trace(args.requests, seed, prompt_range, output_range, args.vocab_size)
             return run_generate_load(args.url, trace, rate, seed, max_in_flight=args.max_in_flight,
                                      processes=args.processes, warmup=args.warmup, timeout=args.timeout,
-                                     model=args.model)
+                                     model=args.model, unary=args.unary)
 
         return _sweep("generate", GENERATE_COLUMNS, header, points, point, args)
     with trivial_server(args.server_processes) as server:

@@ -170,3 +170,36 @@ def test_cuda_graph_replay_equals_eager():
         assert replayed.shape == eager.shape
         assert _cos_min(replayed, eager) >= 0.9999
     assert graphs.replays == 6 and len(graphs._graphs) == 5  # (32,2) (16,4) (256,8) (512,2) (32,4)
+
+
+def test_generator_engine_tokens_are_hf_greedy_on_gpu():
+    """The whole engine on the GPU (decode graphs, tokens fed back on the device while the host
+    runs an iteration ahead, prompts joining mid-flight): every token it picked is HF's greedy
+    choice given the same history, up to numeric near-ties (fp16 vs HF fp32)."""
+    from tritonformer.backend.sampling import SamplingParams
+    from tritonformer.client.bench_serve_decoder import our_engine
+
+    cfg = transformers.GPT2Config(n_layer=4)
+    torch.manual_seed(9)
+    hf = transformers.GPT2LMHeadModel(cfg).eval().to(CUDA)
+    engine, sink = our_engine(hf.half(), CUDA, torch.float16, max_running=8, token_budget=256, kv_fraction=0.05)
+    hf.float()
+    gen = torch.Generator().manual_seed(10)
+    prompts = [torch.randint(0, 50256, (n,), generator=gen).tolist() for n in (5, 300, 33, 1, 90, 17)]
+    seqs = [engine.new_sequence(i, p, SamplingParams(max_tokens=20, ignore_eos=True), False) for i, p in enumerate(prompts)]
+    engine.admit(seqs[:3])
+    for _ in range(4):
+        engine.step()
+    engine.admit(seqs[3:])  # join while the others decode
+    while engine.has_work():
+        engine.step()
+    assert sink.finished == len(prompts) and not sink.errors
+    assert engine.runner.graphs.replays > 0
+    with torch.inference_mode():
+        for seq, prompt in zip(seqs, prompts):
+            assert len(seq.output_ids) == 20 and min(seq.output_ids) >= 0
+            full = torch.tensor([prompt + seq.output_ids], device=CUDA)
+            logits = hf(full).logits[0, len(prompt) - 1 : -1].float()
+            chosen = logits.gather(1, torch.tensor(seq.output_ids, device=CUDA)[:, None]).squeeze(1)
+            shortfall = logits.max(-1).values - chosen  # 0 where ours is HF's argmax
+            assert shortfall.max().item() < 2e-2, shortfall.tolist()

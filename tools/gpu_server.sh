@@ -6,6 +6,9 @@
 #   EMBEDDER_CHECKPOINT=/path/minilm GENERATOR_CHECKPOINT=/path/smollm2 tools/gpu_server.sh [start]
 #   tools/gpu_server.sh status
 #   tools/gpu_server.sh stop
+#   STOCK=1 EMBEDDER_CHECKPOINT=... GENERATOR_CHECKPOINT=... tools/gpu_server.sh start
+#       the stock set-ups instead (client/stock_repository: hf_embedder, hf_generator = HF models
+#       behind Triton's dynamic batcher), the baselines of the served benchmarks
 #
 # Environment (all optional except the two checkpoints):
 #   EMBEDDER_CHECKPOINT, GENERATOR_CHECKPOINT  checkpoint folders (config.pbtxt "checkpoint")
@@ -17,6 +20,7 @@
 #   IMAGE_SITE_PACKAGES  ':'-separated dirs to expose to the stub (default: IMAGE_PYTHON's
 #                   site-packages / dist-packages)
 #   READY_TIMEOUT   seconds to wait for both models (300)
+#   HIDE_PACKAGES   STOCK=1 only: image packages the stub must not see ("scipy sklearn"), see below
 #
 # How it works (details: /work/shared/reference/env.md):
 # * /tmp/tritonserver: the tritonserver tree unpacked from the nvidia-pytriton wheel, laid out as
@@ -27,7 +31,11 @@
 #   /tmp/tf (where `tritonformer` is a symlink to this repository). The stub's embedded Python
 #   ignores PYTHONPATH and takes its prefix from the first python3 on PATH, so the launcher runs
 #   under /tmp/stubenv/bin/python3 and client/server.py puts that bin/ first on the server's PATH.
-# * Nothing the server runs may import `transformers` there: the image's build needs numpy 2.
+# * Our models never import `transformers`. The stock ones must, and under numpy 1.26 the image's
+#   transformers failed to import (its optional scipy/scikit-learn are built for numpy 2). With
+#   STOCK=1 the stub therefore sees the image's site-packages through an overlay of symlinks that
+#   leaves out HIDE_PACKAGES: transformers then finds them absent and never imports them (checked
+#   here with transformers 5.17 and numpy 1.26: BertModel and generate work without them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -44,9 +52,46 @@ HTTP_PORT=${TRITONFORMER_HTTP_PORT:-8000}
 GRPC_PORT=${TRITONFORMER_GRPC_PORT:-8001}
 METRICS_PORT=${TRITONFORMER_METRICS_PORT:-8002}
 READY_TIMEOUT=${READY_TIMEOUT:-300}
-MODELS=(embedder generator)
+STOCK=${STOCK:-0}
+HIDE_PACKAGES=${HIDE_PACKAGES:-"scipy sklearn"}
+if [[ $STOCK == 1 ]]; then
+    MODELS=(hf_embedder hf_generator)
+    SOURCE_REPO=$REPO/client/stock_repository
+    STUBENV=/tmp/stubenv-stock
+else
+    MODELS=(embedder generator)
+    SOURCE_REPO=$REPO/model_repository
+fi
 
 say() { echo "gpu_server: $*" >&2; }
+
+# ':'-separated overlays of the ':'-separated site dirs $1: symlinks to every entry except the
+# HIDE_PACKAGES (their modules, dist-info and bundled .libs), so `find_spec` cannot find them.
+hide_packages() {
+    local overlays=() dir i=0 entry name pkg hidden
+    IFS=: read -ra dirs <<<"$1"
+    for dir in "${dirs[@]}"; do
+        local overlay=$STUBENV/image-site-$i
+        i=$(( i + 1 ))
+        mkdir -p "$overlay"
+        for entry in "$dir"/* "$dir"/.[!.]*; do
+            [[ -e $entry ]] || continue
+            name=$(basename "$entry")
+            hidden=0
+            for pkg in $HIDE_PACKAGES; do
+                local dist=$pkg  # the distribution's name, in dist-info and .libs
+                [[ $pkg == sklearn ]] && dist=scikit_learn
+                case $name in
+                    "$pkg" | "$pkg".py | "$pkg"-* | "$pkg".libs | "$dist"-* | "$dist".libs) hidden=1 ;;
+                esac
+            done
+            (( hidden )) || ln -s "$entry" "$overlay/$name"
+        done
+        overlays+=("$overlay")
+    done
+    local IFS=:
+    echo "${overlays[*]}"
+}
 
 # The launcher's pid, if it is alive and really our launcher (pids get reused).
 running_pid() {
@@ -162,7 +207,7 @@ start() {
     image_sites=${IMAGE_SITE_PACKAGES:-$("$IMAGE_PYTHON" -c '
 import sys
 print(":".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))')}
-    local env_stamp="$(command -v "$IMAGE_PYTHON") $(basename "$wheel") $image_sites"
+    local env_stamp="$(command -v "$IMAGE_PYTHON") $(basename "$wheel") $image_sites stock=$STOCK $HIDE_PACKAGES"
     if [[ "$(cat "$STUBENV/.stamp" 2>/dev/null)" != "$env_stamp" ]]; then
         say "building $STUBENV (numpy 1.26.4 + the image's site-packages)"
         rm -rf "$STUBENV"
@@ -177,8 +222,10 @@ print(":".join(p for p in sys.path if p.endswith(("site-packages", "dist-package
         else  # a wheel is a zip laid out for site-packages
             "$IMAGE_PYTHON" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$site"
         fi
+        local sites=$image_sites
+        if [[ $STOCK == 1 ]]; then sites=$(hide_packages "$image_sites"); fi
         # A .pth line is a path appended to sys.path (the stub honours .pth, unlike PYTHONPATH).
-        { echo "$IMPORT_DIR"; tr ':' '\n' <<<"$image_sites"; } > "$site/tritonformer-image.pth"
+        { echo "$IMPORT_DIR"; tr ':' '\n' <<<"$sites"; } > "$site/tritonformer-image.pth"
         echo "$env_stamp" > "$STUBENV/.stamp"
     fi
 
@@ -191,16 +238,23 @@ print("gpu_server: stub env: numpy", numpy.__version__, "from", numpy.__file__.r
       "| torch", torch.__version__, "| triton", triton.__version__, flush=True)
 assert numpy.__version__.startswith("1."), "the stub needs numpy 1.x"
 ' >&2
+    if [[ $STOCK == 1 ]]; then  # fail here, not as a model that never loads
+        "$STUBENV/bin/python3" -c '
+import transformers
+from transformers import AutoModel, AutoModelForCausalLM, BertModel, GPT2LMHeadModel
+print("gpu_server: stub env: transformers", transformers.__version__, "imports", flush=True)
+' >&2
+    fi
 
     # ---- 3. the model repository: our models with checkpoint (and optional) overrides
     rm -rf "$MODEL_REPO"
     mkdir -p "$MODEL_REPO"
     local m
     for m in "${MODELS[@]}"; do
-        cp -r "$REPO/model_repository/$m" "$MODEL_REPO/$m"
+        cp -r "$SOURCE_REPO/$m" "$MODEL_REPO/$m"
         find "$MODEL_REPO/$m" -name __pycache__ -prune -exec rm -rf {} +
     done
-    "$STUBENV/bin/python3" - "$MODEL_REPO" <<'EOF'
+    "$STUBENV/bin/python3" - "$MODEL_REPO" "${MODELS[@]}" <<'EOF'
 # Override string parameters of config.pbtxt in place; every other line stays as it is.
 import os, re, sys
 from pathlib import Path
@@ -217,8 +271,7 @@ def override(config: Path, values: dict[str, str]) -> None:
         print(f"gpu_server: {config.parent.name}: {key} = {value}", file=sys.stderr)
     config.write_text(text)
 
-for model in ("embedder", "generator"):
-    prefix = model.upper()
+for model, prefix in zip(sys.argv[2:], ("EMBEDDER", "GENERATOR")):
     values = {"checkpoint": str(Path(os.environ[f"{prefix}_CHECKPOINT"]).resolve())}
     for item in os.environ.get(f"{prefix}_PARAMS", "").split():
         key, sep, value = item.partition("=")
