@@ -4,10 +4,13 @@
 # Poisson load generator (client/loadgen.py) in separate processes.
 #
 #   tools/gpu_served_bench.sh fifo|dp [INSTANCES]   (carry .gpu-carry/server; results under $OUT)
+#   tools/gpu_served_bench.sh stock                  the stock set-ups on the same checkpoints
 #
 # fifo / dp: the embedder's batch_policy for this server start (the served default is fifo with
 # a token budget); INSTANCES: embedder model instances (1). The generator part runs with
-# "fifo 1" only, once per stream_interval in $STREAM_INTERVALS.
+# "fifo 1" only, once per stream_interval in $STREAM_INTERVALS. stock: HF BertModel and HF
+# generate behind Triton's dynamic batcher (client/stock_repository), at STOCK_EMBED_RATES and
+# STOCK_GEN_RATES with STOCK_GEN_REQUESTS requests per point.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 POLICY=${1:-fifo}
@@ -28,6 +31,18 @@ start() {
   tools/gpu_server.sh start || { tail -50 /tmp/tritonserver.log; exit 1; }
   echo "server ready after $(( $(date +%s) - t0 )) s"
 }
+if [[ $POLICY == stock ]]; then
+  STOCK=1 start
+  python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --model hf_embedder --batch-dim \
+    --rates "${STOCK_EMBED_RATES:-50,100,200,400,800,1600}" --seconds 4 --warmup 1 --distribution mixed \
+    --processes 2 --json "$OUT/served_embed_stock.json" 2>&1 | tee "$OUT/served_embed_stock.log"
+  python3 -m tritonformer.client.loadgen generate --url 127.0.0.1:8000 --model hf_generator --unary \
+    --rates "${STOCK_GEN_RATES:-2,8}" --requests "${STOCK_GEN_REQUESTS:-128}" --prompt-range 32,512 \
+    --output-range 1,128 --vocab-size 50256 --json "$OUT/served_generate_stock.json" 2>&1 \
+    | tee "$OUT/served_generate_stock.log"
+  STOCK=1 tools/gpu_server.sh stop
+  exit 0
+fi
 first=1
 for interval in $STREAM_INTERVALS; do
   export GENERATOR_PARAMS="max_running_sequences=256 max_tokens_per_iteration=4096 kv_cache_memory_fraction=0.4 stream_interval=$interval"
