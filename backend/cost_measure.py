@@ -40,7 +40,11 @@ def load_or_measure(
     vocab_size: int,
     max_len: int,
     device: torch.device,
+    packed: bool = True,
 ) -> GridCostModel:
+    """The cost table for `key`: loaded when saved, else measured with `embed` over the grid and
+    saved. `packed`: the runtime's cost follows the mean length (packed), or the longest (a
+    padded runtime); the grid's batches have equal lengths, so only the table's reading differs."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir) / "cost_models" / f"encoder-{digest}.json"
     model = GridCostModel.load(path, key)
@@ -71,7 +75,7 @@ def load_or_measure(
             log.info("measuring batch costs for the DP batcher: %d/%d grid points", done, total)
 
     start = time.perf_counter()
-    model = GridCostModel.measure(time_batch, key, packed=True, seqs=seqs, lengths=lengths,
+    model = GridCostModel.measure(time_batch, key, packed=packed, seqs=seqs, lengths=lengths,
                                   max_tokens=max_tokens, progress=progress)
     model.save(path)
     log.info("batch cost table measured in %.1f s, saved to %s", time.perf_counter() - start, path)

@@ -12,7 +12,8 @@ that falls behind is charged for it. Same runtime and weights for every policy:
 - dp: our dynamic-programming length batcher over the measured cost table.
 
 For each policy and offered rate it prints p50/p99 latency, and the goodput: the highest
-offered rate whose p99 stays within the budget. The same load through a real tritonserver:
+offered rate whose p99 stays within the budget. `--execution padded` makes every batch cost
+what it costs a padded runtime (see PaddedCostEngine): where batching by length pays. The same load through a real tritonserver:
 `tritonformer bench load embed` (client/loadgen.py) and tools/gpu_served_bench.sh.
 """
 from __future__ import annotations
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequence cap of every policy (default: 64 by count, 1024 under a token budget)")
     parser.add_argument("--slo-ms", type=float, default=50.0)
     parser.add_argument("--layers", type=int, default=12, help="bert-base layers (12)")
+    parser.add_argument("--execution", choices=("packed", "padded"), default="packed",
+                        help="packed: our runtime; padded: every sequence of a batch extended to its longest "
+                             "(a padded runtime's cost, for the policy comparison; outputs are not used)")
     parser.add_argument("--json", help="also write the results here")
 
 
@@ -78,6 +82,21 @@ class LatencySink:
 
     def is_cancelled(self, handle):
         return False
+
+
+def padded_cost_engine(pad_id: int = 0):
+    """EmbedderEngine whose batches cost what they cost a padded runtime (HF, FasterTransformer
+    without its remove-padding mode): every sequence is extended to the batch's longest with pad
+    tokens and the whole rectangle runs through the same kernels. A cost emulation for comparing
+    batching policies: the pads are attended to, so its embeddings are not the served ones."""
+    from tritonformer.backend.embedder import EmbedderEngine
+
+    class PaddedCostEngine(EmbedderEngine):
+        def embed(self, sequences):
+            longest = max(len(s) for s in sequences)
+            return super().embed([s + [pad_id] * (longest - len(s)) for s in sequences])
+
+    return PaddedCostEngine
 
 
 def run_load(engine_factory, rate: float, seconds: float, distribution: str, vocab: int, seed: int = 0) -> dict:
@@ -132,15 +151,17 @@ def run(args) -> int:
     hf = transformers.BertModel._from_config(cfg, add_pooling_layer=False).eval()
     model = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), dev, dtype)
     del hf
-    probe = EmbedderEngine(model, LatencySink(), FifoBatchPolicy())
+    engine_cls = padded_cost_engine() if args.execution == "padded" else EmbedderEngine
+    probe = engine_cls(model, LatencySink(), FifoBatchPolicy())
     if probe.graphs is not None:  # as the served embedder does at start-up
         print(f"captured {probe.graphs.warm_up()} CUDA graphs", file=sys.stderr)
-    key = cost_model_key(dev, "random-bert-base", dtype, {"cuda_graphs": True, "arena": False, "layers": args.layers})
+    key = cost_model_key(dev, "random-bert-base", dtype, {"cuda_graphs": True, "arena": False, "layers": args.layers,
+                                                         "execution": args.execution})
     t0 = time.perf_counter()
     # The cost table's cache (not tritonformer.backend.checkpoints.cache_dir: that package needs
     # gguf, which a bare GPU image may lack).
     cache = Path(os.environ.get("TRITONFORMER_CACHE_DIR", Path.home() / ".cache" / "tritonformer"))
-    cost = load_or_measure(probe.embed, key, cache, cfg.vocab_size, 512, dev)
+    cost = load_or_measure(probe.embed, key, cache, cfg.vocab_size, 512, dev, packed=args.execution == "packed")
     print(f"cost table ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
     count_cap, budget_cap = args.max_batch or 64, args.max_batch or 1024
@@ -158,7 +179,7 @@ def run(args) -> int:
         results[name] = []
         for rate in rates:
             def factory(sink, name=name):
-                engine = EmbedderEngine(model, sink, policies[name]())
+                engine = engine_cls(model, sink, policies[name]())
                 engine.graphs = probe.graphs  # share captured graphs: same runtime for every policy
                 return engine
 
@@ -169,7 +190,7 @@ def run(args) -> int:
             if r["p99_ms"] > 10 * args.slo_ms:
                 break  # saturated: higher rates only queue longer
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
-    print(f"\n{gpu}, bert-base ({args.layers} layers) {dtype}, {args.distribution} lengths, open-loop Poisson, "
+    print(f"\n{gpu}, bert-base ({args.layers} layers) {dtype}, {args.execution} execution, {args.distribution} lengths, open-loop Poisson, "
           f"{args.seconds:.0f} s per rate, latency from the scheduled arrival")
     print(f"{'policy':12s} {'goodput@p99<=' + str(int(args.slo_ms)) + 'ms':>20s} {'p50/p99 ms at each offered rate'}")
     for name, rows in results.items():
@@ -178,5 +199,5 @@ def run(args) -> int:
         print(f"{name:12s} {max(ok) if ok else 0:>20.0f}  {cells}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": gpu, "results": results}, f, indent=1)
+            json.dump({"gpu": gpu, "execution": args.execution, "results": results}, f, indent=1)
     return 0
