@@ -35,17 +35,40 @@ def error_code(error: Exception) -> int:
     return pb_utils.TritonError.INTERNAL
 
 
-def make_response(outputs: dict[str, np.ndarray] | None, error: Exception | None):
+def make_response(outputs: dict[str, np.ndarray] | None, error: Exception | None, batch_axis: bool = False):
+    """`batch_axis`: the model runs behind Triton's batcher (max_batch_size > 0), so every output
+    carries the request's batch dimension, 1, in front."""
     if error is not None:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), error_code(error)))
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in outputs.items()])
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(k, v[None] if batch_axis else v) for k, v in outputs.items()]
+    )
+
+
+def uses_triton_batching(args: dict) -> bool:
+    """Whether config.pbtxt puts the model behind Triton's batcher (max_batch_size > 0): then
+    each execute() may carry many requests, and every tensor has a leading batch dimension."""
+    return int(json.loads(args["model_config"]).get("max_batch_size", 0)) > 0
+
+
+def one_item_batches(request, names: tuple[str, ...]) -> None:
+    """Behind Triton's batcher a request holds one item: inputs shaped [1, ...]."""
+    for name in names:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None and (not tensor.shape() or tensor.shape()[0] != 1):
+            raise InvalidRequest(
+                f"{name} has shape {list(tensor.shape())}: with Triton batching a request holds one item, "
+                f"shaped [1, ...] (send several items as several requests, or several texts in one text_input)"
+            )
 
 
 class TritonSink:
     """A ResponseSink whose handles are `InferenceResponseSender`s. When sending falls behind
-    the engine, a stream's pending pieces are coalesced into one response."""
+    the engine, a stream's pending pieces are coalesced into one response. `batch_axis`: see
+    make_response."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, batch_axis: bool = False):
+        self.batch_axis = batch_axis
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
         self._thread.start()
@@ -69,7 +92,7 @@ class TritonSink:
             for handle, outputs, error, final in coalesce([i for i in items if i is not _STOP]):
                 flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
                 try:
-                    handle.send(make_response(outputs, error), flags=flags)
+                    handle.send(make_response(outputs, error, self.batch_axis), flags=flags)
                 except Exception as e:  # e.g. the client went away; nothing else to do for it
                     logging.getLogger("tritonformer").warning("could not send a response: %s", e)
             if stop:

@@ -190,7 +190,8 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
     if texts is not None:
         for i in range(n):
             text = texts[i % len(texts)]
-            body = json.dumps({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [text]}]})
+            shape = [1, 1] if batch_dim else [1]
+            body = json.dumps({"inputs": [{"name": "text_input", "shape": shape, "datatype": "BYTES", "data": [text]}]})
             jobs.append(Job(i, float(offsets[i]), _http_request(host, port, path, body.encode(), False)))
         return jobs
     if lengths is None:

@@ -5,6 +5,7 @@
 #
 #   tools/gpu_served_bench.sh fifo|dp [INSTANCES]   (carry .gpu-carry/server; results under $OUT)
 #   tools/gpu_served_bench.sh stock                  the stock set-ups on the same checkpoints
+#   tools/gpu_served_bench.sh batched [INSTANCES]    fifo, the embedder behind Triton's batcher
 #
 # fifo / dp: the embedder's batch_policy for this server start (the served default is fifo with
 # a token budget); INSTANCES: embedder model instances (1). The generator part runs with
@@ -15,6 +16,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 POLICY=${1:-fifo}
 INSTANCES=${2:-1}
+BATCH_DIM=()
+if [[ $POLICY == batched ]]; then  # several requests per execute() call; requests shaped [1, ...]
+  export EMBEDDER_TRITON_BATCHING=1
+  BATCH_DIM=(--batch-dim)
+  POLICY=fifo
+  TAG_SUFFIX=_batched
+fi
 STREAM_INTERVALS=${STREAM_INTERVALS:-1}
 OUT=${OUT:-/tmp/served-out}
 EMBED_RATES=${EMBED_RATES:-500,1000,2000,4000,6000,8000}
@@ -48,12 +56,12 @@ for interval in $STREAM_INTERVALS; do
   export GENERATOR_PARAMS="max_running_sequences=256 max_tokens_per_iteration=4096 kv_cache_memory_fraction=0.4 stream_interval=$interval"
   start
   if [[ $first == 1 ]]; then
-    tag="${POLICY}_x$INSTANCES"
+    tag="${POLICY}_x$INSTANCES${TAG_SUFFIX:-}"
     python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "$EMBED_RATES" --seconds 4 --warmup 1 \
-      --distribution mixed --processes 4 --json "$OUT/served_embed_$tag.json" 2>&1 | tee "$OUT/served_embed_$tag.log"
+      --distribution mixed --processes 4 "${BATCH_DIM[@]}" --json "$OUT/served_embed_$tag.json" 2>&1 | tee "$OUT/served_embed_$tag.log"
     first=0
   fi
-  if [[ $POLICY == fifo && $INSTANCES == 1 ]]; then
+  if [[ $POLICY == fifo && $INSTANCES == 1 && -z ${TAG_SUFFIX:-} ]]; then
     python3 -m tritonformer.client.loadgen generate --url 127.0.0.1:8000 --rates "$GEN_RATES" --requests 256 \
       --prompt-range 32,512 --output-range 1,128 --vocab-size 50256 --processes 2 \
       --json "$OUT/served_generate_si$interval.json" 2>&1 | tee "$OUT/served_generate_si$interval.log"

@@ -14,6 +14,8 @@
 #   EMBEDDER_CHECKPOINT, GENERATOR_CHECKPOINT  checkpoint folders (config.pbtxt "checkpoint")
 #   EMBEDDER_PARAMS, GENERATOR_PARAMS  more config.pbtxt overrides, "key=value key=value"
 #   EMBEDDER_INSTANCES, GENERATOR_INSTANCES  instance_group count (model instances on the GPU)
+#   EMBEDDER_TRITON_BATCHING=1  the embedder behind Triton's batcher, several requests per
+#                   execute() call (client/config_variants.py; clients send shapes [1, ...])
 #   TRITONFORMER_HTTP_PORT/_GRPC_PORT/_METRICS_PORT  ports (8000/8001/8002)
 #   IMAGE_PYTHON    the Python that has torch and triton (python3); its minor version picks the
 #                   Python-backend stub and the numpy wheel
@@ -288,6 +290,12 @@ for model, prefix in zip(sys.argv[2:], ("EMBEDDER", "GENERATOR")):
             sys.exit(f"gpu_server: error: {config} has no single instance_group count")
         config.write_text(text)
         print(f"gpu_server: {model}: instances = {instances}", file=sys.stderr)
+    if model == "embedder" and os.environ.get("EMBEDDER_TRITON_BATCHING") == "1":
+        from tritonformer.client.config_variants import with_triton_batching
+
+        config = Path(sys.argv[1]) / model / "config.pbtxt"
+        config.write_text(with_triton_batching(config.read_text()))
+        print(f"gpu_server: {model}: behind Triton's batcher (inputs and outputs shaped [1, ...])", file=sys.stderr)
 EOF
 
     # ---- 4. start: client/server.py's TritonServer (same flags as `tritonformer serve`) under the
