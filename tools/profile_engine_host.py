@@ -1,0 +1,91 @@
+"""The decoder engine's host work per decode iteration, without a model or a GPU.
+
+The engine runs one iteration ahead of the GPU (backend/generator.py): an iteration costs
+max(GPU forward, host work) only while the host's share (scheduling, inputs for the decode
+graph, sampling bookkeeping, stop checks, responses) stays below the forward. This times that
+share alone: the real scheduler, engine, sampler and decode-graph input packing around a runner
+that returns logits at once.
+
+    .venv/bin/python tools/profile_engine_host.py --batch 64 [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from tritonformer.backend.decode_graphs import DecodeGraphs
+from tritonformer.backend.decoder_runner import SampledTokens
+from tritonformer.backend.generator import GeneratorEngine
+from tritonformer.backend.sampling import SamplingParams
+from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
+from tritonformer.scheduler.iteration import IterationScheduler
+from tritonformer.scheduler.kv_blocks import BlockManager
+
+BLOCK, BLOCKS, CONTEXT, VOCAB = 16, 8192, 1024, 64
+
+
+class ModelFreeRunner:
+    """DecoderRunner's interface: packs a decode iteration's inputs as the graph replay does
+    (into CPU buffers), and returns logits that are already there."""
+
+    def __init__(self, max_running: int):
+        self.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=CONTEXT, eos_token_ids=(0,)))
+        self.cache = SimpleNamespace(block_size=BLOCK, scratch_slot=BLOCKS * BLOCK, bytes_per_block=lambda: 1)
+        width = CONTEXT // BLOCK
+        self.graphs = DecodeGraphs(None, self.cache, max_running, width, torch.zeros(max_running, dtype=torch.long))
+        self.long_buf = torch.zeros(3 * max_running, dtype=torch.long)
+        self.int_buf = torch.zeros(max_running * (1 + width), dtype=torch.int32)
+        self.logits = torch.randn(max_running, VOCAB)
+
+    def run(self, entries):
+        if all(len(e.tokens) == 1 for e in entries):
+            long_host, int_host = self.graphs.host_inputs(entries, self.graphs.bucket(len(entries)))
+            self.long_buf[: long_host.size].copy_(torch.from_numpy(long_host))
+            self.int_buf[: int_host.size].copy_(torch.from_numpy(int_host))
+        return self.logits[: sum(e.sample for e in entries)]
+
+    def publish(self, ids):
+        return SampledTokens(ids)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=64, help="decoding sequences")
+    parser.add_argument("--steps", type=int, default=100, help="iterations per timed round (7 rounds)")
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of one round")
+    args = parser.parse_args()
+    scheduler = IterationScheduler(BlockManager(BLOCKS, BLOCK), args.batch, 4096, max_seq_len=CONTEXT)
+    engine = GeneratorEngine(ModelFreeRunner(args.batch), _IdsOnly(), _CountingSink(), scheduler,
+                             max_queue=100_000, cancel_check_interval_s=3600)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(max_tokens=CONTEXT - 129, ignore_eos=True)
+    engine.admit([engine.new_sequence(i, rng.integers(1, 50_000, 128).tolist(), params, False)
+                  for i in range(args.batch)])
+    for _ in range(3):  # prefill, then decoding
+        engine.step()
+    rounds = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        rounds.append((time.perf_counter() - start) / args.steps * 1e6)
+    print(f"batch {args.batch}: {sorted(rounds)[3]:.0f} us of host work per decode iteration "
+          f"(median of 7 rounds; min {min(rounds):.0f})")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(args.steps):
+            engine.step()
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
