@@ -9,9 +9,11 @@ the unused token slots (its result is ignored). Sequences past the real ones are
 from __future__ import annotations
 
 import bisect
-from itertools import accumulate
 
+import numpy as np
 import torch
+
+from tritonformer.backend.device import copy_to_device_
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)  # includes the padding sequence
@@ -59,11 +61,17 @@ class EncoderGraphs:
         ids_buf[:total].copy_(input_ids)
         # Real sequences, then one padding sequence over the unused slots, then empty ones. The
         # padding tokens get position 0, so a bucket may be longer than the position table.
-        cu = [0, *accumulate(lengths)] + [key[0]] * (key[1] - len(lengths))
+        n = len(lengths)
+        cu = np.full(key[1] + 1, key[0], dtype=np.int32)
+        cu[0] = 0
+        np.cumsum(lengths, out=cu[1 : n + 1])
         offset = self.model.config.position_offset
-        pos = [p + offset for n in lengths for p in range(n)] + [offset] * (key[0] - total)
-        cu_buf.copy_(torch.tensor(cu, dtype=torch.int32))
-        pos_buf.copy_(torch.tensor(pos, dtype=torch.long))
+        pos = np.full(key[0], offset, dtype=np.int64)
+        pos[:total] += np.arange(total) - np.repeat(cu[:n], lengths)
+        # Pinned, not waiting for the stream: a pageable copy would stall the host until the GPU
+        # drained, between the copies and the replay.
+        copy_to_device_(cu_buf, torch.from_numpy(cu))
+        copy_to_device_(pos_buf, torch.from_numpy(pos))
         if self.capture:
             graph.replay()
         else:  # same padded static shapes, run eagerly (CPU tests of the bucketing)

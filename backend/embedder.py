@@ -1,6 +1,7 @@
 """The encoder engine: batches queued embedding requests and runs the BERT encoder."""
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch
 
 from tritonformer.backend.allocator import ActivationArena
 from tritonformer.backend.cuda_graphs import EncoderGraphs
+from tritonformer.backend.device import to_device_async
 from tritonformer.backend.engine_loop import EngineLoop, RequestCancelled, RequestTimedOut, log
 from tritonformer.backend.models.bert import BertEncoder, pool
 from tritonformer.backend.responses import ResponseSink
@@ -178,10 +180,12 @@ class EmbedderEngine(EngineLoop):
         """Embeddings `[n, hidden]` float32 numpy for token-id sequences, as one packed batch."""
         device = self.model.device
         lengths = [len(s) for s in sequences]
-        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
-        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-        cu = cu.to(device)
+        flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=sum(lengths))
+        cu_host = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu_host[1:])
+        # Pinned copies that do not wait for the stream (the result's .cpu() is the one sync).
+        ids = to_device_async(torch.from_numpy(flat), device)
+        cu = to_device_async(torch.from_numpy(cu_host), device)
         if self.graphs is not None and self.graphs.bucket(len(ids), len(lengths)) is not None:
             hidden = self.graphs.forward(ids, lengths)
         else:
