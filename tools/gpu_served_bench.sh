@@ -49,6 +49,10 @@ if [[ $POLICY == stock ]]; then
     --output-range 1,128 --vocab-size 50256 --json "$OUT/served_generate_stock.json" 2>&1 \
     | tee "$OUT/served_generate_stock.log"
   STOCK=1 tools/gpu_server.sh stop
+  if [[ -f $OUT/served_generate_si1.json ]]; then  # ours from an earlier `fifo` run into the same $OUT
+    echo "ours (served_generate_si1.json) vs request-level HF behind Triton's batcher, at equal latency per token:"
+    python3 tools/compare_at_latency.py "$OUT/served_generate_si1.json" "$OUT/served_generate_stock.json"
+  fi
   exit 0
 fi
 first=1
