@@ -362,3 +362,35 @@ def test_the_next_iteration_launches_before_the_last_ones_tokens_are_read(smollm
     _, ids, finish = _joined(sink.responses["stop"])
     assert finish == "stop" and ids == expected
     assert not engine.has_work() and engine.scheduler.blocks.num_used == 0
+
+
+def test_preemption_with_tokens_in_flight_gives_hf_greedy_outputs():
+    """A KV pool too small for every sequence at once: sequences are preempted (their KV freed,
+    recomputed later) while their latest token is still on its way from the previous iteration.
+    Every output still equals Hugging Face's greedy generation for that prompt alone."""
+    import transformers
+
+    from tritonformer.backend.weights import strip_prefixes_of
+    from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
+    from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
+
+    cfg = transformers.GPT2Config(vocab_size=500, n_embd=64, n_layer=2, n_head=2, n_positions=64)
+    torch.manual_seed(4)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    model = load_decoder(cfg.to_dict(), strip_prefixes_of(hf.state_dict()), CPU, torch.float32)
+    block, blocks = 4, 24  # 96 tokens of KV for 5 sequences of up to 16 + 40 tokens
+    scheduler = IterationScheduler(BlockManager(blocks, block), 5, 64, max_seq_len=cfg.n_positions)
+    runner = DecoderRunner(model, model.new_kv_cache(blocks, block), 5)
+    engine = GeneratorEngine(runner, _IdsOnly(), _CountingSink(), scheduler, cancel_check_interval_s=3600)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (16, 3, 9, 12, 5)]
+    seqs = [engine.new_sequence(i, p, SamplingParams(max_tokens=40, ignore_eos=True), False)
+            for i, p in enumerate(prompts)]
+    engine.admit(seqs)
+    while engine.has_work():
+        engine.step()
+    assert scheduler.num_preemptions > 0 and engine.sink.finished == len(prompts)
+    assert scheduler.blocks.num_used == 0
+    for seq, prompt in zip(seqs, prompts):
+        ids, mask = left_pad([prompt], "cpu")
+        assert seq.output_ids == generate_greedy(hf, ids, mask, 40)[0, len(prompt):].tolist()
