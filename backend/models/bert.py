@@ -208,7 +208,9 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: b
     if mode == "cls":
         out = hidden[cu_seqlens[:-1].long()].float()
     elif mode == "mean":
-        seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths)
+        # output_size: the row count is known, so no device-to-host sync to count them.
+        seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths,
+                                            output_size=hidden.shape[0])
         sums = torch.zeros(len(lengths), hidden.shape[1], device=hidden.device, dtype=torch.float32)
         sums.index_add_(0, seq_index, hidden.float())
         out = sums / lengths[:, None].float()
