@@ -190,8 +190,8 @@ def run(args) -> int:
             if r["p99_ms"] > 10 * args.slo_ms:
                 break  # saturated: higher rates only queue longer
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
-    print(f"\n{gpu}, bert-base ({args.layers} layers) {dtype}, {args.execution} execution, {args.distribution} lengths, open-loop Poisson, "
-          f"{args.seconds:.0f} s per rate, latency from the scheduled arrival")
+    print(f"\n{gpu}, bert-base ({args.layers} layers) {dtype}, {args.execution} execution, {args.distribution} "
+          f"lengths, open-loop Poisson, {args.seconds:.0f} s per rate, latency from the scheduled arrival")
     print(f"{'policy':12s} {'goodput@p99<=' + str(int(args.slo_ms)) + 'ms':>20s} {'p50/p99 ms at each offered rate'}")
     for name, rows in results.items():
         ok = [r["offered"] for r in rows if r["p99_ms"] <= args.slo_ms]

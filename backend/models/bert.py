@@ -79,7 +79,9 @@ class BertEncoder:
         # - "cublaslt": cuBLASLt's GELU+bias epilogue (torch._addmm_activation). Its GELU is the
         #   tanh form, at most 4.7e-4 from the exact (erf) one BERT checkpoints use (at x = 2.7,
         #   where an fp16 step is 2e-3). An ablation in `bench runtime` until measured.
-        self.ffn_epilogue = os.environ.get("TRITONFORMER_FFN_EPILOGUE", "separate") if device.type == "cuda" else "separate"
+        self.ffn_epilogue = "separate"
+        if device.type == "cuda":
+            self.ffn_epilogue = os.environ.get("TRITONFORMER_FFN_EPILOGUE", "separate")
         if self.ffn_epilogue not in FFN_EPILOGUES:
             raise ValueError(f"TRITONFORMER_FFN_EPILOGUE must be one of {FFN_EPILOGUES}, got {self.ffn_epilogue!r}")
         w = weight_getter(state, device, dtype)

@@ -33,4 +33,5 @@ class TritonPythonModel:
             hidden = self.model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
             weights = mask_t.unsqueeze(-1).to(hidden.dtype)
             pooled = ((hidden * weights).sum(1) / weights.sum(1)).float().cpu().numpy()
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("embedding", pooled[i : i + 1])]) for i in range(len(requests))]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("embedding", pooled[i : i + 1])])
+                for i in range(len(requests))]
