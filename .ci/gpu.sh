@@ -13,6 +13,7 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 python3 -m pytest -q -p no:cacheprovider -m "gpu or cuda_ok" -rs "$@" \
   tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_gemm.py \
   tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
+  tests/test_kernels_triton_pooling.py \
   tests/test_sampling.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 python3 -m tritonformer.client.cli bench runtime --json "$OUT/bench_runtime.json" 2>&1 | tee "$OUT/bench_runtime.log"

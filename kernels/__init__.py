@@ -19,6 +19,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     softmax,
     triton_kernels_enabled,
     paged_attention,
+    pool_sequences,
     varlen_attention,
     write_kv,
 )

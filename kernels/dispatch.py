@@ -31,7 +31,7 @@ def triton_kernels_enabled() -> bool:
 
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
-_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm")
+_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_pooling")
 _loaded = False
 
 
@@ -72,6 +72,7 @@ bias_gelu = _dispatched("bias_gelu")
 linear_bias_gelu = _dispatched("linear_bias_gelu")
 silu_and_mul = _dispatched("silu_and_mul")
 feed_tokens = _dispatched("feed_tokens")
+pool_sequences = _dispatched("pool_sequences")
 softmax = _dispatched("softmax")
 apply_rotary = _dispatched("apply_rotary")
 qkv_split = _dispatched("qkv_split")

@@ -72,6 +72,25 @@ def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor
     return input_ids
 
 
+def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
+    """Sentence embeddings `[B, hidden]` fp32 from packed token states `[T, hidden]`: "mean"
+    over each sequence's rows, or "cls" (its first row); with `normalize`, divided by
+    max(L2 norm, 1e-12) as F.normalize does. An empty sequence gives a row of zeros."""
+    if mode not in ("mean", "cls"):
+        raise ValueError(f"unknown pooling mode {mode!r}")
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    if mode == "cls":
+        lengths = lengths.clamp(max=1)
+    # output_size: the row count is known, so no device-to-host sync to count them.
+    seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths,
+                                        output_size=int(hidden.shape[0]) if mode == "mean" else None)
+    rows = hidden if mode == "mean" else hidden[cu_seqlens[:-1].long()[lengths > 0]]
+    sums = torch.zeros(len(lengths), hidden.shape[1], device=hidden.device, dtype=torch.float32)
+    sums.index_add_(0, seq_index, rows.float())
+    out = sums / lengths.clamp(min=1)[:, None].float()
+    return F.normalize(out, p=2, dim=1) if normalize else out
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up where gate_up = [gate | up] along the last dim (Llama MLP)."""
     gate, up = gate_up.float().chunk(2, dim=-1)

@@ -252,6 +252,7 @@ def test_silu_and_mul(dtype, shape):
     close(te.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
 
 
+@pytest.mark.cuda_ok
 @pytest.mark.parametrize("n", [1, 37, 1500])
 def test_feed_tokens(n):
     gen = torch.Generator().manual_seed(n)

@@ -206,19 +206,7 @@ def position_ids(cu_seqlens: torch.Tensor, total: int, offset: int) -> torch.Ten
 
 def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
     """Sentence embeddings `[B, hidden]` (fp32) from packed token states: "mean" or "cls"."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    if mode == "cls":
-        out = hidden[cu_seqlens[:-1].long()].float()
-    elif mode == "mean":
-        # output_size: the row count is known, so no device-to-host sync to count them.
-        seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths,
-                                            output_size=hidden.shape[0])
-        sums = torch.zeros(len(lengths), hidden.shape[1], device=hidden.device, dtype=torch.float32)
-        sums.index_add_(0, seq_index, hidden.float())
-        out = sums / lengths[:, None].float()
-    else:
-        raise ValueError(f"unknown pooling mode {mode!r}")
-    return F.normalize(out, p=2, dim=1) if normalize else out
+    return kernels.pool_sequences(hidden, cu_seqlens, mode, normalize)
 
 
 def pooling_from_checkpoint(checkpoint) -> tuple[str, bool]:
