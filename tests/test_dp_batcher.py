@@ -1,13 +1,20 @@
 """The DP length batcher against brute force, the paper's example, and the trigger rules."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
+import random
+from collections import deque
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritonformer.scheduler.dp_batcher import TriggerPolicy, next_batch, plan_batches
+from tritonformer.scheduler import dp_batcher
+from tritonformer.scheduler.cost_model import GridCostModel
+from tritonformer.scheduler.dp_batcher import DpBatchPolicy, TriggerPolicy, next_batch, plan_batches
 
 
 class PaddedCost:
@@ -172,3 +179,115 @@ def test_dp_with_a_measured_grid_equals_brute_force(lengths, max_bs, max_tokens,
             value += len(batch) * clock
     assert value == pytest.approx(_brute_force(lengths, exact, max_bs, max_tokens, objective), rel=1e-9)
     assert sorted(i for b in plan.batches for i in b) == list(range(len(lengths)))
+
+
+@contextlib.contextmanager
+def _dp_path(vectorised: bool):
+    """Force plan_batches onto the numpy path (any queue, with a dense table) or the plain loop."""
+    saved = dp_batcher.VECTOR_MIN_ITEMS, dp_batcher.VECTOR_MIN_BATCH
+    dp_batcher.VECTOR_MIN_ITEMS, dp_batcher.VECTOR_MIN_BATCH = (0, 0) if vectorised else (10**9, 10**9)
+    try:
+        yield
+    finally:
+        dp_batcher.VECTOR_MIN_ITEMS, dp_batcher.VECTOR_MIN_BATCH = saved
+
+
+@functools.lru_cache(maxsize=None)
+def _grid(packed=True):
+    return GridCostModel.measure(lambda n, length: 0.5 + 0.01 * n * length + 0.002 * n * n, {},
+                                 seqs=(1, 3, 9), lengths=(1, 50, 300), packed=packed)
+
+
+def _table_value(groups, table, packed, objective):
+    """A plan's objective from the dense table, as the DP sees it; groups: (seqs, tokens, longest)."""
+    total, waiting = 0.0, sum(s for s, _, _ in groups)
+    for n_seq, n_tok, longest in groups:
+        c = table[n_seq][n_tok // n_seq if packed else longest]
+        total += c if objective == "throughput" else waiting * c
+        waiting -= n_seq
+    return total
+
+
+@given(
+    items=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 3)), min_size=1, max_size=9),
+    max_bs=st.integers(1, 9),
+    max_tokens=st.integers(1, 1500),
+    packed=st.booleans(),
+    objective=st.sampled_from(["throughput", "latency"]),
+)
+@settings(max_examples=150, deadline=None)
+def test_vectorised_dp_equals_brute_force(items, max_bs, max_tokens, packed, objective):
+    """The numpy path on small queues of requests (one to three sequences each), packed or
+    padded, with both objectives: the optimum of every partition, and the caps kept."""
+    lengths = [length for length, _ in items]
+    seqs = [count for _, count in items]
+    tokens = [length * count - (count - 1) for length, count in items]  # the others shorter
+    grid = _grid(packed)
+    with _dp_path(vectorised=True):
+        plan = plan_batches(lengths, grid, max_bs, max_tokens, objective, seq_counts=seqs, token_counts=tokens)
+    table = grid.dense_table(max(max_bs, 3), 300)
+
+    def group(batch):
+        return sum(seqs[i] for i in batch), sum(tokens[i] for i in batch), max(lengths[i] for i in batch)
+
+    assert sorted(i for b in plan.batches for i in b) == list(range(len(items)))
+    for batch in plan.batches:
+        n_seq, n_tok, _ = group(batch)
+        assert len(batch) == 1 or (n_seq <= max_bs and n_tok <= max_tokens)
+    order = sorted(range(len(items)), key=lambda i: lengths[i])
+    best = float("inf")
+    for cuts in _contiguous_partitions(len(items)):
+        groups = [group(order[a:b]) for a, b in cuts]
+        if all(b - a == 1 or (g[0] <= max_bs and g[1] <= max_tokens) for (a, b), g in zip(cuts, groups)):
+            best = min(best, _table_value(groups, table, packed, objective))
+    value = _table_value([group(b) for b in plan.batches], table, packed, objective)
+    assert value == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("objective", ["throughput", "latency"])
+def test_vectorised_dp_plans_exactly_like_the_loop_on_long_queues(objective):
+    """Long queues, caps that bind or not, requests of several sequences, packed and padded:
+    the numpy path returns the loop's very plan (same floats, same tie-breaks)."""
+    rng = random.Random(0)
+    models = {packed: _grid(packed) for packed in (True, False)}
+    for case in range(24):
+        n = rng.randint(20, 260)
+        lengths = [rng.randint(1, 300) for _ in range(n)]
+        seqs = [rng.randint(1, 3) for _ in range(n)] if case % 3 == 0 else None
+        tokens = [length * count - (count - 1) for length, count in zip(lengths, seqs)] if seqs else None
+        max_bs, max_tokens = rng.choice([8, 9, 64, 300]), rng.choice([600, 4000, 10**9])
+        cost = models[case % 2 == 0]
+        plans = []
+        for vectorised in (False, True):
+            with _dp_path(vectorised):
+                plans.append(plan_batches(lengths, cost, max_bs, max_tokens, objective, seqs, tokens))
+        assert plans[0] == plans[1], (case, n, max_bs, max_tokens)
+        for batch in plans[1].batches:
+            n_seq = sum(seqs[i] for i in batch) if seqs else len(batch)
+            n_tok = sum(tokens[i] for i in batch) if seqs else sum(lengths[i] for i in batch)
+            assert len(batch) == 1 or (n_seq <= max_bs and n_tok <= max_tokens)
+
+
+@dataclass(eq=False)
+class _Request:
+    lengths: list[int]
+    arrival: float
+
+
+@pytest.mark.parametrize("objective", ["throughput", "latency"])
+def test_policy_take_on_a_long_queue_matches_the_loop(objective):
+    """DpBatchPolicy.take over a window wide enough for the numpy path, with requests of one
+    and of several sequences: the loop's batch, in arrival order, and the rest kept in order."""
+    rng = random.Random(1)
+    requests = [_Request([rng.randint(1, 300) for _ in range(rng.choice([1, 1, 1, 2, 3]))], arrival=i * 1e-4)
+                for i in range(150)]
+    taken = []
+    for vectorised in (False, True):
+        policy = DpBatchPolicy(_grid(), max_sequences=16, max_tokens=3000, objective=objective, window=100)
+        queue = deque(requests)
+        with _dp_path(vectorised):
+            taken.append((policy.take(queue, now=0.1), list(queue)))
+    (batch, rest), (batch_vec, rest_vec) = taken
+    assert batch_vec == batch and rest_vec == rest
+    assert sorted(batch + rest, key=lambda r: r.arrival) == requests
+    assert [r.arrival for r in rest] == sorted(r.arrival for r in rest)
