@@ -2,7 +2,12 @@
 # Run on the GPU machine (not part of CI, which has no GPU): the GPU-marked tests and the
 # runtime and decoder benchmarks, in one go. Expects the image's python3 with torch, triton, transformers.
 # Optional: TRITONFORMER_MINILM_DIR pointing at an all-MiniLM-L6-v2 folder.
+# PARTS (default "tests runtime decoder") picks what runs, e.g. PARTS=decoder bash .ci/gpu.sh:
+# a device command is capped at 10 minutes, so the parts can go in separate calls. "policies"
+# (not a default) runs the encoder batching policies in-process on padded and packed execution.
 set -uo pipefail
+PARTS=${PARTS:-tests runtime decoder}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
 mkdir -p "$OUT" /tmp/tf
@@ -10,16 +15,34 @@ ln -sfn "$PWD" /tmp/tf/tritonformer          # import tritonformer.* without ins
 export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-python3 -m pytest -q -p no:cacheprovider -m "gpu or cuda_ok" -rs "$@" \
-  tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_gemm.py \
-  tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
-  tests/test_kernels_triton_pooling.py \
-  tests/test_sampling.py 2>&1 | tee "$OUT/gpu-tests.log"
-tests_rc=${PIPESTATUS[0]}
-python3 -m tritonformer.client.cli bench runtime --json "$OUT/bench_runtime.json" 2>&1 | tee "$OUT/bench_runtime.log"
-bench_rc=${PIPESTATUS[0]}
-python3 -m tritonformer.client.cli bench serve-decoder --in-process --json "$OUT/bench_decoder.json" 2>&1 \
-  | grep -v '^\[hf-baseline\]' | tee "$OUT/bench_decoder.log"
-decoder_rc=${PIPESTATUS[0]}
-echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc"
-exit $(( tests_rc || bench_rc || decoder_rc ))
+tests_rc=0
+if want tests; then
+  python3 -m pytest -q -p no:cacheprovider -m "gpu or cuda_ok" -rs "$@" \
+    tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_gemm.py \
+    tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
+    tests/test_kernels_triton_pooling.py \
+    tests/test_sampling.py 2>&1 | tee "$OUT/gpu-tests.log"
+  tests_rc=${PIPESTATUS[0]}
+fi
+bench_rc=0
+if want runtime; then
+  python3 -m tritonformer.client.cli bench runtime --json "$OUT/bench_runtime.json" 2>&1 | tee "$OUT/bench_runtime.log"
+  bench_rc=${PIPESTATUS[0]}
+fi
+decoder_rc=0
+if want decoder; then
+  python3 -m tritonformer.client.cli bench serve-decoder --in-process --json "$OUT/bench_decoder.json" 2>&1 \
+    | grep -v '^\[hf-baseline\]' | tee "$OUT/bench_decoder.log"
+  decoder_rc=${PIPESTATUS[0]}
+fi
+policies_rc=0
+if want policies; then
+  for execution in padded packed; do
+    python3 -m tritonformer.client.cli bench serve-encoder --in-process --execution "$execution" \
+      --policies fifo-count,fifo-tokens,sort-window,dp --rates 500,1000,2000,4000,6000,8000 --seconds 3 \
+      --json "$OUT/bench_policies_$execution.json" 2>&1 | tee "$OUT/bench_policies_$execution.log"
+    policies_rc=$(( policies_rc || PIPESTATUS[0] ))
+  done
+fi
+echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc"
+exit $(( tests_rc || bench_rc || decoder_rc || policies_rc ))
