@@ -1,0 +1,39 @@
+"""The GPU-machine scripts' logic that can run anywhere: they are syntactically valid, and
+gpu_server.sh's package overlay hides exactly the packages it is told to (the stock baselines'
+stub must not see the image's numpy-2 scipy/scikit-learn)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("script", ["tools/gpu_server.sh", "tools/gpu_served_bench.sh", "tools/build_gpu_server_carry.sh",
+                                    ".ci/gpu.sh"])
+def test_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(REPO / script)], check=True)
+
+
+def test_hide_packages_leaves_out_modules_dist_info_and_libs(tmp_path):
+    site = tmp_path / "site"
+    names = ["scipy", "scipy-1.17.1.dist-info", "scipy.libs", "sklearn", "scikit_learn-1.9.1.dist-info",
+             "scikit_learn.libs", "numpy", "numpy-2.4.6.dist-info", "transformers", "scipy_extra", "six.py",
+             "distutils-precedence.pth"]
+    for name in names:
+        (site / name).mkdir(parents=True) if "." not in name or name.endswith((".dist-info", ".libs")) \
+            else (site / name).write_text("")
+    function = subprocess.run(["sed", "-n", "/^hide_packages()/,/^}/p", str(REPO / "tools/gpu_server.sh")],
+                              capture_output=True, text=True, check=True).stdout
+    assert function.startswith("hide_packages()")
+    out = subprocess.run(["bash", "-c", f'{function}\nhide_packages "$1"', "_", str(site)], capture_output=True,
+                         text=True, check=True, env={"STUBENV": str(tmp_path / "env"), "HIDE_PACKAGES": "scipy sklearn",
+                                                     "PATH": "/usr/bin:/bin"})
+    overlay = Path(out.stdout.strip())
+    assert overlay == tmp_path / "env" / "image-site-0"
+    kept = sorted(p.name for p in overlay.iterdir())
+    assert kept == sorted(["numpy", "numpy-2.4.6.dist-info", "transformers", "scipy_extra", "six.py",
+                           "distutils-precedence.pth"])
+    assert all((overlay / name).resolve() == site / name for name in kept)
