@@ -99,7 +99,48 @@ def padded_cost_engine(pad_id: int = 0):
     return PaddedCostEngine
 
 
-def run_load(engine_factory, rate: float, seconds: float, distribution: str, vocab: int, seed: int = 0) -> dict:
+class TimedPolicy:
+    """A batching policy whose decisions (`take`) are timed; everything else passes through."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.seconds: list[float] = []
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def take(self, queue, now):
+        start = time.perf_counter()
+        batch = self.policy.take(queue, now)
+        self.seconds.append(time.perf_counter() - start)
+        return batch
+
+
+class ExecutedTokens:
+    """Counts the token rows the runtime computes (CUDA-graph buckets and padded rectangles
+    included), by wrapping the model's and the graphs' forward: padding ratio = 1 - real / this."""
+
+    def __init__(self, model, graphs):
+        self.tokens = 0
+        model_forward = model.forward
+
+        def counted_model(input_ids, *args, **kwargs):
+            self.tokens += int(input_ids.shape[0])
+            return model_forward(input_ids, *args, **kwargs)
+
+        model.forward = counted_model
+        if graphs is not None:
+            graph_forward = graphs.forward
+
+            def counted_graph(input_ids, lengths):
+                self.tokens += graphs.bucket(sum(lengths), len(lengths))[0]
+                return graph_forward(input_ids, lengths)
+
+            graphs.forward = counted_graph
+
+
+def run_load(engine_factory, rate: float, seconds: float, distribution: str, vocab: int, seed: int = 0,
+             executed: ExecutedTokens | None = None) -> dict:
     from tritonformer.backend.embedder import EmbedRequest
     from tritonformer.backend.engine_loop import Overloaded
 
@@ -110,6 +151,8 @@ def run_load(engine_factory, rate: float, seconds: float, distribution: str, voc
     requests = [rng.integers(1000, vocab - 1, int(length)).tolist() for length in lengths]
     sink = LatencySink()
     engine = engine_factory(sink)
+    if executed is not None:
+        executed.tokens = 0
     engine.start()
     start = time.perf_counter() + 0.05
     scheduled = start + np.cumsum(gaps)
@@ -127,7 +170,11 @@ def run_load(engine_factory, rate: float, seconds: float, distribution: str, voc
         time.sleep(0.01)
     engine.stop()
     lat = np.array([sink.done[i] - scheduled[i] for i in range(n) if i in sink.done]) * 1e3
+    real = sum(int(lengths[i]) for i in sink.done)
+    decisions = getattr(engine.policy, "seconds", [])
     return {"offered": rate, "answered": len(lat), "sent": n, "errors": sink.errors, "rejected": rejected,
+            "padding_ratio": 1 - real / executed.tokens if executed is not None and executed.tokens else None,
+            "decision_us_p50": float(np.median(decisions)) * 1e6 if decisions else None,
             "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("inf"),
             "p99_ms": float(np.percentile(lat, 99)) if len(lat) == n else float("inf"),
             "achieved": len(lat) / (max(sink.done.values()) - start) if sink.done else 0.0}
@@ -164,6 +211,7 @@ def run(args) -> int:
     cost = load_or_measure(probe.embed, key, cache, cfg.vocab_size, 512, dev, packed=args.execution == "packed")
     print(f"cost table ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
+    executed = ExecutedTokens(model, probe.graphs)
     count_cap, budget_cap = args.max_batch or 64, args.max_batch or 1024
     policies = {
         "none": lambda: FifoBatchPolicy(max_sequences=1, max_tokens=10**9),  # one request per batch
@@ -179,24 +227,30 @@ def run(args) -> int:
         results[name] = []
         for rate in rates:
             def factory(sink, name=name):
-                engine = engine_cls(model, sink, policies[name]())
+                engine = engine_cls(model, sink, TimedPolicy(policies[name]()))
                 engine.graphs = probe.graphs  # share captured graphs: same runtime for every policy
                 return engine
 
-            r = run_load(factory, rate, args.seconds, args.distribution, cfg.vocab_size)
+            r = run_load(factory, rate, args.seconds, args.distribution, cfg.vocab_size, executed=executed)
             results[name].append(r)
             print(f"{name:12s} {rate:7.0f} req/s offered: p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-                  f"achieved {r['achieved']:7.0f} req/s, rejected {r['rejected']}", file=sys.stderr)
+                  f"achieved {r['achieved']:7.0f} req/s, rejected {r['rejected']}, padding "
+                  f"{r['padding_ratio'] or 0:.0%}, decision {r['decision_us_p50'] or 0:.0f} us", file=sys.stderr)
             if r["p99_ms"] > 10 * args.slo_ms:
                 break  # saturated: higher rates only queue longer
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
     print(f"\n{gpu}, bert-base ({args.layers} layers) {dtype}, {args.execution} execution, {args.distribution} "
           f"lengths, open-loop Poisson, {args.seconds:.0f} s per rate, latency from the scheduled arrival")
-    print(f"{'policy':12s} {'goodput@p99<=' + str(int(args.slo_ms)) + 'ms':>20s} {'p50/p99 ms at each offered rate'}")
+    print(f"{'policy':12s} {'goodput@p99<=' + str(int(args.slo_ms)) + 'ms':>20s} {'@p99<=' + str(int(args.slo_ms / 2)) + 'ms':>11s}"
+          f" {'padding':>8s} {'decision us':>11s}  p50/p99 ms at each offered rate")
     for name, rows in results.items():
         ok = [r["offered"] for r in rows if r["p99_ms"] <= args.slo_ms]
+        tight = [r["offered"] for r in rows if r["p99_ms"] <= args.slo_ms / 2]
+        padding = np.mean([r["padding_ratio"] for r in rows if r["padding_ratio"] is not None] or [0.0])
+        decision = np.median([r["decision_us_p50"] for r in rows if r["decision_us_p50"] is not None] or [0.0])
         cells = "  ".join(f"{r['offered']:.0f}:{r['p50_ms']:.0f}/{r['p99_ms']:.0f}" for r in rows)
-        print(f"{name:12s} {max(ok) if ok else 0:>20.0f}  {cells}")
+        print(f"{name:12s} {max(ok) if ok else 0:>20.0f} {max(tight) if tight else 0:>11.0f} {padding:>8.1%}"
+              f" {decision:>11.0f}  {cells}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": gpu, "execution": args.execution, "results": results}, f, indent=1)

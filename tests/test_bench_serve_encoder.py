@@ -35,8 +35,10 @@ def test_padded_engine_runs_rectangles_and_matches_packed_on_equal_lengths():
     model.forward = lambda ids, cu, *a, **kw: seen.append(cu.tolist()) or forward(ids, cu, *a, **kw)
     padded = bench.padded_cost_engine()(model, bench.LatencySink(), FifoBatchPolicy())
     packed = EmbedderEngine(model, bench.LatencySink(), FifoBatchPolicy())
+    executed = bench.ExecutedTokens(model, None)  # wraps model.forward: after `seen`'s wrapper
     padded.embed([[5, 6, 7], [8], [9, 10, 11, 12, 13]])
     assert seen[-1] == [0, 5, 10, 15]  # every sequence as long as the longest
+    assert executed.tokens == 15  # 9 real tokens: a padding ratio of 0.4
     same = [[5, 6, 7], [8, 9, 10]]
     np.testing.assert_allclose(padded.embed(same), packed.embed(same), rtol=1e-6, atol=1e-6)
 
@@ -56,6 +58,7 @@ def test_bench_runs_policies_on_padded_execution(tmp_path, monkeypatch, capsys):
     for policy in ("fifo-tokens", "dp"):
         (row,) = result["results"][policy]
         assert row["answered"] == row["sent"] > 0 and row["errors"] == 0
+        assert 0.0 <= row["padding_ratio"] < 1.0 and row["decision_us_p50"] > 0
     assert "padded execution" in capsys.readouterr().out
     (table,) = (tmp_path / "cost_models").glob("encoder-*.json")  # measured for this execution mode
     assert json.loads(table.read_text())["packed"] is False  # a padded runtime's cost follows the longest
