@@ -145,7 +145,7 @@ def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor
     every decode iteration, inside its CUDA graph."""
     n = input_ids.numel()
     if n:
-        block = min(1024, triton.next_power_of_2(n))
+        block = min(1024, max(16, triton.next_power_of_2(n)))  # no degenerate 1-element blocks
         _feed_tokens_kernel[(triton.cdiv(n, block),)](input_ids, last_ids, n, BLOCK=block)
     return input_ids
 
