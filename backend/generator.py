@@ -181,7 +181,8 @@ class GeneratorEngine(EngineLoop):
             self._fail([w.seq for w in work], e)
             return None
         self.scheduler.commit(it)  # the KV is written before anything later on the stream reads it
-        samples = [(seq, seq.reserve(row, self._ends_by_length(seq))) for row, seq in enumerate(sampling)]
+        samples = [(seq, seq.reserve(row, self._length_reached(seq, len(seq.output_ids) + 1)))
+                   for row, seq in enumerate(sampling)]
         if self.stats is not None:
             self._report(it)
         return _Launched(samples, tokens)
@@ -204,10 +205,11 @@ class GeneratorEngine(EngineLoop):
             self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {error}"), final=True)
         self.report_occupancy()
 
-    def _ends_by_length(self, seq: Sequence) -> bool:
-        """Whether the token being reserved for `seq` will be its last by length."""
-        n = len(seq.output_ids) + 1
-        return n >= seq.params.max_tokens or len(seq.prompt_ids) + n >= self.config.max_position_embeddings
+    def _length_reached(self, seq: Sequence, num_output: int) -> bool:
+        """Whether `seq` ends by length once it has `num_output` output tokens: decided when a
+        token is reserved (nothing is scheduled after it) and applied when it arrives."""
+        return (num_output >= seq.params.max_tokens
+                or len(seq.prompt_ids) + num_output >= self.config.max_position_embeddings)
 
     def _report(self, it: Iteration) -> None:
         self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
@@ -235,9 +237,7 @@ class GeneratorEngine(EngineLoop):
             seq.finish_reason = "stop"
         elif seq.detok.add(token):
             seq.finish_reason = "stop"  # a stop string appeared
-        elif index + 1 >= p.max_tokens:
-            seq.finish_reason = "length"
-        elif len(seq.prompt_ids) + index + 1 >= self.config.max_position_embeddings:
+        elif self._length_reached(seq, index + 1):
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             self._finish(seq)
