@@ -11,11 +11,12 @@ import numpy as np
 
 import torch
 
+from tritonformer import kernels
 from tritonformer.backend.allocator import ActivationArena
 from tritonformer.backend.cuda_graphs import EncoderGraphs
 from tritonformer.backend.device import to_device_async
 from tritonformer.backend.engine_loop import EngineLoop, RequestCancelled, RequestTimedOut, log
-from tritonformer.backend.models.bert import BertEncoder, pool
+from tritonformer.backend.models.bert import BertEncoder
 from tritonformer.backend.responses import ResponseSink
 from tritonformer.scheduler.dp_batcher import DpBatchPolicy
 from tritonformer.scheduler.fifo import FifoBatchPolicy
@@ -190,7 +191,7 @@ class EmbedderEngine(EngineLoop):
             hidden = self.graphs.forward(ids, lengths)
         else:
             hidden = self.model.forward(ids, cu, max(lengths), arena=self.arena)
-        return pool(hidden, cu, self.pooling, self.normalize).cpu().numpy()
+        return kernels.pool_sequences(hidden, cu, self.pooling, self.normalize).cpu().numpy()
 
     def abort_all(self, error: Exception) -> None:
         while self._queue:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tritonformer.backend.models.bert import BertConfig, BertEncoder, pool, pooling_from_checkpoint
+from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
+from tritonformer.kernels import pool_sequences
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.models.gpt2 import GPT2Config
 from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
@@ -32,7 +33,7 @@ def test_minilm_matches_hf_per_token_and_pooled(minilm_dir):
     hidden = ours.forward(ids, cu)
     mode, normalize = pooling_from_checkpoint(minilm_dir)
     assert (mode, normalize) == ("mean", True)
-    pooled = pool(hidden, cu, mode, normalize)
+    pooled = pool_sequences(hidden, cu, mode, normalize)
     with torch.no_grad():
         for i, s in enumerate(seqs):
             ref = hf(torch.tensor([s])).last_hidden_state[0]

@@ -204,11 +204,6 @@ def position_ids(cu_seqlens: torch.Tensor, total: int, offset: int) -> torch.Ten
     return torch.arange(total, device=cu_seqlens.device) - starts + offset
 
 
-def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
-    """Sentence embeddings `[B, hidden]` (fp32) from packed token states: "mean" or "cls"."""
-    return kernels.pool_sequences(hidden, cu_seqlens, mode, normalize)
-
-
 def pooling_from_checkpoint(checkpoint) -> tuple[str, bool]:
     """(mode, normalize) as sentence-transformers would apply them for this folder: its
     `1_Pooling/config.json` and a Normalize module in `modules.json`; mean + no
