@@ -4,23 +4,17 @@ Triton's dynamic batcher hands `execute` up to 64 requests at once; they are pad
 longest, run through Hugging Face's BertModel (SDPA attention, fp16 on a GPU) with an attention
 mask, and mean-pooled over their own tokens.
 """
-import json
-
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModel
 
+from tritonformer.client.stock_models import load_checkpoint_model
+
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-        if not params.get("checkpoint"):
-            raise pb_utils.TritonModelException("hf_embedder: set the `checkpoint` parameter to a Hugging Face folder")
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.float16 if self.device.type == "cuda" else torch.float32
-        self.model = AutoModel.from_pretrained(params["checkpoint"], dtype=dtype, attn_implementation="sdpa")
-        self.model.to(self.device).eval()
+        self.model, self.device = load_checkpoint_model(args, AutoModel)
 
     def execute(self, requests):
         seqs = [pb_utils.get_input_tensor_by_name(r, "input_ids").as_numpy().reshape(-1) for r in requests]

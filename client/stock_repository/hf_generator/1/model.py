@@ -5,25 +5,17 @@ Hugging Face `generate` (greedy, EOS ignored) for the batch's largest `max_token
 request waits for the longest one and new requests wait for the whole batch (what Orca's
 iteration-level scheduling removes). Each answer is its own `max_tokens` tokens.
 """
-import json
-
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM
 
 from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
+from tritonformer.client.stock_models import load_checkpoint_model
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-        if not params.get("checkpoint"):
-            raise pb_utils.TritonModelException("hf_generator: set the `checkpoint` parameter to a Hugging Face folder")
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.float16 if self.device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(params["checkpoint"], dtype=dtype, attn_implementation="sdpa")
-        self.model.to(self.device).eval()
+        self.model, self.device = load_checkpoint_model(args, AutoModelForCausalLM)
 
     def execute(self, requests):
         prompts = [pb_utils.get_input_tensor_by_name(r, "input_ids").as_numpy().reshape(-1).tolist() for r in requests]
