@@ -52,16 +52,16 @@ def grpc_stream(server, model: str, inputs: dict, timeout: float = 120.0) -> tup
         client.close()
 
 
-def scrape_metrics(server, model: str) -> dict[str, float]:
-    """Our `tritonformer_*` metrics for `model` from the server's metrics port (histograms as
-    _count/_sum; buckets left out)."""
+def scrape_metrics(server, model: str, prefix: str = "tritonformer_") -> dict[str, float]:
+    """Metrics named `prefix*` for `model` from the server's metrics port: ours by default,
+    Triton's own with e.g. "nv_inference_" (histograms as _count/_sum; buckets left out)."""
     import re
     import urllib.request
 
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     values = {}
     for line in text.splitlines():
-        m = re.match(rf'^(tritonformer_\w+)\{{([^}}]*model="{model}"[^}}]*)\}} ([0-9.e+-]+)$', line)
+        m = re.match(rf'^({prefix}\w+)\{{([^}}]*model="{model}"[^}}]*)\}} ([0-9.e+-]+)$', line)
         if m and 'le="' not in m.group(2):
             values[m.group(1)] = float(m.group(3))
     return values

@@ -4,16 +4,14 @@ generator the way the served benchmarks drive them: every request answered, the 
 to Hugging Face run directly, and requests of different lengths batched together."""
 from __future__ import annotations
 
-import re
 import shutil
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import http_post
+from helpers import http_post, scrape_metrics
 
 pytestmark = pytest.mark.server
 transformers = pytest.importorskip("transformers")
@@ -50,13 +48,8 @@ def stock_server(tmp_path_factory):
 
 def _triton_counts(server, model: str) -> tuple[float, float]:
     """(requests answered, model executions) from Triton's own metrics."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-
-    def value(metric):
-        m = re.search(rf'^{metric}{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
-        return float(m.group(1))
-
-    return value("nv_inference_request_success"), value("nv_inference_exec_count")
+    values = scrape_metrics(server, model, prefix="nv_inference_")
+    return values["nv_inference_request_success"], values["nv_inference_exec_count"]
 
 
 def test_stock_embedder_answers_like_hf_and_batches_ragged_requests(stock_server):
