@@ -159,7 +159,6 @@ def _arena(p, device) -> ActivationArena | None:
     return ActivationArena(device, release_after_idle=p.int("arena_release_after_idle", minimum=0))
 
 
-
 def _warm_up_large_batches(engine, max_batch_tokens: int, max_batch_sequences: int, max_text_tokens: int) -> None:
     """Run the largest batches the policy can form (above the biggest CUDA-graph bucket they run
     eagerly) once before READY: long texts and many short ones. Their first run compiles kernel

@@ -13,8 +13,9 @@ that falls behind is charged for it. Same runtime and weights for every policy:
 
 For each policy and offered rate it prints p50/p99 latency, and the goodput: the highest
 offered rate whose p99 stays within the budget. `--execution padded` makes every batch cost
-what it costs a padded runtime (see PaddedCostEngine): where batching by length pays. The same load through a real tritonserver:
-`tritonformer bench load embed` (client/loadgen.py) and tools/gpu_served_bench.sh.
+what it costs a padded runtime (see padded_cost_engine): where batching by length pays. The
+same load through a real tritonserver: `tritonformer bench load embed` (client/loadgen.py) and
+tools/gpu_served_bench.sh.
 """
 from __future__ import annotations
 

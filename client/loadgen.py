@@ -83,7 +83,7 @@ __all__ = [
 
 clock = time.perf_counter  # CLOCK_MONOTONIC on Linux: one clock for every process of the machine
 
-EMBED_PATH = "/v2/models/{model}/infer"
+INFER_PATH = "/v2/models/{model}/infer"
 GENERATE_PATH = "/v2/models/{model}/generate_stream"
 
 
@@ -183,7 +183,7 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
     ``texts`` instead sends ``text_input`` (request i gets texts[i % len(texts)]). ``batch_dim``:
     ``input_ids`` shaped ``[1, n]``, for a model behind Triton's batcher (client/stock_repository)."""
     host, port = _split_url(url)
-    path = EMBED_PATH.format(model=model)
+    path = INFER_PATH.format(model=model)
     rng = np.random.default_rng((seed, 1))  # independent of the arrival stream of the same seed
     n = len(offsets)
     jobs = []
@@ -236,7 +236,7 @@ def unary_generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: s
     batcher (client/stock_repository/hf_generator): ``input_ids [1, n]``, ``max_tokens [1, 1]``.
     Its tokens all arrive with the answer, so its time to first token is its whole latency."""
     host, port = _split_url(url)
-    path = EMBED_PATH.format(model=model)
+    path = INFER_PATH.format(model=model)
     jobs = []
     for i, item in enumerate(trace):
         ids, text, max_tokens = _trace_item(item)
@@ -255,7 +255,7 @@ def _count_unary_tokens(body: bytes, rec: "Record") -> None:
     rec.tokens = len(outputs["output_ids"]["data"])
     rec.first = rec.last_token = rec.end
     rec.events.append((rec.end, rec.tokens))
-    rec.finish_reason = "length"
+    rec.finish_reason = "length"  # the stock generator ignores EOS: every answer runs to max_tokens
 
 
 # ----------------------------------------------------------------------------- the HTTP client

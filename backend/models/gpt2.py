@@ -113,8 +113,9 @@ class GPT2Model(DecoderModel):
         cfg = self.config
         x, h = self._add_norm(self.wte[batch.input_ids], None, self.wpe[batch.positions], self.layers[0]["ln_1"])
         for li, layer in enumerate(self.layers):
-            # Biases go to the kernels after each GEMM, not to the GEMM: at one row cuBLAS adds
-            # a bias with an extra copy kernel (no epilogue for a single-row GEMM).
+            # The QKV bias goes to the split kernel, not the GEMM: torch's addmm takes cuBLASLt's
+            # bias epilogue only for more than one row (aten Blas.cpp), so a batch-1 decode would
+            # copy the bias into the output first, one more kernel.
             q = kernels.qkv_to_cache(
                 F.linear(x, layer["qkv_w"]), layer["qkv_b"], cfg.num_heads, cfg.num_heads, cfg.head_dim,
                 None, None, cache.keys(li), cache.values(li), batch.slot_mapping,
