@@ -135,7 +135,8 @@ def test_decode_graph_replay_equals_eager():
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     ours = load_decoder(cfg.to_dict(), strip_prefixes_of(hf.state_dict()), CUDA, torch.float16)
     cache = ours.new_kv_cache(256, 16)
-    graphs = DecodeGraphs(ours, cache, max_batch=16, max_blocks_per_seq=64)
+    # Every fed token here is a real id, so the previous samples (last_ids) are never read.
+    graphs = DecodeGraphs(ours, cache, 16, 64, torch.zeros(16, dtype=torch.long, device=CUDA))
     graphs.warm_up()
     gen = torch.Generator().manual_seed(8)
     lengths = [700, 3, 129, 40, 1000]
