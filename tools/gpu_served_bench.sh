@@ -6,6 +6,8 @@
 #   tools/gpu_served_bench.sh fifo|dp [INSTANCES]   (carry .gpu-carry/server; results under $OUT)
 #   tools/gpu_served_bench.sh stock                  the stock set-ups on the same checkpoints
 #   tools/gpu_served_bench.sh batched [INSTANCES]    fifo, the embedder behind Triton's batcher
+#   tools/gpu_served_bench.sh profile                py-spy samples the embedder's stub process
+#                                                    at PROFILE_RATE req/s (carry .gpu-carry/pyspy)
 #
 # fifo / dp: the embedder's batch_policy for this server start (the served default is fifo with
 # a token budget); INSTANCES: embedder model instances (1). The generator part runs with
@@ -40,6 +42,7 @@ start() {
   echo "server ready after $(( $(date +%s) - t0 )) s"
 }
 if [[ $POLICY == stock ]]; then
+  unset EMBEDDER_PARAMS EMBEDDER_INSTANCES  # ours; the stock configs have none of these parameters
   STOCK=1 start
   python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --model hf_embedder --batch-dim \
     --rates "${STOCK_EMBED_RATES:-50,100,200,400,800,1600}" --seconds 4 --warmup 1 --distribution mixed \
@@ -53,6 +56,24 @@ if [[ $POLICY == stock ]]; then
     echo "ours (served_generate_si1.json) vs request-level HF behind Triton's batcher, at equal latency per token:"
     python3 tools/compare_at_latency.py "$OUT/served_generate_si1.json" "$OUT/served_generate_stock.json"
   fi
+  exit 0
+fi
+if [[ $POLICY == profile ]]; then  # where one embedder instance's host time goes under load
+  PYSPY=${PYSPY:-.gpu-carry/pyspy/py-spy}  # carried: the GPU machine has no pip index
+  export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=fifo"
+  start
+  python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "${PROFILE_RATE:-2000}" --seconds 10 \
+    --warmup 1 --distribution mixed --processes 4 > "$OUT/served_embed_profile.log" 2>&1 &
+  sleep 4
+  timeout 5 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader -lms 500 > "$OUT/gpu_utilization.txt" &
+  pid=$(pgrep -f 'triton_python_backend_stub.*embedder' | head -n1)
+  ps -eo pid,pcpu,args | grep -E "[t]riton_python_backend_stub|[t]ritonserver" | cut -c1-200 > "$OUT/stub_processes.txt"
+  "$PYSPY" dump --pid "$pid" --nonblocking > "$OUT/embedder_stub_dump.txt" 2>&1
+  "$PYSPY" record --pid "$pid" --duration 5 --rate 250 --threads --nonblocking --format raw \
+    --output "$OUT/embedder_stub_pyspy.txt" 2>&1 | tail -3
+  wait
+  grep '^|' "$OUT/served_embed_profile.log"
+  tools/gpu_server.sh stop
   exit 0
 fi
 first=1
