@@ -16,14 +16,17 @@
 # STOCK_GEN_RATES with STOCK_GEN_REQUESTS requests per point.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-POLICY=${1:-fifo}
+MODE=${1:-fifo}
 INSTANCES=${2:-1}
+POLICY=$MODE  # our embedder's batch_policy: fifo or dp, fifo for the other modes
 BATCH_DIM=()
-if [[ $POLICY == batched ]]; then  # several requests per execute() call; requests shaped [1, ...]
+if [[ $MODE == batched ]]; then  # several requests per execute() call; requests shaped [1, ...]
   export EMBEDDER_TRITON_BATCHING=1
   BATCH_DIM=(--batch-dim)
   POLICY=fifo
   TAG_SUFFIX=_batched
+elif [[ $MODE == profile ]]; then
+  POLICY=fifo
 fi
 STREAM_INTERVALS=${STREAM_INTERVALS:-1}
 OUT=${OUT:-/tmp/served-out}
@@ -35,14 +38,15 @@ export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
 [[ -d /tmp/ckpt/gpt2 ]] || python3 tools/make_bench_checkpoints.py /tmp/ckpt --tokenizers .gpu-carry/server/tokenizers
 export EMBEDDER_CHECKPOINT=/tmp/ckpt/bert-base GENERATOR_CHECKPOINT=/tmp/ckpt/gpt2
-export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=$POLICY" EMBEDDER_INSTANCES=$INSTANCES
+if [[ $MODE != stock ]]; then  # our models' parameters: the stock configs have none of them
+  export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=$POLICY" EMBEDDER_INSTANCES=$INSTANCES
+fi
 start() {
   t0=$(date +%s)
   tools/gpu_server.sh start || { tail -50 /tmp/tritonserver.log; exit 1; }
   echo "server ready after $(( $(date +%s) - t0 )) s"
 }
-if [[ $POLICY == stock ]]; then
-  unset EMBEDDER_PARAMS EMBEDDER_INSTANCES  # ours; the stock configs have none of these parameters
+if [[ $MODE == stock ]]; then
   STOCK=1 start
   python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --model hf_embedder --batch-dim \
     --rates "${STOCK_EMBED_RATES:-50,100,200,400,800,1600}" --seconds 4 --warmup 1 --distribution mixed \
@@ -58,9 +62,10 @@ if [[ $POLICY == stock ]]; then
   fi
   exit 0
 fi
-if [[ $POLICY == profile ]]; then  # where one embedder instance's host time goes under load
-  PYSPY=${PYSPY:-.gpu-carry/pyspy/py-spy}  # carried: the GPU machine has no pip index
-  export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=fifo"
+if [[ $MODE == profile ]]; then  # where one embedder instance's host time goes under load
+  # Carried: the GPU machine has no pip index. Here: `pip download --no-deps py-spy`, then the
+  # binary is the wheel's py_spy-*.data/scripts/py-spy.
+  PYSPY=${PYSPY:-.gpu-carry/pyspy/py-spy}
   start
   python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "${PROFILE_RATE:-2000}" --seconds 10 \
     --warmup 1 --distribution mixed --processes 4 > "$OUT/served_embed_profile.log" 2>&1 &
