@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
-from tritonformer.kernels import pool_sequences
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.models.gpt2 import GPT2Config
 from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
 from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.kernels import pool_sequences
 
 from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
 
