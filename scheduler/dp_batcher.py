@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate, islice
+from functools import lru_cache
+from itertools import accumulate, compress, islice
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -66,9 +68,43 @@ def plan_batches(
     shortest first."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    n = len(lengths)
-    if n == 0:
+    if len(lengths) == 0:
         return Plan(batches=[], estimated_seconds=[])
+    solution = _solve(lengths, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts)
+    batches = range(len(solution.cuts))
+    return Plan(batches=[solution.batch(b) for b in batches],
+                estimated_seconds=[solution.estimate(b) for b in batches])
+
+
+@dataclass(frozen=True)
+class _Solution:
+    """The DP's plan before it becomes a Plan: DpBatchPolicy.take needs one batch of it, and
+    the estimates (a cost model interpolation each) only when the oldest request is at risk."""
+
+    cost: CostModel
+    order: list[int]  # sorted position -> the caller's index
+    cuts: list[tuple[int, int]]  # the batches as sorted positions a..b-1, shortest first
+    sorted_lengths: Sequence[int]
+    pre_seq: Sequence[int]  # prefix sums over the sorted items (ints, or floats holding ints)
+    pre_tok: Sequence[int]
+
+    def batch(self, b: int) -> list[int]:
+        a, z = self.cuts[b]
+        return self.order[a:z]
+
+    def estimate(self, b: int) -> float:
+        """From the full model (correction included), for the triggers and metrics."""
+        a, z = self.cuts[b]
+        return self.cost.batch_seconds(int(self.pre_seq[z] - self.pre_seq[a]), int(self.sorted_lengths[z - 1]),
+                                       int(self.pre_tok[z] - self.pre_tok[a]))
+
+    def batch_holding(self, item: int) -> int:
+        position = self.order.index(item)
+        return bisect_right(self.cuts, (position, len(self.order))) - 1  # the last cut starting at or before it
+
+
+def _solve(lengths, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts) -> _Solution:
+    n = len(lengths)
     dense = getattr(cost, "dense_table", None)
     # The DP compares uncorrected table entries: the correction factor scales every cost alike.
     most_seqs = 1 if seq_counts is None else max(seq_counts)
@@ -81,12 +117,7 @@ def plan_batches(
         cuts.append((start[i], i))
         i = start[i]
     cuts.reverse()
-    return Plan(
-        batches=[order[a:b] for a, b in cuts],
-        # Estimates from the full model (correction included), for the triggers and metrics.
-        estimated_seconds=[cost.batch_seconds(pre_seq[b] - pre_seq[a], sl[b - 1], pre_tok[b] - pre_tok[a])
-                           for a, b in cuts],
-    )
+    return _Solution(cost, order, cuts, sl, pre_seq, pre_tok)
 
 
 def _dp_loop(lengths, seq_counts, token_counts, objective, cost, table, max_seqs, max_tokens):
@@ -136,54 +167,78 @@ def _dp_vectorised(lengths, seq_counts, token_counts, objective, cost, table, ma
     Positions 0..n are nodes and a group of k <= K items an edge; all edge costs are looked up
     at once into a (K, n) band, and _band_shortest_path relaxes many nodes per numpy call. The
     values it converges to are the loop's own floats and ties break the same way (the smallest
-    group first), so the plan is exactly the loop's plan."""
-    lens = np.asarray(lengths, dtype=np.int64)
+    group first), so the plan is exactly the loop's plan. A numpy call over the band costs about
+    as much as the Python around it, so the band is built in few whole-array passes, over
+    contiguous arrays of one dtype (broadcasting or casting costs a pass twice)."""
+    lens = np.fromiter(lengths, np.int64, len(lengths))
     n = len(lens)
     order = np.argsort(lens, kind="stable")  # stable like sorted(): equal lengths keep their order
     sl = lens[order]
     one_seq_each = seq_counts is None or max(seq_counts) == min(seq_counts) == 1
-    pre_seq = np.arange(n + 1) if one_seq_each else np.concatenate(([0], np.cumsum(np.asarray(seq_counts)[order])))
     toks = sl if token_counts is None else np.asarray(token_counts, dtype=np.int64)[order]
-    pre_tok = np.concatenate(([0], np.cumsum(toks)))
-
+    tok_sums = _padded_prefix(toks, n)
+    pre_tok = tok_sums[n:]
     K = max(1, min(n, max_seqs))  # an item holds a sequence at least: more items exceed the cap
-    band_toks, band_seqs, work, index = _scratch(K, n)
-    over = _band_sums(pre_tok, K, band_toks) > max_tokens
-    if one_seq_each:
-        seqs = np.arange(1.0, K + 1)[:, None]  # broadcasts: a group of k items holds k sequences
-    else:
-        seqs = _band_sums(pre_seq, K, band_seqs)
-        over |= seqs > max_seqs
-    over[0] = False  # a lone item always runs, even over the caps
+    if token_counts is None and pre_tok[K] > max_tokens:
+        # Any k sorted items hold as many tokens as the k shortest at least: when those exceed
+        # the cap, so do all groups of k (a cheaper band; but lone items always run).
+        K = max(1, int(np.searchsorted(pre_tok, max_tokens, side="right")) - 1)
+
     dense = _as_array(table)
+    band, work, seq_band, index, over = _scratch(K, n)
+    toks = _band_sums(tok_sums, K, n, out=band)  # the band holds token counts until the lookup
+    sizes, size_offsets, waiting = _constants(K, n, dense.shape[1])
+    if one_seq_each:  # a group of k items holds k sequences: constant arrays
+        seqs, offsets, pre_seq = sizes, size_offsets, range(n + 1)
+    else:
+        seq_sums = _padded_prefix(np.asarray(seq_counts, dtype=np.int64)[order], n)
+        pre_seq = seq_sums[n:]
+        seqs = _band_sums(seq_sums, K, n, out=seq_band)
+    over = np.greater(toks[1:], max_tokens, out=over[1:])  # row 0, a lone item, always runs
+    if not one_seq_each:
+        over |= seqs[1:] > max_seqs
     if getattr(cost, "packed", True):
         # The flat index seqs * W + toks // seqs, by truncation: toks/seqs lies at least 1/seqs
         # below the next integer, and the two roundings (2**-53 relative) add less while
         # index * seqs < 2**50.
-        np.add(np.divide(band_toks, seqs, out=work), seqs * dense.shape[1], out=work)
+        column = np.divide(toks, seqs, out=work)
     else:  # padded: the longest of sorted[e-k:e] is sl[e-1] whatever k
-        np.add(sl, seqs * dense.shape[1], out=work)
+        column = sl.astype(np.float64)
+    if not one_seq_each:
+        offsets = np.multiply(seqs, dense.shape[1], out=seq_band)  # (seqs is not needed any more)
+    np.add(column, offsets, out=work)
     np.copyto(index, work, casting="unsafe")
-    band = dense.take(index, mode="clip", out=band_toks)
-    np.putmask(band, over, np.inf)
+    band = dense.take(index, mode="clip", out=band)
+    np.putmask(band[1:], over, np.inf)
     if objective == "latency":  # weighted by the sequences waiting from the group's start e-k on
-        weight = pre_seq[-1] - pre_seq[:-1]
-        band *= _diagonals(np.concatenate((np.ones(K), weight)), K, n, K, -1)  # (1: no inf * 0)
-    cand = _band_shortest_path(band, out=work)
+        if one_seq_each:
+            band *= waiting
+        else:
+            weight = pre_seq[-1] - pre_seq[:-1]
+            band *= _diagonals(np.concatenate((np.ones(K), weight)), K, n, K, -1)  # (1: no inf * 0)
+    pred = _band_shortest_path(band, work)
     start = [0] * (n + 1)  # only the backtrack's positions are filled
     i = n
     while i > 0:  # argmin takes the first of ties: the smallest group, as the loop does
-        start[i] = i - 1 - int(cand[:, i - 1].argmin())
+        start[i] = i - 1 - int(np.add(pred[:, i - 1], band[:, i - 1]).argmin())
         i = start[i]
-    return order.tolist(), sl.tolist(), pre_seq.tolist(), pre_tok.tolist(), start
+    return order.tolist(), sl, pre_seq, pre_tok, start
 
 
-def _band_sums(prefix, K: int, out):
+def _padded_prefix(values, pad: int):
+    """`pad` zeros, then the prefix sums of `values` (from 0) as floats: exact for integers
+    below 2**53, and of the band's dtype (a mixed-dtype numpy call converts: twice the cost).
+    The zeros are what groups reaching before position 0 read: harmless numbers, as the path
+    search sees no node before 0 (+inf)."""
+    out = np.zeros(pad + len(values) + 1)
+    np.cumsum(values, out=out[pad + 1:])
+    return out
+
+
+def _band_sums(padded, K: int, n: int, out):
     """Sums over the groups of k = 1..K sorted items ending at positions e = 1..n into a (K, n)
-    array: out[k-1, e-1] = prefix[e] - prefix[e-k]. Where e < k (no such group) prefix[e-k]
-    reads 0: a harmless number, as the path search sees no node before 0 (+inf)."""
-    padded = np.concatenate((np.zeros(K), prefix))
-    return np.subtract(padded[K + 1:], _diagonals(padded, K, len(prefix) - 1, K, -1), out=out)
+    array: out[k-1, e-1] = prefix[e] - prefix[e-k], from _padded_prefix(values, n)."""
+    return np.subtract(padded[n + 1:], _diagonals(padded, K, n, n, -1), out=out)
 
 
 def _diagonals(x, K: int, n: int, start: int, step: int):
@@ -191,9 +246,23 @@ def _diagonals(x, K: int, n: int, start: int, step: int):
     return np.ndarray((K, n), x.dtype, x, start * x.itemsize, (step * x.itemsize, x.itemsize))
 
 
-def _band_shortest_path(band, out):
-    """dist[e] = min_k dist[e-k] + band[k-1, e-1] for e = 1..n, dist[0] = 0; returns `out`
-    holding the candidates dist[e-k] + band[k-1, e-1] at the solution.
+@lru_cache(maxsize=8)
+def _constants(K: int, n: int, width: int):
+    """(K, n) arrays that depend on the band's shape only, when every item is one sequence:
+    the group sizes k (row k-1), the flat table offsets k * width, and the latency weights
+    n - (e - k), the sequences waiting from the group's start on. Whole arrays, not (K, 1)
+    columns: numpy broadcasting one costs about a pass more. Read-only: shared by threads."""
+    sizes = np.repeat(np.arange(1.0, K + 1), n).reshape(K, n)
+    ends = np.arange(1.0, n + 1)
+    arrays = (sizes, sizes * width, (n - ends) + sizes)
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+def _band_shortest_path(band, scratch):
+    """dist[e] = min_k dist[e-k] + band[k-1, e-1] for e = 1..n, dist[0] = 0; returns the view
+    pred[k-1, e-1] = dist[e-k] of the solution (the candidates are pred + band).
 
     Jacobi (Bellman-Ford) rounds over a window of 2K columns at the frontier: a round relaxes
     all its nodes at once from the values before the round. Every value is the cost of a real
@@ -204,7 +273,9 @@ def _band_shortest_path(band, out):
     it, or past the window if nothing decreased. Final values are min_k fl(dist[e-k] +
     band[k-1, e-1]) of final values, the very floats the loop computes. Rounds: about the
     number of batches in the plan or n / K, whichever is more. The 2K window measured fastest:
-    a wider one computes nodes that cannot be final yet, a narrower one takes more rounds."""
+    a wider one computes nodes that cannot be final yet, a narrower one takes more rounds.
+    The window's candidates go to a contiguous part of `scratch` (a (K, n) array), which numpy
+    writes about twice as fast as a window of a (K, n) array."""
     K, n = band.shape
     padded = np.full(K + n + 1, np.inf)
     padded[K] = 0.0
@@ -212,29 +283,40 @@ def _band_shortest_path(band, out):
     dist[1:K + 1] = band.diagonal()  # one group from position 0
     pred = _diagonals(padded, K, n, K, -1)  # pred[k-1, e-1] = dist[e-k]
     new = np.empty(n)
+    scratch = scratch.reshape(-1)
     f = 0  # nodes 0..f are final; the window is columns f..f+2K-1 (nodes f+1..f+2K)
     while f < n:
         hi = min(n, f + 2 * K)
-        window = np.add(pred[:, f:hi], band[:, f:hi], out=out[:, f:hi])
+        window = np.add(pred[:, f:hi], band[:, f:hi], out=scratch[:K * (hi - f)].reshape(K, hi - f))
         lower = np.minimum.reduce(window, axis=0, out=new[f:hi]) < dist[f + 1:hi + 1]
         first = int(lower.argmax())  # the first True, or 0 if none
         dist[f + 1:hi + 1] = new[f:hi]
         f = f + first + 1 if lower[first] else hi
-    return out
+    return pred
 
 
 _scratch_space = threading.local()
 
 
 def _scratch(K: int, n: int):
-    """Three float and one int (K, n) scratch arrays, kept per thread: arrays this large are
-    fresh pages from the OS at each call otherwise (the allocator hands them back), and the
-    page faults cost more than the arithmetic."""
+    """Three float, one int and one bool (K, n) scratch arrays, kept per thread: arrays this
+    large are fresh pages from the OS at each call otherwise (the allocator hands them back),
+    and the page faults cost more than the arithmetic. The views of the last shape are kept
+    too (making five costs several microseconds)."""
     space = getattr(_scratch_space, "arrays", None)
     if space is None or space[1].size < K * n:
-        space = _scratch_space.arrays = (np.empty((3, K * n)), np.empty(K * n, dtype=np.intp))
-    floats, ints = space
-    return [a[: K * n].reshape(K, n) for a in floats] + [ints[: K * n].reshape(K, n)]
+        space = _scratch_space.arrays = (np.empty(3 * K * n), np.empty(K * n, dtype=np.intp),
+                                         np.empty(K * n, dtype=bool))
+        _scratch_space.views = {}
+    views = _scratch_space.views.get((K, n))
+    if views is None:
+        floats, ints, bools = space
+        views = [floats[i * K * n:(i + 1) * K * n].reshape(K, n) for i in range(3)]
+        views += [ints[: K * n].reshape(K, n), bools[: K * n].reshape(K, n)]
+        if len(_scratch_space.views) >= 8:
+            _scratch_space.views.clear()
+        _scratch_space.views[(K, n)] = views
+    return views
 
 
 _dense_arrays: dict[int, tuple[list, np.ndarray]] = {}  # id(table) -> (table, its numpy copy)
@@ -291,9 +373,15 @@ def next_batch(plan: Plan, arrivals: Sequence[float], now: float, slo_s: float, 
     bound; then the batch that holds it."""
     oldest = arrivals.index(min(arrivals))
     holder = next(b for b, batch in enumerate(plan.batches) if oldest in batch)
-    waited = now - arrivals[oldest]
-    finish_in_order = sum(plan.estimated_seconds[: holder + 1])
-    if waited >= max_wait_s or waited + finish_in_order > slo_s:
+    return _serve_oldest(holder, now - arrivals[oldest], lambda: sum(plan.estimated_seconds[: holder + 1]),
+                         slo_s, max_wait_s)
+
+
+def _serve_oldest(holder: int, waited: float, finish_in_order: Callable[[], float], slo_s: float,
+                  max_wait_s: float) -> int:
+    """next_batch's rule, from the batch holding the oldest request and how long it waited;
+    finish_in_order() (when batches 0..holder would be done) is only estimated if it matters."""
+    if holder > 0 and (waited >= max_wait_s or waited + finish_in_order() > slo_s):
         return holder
     return 0
 
@@ -345,16 +433,23 @@ class DpBatchPolicy:
         start = time.perf_counter()
         items = list(islice(queue, self.window))
         lengths = [it.lengths for it in items]
-        seqs = list(map(len, lengths))
-        several = max(seqs) > 1  # else every item is one sequence: counts and tokens are implied
-        plan = plan_batches(
-            list(map(max, lengths)), self.cost, self.max_sequences, self.max_tokens, self.objective,
-            seq_counts=seqs if several else None, token_counts=list(map(sum, lengths)) if several else None,
-        )
-        chosen = set(plan.batches[next_batch(plan, [it.arrival for it in items], now, self.trigger.slo_s,
-                                             self.trigger.max_wait_s)])
-        batch = [it for i, it in enumerate(items) if i in chosen]  # arrival order
-        remaining = [it for i, it in enumerate(items) if i not in chosen]
+        if max(map(len, lengths)) > 1:  # requests of several sequences, which run together
+            plan = _solve(list(map(max, lengths)), self.cost, self.max_sequences, self.max_tokens, self.objective,
+                          list(map(len, lengths)), list(map(sum, lengths)))
+        else:  # one sequence each: counts and tokens are implied
+            plan = _solve([lens[0] for lens in lengths], self.cost, self.max_sequences, self.max_tokens,
+                          self.objective, None, None)
+        arrivals = [it.arrival for it in items]
+        oldest = arrivals.index(min(arrivals))
+        holder = plan.batch_holding(oldest)
+        chosen = _serve_oldest(holder, now - arrivals[oldest], lambda: sum(map(plan.estimate, range(holder + 1))),
+                               self.trigger.slo_s, self.trigger.max_wait_s)
+        taken = sorted(plan.batch(chosen))  # arrival order
+        batch = [items[i] for i in taken]
+        keep = [True] * len(items)
+        for i in taken:
+            keep[i] = False
+        remaining = list(compress(items, keep))
         remaining.extend(islice(queue, len(items), None))
         queue.clear()
         queue.extend(remaining)

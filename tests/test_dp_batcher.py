@@ -291,3 +291,58 @@ def test_policy_take_on_a_long_queue_matches_the_loop(objective):
     assert batch_vec == batch and rest_vec == rest
     assert sorted(batch + rest, key=lambda r: r.arrival) == requests
     assert [r.arrival for r in rest] == sorted(r.arrival for r in rest)
+
+
+@given(
+    items=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 3)), min_size=1, max_size=90),
+    several=st.booleans(),
+    max_bs=st.integers(1, 70),
+    max_tokens=st.one_of(st.integers(1, 6000), st.just(10**9)),
+    packed=st.booleans(),
+    objective=st.sampled_from(["throughput", "latency"]),
+)
+@settings(max_examples=200, deadline=None)
+def test_vectorised_dp_plans_exactly_like_the_loop_on_random_queues(items, several, max_bs, max_tokens, packed,
+                                                                    objective):
+    """Fresh random queues (many equal lengths, caps that bind on the shortest items or not,
+    one sequence per item or several): the numpy path's plan is the loop's, floats included."""
+    lengths = [length for length, _ in items]
+    seqs = [count for _, count in items] if several else None
+    tokens = [length * count - (count - 1) for length, count in items] if several else None
+    plans = []
+    for vectorised in (False, True):
+        with _dp_path(vectorised):
+            plans.append(plan_batches(lengths, _grid(packed), max_bs, max_tokens, objective, seqs, tokens))
+    assert plans[0] == plans[1]
+
+
+@given(
+    requests=st.lists(st.tuples(st.lists(st.integers(1, 300), min_size=1, max_size=3), st.floats(0.0, 1.0)),
+                      min_size=1, max_size=60),
+    now=st.floats(1.0, 1.2),
+    slo_s=st.floats(0.001, 100.0),  # the grid estimates a batch at 1 to 30 s
+    max_wait_s=st.floats(0.5, 2.0),
+    window=st.integers(1, 60),
+    vectorised=st.booleans(),
+    objective=st.sampled_from(["throughput", "latency"]),
+)
+@settings(max_examples=150, deadline=None)
+def test_policy_take_runs_the_batch_next_batch_picks(requests, now, slo_s, max_wait_s, window, vectorised, objective):
+    """take (which estimates batch times only when the oldest request is at risk) takes the
+    batch next_batch picks from the full plan of its window, in arrival order, and keeps the
+    rest of the queue in order; arrivals need not be sorted."""
+    queue = deque(_Request(lengths, arrival) for lengths, arrival in requests)
+    everything = list(queue)
+    items = everything[:window]
+    trigger = TriggerPolicy(slo_s=slo_s, max_wait_s=max_wait_s)
+    policy = DpBatchPolicy(_grid(), max_sequences=8, max_tokens=1200, objective=objective, trigger=trigger,
+                           window=window)
+    several = any(len(r.lengths) > 1 for r in items)
+    with _dp_path(vectorised):
+        plan = plan_batches([max(r.lengths) for r in items], _grid(), 8, 1200, objective,
+                            [len(r.lengths) for r in items] if several else None,
+                            [sum(r.lengths) for r in items] if several else None)
+        expected = sorted(plan.batches[next_batch(plan, [r.arrival for r in items], now, slo_s, max_wait_s)])
+        batch = policy.take(queue, now)
+    assert batch == [items[i] for i in expected]
+    assert list(queue) == [r for r in everything if r not in batch]  # (_Request compares by identity)
