@@ -4,7 +4,9 @@
 # Optional: TRITONFORMER_MINILM_DIR pointing at an all-MiniLM-L6-v2 folder.
 # PARTS (default "tests runtime decoder") picks what runs, e.g. PARTS=decoder bash .ci/gpu.sh:
 # a device command is capped at 10 minutes, so the parts can go in separate calls. "policies"
-# (not a default) runs the encoder batching policies in-process on padded and packed execution.
+# (not a default) runs the encoder batching policies in-process on padded and packed execution;
+# "profile" (not a default) times the few-row GEMMs against cuBLAS and profiles the benchmarked
+# shapes kernel by kernel (tools/time_small_gemm.py, tools/profile_gpu_kernels.py).
 set -uo pipefail
 PARTS=${PARTS:-tests runtime decoder}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -20,7 +22,7 @@ if want tests; then
   python3 -m pytest -q -p no:cacheprovider -m "gpu or cuda_ok" -rs "$@" \
     tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_gemm.py \
     tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
-    tests/test_kernels_triton_pooling.py \
+    tests/test_kernels_triton_pooling.py tests/test_kernels_small_gemm.py \
     tests/test_sampling.py 2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
@@ -44,5 +46,12 @@ if want policies; then
     policies_rc=$(( policies_rc || PIPESTATUS[0] ))
   done
 fi
-echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc"
-exit $(( tests_rc || bench_rc || decoder_rc || policies_rc ))
+profile_rc=0
+if want profile; then
+  python3 tools/time_small_gemm.py 2>&1 | tee "$OUT/time_small_gemm.log"
+  profile_rc=${PIPESTATUS[0]}
+  python3 tools/profile_gpu_kernels.py --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
+  profile_rc=$(( profile_rc || PIPESTATUS[0] ))
+fi
+echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc profile rc=$profile_rc"
+exit $(( tests_rc || bench_rc || decoder_rc || policies_rc || profile_rc ))

@@ -31,7 +31,8 @@ def triton_kernels_enabled() -> bool:
 
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
-_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_pooling")
+_KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
+                   "triton_pooling")
 _loaded = False
 
 
@@ -70,6 +71,7 @@ add_bias_residual_layer_norm = _dispatched("add_bias_residual_layer_norm")
 rms_norm = _dispatched("rms_norm")
 bias_gelu = _dispatched("bias_gelu")
 linear_bias_gelu = _dispatched("linear_bias_gelu")
+linear_act = _dispatched("linear_act")
 silu_and_mul = _dispatched("silu_and_mul")
 feed_tokens = _dispatched("feed_tokens")
 pool_sequences = _dispatched("pool_sequences")

@@ -214,6 +214,33 @@ def linear_bias_gelu(
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
 
 
+LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul")
+
+
+def linear_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """activation(x @ weight^T + bias): a linear layer with what follows it in the model.
+
+    x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. `activation` is "none",
+    "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new") or "silu_mul" (Llama's SwiGLU: weight
+    is `[gate; up]`, `[2I, K]`, and the result `[M, I]` is silu(gate) * up). A kernel computes
+    the activation on the GEMM's fp32 accumulator; here the linear's output is rounded to x's
+    dtype first, as the unfused ops do."""
+    if activation not in LINEAR_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
+    h = F.linear(x, weight, bias)
+    if activation == "silu_mul":
+        h = silu_and_mul(h)
+    elif activation != "none":
+        h = bias_gelu(h, None, "tanh" if activation == "gelu_tanh" else "none")
+    return h if out is None else out.copy_(h)
+
+
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:

@@ -82,6 +82,7 @@ class GPT2Model(DecoderModel):
         self.set_output_head(self.wte)  # tied
         self.wpe = w("wpe.weight")
         self.ln_f = (w("ln_f.weight"), w("ln_f.bias"))
+        self.activation = "gelu_tanh" if config.gelu_approximate == "tanh" else "gelu"
         self.layers = []
         for i in range(config.num_layers):
             p = f"h.{i}."
@@ -122,7 +123,7 @@ class GPT2Model(DecoderModel):
             )
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
             x, h = self._add_norm(F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"]), layer["o_b"], h, layer["ln_2"])
-            up = kernels.bias_gelu(F.linear(x, layer["fc_w"]), layer["fc_b"], cfg.gelu_approximate)
+            up = kernels.linear_act(x, layer["fc_w"], layer["fc_b"], self.activation)
             next_ln = self.layers[li + 1]["ln_1"] if li + 1 < len(self.layers) else self.ln_f
             x, h = self._add_norm(F.linear(up, layer["proj_w"]), layer["proj_b"], h, next_ln)
         return self.logits(x[batch.logits_index])

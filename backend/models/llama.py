@@ -110,7 +110,7 @@ class LlamaModel(DecoderModel):
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
             h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
             x, residual = kernels.rms_norm(h, layer["post_norm"], cfg.rms_norm_eps, residual)
-            h = F.linear(kernels.silu_and_mul(F.linear(x, layer["gate_up_w"])), layer["down_w"])
+            h = F.linear(kernels.linear_act(x, layer["gate_up_w"], None, "silu_mul"), layer["down_w"])
         rows = batch.logits_index
         x, _ = kernels.rms_norm(h[rows], self.final_norm, cfg.rms_norm_eps, residual[rows])
         return self.logits(x)

@@ -1,0 +1,148 @@
+"""The few-rows GEMM with fused epilogues (kernels/triton_small_gemm.py) against
+`reference.linear_act`, on fresh seeded random inputs.
+
+Without a GPU it runs in Triton's CPU interpreter (the conftest sets TRITON_INTERPRET=1) with
+16 x 16 tiles: ragged N and K edges, one row and several, every activation, with and without
+a bias. The `gpu` group runs the decoder's and BERT's real layer shapes in fp16/bf16 against
+an fp32 torch result, and the many-rows fallback.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1: Triton kernels cannot run", allow_module_level=True)
+
+from tritonformer.kernels import dispatch  # noqa: E402
+from tritonformer.kernels import reference as ref  # noqa: E402
+from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ACTIVATIONS = ["none", "gelu", "gelu_tanh", "silu_mul"]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+
+def make_inputs(m, n, k, dtype, with_bias, activation, seed):
+    """x `[m, k]`, weight `[n, k]` (`[2n, k]` for SwiGLU) and bias, scaled like a trained
+    layer so pre-activations are O(1)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    rows = 2 * n if activation == "silu_mul" else n
+
+    def rand(*shape, std=1.0):
+        return (torch.randn(*shape, generator=gen, device=DEVICE) * std).to(dtype)
+
+    return rand(m, k), rand(rows, k, std=1.5 / k ** 0.5), rand(rows, std=0.5) if with_bias else None
+
+
+def exact(x, w, b, activation):
+    """Everything in fp32, the pre-activation never rounded."""
+    h = F.linear(x.float(), w.float(), None if b is None else b.float())
+    if activation == "silu_mul":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if activation == "none":
+        return h
+    return F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+def seed_of(*params) -> int:
+    return zlib.crc32(repr(params).encode())
+
+
+@pytest.fixture(autouse=True)
+def plain_linears_too(monkeypatch):
+    """The wrapper hands plain linears to cuBLAS; the kernel's own tests run them through it."""
+    monkeypatch.setattr(tsg, "FUSE_PLAIN", True)
+
+
+def test_kernel_is_registered_with_the_dispatcher():
+    assert dispatch._KERNELS["linear_act"] is tsg.linear_act
+    assert "triton_small_gemm" in dispatch._KERNEL_MODULES
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("m,n,k", [(1, 40, 48), (5, 33, 40), (16, 48, 32)])
+def test_fp32_matches_reference(m, n, k, with_bias, activation):
+    x, w, b = make_inputs(m, n, k, torch.float32, with_bias, activation, seed_of(m, n, k, with_bias, activation))
+    out = tsg.linear_act(x, w, b, activation)
+    assert out.shape == (m, n) and out.dtype == torch.float32 and out.is_contiguous()
+    torch.testing.assert_close(out, ref.linear_act(x, w, b, activation), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_is_closer_to_exact_than_the_unfused_reference(dtype, activation):
+    """The reference rounds the GEMM's output before the activation, the kernel does not."""
+    x, w, b = make_inputs(3, 40, 48, dtype, True, activation, seed_of("half", dtype, activation))
+    out = tsg.linear_act(x, w, b, activation)
+    expected = ref.linear_act(x, w, b, activation)
+    atol, rtol = {torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.6e-2, 3.2e-2)}[dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+    if not (INTERPRETED and dtype == torch.bfloat16):  # the interpreter truncates to bf16
+        truth = exact(x, w, b, activation)
+        assert (out.float() - truth).norm() <= (expected.float() - truth).norm() * 1.05 + 1e-6
+
+
+def test_out_and_many_rows_fallback(monkeypatch):
+    """`out` receives the result; above MAX_ROWS the unfused ops give the reference's result."""
+    for activation in ACTIVATIONS:
+        x, w, b = make_inputs(6, 24, 32, torch.float32, True, activation, seed_of("out", activation))
+        out = torch.full((6, 24), float("nan"))
+        assert tsg.linear_act(x, w, b, activation, out=out) is out
+        torch.testing.assert_close(out, ref.linear_act(x, w, b, activation), atol=2e-5, rtol=2e-5)
+        monkeypatch.setattr(tsg, "MAX_ROWS", 4)
+        fallback = torch.full((6, 24), float("nan"))
+        tsg.linear_act(x, w, b, activation, out=fallback)
+        torch.testing.assert_close(fallback, ref.linear_act(x, w, b, activation), atol=2e-5, rtol=2e-5)
+        monkeypatch.setattr(tsg, "MAX_ROWS", 64)
+
+
+def test_plain_linears_are_left_to_torch(monkeypatch):
+    """Without an activation cuBLAS measured faster: the wrapper returns torch's own result."""
+    monkeypatch.setattr(tsg, "FUSE_PLAIN", False)
+    x, w, b = make_inputs(3, 40, 48, torch.float32, True, "none", seed_of("plain"))
+    torch.testing.assert_close(tsg.linear_act(x, w, b), F.linear(x, w, b), atol=0, rtol=0)
+
+
+def test_bad_inputs_are_refused_with_clear_messages():
+    x, w, b = make_inputs(2, 16, 32, torch.float32, True, "none", seed_of("bad"))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        tsg.linear_act(x, w, b, "relu")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ref.linear_act(x, w, b, "relu")
+    with pytest.raises(AssertionError, match="weight is"):
+        tsg.linear_act(x, w[:, :16], b)
+    with pytest.raises(AssertionError, match="bias must be"):
+        tsg.linear_act(x, w, b[:3])
+
+
+# ---- GPU: the real layer shapes ---------------------------------------------------------------
+
+# (N, K, activation): GPT-2's qkv / out / fc / proj, BERT's ffn in with erf GELU, Llama-1B's
+# gate_up (SwiGLU) and down.
+LAYERS = [(2304, 768, "none"), (768, 768, "none"), (3072, 768, "gelu_tanh"), (768, 3072, "none"),
+          (3072, 768, "gelu"), (8192, 2048, "silu_mul"), (2048, 8192, "none")]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k,activation", LAYERS)
+@pytest.mark.parametrize("m", [1, 7, 32, 64])
+def test_gpu_layer_shapes(m, n, k, activation, dtype):
+    x, w, b = make_inputs(m, n, k, dtype, True, activation, seed_of("gpu", m, n, k, activation, dtype))
+    out = dispatch.linear_act(x, w, b, activation)
+    assert out.shape == (m, n) and out.dtype == dtype
+    truth = exact(x, w, b, activation)
+    rel = ((out.float() - truth).norm() / truth.norm()).item()
+    assert rel < 1e-2, f"relative error {rel:.2e}"
