@@ -99,7 +99,7 @@ def run_ours(engine, sink, trace) -> dict:
     """All requests at once; iterations until every one finished. Useful tokens/s and the mean
     share of reserved KV blocks in use."""
     _submit(engine, trace)
-    used, iterations = [], 0
+    used, iterations, preempted_before = [], 0, engine.scheduler.num_preemptions
     _sync(engine)
     t0 = time.perf_counter()
     while engine.has_work():
@@ -118,7 +118,7 @@ def run_ours(engine, sink, trace) -> dict:
     sink.finished = 0
     return {"useful_tokens": useful, "seconds": seconds, "tok_per_s": useful / seconds, "iterations": iterations,
             "kv_token_utilisation": float(np.mean(used)) if used else 0.0,
-            "preemptions": engine.scheduler.num_preemptions}
+            "preemptions": engine.scheduler.num_preemptions - preempted_before}
 
 
 def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> float:
@@ -223,6 +223,9 @@ def run(args) -> int:
             print(f"\n## throughput, {name}, all requests at once (useful tokens/s)")
             print("| trace | request-level HF | HF continuous batching | ours | vs request-level | vs HF CB | KV used/reserved |")
             print("|---|---:|---:|---:|---:|---:|---:|")
+            # One untimed pass first: a cold Triton cache compiles the prefill shapes' kernels
+            # during the first pass (measured 27,921 tok/s cold vs 45,741 warm on the Orca trace).
+            run_ours(engine, sink, traces[0][1])
             for label, trace in traces:
                 ours = run_ours(engine, sink, trace)
                 base = cb = None
