@@ -55,6 +55,17 @@ def bert_flops(lengths: list[int], hidden: int, layers: int, intermediate: int) 
     return layers * (gemm + attention)
 
 
+def packed_batch(lengths: list[int], device):
+    """Random token ids for sequences of these lengths, packed: (ids, cu_seqlens, max length),
+    the encoder's forward arguments."""
+    import numpy as np
+    import torch
+
+    ids = torch.randint(1000, 20000, (sum(lengths),), device=device)
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32, device=device)
+    return ids, cu, max(lengths)
+
+
 def run(args) -> int:
     import numpy as np
     import torch
@@ -84,9 +95,7 @@ def run(args) -> int:
     h, L, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
 
     def packed(lengths):
-        ids = torch.randint(1000, 20000, (sum(lengths),), device=dev)
-        cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32, device=dev)
-        return ids, cu, max(lengths)
+        return packed_batch(lengths, dev)
 
     rows = []
     with torch.inference_mode():

@@ -128,9 +128,7 @@ def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, v
 
     trace = fixed_trace(context, steps + 2, batch, seed=1, vocab_size=vocab)
     _submit(engine, trace)
-    while any(s.num_computed < s.num_tokens - 1 or not s.output_ids for s in engine.scheduler.running) \
-            or engine.scheduler.waiting:
-        engine.step()  # prefill until every sequence decodes
+    prefill_until_decoding(engine)
     _sync(engine)
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -143,13 +141,25 @@ def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, v
     return ms, forward
 
 
-def _forward_ms(engine, repeats: int = 50) -> float:
-    """The model's part of a decode iteration alone (graph replay on a GPU): the same entries
-    run again (they rewrite the same cache slots with the same values)."""
+def prefill_until_decoding(engine) -> None:
+    """Step until every submitted sequence is past its prompt and decoding."""
+    while any(s.num_computed < s.num_tokens - 1 or not s.output_ids for s in engine.scheduler.running) \
+            or engine.scheduler.waiting:
+        engine.step()
+
+
+def decode_entries(engine) -> list:
+    """The running sequences' current decode iteration as runner entries; running them again
+    rewrites the same cache slots with the same values, so they can be replayed for timing."""
     from tritonformer.backend.decoder_batch import BatchEntry
 
-    running = engine.scheduler.running
-    entries = [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True) for s in running]
+    return [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True)
+            for s in engine.scheduler.running]
+
+
+def _forward_ms(engine, repeats: int = 50) -> float:
+    """The model's part of a decode iteration alone (graph replay on a GPU)."""
+    entries = decode_entries(engine)
     engine.runner.run(entries)
     _sync(engine)
     t0 = time.perf_counter()

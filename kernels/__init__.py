@@ -9,6 +9,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     apply_rotary,
     bias_gelu,
     feed_tokens,
+    gelu_activation,
     linear_act,
     linear_bias_gelu,
     qkv_split,

@@ -85,3 +85,4 @@ write_kv = _dispatched("write_kv")
 qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin
+gelu_activation = reference.gelu_activation

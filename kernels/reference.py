@@ -215,6 +215,12 @@ def linear_bias_gelu(
 
 
 LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul")
+GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # linear_act's GELUs as bias_gelu's `approximate`
+
+
+def gelu_activation(approximate: str) -> str:
+    """linear_act's name for the GELU a config calls `approximate` ("none" or "tanh")."""
+    return next(name for name, form in GELU_APPROXIMATE.items() if form == approximate)
 
 
 def linear_act(
@@ -237,7 +243,7 @@ def linear_act(
     if activation == "silu_mul":
         h = silu_and_mul(h)
     elif activation != "none":
-        h = bias_gelu(h, None, "tanh" if activation == "gelu_tanh" else "none")
+        h = bias_gelu(h, None, GELU_APPROXIMATE[activation])
     return h if out is None else out.copy_(h)
 
 

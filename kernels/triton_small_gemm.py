@@ -168,7 +168,7 @@ def linear_act(
 
 def _unfused(x, weight, bias, activation, out):
     """Many rows: torch's GEMM, then the activation's own kernel."""
-    gelu = {"gelu": "none", "gelu_tanh": "tanh"}.get(activation)
+    gelu = reference.GELU_APPROXIMATE.get(activation)
     if gelu is not None:  # the bias goes to the GELU kernel's pass, in place, not to the GEMM
         h = torch.nn.functional.linear(x, weight) if out is None else torch.mm(x, weight.t(), out=out)
         return dispatch.bias_gelu(h, bias, gelu, out=h)

@@ -78,6 +78,7 @@ def bert_cases(top: int) -> list[dict]:
     from tritonformer.backend.allocator import ActivationArena
     from tritonformer.backend.cuda_graphs import EncoderGraphs
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
+    from tritonformer.client.bench_runtime import packed_batch
 
     dev = torch.device("cuda")
     cfg = transformers.BertConfig()
@@ -89,9 +90,7 @@ def bert_cases(top: int) -> list[dict]:
     arena = ActivationArena(dev)
 
     def packed(lengths):
-        ids = torch.randint(1000, 20000, (sum(lengths),), device=dev)
-        cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32, device=dev)
-        return ids, cu, max(lengths)
+        return packed_batch(lengths, dev)
 
     out = []
     with torch.inference_mode():
@@ -107,8 +106,7 @@ def bert_cases(top: int) -> list[dict]:
 
 def decoder_cases(name: str, top: int) -> list[dict]:
     from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import _submit, _sync, our_engine
-    from tritonformer.backend.decoder_batch import BatchEntry
+    from tritonformer.client.bench_serve_decoder import _submit, _sync, decode_entries, our_engine, prefill_until_decoding
 
     dev = torch.device("cuda")
     make, batches = {"gpt2": (hf.random_gpt2, (1, 64)), "llama": (hf.random_llama_1b, (1,))}[name]
@@ -119,12 +117,9 @@ def decoder_cases(name: str, top: int) -> list[dict]:
     out = []
     for b in batches:
         _submit(engine, hf.fixed_trace(128, 160, b, seed=1, vocab_size=vocab))  # outlives the profiled steps
-        while engine.scheduler.waiting or any(s.num_computed < s.num_tokens - 1 or not s.output_ids
-                                              for s in engine.scheduler.running):
-            engine.step()  # prefill until every sequence decodes
+        prefill_until_decoding(engine)
         _sync(engine)
-        running = engine.scheduler.running
-        entries = [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True) for s in running]
+        entries = decode_entries(engine)
         out.append(profile_case(f"{name} decode forward, batch {b} (graph replay)",
                                 lambda: engine.runner.run(entries), 50, top))
         if b > 1:

@@ -13,6 +13,7 @@ import argparse
 
 import torch
 
+from tritonformer.backend.cuda_graphs import capture_graph
 from tritonformer.kernels import triton_small_gemm as tsg
 
 # (model, layer, N, K, activation)
@@ -27,15 +28,7 @@ LAYERS = [
 
 def graph_us(fn, calls: int = 20, reps: int = 20) -> float:
     """Microseconds per call of fn, replayed `calls` times in one CUDA graph (best of reps)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile / autotune outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph, _ = capture_graph(lambda: [fn() for _ in range(calls)])  # compiles / autotunes first, uncaptured
     best = float("inf")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(reps):

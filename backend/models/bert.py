@@ -86,7 +86,7 @@ class BertEncoder:
             self.ffn_epilogue = os.environ.get("TRITONFORMER_FFN_EPILOGUE", "separate")
         if self.ffn_epilogue not in FFN_EPILOGUES:
             raise ValueError(f"TRITONFORMER_FFN_EPILOGUE must be one of {FFN_EPILOGUES}, got {self.ffn_epilogue!r}")
-        self.activation = "gelu_tanh" if config.gelu_approximate == "tanh" else "gelu"
+        self.activation = kernels.gelu_activation(config.gelu_approximate)
         w = weight_getter(state, device, dtype)
 
         self.word_emb = w("embeddings.word_embeddings.weight")

@@ -82,7 +82,7 @@ class GPT2Model(DecoderModel):
         self.set_output_head(self.wte)  # tied
         self.wpe = w("wpe.weight")
         self.ln_f = (w("ln_f.weight"), w("ln_f.bias"))
-        self.activation = "gelu_tanh" if config.gelu_approximate == "tanh" else "gelu"
+        self.activation = kernels.gelu_activation(config.gelu_approximate)
         self.layers = []
         for i in range(config.num_layers):
             p = f"h.{i}."
