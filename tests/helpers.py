@@ -65,3 +65,19 @@ def scrape_metrics(server, model: str, prefix: str = "tritonformer_") -> dict[st
         if m and 'le="' not in m.group(2):
             values[m.group(1)] = float(m.group(3))
     return values
+
+
+def settled_metrics(server, model: str, name: str, expected: float, prefix: str = "tritonformer_",
+                    timeout: float = 10.0) -> dict[str, float]:
+    """scrape_metrics once metric `name` has reached `expected` (or after `timeout` seconds).
+
+    Triton counts a request as a success after its response has gone out, so a scrape made right
+    after the client got its last answer can still miss that request."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        values = scrape_metrics(server, model, prefix)
+        if values.get(name, 0.0) >= expected or time.monotonic() > deadline:
+            return values
+        time.sleep(0.05)

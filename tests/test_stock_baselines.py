@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import http_post, scrape_metrics
+from helpers import http_post, settled_metrics
 
 pytestmark = pytest.mark.server
 transformers = pytest.importorskip("transformers")
@@ -46,9 +46,10 @@ def stock_server(tmp_path_factory):
         server.stop()
 
 
-def _triton_counts(server, model: str) -> tuple[float, float]:
-    """(requests answered, model executions) from Triton's own metrics."""
-    values = scrape_metrics(server, model, prefix="nv_inference_")
+def _triton_counts(server, model: str, answered: int) -> tuple[float, float]:
+    """(requests answered, model executions) from Triton's own metrics, once `answered` requests
+    have been counted (or after a timeout, and then the caller's equality check fails)."""
+    values = settled_metrics(server, model, "nv_inference_request_success", answered, prefix="nv_inference_")
     return values["nv_inference_request_success"], values["nv_inference_exec_count"]
 
 
@@ -70,7 +71,7 @@ def test_stock_embedder_answers_like_hf_and_batches_ragged_requests(stock_server
                             vocab_size=VOCAB, model="hf_embedder", batch_dim=True)
     s = result["summary"]
     assert s["requests"] >= 40 and s["ok"] == s["requests"], s["first_error"]
-    answered, executions = _triton_counts(server, "hf_embedder")
+    answered, executions = _triton_counts(server, "hf_embedder", s["requests"] + 1)
     assert answered == s["requests"] + 1 and executions < answered
 
 
@@ -94,5 +95,5 @@ def test_stock_generator_answers_like_hf_generate_under_load(stock_server):
     ids, mask = left_pad([prompt], "cpu")
     expected = generate_greedy(gpt2, ids, mask, 5)[0, len(prompt):].tolist()
     assert answer["outputs"][0]["data"] == expected
-    answered, executions = _triton_counts(server, "hf_generator")
+    answered, executions = _triton_counts(server, "hf_generator", len(trace) + 1)
     assert executions < answered  # request-level batches
