@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv/ and install everything tritonformer needs, pinned (requirements.txt).
-# Idempotent: a second run with unchanged requirements returns at once.
+# Idempotent: a second run with unchanged requirements (and an unchanged compiled DP loop,
+# scheduler/_dp_native.c, which the editable install builds once) returns at once.
 #   TRITONFORMER_PYTHON   interpreter to build the venv from (default: python3, must be >= 3.10)
 #   TRITONFORMER_TORCH_INDEX  a pip index for torch (default: the CPU build index where no GPU is found)
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")"
 PY=${TRITONFORMER_PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.tritonformer-installed
-want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt pyproject.toml scheduler/_dp_native.c | sha256sum | cut -d' ' -f1)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0

@@ -6,7 +6,8 @@
 # a device command is capped at 10 minutes, so the parts can go in separate calls. "policies"
 # (not a default) runs the encoder batching policies in-process on padded and packed execution;
 # "profile" (not a default) times the few-row GEMMs against cuBLAS and profiles the benchmarked
-# shapes kernel by kernel (tools/time_small_gemm.py, tools/profile_gpu_kernels.py).
+# shapes kernel by kernel (tools/time_small_gemm.py, tools/profile_gpu_kernels.py); "dp" (not a
+# default) times the DP batcher's decision on this host's CPU (tools/time_dp_decision.py).
 set -uo pipefail
 PARTS=${PARTS:-tests runtime decoder}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -15,6 +16,7 @@ OUT=${OUT:-/tmp/tritonformer-gpu-out}
 mkdir -p "$OUT" /tmp/tf
 ln -sfn "$PWD" /tmp/tf/tritonformer          # import tritonformer.* without installing
 export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+bash tools/build_native.sh  # the compiled DP loop, which `pip install` builds elsewhere
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 tests_rc=0
@@ -53,5 +55,10 @@ if want profile; then
   python3 tools/profile_gpu_kernels.py --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
   profile_rc=$(( profile_rc || PIPESTATUS[0] ))
 fi
-echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc profile rc=$profile_rc"
-exit $(( tests_rc || bench_rc || decoder_rc || policies_rc || profile_rc ))
+dp_rc=0
+if want dp; then
+  python3 tools/time_dp_decision.py 2>&1 | tee "$OUT/time_dp_decision.log"
+  dp_rc=${PIPESTATUS[0]}
+fi
+echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc"
+exit $(( tests_rc || bench_rc || decoder_rc || policies_rc || profile_rc || dp_rc ))

@@ -49,9 +49,10 @@ class GridCostModel:
         (The correction factor scales every cost alike: it cannot change the DP's choice.)"""
         table = self.__dict__.get("_dense")
         if table is None or len(table) <= max_seqs or len(table[0]) <= max_len:
-            # Built once, at least as large as the grid, and only rebuilt for a larger request.
-            seqs = max(max_seqs, self.seqs[-1])
-            lengths = max(max_len, self.lengths[-1])
+            # Built once, at least as large as the grid, and only rebuilt for a larger request;
+            # it never shrinks in the other dimension (alternating requests would rebuild it).
+            seqs = max(max_seqs, self.seqs[-1], len(table) - 1 if table else 0)
+            lengths = max(max_len, self.lengths[-1], len(table[0]) - 1 if table else 0)
             table = [[self._interpolate(max(n, 1), max(length, 1)) for length in range(lengths + 1)]
                      for n in range(seqs + 1)]
             self.__dict__["_dense"] = table

@@ -14,29 +14,33 @@ minimal. Two objectives:
 Corrections to the printed algorithm (see shared reference notes): the backtrack continues at
 `i = start` (the paper's `start - 1` drops a request); the cost is a whole-batch latency (no
 `x batch size`); batch size and tokens per batch are capped explicitly.
-Long queues over a dense cost table run the same DP as a shortest path solved with numpy
-(_dp_vectorised): a decision for 256 queued sequences takes about 0.2 ms instead of 1.7 ms,
-with exactly the plain loop's plans.
-Pure Python and numpy: no torch, testable with a fake cost model.
+
+The DP is a plain loop (_dp_loop). Over a dense cost table (what the served cost model has) the
+same loop runs compiled (scheduler/_dp_native.c, built by `pip install`): a decision for 256
+queued sequences takes tens of microseconds instead of ~1.7 ms in Python, with exactly the
+Python loop's plans. Without the compiled module (a source tree never installed) the Python
+loop runs, slower and otherwise the same.
+Pure Python, numpy and that one C loop: no torch, testable with a fake cost model.
 """
 from __future__ import annotations
 
-import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import accumulate, compress, islice
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+try:
+    from tritonformer.scheduler import _dp_native
+except ImportError:  # not built: the Python loop plans alone
+    _dp_native = None
+
 OBJECTIVES = ("throughput", "latency")
-# A dense cost table is searched with numpy (_dp_vectorised) from this many queued items on
-# and with batches of this many sequences allowed: with fewer items the plain loop is cheaper
-# than numpy's per-call overhead, and with smaller batches than its rounds (one per batch or so).
-VECTOR_MIN_ITEMS = 20
-VECTOR_MIN_BATCH = 8
+# Plan with the compiled loop when it is built and the cost model has a dense table (tests
+# switch it off to compare the two).
+USE_NATIVE = _dp_native is not None
 
 
 class CostModel(Protocol):
@@ -84,9 +88,7 @@ class _Solution:
     cost: CostModel
     order: list[int]  # sorted position -> the caller's index
     cuts: list[tuple[int, int]]  # the batches as sorted positions a..b-1, shortest first
-    sorted_lengths: Sequence[int]
-    pre_seq: Sequence[int]  # prefix sums over the sorted items (ints, or floats holding ints)
-    pre_tok: Sequence[int]
+    stats: list[tuple[int, int, int]]  # per batch: (sequences, longest, tokens)
 
     def batch(self, b: int) -> list[int]:
         a, z = self.cuts[b]
@@ -94,9 +96,7 @@ class _Solution:
 
     def estimate(self, b: int) -> float:
         """From the full model (correction included), for the triggers and metrics."""
-        a, z = self.cuts[b]
-        return self.cost.batch_seconds(int(self.pre_seq[z] - self.pre_seq[a]), int(self.sorted_lengths[z - 1]),
-                                       int(self.pre_tok[z] - self.pre_tok[a]))
+        return self.cost.batch_seconds(*self.stats[b])
 
     def batch_holding(self, item: int) -> int:
         position = self.order.index(item)
@@ -104,26 +104,54 @@ class _Solution:
 
 
 def _solve(lengths, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts) -> _Solution:
-    n = len(lengths)
+    if USE_NATIVE and hasattr(cost, "dense_table"):
+        return _solve_native(lengths, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts)
     dense = getattr(cost, "dense_table", None)
     # The DP compares uncorrected table entries: the correction factor scales every cost alike.
     most_seqs = 1 if seq_counts is None else max(seq_counts)
     table = None if dense is None else dense(max(max_batch_size, most_seqs), max(lengths))
-    vectorised = table is not None and n >= VECTOR_MIN_ITEMS and max_batch_size >= VECTOR_MIN_BATCH
-    order, sl, pre_seq, pre_tok, start = (_dp_vectorised if vectorised else _dp_loop)(
-        lengths, seq_counts, token_counts, objective, cost, table, max_batch_size, max_batch_tokens)
-    cuts, i = [], n
+    order, sl, pre_seq, pre_tok, start = _dp_loop(lengths, seq_counts, token_counts, objective, cost, table,
+                                                  max_batch_size, max_batch_tokens)
+    cuts, i = [], len(lengths)
     while i > 0:  # backtrack: the group is start[i]..i-1, then the prefix sorted[0:start[i]]
         cuts.append((start[i], i))
         i = start[i]
     cuts.reverse()
-    return _Solution(cost, order, cuts, sl, pre_seq, pre_tok)
+    stats = [(pre_seq[z] - pre_seq[a], sl[z - 1], pre_tok[z] - pre_tok[a]) for a, z in cuts]
+    return _Solution(cost, order, cuts, stats)
+
+
+def _solve_requests(requests: list[list[int]], cost, max_batch_size, max_batch_tokens, objective) -> _Solution:
+    """_solve over requests given as their sequences' lengths (a request's sequences run together)."""
+    if USE_NATIVE and hasattr(cost, "dense_table"):  # it reads the requests itself
+        return _solve_native(requests, cost, max_batch_size, max_batch_tokens, objective, None, None)
+    if max(map(len, requests)) > 1:
+        return _solve(list(map(max, requests)), cost, max_batch_size, max_batch_tokens, objective,
+                      list(map(len, requests)), list(map(sum, requests)))
+    return _solve([r[0] for r in requests], cost, max_batch_size, max_batch_tokens, objective, None, None)
+
+
+def _solve_native(items, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts) -> _Solution:
+    """The compiled loop over the cost model's dense table (ints or requests as items). The
+    table is asked for at its current size; the loop says when an item needs a larger one."""
+    args = (seq_counts, token_counts, objective == "latency")
+    caps = (getattr(cost, "packed", True), max_batch_size, max_batch_tokens)
+    try:
+        order, cuts, stats = _dp_native.solve(items, *args, _as_array(cost.dense_table(max_batch_size, 0)), *caps)
+    except IndexError:  # longer sequences or larger requests than the table has seen yet
+        if seq_counts is None and hasattr(items[0], "__len__"):  # requests
+            seqs, longest = max(map(len, items)), max(map(max, items))
+        else:
+            seqs, longest = (1 if seq_counts is None else max(seq_counts)), max(items)
+        table = cost.dense_table(max(max_batch_size, seqs), longest)
+        order, cuts, stats = _dp_native.solve(items, *args, _as_array(table), *caps)
+    return _Solution(cost, order, cuts, stats)
 
 
 def _dp_loop(lengths, seq_counts, token_counts, objective, cost, table, max_seqs, max_tokens):
-    """The DP as a plain loop (any cost model, small queues). Returns the sorted order, the
-    sorted lengths, prefix sums of sequences and tokens, and start[i]: where the last group
-    of the best plan for sorted[0:i] starts."""
+    """The DP as a plain loop (any cost model; the reference the compiled loop follows line by
+    line). Returns the sorted order, the sorted lengths, prefix sums of sequences and tokens,
+    and start[i]: where the last group of the best plan for sorted[0:i] starts."""
     n = len(lengths)
     seqs = seq_counts if seq_counts is not None else [1] * n
     toks = token_counts if token_counts is not None else lengths
@@ -161,176 +189,18 @@ def _dp_loop(lengths, seq_counts, token_counts, objective, cost, table, max_seqs
     return order, sl, pre_seq, pre_tok, start
 
 
-def _dp_vectorised(lengths, seq_counts, token_counts, objective, cost, table, max_seqs, max_tokens):
-    """_dp_loop over a dense cost table, with whole-array steps instead of n * K Python ones.
-
-    Positions 0..n are nodes and a group of k <= K items an edge; all edge costs are looked up
-    at once into a (K, n) band, and _band_shortest_path relaxes many nodes per numpy call. The
-    values it converges to are the loop's own floats and ties break the same way (the smallest
-    group first), so the plan is exactly the loop's plan. A numpy call over the band costs about
-    as much as the Python around it, so the band is built in few whole-array passes, over
-    contiguous arrays of one dtype (broadcasting or casting costs a pass twice)."""
-    lens = np.fromiter(lengths, np.int64, len(lengths))
-    n = len(lens)
-    order = np.argsort(lens, kind="stable")  # stable like sorted(): equal lengths keep their order
-    sl = lens[order]
-    one_seq_each = seq_counts is None or max(seq_counts) == min(seq_counts) == 1
-    toks = sl if token_counts is None else np.asarray(token_counts, dtype=np.int64)[order]
-    tok_sums = _padded_prefix(toks, n)
-    pre_tok = tok_sums[n:]
-    K = max(1, min(n, max_seqs))  # an item holds a sequence at least: more items exceed the cap
-    if token_counts is None and pre_tok[K] > max_tokens:
-        # Any k sorted items hold as many tokens as the k shortest at least: when those exceed
-        # the cap, so do all groups of k (a cheaper band; but lone items always run).
-        K = max(1, int(np.searchsorted(pre_tok, max_tokens, side="right")) - 1)
-
-    dense = _as_array(table)
-    band, work, seq_band, index, over = _scratch(K, n)
-    toks = _band_sums(tok_sums, K, n, out=band)  # the band holds token counts until the lookup
-    sizes, size_offsets, waiting = _constants(K, n, dense.shape[1])
-    if one_seq_each:  # a group of k items holds k sequences: constant arrays
-        seqs, offsets, pre_seq = sizes, size_offsets, range(n + 1)
-    else:
-        seq_sums = _padded_prefix(np.asarray(seq_counts, dtype=np.int64)[order], n)
-        pre_seq = seq_sums[n:]
-        seqs = _band_sums(seq_sums, K, n, out=seq_band)
-    over = np.greater(toks[1:], max_tokens, out=over[1:])  # row 0, a lone item, always runs
-    if not one_seq_each:
-        over |= seqs[1:] > max_seqs
-    if getattr(cost, "packed", True):
-        # The flat index seqs * W + toks // seqs, by truncation: toks/seqs lies at least 1/seqs
-        # below the next integer, and the two roundings (2**-53 relative) add less while
-        # index * seqs < 2**50.
-        column = np.divide(toks, seqs, out=work)
-    else:  # padded: the longest of sorted[e-k:e] is sl[e-1] whatever k
-        column = sl.astype(np.float64)
-    if not one_seq_each:
-        offsets = np.multiply(seqs, dense.shape[1], out=seq_band)  # (seqs is not needed any more)
-    np.add(column, offsets, out=work)
-    np.copyto(index, work, casting="unsafe")
-    band = dense.take(index, mode="clip", out=band)
-    np.putmask(band[1:], over, np.inf)
-    if objective == "latency":  # weighted by the sequences waiting from the group's start e-k on
-        if one_seq_each:
-            band *= waiting
-        else:
-            weight = pre_seq[-1] - pre_seq[:-1]
-            band *= _diagonals(np.concatenate((np.ones(K), weight)), K, n, K, -1)  # (1: no inf * 0)
-    pred = _band_shortest_path(band, work)
-    start = [0] * (n + 1)  # only the backtrack's positions are filled
-    i = n
-    while i > 0:  # argmin takes the first of ties: the smallest group, as the loop does
-        start[i] = i - 1 - int(np.add(pred[:, i - 1], band[:, i - 1]).argmin())
-        i = start[i]
-    return order.tolist(), sl, pre_seq, pre_tok, start
-
-
-def _padded_prefix(values, pad: int):
-    """`pad` zeros, then the prefix sums of `values` (from 0) as floats: exact for integers
-    below 2**53, and of the band's dtype (a mixed-dtype numpy call converts: twice the cost).
-    The zeros are what groups reaching before position 0 read: harmless numbers, as the path
-    search sees no node before 0 (+inf)."""
-    out = np.zeros(pad + len(values) + 1)
-    np.cumsum(values, out=out[pad + 1:])
-    return out
-
-
-def _band_sums(padded, K: int, n: int, out):
-    """Sums over the groups of k = 1..K sorted items ending at positions e = 1..n into a (K, n)
-    array: out[k-1, e-1] = prefix[e] - prefix[e-k], from _padded_prefix(values, n)."""
-    return np.subtract(padded[n + 1:], _diagonals(padded, K, n, n, -1), out=out)
-
-
-def _diagonals(x, K: int, n: int, start: int, step: int):
-    """The (K, n) view v[r, j] = x[start + step * r + j] of a contiguous array, without a copy."""
-    return np.ndarray((K, n), x.dtype, x, start * x.itemsize, (step * x.itemsize, x.itemsize))
-
-
-@lru_cache(maxsize=8)
-def _constants(K: int, n: int, width: int):
-    """(K, n) arrays that depend on the band's shape only, when every item is one sequence:
-    the group sizes k (row k-1), the flat table offsets k * width, and the latency weights
-    n - (e - k), the sequences waiting from the group's start on. Whole arrays, not (K, 1)
-    columns: numpy broadcasting one costs about a pass more. Read-only: shared by threads."""
-    sizes = np.repeat(np.arange(1.0, K + 1), n).reshape(K, n)
-    ends = np.arange(1.0, n + 1)
-    arrays = (sizes, sizes * width, (n - ends) + sizes)
-    for a in arrays:
-        a.flags.writeable = False
-    return arrays
-
-
-def _band_shortest_path(band, scratch):
-    """dist[e] = min_k dist[e-k] + band[k-1, e-1] for e = 1..n, dist[0] = 0; returns the view
-    pred[k-1, e-1] = dist[e-k] of the solution (the candidates are pred + band).
-
-    Jacobi (Bellman-Ford) rounds over a window of 2K columns at the frontier: a round relaxes
-    all its nodes at once from the values before the round. Every value is the cost of a real
-    path and only decreases (a minimum over values that only decrease, starting with the
-    one-group plans). Nodes up to the frontier f are final; in a round, every node of the
-    window before the first that decreased kept a value computed from final predecessors
-    (induction from f), and so did that first one: all are final, and the frontier moves past
-    it, or past the window if nothing decreased. Final values are min_k fl(dist[e-k] +
-    band[k-1, e-1]) of final values, the very floats the loop computes. Rounds: about the
-    number of batches in the plan or n / K, whichever is more. The 2K window measured fastest:
-    a wider one computes nodes that cannot be final yet, a narrower one takes more rounds.
-    The window's candidates go to a contiguous part of `scratch` (a (K, n) array), which numpy
-    writes about twice as fast as a window of a (K, n) array."""
-    K, n = band.shape
-    padded = np.full(K + n + 1, np.inf)
-    padded[K] = 0.0
-    dist = padded[K:]  # dist[e] is node e; before node 0, +inf
-    dist[1:K + 1] = band.diagonal()  # one group from position 0
-    pred = _diagonals(padded, K, n, K, -1)  # pred[k-1, e-1] = dist[e-k]
-    new = np.empty(n)
-    scratch = scratch.reshape(-1)
-    f = 0  # nodes 0..f are final; the window is columns f..f+2K-1 (nodes f+1..f+2K)
-    while f < n:
-        hi = min(n, f + 2 * K)
-        window = np.add(pred[:, f:hi], band[:, f:hi], out=scratch[:K * (hi - f)].reshape(K, hi - f))
-        lower = np.minimum.reduce(window, axis=0, out=new[f:hi]) < dist[f + 1:hi + 1]
-        first = int(lower.argmax())  # the first True, or 0 if none
-        dist[f + 1:hi + 1] = new[f:hi]
-        f = f + first + 1 if lower[first] else hi
-    return pred
-
-
-_scratch_space = threading.local()
-
-
-def _scratch(K: int, n: int):
-    """Three float, one int and one bool (K, n) scratch arrays, kept per thread: arrays this
-    large are fresh pages from the OS at each call otherwise (the allocator hands them back),
-    and the page faults cost more than the arithmetic. The views of the last shape are kept
-    too (making five costs several microseconds)."""
-    space = getattr(_scratch_space, "arrays", None)
-    if space is None or space[1].size < K * n:
-        space = _scratch_space.arrays = (np.empty(3 * K * n), np.empty(K * n, dtype=np.intp),
-                                         np.empty(K * n, dtype=bool))
-        _scratch_space.views = {}
-    views = _scratch_space.views.get((K, n))
-    if views is None:
-        floats, ints, bools = space
-        views = [floats[i * K * n:(i + 1) * K * n].reshape(K, n) for i in range(3)]
-        views += [ints[: K * n].reshape(K, n), bools[: K * n].reshape(K, n)]
-        if len(_scratch_space.views) >= 8:
-            _scratch_space.views.clear()
-        _scratch_space.views[(K, n)] = views
-    return views
-
-
 _dense_arrays: dict[int, tuple[list, np.ndarray]] = {}  # id(table) -> (table, its numpy copy)
 
 
 def _as_array(table: list[list[float]]) -> np.ndarray:
-    """The dense table as a numpy array, converted once per table (about 5 ms for the GPU
-    grid's): a cost model builds its table once and never edits it; a larger request makes a
-    new list. Holding the table keeps its id from being reused while cached."""
+    """The dense table as a C-contiguous float64 array, converted once per table (about 5 ms
+    for the GPU grid's): a cost model builds its table once and never edits it; a larger
+    request makes a new list. Holding the table keeps its id from being reused while cached."""
     entry = _dense_arrays.get(id(table))
     if entry is None or entry[0] is not table:
         if len(_dense_arrays) >= 4:  # a few cost models per process at most: start over
             _dense_arrays.clear()
-        entry = _dense_arrays[id(table)] = (table, np.array(table, dtype=float))
+        entry = _dense_arrays[id(table)] = (table, np.ascontiguousarray(table, dtype=np.float64))
     return entry[1]
 
 
@@ -432,13 +302,8 @@ class DpBatchPolicy:
     def take(self, queue, now: float) -> list:
         start = time.perf_counter()
         items = list(islice(queue, self.window))
-        lengths = [it.lengths for it in items]
-        if max(map(len, lengths)) > 1:  # requests of several sequences, which run together
-            plan = _solve(list(map(max, lengths)), self.cost, self.max_sequences, self.max_tokens, self.objective,
-                          list(map(len, lengths)), list(map(sum, lengths)))
-        else:  # one sequence each: counts and tokens are implied
-            plan = _solve([lens[0] for lens in lengths], self.cost, self.max_sequences, self.max_tokens,
-                          self.objective, None, None)
+        plan = _solve_requests([it.lengths for it in items], self.cost, self.max_sequences, self.max_tokens,
+                               self.objective)
         arrivals = [it.arrival for it in items]
         oldest = arrivals.index(min(arrivals))
         holder = plan.batch_holding(oldest)

@@ -182,14 +182,14 @@ def test_dp_with_a_measured_grid_equals_brute_force(lengths, max_bs, max_tokens,
 
 
 @contextlib.contextmanager
-def _dp_path(vectorised: bool):
-    """Force plan_batches onto the numpy path (any queue, with a dense table) or the plain loop."""
-    saved = dp_batcher.VECTOR_MIN_ITEMS, dp_batcher.VECTOR_MIN_BATCH
-    dp_batcher.VECTOR_MIN_ITEMS, dp_batcher.VECTOR_MIN_BATCH = (0, 0) if vectorised else (10**9, 10**9)
+def _dp_path(native: bool):
+    """Plan with the compiled loop (scheduler/_dp_native.c, with a dense table) or the Python one."""
+    saved = dp_batcher.USE_NATIVE
+    dp_batcher.USE_NATIVE = native
     try:
         yield
     finally:
-        dp_batcher.VECTOR_MIN_ITEMS, dp_batcher.VECTOR_MIN_BATCH = saved
+        dp_batcher.USE_NATIVE = saved
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,14 +216,14 @@ def _table_value(groups, table, packed, objective):
     objective=st.sampled_from(["throughput", "latency"]),
 )
 @settings(max_examples=150, deadline=None)
-def test_vectorised_dp_equals_brute_force(items, max_bs, max_tokens, packed, objective):
-    """The numpy path on small queues of requests (one to three sequences each), packed or
+def test_native_dp_equals_brute_force(items, max_bs, max_tokens, packed, objective):
+    """The compiled loop on small queues of requests (one to three sequences each), packed or
     padded, with both objectives: the optimum of every partition, and the caps kept."""
     lengths = [length for length, _ in items]
     seqs = [count for _, count in items]
     tokens = [length * count - (count - 1) for length, count in items]  # the others shorter
     grid = _grid(packed)
-    with _dp_path(vectorised=True):
+    with _dp_path(native=True):
         plan = plan_batches(lengths, grid, max_bs, max_tokens, objective, seq_counts=seqs, token_counts=tokens)
     table = grid.dense_table(max(max_bs, 3), 300)
 
@@ -245,9 +245,9 @@ def test_vectorised_dp_equals_brute_force(items, max_bs, max_tokens, packed, obj
 
 
 @pytest.mark.parametrize("objective", ["throughput", "latency"])
-def test_vectorised_dp_plans_exactly_like_the_loop_on_long_queues(objective):
+def test_native_dp_plans_exactly_like_the_loop_on_long_queues(objective):
     """Long queues, caps that bind or not, requests of several sequences, packed and padded:
-    the numpy path returns the loop's very plan (same floats, same tie-breaks)."""
+    the compiled loop returns the loop's very plan (same floats, same tie-breaks)."""
     rng = random.Random(0)
     models = {packed: _grid(packed) for packed in (True, False)}
     for case in range(24):
@@ -258,8 +258,8 @@ def test_vectorised_dp_plans_exactly_like_the_loop_on_long_queues(objective):
         max_bs, max_tokens = rng.choice([8, 9, 64, 300]), rng.choice([600, 4000, 10**9])
         cost = models[case % 2 == 0]
         plans = []
-        for vectorised in (False, True):
-            with _dp_path(vectorised):
+        for native in (False, True):
+            with _dp_path(native):
                 plans.append(plan_batches(lengths, cost, max_bs, max_tokens, objective, seqs, tokens))
         assert plans[0] == plans[1], (case, n, max_bs, max_tokens)
         for batch in plans[1].batches:
@@ -276,19 +276,19 @@ class _Request:
 
 @pytest.mark.parametrize("objective", ["throughput", "latency"])
 def test_policy_take_on_a_long_queue_matches_the_loop(objective):
-    """DpBatchPolicy.take over a window wide enough for the numpy path, with requests of one
+    """DpBatchPolicy.take over a long window, compiled loop and Python loop, with requests of one
     and of several sequences: the loop's batch, in arrival order, and the rest kept in order."""
     rng = random.Random(1)
     requests = [_Request([rng.randint(1, 300) for _ in range(rng.choice([1, 1, 1, 2, 3]))], arrival=i * 1e-4)
                 for i in range(150)]
     taken = []
-    for vectorised in (False, True):
+    for native in (False, True):
         policy = DpBatchPolicy(_grid(), max_sequences=16, max_tokens=3000, objective=objective, window=100)
         queue = deque(requests)
-        with _dp_path(vectorised):
+        with _dp_path(native):
             taken.append((policy.take(queue, now=0.1), list(queue)))
-    (batch, rest), (batch_vec, rest_vec) = taken
-    assert batch_vec == batch and rest_vec == rest
+    (batch, rest), (batch_native, rest_native) = taken
+    assert batch_native == batch and rest_native == rest
     assert sorted(batch + rest, key=lambda r: r.arrival) == requests
     assert [r.arrival for r in rest] == sorted(r.arrival for r in rest)
 
@@ -302,16 +302,16 @@ def test_policy_take_on_a_long_queue_matches_the_loop(objective):
     objective=st.sampled_from(["throughput", "latency"]),
 )
 @settings(max_examples=200, deadline=None)
-def test_vectorised_dp_plans_exactly_like_the_loop_on_random_queues(items, several, max_bs, max_tokens, packed,
+def test_native_dp_plans_exactly_like_the_loop_on_random_queues(items, several, max_bs, max_tokens, packed,
                                                                     objective):
     """Fresh random queues (many equal lengths, caps that bind on the shortest items or not,
-    one sequence per item or several): the numpy path's plan is the loop's, floats included."""
+    one sequence per item or several): the compiled loop's plan is the loop's, floats included."""
     lengths = [length for length, _ in items]
     seqs = [count for _, count in items] if several else None
     tokens = [length * count - (count - 1) for length, count in items] if several else None
     plans = []
-    for vectorised in (False, True):
-        with _dp_path(vectorised):
+    for native in (False, True):
+        with _dp_path(native):
             plans.append(plan_batches(lengths, _grid(packed), max_bs, max_tokens, objective, seqs, tokens))
     assert plans[0] == plans[1]
 
@@ -323,11 +323,11 @@ def test_vectorised_dp_plans_exactly_like_the_loop_on_random_queues(items, sever
     slo_s=st.floats(0.001, 100.0),  # the grid estimates a batch at 1 to 30 s
     max_wait_s=st.floats(0.5, 2.0),
     window=st.integers(1, 60),
-    vectorised=st.booleans(),
+    native=st.booleans(),
     objective=st.sampled_from(["throughput", "latency"]),
 )
 @settings(max_examples=150, deadline=None)
-def test_policy_take_runs_the_batch_next_batch_picks(requests, now, slo_s, max_wait_s, window, vectorised, objective):
+def test_policy_take_runs_the_batch_next_batch_picks(requests, now, slo_s, max_wait_s, window, native, objective):
     """take (which estimates batch times only when the oldest request is at risk) takes the
     batch next_batch picks from the full plan of its window, in arrival order, and keeps the
     rest of the queue in order; arrivals need not be sorted."""
@@ -338,7 +338,7 @@ def test_policy_take_runs_the_batch_next_batch_picks(requests, now, slo_s, max_w
     policy = DpBatchPolicy(_grid(), max_sequences=8, max_tokens=1200, objective=objective, trigger=trigger,
                            window=window)
     several = any(len(r.lengths) > 1 for r in items)
-    with _dp_path(vectorised):
+    with _dp_path(native):
         plan = plan_batches([max(r.lengths) for r in items], _grid(), 8, 1200, objective,
                             [len(r.lengths) for r in items] if several else None,
                             [sum(r.lengths) for r in items] if several else None)
@@ -346,3 +346,60 @@ def test_policy_take_runs_the_batch_next_batch_picks(requests, now, slo_s, max_w
         batch = policy.take(queue, now)
     assert batch == [items[i] for i in expected]
     assert list(queue) == [r for r in everything if r not in batch]  # (_Request compares by identity)
+
+
+def test_the_compiled_loop_is_built_by_the_install():
+    """`pip install` builds scheduler/_dp_native.c; without it every decision takes the Python
+    loop (~1.7 ms for 256 queued), so a missing build must fail here, not pass slowly."""
+    assert dp_batcher._dp_native is not None and dp_batcher.USE_NATIVE
+
+
+def test_the_compiled_loop_refuses_bad_input():
+    import numpy as np
+
+    solve = dp_batcher._dp_native.solve
+    table = np.ones((4, 8))
+    order, cuts, stats = solve([3, 1, 2, 1], None, None, False, table, True, 2, 100)
+    assert order == [1, 3, 2, 0] and cuts[-1][1] == 4 and sum(s[0] for s in stats) == 4
+    assert solve([], None, None, True, table, True, 2, 100) == ([], [], [])
+    with pytest.raises(ValueError, match="seq_counts has 1 items"):
+        solve([3, 1], [1], None, False, table, True, 2, 100)
+    with pytest.raises(ValueError, match="seq_counts\\[1\\] is 0"):
+        solve([3, 1], [1, 0], None, False, table, True, 2, 100)
+    with pytest.raises(ValueError, match="out of range"):
+        solve([3, -1], None, None, False, table, True, 2, 100)
+    with pytest.raises(TypeError):
+        solve([3, 1.5], None, None, False, table, True, 2, 100)
+    with pytest.raises(TypeError, match="2-D C-contiguous float64"):
+        solve([3, 1], None, None, False, np.ones((4, 8), dtype=np.float32), True, 2, 100)
+    with pytest.raises(TypeError, match="2-D C-contiguous float64"):
+        solve([3, 1], None, None, False, np.ones(8), True, 2, 100)
+    with pytest.raises(IndexError, match="these items need 3 x 9"):  # the caller grows the table
+        solve([8, 1], [2, 1], None, False, np.ones((3, 8)), True, 2, 100)
+    # Requests as their sequences' lengths: the same plan as their longest / count / sum.
+    requests = [[3], [1, 1, 4], [2, 2]]
+    assert solve(requests, None, None, True, table, True, 3, 100) == solve(
+        [3, 4, 2], [1, 3, 2], [3, 6, 4], True, table, True, 3, 100)
+    with pytest.raises(ValueError, match="carry their own counts"):
+        solve(requests, [1, 3, 2], None, False, table, True, 4, 100)
+    with pytest.raises(ValueError, match="items\\[1\\] is empty"):
+        solve([[3], []], None, None, False, table, True, 4, 100)
+
+
+@pytest.mark.parametrize("objective", ["throughput", "latency"])
+def test_longer_items_than_the_table_has_seen_grow_it(objective):
+    """A length past the cost table's columns (or a request larger than its rows) grows the
+    table and plans like the Python loop on the grown table."""
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 300) for _ in range(40)] + [900, 1200]
+    requests = [_Request(r, arrival=i) for i, r in enumerate([[n] for n in lengths[:-1]] + [[5] * 12])]
+    plans = []
+    for native in (False, True):
+        grid = GridCostModel.measure(lambda n, length: 0.5 + 0.01 * n * length, {}, seqs=(1, 3, 9),
+                                     lengths=(1, 50, 300), packed=True)
+        with _dp_path(native):
+            policy = DpBatchPolicy(grid, max_sequences=8, max_tokens=3000, objective=objective, window=64)
+            plans.append((plan_batches(lengths, grid, 8, 3000, objective),
+                          policy.take(deque(requests), now=1.0)))
+    assert plans[0] == plans[1]
+    assert len(grid.dense_table(8, 0)[0]) > 1200 and len(grid.dense_table(8, 0)) > 12

@@ -234,6 +234,7 @@ print(":".join(p for p in sys.path if p.endswith(("site-packages", "dist-package
     # `import tritonformer.*` without installing: /tmp/tf/tritonformer -> this repository.
     mkdir -p "$IMPORT_DIR"
     ln -sfn "$REPO" "$IMPORT_DIR/tritonformer"
+    PYTHON="$STUBENV/bin/python3" bash "$REPO/tools/build_native.sh"  # the compiled DP loop, for this Python
     "$STUBENV/bin/python3" -c '
 import numpy, torch, triton, tritonformer.client.server
 print("gpu_server: stub env: numpy", numpy.__version__, "from", numpy.__file__.rsplit("/", 2)[0],

@@ -108,8 +108,9 @@ def main() -> None:
     args = parser.parse_args()
     batcher = load_batcher(args.batcher)
     cost = cost_model()
+    solver = "compiled loop" if getattr(batcher, "USE_NATIVE", False) else "Python/numpy (the compiled loop is not built)"
     print(f"{N} queued sequences, caps {MAX_SEQS} sequences / {MAX_TOKENS} tokens; microseconds, "
-          f"best of {args.blocks} medians of {args.reps} calls")
+          f"best of {args.blocks} medians of {args.reps} calls; solver: {solver}")
     print(f"{'lengths':<16} {'objective':<11} {'plan_batches':>12} {'take w=128':>11} {'take w=256':>11}  "
           f"{'batches':>7}  sum of batch estimates")
     for name, lengths in distributions().items():
