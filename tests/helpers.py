@@ -67,17 +67,19 @@ def scrape_metrics(server, model: str, prefix: str = "tritonformer_") -> dict[st
     return values
 
 
-def settled_metrics(server, model: str, name: str, expected: float, prefix: str = "tritonformer_",
-                    timeout: float = 10.0) -> dict[str, float]:
-    """scrape_metrics once metric `name` has reached `expected` (or after `timeout` seconds).
 
-    Triton counts a request as a success after its response has gone out, so a scrape made right
-    after the client got its last answer can still miss that request."""
+def wait_for_metrics(server, model: str, predicate, prefix: str = "tritonformer_", timeout: float = 10.0,
+                     interval: float = 0.1) -> tuple[bool, dict[str, float]]:
+    """Scrape until predicate(values) holds or `timeout` seconds pass: (whether it held, the
+    last values). Metrics trail the answers: ours go through the metrics thread's queue, and
+    Triton counts a request as a success after its response has gone out."""
     import time
 
     deadline = time.monotonic() + timeout
     while True:
         values = scrape_metrics(server, model, prefix)
-        if values.get(name, 0.0) >= expected or time.monotonic() > deadline:
-            return values
-        time.sleep(0.05)
+        if predicate(values):
+            return True, values
+        if time.monotonic() > deadline:
+            return False, values
+        time.sleep(interval)

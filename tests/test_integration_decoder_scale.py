@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import http_post, scrape_metrics
+from helpers import http_post, scrape_metrics, wait_for_metrics
 
 pytestmark = pytest.mark.server
 
@@ -54,15 +54,7 @@ def _scrape(server, model: str = MODEL) -> dict[str, float]:
 
 
 def _wait_for(server, predicate, timeout: float, interval: float = 0.1) -> tuple[bool, dict]:
-    """Scrape until predicate(values) holds; (whether it did, the last values)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        values = _scrape(server)
-        if predicate(values):
-            return True, values
-        if time.monotonic() > deadline:
-            return False, values
-        time.sleep(interval)
+    return wait_for_metrics(server, MODEL, predicate, timeout=timeout, interval=interval)
 
 
 def _wait_idle(server, timeout: float = 60.0) -> dict:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from helpers import http_post, scrape_metrics
+from helpers import http_post, scrape_metrics, wait_for_metrics
 
 pytestmark = pytest.mark.server
 
@@ -21,12 +21,7 @@ def _embed(server, texts):
 
 
 def _wait_for(server, predicate, timeout=10.0, model="embedder"):
-    deadline = time.monotonic() + timeout
-    while True:
-        values = _scrape(server, model)
-        if predicate(values) or time.monotonic() > deadline:
-            return values
-        time.sleep(0.2)
+    return wait_for_metrics(server, model, predicate, timeout=timeout, interval=0.2)[1]
 
 
 def test_embedder_metrics_move_with_traffic(triton_server):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import http_post, settled_metrics
+from helpers import http_post, wait_for_metrics
 
 pytestmark = pytest.mark.server
 transformers = pytest.importorskip("transformers")
@@ -49,7 +49,8 @@ def stock_server(tmp_path_factory):
 def _triton_counts(server, model: str, answered: int) -> tuple[float, float]:
     """(requests answered, model executions) from Triton's own metrics, once `answered` requests
     have been counted (or after a timeout, and then the caller's equality check fails)."""
-    values = settled_metrics(server, model, "nv_inference_request_success", answered, prefix="nv_inference_")
+    _, values = wait_for_metrics(server, model, lambda v: v.get("nv_inference_request_success", 0) >= answered,
+                                 prefix="nv_inference_")
     return values["nv_inference_request_success"], values["nv_inference_exec_count"]
 
 
