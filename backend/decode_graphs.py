@@ -101,7 +101,7 @@ class DecodeGraphs:
         sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
         batch = DecoderBatch(
             input_ids=long_buf[:b], positions=long_buf[b : 2 * b], slot_mapping=long_buf[2 * b :],
-            logits_index=torch.arange(b, device=dev), num_decode=b,
+            logits_index=torch.arange(b, device=dev), logits_every_row=True, num_decode=b,
             decode_tables=int_buf[b:].view(b, self.width), decode_seqlens=int_buf[:b],
             decode_cu_q=torch.arange(b + 1, dtype=torch.int32, device=dev),
             decode_splits=key_splits(b, self.model.config.num_kv_heads, sm_count),

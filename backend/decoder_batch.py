@@ -43,6 +43,9 @@ class DecoderBatch:
     prefill_cu_q: torch.Tensor | None = None
     prefill_max_q: int = 0
     decode_splits: int | None = None  # fixed key splits (a captured graph needs them fixed)
+    # logits_index is every row in order (a decode-only iteration): the models skip its gather,
+    # one launch less per iteration.
+    logits_every_row: bool = False
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Causal attention of every row against its sequence's cached keys (this iteration's
@@ -133,5 +136,7 @@ def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device
     fields = {name: (long_dev if name in _LONG_FIELDS else int_dev)[sl] for name, sl in where.items()}
     for name, shape in shapes.items():
         fields[name] = fields[name].view(shape)
+    # Each entry samples at most its last row, so as many sampled rows as rows means each
+    # entry is one token that samples: logits_index = 0..T-1.
     return DecoderBatch(num_decode=num_decode, prefill_max_q=max((len(e.tokens) for e in prefill), default=0),
-                        **fields)
+                        logits_every_row=len(logits_rows) == len(ids), **fields)

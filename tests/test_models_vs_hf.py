@@ -167,3 +167,15 @@ def test_pickle_checkpoints_need_an_opt_in_and_load_weights_only(tmp_path):
         pickle.dump({"w": Evil()}, f)
     with pytest.raises(pickle.UnpicklingError):
         load_state_dict(evil, allow_pickle=True)  # weights_only refuses arbitrary callables
+
+
+def test_build_batch_marks_iterations_whose_logits_are_every_row():
+    """logits_every_row (the models then skip the logits gather) holds exactly when every entry
+    is one token that samples; the llama/gpt2 tests above run both kinds of iteration."""
+    from tritonformer.backend.decoder_batch import BatchEntry, build_batch
+
+    decode = [BatchEntry([5], 3, [0], True), BatchEntry([6], 7, [1, 2], True)]
+    batch = build_batch(decode, 4, CPU)
+    assert batch.logits_every_row and batch.logits_index.tolist() == [0, 1]
+    assert not build_batch([*decode, BatchEntry([1, 2], 0, [3], True)], 4, CPU).logits_every_row
+    assert not build_batch([decode[0], BatchEntry([6], 7, [1, 2], False)], 4, CPU).logits_every_row

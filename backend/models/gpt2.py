@@ -126,4 +126,4 @@ class GPT2Model(DecoderModel):
             up = kernels.linear_act(x, layer["fc_w"], layer["fc_b"], self.activation)
             next_ln = self.layers[li + 1]["ln_1"] if li + 1 < len(self.layers) else self.ln_f
             x, h = self._add_norm(F.linear(up, layer["proj_w"]), layer["proj_b"], h, next_ln)
-        return self.logits(x[batch.logits_index])
+        return self.logits(x if batch.logits_every_row else x[batch.logits_index])

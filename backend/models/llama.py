@@ -74,9 +74,10 @@ class LlamaModel(DecoderModel):
         self.set_output_head(self.embed if tied else w("lm_head.weight"))
         self.final_norm = w("norm.weight")
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
-        # and a lookup is all a captured CUDA graph needs to replay.
+        # and a lookup is all a captured CUDA graph needs to replay. cos and sin side by side,
+        # [positions, 2, head_dim // 2], so that one gather fetches both.
         positions = torch.arange(config.max_position_embeddings, device=device)
-        self.rope_cos, self.rope_sin = kernels.rotary_cos_sin(positions, config.head_dim, config.rope_theta)
+        self.rope_cos_sin = torch.stack(kernels.rotary_cos_sin(positions, config.head_dim, config.rope_theta), dim=1)
         self.layers = []
         for i in range(config.num_layers):
             p = f"layers.{i}."
@@ -98,7 +99,8 @@ class LlamaModel(DecoderModel):
         """One iteration over the batch's packed tokens; returns `[S, vocab]` fp32 logits of the
         rows in `batch.logits_index`."""
         cfg = self.config
-        cos, sin = self.rope_cos[batch.positions], self.rope_sin[batch.positions]
+        cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
+        cos, sin = cos_sin[:, 0], cos_sin[:, 1]
         h = self.embed[batch.input_ids]
         residual = None
         for li, layer in enumerate(self.layers):
@@ -111,6 +113,7 @@ class LlamaModel(DecoderModel):
             h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
             x, residual = kernels.rms_norm(h, layer["post_norm"], cfg.rms_norm_eps, residual)
             h = F.linear(kernels.linear_act(x, layer["gate_up_w"], None, "silu_mul"), layer["down_w"])
-        rows = batch.logits_index
-        x, _ = kernels.rms_norm(h[rows], self.final_norm, cfg.rms_norm_eps, residual[rows])
+        if not batch.logits_every_row:
+            h, residual = h[batch.logits_index], residual[batch.logits_index]
+        x, _ = kernels.rms_norm(h, self.final_norm, cfg.rms_norm_eps, residual)
         return self.logits(x)
