@@ -8,6 +8,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     add_bias_residual_layer_norm,
     apply_rotary,
     bias_gelu,
+    embedding_layer_norm,
     feed_tokens,
     gelu_activation,
     linear_act,

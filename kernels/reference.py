@@ -37,6 +37,24 @@ def add_bias_residual_layer_norm(
     return result if out is None else out.copy_(result)
 
 
+def embedding_layer_norm(
+    ids: torch.Tensor,
+    table: torch.Tensor,
+    positions: torch.Tensor,
+    position_table: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """An embedding layer: LayerNorm(table[ids] + bias + position_table[positions]), summed in
+    fp32 (BERT passes its token-type row as the bias); `sum_out` receives the sum (GPT-2's
+    residual stream). ids and positions are `[T]`; the result is `[T, hidden]`."""
+    return add_bias_residual_layer_norm(table[ids], bias, position_table[positions], weight, ln_bias, eps, out, sum_out)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

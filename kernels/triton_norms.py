@@ -65,21 +65,23 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """x + bias + residual as fp32 for a tile; row_start is [ROWS, 1] (int64), cols [1, B]."""
+def _load_sum(x_ptr, bias_ptr, res_ptr, row_start, res_start, cols, mask, HAS_BIAS: tl.constexpr,
+              HAS_RESIDUAL: tl.constexpr):
+    """x + bias + residual as fp32 for a tile; row_start (x's rows) and res_start (the
+    residual's, the same rows unless gathered) are [ROWS, 1] (int64), cols [1, B]."""
     h = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         h += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        h += tl.load(res_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+        h += tl.load(res_ptr + res_start + cols, mask=mask, other=0.0).to(tl.float32)
     return h
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _add_bias_residual_layer_norm_kernel(
-    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr, sum_ptr,
+    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, x_rows_ptr, res_rows_ptr,
     n_rows, n_cols, eps,
-    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr, GATHER: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     """out = LayerNorm(x + bias + residual) * w + b for ROWS rows.
@@ -88,22 +90,31 @@ def _add_bias_residual_layer_norm_kernel(
     "AddBias + LayerNorm"), so the sum never round-trips through memory. Statistics are one
     shifted pass: Σd, Σd² with d = h − h[row, 0] (see the module docstring). WRITE_SUM also
     stores h = x + bias + residual (a pre-norm decoder's residual stream, GPT-2).
+    GATHER: x and residual are tables, row r reads x row x_rows[r] and residual row
+    res_rows[r] (token and position embeddings: the embedding layer in one launch).
     """
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_mask = rows[:, None] < n_rows
     row_start = rows.to(tl.int64)[:, None] * n_cols  # int64: rows * 12288 can pass 2**31
+    out_start = row_start
+    res_start = row_start
+    if GATHER:
+        in_rows = rows < n_rows
+        row_start = tl.load(x_rows_ptr + rows, mask=in_rows, other=0).to(tl.int64)[:, None] * n_cols
+        if HAS_RESIDUAL:
+            res_start = tl.load(res_rows_ptr + rows, mask=in_rows, other=0).to(tl.int64)[:, None] * n_cols
 
     # Shift: the row's first element (any value near the mean would do).
-    shift = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, tl.zeros([1, 1], tl.int32), row_mask,
+    shift = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, res_start, tl.zeros([1, 1], tl.int32), row_mask,
                       HAS_BIAS, HAS_RESIDUAL)
 
     if ONE_TILE:
         cols = tl.arange(0, BLOCK)[None, :]
         mask = row_mask & (cols < n_cols)
-        h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+        h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, res_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
         if WRITE_SUM:
-            tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
+            tl.store(sum_ptr + out_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
         d = tl.where(mask, h - shift, 0.0)
         mean_d = tl.sum(d, axis=1) / n_cols
         var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - mean_d * mean_d, 0.0)
@@ -111,7 +122,7 @@ def _add_bias_residual_layer_norm_kernel(
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = (d - mean_d[:, None]) * rstd[:, None] * w + b
-        tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + out_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # Pass 1: lane-wise partial sums, reduced across the tile only once at the end.
         acc1 = tl.zeros([ROWS, BLOCK], tl.float32)
@@ -119,9 +130,9 @@ def _add_bias_residual_layer_norm_kernel(
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
-            h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+            h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, res_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
             if WRITE_SUM:
-                tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
+                tl.store(sum_ptr + out_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
             d = tl.where(mask, h - shift, 0.0)
             acc1 += d
             acc2 += d * d
@@ -132,13 +143,13 @@ def _add_bias_residual_layer_norm_kernel(
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
-            h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
+            h = _load_sum(x_ptr, bias_ptr, res_ptr, row_start, res_start, cols, mask, HAS_BIAS, HAS_RESIDUAL)
             w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
             b = tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
             # (h − shift) − mean_d, not h − (shift + mean_d): the latter rounds the mean at
             # the magnitude of h and loses what the shift saved.
             y = ((h - shift) - mean_d[:, None]) * rstd[:, None] * w + b
-            tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + out_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @register("add_bias_residual_layer_norm")
@@ -156,23 +167,57 @@ def add_bias_residual_layer_norm(
     x = _contig(x)
     if out is None:
         out = torch.empty_like(x)
-    assert out.shape == x.shape and out.is_contiguous(), "out must be a contiguous tensor shaped like x"
-    assert sum_out is None or (sum_out.shape == x.shape and sum_out.is_contiguous()), (
+    return _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, None, None)
+
+
+@register("embedding_layer_norm")
+def embedding_layer_norm(
+    ids: torch.Tensor,
+    table: torch.Tensor,
+    positions: torch.Tensor,
+    position_table: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LayerNorm(table[ids] + bias + position_table[positions]) in one launch: the rows are
+    gathered inside the LayerNorm kernel; see reference.embedding_layer_norm."""
+    assert ids.dim() == 1 and positions.shape == ids.shape, "ids and positions must be [T] of one length"
+    assert table.dim() == 2 and position_table.dim() == 2 and table.shape[1] == position_table.shape[1], (
+        "table and position_table must be [rows, hidden] of one hidden size"
+    )
+    if out is None:
+        out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=table.device)
+    return _launch_add_norm(_contig(table), bias, position_table, weight, ln_bias, eps, out, sum_out,
+                            _contig(ids), _contig(positions))
+
+
+def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_rows, res_rows):
+    """Launch _add_bias_residual_layer_norm_kernel over out's rows; with x_rows/res_rows, x and
+    residual are tables whose rows those index tensors pick."""
+    assert out.is_contiguous() and (x_rows is not None or out.shape == x.shape), (
+        "out must be a contiguous tensor shaped like x"
+    )
+    assert sum_out is None or (sum_out.shape == out.shape and sum_out.is_contiguous()), (
         "sum_out must be a contiguous tensor shaped like x"
     )
     if out.numel() == 0:
         return out
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols
+    n_cols = out.shape[-1]
+    n_rows = out.numel() // n_cols
     rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols)
     _add_bias_residual_layer_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x,
         _contig(bias) if bias is not None else x,  # dummy pointers when absent, never read
         _contig(residual) if residual is not None else x,
         _contig(weight), _contig(ln_bias), out, sum_out if sum_out is not None else out,
+        x_rows if x_rows is not None else x, res_rows if res_rows is not None else x,
         n_rows, n_cols, float(eps),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, WRITE_SUM=sum_out is not None,
-        ROWS=rows, BLOCK=block, ONE_TILE=one_tile, num_warps=num_warps,
+        GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile, num_warps=num_warps,
     )
     return out
 
@@ -197,7 +242,7 @@ def _rms_norm_kernel(
     if ONE_TILE:
         cols = tl.arange(0, BLOCK)[None, :]
         mask = row_mask & (cols < n_cols)
-        h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, cols, mask, False, HAS_RESIDUAL)
+        h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
         rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / n_cols + eps)
@@ -209,7 +254,7 @@ def _rms_norm_kernel(
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
-            h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, cols, mask, False, HAS_RESIDUAL)
+            h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
             if HAS_RESIDUAL:
                 tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
             acc += h * h
@@ -218,7 +263,7 @@ def _rms_norm_kernel(
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
             # Re-form the fp32 sum rather than reading back its rounded copy.
-            h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, cols, mask, False, HAS_RESIDUAL)
+            h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
             w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
             y = h * rstd[:, None] * w
             tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)

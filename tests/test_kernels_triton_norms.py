@@ -73,7 +73,7 @@ def long_rows(monkeypatch):
 
 def test_kernels_are_registered_with_the_dispatcher():
     for name, mod in [
-        ("add_bias_residual_layer_norm", tn), ("rms_norm", tn), ("softmax", tn),
+        ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("softmax", tn),
         ("bias_gelu", te), ("silu_and_mul", te), ("apply_rotary", te),
         ("qkv_split", te), ("qkv_split_rotary", te), ("feed_tokens", te),
     ]:
@@ -149,6 +149,34 @@ def test_layer_norm_large_mean_no_cancellation(chunked, std, monkeypatch):
     m = x.mean(-1, keepdim=True)
     naive = (x - m) * torch.rsqrt(((x * x).mean(-1, keepdim=True) - m * m).clamp_min(0) + 1e-12) * w + b
     assert (naive.double() - exact).abs().max() > 0.1  # what the shift buys
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_bias,with_sum,chunked", [(True, False, False), (False, True, False), (True, True, True)])
+def test_embedding_layer_norm_gathers_its_rows(dtype, with_bias, with_sum, chunked, monkeypatch):
+    """LayerNorm(table[ids] + bias + position_table[positions]) with the rows gathered in the
+    kernel: repeated and unordered ids, int64 and int32 indices, a partial last tile."""
+    if chunked:
+        monkeypatch.setattr(tn, "_MAX_ONE_TILE", 16)
+        monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+    rand = make_rand(seed_of(dtype, with_bias, with_sum, chunked))
+    hidden = 80 if chunked else 96
+    table, positions_table = rand(50, hidden, dtype=dtype, mean=2.0), rand(20, hidden, dtype=dtype)
+    bias = rand(hidden, dtype=dtype) if with_bias else None
+    w, b = rand(hidden, mean=1.0), rand(hidden)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed_of(hidden))
+    ids = torch.randint(0, 50, (37,), generator=gen, device=DEVICE)
+    ids[5] = ids[9]  # a repeated token
+    for index_dtype in (torch.int64, torch.int32):
+        positions = torch.randint(0, 20, (37,), generator=gen, device=DEVICE).to(index_dtype)
+        args = (ids.to(index_dtype), table, positions, positions_table, bias, w, b, 1e-5)
+        got_sum = torch.empty(37, hidden, dtype=dtype, device=DEVICE) if with_sum else None
+        want_sum = torch.empty(37, hidden, dtype=dtype, device=DEVICE) if with_sum else None
+        close(tn.embedding_layer_norm(*args, sum_out=got_sum), ref.embedding_layer_norm(*args, sum_out=want_sum))
+        if with_sum:
+            close(got_sum, want_sum)
+    empty = ids[:0]
+    assert tn.embedding_layer_norm(empty, table, empty, positions_table, None, w, b, 1e-5).shape == (0, hidden)
 
 
 def test_layer_norm_3d_and_non_contiguous():
@@ -370,6 +398,24 @@ def test_gpu_layer_norm(dtype, hidden, with_bias, with_res):
     rand = make_rand(100 + hidden)
     args = _ln_inputs(rand, 3001, hidden, dtype, with_bias, with_res)
     close(tn.add_bias_residual_layer_norm(*args, 1e-12), ref.add_bias_residual_layer_norm(*args, 1e-12))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("hidden", [768, 12288])
+def test_gpu_embedding_layer_norm(dtype, hidden):
+    rand = make_rand(150 + hidden)
+    vocab = 50257 if hidden == 768 else 4096  # gpt2's table; a smaller one at 12288 wide
+    table, positions_table, bias = rand(vocab, hidden, dtype=dtype), rand(1024, hidden, dtype=dtype), rand(hidden, dtype=dtype)
+    w, b = rand(hidden, mean=1.0), rand(hidden)
+    gen = torch.Generator(device=DEVICE).manual_seed(hidden)
+    ids = torch.randint(0, vocab, (3001,), generator=gen, device=DEVICE)
+    positions = torch.randint(0, 1024, (3001,), generator=gen, device=DEVICE)
+    got_sum, want_sum = (torch.empty(3001, hidden, dtype=dtype, device=DEVICE) for _ in range(2))
+    args = (ids, table, positions, positions_table, bias, w, b, 1e-5)
+    close(tn.embedding_layer_norm(*args, sum_out=got_sum), ref.embedding_layer_norm(*args, sum_out=want_sum))
+    close(got_sum, want_sum)
 
 
 @pytest.mark.gpu

@@ -120,7 +120,7 @@ class BertEncoder:
         layer input and output (LN2 writes it in place once the layer no longer reads it)."""
         h = self.config.hidden_size
         return [
-            ("word", 0, 0, h), ("pos", 0, 0, h), ("hidden", 0, 7, h), ("qkv", 1, 2, 3 * h), ("ctx", 2, 3, h),
+            ("hidden", 0, 7, h), ("qkv", 1, 2, 3 * h), ("ctx", 2, 3, h),
             ("attn_out", 3, 4, h), ("h1", 4, 7, h), ("ffn", 5, 6, self.config.intermediate_size), ("ffn_out", 6, 7, h),
         ]
 
@@ -155,11 +155,9 @@ class BertEncoder:
             plan = arena.plan(self.usage_records(total))
             bufs = {name: arena.view(plan, name, (total, width), self.dtype) for name, _, _, width in self._intermediates()}
 
-        x = torch.index_select(self.word_emb, 0, input_ids, out=bufs["word"])
-        x += torch.index_select(self.pos_emb, 0, positions, out=bufs["pos"])
-        h = kernels.add_bias_residual_layer_norm(
-            x, self.type_emb0, None, *self.emb_ln, cfg.layer_norm_eps, out=bufs["hidden"]
-        )
+        # Token + token-type (segment 0) + position embeddings and their LayerNorm, one pass.
+        h = kernels.embedding_layer_norm(input_ids, self.word_emb, positions, self.pos_emb, self.type_emb0,
+                                         *self.emb_ln, cfg.layer_norm_eps, out=bufs["hidden"])
         head_dim = hsz // cfg.num_heads
         for layer in self.layers:
             # The QKV bias rides in the GEMM's epilogue; q, k and v are strided views of its

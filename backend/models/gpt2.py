@@ -112,7 +112,10 @@ class GPT2Model(DecoderModel):
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
         cfg = self.config
-        x, h = self._add_norm(self.wte[batch.input_ids], None, self.wpe[batch.positions], self.layers[0]["ln_1"])
+        ln = self.layers[0]["ln_1"]
+        h = torch.empty((batch.input_ids.shape[0], cfg.hidden_size), dtype=self.dtype, device=self.device)
+        x = kernels.embedding_layer_norm(batch.input_ids, self.wte, batch.positions, self.wpe, None, ln[0], ln[1],
+                                         cfg.layer_norm_eps, sum_out=h)
         for li, layer in enumerate(self.layers):
             # The QKV bias goes to the split kernel, not the GEMM: torch's addmm takes cuBLASLt's
             # bias epilogue only for more than one row (aten Blas.cpp), so a batch-1 decode would
