@@ -9,6 +9,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     apply_rotary,
     bias_gelu,
     embedding_layer_norm,
+    embedding_rms_norm,
     feed_tokens,
     gelu_activation,
     linear_act,

@@ -70,6 +70,7 @@ def _dispatched(op_name: str) -> Callable:
 add_bias_residual_layer_norm = _dispatched("add_bias_residual_layer_norm")
 embedding_layer_norm = _dispatched("embedding_layer_norm")
 rms_norm = _dispatched("rms_norm")
+embedding_rms_norm = _dispatched("embedding_rms_norm")
 bias_gelu = _dispatched("bias_gelu")
 linear_bias_gelu = _dispatched("linear_bias_gelu")
 linear_act = _dispatched("linear_act")

@@ -115,6 +115,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate) * up).to(gate_up.dtype)
 
 
+def embedding_rms_norm(
+    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Llama embedding layer and the first RMSNorm: (RMSNorm(table[ids]), table[ids]), the
+    second being the residual stream the first decoder layer adds to."""
+    rows = table[ids]
+    return rms_norm(rows, weight, eps)[0], rows
+
+
 def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Row softmax over the last dim of scale * x, fp32 accumulation."""
     return torch.softmax(x.float() * scale, dim=-1).to(x.dtype)

@@ -224,39 +224,45 @@ def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_ro
 
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_rows_ptr,
     n_rows, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     """out = (x + residual) * rsqrt(mean((x + residual)²) + eps) * w; also writes x + residual.
 
     Fuses Llama's residual add with the RMSNorm that follows it: the sum is formed once in
     fp32, normalised from fp32 (not from its rounded copy), and written out as the next
     layer's residual only when there is a residual (otherwise it is x itself).
+    GATHER (no residual): x is a table and row r reads its row x_rows[r], which is also
+    written out as the "sum" (the token embeddings, the first residual, in the same launch).
     """
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_mask = rows[:, None] < n_rows
     row_start = rows.to(tl.int64)[:, None] * n_cols
+    out_start = row_start
+    if GATHER:
+        row_start = tl.load(x_rows_ptr + rows, mask=rows < n_rows, other=0).to(tl.int64)[:, None] * n_cols
 
     if ONE_TILE:
         cols = tl.arange(0, BLOCK)[None, :]
         mask = row_mask & (cols < n_cols)
         h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
+        if HAS_RESIDUAL or GATHER:
+            tl.store(sum_ptr + out_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
         rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = h * rstd[:, None] * w
-        tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + out_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         acc = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
             h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
-            if HAS_RESIDUAL:
-                tl.store(sum_ptr + row_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
+            if HAS_RESIDUAL or GATHER:
+                tl.store(sum_ptr + out_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
             acc += h * h
         rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         for start in range(0, n_cols, BLOCK):
@@ -266,7 +272,7 @@ def _rms_norm_kernel(
             h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
             w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
             y = h * rstd[:, None] * w
-            tl.store(out_ptr + row_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + out_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @register("rms_norm")
@@ -280,19 +286,38 @@ def rms_norm(
     xc = _contig(x)
     out = torch.empty_like(xc)
     summed = torch.empty_like(xc) if residual is not None else None
-    if out.numel() > 0:
-        n_cols = xc.shape[-1]
-        n_rows = xc.numel() // n_cols
-        rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols, _MAX_ONE_TILE_RMS)
-        _rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
-            xc, _contig(residual) if residual is not None else xc, _contig(weight), out,
-            summed if summed is not None else out,  # dummy pointer, never written
-            n_rows, n_cols, float(eps),
-            HAS_RESIDUAL=residual is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile,
-            num_warps=num_warps,
-        )
+    _launch_rms_norm(xc, residual, weight, eps, out, summed, None)
     # Without a residual the "sum" is x itself, exactly what the reference returns.
     return out, (summed if summed is not None else x)
+
+
+@register("embedding_rms_norm")
+def embedding_rms_norm(
+    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(table[ids]), table[ids]) in one launch; see reference.embedding_rms_norm."""
+    assert ids.dim() == 1 and table.dim() == 2, "ids must be [T] and table [rows, hidden]"
+    out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=table.device)
+    rows = torch.empty_like(out)
+    _launch_rms_norm(_contig(table), None, weight, eps, out, rows, _contig(ids))
+    return out, rows
+
+
+def _launch_rms_norm(x, residual, weight, eps, out, summed, x_rows):
+    """Launch _rms_norm_kernel over out's rows; with x_rows, x is a table whose rows they pick."""
+    if out.numel() == 0:
+        return
+    n_cols = out.shape[-1]
+    n_rows = out.numel() // n_cols
+    rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols, _MAX_ONE_TILE_RMS)
+    _rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
+        x, _contig(residual) if residual is not None else x, _contig(weight), out,
+        summed if summed is not None else out,  # dummy pointer, never written
+        x_rows if x_rows is not None else x,
+        n_rows, n_cols, float(eps),
+        HAS_RESIDUAL=residual is not None, GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile,
+        num_warps=num_warps,
+    )
 
 
 @triton.jit

@@ -73,7 +73,7 @@ def long_rows(monkeypatch):
 
 def test_kernels_are_registered_with_the_dispatcher():
     for name, mod in [
-        ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("softmax", tn),
+        ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("embedding_rms_norm", tn), ("softmax", tn),
         ("bias_gelu", te), ("silu_and_mul", te), ("apply_rotary", te),
         ("qkv_split", te), ("qkv_split_rotary", te), ("feed_tokens", te),
     ]:
@@ -211,6 +211,27 @@ def test_rms_norm_chunked_rows(long_rows, with_res):
     res = rand(5, 72, dtype=torch.float16) if with_res else None
     for actual, expected in zip(tn.rms_norm(x, w, 1e-5, res), ref.rms_norm(x, w, 1e-5, res)):
         close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_embedding_rms_norm_gathers_its_rows(dtype, chunked, monkeypatch):
+    """(RMSNorm(table[ids]), table[ids]) with the rows gathered in the kernel; repeated ids,
+    int32 and int64 ids, a partial last tile, and the chunked long-row path."""
+    if chunked:
+        monkeypatch.setattr(tn, "_MAX_ONE_TILE_RMS", 16)
+        monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+    rand = make_rand(seed_of(dtype, chunked, 5))
+    hidden = 72 if chunked else 96
+    table, w = rand(40, hidden, dtype=dtype, mean=0.5), rand(hidden, mean=1.0)
+    ids = torch.randint(0, 40, (23,), generator=torch.Generator(device=DEVICE).manual_seed(6), device=DEVICE)
+    ids[3] = ids[17]
+    for index_dtype in (torch.int64, torch.int32):
+        got, want = tn.embedding_rms_norm(ids.to(index_dtype), table, w, 1e-6), ref.embedding_rms_norm(ids, table, w, 1e-6)
+        close(got[0], want[0])
+        assert torch.equal(got[1], want[1])  # the rows themselves, copied exactly
+    out, rows = tn.embedding_rms_norm(ids[:0], table, w, 1e-6)
+    assert out.shape == rows.shape == (0, hidden)
 
 
 # ---------------------------------------------------------------- softmax (interpreter)
@@ -427,6 +448,19 @@ def test_gpu_rms_norm(dtype, hidden):
     x, res, w = rand(3001, hidden, dtype=dtype), rand(3001, hidden, dtype=dtype), rand(hidden, mean=1.0)
     for actual, expected in zip(tn.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)):
         close(actual, expected)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("hidden", [2048, 12288])
+def test_gpu_embedding_rms_norm(dtype, hidden):
+    rand = make_rand(250 + hidden)
+    table, w = rand(8192, hidden, dtype=dtype), rand(hidden, mean=1.0)
+    ids = torch.randint(0, 8192, (3001,), generator=torch.Generator(device=DEVICE).manual_seed(hidden), device=DEVICE)
+    got, want = tn.embedding_rms_norm(ids, table, w, 1e-5), ref.embedding_rms_norm(ids, table, w, 1e-5)
+    close(got[0], want[0])
+    assert torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

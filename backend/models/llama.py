@@ -101,10 +101,12 @@ class LlamaModel(DecoderModel):
         cfg = self.config
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         cos, sin = cos_sin[:, 0], cos_sin[:, 1]
-        h = self.embed[batch.input_ids]
-        residual = None
+        # The token embeddings (the first residual) and the first RMSNorm in one launch.
+        x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0]["in_norm"],
+                                                 cfg.rms_norm_eps)
         for li, layer in enumerate(self.layers):
-            x, residual = kernels.rms_norm(h, layer["in_norm"], cfg.rms_norm_eps, residual)
+            if li > 0:
+                x, residual = kernels.rms_norm(h, layer["in_norm"], cfg.rms_norm_eps, residual)
             q = kernels.qkv_to_cache(
                 F.linear(x, layer["qkv_w"]), None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
