@@ -101,12 +101,11 @@ class LlamaModel(DecoderModel):
         cfg = self.config
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         cos, sin = cos_sin[:, 0], cos_sin[:, 1]
-        # The token embeddings (the first residual) and the first RMSNorm in one launch.
+        # The token embeddings (the first residual) and the first RMSNorm in one launch; each
+        # layer ends with the residual add and the next layer's input RMSNorm, like GPT-2's.
         x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0]["in_norm"],
                                                  cfg.rms_norm_eps)
         for li, layer in enumerate(self.layers):
-            if li > 0:
-                x, residual = kernels.rms_norm(h, layer["in_norm"], cfg.rms_norm_eps, residual)
             q = kernels.qkv_to_cache(
                 F.linear(x, layer["qkv_w"]), None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
@@ -115,6 +114,8 @@ class LlamaModel(DecoderModel):
             h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
             x, residual = kernels.rms_norm(h, layer["post_norm"], cfg.rms_norm_eps, residual)
             h = F.linear(kernels.linear_act(x, layer["gate_up_w"], None, "silu_mul"), layer["down_w"])
+            if li + 1 < len(self.layers):
+                x, residual = kernels.rms_norm(h, self.layers[li + 1]["in_norm"], cfg.rms_norm_eps, residual)
         if not batch.logits_every_row:
             h, residual = h[batch.logits_index], residual[batch.logits_index]
         x, _ = kernels.rms_norm(h, self.final_norm, cfg.rms_norm_eps, residual)
