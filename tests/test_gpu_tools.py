@@ -12,9 +12,32 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_server.sh", "tools/gpu_served_bench.sh", "tools/build_gpu_server_carry.sh",
-                                    ".ci/gpu.sh"])
+                                    "tools/build_native.sh", ".ci/gpu.sh"])
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / script)], check=True)
+
+
+def test_build_native_builds_the_dp_loop_in_place(tmp_path):
+    """What the GPU machine runs (it imports the source tree, which pip never built): the
+    script compiles scheduler/_dp_native.c next to it, and the module plans."""
+    import importlib.util
+    import shutil
+    import sys
+
+    for name in ("tools/build_native.sh", "scheduler/_dp_native.c"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
+    subprocess.run(["bash", str(tmp_path / "tools/build_native.sh")], check=True, env={"PYTHON": sys.executable,
+                                                                                      "PATH": "/usr/bin:/bin"})
+    built = list((tmp_path / "scheduler").glob("_dp_native*.so"))
+    assert len(built) == 1
+    spec = importlib.util.spec_from_file_location("_dp_native", built[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import numpy as np
+
+    order, cuts, _ = module.solve([3, 1, 2], None, None, False, np.ones((4, 4)), True, 2, 100)
+    assert order == [1, 2, 0] and cuts[-1][1] == 3
 
 
 def test_hide_packages_leaves_out_modules_dist_info_and_libs(tmp_path):
