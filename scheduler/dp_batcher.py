@@ -106,10 +106,7 @@ class _Solution:
 def _solve(lengths, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts) -> _Solution:
     if USE_NATIVE and hasattr(cost, "dense_table"):
         return _solve_native(lengths, cost, max_batch_size, max_batch_tokens, objective, seq_counts, token_counts)
-    dense = getattr(cost, "dense_table", None)
-    # The DP compares uncorrected table entries: the correction factor scales every cost alike.
-    most_seqs = 1 if seq_counts is None else max(seq_counts)
-    table = None if dense is None else dense(max(max_batch_size, most_seqs), max(lengths))
+    table = _dense_table(cost, max_batch_size, lengths, seq_counts) if hasattr(cost, "dense_table") else None
     order, sl, pre_seq, pre_tok, start = _dp_loop(lengths, seq_counts, token_counts, objective, cost, table,
                                                   max_batch_size, max_batch_tokens)
     cuts, i = [], len(lengths)
@@ -139,13 +136,20 @@ def _solve_native(items, cost, max_batch_size, max_batch_tokens, objective, seq_
     try:
         order, cuts, stats = _dp_native.solve(items, *args, _as_array(cost.dense_table(max_batch_size, 0)), *caps)
     except IndexError:  # longer sequences or larger requests than the table has seen yet
-        if seq_counts is None and hasattr(items[0], "__len__"):  # requests
-            seqs, longest = max(map(len, items)), max(map(max, items))
-        else:
-            seqs, longest = (1 if seq_counts is None else max(seq_counts)), max(items)
-        table = cost.dense_table(max(max_batch_size, seqs), longest)
+        table = _dense_table(cost, max_batch_size, items, seq_counts)
         order, cuts, stats = _dp_native.solve(items, *args, _as_array(table), *caps)
     return _Solution(cost, order, cuts, stats)
+
+
+def _dense_table(cost, max_batch_size, items, seq_counts) -> list[list[float]]:
+    """The cost model's dense table, large enough for these items (one int each, or requests as
+    their sequences' lengths). The DP compares uncorrected table entries: the correction factor
+    scales every cost alike."""
+    if seq_counts is None and hasattr(items[0], "__len__"):  # requests
+        most_seqs, longest = max(map(len, items)), max(map(max, items))
+    else:
+        most_seqs, longest = (1 if seq_counts is None else max(seq_counts)), max(items)
+    return cost.dense_table(max(max_batch_size, most_seqs), longest)
 
 
 def _dp_loop(lengths, seq_counts, token_counts, objective, cost, table, max_seqs, max_tokens):
