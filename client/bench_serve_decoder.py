@@ -80,6 +80,19 @@ def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_
     return GeneratorEngine(runner, _IdsOnly(), sink, scheduler, max_queue=100_000, cancel_check_interval_s=3600), sink
 
 
+def random_engine(name: str, device, dtype=None, max_running: int = 256, token_budget: int = 2048):
+    """Our engine on a random-weight model, "gpt2" (124M) or "llama" (the Llama-3.2-1B shape),
+    fp16 by default, for the GPU tools; returns (engine, vocabulary size)."""
+    import torch
+
+    from tritonformer.client import bench_decoder_baselines as hf
+
+    dtype = dtype or torch.float16
+    hf_model = {"gpt2": hf.random_gpt2, "llama": hf.random_llama_1b}[name](device, dtype)
+    engine, _ = our_engine(hf_model, device, dtype, max_running=max_running, token_budget=token_budget)
+    return engine, hf_model.config.vocab_size
+
+
 def _submit(engine, trace) -> None:
     from tritonformer.backend.sampling import SamplingParams
 

@@ -106,14 +106,10 @@ def bert_cases(top: int) -> list[dict]:
 
 def decoder_cases(name: str, top: int) -> list[dict]:
     from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import _submit, _sync, decode_entries, our_engine, prefill_until_decoding
+    from tritonformer.client.bench_serve_decoder import _submit, _sync, decode_entries, prefill_until_decoding, random_engine
 
-    dev = torch.device("cuda")
-    make, batches = {"gpt2": (hf.random_gpt2, (1, 64)), "llama": (hf.random_llama_1b, (1,))}[name]
-    hf_model = make(dev, torch.float16)
-    engine, _ = our_engine(hf_model, dev, torch.float16, max_running=256, token_budget=2048)
-    vocab = hf_model.config.vocab_size
-    del hf_model
+    batches = {"gpt2": (1, 64), "llama": (1,)}[name]
+    engine, vocab = random_engine(name, torch.device("cuda"))
     out = []
     for b in batches:
         _submit(engine, hf.fixed_trace(128, 160, b, seed=1, vocab_size=vocab))  # outlives the profiled steps

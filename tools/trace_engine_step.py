@@ -65,7 +65,7 @@ def _busy_us(events) -> float:
 
 def main() -> int:
     from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import _submit, _sync, decode_entries, our_engine, prefill_until_decoding
+    from tritonformer.client.bench_serve_decoder import _forward_ms, _submit, _sync, prefill_until_decoding, random_engine
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["gpt2", "llama"], default="gpt2", help="llama: the Llama-3.2-1B shape")
@@ -74,11 +74,7 @@ def main() -> int:
     parser.add_argument("--trace", help="write a Chrome trace of the profiled steps here")
     args = parser.parse_args()
 
-    dev = torch.device("cuda")
-    hf_model = {"gpt2": hf.random_gpt2, "llama": hf.random_llama_1b}[args.model](dev, torch.float16)
-    engine, _ = our_engine(hf_model, dev, torch.float16, max_running=256, token_budget=2048)
-    vocab = hf_model.config.vocab_size
-    del hf_model
+    engine, vocab = random_engine(args.model, torch.device("cuda"))
     # Long enough outputs that every timed and profiled step decodes the whole batch.
     _submit(engine, hf.fixed_trace(128, 3 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
     prefill_until_decoding(engine)
@@ -86,15 +82,7 @@ def main() -> int:
         engine.step()
     _sync(engine)
 
-    entries = decode_entries(engine)
-    for _ in range(5):
-        engine.runner.run(entries)
-    _sync(engine)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        engine.runner.run(entries)
-    _sync(engine)
-    forward_us = (time.perf_counter() - t0) / args.steps * 1e6
+    forward_us = _forward_ms(engine, args.steps) * 1e3
     t0 = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
