@@ -67,7 +67,6 @@ def scrape_metrics(server, model: str, prefix: str = "tritonformer_") -> dict[st
     return values
 
 
-
 def wait_for_metrics(server, model: str, predicate, prefix: str = "tritonformer_", timeout: float = 10.0,
                      interval: float = 0.1) -> tuple[bool, dict[str, float]]:
     """Scrape until predicate(values) holds or `timeout` seconds pass: (whether it held, the
