@@ -7,7 +7,9 @@
 # (not a default) runs the encoder batching policies in-process on padded and packed execution;
 # "profile" (not a default) times the few-row GEMMs against cuBLAS and profiles the benchmarked
 # shapes kernel by kernel (tools/time_small_gemm.py, tools/profile_gpu_kernels.py); "dp" (not a
-# default) times the DP batcher's decision on this host's CPU (tools/time_dp_decision.py).
+# default) times the DP batcher's decision on this host's CPU (tools/time_dp_decision.py); "ffn" (not
+# a default) sweeps the fused many-row FFN GEMM's tiles and the packed attention's launch
+# configurations (tools/time_ffn_gemm.py, tools/tune_prefill_attention.py).
 set -uo pipefail
 PARTS=${PARTS:-tests runtime decoder}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -60,5 +62,12 @@ if want dp; then
   python3 tools/time_dp_decision.py 2>&1 | tee "$OUT/time_dp_decision.log"
   dp_rc=${PIPESTATUS[0]}
 fi
-echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc"
-exit $(( tests_rc || bench_rc || decoder_rc || policies_rc || profile_rc || dp_rc ))
+ffn_rc=0
+if want ffn; then
+  python3 tools/time_ffn_gemm.py 2>&1 | tee "$OUT/time_ffn_gemm.log"
+  ffn_rc=${PIPESTATUS[0]}
+  python3 tools/tune_prefill_attention.py 2>&1 | tee "$OUT/tune_prefill_attention.log"
+  ffn_rc=$(( ffn_rc || PIPESTATUS[0] ))
+fi
+echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc ffn rc=$ffn_rc"
+exit $(( tests_rc || bench_rc || decoder_rc || policies_rc || profile_rc || dp_rc || ffn_rc ))

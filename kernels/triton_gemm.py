@@ -1,30 +1,52 @@
-"""Triton-language GEMM with a fused bias + GELU epilogue: BERT's FFN up-projection.
+"""Triton-language GEMM with bias + GELU fused into its epilogue, for many rows: BERT's FFN
+up-projection on big packed batches (few rows go to `triton_small_gemm`).
 
 Why fuse: the FFN's first GEMM writes a `[tokens, 4 * hidden]` activation (3072 columns for
 bert-base), the widest tensor of the layer. Unfused, that tensor goes to memory once from the
 GEMM, is read back and written again by the bias + GELU kernel, and read once more by the
 down-projection: the bias + GELU pass alone is a full extra read and write of the layer's
-biggest activation and costs ~2 ms of a 15 ms bert-base forward at 64 x 512 tokens on an
-H100. Here the bias and GELU are applied to the fp32 accumulator tile while it is still in
-registers, so the output is written exactly once, already activated (TurboTransformers'
-rule of fusing the element-wise work that follows a GEMM into it). As a side benefit the
-pre-activation is never rounded to fp16/bf16, so the result is slightly closer to the exact
-value than the unfused reference.
+biggest activation, 174 us of a ~1.3 ms bert-base layer at 64 x 512 tokens on an H100 (13% of
+the forward). Here the bias and GELU are applied to the fp32 accumulator while it is still in
+registers, so the output is written exactly once, already activated. The pre-activation is
+never rounded to fp16/bf16, so the result is slightly closer to the exact value than the
+unfused ops'.
 
-Layout: C[M, N] = gelu(A[M, K] @ W[N, K]^T + bias[N]). W is nn.Linear's weight as stored; the
-kernel reads it as the transposed operand through its strides, no copy. Programs are ordered
-in groups of GROUP_M row tiles (see `_tile_of_program`) so that consecutive programs share
-both A row tiles and W column tiles in L2.
+Why this shape of kernel: the fusion only pays if the GEMM itself keeps up with cuBLAS. A
+first version (one program per tile, pointer loads) ran at half cuBLAS's speed on the H100
+(0.466 ms vs 0.233 for the GEMM alone at 32768 x 3072 x 768) and lost to cuBLAS + the separate
+pass. With K = 768 a tile's main loop is only 12 steps, so what sinks a one-tile program is
+the fixed cost around it: filling the load pipeline and the long erf epilogue, neither of
+which overlaps anything. So this kernel is
+- persistent: one program per SM walks tiles `pid, pid + programs, ...`, so the compiler's
+  software pipeline can issue the next tile's loads while the epilogue of this one runs;
+- fed by TMA (Hopper's tensor memory accelerator, through host-side tensor descriptors): one
+  instruction moves a whole `[BLOCK, BLOCK_K]` tile to shared memory, edges zero-filled by the
+  hardware, so there are no address computations or masks in the main loop, and a K that is
+  not a multiple of BLOCK_K needs nothing special (the zeros add nothing);
+- grouped: consecutive tiles walk down GROUP_M row tiles before moving right, so a wave of
+  programs shares a few A row tiles and W column tiles in L2 (`_tile_of_program`);
+- split in its epilogue (EPILOGUE_SPLIT): the accumulator is finished and stored in column
+  halves, which halves the registers and shared memory the store path holds at once.
 
-The wrapper has the signature and result of `reference.linear_bias_gelu`.
+Layout: C[M, N] = gelu(A[M, K] @ W[N, K]^T + bias[N]). W is nn.Linear's weight as stored; its
+descriptor hands the kernel `[BLOCK_N, BLOCK_K]` tiles that `tl.dot` reads transposed, no copy.
+TMA needs 16-byte aligned rows (and base addresses): A and W that are not are copied once; K
+whose rows can never be aligned (K * itemsize not a multiple of 16) runs the reference. C is
+stored by TMA when it is aligned, by masked pointer stores otherwise (an odd N, an arena view).
+
+The wrapper has the signature and result of `reference.linear_bias_gelu`. It needs TMA, i.e.
+compute capability 9 (Hopper) or newer, or the CPU interpreter; `supported()` says which.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonformer.kernels import reference
 from tritonformer.kernels.dispatch import register
@@ -35,138 +57,141 @@ from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Tokens above this share one autotuning bucket (the best tile no longer changes with M).
-_MAX_M_BUCKET = 8192
+_TMA_ALIGN = 16  # bytes: TMA wants base addresses and row strides on 16-byte boundaries
 
 
-def _configs() -> list[triton.Config]:
-    """Tile configurations to autotune over.
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """One compiled variant of the kernel. `programs_per_sm` > 1 lets two programs share an SM
+    when the tile's shared memory allows, the other way to overlap one's epilogue with the
+    other's loads. `flatten` asks the compiler to pipeline across the tile loop too."""
 
-    On the GPU: a few Hopper-sensible tiles (wgmma wants BLOCK_M of 64 or 128 and a BLOCK_K of
-    64 halves per stage; 3-4 stages of shared-memory pipelining). Large tiles win on the big
-    prefill GEMMs, the 64-row ones on small batches where the big tiles would leave most SMs
-    idle; the narrow 64 x 32 tile (tried for a handful of tokens only) spreads the weight
-    read, which is all the work at M ~ 1, over more SMs. In the CPU interpreter tiles cost
-    time per element, so one small tile.
-    """
-    if _INTERPRETED:
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1, num_stages=1)]
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    epilogue_split: int = 2
+    programs_per_sm: int = 1
+    flatten: bool = False
 
-    def cfg(bm, bn, bk, warps, stages):
-        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                             num_warps=warps, num_stages=stages)
-
-    return [
-        cfg(128, 256, 64, 8, 3),
-        cfg(128, 128, 64, 4, 4),
-        cfg(128, 128, 64, 8, 4),
-        cfg(64, 128, 64, 4, 4),
-        cfg(128, 64, 64, 4, 4),
-        cfg(64, 64, 64, 4, 4),
-        cfg(64, 32, 128, 4, 4),
-    ]
+    def label(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
+                f"split{self.epilogue_split} {self.programs_per_sm}/SM{' flat' if self.flatten else ''}")
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """Skip tiles that cannot win, so tuning a new (M bucket, N, K) is quick: tiles with far
-    more rows than there are tokens, the narrow tile beyond a handful of tokens, and for fp32
-    inputs (tests only) the tiles whose pipeline stages do not fit in shared memory at 4 bytes
-    per element."""
-    m_bucket = named_args["M_BUCKET"]
-    fp32 = named_args["a_ptr"].dtype == torch.float32
-    kept = [
-        c for c in configs
-        if c.kwargs["BLOCK_M"] <= max(64, m_bucket)
-        and (c.kwargs["BLOCK_N"] >= 64 or m_bucket <= 64)
-        and not (fp32 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 64)
-    ]
-    return kept or configs[-1:]
+# The default tile on the GPU (H100, fp16/bf16; tools/time_ffn_gemm.py sweeps the others), and
+# one small tile for the interpreter, where tiles cost time per element.
+GPU_CONFIG = TileConfig()
+INTERPRETER_CONFIG = TileConfig(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=1, num_stages=1)
+# fp32 (tests only) at half the tile: 4-byte stages of the fp16 tile do not fit in shared memory.
+GPU_FP32_CONFIG = TileConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)
 
 
 @triton.jit
-def _tile_of_program(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Map a linear program id to its (row tile, column tile), grouped for L2 reuse.
+def _tile_of_program(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Map a linear tile index to its (row tile, column tile), grouped for L2 reuse.
 
     Row-major order (all column tiles of row tile 0, then row tile 1, ...) streams the whole
-    of W through L2 for every row tile. Instead programs walk down a group of GROUP_M row tiles
-    first and then move one column tile right: a wave of programs then touches only GROUP_M row
-    tiles of A and a few column tiles of W, which stay in L2 while the wave reuses them.
+    of W through L2 for every row tile. Instead tiles walk down a group of GROUP_M row tiles
+    first and then move one column tile right: programs working at the same time then touch
+    only GROUP_M row tiles of A and a few column tiles of W, which stay in L2 while reused.
     """
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    programs_per_group = GROUP_M * tiles_n
-    group = pid // programs_per_group
+    tiles_per_group = GROUP_M * tiles_n
+    group = tile // tiles_per_group
     first_m = group * GROUP_M
     rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)  # the last group may be short
-    within = pid % programs_per_group
-    tile_m = first_m + within % rows_in_group
-    tile_n = within // rows_in_group
-    return tile_m, tile_n
+    within = tile % tiles_per_group
+    return first_m + within % rows_in_group, within // rows_in_group
 
 
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"],
-                 prune_configs_by=None if _INTERPRETED else {"early_config_prune": _prune_configs})
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit(do_not_specialize=["M_BUCKET"])
-def _linear_bias_gelu_kernel(
-    a_ptr, w_ptr, bias_ptr, c_ptr,
-    M, N, K, M_BUCKET,
-    stride_am, stride_ak, stride_wn, stride_wk, stride_cm,
-    HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, DOT_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr,
-):
-    """One [BLOCK_M, BLOCK_N] tile of C = gelu(A @ W^T + bias). Grid: (tiles of M * tiles of N,).
-
-    M_BUCKET is only the autotuning key (a power of two >= M). Rows and columns past the edges
-    are clamped to the last valid one for the loads (they compute garbage that is never
-    stored), so the K loop needs masks only when K is not a multiple of BLOCK_K. DOT_FP32 runs
-    the dot on fp32 operands at full ("ieee") precision: for fp32 inputs (tests), and for bf16
-    in the CPU interpreter, whose numpy dot has no bf16 (the upcast is exact, and so are the
-    bf16 products in fp32, so the result is what the tensor cores give up to summation order).
-    """
-    tile_m, tile_n = _tile_of_program(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    # int64 row / column offsets: M * stride may pass 2**31 for long packed batches.
-    a_rows = tl.minimum(rows, M - 1).to(tl.int64)
-    w_cols = tl.minimum(cols, N - 1).to(tl.int64)
-    a_tile = a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
-    w_tile = w_ptr + ks[:, None] * stride_wk + w_cols[None, :] * stride_wn   # [BLOCK_K, BLOCK_N] = W^T
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_tile)
-            w = tl.load(w_tile)
-        else:
-            k_left = K - k0
-            a = tl.load(a_tile, mask=ks[None, :] < k_left, other=0.0)
-            w = tl.load(w_tile, mask=ks[:, None] < k_left, other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, w, acc)
-        a_tile += BLOCK_K * stride_ak
-        w_tile += BLOCK_K * stride_wk
-
-    # Epilogue on the fp32 accumulator: this is the pass the fusion saves.
+@triton.jit
+def _finish_and_store(acc, c_desc, c_ptr, bias_ptr, row0, col0, M, N, stride_cm,
+                      HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, STORE_TMA: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Bias + GELU on an fp32 accumulator tile `[BLOCK_M, BLOCK_N]` at (row0, col0), then its
+    only store: by TMA (the hardware clips the edges) or by masked pointer stores."""
+    cols = col0 + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if APPROX_TANH:
         y = _tanh_gelu(acc)
     else:
         y = _erf_gelu(acc)
-    c_tile = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-    tl.store(c_tile, y.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    y = y.to(c_ptr.dtype.element_ty)
+    if STORE_TMA:
+        c_desc.store([row0, col0], y)
+    else:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        c_tile = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+        tl.store(c_tile, y, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-def _m_bucket(m: int) -> int:
-    """Autotuning bucket for M tokens: the next power of two, capped. New batch sizes (and CUDA
-    graph capture of a bucket already seen eagerly) reuse the tuned tile instead of
-    re-benchmarking."""
-    return min(triton.next_power_of_2(max(m, 1)), _MAX_M_BUCKET)
+@triton.jit
+def _linear_bias_gelu_kernel(
+    a_desc, w_desc, c_desc, c_ptr, bias_ptr,
+    M, N, K, stride_cm, PROGRAMS,
+    HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr, DOT_FP32: tl.constexpr, STORE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    """C = gelu(A @ W^T + bias), persistent: program p computes tiles p, p + PROGRAMS, ...
+    Grid: (PROGRAMS,). DOT_FP32 runs the dot on fp32 operands at full ("ieee") precision: for
+    fp32 inputs (tests), and for bf16 in the CPU interpreter, whose numpy dot has no bf16 (the
+    upcast is exact, and so are the bf16 products in fp32)."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=FLATTEN):
+        tile_m, tile_n = _tile_of_program(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = tile_m * BLOCK_M
+        col0 = tile_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for step in range(k_steps):
+            a = a_desc.load([row0, step * BLOCK_K])   # [BLOCK_M, BLOCK_K], zero past the edges
+            w = w_desc.load([col0, step * BLOCK_K])   # [BLOCK_N, BLOCK_K]: W's rows are C's columns
+            if DOT_FP32:
+                acc = tl.dot(a.to(tl.float32), w.to(tl.float32).T, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w.T, acc)
+        if EPILOGUE_SPLIT == 2:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            _finish_and_store(left, c_desc, c_ptr, bias_ptr, row0, col0, M, N, stride_cm,
+                              HAS_BIAS, APPROX_TANH, STORE_TMA, BLOCK_M, BLOCK_N // 2)
+            _finish_and_store(right, c_desc, c_ptr, bias_ptr, row0, col0 + BLOCK_N // 2, M, N, stride_cm,
+                              HAS_BIAS, APPROX_TANH, STORE_TMA, BLOCK_M, BLOCK_N // 2)
+        else:
+            _finish_and_store(acc, c_desc, c_ptr, bias_ptr, row0, col0, M, N, stride_cm,
+                              HAS_BIAS, APPROX_TANH, STORE_TMA, BLOCK_M, BLOCK_N)
+
+
+def supported(device: torch.device) -> bool:
+    """TMA needs Hopper (compute capability 9) or newer; the interpreter emulates it."""
+    if _INTERPRETED:
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """Can a TMA descriptor cover this 2-D tensor as it is: unit column stride, and the base
+    address and row stride on 16-byte boundaries."""
+    size = t.element_size()
+    return (t.stride(1) == 1 and t.data_ptr() % _TMA_ALIGN == 0
+            and (t.stride(0) * size) % _TMA_ALIGN == 0)
+
+
+def _config_for(dtype: torch.dtype) -> TileConfig:
+    if _INTERPRETED:
+        return INTERPRETER_CONFIG
+    return GPU_FP32_CONFIG if dtype == torch.float32 else GPU_CONFIG
 
 
 @register("linear_bias_gelu")
@@ -176,12 +201,15 @@ def linear_bias_gelu(
     bias: torch.Tensor | None,
     approximate: str = "none",
     out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
 ) -> torch.Tensor:
     """GELU(x @ weight^T + bias) in one GEMM kernel; see reference.linear_bias_gelu.
 
     x: `[M, K]` (rows may be strided, e.g. a column slice of a wider tensor); weight: `[N, K]`
-    (nn.Linear layout, read in place); bias: `[N]` or None. Returns a contiguous `[M, N]` in
-    x's dtype (in `out` when given: an activation-arena view, say).
+    (nn.Linear layout); bias: `[N]` or None. Returns a contiguous `[M, N]` in x's dtype (in
+    `out` when given: an activation-arena view, say). `config` picks a tile other than the
+    default (the sweep in tools/time_ffn_gemm.py). Without TMA (a GPU older than Hopper), or
+    when K's rows cannot be 16-byte aligned, it runs the reference ops.
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -206,19 +234,30 @@ def linear_bias_gelu(
     assert out.shape == (m, n) and out.stride(1) == 1, f"out must be [M, N] = [{m}, {n}] with contiguous rows"
     if m == 0 or n == 0:
         return out
-    if k == 0:  # an empty sum: nothing for a GEMM to do, gelu(bias) broadcast over the rows
+    if k == 0 or (k * x.element_size()) % _TMA_ALIGN or not supported(x.device):
+        # k == 0 is an empty sum (gelu(bias) on every row); the others cannot use TMA.
         return reference.linear_bias_gelu(x, weight, bias, approximate, out=out)
-    if x.stride(1) != 1:  # rows may be strided; within a row, elements must be adjacent
-        x = x.contiguous()
+    x = x if _tma_ready(x) else x.contiguous()
+    weight = weight if _tma_ready(weight) else weight.contiguous()
 
-    def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-
-    _linear_bias_gelu_kernel[grid](
-        x, weight, bias if bias is not None else x, out,
-        m, n, k, _m_bucket(m),
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
+    cfg = config or _config_for(x.dtype)
+    store_block_n = cfg.block_n // cfg.epilogue_split
+    store_tma = _tma_ready(out)
+    a_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+    # Without a TMA store the kernel still takes a descriptor argument; x's stands in, unused.
+    c_desc = TensorDescriptor.from_tensor(out, [cfg.block_m, store_block_n]) if store_tma else a_desc
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    slots = 4 if _INTERPRETED else _sm_count(x.device.index or 0) * cfg.programs_per_sm
+    programs = min(tiles, slots)
+    _linear_bias_gelu_kernel[(programs,)](
+        a_desc, w_desc, c_desc, out, bias if bias is not None else out,
+        m, n, k, out.stride(0), programs,
         HAS_BIAS=bias is not None, APPROX_TANH=approximate == "tanh",
         DOT_FP32=x.dtype == torch.float32 or (_INTERPRETED and x.dtype == torch.bfloat16),
+        STORE_TMA=store_tma,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        EPILOGUE_SPLIT=cfg.epilogue_split, FLATTEN=cfg.flatten,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

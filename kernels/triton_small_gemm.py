@@ -19,8 +19,9 @@ activation to fuse it beats cuBLAS + the separate epilogue kernel at 1-64 rows (
 BERT's FFN up-projection + GELU 5.5-6.5 -> 4.1-4.9 us, 1.33-1.46x; Llama-1B's gate_up + SwiGLU
 29-35 -> 24-27 us, 1.18-1.32x, 2.7 TB/s). Without one it does not: cuBLAS's split-K kernels
 read long-K weights faster (Llama's down projection 10.4 vs 16.6 us, GPT-2's 6.3 vs 7.5) and
-the short-K ones tie. So plain linears (and anything over `MAX_ROWS` rows) go to torch's GEMM,
-followed by the activation's own kernel when there is one.
+the short-K ones tie. So plain linears go to torch's GEMM. Over `MAX_ROWS` rows a GELU layer
+runs the fused many-row GEMM of `triton_gemm` from `LARGE_ROWS` rows on (where it has TMA), and
+anything else torch's GEMM followed by the activation's own kernel.
 The wrapper has the signature and result of `reference.linear_act`.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import dispatch, reference
+from tritonformer.kernels import dispatch, reference, triton_gemm
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
 
@@ -40,6 +41,9 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = int(os.environ.get("TRITONFORMER_SMALL_GEMM_ROWS", "64"))
 # Plain linears run the Triton kernel too only when this is set (tests of the kernel itself).
 FUSE_PLAIN = False
+# Rows from which a GELU layer runs triton_gemm's fused many-row GEMM (0: never; it needs TMA,
+# i.e. Hopper). Below, and between MAX_ROWS and this, cuBLAS + the bias_gelu kernel.
+LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "1024"))
 _ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3}
 
 
@@ -167,8 +171,11 @@ def linear_act(
 
 
 def _unfused(x, weight, bias, activation, out):
-    """Many rows: torch's GEMM, then the activation's own kernel."""
+    """Many rows: a GELU layer from LARGE_ROWS rows in the fused many-row GEMM where TMA is
+    there; otherwise torch's GEMM, then the activation's own kernel."""
     gelu = reference.GELU_APPROXIMATE.get(activation)
+    if gelu is not None and 0 < LARGE_ROWS <= x.shape[0] and triton_gemm.supported(x.device):
+        return triton_gemm.linear_bias_gelu(x, weight, bias, gelu, out=out)
     if gelu is not None:  # the bias goes to the GELU kernel's pass, in place, not to the GEMM
         h = torch.nn.functional.linear(x, weight) if out is None else torch.mm(x, weight.t(), out=out)
         return dispatch.bias_gelu(h, bias, gelu, out=h)

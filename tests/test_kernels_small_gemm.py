@@ -107,6 +107,25 @@ def test_out_and_many_rows_fallback(monkeypatch):
         monkeypatch.setattr(tsg, "MAX_ROWS", 64)
 
 
+def test_many_gelu_rows_run_the_fused_many_row_gemm(monkeypatch):
+    """From LARGE_ROWS rows a GELU layer goes to triton_gemm's fused GEMM (the interpreter has
+    its TMA), which keeps the pre-activation in fp32: the reference's result within rounding;
+    with LARGE_ROWS = 0 the separate ops run instead, exactly the reference."""
+    calls = []
+    fused = tsg.triton_gemm.linear_bias_gelu
+    monkeypatch.setattr(tsg.triton_gemm, "linear_bias_gelu", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    monkeypatch.setattr(tsg, "MAX_ROWS", 4)
+    for activation in ("gelu", "gelu_tanh"):
+        x, w, b = make_inputs(21, 32, 48, torch.float32, True, activation, seed_of("large", activation))
+        monkeypatch.setattr(tsg, "LARGE_ROWS", 16)
+        out = torch.full((21, 32), float("nan"))
+        assert tsg.linear_act(x, w, b, activation, out=out) is out
+        torch.testing.assert_close(out, ref.linear_act(x, w, b, activation), atol=2e-5, rtol=2e-5)
+        monkeypatch.setattr(tsg, "LARGE_ROWS", 0)
+        torch.testing.assert_close(tsg.linear_act(x, w, b, activation), ref.linear_act(x, w, b, activation))
+    assert len(calls) == 2
+
+
 def test_plain_linears_are_left_to_torch(monkeypatch):
     """Without an activation cuBLAS measured faster: the wrapper returns torch's own result."""
     monkeypatch.setattr(tsg, "FUSE_PLAIN", False)

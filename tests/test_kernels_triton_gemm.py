@@ -2,10 +2,10 @@
 `reference.linear_bias_gelu`, on fresh seeded random inputs.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (TRITON_INTERPRET=1, which the
-conftest sets) with one 16 x 16 x 16 tile, so the shapes are tiny but ragged on every edge
+conftest sets) with one 16 x 32 x 16 tile, so the shapes are tiny but ragged on every edge
 (M=37, N=48, K=40 leaves partial row, column and K tiles), and cover M=1, M=0, no bias, both
-GELU forms and a strided A. The `gpu` group runs BERT-sized FFN shapes in fp16/bf16 through the
-autotuned Hopper tiles against an fp32 torch reference.
+GELU forms, a strided A, both store paths. The `gpu` group runs BERT-sized FFN shapes in fp16/bf16 through the
+default Hopper tile against an fp32 torch reference.
 """
 from __future__ import annotations
 
@@ -148,9 +148,27 @@ def test_bad_inputs_are_refused_with_clear_messages():
         tg.linear_bias_gelu(x, w, b, approximate="sigmoid")
 
 
-def test_m_bucket_groups_batch_sizes():
-    assert [tg._m_bucket(m) for m in (0, 1, 3, 32, 33, 4096, 4097)] == [1, 1, 4, 32, 64, 4096, 8192]
-    assert tg._m_bucket(32768) == tg._m_bucket(10_000) == tg._MAX_M_BUCKET
+def test_store_paths_and_tile_configs_agree():
+    """The same product through a TMA store (aligned out) and through pointer stores (an out
+    whose rows are 16-byte aligned in neither base nor stride), with the epilogue split in two
+    or not, a grouped tile order and more tiles than programs: all equal the reference."""
+    x, w, b = make_inputs(70, 96, 48, torch.float32, True, seed_of("paths"))
+    expected = ref.linear_bias_gelu(x, w, b)
+    wide = torch.empty(70, 101, dtype=torch.float32, device=DEVICE)
+    unaligned_out = wide[:, 1:97]
+    assert not tg._tma_ready(unaligned_out)
+    for config in (tg.INTERPRETER_CONFIG, tg.TileConfig(16, 32, 16, group_m=3, num_warps=1, num_stages=1,
+                                                        epilogue_split=1)):
+        torch.testing.assert_close(tg.linear_bias_gelu(x, w, b, config=config), expected, atol=2e-5, rtol=2e-5)
+        out = tg.linear_bias_gelu(x, w, b, out=unaligned_out, config=config)
+        assert out.data_ptr() == unaligned_out.data_ptr()
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_unalignable_k_runs_the_reference():
+    """fp16 rows of K = 20 (40 bytes) can never sit on 16-byte boundaries: the reference runs."""
+    x, w, b = make_inputs(9, 32, 20, torch.float16, True, seed_of("k20"))
+    torch.testing.assert_close(tg.linear_bias_gelu(x, w, b), ref.linear_bias_gelu(x, w, b), atol=0, rtol=0)
 
 
 # ---- GPU: real FFN shapes through the autotuned tiles ----------------------------------------
@@ -208,4 +226,4 @@ def test_gpu_timing_fused_vs_unfused(capsys):
     unfused = timed(lambda: te.bias_gelu(torch.nn.functional.linear(x, w), b))
     with capsys.disabled():
         print(f"\n[linear_bias_gelu 32768x3072x768 fp16] fused {fused:.3f} ms, cuBLAS GEMM alone {gemm:.3f} ms, "
-              f"cuBLAS + bias_gelu kernel {unfused:.3f} ms, best config {tg._linear_bias_gelu_kernel.best_config}")
+              f"cuBLAS + bias_gelu kernel {unfused:.3f} ms, tile {tg.GPU_CONFIG.label()}")

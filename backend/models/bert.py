@@ -17,7 +17,7 @@ from tritonformer.backend.allocator import ActivationArena, UsageRecord
 from tritonformer.backend.weights import weight_getter
 
 
-FFN_EPILOGUES = ("separate", "triton", "cublaslt")
+FFN_EPILOGUES = ("auto", "separate", "triton", "cublaslt")
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,17 @@ class BertEncoder:
         self.device = device
         self.dtype = dtype
         # Where the FFN up-projection's bias + GELU run (env TRITONFORMER_FFN_EPILOGUE):
-        # - "separate" (default): few tokens, one Triton kernel with bias + GELU fused
-        #   (kernels.linear_act); many, the cuBLAS GEMM, then our bias_gelu kernel in place;
-        # - "triton": one Triton GEMM with bias + GELU in its epilogue. Measured on the H100 at
-        #   32768x3072x768 fp16: 0.466 ms vs 0.390 ms separate, so not the default;
+        # - "auto" (default): kernels.linear_act decides by rows: few, its small fused Triton
+        #   kernel; many, on Hopper, the fused many-row Triton GEMM (kernels/triton_gemm.py);
+        #   otherwise the cuBLAS GEMM, then our bias_gelu kernel in place;
+        # - "separate": the cuBLAS GEMM and the bias_gelu kernel whatever the rows (the ablation);
+        # - "triton": the fused many-row Triton GEMM whatever the rows;
         # - "cublaslt": cuBLASLt's GELU+bias epilogue (torch._addmm_activation). Its GELU is the
         #   tanh form, at most 4.7e-4 from the exact (erf) one BERT checkpoints use (at x = 2.7,
-        #   where an fp16 step is 2e-3). Measured at (64,512) on the H100: 13.9 vs 15.7 ms
-        #   separate, but not the checkpoint's GELU, so opt-in (docs/benchmarks.md).
-        self.ffn_epilogue = "separate"
+        #   where an fp16 step is 2e-3), so it is opt-in (docs/benchmarks.md).
+        self.ffn_epilogue = "auto"
         if device.type == "cuda":
-            self.ffn_epilogue = os.environ.get("TRITONFORMER_FFN_EPILOGUE", "separate")
+            self.ffn_epilogue = os.environ.get("TRITONFORMER_FFN_EPILOGUE", "auto")
         if self.ffn_epilogue not in FFN_EPILOGUES:
             raise ValueError(f"TRITONFORMER_FFN_EPILOGUE must be one of {FFN_EPILOGUES}, got {self.ffn_epilogue!r}")
         self.activation = kernels.gelu_activation(config.gelu_approximate)
@@ -179,7 +179,10 @@ class BertEncoder:
             elif self.ffn_epilogue == "cublaslt":
                 ffn = torch._addmm_activation(layer["ffn_in_b"], h1, layer["ffn_in_w"].t(), use_gelu=True,
                                               **({} if bufs["ffn"] is None else {"out": bufs["ffn"]}))
-            else:  # few tokens: one fused Triton kernel; many: cuBLAS GEMM, then bias + GELU in place
+            elif self.ffn_epilogue == "separate":  # cuBLAS GEMM, then bias + GELU in place
+                ffn = _linear(h1, layer["ffn_in_w"], None, bufs["ffn"])
+                ffn = kernels.bias_gelu(ffn, layer["ffn_in_b"], cfg.gelu_approximate, out=ffn)
+            else:  # "auto": linear_act picks the kernel by the number of rows
                 ffn = kernels.linear_act(h1, layer["ffn_in_w"], layer["ffn_in_b"], self.activation, out=bufs["ffn"])
             ffn_out = _linear(ffn, layer["ffn_out_w"], None, bufs["ffn_out"])
             h = kernels.add_bias_residual_layer_norm(
