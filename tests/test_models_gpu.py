@@ -43,13 +43,19 @@ def _check_encoder(hf, ours, lengths, vocab):
             assert _cos_min(hidden[cu[i] : cu[i + 1]], ref) >= 0.999, (i, len(s))
 
 
-def test_random_bert_base_fp16_matches_hf_sdpa():
+@pytest.mark.parametrize("fused_gemm_rows", [0, 1024])
+def test_random_bert_base_fp16_matches_hf_sdpa(monkeypatch, fused_gemm_rows):
+    """Both FFN up-projection paths for a batch this size (1,212 tokens): cuBLAS + the bias_gelu
+    kernel, and the fused many-row Triton GEMM (which the default reaches from 4,096 rows)."""
+    from tritonformer.kernels import triton_small_gemm
+
+    monkeypatch.setattr(triton_small_gemm, "LARGE_ROWS", fused_gemm_rows)
     cfg = transformers.BertConfig()
     torch.manual_seed(0)
     hf = transformers.BertModel._from_config(cfg, attn_implementation="sdpa", add_pooling_layer=False)
     hf = hf.eval().to(CUDA, torch.float16)
     ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), CUDA, torch.float16)
-    _check_encoder(hf, ours, [1, 7, 128, 300, 512, 64, 200], cfg.vocab_size)  # 1,212 tokens: the fused FFN GEMM
+    _check_encoder(hf, ours, [1, 7, 128, 300, 512, 64, 200], cfg.vocab_size)
 
 
 def _minilm_dir() -> Path:
