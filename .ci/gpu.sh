@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (not part of CI, which has no GPU): the GPU-marked tests and the
 # runtime and decoder benchmarks, in one go. Expects the image's python3 with torch, triton, transformers.
-# Optional: TRITONFORMER_MINILM_DIR pointing at an all-MiniLM-L6-v2 folder.
+# Optional: TRITONFORMER_MINILM_DIR pointing at an all-MiniLM-L6-v2 folder (tools/carry_minilm_fp16.py
+# writes one small enough to carry).
 # PARTS (default "tests runtime decoder") picks what runs, e.g. PARTS=decoder bash .ci/gpu.sh:
 # a device command is capped at 10 minutes, so the parts can go in separate calls. "policies"
 # (not a default) runs the encoder batching policies in-process on padded and packed execution;

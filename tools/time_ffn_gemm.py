@@ -26,8 +26,8 @@ def sweep_configs(quick: bool) -> list[tg.TileConfig]:
     shared memory (227 KB a block) bounds stages x tile. --quick keeps the default and a few
     neighbours."""
     if quick:  # the default, and what could overlap its epilogue with the next tile's main loop
-        return [tg.GPU_CONFIG, tg.TileConfig(), tg.TileConfig(flatten=True), tg.TileConfig(warp_specialize=True),
-                tg.TileConfig(block_n=128, warp_specialize=True)]
+        return [tg.GPU_CONFIG, tg.TileConfig(block_n=128, programs_per_sm=2), tg.TileConfig(flatten=True),
+                tg.TileConfig(warp_specialize=True), tg.TileConfig(block_n=128, warp_specialize=True)]
     configs = []
     for (bm, bn, warps), stages, split, per_sm, flatten in itertools.product(
         [(128, 256, 8), (128, 128, 4), (128, 128, 8), (64, 256, 4)], [3, 4], [1, 2], [1, 2], [False, True]
