@@ -36,6 +36,29 @@ def decode_inputs(batch: int, context: int, heads: int, kv_heads: int, head_dim:
     return q, k_cache, v_cache, tables, cu_q, seqlens, torch.empty_like(q)
 
 
+def sweep_launch_configs(candidates, timed, launch_config_of) -> list[tuple[float, tuple]]:
+    """[(time, candidate)] fastest first: `timed(candidate)` with the attention's launch
+    configuration patched to `launch_config_of(candidate)` (BLOCK_M, BLOCK_N, warps, stages).
+    A candidate that fails (a tile that does not fit in shared memory) is reported and skipped."""
+    current = ta._launch_config
+    results = []
+    for candidate in candidates:
+        ta._launch_config = lambda *a, c=launch_config_of(candidate): c
+        try:
+            results.append((timed(candidate), candidate))
+        except Exception as e:
+            print(f"{candidate} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
+        finally:
+            ta._launch_config = current
+    return sorted(results)
+
+
+def ranked_cells(results: list[tuple[float, tuple]], fmt: str) -> str:
+    """Table cells "best time | best config | 2nd | 3rd" of sweep_launch_configs' results."""
+    top = [f"{c} {t:{fmt}}" for t, c in results[:3]] + ["-"] * 3
+    return f"{results[0][0]:{fmt}} | {top[0]} | {top[1]} | {top[2]}" if results else "- | - | - | -"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contexts", default="128")
@@ -59,22 +82,12 @@ def main() -> int:
 
         _, bn0, w0, s0 = current(head_dim, q.dtype, heads // kv_heads, True)
         base = graph_us(run(default_splits))
-        results = []
-        for bn, warps, stages, splits in itertools.product((32, 64, 128), (2, 4), (1, 2, 3),
-                                                          sorted({1, 2, default_splits, 2 * default_splits})):
-            if splits > 16 or bn * splits > context:
-                continue
-            ta._launch_config = lambda *a, bn=bn, warps=warps, stages=stages: (16, bn, warps, stages)
-            try:
-                results.append((graph_us(run(splits)), (bn, warps, stages, splits)))
-            except Exception as e:  # a tile that does not fit (shared memory): skip it
-                print(f"({bn}, {warps}, {stages}, {splits}) failed: {type(e).__name__}")
-            finally:
-                ta._launch_config = current
-        results.sort()
-        top = [f"{c} {t:.2f}" for t, c in results[:3]]
+        candidates = [c for c in itertools.product((32, 64, 128), (2, 4), (1, 2, 3),
+                                                   sorted({1, 2, default_splits, 2 * default_splits}))
+                      if c[3] <= 16 and c[0] * c[3] <= context]
+        results = sweep_launch_configs(candidates, lambda c: graph_us(run(c[3])), lambda c: (16, *c[:3]))
         print(f"| {name} | {batch} | {context} | ({bn0}, {w0}, {s0}, {default_splits}) {base:.2f} | "
-              f"{results[0][0]:.2f} | {top[0]} | {top[1]} | {top[2]} |", flush=True)
+              f"{ranked_cells(results, '.2f')} |", flush=True)
     return 0
 
 

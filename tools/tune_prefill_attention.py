@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import triton.testing
 
+from tune_decode_attention import ranked_cells, sweep_launch_configs
 from tritonformer.kernels import reference
 from tritonformer.kernels import triton_attention as ta
 
@@ -45,7 +46,7 @@ def main() -> int:
     args = parser.parse_args()
     current = ta._launch_config
     print(f"# packed attention, bert-base heads, {torch.cuda.get_device_name()}, fp16, non-causal, median ms")
-    print("| workload | current (BLOCK_M, BLOCK_N, warps, stages) ms | TFLOP/s | best ms | TFLOP/s | best | 2nd | 3rd |")
+    print("| workload | current (BLOCK_M, BLOCK_N, warps, stages) ms | TFLOP/s | best TFLOP/s | best ms | best | 2nd | 3rd |")
     print("|---|---|---:|---:|---:|---|---|---|")
     for workload in args.workloads.split(","):
         lengths = lengths_of(workload)
@@ -66,19 +67,11 @@ def main() -> int:
 
         base_cfg = current(HEAD_DIM, q.dtype, longest, True)
         base = timed()
-        results = []
-        for bm, bn, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
-            ta._launch_config = lambda *a, c=(bm, bn, warps, stages): c
-            try:
-                results.append((timed(), (bm, bn, warps, stages)))
-            except Exception as e:  # a tile that does not fit (shared memory, registers): skip it
-                print(f"({bm}, {bn}, {warps}, {stages}) failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
-            finally:
-                ta._launch_config = current
-        results.sort()
-        top = [f"{c} {t:.4f}" for t, c in results[:3]]
-        print(f"| {workload} | {base_cfg} {base:.4f} | {flops / base / 1e9:.0f} | {results[0][0]:.4f} | "
-              f"{flops / results[0][0] / 1e9:.0f} | {top[0]} | {top[1]} | {top[2]} |", flush=True)
+        results = sweep_launch_configs(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)),
+                                       lambda c: timed(), lambda c: c)
+        best_tflops = f"{flops / results[0][0] / 1e9:.0f}" if results else "-"
+        print(f"| {workload} | {base_cfg} {base:.4f} | {flops / base / 1e9:.0f} | {best_tflops} | "
+              f"{ranked_cells(results, '.4f')} |", flush=True)
     return 0
 
 
