@@ -179,6 +179,28 @@ def test_cuda_graph_replay_equals_eager():
     assert graphs.replays == 6 and len(graphs._graphs) == 5  # (32,2) (16,4) (256,8) (512,2) (32,4)
 
 
+def test_cuda_graph_replay_of_the_fused_ffn_gemm_equals_eager():
+    """A batch in the 8,192-token bucket runs the fused many-row FFN GEMM (TMA descriptors baked
+    into the graph's kernel parameters): its replays, on new inputs each time, equal eager runs."""
+    from tritonformer.backend.cuda_graphs import EncoderGraphs
+    from tritonformer.kernels import triton_gemm
+
+    if not triton_gemm.supported(CUDA):
+        pytest.skip("the fused FFN GEMM needs TMA (Hopper or newer)")
+    cfg = transformers.BertConfig(num_hidden_layers=2)
+    torch.manual_seed(8)
+    hf = transformers.BertModel._from_config(cfg, add_pooling_layer=False).eval()
+    ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), CUDA, torch.float16)
+    graphs = EncoderGraphs(ours)
+    gen = torch.Generator().manual_seed(9)
+    for lengths in ([512] * 9 + [40], [300] * 16, [512] * 9 + [40]):  # 4,648 and 4,800 tokens: bucket 8192
+        _, ids, cu = _packed(lengths, cfg.vocab_size, gen)
+        eager = ours.forward(ids, cu, max(lengths))
+        replayed = graphs.forward(ids, lengths)
+        assert _cos_min(replayed, eager) >= 0.9999
+    assert graphs.replays == 3 and len(graphs._graphs) == 2  # (8192, 16) and (8192, 32)
+
+
 def test_generator_engine_tokens_are_hf_greedy_on_gpu():
     """The whole engine on the GPU (decode graphs, tokens fed back on the device while the host
     runs an iteration ahead, prompts joining mid-flight): every token it picked is HF's greedy
