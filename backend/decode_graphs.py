@@ -7,9 +7,7 @@ running-sequence cap) is captured once at start-up against static input buffers;
 with n decoding sequences copies its indices into the smallest bucket >= n and replays.
 Padding rows have no keys (length 0) and write their key/value into the cache's scratch
 block, so they change nothing a real sequence reads. The graph starts with `feed_tokens`, so a
-token id may name a sample of the previous iteration still on the device (see DecoderRunner),
-and ends with every row's argmax written where the next iteration's `feed_tokens` looks, so a
-greedy iteration is sampled and published by the replay itself.
+token id may name a sample of the previous iteration still on the device (see DecoderRunner).
 """
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ class DecodeGraphs:
         return len(self._graphs)
 
     def run(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """Logits `[len(entries), vocab]` of one-token entries (each samples), by replay. The
-        replay also leaves each row's greedy token in `last_ids[:len(entries)]`."""
+        """Logits `[len(entries), vocab]` of one-token entries (each samples), by replay."""
         n = len(entries)
         b = self.bucket(n)
         graph, long_buf, int_buf, logits, _ = self._graphs.get(b) or self._capture(b)
@@ -112,12 +109,7 @@ class DecodeGraphs:
 
         def forward():
             kernels.feed_tokens(batch.input_ids, self.last_ids)
-            logits = self.model.forward(batch, self.cache)
-            # Every row's greedy token, into the samples the next iteration's feed_tokens reads:
-            # an all-greedy iteration (the default sampling) then needs nothing after the replay
-            # but the ids' copy to the host. Sampled iterations overwrite these rows (publish).
-            torch.argmax(logits, dim=-1, out=self.last_ids[:b])
-            return logits
+            return self.model.forward(batch, self.cache)
 
         graph, logits = capture_graph(forward, self._pool)
         self._pool = graph.pool()

@@ -49,7 +49,6 @@ class DecoderRunner:
         # The last iteration's samples (at most one per running sequence), for fed tokens.
         self.last_ids = torch.zeros(max_running, dtype=torch.long, device=model.device)
         self.graphs = None
-        self._replayed = 0  # rows of the last run that a decode graph computed (and sampled greedily)
         if cuda_graphs and model.device.type == "cuda":
             max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
             self.graphs = DecodeGraphs(model, cache, max_running, max_blocks, self.last_ids)
@@ -72,24 +71,16 @@ class DecoderRunner:
     def run(self, entries: list[BatchEntry]) -> torch.Tensor:
         """fp32 logits `[S, vocab]`, one row per entry with `sample`, in entry order. Token ids
         may be `fed_token(row)`s of the last `publish`ed samples."""
-        self._replayed = 0
         if self.graphs is not None and all(len(e.tokens) == 1 and e.sample for e in entries):
             if self.graphs.bucket(len(entries)) is not None:
-                self._replayed = len(entries)
                 return self.graphs.run(entries)
         batch = build_batch(entries, self.cache.block_size, self.model.device)
         kernels.feed_tokens(batch.input_ids, self.last_ids)
         return self.model.forward(batch, self.cache)
 
-    def greedy_ids(self) -> torch.Tensor | None:
-        """The last `run`'s greedy tokens `[S]` when a decode graph computed them (a view of
-        the fed-token buffer: `publish` it as is), else None: sample the logits instead."""
-        return self.last_ids[: self._replayed] if self._replayed else None
-
     @torch.inference_mode()
     def publish(self, ids: torch.Tensor) -> SampledTokens:
         """Keep this iteration's samples `[S]` on the device for the next iteration's fed tokens
-        (unless they are already there: `greedy_ids`) and start their copy to the host."""
-        if ids.data_ptr() != self.last_ids.data_ptr():
-            self.last_ids[: ids.numel()].copy_(ids)
+        and start their copy to the host."""
+        self.last_ids[: ids.numel()].copy_(ids)
         return SampledTokens(ids)

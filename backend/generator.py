@@ -175,11 +175,7 @@ class GeneratorEngine(EngineLoop):
         sampling = [w.seq for w in work if w.samples]
         try:
             logits = self.runner.run(entries)
-            params = [s.params for s in sampling]
-            # All greedy (the default) and replayed by a decode graph: the graph's argmax is it.
-            ids = self.runner.greedy_ids() if all(p.greedy for p in params) else None
-            if ids is None:
-                ids = self.sampler.sample_ids(logits, params, [s.key for s in sampling])
+            ids = self.sampler.sample_ids(logits, [s.params for s in sampling], [s.key for s in sampling])
             tokens = self.runner.publish(ids)
         except Exception as e:
             self._fail([w.seq for w in work], e)
