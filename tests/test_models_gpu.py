@@ -161,44 +161,41 @@ def test_decode_graph_replay_equals_eager():
     assert _cos_min(replayed, eager) >= 0.9999
 
 
-def test_cuda_graph_replay_equals_eager():
+def _replays_equal_eager(batches, seed):
+    """A 2-layer random bert-base: each batch of lengths run eagerly and replayed from its
+    CUDA-graph bucket agree; returns the graphs (for their replay and capture counts)."""
     from tritonformer.backend.cuda_graphs import EncoderGraphs
 
     cfg = transformers.BertConfig(num_hidden_layers=2)
-    torch.manual_seed(6)
+    torch.manual_seed(seed)
     hf = transformers.BertModel._from_config(cfg, add_pooling_layer=False).eval()
     ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), CUDA, torch.float16)
     graphs = EncoderGraphs(ours)
-    gen = torch.Generator().manual_seed(7)
-    for lengths in ([32], [5, 9, 1], [100, 3, 60, 7], [32], [512], [7, 9, 1]):  # repeats replay a bucket
+    gen = torch.Generator().manual_seed(seed + 1)
+    for lengths in batches:
         _, ids, cu = _packed(lengths, cfg.vocab_size, gen)
         eager = ours.forward(ids, cu, max(lengths))
         replayed = graphs.forward(ids, lengths)
         assert replayed.shape == eager.shape
         assert _cos_min(replayed, eager) >= 0.9999
+    return graphs
+
+
+def test_cuda_graph_replay_equals_eager():
+    graphs = _replays_equal_eager(([32], [5, 9, 1], [100, 3, 60, 7], [32], [512], [7, 9, 1]), seed=6)  # repeats replay
     assert graphs.replays == 6 and len(graphs._graphs) == 5  # (32,2) (16,4) (256,8) (512,2) (32,4)
 
 
 def test_cuda_graph_replay_of_the_fused_ffn_gemm_equals_eager():
     """A batch in the 8,192-token bucket runs the fused many-row FFN GEMM (TMA descriptors baked
     into the graph's kernel parameters): its replays, on new inputs each time, equal eager runs."""
-    from tritonformer.backend.cuda_graphs import EncoderGraphs
     from tritonformer.kernels import triton_gemm
 
     if not triton_gemm.supported(CUDA):
         pytest.skip("the fused FFN GEMM needs TMA (Hopper or newer)")
-    cfg = transformers.BertConfig(num_hidden_layers=2)
-    torch.manual_seed(8)
-    hf = transformers.BertModel._from_config(cfg, add_pooling_layer=False).eval()
-    ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf.state_dict(), CUDA, torch.float16)
-    graphs = EncoderGraphs(ours)
-    gen = torch.Generator().manual_seed(9)
-    for lengths in ([512] * 9 + [40], [300] * 16, [512] * 9 + [40]):  # 4,648 and 4,800 tokens: bucket 8192
-        _, ids, cu = _packed(lengths, cfg.vocab_size, gen)
-        eager = ours.forward(ids, cu, max(lengths))
-        replayed = graphs.forward(ids, lengths)
-        assert _cos_min(replayed, eager) >= 0.9999
-    assert graphs.replays == 3 and len(graphs._graphs) == 2  # (8192, 16) and (8192, 32)
+    # 4,648 and 4,800 tokens: the 8,192-token bucket, with 16 and 32 sequence slots
+    graphs = _replays_equal_eager(([512] * 9 + [40], [300] * 16, [512] * 9 + [40]), seed=8)
+    assert graphs.replays == 3 and len(graphs._graphs) == 2
 
 
 def test_generator_engine_tokens_are_hf_greedy_on_gpu():

@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tl_cuda
 
+from time_small_gemm import graph_us
+
 CALLS = 100
 VARIANTS = (("plain", False, False), ("PDL + wait", True, False), ("PDL + wait + early trigger", True, True))
 
@@ -33,28 +35,8 @@ def _bump(x_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexp
     tl.store(x_ptr + offs, x + 1.0, mask=offs < n)
 
 
-def graph_us(fn, per: int) -> float:
-    """Best of 30 replays of fn captured in one CUDA graph, in microseconds per `per`."""
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        fn()  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(30):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / per)
-    return best
-
-
 def main() -> int:
-    print(f"# kernel chains in one CUDA graph, {torch.cuda.get_device_name()}, best of 30 replays")
+    print(f"# kernel chains in one CUDA graph ({CALLS} Triton kernels), {torch.cuda.get_device_name()}, best of 30 replays")
     print("| chain | programs | plain us | PDL + wait us | PDL + wait + early trigger us |")
     print("|---|---:|---:|---:|---:|")
     a = torch.randn(1, 768, device="cuda", dtype=torch.float16)
@@ -67,24 +49,20 @@ def main() -> int:
         def bump(pdl, trigger):
             _bump[(programs,)](x, n, BLOCK=1024, PDL=pdl, TRIGGER=trigger, launch_pdl=pdl)
 
-        def kernels_only(pdl, trigger):
-            for _ in range(CALLS):
-                bump(pdl, trigger)
-
         def with_gemv(pdl, trigger):
-            for _ in range(CALLS // 2):
-                torch.mm(a, w.t(), out=o)
-                bump(pdl, trigger)
-                bump(pdl, trigger)
+            torch.mm(a, w.t(), out=o)
+            bump(pdl, trigger)
+            bump(pdl, trigger)
 
-        for name, chain, per in (("Triton kernel", kernels_only, CALLS), ("GEMV + 2 Triton kernels", with_gemv, CALLS // 2)):
+        for name, link, per_link in (("Triton kernel", bump, 1), ("GEMV + 2 Triton kernels", with_gemv, 2)):
             cells = []
             for _, pdl, trigger in VARIANTS:
-                cells.append(f"{graph_us(lambda: chain(pdl, trigger), per):.2f}")
+                calls = CALLS // per_link
+                cells.append(f"{graph_us(lambda: link(pdl, trigger), calls=calls, reps=30):.2f}")
                 x.zero_()
-                chain(pdl, trigger)
-                expected = CALLS
-                assert bool((x == expected).all()), f"{name}: a kernel ran before its predecessor's writes landed"
+                for _ in range(calls):
+                    link(pdl, trigger)
+                assert bool((x == CALLS).all()), f"{name}: a kernel ran before its predecessor's writes landed"
             print(f"| {name} | {programs} | {' | '.join(cells)} |", flush=True)
     return 0
 
