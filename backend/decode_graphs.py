@@ -21,6 +21,7 @@ from tritonformer.backend.cuda_graphs import capture_graph
 from tritonformer.backend.decoder_batch import BatchEntry, DecoderBatch
 from tritonformer.backend.device import copy_to_device_
 from tritonformer.backend.kv_cache import PagedKVCache
+from tritonformer.kernels.gpu_info import sm_count
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -98,13 +99,12 @@ class DecodeGraphs:
         long_buf = torch.zeros(3 * b, dtype=torch.long, device=dev)
         long_buf[2 * b :] = self.cache.scratch_slot
         int_buf = torch.zeros(b + b * self.width, dtype=torch.int32, device=dev)
-        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
         batch = DecoderBatch(
             input_ids=long_buf[:b], positions=long_buf[b : 2 * b], slot_mapping=long_buf[2 * b :],
             logits_index=torch.arange(b, device=dev), logits_every_row=True, num_decode=b,
             decode_tables=int_buf[b:].view(b, self.width), decode_seqlens=int_buf[:b],
             decode_cu_q=torch.arange(b + 1, dtype=torch.int32, device=dev),
-            decode_splits=key_splits(b, self.model.config.num_kv_heads, sm_count),
+            decode_splits=key_splits(b, self.model.config.num_kv_heads, sm_count(dev)),
         )
 
         def forward():

@@ -31,7 +31,6 @@ past their sequence's end exit at once, so the grid can be sized from the longes
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -39,6 +38,7 @@ import triton
 import triton.language as tl
 
 from tritonformer.kernels.dispatch import register
+from tritonformer.kernels.gpu_info import sm_count
 
 _LOG2E = 1.4426950408889634
 
@@ -240,11 +240,6 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -
     return min(64, max(16, triton.next_power_of_2(rows))), 64, 4, 3
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _num_splits(programs: int, rows: int, keys_per_seq: float, device: torch.device) -> int:
     """How many ways to split each sequence's keys (flash-decoding).
 
@@ -255,7 +250,7 @@ def _num_splits(programs: int, rows: int, keys_per_seq: float, device: torch.dev
     """
     if device.type != "cuda" or rows > 64:
         return 1
-    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target = 2 * sm_count(device)
     splits = 1
     while splits < 16 and programs * splits < target and keys_per_seq / (2 * splits) >= 256:
         splits *= 2

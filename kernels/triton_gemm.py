@@ -46,7 +46,6 @@ compute capability 9 (Hopper) or newer, or the CPU interpreter; `supported()` sa
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import torch
@@ -56,6 +55,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonformer.kernels import reference
 from tritonformer.kernels.dispatch import register
+from tritonformer.kernels.gpu_info import sm_count
 
 # The exact (erf) and tanh GELU definitions are shared with the unfused bias_gelu kernel, so
 # the fused and unfused paths use the same formulas.
@@ -188,11 +188,6 @@ def supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _tma_ready(t: torch.Tensor) -> bool:
     """Can a TMA descriptor cover this 2-D tensor as it is: unit column stride, and the base
     address and row stride on 16-byte boundaries."""
@@ -266,7 +261,7 @@ def _launch(x, weight, bias, gelu: int, out, cfg: TileConfig) -> torch.Tensor:
     # Without a TMA store the kernel still takes a descriptor argument; x's stands in, unused.
     c_desc = TensorDescriptor.from_tensor(out, [cfg.block_m, store_block_n]) if store_tma else a_desc
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    slots = 4 if _INTERPRETED else _sm_count(x.device.index or 0) * cfg.programs_per_sm
+    slots = 4 if _INTERPRETED else sm_count(x.device) * cfg.programs_per_sm
     programs = min(tiles, slots)
     _linear_bias_gelu_kernel[(programs,)](
         a_desc, w_desc, c_desc, out, bias if bias is not None else out,

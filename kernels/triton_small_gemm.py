@@ -175,9 +175,10 @@ def _unfused(x, weight, bias, activation, out):
     """Many rows: a GELU layer from LARGE_ROWS rows in the fused many-row GEMM where TMA is
     there; otherwise torch's GEMM, then the activation's own kernel."""
     gelu = reference.GELU_APPROXIMATE.get(activation)
-    if gelu is not None and 0 < LARGE_ROWS <= x.shape[0] and triton_gemm.supported(x.device):
-        return triton_gemm.linear_bias_gelu(x, weight, bias, gelu, out=out)
-    if gelu is not None:  # the bias goes to the GELU kernel's pass, in place, not to the GEMM
+    if gelu is not None:
+        if 0 < LARGE_ROWS <= x.shape[0] and triton_gemm.supported(x.device):
+            return triton_gemm.linear_bias_gelu(x, weight, bias, gelu, out=out)
+        # the bias goes to the GELU kernel's pass, in place, not to the GEMM
         h = torch.nn.functional.linear(x, weight) if out is None else torch.mm(x, weight.t(), out=out)
         return dispatch.bias_gelu(h, bias, gelu, out=h)
     if activation == "silu_mul":

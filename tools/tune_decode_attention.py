@@ -18,6 +18,7 @@ import torch
 from time_small_gemm import graph_us
 from tritonformer.backend.decode_graphs import key_splits
 from tritonformer.kernels import triton_attention as ta
+from tritonformer.kernels.gpu_info import sm_count
 
 SHAPES = {"gpt2": (12, 12, 64), "llama-1B": (32, 8, 64)}  # query heads, kv heads, head dim
 PAGE = 16
@@ -65,7 +66,7 @@ def main() -> int:
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--models", default=",".join(SHAPES))
     args = parser.parse_args()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count(torch.device("cuda"))
     current = ta._launch_config
     print(f"# paged decode attention, {torch.cuda.get_device_name()}, fp16, page {PAGE}, us per launch in a CUDA graph")
     print("| model | batch | context | current (BLOCK_N, warps, stages, splits) us | best us | best config | 2nd | 3rd |")
