@@ -24,6 +24,8 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     triton_kernels_enabled,
     paged_attention,
     pool_sequences,
+    prenorm_qkv_to_cache,
     varlen_attention,
     write_kv,
 )
+from tritonformer.kernels.reference import PreNorm  # noqa: F401

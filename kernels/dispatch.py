@@ -88,3 +88,4 @@ qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin
 gelu_activation = reference.gelu_activation
+prenorm_qkv_to_cache = _dispatched("prenorm_qkv_to_cache")

@@ -9,6 +9,8 @@ tensor plus `cu_seqlens` (int32, cumulative lengths starting at 0), never a padd
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -60,12 +62,15 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm(x + residual) (Llama). Returns (normalised, x + residual) so the caller keeps
-    the un-normalised sum as the next residual without a second pass."""
+    the un-normalised sum as the next residual without a second pass; `sum_out` (optional, not
+    overlapping the inputs) receives that sum and is what is returned."""
     h = x.float() if residual is None else x.float() + residual.float()
     normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * weight.float()).to(x.dtype), h.to(x.dtype)
+    summed = h.to(x.dtype) if sum_out is None else sum_out.copy_(h)
+    return (normed * weight.float()).to(x.dtype), summed
 
 
 def bias_gelu(
@@ -341,3 +346,50 @@ def qkv_to_cache(
         q, k, v = qkv_split_rotary(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin)
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
+
+
+@dataclass(frozen=True)
+class PreNorm:
+    """What a fused decoder linear does to its input before the GEMM (a pre-norm block's
+    "residual add, then the next norm"): h = x + x_bias + residual in fp32, written
+    (rounded) to `sum_out` when given, the next residual stream, then LayerNorm(h) with
+    `weight` and `bias`, or RMSNorm(h) with `weight` when `bias` is None. `sum_out` must not
+    overlap x or the residual."""
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+    x_bias: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+    sum_out: torch.Tensor | None = None
+
+
+def apply_prenorm(x: torch.Tensor, prenorm: PreNorm | None, dtype: torch.dtype) -> torch.Tensor:
+    """The GEMM operand `[M, K]` in `dtype` of a PreNorm'd (or plain, prenorm None) input."""
+    p = prenorm
+    if p is None:
+        return x.to(dtype)
+    if p.bias is not None:
+        normed = add_bias_residual_layer_norm(x, p.x_bias, p.residual, p.weight, p.bias, p.eps, sum_out=p.sum_out)
+        return normed.to(dtype)
+    h = x.float() if p.x_bias is None else x.float() + p.x_bias.float()
+    return rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0].to(dtype)
+
+
+def prenorm_qkv_to_cache(
+    x: torch.Tensor,
+    prenorm: PreNorm | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """A decoder layer's attention input in one op: PreNorm(x), the QKV projection, then
+    `qkv_to_cache` (bias, rotary, k and v into the paged cache); returns q `[T, H, D]`."""
+    qkv = F.linear(apply_prenorm(x, prenorm, weight.dtype), weight)
+    return qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping)

@@ -281,11 +281,16 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual), one kernel; see reference.rms_norm."""
     xc = _contig(x)
     out = torch.empty_like(xc)
-    summed = torch.empty_like(xc) if residual is not None else None
+    if sum_out is not None:
+        assert sum_out.shape == xc.shape and sum_out.is_contiguous(), "sum_out must be contiguous, shaped like x"
+        if residual is None:
+            residual = torch.zeros_like(xc)  # the sum is x itself, written to sum_out
+    summed = (sum_out if sum_out is not None else torch.empty_like(xc)) if residual is not None else None
     _launch_rms_norm(xc, residual, weight, eps, out, summed, None)
     # Without a residual the "sum" is x itself, exactly what the reference returns.
     return out, (summed if summed is not None else x)

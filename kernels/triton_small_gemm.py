@@ -1,28 +1,33 @@
-"""A Triton-language GEMM for a few rows, with the layer's epilogue fused: decode and tiny batches.
+"""A Triton-language GEMM for a few rows, with what surrounds a decoder's linears fused in.
 
 Why: with a handful of tokens (a decode step, a short request) a linear layer is a read of its
-weight matrix and nothing else, and what follows it (bias, GELU, SwiGLU) is one more tiny
-kernel launch. Profiled on the H100 (docs/benchmarks.md, "kernel profile"), cuBLAS runs these
-shapes at 4-6 us per GEMM (split-K ones add a 1.6 us reduction kernel) for 1-12 MB of weights
-that take 0.5-4 us to read, and a GPT-2 decode step is 48 such GEMMs plus 12 bias + GELU
-launches; a BERT request of 32 tokens likewise.
+weight matrix and nothing else, and the ops around it (bias and GELU or SwiGLU after an MLP
+linear; the residual add and norm before the QKV projection, its split, rotary and cache write
+after) are each one more tiny launch. Profiled on the H100 (docs/benchmarks.md, "Where the GPU
+time goes"), cuBLAS runs these shapes at 4-6 us per GEMM for 1-12 MB of weights that take
+0.5-4 us to read, and every other launch of a decode step costs 2-3 us however little it does.
 
-Here one program owns BLOCK_N output columns for all (<= BLOCK_M) rows and streams those
-columns' weight rows over the whole K: every weight byte is read once, with nothing to reduce
-across programs, and the epilogue (bias, erf or tanh GELU, or SwiGLU's silu(gate) * up, whose
-gate and up rows the program reads side by side) runs on the fp32 accumulator before the only
-store. Rows past M are masked (no memory traffic); tl.dot wants 16 rows at least, so a single
-row still computes a 16-row tile, which costs nothing on a memory-bound kernel.
+One program owns BLOCK_N output columns for all (<= BLOCK_M) rows and streams those columns'
+weight rows over the whole K; tl.dot wants 16 rows at least, so a single row still computes a
+16-row tile (rows past M are masked: no memory traffic). Around that:
 
-Where it runs (`tools/time_small_gemm.py`, H100, fp16, inside CUDA graphs): with an
-activation to fuse it beats cuBLAS + the separate epilogue kernel at 1-64 rows (GPT-2's and
-BERT's FFN up-projection + GELU 5.5-6.5 -> 4.1-4.9 us, 1.33-1.46x; Llama-1B's gate_up + SwiGLU
-29-35 -> 24-27 us, 1.18-1.32x, 2.7 TB/s). Without one it does not: cuBLAS's split-K kernels
-read long-K weights faster (Llama's down projection 10.4 vs 16.6 us, GPT-2's 6.3 vs 7.5) and
-the short-K ones tie. So plain linears go to torch's GEMM. Over `MAX_ROWS` rows a GELU layer
-runs the fused many-row GEMM of `triton_gemm` from `LARGE_ROWS` rows on (where it has TMA), and
-anything else torch's GEMM followed by the activation's own kernel.
-The wrapper has the signature and result of `reference.linear_act`.
+* epilogues, on the fp32 accumulator before the only store:
+  - plain (`linear_act`): bias, then erf or tanh GELU, or SwiGLU's silu(gate) * up (the
+    program reads the gate and up weight rows side by side, two accumulators);
+  - QKV (`prenorm_qkv_to_cache`): bias, rotary (the program holds both halves of a head's
+    columns, two accumulators) and the store of q to its tensor and of k and v straight into
+    the paged KV cache.
+* prologue (`PreNorm`, QKV only, up to PRENORM_ROWS rows): the input row is x + a bias + the
+  residual, written once as the next residual stream by program 0, then LayerNorm'd or
+  RMSNorm'd. Every program normalises the rows itself into a scratch buffer (two passes over
+  the L2-resident input, then its own threads read them back), which is cheaper than a launch
+  only for one or two rows: measured with `tools/time_prenorm_linear.py` (docs/benchmarks.md,
+  "The QKV projection's norm and cache write in one kernel"). Before the MLP's up-projection
+  it lost even at one row (0.88x against the norm kernel + linear_act), so that norm stays a
+  kernel of its own.
+
+The op wrappers have the signatures and results of their references; past MAX_ROWS rows
+(PRENORM_ROWS with a PreNorm) they run the unfused kernels (`_unfused`, `_unfused_prenorm`).
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import triton.language as tl
 
 from tritonformer.kernels import dispatch, reference, triton_gemm
 from tritonformer.kernels.dispatch import register
+from tritonformer.kernels.reference import PreNorm
 from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -46,77 +52,107 @@ FUSE_PLAIN = False
 # tie at 4,096 rows and the fused GEMM wins by 3-12% from 8,192 (tools/time_ffn_gemm.py).
 LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "4096"))
 _ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3}
+_NORM_NONE, _NORM_LAYER, _NORM_RMS = 0, 1, 2
+_OUT_PLAIN, _OUT_QKV = 0, 1
+# Rows up to which prenorm_qkv_to_cache fuses its norm into the GEMM (0: never). Every program
+# normalises the whole input itself, which on the H100 beat the separate kernels at 1 and 2 rows
+# (GPT-2 1.33-1.40x, Llama-1B 1.01-1.03x) and not at 4 for Llama-1B (0.79x;
+# tools/time_prenorm_linear.py).
+PRENORM_ROWS = int(os.environ.get("TRITONFORMER_PRENORM_ROWS", "2"))
+
+
+# (BLOCK_N, BLOCK_K, warps, stages) candidates. Plain: column tiles of 16-64 weight rows, K
+# streamed in 128-512 wide pipelined steps; narrow tiles make more programs (N / BLOCK_N of
+# them), which is what fills 132 SMs when N is 768, wide ones waste less per program on big
+# matrices. QKV (tiles inside half a head): shallower pipelines won there on the H100 (GPT-2 at
+# one row 1.33x against the separate kernels with these, 1.08x with the plain ones;
+# docs/results/prenorm-qkv/).
+_PLAIN_TILES = ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),
+                (64, 128, 4, 3), (64, 256, 8, 3), (16, 512, 4, 2), (32, 512, 8, 2))
+_QKV_TILES = ((16, 128, 4, 4), (32, 256, 4, 3), (16, 512, 4, 2), (16, 128, 4, 2), (32, 128, 4, 2), (16, 64, 4, 3))
+
+
+def _tile(c: triton.Config) -> tuple[int, int, int, int]:
+    return c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages
 
 
 def _configs() -> list[triton.Config]:
-    """Column tiles of 16-64 weight rows, K streamed in 128-256 wide pipelined steps. Narrow
-    tiles make more programs (N / BLOCK_N of them), which is what fills 132 SMs when N is 768;
-    wide ones waste less per program on big matrices. The interpreter gets one small tile."""
+    """Every candidate tile; `_candidates` picks a launch's. The interpreter gets one small tile."""
     if _INTERPRETED:
         return [triton.Config({"BLOCK_N": 16, "BLOCK_K": 16}, num_warps=1, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
-        for bn, bk, warps, stages in (
-            (16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),
-            (64, 128, 4, 3), (64, 256, 8, 3), (16, 512, 4, 2), (32, 512, 8, 2),
-        )
-    ]
+    tiles = dict.fromkeys(_PLAIN_TILES + _QKV_TILES)
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st) for bn, bk, w, st in tiles]
 
 
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT"])
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit(do_not_specialize=["M"])
-def _small_linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, DOT_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-):
-    """out[:, cols] = act(x @ W[cols]^T + bias[cols]) for this program's BLOCK_N columns.
-    Grid: (column tiles,). With ACT == 3 (SwiGLU) W has 2N rows, gate rows first: the program
-    also accumulates up = x @ W[N + cols]^T."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BLOCK_K)
-    w_rows = tl.minimum(cols, N - 1).to(tl.int64)  # past the edge: a valid row, never stored
-    x_tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]      # [BLOCK_M, BLOCK_K]
-    w_tile = w_ptr + w_rows[:, None] * stride_wn + ks[None, :]    # [BLOCK_N, BLOCK_K]
-    up_offset = N.to(tl.int64) * stride_wn
-    row_ok = rows[:, None] < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            x = tl.load(x_tile, mask=row_ok, other=0.0)
-            w = tl.load(w_tile)
+def _candidates(configs, named_args, **kwargs):
+    """The plain or the QKV candidates; the QKV epilogue needs a column tile inside one half of
+    one head."""
+    if _INTERPRETED:
+        return configs
+    args = {**named_args, **kwargs}  # constexprs passed by keyword arrive in kwargs
+    if args["OUT"] != _OUT_QKV:
+        return [c for c in configs if _tile(c) in _PLAIN_TILES]
+    qkv = [c for c in configs if _tile(c) in _QKV_TILES]
+    return [c for c in qkv if c.kwargs["BLOCK_N"] <= args["HALF"]] or qkv[:1]  # a tiny head: masked columns
+
+
+@triton.jit
+def _input_tile(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, stride_rm,
+                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias + the residual; zero
+    outside row_ok and k_ok."""
+    mask = row_ok[:, None] & k_ok[None, :]
+    s = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_XBIAS:
+        s += tl.load(xb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        s += tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _prologue(x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, M, stride_xm, stride_rm, eps,
+              K: tl.constexpr, HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
+              NORM: tl.constexpr, STATS_ROWS: tl.constexpr, STATS_K: tl.constexpr):
+    """Norm(x + x_bias + residual) of the M <= STATS_ROWS rows into xn `[M, K]` (the GEMM's
+    operand, in its dtype); program 0 also writes the sum to sum_ptr.
+
+    Two unrolled passes of `[STATS_ROWS, STATS_K]` steps over the (L2-resident) input: the
+    statistics, then the normalised rows. A decode row is one step per pass whose loads are all
+    in flight together. LayerNorm merges each step's mean and squared deviations into the
+    running ones (Chan et al.), as robust as two passes over the data."""
+    srows = tl.arange(0, STATS_ROWS)
+    s_ok = srows < M
+    mean = tl.zeros((STATS_ROWS,), dtype=tl.float32)
+    m2 = tl.zeros((STATS_ROWS,), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, STATS_K):
+        ks = k0 + tl.arange(0, STATS_K)
+        k_ok = ks < K
+        s = _input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
+        if NORM == 1:
+            count = tl.sum(k_ok.to(tl.float32), axis=0)
+            step_mean = tl.sum(s, axis=1) / count
+            dev = tl.where(k_ok[None, :], s - step_mean[:, None], 0.0)
+            delta = step_mean - mean
+            total = k0 + count
+            mean += delta * (count / total)
+            m2 += tl.sum(dev * dev, axis=1) + delta * delta * (k0 * count / total)
         else:
-            k_ok = ks < K - k0
-            x = tl.load(x_tile, mask=row_ok & k_ok[None, :], other=0.0)
-            w = tl.load(w_tile, mask=k_ok[None, :], other=0.0)
-        if DOT_FP32:
-            x = x.to(tl.float32)
-        acc = _dot(x, w, acc, DOT_FP32)
-        if ACT == 3:
-            if EVEN_K:
-                u = tl.load(w_tile + up_offset)
-            else:
-                u = tl.load(w_tile + up_offset, mask=k_ok[None, :], other=0.0)
-            acc_up = _dot(x, u, acc_up, DOT_FP32)
-        x_tile += BLOCK_K
-        w_tile += BLOCK_K
-
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if ACT == 3:
-            acc_up += tl.load(bias_ptr + N + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    if ACT == 1:
-        acc = _erf_gelu(acc)
-    elif ACT == 2:
-        acc = _tanh_gelu(acc)
-    elif ACT == 3:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
-    out = out_ptr + rows[:, None] * stride_om + cols[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok & (cols[None, :] < N))
+            m2 += tl.sum(s * s, axis=1)
+    rstd = 1.0 / tl.sqrt(m2 / K + eps)
+    sum_rows = tl.where(tl.program_id(0) == 0, srows, M)  # one program writes the residual stream
+    for k0 in tl.static_range(0, K, STATS_K):
+        ks = k0 + tl.arange(0, STATS_K)
+        k_ok = ks < K
+        mask = s_ok[:, None] & k_ok[None, :]
+        s = _input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
+        if WRITE_SUM:
+            tl.store(sum_ptr + srows[:, None] * stride_rm + ks[None, :], s.to(sum_ptr.dtype.element_ty),
+                     mask=(sum_rows < M)[:, None] & k_ok[None, :])
+        y = (s - mean[:, None]) * rstd[:, None] * tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        if NORM == 1:
+            y += tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(xn_ptr + srows[:, None] * K + ks[None, :], y.to(xn_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -124,8 +160,175 @@ def _dot(x, w, acc, DOT_FP32: tl.constexpr):
     """acc + x @ w^T. DOT_FP32: fp32 operands at full precision (fp32 inputs in the tests, and
     bf16 in the CPU interpreter, whose numpy dot has no bf16; the upcast is exact)."""
     if DOT_FP32:
-        return tl.dot(x, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT", "NORM"],
+                 prune_configs_by={"early_config_prune": _candidates})
+@triton.jit(do_not_specialize=["M"])
+def _small_linear_kernel(
+    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, bias_ptr, out_ptr,
+    cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    M, N, eps, stride_xm, stride_rm, stride_wn, stride_om, stride_cos,
+    K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
+    HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
+    STATS_ROWS: tl.constexpr, STATS_K: tl.constexpr,
+    PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One column tile of out = epilogue(prologue(x) @ W^T). Grid: (column tiles,). Columns come
+    in halves of HALF: tile t covers columns j of half `t // tiles per half`; a paired tile
+    (SwiGLU, QKV) also accumulates the partner rows HALF further on (SwiGLU: HALF = N, up rows
+    after the gate rows; QKV: HALF = head_dim / 2, a head's second half). Plain: HALF = N, one
+    half."""
+    tiles_per_half = tl.cdiv(HALF, BLOCK_N)
+    head = tl.program_id(0) // tiles_per_half
+    j = (tl.program_id(0) % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PAIRED:
+        cols = head * 2 * HALF + j
+    else:
+        cols = j
+    col_ok = j < HALF
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    w_rows = tl.where(col_ok, cols, 0).to(tl.int64)  # past the edge: a valid row, never stored
+    w_tile = w_ptr + w_rows[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]  # [BLOCK_N, BLOCK_K]
+    partner = HALF * stride_wn
+
+    if NORM != 0:
+        # Every program normalises the rows into xn itself (the same bytes whoever writes them:
+        # no program waits for another), then reads them back like any GEMM input.
+        _prologue(x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, M, stride_xm, stride_rm, eps,
+                  K, HAS_XBIAS, HAS_RES, WRITE_SUM, NORM, STATS_ROWS, STATS_K)
+        tl.debug_barrier()  # this program's own stores are visible to all of its threads
+        x_ptr = xn_ptr
+        stride_xm = K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _dot(x, tl.load(w_tile, mask=k_ok[None, :], other=0.0), acc, DOT_FP32)
+        if PAIRED:
+            acc_b = _dot(x, tl.load(w_tile + partner, mask=k_ok[None, :], other=0.0), acc_b, DOT_FP32)
+        w_tile += BLOCK_K
+
+    store_ok = row_ok[:, None] & col_ok[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if PAIRED:
+            acc_b += tl.load(bias_ptr + cols + HALF, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if OUT == 1:  # _OUT_QKV
+        _qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
+                      v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
+    else:
+        if ACT == 1:
+            acc = _erf_gelu(acc)
+        elif ACT == 2:
+            acc = _tanh_gelu(acc)
+        elif ACT == 3:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_b
+        tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
+
+
+@triton.jit
+def _qkv_epilogue(a, b, head, j, rows, row_ok, store_ok, q_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+                  stride_cos, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
+                  ROTARY: tl.constexpr):
+    """Columns j and j + HALF of one head (a, b: its two halves) for every row: rotary on q and k
+    heads, then q to `[rows, HEADS_Q, D]`, k and v to their rows' slots of the paged cache."""
+    dtype = q_ptr.dtype.element_ty
+    # The unfused path stores qkv + bias in the activation dtype before rotating: round alike.
+    a = a.to(dtype).to(tl.float32)
+    b = b.to(dtype).to(tl.float32)
+    head_dim: tl.constexpr = 2 * HALF
+    if ROTARY:
+        if head < HEADS_Q + HEADS_KV:
+            c = tl.load(cos_ptr + rows[:, None] * stride_cos + j[None, :], mask=store_ok, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + rows[:, None] * stride_cos + j[None, :], mask=store_ok, other=0.0).to(tl.float32)
+            a, b = a * c - b * s, b * c + a * s
+    if head < HEADS_Q:
+        dst = q_ptr + rows[:, None] * (HEADS_Q * head_dim) + head * head_dim + j[None, :]
+    else:
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        kv_head = head - HEADS_Q
+        cache = k_cache_ptr
+        if head >= HEADS_Q + HEADS_KV:
+            kv_head -= HEADS_KV
+            cache = v_cache_ptr
+        dst = cache + slot[:, None] * (HEADS_KV * head_dim) + kv_head * head_dim + j[None, :]
+    tl.store(dst, a.to(dtype), mask=store_ok)
+    tl.store(dst + HALF, b.to(dtype), mask=store_ok)
+
+
+def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=_OUT_PLAIN, qkv=None):
+    """Run _small_linear_kernel. x: `[M, K]`; out: `[M, N]` (plain) or q `[M, H, D]` (QKV, with
+    qkv = (H, Hkv, D, cos, sin, k_cache, v_cache, slots))."""
+    m, k = x.shape
+    x = x if x.stride(1) == 1 else x.contiguous()
+    paired = act == "silu_mul" or out_mode == _OUT_QKV
+    half = qkv[2] // 2 if out_mode == _OUT_QKV else (weight.shape[0] // 2 if paired else weight.shape[0])
+    halves = weight.shape[0] // (2 * half) if paired else 1
+    p = prenorm
+    residual = p.residual if p is not None else None
+    sum_out = p.sum_out if p is not None else None
+    for t in (residual, sum_out):
+        assert t is None or (t.shape == (m, k) and t.is_contiguous()), "residual and sum_out must be contiguous [M, K]"
+    if sum_out is not None:
+        assert sum_out.data_ptr() not in (x.data_ptr(), residual.data_ptr() if residual is not None else -1), \
+            "sum_out must not overlap the input or the residual: other programs still read them"
+    heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
+    rotary = cos is not None
+    stats_rows = triton.next_power_of_2(m)
+
+    def grid(meta):
+        return (halves * triton.cdiv(half, meta["BLOCK_N"]),)
+
+    _small_linear_kernel[grid](
+        x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x),
+        _or(p.weight if p else None, x), _or(p.bias if p else None, x),
+        torch.empty((m, k), dtype=weight.dtype, device=x.device) if p else x, weight, _or(bias, x), out,
+        _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
+        m, weight.shape[0], p.eps if p else 0.0, x.stride(0), k,
+        weight.stride(0), out.stride(0) if out_mode == _OUT_PLAIN else 0, cos.stride(0) if rotary else 0,
+        K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
+        HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
+        WRITE_SUM=sum_out is not None, NORM=_norm_code(p),
+        STATS_ROWS=stats_rows, STATS_K=min(triton.next_power_of_2(k), max(16, 2048 // stats_rows)),
+        PAIRED=paired, HAS_BIAS=bias is not None, ACT=_ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
+        DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
+        BLOCK_M=max(16, triton.next_power_of_2(m)),
+    )
+    return out
+
+
+def _or(t, fallback):
+    """An unused pointer argument still needs a tensor: any will do."""
+    return fallback if t is None else t
+
+
+def _norm_code(prenorm: PreNorm | None) -> int:
+    if prenorm is None:
+        return _NORM_NONE
+    return _NORM_RMS if prenorm.bias is None else _NORM_LAYER
+
+
+def _check_linear(x, weight, bias, activation):
+    """Validated (M, N): x `[M, K]`, weight `[N, K]` (`[2N, K]` for SwiGLU)."""
+    if activation not in _ACT_CODE:
+        raise ValueError(f"activation must be one of {tuple(_ACT_CODE)}, got {activation!r}")
+    assert x.dim() == 2 and weight.dim() == 2, f"x [M, K] and weight [N, K], got {list(x.shape)}, {list(weight.shape)}"
+    m, k = x.shape
+    assert weight.shape[1] == k, f"x is [M, K={k}] but weight is {list(weight.shape)}"
+    if bias is not None:
+        assert bias.shape == (weight.shape[0],), f"bias must be [{weight.shape[0]}], got {list(bias.shape)}"
+    return m, weight.shape[0] // 2 if activation == "silu_mul" else weight.shape[0]
+
+
+def _fused(m: int, k: int, prenorm: PreNorm | None = None) -> bool:
+    return 0 < m <= (MAX_ROWS if prenorm is None else min(MAX_ROWS, PRENORM_ROWS)) and k > 0
 
 
 @register("linear_act")
@@ -139,36 +342,64 @@ def linear_act(
     """activation(x @ weight^T + bias); see reference.linear_act. An activation and few rows
     (<= MAX_ROWS): one fused Triton kernel; otherwise torch's GEMM, then the activation's own
     kernel (see the module docstring for the measurements behind this)."""
-    if activation not in _ACT_CODE:
-        raise ValueError(f"activation must be one of {tuple(_ACT_CODE)}, got {activation!r}")
-    assert x.dim() == 2 and weight.dim() == 2, f"x [M, K] and weight [N, K], got {list(x.shape)}, {list(weight.shape)}"
-    m, k = x.shape
-    n = weight.shape[0] // 2 if activation == "silu_mul" else weight.shape[0]
-    assert weight.shape[1] == k, f"x is [M, K={k}] but weight is {list(weight.shape)}"
+    m, n = _check_linear(x, weight, bias, activation)
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
-    if activation == "none" and not FUSE_PLAIN or m > MAX_ROWS or m == 0 or k == 0:
+    if activation == "none" and not FUSE_PLAIN or not _fused(m, x.shape[1]):
         return _unfused(x, weight, bias, activation, out)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    if bias is not None:
-        assert bias.shape == (weight.shape[0],), f"bias must be [{weight.shape[0]}], got {list(bias.shape)}"
-        bias = bias if bias.stride(0) == 1 else bias.contiguous()
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1, f"out must be [M, N] = [{m}, {n}] with contiguous rows"
+    return _launch(x, _contig(weight), _contig(bias), out, act=activation)
 
-    def grid(meta):
-        return (triton.cdiv(n, meta["BLOCK_N"]),)
 
-    _small_linear_kernel[grid](
-        x, weight, bias if bias is not None else x, out,
-        m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, ACT=_ACT_CODE[activation],
-        DOT_FP32=x.dtype == torch.float32 or (_INTERPRETED and x.dtype == torch.bfloat16),
-        BLOCK_M=max(16, triton.next_power_of_2(m)),
-    )
-    return out
+@register("prenorm_qkv_to_cache")
+def prenorm_qkv_to_cache(
+    x: torch.Tensor,
+    prenorm: PreNorm | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """PreNorm, the QKV projection, bias, rotary and the cache write in one kernel for few
+    rows; see reference.prenorm_qkv_to_cache. Past PRENORM_ROWS rows (MAX_ROWS without a
+    PreNorm): the norm kernel, torch's GEMM and the qkv_to_cache kernel."""
+    m, n = _check_linear(x, weight, bias, "none")
+    if n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
+        raise ValueError(f"weight must be [(H + 2*Hkv) * D, K] with an even D, got {list(weight.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
+        raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
+    if not _fused(m, x.shape[1], prenorm):
+        qkv = torch.nn.functional.linear(_unfused_prenorm(x, prenorm).to(weight.dtype), weight)
+        return dispatch.qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache,
+                                     slot_mapping)
+    if cos is not None:
+        assert cos.stride(-1) == 1 and sin.stride(-1) == 1 and cos.stride(0) == sin.stride(0), \
+            "cos and sin: rows of one stride, contiguous within a row"
+    q = torch.empty((m, num_heads, head_dim), dtype=weight.dtype, device=x.device)
+    qkv = (num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping.contiguous())
+    return _launch(x, _contig(weight), _contig(bias), q, prenorm=prenorm, out_mode=_OUT_QKV, qkv=qkv)
+
+
+def _unfused_prenorm(x, prenorm):
+    """The GEMM operand of a PreNorm'd input by the separate residual add + norm kernel."""
+    p = prenorm
+    if p is None:
+        return x
+    if p.bias is not None:
+        return dispatch.add_bias_residual_layer_norm(x, p.x_bias, p.residual, p.weight, p.bias, p.eps,
+                                                     sum_out=p.sum_out)
+    return dispatch.rms_norm(x if p.x_bias is None else x + p.x_bias, p.weight, p.eps, p.residual, p.sum_out)[0]
+
+
+def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or t.is_contiguous() else t.contiguous()
 
 
 def _unfused(x, weight, bias, activation, out):

@@ -111,22 +111,30 @@ class GPT2Model(DecoderModel):
 
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+        """One iteration. The residual add and LayerNorm before each QKV projection are that
+        op's PreNorm: for a batch-1 decode step one kernel with the GEMM, the split and the cache
+        write (kernels.prenorm_qkv_to_cache); elsewhere one kernel of their own."""
         cfg = self.config
         ln = self.layers[0]["ln_1"]
         h = torch.empty((batch.input_ids.shape[0], cfg.hidden_size), dtype=self.dtype, device=self.device)
         x = kernels.embedding_layer_norm(batch.input_ids, self.wte, batch.positions, self.wpe, None, ln[0], ln[1],
                                          cfg.layer_norm_eps, sum_out=h)
+        pre = None  # the first layer's input comes normalised from the embedding kernel
         for li, layer in enumerate(self.layers):
-            # The QKV bias goes to the split kernel, not the GEMM: torch's addmm takes cuBLASLt's
-            # bias epilogue only for more than one row (aten Blas.cpp), so a batch-1 decode would
-            # copy the bias into the output first, one more kernel.
-            q = kernels.qkv_to_cache(
-                F.linear(x, layer["qkv_w"]), layer["qkv_b"], cfg.num_heads, cfg.num_heads, cfg.head_dim,
+            q = kernels.prenorm_qkv_to_cache(
+                x, pre, layer["qkv_w"], layer["qkv_b"], cfg.num_heads, cfg.num_heads, cfg.head_dim,
                 None, None, cache.keys(li), cache.values(li), batch.slot_mapping,
             )
+            if pre is not None:
+                h = pre.sum_out
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
             x, h = self._add_norm(F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"]), layer["o_b"], h, layer["ln_2"])
             up = kernels.linear_act(x, layer["fc_w"], layer["fc_b"], self.activation)
-            next_ln = self.layers[li + 1]["ln_1"] if li + 1 < len(self.layers) else self.ln_f
-            x, h = self._add_norm(F.linear(up, layer["proj_w"]), layer["proj_b"], h, next_ln)
-        return self.logits(x if batch.logits_every_row else x[batch.logits_index])
+            x = F.linear(up, layer["proj_w"])
+            if li + 1 < len(self.layers):
+                ln = self.layers[li + 1]["ln_1"]
+                pre = kernels.PreNorm(ln[0], ln[1], cfg.layer_norm_eps, layer["proj_b"], h, torch.empty_like(h))
+        if not batch.logits_every_row:
+            x, h = x[batch.logits_index], h[batch.logits_index]
+        x, _ = self._add_norm(x, self.layers[-1]["proj_b"], h, self.ln_f)
+        return self.logits(x)

@@ -101,22 +101,28 @@ class LlamaModel(DecoderModel):
         cfg = self.config
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         cos, sin = cos_sin[:, 0], cos_sin[:, 1]
-        # The token embeddings (the first residual) and the first RMSNorm in one launch; each
-        # layer ends with the residual add and the next layer's input RMSNorm, like GPT-2's.
+        # The token embeddings (the first residual) and the first RMSNorm in one launch. Each
+        # layer's residual add and RMSNorm before its QKV projection are that op's PreNorm: for a
+        # batch-1 decode step one kernel with the GEMM, rotary and the cache write
+        # (kernels.prenorm_qkv_to_cache); the post-attention ones are one kernel of their own.
         x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0]["in_norm"],
                                                  cfg.rms_norm_eps)
+        pre = None  # the first layer's input comes normalised from the embedding kernel
         for li, layer in enumerate(self.layers):
-            q = kernels.qkv_to_cache(
-                F.linear(x, layer["qkv_w"]), None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cos, sin,
+            q = kernels.prenorm_qkv_to_cache(
+                x, pre, layer["qkv_w"], None, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
             )
+            if pre is not None:
+                residual = pre.sum_out
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
             h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
             x, residual = kernels.rms_norm(h, layer["post_norm"], cfg.rms_norm_eps, residual)
-            h = F.linear(kernels.linear_act(x, layer["gate_up_w"], None, "silu_mul"), layer["down_w"])
+            x = F.linear(kernels.linear_act(x, layer["gate_up_w"], None, "silu_mul"), layer["down_w"])
             if li + 1 < len(self.layers):
-                x, residual = kernels.rms_norm(h, self.layers[li + 1]["in_norm"], cfg.rms_norm_eps, residual)
+                pre = kernels.PreNorm(self.layers[li + 1]["in_norm"], None, cfg.rms_norm_eps, residual=residual,
+                                      sum_out=torch.empty_like(residual))
         if not batch.logits_every_row:
-            h, residual = h[batch.logits_index], residual[batch.logits_index]
-        x, _ = kernels.rms_norm(h, self.final_norm, cfg.rms_norm_eps, residual)
+            x, residual = x[batch.logits_index], residual[batch.logits_index]
+        x, _ = kernels.rms_norm(x, self.final_norm, cfg.rms_norm_eps, residual)
         return self.logits(x)
