@@ -286,14 +286,15 @@ def rms_norm(
     """(RMSNorm(x + residual), x + residual), one kernel; see reference.rms_norm."""
     xc = _contig(x)
     out = torch.empty_like(xc)
-    if sum_out is not None:
-        assert sum_out.shape == xc.shape and sum_out.is_contiguous(), "sum_out must be contiguous, shaped like x"
-        if residual is None:
-            residual = torch.zeros_like(xc)  # the sum is x itself, written to sum_out
-    summed = (sum_out if sum_out is not None else torch.empty_like(xc)) if residual is not None else None
+    assert sum_out is None or (sum_out.shape == xc.shape and sum_out.is_contiguous()), \
+        "sum_out must be contiguous, shaped like x"
+    if residual is None:
+        _launch_rms_norm(xc, None, weight, eps, out, None, None)
+        # Without a residual the "sum" is x itself, exactly what the reference returns.
+        return out, (x if sum_out is None else sum_out.copy_(x))
+    summed = sum_out if sum_out is not None else torch.empty_like(xc)
     _launch_rms_norm(xc, residual, weight, eps, out, summed, None)
-    # Without a residual the "sum" is x itself, exactly what the reference returns.
-    return out, (summed if summed is not None else x)
+    return out, summed
 
 
 @register("embedding_rms_norm")
