@@ -261,8 +261,10 @@ def linear_act(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     out: torch.Tensor | None = None,
+    prenorm: PreNorm | None = None,
 ) -> torch.Tensor:
-    """activation(x @ weight^T + bias): a linear layer with what follows it in the model.
+    """activation(PreNorm(x) @ weight^T + bias): a linear layer with what precedes and follows
+    it in the model (prenorm None: x as it is).
 
     x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. `activation` is "none",
     "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new") or "silu_mul" (Llama's SwiGLU: weight
@@ -271,7 +273,7 @@ def linear_act(
     dtype first, as the unfused ops do."""
     if activation not in LINEAR_ACTIVATIONS:
         raise ValueError(f"activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
-    h = F.linear(x, weight, bias)
+    h = F.linear(apply_prenorm(x, prenorm, weight.dtype), weight, bias)
     if activation == "silu_mul":
         h = silu_and_mul(h)
     elif activation != "none":

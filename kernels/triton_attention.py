@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonformer.kernels import triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.gpu_info import sm_count
 
@@ -107,8 +108,9 @@ def _varlen_attention_kernel(
     qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PAGE: tl.constexpr,
+    PAGE: tl.constexpr, PDL: tl.constexpr,
 ):
+    triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
     # the sequence in query head kv_head * GROUP + r % GROUP, so the GROUP query heads that
     # share a kv head share every K/V tile this program loads. With NUM_SPLITS > 1 the program
@@ -197,9 +199,10 @@ def _varlen_attention_kernel(
 @triton.jit
 def _combine_splits_kernel(
     PartialOut, PartialLse, Out, split_stride, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Out[t, h] = the splits' partial outputs weighted by their share of the softmax mass."""
+    triton_pdl.wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     part = tl.arange(0, NUM_SPLITS) * split_stride + tok * tl.num_programs(1) + head
@@ -364,6 +367,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     else:
         partial_out = partial_lse = out  # unused
     tables = block_tables if block_tables is not None else cu_seqlens_k  # unused when not paged
+    pdl = triton_pdl.enabled(q.device)
     _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -373,12 +377,13 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, NUM_SPLITS=splits, PAGE=page,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
     if splits > 1:
         _combine_splits_kernel[(total_q, num_heads)](
             partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_D=head_dim, num_warps=4 if head_dim <= 64 else 8,
+            NUM_SPLITS=splits, BLOCK_D=head_dim, PDL=pdl, num_warps=4 if head_dim <= 64 else 8,
+            **triton_pdl.launch_options(pdl),
         )
     return out

@@ -37,10 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import dispatch, reference, triton_gemm
+from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.reference import PreNorm
-from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
+from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
+                                                        OUT_QKV, activation, input_tile, qkv_epilogue)
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the Triton kernel runs (0: never). Settable for A/B runs of the benchmarks.
@@ -51,9 +52,6 @@ FUSE_PLAIN = False
 # i.e. Hopper). Between MAX_ROWS and this, cuBLAS + the bias_gelu kernel: on the H100 the two
 # tie at 4,096 rows and the fused GEMM wins by 3-12% from 8,192 (tools/time_ffn_gemm.py).
 LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "4096"))
-_ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3}
-_NORM_NONE, _NORM_LAYER, _NORM_RMS = 0, 1, 2
-_OUT_PLAIN, _OUT_QKV = 0, 1
 # Rows up to which prenorm_qkv_to_cache fuses its norm into the GEMM (0: never). Every program
 # normalises the whole input itself, which on the H100 beat the separate kernels at 1 and 2 rows
 # (GPT-2 1.33-1.40x, Llama-1B 1.01-1.03x) and not at 4 for Llama-1B (0.79x;
@@ -90,24 +88,10 @@ def _candidates(configs, named_args, **kwargs):
     if _INTERPRETED:
         return configs
     args = {**named_args, **kwargs}  # constexprs passed by keyword arrive in kwargs
-    if args["OUT"] != _OUT_QKV:
+    if args["OUT"] != OUT_QKV:
         return [c for c in configs if _tile(c) in _PLAIN_TILES]
     qkv = [c for c in configs if _tile(c) in _QKV_TILES]
     return [c for c in qkv if c.kwargs["BLOCK_N"] <= args["HALF"]] or qkv[:1]  # a tiny head: masked columns
-
-
-@triton.jit
-def _input_tile(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, stride_rm,
-                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias + the residual; zero
-    outside row_ok and k_ok."""
-    mask = row_ok[:, None] & k_ok[None, :]
-    s = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_XBIAS:
-        s += tl.load(xb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        s += tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    return s
 
 
 @triton.jit
@@ -128,7 +112,7 @@ def _prologue(x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, M, stride
     for k0 in tl.static_range(0, K, STATS_K):
         ks = k0 + tl.arange(0, STATS_K)
         k_ok = ks < K
-        s = _input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
+        s = input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
         if NORM == 1:
             count = tl.sum(k_ok.to(tl.float32), axis=0)
             step_mean = tl.sum(s, axis=1) / count
@@ -145,7 +129,7 @@ def _prologue(x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, M, stride
         ks = k0 + tl.arange(0, STATS_K)
         k_ok = ks < K
         mask = s_ok[:, None] & k_ok[None, :]
-        s = _input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
+        s = input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
         if WRITE_SUM:
             tl.store(sum_ptr + srows[:, None] * stride_rm + ks[None, :], s.to(sum_ptr.dtype.element_ty),
                      mask=(sum_rows < M)[:, None] & k_ok[None, :])
@@ -220,56 +204,21 @@ def _small_linear_kernel(
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if PAIRED:
             acc_b += tl.load(bias_ptr + cols + HALF, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if OUT == 1:  # _OUT_QKV
-        _qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
+    if OUT == 1:  # OUT_QKV
+        qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
                       v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
     else:
-        if ACT == 1:
-            acc = _erf_gelu(acc)
-        elif ACT == 2:
-            acc = _tanh_gelu(acc)
-        elif ACT == 3:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_b
+        acc = activation(acc, acc_b, ACT)
         tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
 
 
-@triton.jit
-def _qkv_epilogue(a, b, head, j, rows, row_ok, store_ok, q_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-                  stride_cos, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
-                  ROTARY: tl.constexpr):
-    """Columns j and j + HALF of one head (a, b: its two halves) for every row: rotary on q and k
-    heads, then q to `[rows, HEADS_Q, D]`, k and v to their rows' slots of the paged cache."""
-    dtype = q_ptr.dtype.element_ty
-    # The unfused path stores qkv + bias in the activation dtype before rotating: round alike.
-    a = a.to(dtype).to(tl.float32)
-    b = b.to(dtype).to(tl.float32)
-    head_dim: tl.constexpr = 2 * HALF
-    if ROTARY:
-        if head < HEADS_Q + HEADS_KV:
-            c = tl.load(cos_ptr + rows[:, None] * stride_cos + j[None, :], mask=store_ok, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + rows[:, None] * stride_cos + j[None, :], mask=store_ok, other=0.0).to(tl.float32)
-            a, b = a * c - b * s, b * c + a * s
-    if head < HEADS_Q:
-        dst = q_ptr + rows[:, None] * (HEADS_Q * head_dim) + head * head_dim + j[None, :]
-    else:
-        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        kv_head = head - HEADS_Q
-        cache = k_cache_ptr
-        if head >= HEADS_Q + HEADS_KV:
-            kv_head -= HEADS_KV
-            cache = v_cache_ptr
-        dst = cache + slot[:, None] * (HEADS_KV * head_dim) + kv_head * head_dim + j[None, :]
-    tl.store(dst, a.to(dtype), mask=store_ok)
-    tl.store(dst + HALF, b.to(dtype), mask=store_ok)
-
-
-def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=_OUT_PLAIN, qkv=None):
+def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAIN, qkv=None):
     """Run _small_linear_kernel. x: `[M, K]`; out: `[M, N]` (plain) or q `[M, H, D]` (QKV, with
     qkv = (H, Hkv, D, cos, sin, k_cache, v_cache, slots))."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    paired = act == "silu_mul" or out_mode == _OUT_QKV
-    half = qkv[2] // 2 if out_mode == _OUT_QKV else (weight.shape[0] // 2 if paired else weight.shape[0])
+    paired = act == "silu_mul" or out_mode == OUT_QKV
+    half = qkv[2] // 2 if out_mode == OUT_QKV else (weight.shape[0] // 2 if paired else weight.shape[0])
     halves = weight.shape[0] // (2 * half) if paired else 1
     p = prenorm
     residual = p.residual if p is not None else None
@@ -279,6 +228,9 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=_OUT_PLA
     if sum_out is not None:
         assert sum_out.data_ptr() not in (x.data_ptr(), residual.data_ptr() if residual is not None else -1), \
             "sum_out must not overlap the input or the residual: other programs still read them"
+    if triton_gemv.supported(m, x):
+        return triton_gemv.launch(x, weight, bias, out, paired=paired, half=half, act_code=ACT_CODE[act],
+                                  norm_code=_norm_code(p), prenorm=p, out_mode=out_mode, qkv=qkv)
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
     rotary = cos is not None
     stats_rows = triton.next_power_of_2(m)
@@ -292,12 +244,12 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=_OUT_PLA
         torch.empty((m, k), dtype=weight.dtype, device=x.device) if p else x, weight, _or(bias, x), out,
         _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
         m, weight.shape[0], p.eps if p else 0.0, x.stride(0), k,
-        weight.stride(0), out.stride(0) if out_mode == _OUT_PLAIN else 0, cos.stride(0) if rotary else 0,
+        weight.stride(0), out.stride(0) if out_mode == OUT_PLAIN else 0, cos.stride(0) if rotary else 0,
         K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
         WRITE_SUM=sum_out is not None, NORM=_norm_code(p),
         STATS_ROWS=stats_rows, STATS_K=min(triton.next_power_of_2(k), max(16, 2048 // stats_rows)),
-        PAIRED=paired, HAS_BIAS=bias is not None, ACT=_ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
+        PAIRED=paired, HAS_BIAS=bias is not None, ACT=ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
         DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
         BLOCK_M=max(16, triton.next_power_of_2(m)),
     )
@@ -311,14 +263,14 @@ def _or(t, fallback):
 
 def _norm_code(prenorm: PreNorm | None) -> int:
     if prenorm is None:
-        return _NORM_NONE
-    return _NORM_RMS if prenorm.bias is None else _NORM_LAYER
+        return NORM_NONE
+    return NORM_RMS if prenorm.bias is None else NORM_LAYER
 
 
 def _check_linear(x, weight, bias, activation):
     """Validated (M, N): x `[M, K]`, weight `[N, K]` (`[2N, K]` for SwiGLU)."""
-    if activation not in _ACT_CODE:
-        raise ValueError(f"activation must be one of {tuple(_ACT_CODE)}, got {activation!r}")
+    if activation not in ACT_CODE:
+        raise ValueError(f"activation must be one of {tuple(ACT_CODE)}, got {activation!r}")
     assert x.dim() == 2 and weight.dim() == 2, f"x [M, K] and weight [N, K], got {list(x.shape)}, {list(weight.shape)}"
     m, k = x.shape
     assert weight.shape[1] == k, f"x is [M, K={k}] but weight is {list(weight.shape)}"
@@ -327,8 +279,18 @@ def _check_linear(x, weight, bias, activation):
     return m, weight.shape[0] // 2 if activation == "silu_mul" else weight.shape[0]
 
 
-def _fused(m: int, k: int, prenorm: PreNorm | None = None) -> bool:
-    return 0 < m <= (MAX_ROWS if prenorm is None else min(MAX_ROWS, PRENORM_ROWS)) and k > 0
+def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "act") -> bool:
+    """Whether x's rows run one of the fused kernels: a decode row or two the prefetching GEMV
+    (any linear), more the small GEMM (up to MAX_ROWS, PRENORM_ROWS with a norm prologue, and
+    not a plain linear, which cuBLAS runs as fast or faster: see the module docstring)."""
+    m, k = x.shape
+    if k == 0:
+        return False
+    if triton_gemv.supported(m, x):
+        return True
+    if activation == "none" and not FUSE_PLAIN:
+        return False
+    return 0 < m <= (MAX_ROWS if prenorm is None else min(MAX_ROWS, PRENORM_ROWS))
 
 
 @register("linear_act")
@@ -338,18 +300,23 @@ def linear_act(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     out: torch.Tensor | None = None,
+    prenorm: PreNorm | None = None,
 ) -> torch.Tensor:
-    """activation(x @ weight^T + bias); see reference.linear_act. An activation and few rows
-    (<= MAX_ROWS): one fused Triton kernel; otherwise torch's GEMM, then the activation's own
-    kernel (see the module docstring for the measurements behind this)."""
+    """activation(PreNorm(x) @ weight^T + bias); see reference.linear_act. A decode row or
+    two: the prefetching GEMV (triton_gemv); an activation and few rows (<= MAX_ROWS; with a
+    PreNorm, PRENORM_ROWS): the small fused GEMM; otherwise the norm kernel, torch's GEMM, then
+    the activation's own kernel (see the module docstring for the measurements behind this)."""
     m, n = _check_linear(x, weight, bias, activation)
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
-    if activation == "none" and not FUSE_PLAIN or not _fused(m, x.shape[1]):
+    if prenorm is not None and not triton_gemv.supported(m, x):
+        # in the small GEMM's prologue this norm measured slower than its own kernel (0.88x)
+        x, prenorm = _unfused_prenorm(x, prenorm), None
+    if not _fused(x, prenorm, activation):
         return _unfused(x, weight, bias, activation, out)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1, f"out must be [M, N] = [{m}, {n}] with contiguous rows"
-    return _launch(x, _contig(weight), _contig(bias), out, act=activation)
+    return _launch(x, _contig(weight), _contig(bias), out, act=activation, prenorm=prenorm)
 
 
 @register("prenorm_qkv_to_cache")
@@ -375,7 +342,7 @@ def prenorm_qkv_to_cache(
         raise ValueError(f"weight must be [(H + 2*Hkv) * D, K] with an even D, got {list(weight.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
-    if not _fused(m, x.shape[1], prenorm):
+    if not _fused(x, prenorm):
         qkv = torch.nn.functional.linear(_unfused_prenorm(x, prenorm).to(weight.dtype), weight)
         return dispatch.qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache,
                                      slot_mapping)
@@ -384,7 +351,7 @@ def prenorm_qkv_to_cache(
             "cos and sin: rows of one stride, contiguous within a row"
     q = torch.empty((m, num_heads, head_dim), dtype=weight.dtype, device=x.device)
     qkv = (num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping.contiguous())
-    return _launch(x, _contig(weight), _contig(bias), q, prenorm=prenorm, out_mode=_OUT_QKV, qkv=qkv)
+    return _launch(x, _contig(weight), _contig(bias), q, prenorm=prenorm, out_mode=OUT_QKV, qkv=qkv)
 
 
 def _unfused_prenorm(x, prenorm):

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.decoder_batch import DecoderBatch
@@ -111,9 +110,10 @@ class GPT2Model(DecoderModel):
 
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
-        """One iteration. The residual add and LayerNorm before each QKV projection are that
-        op's PreNorm: for a batch-1 decode step one kernel with the GEMM, the split and the cache
-        write (kernels.prenorm_qkv_to_cache); elsewhere one kernel of their own."""
+        """One iteration. The residual add and LayerNorm before each QKV projection and each
+        MLP are that linear's PreNorm: for a decode row or two one kernel with the GEMM (and for
+        the QKV projection the split and the cache write: kernels.prenorm_qkv_to_cache, and
+        kernels.linear_act); for more rows a kernel of their own."""
         cfg = self.config
         ln = self.layers[0]["ln_1"]
         h = torch.empty((batch.input_ids.shape[0], cfg.hidden_size), dtype=self.dtype, device=self.device)
@@ -128,9 +128,12 @@ class GPT2Model(DecoderModel):
             if pre is not None:
                 h = pre.sum_out
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
-            x, h = self._add_norm(F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"]), layer["o_b"], h, layer["ln_2"])
-            up = kernels.linear_act(x, layer["fc_w"], layer["fc_b"], self.activation)
-            x = F.linear(up, layer["proj_w"])
+            o = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
+            ln = layer["ln_2"]
+            mlp_pre = kernels.PreNorm(ln[0], ln[1], cfg.layer_norm_eps, layer["o_b"], h, torch.empty_like(h))
+            up = kernels.linear_act(o, layer["fc_w"], layer["fc_b"], self.activation, prenorm=mlp_pre)
+            h = mlp_pre.sum_out
+            x = kernels.linear_act(up, layer["proj_w"])
             if li + 1 < len(self.layers):
                 ln = self.layers[li + 1]["ln_1"]
                 pre = kernels.PreNorm(ln[0], ln[1], cfg.layer_norm_eps, layer["proj_b"], h, torch.empty_like(h))

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.decoder_batch import DecoderBatch
@@ -102,9 +101,9 @@ class LlamaModel(DecoderModel):
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         cos, sin = cos_sin[:, 0], cos_sin[:, 1]
         # The token embeddings (the first residual) and the first RMSNorm in one launch. Each
-        # layer's residual add and RMSNorm before its QKV projection are that op's PreNorm: for a
-        # batch-1 decode step one kernel with the GEMM, rotary and the cache write
-        # (kernels.prenorm_qkv_to_cache); the post-attention ones are one kernel of their own.
+        # layer's residual adds and RMSNorms before its QKV projection and its MLP are those
+        # linears' PreNorms: for a decode row or two one kernel with the GEMM (and rotary and the
+        # cache write: kernels.prenorm_qkv_to_cache); for more rows a kernel of their own.
         x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0]["in_norm"],
                                                  cfg.rms_norm_eps)
         pre = None  # the first layer's input comes normalised from the embedding kernel
@@ -116,9 +115,12 @@ class LlamaModel(DecoderModel):
             if pre is not None:
                 residual = pre.sum_out
             ctx = batch.attention(q, cache.keys(li), cache.values(li))
-            h = F.linear(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
-            x, residual = kernels.rms_norm(h, layer["post_norm"], cfg.rms_norm_eps, residual)
-            x = F.linear(kernels.linear_act(x, layer["gate_up_w"], None, "silu_mul"), layer["down_w"])
+            h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer["o_w"])
+            mlp_pre = kernels.PreNorm(layer["post_norm"], None, cfg.rms_norm_eps, residual=residual,
+                                      sum_out=torch.empty_like(residual))
+            x = kernels.linear_act(kernels.linear_act(h, layer["gate_up_w"], None, "silu_mul", prenorm=mlp_pre),
+                                   layer["down_w"])
+            residual = mlp_pre.sum_out
             if li + 1 < len(self.layers):
                 pre = kernels.PreNorm(self.layers[li + 1]["in_norm"], None, cfg.rms_norm_eps, residual=residual,
                                       sum_out=torch.empty_like(residual))

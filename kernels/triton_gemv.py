@@ -1,0 +1,175 @@
+"""Decode-row linears (one or two rows) whose weights load before the previous kernel ends.
+
+Why: a batch-1 decode step is a chain of ~100 dependent kernels. Profiled on the H100
+(docs/benchmarks.md, "Where the GPU time goes"), each few-row GEMM took 4-6 us for weights
+that stream in 1-4 us: the rest is the launch and the round trip to the first weight bytes,
+paid once per kernel, one kernel after another. But a linear's weights do not depend on the
+kernel before it. With programmatic dependent launch (PDL, Hopper and later) this kernel is
+launched while its predecessor still runs, issues the loads of its whole weight slab, and only
+then waits (`gdc_wait`) for the predecessor's output; it lets its own successor launch as
+soon as it has waited (`gdc_launch_dependents`), so that one prefetches in turn. The weight
+round trip overlaps the previous kernel instead of following it.
+
+Each program holds BLOCK_N weight rows over the whole K in registers (K padded to a power of
+two; masked lanes move no bytes) and computes its columns for every row as an fp32
+multiply-and-sum: no tl.dot, whose tensor-core tiles want 16 rows, and no K loop, so nothing
+waits on anything but the one batch of loads. What the model does around the linear is fused
+as in triton_small_gemm (same pieces, triton_linear_parts.py):
+
+* prologue (`PreNorm`): x + a bias + the residual in fp32, written once as the next residual
+  stream by program 0, then LayerNorm or RMSNorm, in registers: every program reads the whole
+  input row(s), K elements from L2, after its weights are already in flight;
+* epilogues: plain (bias, then GELU or SwiGLU) or QKV (bias, rotary, q stored, k and v written
+  straight into the paged cache).
+
+Everything a program reads before gdc_wait is a constant (weights, biases, norm weights) and
+everything it writes comes after it: a kernel that starts early can neither see a stale input
+nor overwrite one its predecessor still reads.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonformer.kernels import triton_pdl
+from tritonformer.kernels.triton_linear_parts import activation, input_tile, qkv_epilogue
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Rows up to which the few-row linears run this kernel (0: never).
+MAX_ROWS = int(os.environ.get("TRITONFORMER_GEMV_ROWS", "2"))
+# fp16 weight elements a program holds per operand and warp: 2048 is 64 per thread, 32 registers.
+_ELEMENTS_PER_WARP = 2048
+_WARPS = 4
+# Longest row a program holds (Llama-3-8B's down projection has K = 14,336).
+_MAX_K = 16384
+
+
+@triton.jit
+def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
+    """LayerNorm (NORM 1, two passes over the registers) or RMSNorm (2) of fp32 rows `[R, KP]`
+    whose lanes past K are zero."""
+    if NORM == 1:
+        mean = tl.sum(s, axis=1) / K
+        d = tl.where(k_ok[None, :], s - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
+        return d * rstd[:, None] * nw[None, :] + nb[None, :]
+    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=1) / K + eps)
+    return s * rstd[:, None] * nw[None, :]
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, w_ptr, bias_ptr, out_ptr,
+    cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    eps, stride_xm, stride_om, stride_cos,
+    M: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
+    HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
+    PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
+    ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+):
+    """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid and
+    columns as in triton_small_gemm's kernel: tile t covers columns j of half t // tiles per
+    half, and a paired tile (SwiGLU, QKV) also the partner rows HALF further on."""
+    tiles_per_half = tl.cdiv(HALF, BLOCK_N)
+    head = tl.program_id(0) // tiles_per_half
+    j = (tl.program_id(0) % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PAIRED:
+        cols = head * 2 * HALF + j
+    else:
+        cols = j
+    col_ok = j < HALF
+    ks = tl.arange(0, KP)
+    k_ok = ks < K
+
+    # The constants first: weights `[1, BLOCK_N, KP]` (broadcast against the rows later),
+    # biases, norm weights. Their loads are in flight while the previous kernel finishes.
+    w_off = tl.where(col_ok, cols, 0).to(tl.int64)[None, :, None] * K + ks[None, None, :]
+    w_mask = col_ok[None, :, None] & k_ok[None, None, :]
+    w = tl.load(w_ptr + w_off, mask=w_mask, other=0.0)
+    w_b = w
+    if PAIRED:
+        w_b = tl.load(w_ptr + HALF * K + w_off, mask=w_mask, other=0.0)
+    bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    bias_b = bias
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if PAIRED:
+            bias_b = tl.load(bias_ptr + cols + HALF, mask=col_ok, other=0.0).to(tl.float32)
+    if NORM != 0:
+        nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        nb = nw
+        if NORM == 1:
+            nb = tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    triton_pdl.wait_for_predecessor(PDL)  # from here on the previous kernel's writes are visible
+
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < M
+    s = input_tile(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, K, HAS_XBIAS, HAS_RES)
+    if NORM != 0:
+        if WRITE_SUM:
+            sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream
+            tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
+                     mask=(sum_rows < M)[:, None] & k_ok[None, :])
+        s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
+    # The GEMM operand in the weights' dtype, as the unfused path stores it.
+    xw = s.to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]  # [ROWS, 1, KP]
+    acc = tl.sum(xw * w.to(tl.float32), axis=2) + bias[None, :]  # [ROWS, BLOCK_N]
+    acc_b = acc
+    if PAIRED:
+        acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2) + bias_b[None, :]
+
+    store_ok = row_ok[:, None] & col_ok[None, :]
+    if OUT == 1:  # OUT_QKV
+        qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
+                     v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
+    else:
+        acc = activation(acc, acc_b, ACT)
+        tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
+
+
+def supported(m: int, x: torch.Tensor) -> bool:
+    """Whether `m` rows of x `[M, K]` run this kernel (a row must fit one program's registers)."""
+    return 0 < m <= MAX_ROWS and x.shape[1] <= _MAX_K and (x.is_cuda or _INTERPRETED)
+
+
+def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS) -> int:
+    """Weight rows per program: as many as keep each operand slab within the register budget,
+    at most the half's width (a power of two)."""
+    kp = triton.next_power_of_2(k)
+    budget = _ELEMENTS_PER_WARP * warps // (rows * (2 if paired else 1))
+    return max(1, min(triton.next_power_of_2(half), budget // kp))
+
+
+def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, out_mode, qkv, block=None, warps=None):
+    """Run _gemv_kernel; the arguments as triton_small_gemm._launch resolves them. `block` and
+    `warps` override the defaults (the tuning tool)."""
+    m, k = x.shape
+    p = prenorm
+    residual = p.residual if p is not None else None
+    sum_out = p.sum_out if p is not None else None
+    heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
+    rows = triton.next_power_of_2(m)
+    warps = warps or (1 if _INTERPRETED else _WARPS)
+    bn = block or block_n(half, k, rows, paired, warps)
+    halves = weight.shape[0] // (2 * half) if paired else 1
+    pdl = triton_pdl.enabled(x.device)
+    _gemv_kernel[(halves * triton.cdiv(half, bn),)](
+        x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x),
+        _or(p.weight if p else None, x), _or(p.bias if p else None, x), weight, _or(bias, x), out,
+        _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
+        p.eps if p else 0.0, x.stride(0), out.stride(0) if out.dim() == 2 else 0, cos.stride(0) if cos is not None else 0,
+        M=m, K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
+        HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
+        WRITE_SUM=sum_out is not None, NORM=norm_code,
+        PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode, ROTARY=cos is not None,
+        ROWS=rows, KP=triton.next_power_of_2(k), BLOCK_N=bn, PDL=pdl, num_warps=warps, **triton_pdl.launch_options(pdl),
+    )
+    return out
+
+
+def _or(t, fallback):
+    """An unused pointer argument still needs a tensor: any will do."""
+    return fallback if t is None else t

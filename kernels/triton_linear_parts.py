@@ -1,0 +1,68 @@
+"""Triton-language pieces shared by the few-row linear kernels (triton_small_gemm, triton_gemv):
+what a decoder linear does to its input before the GEMM and to its fp32 accumulator after it."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
+
+ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3}
+NORM_NONE, NORM_LAYER, NORM_RMS = 0, 1, 2
+OUT_PLAIN, OUT_QKV = 0, 1
+
+
+@triton.jit
+def input_tile(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, stride_rm,
+                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias + the residual; zero
+    outside row_ok and k_ok."""
+    mask = row_ok[:, None] & k_ok[None, :]
+    s = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_XBIAS:
+        s += tl.load(xb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        s += tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def activation(acc, acc_b, ACT: tl.constexpr):
+    """The activation of a plain linear on its fp32 accumulator; SwiGLU's up half is acc_b."""
+    if ACT == 1:
+        acc = _erf_gelu(acc)
+    elif ACT == 2:
+        acc = _tanh_gelu(acc)
+    elif ACT == 3:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_b
+    return acc
+
+
+@triton.jit
+def qkv_epilogue(a, b, head, j, rows, row_ok, store_ok, q_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+                  stride_cos, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
+                  ROTARY: tl.constexpr):
+    """Columns j and j + HALF of one head (a, b: its two halves) for every row: rotary on q and k
+    heads, then q to `[rows, HEADS_Q, D]`, k and v to their rows' slots of the paged cache."""
+    dtype = q_ptr.dtype.element_ty
+    # The unfused path stores qkv + bias in the activation dtype before rotating: round alike.
+    a = a.to(dtype).to(tl.float32)
+    b = b.to(dtype).to(tl.float32)
+    head_dim: tl.constexpr = 2 * HALF
+    if ROTARY:
+        if head < HEADS_Q + HEADS_KV:
+            c = tl.load(cos_ptr + rows[:, None] * stride_cos + j[None, :], mask=store_ok, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + rows[:, None] * stride_cos + j[None, :], mask=store_ok, other=0.0).to(tl.float32)
+            a, b = a * c - b * s, b * c + a * s
+    if head < HEADS_Q:
+        dst = q_ptr + rows[:, None] * (HEADS_Q * head_dim) + head * head_dim + j[None, :]
+    else:
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        kv_head = head - HEADS_Q
+        cache = k_cache_ptr
+        if head >= HEADS_Q + HEADS_KV:
+            kv_head -= HEADS_KV
+            cache = v_cache_ptr
+        dst = cache + slot[:, None] * (HEADS_KV * head_dim) + kv_head * head_dim + j[None, :]
+    tl.store(dst, a.to(dtype), mask=store_ok)
+    tl.store(dst + HALF, b.to(dtype), mask=store_ok)

@@ -1,0 +1,51 @@
+"""Programmatic dependent launch (PDL; Hopper and later), shared by the decode path's kernels.
+
+A kernel launched with PDL may start while the kernel before it on the stream still runs; it
+must call `wait_for_predecessor` before it reads anything that kernel (or any before it)
+writes, or writes anything they read. Calling it also lets the next kernel launch early, so a
+chain of such kernels overlaps each one's launch, and whatever it loads before waiting (the
+weights of a linear: triton_gemv.py), with the tail of the one before. A kernel that never
+waits is not launched this way. Measured on the H100 in docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# 0 turns PDL off (A/B runs of the tools); it is only ever on for a GPU that has it.
+USE_PDL = os.environ.get("TRITONFORMER_PDL", "1") != "0"
+
+if not _INTERPRETED:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+else:  # the interpreter runs one program at a time, with no grid dependencies: PDL is never on
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def wait_for_predecessor(PDL: tl.constexpr):
+    """Block until the previous kernel's writes are visible; then let the next kernel launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@functools.lru_cache(maxsize=None)
+def _has_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL."""
+    if not USE_PDL or _INTERPRETED or device.type != "cuda":
+        return False
+    return _has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keyword a PDL kernel needs (none otherwise: the interpreter takes no such option)."""
+    return {"launch_pdl": True} if pdl else {}
