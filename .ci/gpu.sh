@@ -6,9 +6,10 @@
 # PARTS (default "tests runtime decoder") picks what runs, e.g. PARTS=decoder bash .ci/gpu.sh:
 # a device command is capped at 10 minutes, so the parts can go in separate calls. "policies"
 # (not a default) runs the encoder batching policies in-process on padded and packed execution;
-# "profile" (not a default) times the few-row GEMMs against cuBLAS, the fused norm + QKV + cache
-# write against separate kernels, and profiles the benchmarked shapes kernel by kernel
-# (tools/time_small_gemm.py, tools/time_prenorm_linear.py, tools/profile_gpu_kernels.py); "dp" (not a
+# "profile" (not a default) times the few-row GEMMs against cuBLAS, a decode step's linears as
+# separate kernels against the prefetching GEMV with and without PDL, and profiles the benchmarked
+# shapes kernel by kernel (tools/time_small_gemm.py, tools/time_decode_linears.py,
+# tools/profile_gpu_kernels.py); "dp" (not a
 # default) times the DP batcher's decision on this host's CPU (tools/time_dp_decision.py); "ffn" (not
 # a default) sweeps the fused many-row FFN GEMM's tiles and the packed attention's launch
 # configurations (tools/time_ffn_gemm.py, tools/tune_prefill_attention.py).
@@ -29,7 +30,7 @@ if want tests; then
     tests/test_kernels_triton_norms.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_gemm.py \
     tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
     tests/test_kernels_triton_pooling.py tests/test_kernels_small_gemm.py tests/test_kernels_prenorm_linear.py \
-    tests/test_sampling.py 2>&1 | tee "$OUT/gpu-tests.log"
+    tests/test_kernels_gemv.py tests/test_sampling.py 2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
 bench_rc=0
@@ -56,7 +57,7 @@ profile_rc=0
 if want profile; then
   python3 tools/time_small_gemm.py 2>&1 | tee "$OUT/time_small_gemm.log"
   profile_rc=${PIPESTATUS[0]}
-  python3 tools/time_prenorm_linear.py 2>&1 | tee "$OUT/time_prenorm_linear.log"
+  python3 tools/time_decode_linears.py 2>&1 | tee "$OUT/time_decode_linears.log"
   profile_rc=$(( profile_rc || PIPESTATUS[0] ))
   python3 tools/profile_gpu_kernels.py --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
   profile_rc=$(( profile_rc || PIPESTATUS[0] ))

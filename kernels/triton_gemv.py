@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from tritonformer.kernels import triton_pdl
-from tritonformer.kernels.triton_linear_parts import activation, input_tile, qkv_epilogue
+from tritonformer.kernels.triton_linear_parts import activation, qkv_epilogue
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the few-row linears run this kernel (0: never).
@@ -45,6 +45,20 @@ _ELEMENTS_PER_WARP = 2048
 _WARPS = 4
 # Longest row a program holds (Llama-3-8B's down projection has K = 14,336).
 _MAX_K = 16384
+
+
+@triton.jit
+def _input_rows(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, stride_rm,
+                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias + the residual; zero
+    outside row_ok and k_ok."""
+    mask = row_ok[:, None] & k_ok[None, :]
+    s = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_XBIAS:
+        s += tl.load(xb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        s += tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    return s
 
 
 @triton.jit
@@ -107,7 +121,7 @@ def _gemv_kernel(
 
     rows = tl.arange(0, ROWS)
     row_ok = rows < M
-    s = input_tile(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, K, HAS_XBIAS, HAS_RES)
+    s = _input_rows(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, K, HAS_XBIAS, HAS_RES)
     if NORM != 0:
         if WRITE_SUM:
             sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream

@@ -1,5 +1,5 @@
 """Triton-language pieces shared by the few-row linear kernels (triton_small_gemm, triton_gemv):
-what a decoder linear does to its input before the GEMM and to its fp32 accumulator after it."""
+what a decoder linear does to its fp32 accumulator after the GEMM, and the codes that select it."""
 from __future__ import annotations
 
 import triton
@@ -10,20 +10,6 @@ from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
 ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3}
 NORM_NONE, NORM_LAYER, NORM_RMS = 0, 1, 2
 OUT_PLAIN, OUT_QKV = 0, 1
-
-
-@triton.jit
-def input_tile(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, stride_rm,
-                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias + the residual; zero
-    outside row_ok and k_ok."""
-    mask = row_ok[:, None] & k_ok[None, :]
-    s = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_XBIAS:
-        s += tl.load(xb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        s += tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    return s
 
 
 @triton.jit

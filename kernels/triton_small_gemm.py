@@ -17,17 +17,13 @@ weight rows over the whole K; tl.dot wants 16 rows at least, so a single row sti
   - QKV (`prenorm_qkv_to_cache`): bias, rotary (the program holds both halves of a head's
     columns, two accumulators) and the store of q to its tensor and of k and v straight into
     the paged KV cache.
-* prologue (`PreNorm`, QKV only, up to PRENORM_ROWS rows): the input row is x + a bias + the
-  residual, written once as the next residual stream by program 0, then LayerNorm'd or
-  RMSNorm'd. Every program normalises the rows itself into a scratch buffer (two passes over
-  the L2-resident input, then its own threads read them back), which is cheaper than a launch
-  only for one or two rows: measured with `tools/time_prenorm_linear.py` (docs/benchmarks.md,
-  "The QKV projection's norm and cache write in one kernel"). Before the MLP's up-projection
-  it lost even at one row (0.88x against the norm kernel + linear_act), so that norm stays a
-  kernel of its own.
 
-The op wrappers have the signatures and results of their references; past MAX_ROWS rows
-(PRENORM_ROWS with a PreNorm) they run the unfused kernels (`_unfused`, `_unfused_prenorm`).
+A decode row or two never reaches this kernel: triton_gemv.py runs those, with the residual
+add and norm before a linear (`PreNorm`) fused in as its prologue. Here a PreNorm runs as its
+own norm kernel first (`_unfused_prenorm`).
+
+The op wrappers have the signatures and results of their references; past MAX_ROWS rows they
+run the unfused kernels (`_unfused`, `_unfused_prenorm`).
 """
 from __future__ import annotations
 
@@ -41,7 +37,7 @@ from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.reference import PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
-                                                        OUT_QKV, activation, input_tile, qkv_epilogue)
+                                                        OUT_QKV, activation, qkv_epilogue)
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the Triton kernel runs (0: never). Settable for A/B runs of the benchmarks.
@@ -52,19 +48,13 @@ FUSE_PLAIN = False
 # i.e. Hopper). Between MAX_ROWS and this, cuBLAS + the bias_gelu kernel: on the H100 the two
 # tie at 4,096 rows and the fused GEMM wins by 3-12% from 8,192 (tools/time_ffn_gemm.py).
 LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "4096"))
-# Rows up to which prenorm_qkv_to_cache fuses its norm into the GEMM (0: never). Every program
-# normalises the whole input itself, which on the H100 beat the separate kernels at 1 and 2 rows
-# (GPT-2 1.33-1.40x, Llama-1B 1.01-1.03x) and not at 4 for Llama-1B (0.79x;
-# tools/time_prenorm_linear.py).
-PRENORM_ROWS = int(os.environ.get("TRITONFORMER_PRENORM_ROWS", "2"))
 
 
 # (BLOCK_N, BLOCK_K, warps, stages) candidates. Plain: column tiles of 16-64 weight rows, K
 # streamed in 128-512 wide pipelined steps; narrow tiles make more programs (N / BLOCK_N of
 # them), which is what fills 132 SMs when N is 768, wide ones waste less per program on big
-# matrices. QKV (tiles inside half a head): shallower pipelines won there on the H100 (GPT-2 at
-# one row 1.33x against the separate kernels with these, 1.08x with the plain ones;
-# docs/results/prenorm-qkv/).
+# matrices. QKV (tiles inside half a head): shallower pipelines won there on the H100
+# (docs/results/prenorm-qkv/).
 _PLAIN_TILES = ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),
                 (64, 128, 4, 3), (64, 256, 8, 3), (16, 512, 4, 2), (32, 512, 8, 2))
 _QKV_TILES = ((16, 128, 4, 4), (32, 256, 4, 3), (16, 512, 4, 2), (16, 128, 4, 2), (32, 128, 4, 2), (16, 64, 4, 3))
@@ -95,51 +85,6 @@ def _candidates(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _prologue(x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, M, stride_xm, stride_rm, eps,
-              K: tl.constexpr, HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
-              NORM: tl.constexpr, STATS_ROWS: tl.constexpr, STATS_K: tl.constexpr):
-    """Norm(x + x_bias + residual) of the M <= STATS_ROWS rows into xn `[M, K]` (the GEMM's
-    operand, in its dtype); program 0 also writes the sum to sum_ptr.
-
-    Two unrolled passes of `[STATS_ROWS, STATS_K]` steps over the (L2-resident) input: the
-    statistics, then the normalised rows. A decode row is one step per pass whose loads are all
-    in flight together. LayerNorm merges each step's mean and squared deviations into the
-    running ones (Chan et al.), as robust as two passes over the data."""
-    srows = tl.arange(0, STATS_ROWS)
-    s_ok = srows < M
-    mean = tl.zeros((STATS_ROWS,), dtype=tl.float32)
-    m2 = tl.zeros((STATS_ROWS,), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, STATS_K):
-        ks = k0 + tl.arange(0, STATS_K)
-        k_ok = ks < K
-        s = input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
-        if NORM == 1:
-            count = tl.sum(k_ok.to(tl.float32), axis=0)
-            step_mean = tl.sum(s, axis=1) / count
-            dev = tl.where(k_ok[None, :], s - step_mean[:, None], 0.0)
-            delta = step_mean - mean
-            total = k0 + count
-            mean += delta * (count / total)
-            m2 += tl.sum(dev * dev, axis=1) + delta * delta * (k0 * count / total)
-        else:
-            m2 += tl.sum(s * s, axis=1)
-    rstd = 1.0 / tl.sqrt(m2 / K + eps)
-    sum_rows = tl.where(tl.program_id(0) == 0, srows, M)  # one program writes the residual stream
-    for k0 in tl.static_range(0, K, STATS_K):
-        ks = k0 + tl.arange(0, STATS_K)
-        k_ok = ks < K
-        mask = s_ok[:, None] & k_ok[None, :]
-        s = input_tile(x_ptr, xb_ptr, res_ptr, srows, ks, s_ok, k_ok, stride_xm, stride_rm, HAS_XBIAS, HAS_RES)
-        if WRITE_SUM:
-            tl.store(sum_ptr + srows[:, None] * stride_rm + ks[None, :], s.to(sum_ptr.dtype.element_ty),
-                     mask=(sum_rows < M)[:, None] & k_ok[None, :])
-        y = (s - mean[:, None]) * rstd[:, None] * tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        if NORM == 1:
-            y += tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(xn_ptr + srows[:, None] * K + ks[None, :], y.to(xn_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _dot(x, w, acc, DOT_FP32: tl.constexpr):
     """acc + x @ w^T. DOT_FP32: fp32 operands at full precision (fp32 inputs in the tests, and
     bf16 in the CPU interpreter, whose numpy dot has no bf16; the upcast is exact)."""
@@ -148,20 +93,17 @@ def _dot(x, w, acc, DOT_FP32: tl.constexpr):
     return tl.dot(x, tl.trans(w), acc)
 
 
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT", "NORM"],
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT"],
                  prune_configs_by={"early_config_prune": _candidates})
 @triton.jit(do_not_specialize=["M"])
 def _small_linear_kernel(
-    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, bias_ptr, out_ptr,
-    cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-    M, N, eps, stride_xm, stride_rm, stride_wn, stride_om, stride_cos,
+    x_ptr, w_ptr, bias_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    M, N, stride_xm, stride_wn, stride_om, stride_cos,
     K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
-    HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
-    STATS_ROWS: tl.constexpr, STATS_K: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One column tile of out = epilogue(prologue(x) @ W^T). Grid: (column tiles,). Columns come
+    """One column tile of out = epilogue(x @ W^T). Grid: (column tiles,). Columns come
     in halves of HALF: tile t covers columns j of half `t // tiles per half`; a paired tile
     (SwiGLU, QKV) also accumulates the partner rows HALF further on (SwiGLU: HALF = N, up rows
     after the gate rows; QKV: HALF = head_dim / 2, a head's second half). Plain: HALF = N, one
@@ -180,14 +122,6 @@ def _small_linear_kernel(
     w_tile = w_ptr + w_rows[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]  # [BLOCK_N, BLOCK_K]
     partner = HALF * stride_wn
 
-    if NORM != 0:
-        # Every program normalises the rows into xn itself (the same bytes whoever writes them:
-        # no program waits for another), then reads them back like any GEMM input.
-        _prologue(x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, M, stride_xm, stride_rm, eps,
-                  K, HAS_XBIAS, HAS_RES, WRITE_SUM, NORM, STATS_ROWS, STATS_K)
-        tl.debug_barrier()  # this program's own stores are visible to all of its threads
-        x_ptr = xn_ptr
-        stride_xm = K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -231,24 +165,18 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
     if triton_gemv.supported(m, x):
         return triton_gemv.launch(x, weight, bias, out, paired=paired, half=half, act_code=ACT_CODE[act],
                                   norm_code=_norm_code(p), prenorm=p, out_mode=out_mode, qkv=qkv)
+    assert p is None, "past the GEMV's rows a PreNorm runs as its own kernel (_unfused_prenorm)"
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
     rotary = cos is not None
-    stats_rows = triton.next_power_of_2(m)
 
     def grid(meta):
         return (halves * triton.cdiv(half, meta["BLOCK_N"]),)
 
     _small_linear_kernel[grid](
-        x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x),
-        _or(p.weight if p else None, x), _or(p.bias if p else None, x),
-        torch.empty((m, k), dtype=weight.dtype, device=x.device) if p else x, weight, _or(bias, x), out,
-        _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
-        m, weight.shape[0], p.eps if p else 0.0, x.stride(0), k,
-        weight.stride(0), out.stride(0) if out_mode == OUT_PLAIN else 0, cos.stride(0) if rotary else 0,
+        x, weight, _or(bias, x), out, _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
+        m, weight.shape[0], x.stride(0), weight.stride(0), out.stride(0) if out_mode == OUT_PLAIN else 0,
+        cos.stride(0) if rotary else 0,
         K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
-        HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
-        WRITE_SUM=sum_out is not None, NORM=_norm_code(p),
-        STATS_ROWS=stats_rows, STATS_K=min(triton.next_power_of_2(k), max(16, 2048 // stats_rows)),
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
         DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
         BLOCK_M=max(16, triton.next_power_of_2(m)),
@@ -281,16 +209,17 @@ def _check_linear(x, weight, bias, activation):
 
 def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "act") -> bool:
     """Whether x's rows run one of the fused kernels: a decode row or two the prefetching GEMV
-    (any linear), more the small GEMM (up to MAX_ROWS, PRENORM_ROWS with a norm prologue, and
-    not a plain linear, which cuBLAS runs as fast or faster: see the module docstring)."""
+    (any linear, with its PreNorm); more, up to MAX_ROWS, the small GEMM, for a linear without a
+    PreNorm and with an epilogue to fuse (a plain linear runs as fast or faster on cuBLAS: see
+    the module docstring)."""
     m, k = x.shape
     if k == 0:
         return False
     if triton_gemv.supported(m, x):
         return True
-    if activation == "none" and not FUSE_PLAIN:
+    if prenorm is not None or activation == "none" and not FUSE_PLAIN:
         return False
-    return 0 < m <= (MAX_ROWS if prenorm is None else min(MAX_ROWS, PRENORM_ROWS))
+    return 0 < m <= MAX_ROWS
 
 
 @register("linear_act")
@@ -303,13 +232,13 @@ def linear_act(
     prenorm: PreNorm | None = None,
 ) -> torch.Tensor:
     """activation(PreNorm(x) @ weight^T + bias); see reference.linear_act. A decode row or
-    two: the prefetching GEMV (triton_gemv); an activation and few rows (<= MAX_ROWS; with a
-    PreNorm, PRENORM_ROWS): the small fused GEMM; otherwise the norm kernel, torch's GEMM, then
-    the activation's own kernel (see the module docstring for the measurements behind this)."""
+    two: the prefetching GEMV (triton_gemv), PreNorm included; otherwise the PreNorm's own
+    kernel first, then for an activation and few rows (<= MAX_ROWS) the small fused GEMM, else
+    torch's GEMM and the activation's own kernel (see the module docstring for the measurements
+    behind this)."""
     m, n = _check_linear(x, weight, bias, activation)
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
     if prenorm is not None and not triton_gemv.supported(m, x):
-        # in the small GEMM's prologue this norm measured slower than its own kernel (0.88x)
         x, prenorm = _unfused_prenorm(x, prenorm), None
     if not _fused(x, prenorm, activation):
         return _unfused(x, weight, bias, activation, out)
@@ -334,9 +263,10 @@ def prenorm_qkv_to_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> torch.Tensor:
-    """PreNorm, the QKV projection, bias, rotary and the cache write in one kernel for few
-    rows; see reference.prenorm_qkv_to_cache. Past PRENORM_ROWS rows (MAX_ROWS without a
-    PreNorm): the norm kernel, torch's GEMM and the qkv_to_cache kernel."""
+    """PreNorm, the QKV projection, bias, rotary and the cache write; see
+    reference.prenorm_qkv_to_cache. A decode row or two: all of it in the prefetching GEMV;
+    without a PreNorm, up to MAX_ROWS rows: the small GEMM with the QKV epilogue; otherwise the
+    norm kernel, torch's GEMM and the qkv_to_cache kernel."""
     m, n = _check_linear(x, weight, bias, "none")
     if n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
         raise ValueError(f"weight must be [(H + 2*Hkv) * D, K] with an even D, got {list(weight.shape)}")

@@ -1,6 +1,8 @@
-"""The few-rows GEMM's norm prologue and QKV epilogue (kernels/triton_small_gemm.py) against the
-reference `prenorm_qkv_to_cache`, on fresh seeded random inputs (fp32 in Triton's CPU
-interpreter, 16 x 16 tiles; the GPT-2 and Llama-1B layer shapes in fp16 on a GPU)."""
+"""A decoder's QKV op, `prenorm_qkv_to_cache` (the residual add + norm, the projection, bias,
+rotary and the paged-cache write), against its reference on fresh seeded random inputs: at one
+or two rows the prefetching GEMV (kernels/triton_gemv.py) runs all of it; past that the small
+GEMM's QKV epilogue (kernels/triton_small_gemm.py) or the separate kernels. fp32 in Triton's CPU
+interpreter; the GPT-2 and Llama-1B layer shapes in fp16 on a GPU."""
 from __future__ import annotations
 
 import os
@@ -49,12 +51,6 @@ def twin(p: PreNorm) -> PreNorm:
                    None if p.sum_out is None else torch.full_like(p.sum_out, float("nan")))
 
 
-@pytest.fixture(autouse=True)
-def fuse_every_row_count(monkeypatch):
-    """The wrapper fuses only a decode row by default; the kernel's own tests run it at more."""
-    monkeypatch.setattr(tsg, "PRENORM_ROWS", 64)
-
-
 def cache_pair(rand, blocks, block_size, hkv, d):
     return rand(blocks, block_size, hkv, d), rand(blocks, block_size, hkv, d)
 
@@ -66,7 +62,7 @@ QKV_CASES = [  # (norm, x_bias, residual, sum_out): GPT-2's, Llama's, and the op
 
 @pytest.mark.parametrize("rotary", [False, True])
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2)])
-@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("m", [1, 2, 5])
 @pytest.mark.parametrize("norm,with_bias,with_residual,write_sum", QKV_CASES)
 def test_prenorm_qkv_to_cache_matches_reference(norm, with_bias, with_residual, write_sum, m, heads, kv_heads,
                                                 rotary):
@@ -91,9 +87,8 @@ def test_prenorm_qkv_to_cache_matches_reference(norm, with_bias, with_residual, 
         torch.testing.assert_close(p.sum_out, pr.sum_out, atol=1e-5, rtol=1e-5)
 
 
-def test_more_rows_than_prenorm_rows_run_the_unfused_kernels(monkeypatch):
-    """Past PRENORM_ROWS the separate norm, GEMM and split kernels give the reference's result."""
-    monkeypatch.setattr(tsg, "PRENORM_ROWS", 2)
+def test_more_rows_than_the_gemv_takes_run_the_unfused_kernels():
+    """Past the GEMV's rows the separate norm, GEMM and split kernels give the reference's result."""
     rand = Rand("many")
     x, w, b = rand(4, 32), rand(64, 32, std=0.2), rand(64)
     slots = torch.tensor([5, 0, 7, 2], device=DEVICE)

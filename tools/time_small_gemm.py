@@ -3,7 +3,8 @@
 `kernels.linear_act` runs its own kernel up to `triton_small_gemm.MAX_ROWS` rows and cuBLAS
 above; this prints both for the layer shapes the models run, inside CUDA graphs (as decode
 steps and small encoder batches replay them, so launch gaps are what the served path pays),
-to choose that threshold from data:
+to choose that threshold from data (at one or two rows the fused column is the prefetching GEMV
+of triton_gemv.py, which runs those rows of every linear):
 
     python3 tools/time_small_gemm.py [--rows 1,4,16,32,64]
 """
@@ -14,6 +15,7 @@ import argparse
 import torch
 
 from tritonformer.backend.cuda_graphs import capture_graph
+from tritonformer.kernels import triton_gemv
 from tritonformer.kernels import triton_small_gemm as tsg
 
 # (model, layer, N, K, activation)
@@ -56,14 +58,14 @@ def main() -> int:
         for m in map(int, args.rows.split(",")):
             x = torch.randn(m, k, device=dev, dtype=dtype)
             out = torch.empty(m, n, device=dev, dtype=dtype)
-            saved = tsg.MAX_ROWS, tsg.FUSE_PLAIN
+            saved = tsg.MAX_ROWS, tsg.FUSE_PLAIN, triton_gemv.MAX_ROWS
             try:
-                tsg.MAX_ROWS = 0
+                tsg.MAX_ROWS = triton_gemv.MAX_ROWS = 0
                 base = graph_us(lambda: tsg.linear_act(x, w, b, act, out=out))
                 tsg.MAX_ROWS, tsg.FUSE_PLAIN = 1 << 30, True
                 ours = graph_us(lambda: tsg.linear_act(x, w, b, act, out=out))
             finally:
-                tsg.MAX_ROWS, tsg.FUSE_PLAIN = saved
+                tsg.MAX_ROWS, tsg.FUSE_PLAIN, triton_gemv.MAX_ROWS = saved
             gbps = w.numel() * w.element_size() / (ours * 1e-6) / 1e9
             print(f"| {model} | {layer} | {n} x {k} | {m} | {base:.2f} | {ours:.2f} | {base / ours:.2f}x | {gbps:.0f} |",
                   flush=True)
