@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonformer.kernels import triton_pdl
 from tritonformer.kernels.dispatch import register
 
 # Elements per program tile for short rows (ROWS = _TILE_ELEMS // BLOCK). Measured on an
@@ -82,7 +83,7 @@ def _add_bias_residual_layer_norm_kernel(
     x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, x_rows_ptr, res_rows_ptr,
     n_rows, n_cols, eps,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr, GATHER: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr,
 ):
     """out = LayerNorm(x + bias + residual) * w + b for ROWS rows.
 
@@ -93,6 +94,7 @@ def _add_bias_residual_layer_norm_kernel(
     GATHER: x and residual are tables, row r reads x row x_rows[r] and residual row
     res_rows[r] (token and position embeddings: the embedding layer in one launch).
     """
+    triton_pdl.wait_for_predecessor(PDL)
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_mask = rows[:, None] < n_rows
@@ -209,6 +211,7 @@ def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_ro
     n_cols = out.shape[-1]
     n_rows = out.numel() // n_cols
     rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols)
+    pdl = triton_pdl.enabled(out.device)
     _add_bias_residual_layer_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x,
         _contig(bias) if bias is not None else x,  # dummy pointers when absent, never read
@@ -217,7 +220,8 @@ def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_ro
         x_rows if x_rows is not None else x, res_rows if res_rows is not None else x,
         n_rows, n_cols, float(eps),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, WRITE_SUM=sum_out is not None,
-        GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile, num_warps=num_warps,
+        GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile, PDL=pdl, num_warps=num_warps,
+        **triton_pdl.launch_options(pdl),
     )
     return out
 
@@ -227,7 +231,7 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_rows_ptr,
     n_rows, n_cols, eps,
     HAS_RESIDUAL: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    ONE_TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr, PDL: tl.constexpr,
 ):
     """out = (x + residual) * rsqrt(mean((x + residual)²) + eps) * w; also writes x + residual.
 
@@ -237,6 +241,7 @@ def _rms_norm_kernel(
     GATHER (no residual): x is a table and row r reads its row x_rows[r], which is also
     written out as the "sum" (the token embeddings, the first residual, in the same launch).
     """
+    triton_pdl.wait_for_predecessor(PDL)
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     row_mask = rows[:, None] < n_rows
@@ -316,13 +321,14 @@ def _launch_rms_norm(x, residual, weight, eps, out, summed, x_rows):
     n_cols = out.shape[-1]
     n_rows = out.numel() // n_cols
     rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols, _MAX_ONE_TILE_RMS)
+    pdl = triton_pdl.enabled(out.device)
     _rms_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x, _contig(residual) if residual is not None else x, _contig(weight), out,
         summed if summed is not None else out,  # dummy pointer, never written
         x_rows if x_rows is not None else x,
         n_rows, n_cols, float(eps),
         HAS_RESIDUAL=residual is not None, GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile,
-        num_warps=num_warps,
+        PDL=pdl, num_warps=num_warps, **triton_pdl.launch_options(pdl),
     )
 
 

@@ -49,3 +49,12 @@ def enabled(device: torch.device) -> bool:
 def launch_options(pdl: bool) -> dict:
     """The launch keyword a PDL kernel needs (none otherwise: the interpreter takes no such option)."""
     return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines holding `ptrs` (a hint: it takes no registers and nothing
+    waits for it). What a kernel will read from HBM once it has waited for its predecessor:
+    by then it is in L2."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)

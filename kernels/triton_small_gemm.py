@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv
+from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv, triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.reference import PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
@@ -48,6 +48,12 @@ FUSE_PLAIN = False
 # i.e. Hopper). Between MAX_ROWS and this, cuBLAS + the bias_gelu kernel: on the H100 the two
 # tie at 4,096 rows and the fused GEMM wins by 3-12% from 8,192 (tools/time_ffn_gemm.py).
 LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "4096"))
+# Longest K for which a linear without an activation runs this kernel when PDL is on (`_prefetched`).
+PREFETCH_MAX_K = 1024
+# Largest weight matrix whose tiles are pulled into L2 before the wait: bigger ones (Llama-1B's
+# 12-67 MB) would evict each other from the 50 MB L2 before use, and read HBM twice (measured:
+# Llama-1B's layers at 16 and 64 rows 0.93x with every weight prefetched).
+PREFETCH_MAX_BYTES = 8 << 20
 
 
 # (BLOCK_N, BLOCK_K, warps, stages) candidates. Plain: column tiles of 16-64 weight rows, K
@@ -101,7 +107,8 @@ def _small_linear_kernel(
     M, N, stride_xm, stride_wn, stride_om, stride_cos,
     K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One column tile of out = epilogue(x @ W^T). Grid: (column tiles,). Columns come
     in halves of HALF: tile t covers columns j of half `t // tiles per half`; a paired tile
@@ -121,6 +128,15 @@ def _small_linear_kernel(
     w_rows = tl.where(col_ok, cols, 0).to(tl.int64)  # past the edge: a valid row, never stored
     w_tile = w_ptr + w_rows[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]  # [BLOCK_N, BLOCK_K]
     partner = HALF * stride_wn
+    if PREFETCH:
+        # Launched while the previous kernel runs: pull this tile's weight rows into L2 (the
+        # LINES 128-byte lines of each, PER_LINE elements apiece) before waiting for its output.
+        line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
+        lines = w_ptr + w_rows[:, None] * stride_wn + line[None, :]
+        triton_pdl.prefetch_l2(lines)
+        if PAIRED:
+            triton_pdl.prefetch_l2(lines + partner)
+    triton_pdl.wait_for_predecessor(PDL)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -168,6 +184,8 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
     assert p is None, "past the GEMV's rows a PreNorm runs as its own kernel (_unfused_prenorm)"
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
     rotary = cos is not None
+    pdl = triton_pdl.enabled(x.device)
+    per_line = 128 // weight.element_size()
 
     def grid(meta):
         return (halves * triton.cdiv(half, meta["BLOCK_N"]),)
@@ -179,7 +197,9 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
         K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
         DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
-        BLOCK_M=max(16, triton.next_power_of_2(m)),
+        PDL=pdl, PREFETCH=pdl and weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
+        LINES=triton.next_power_of_2(triton.cdiv(k, per_line)), PER_LINE=per_line,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), **triton_pdl.launch_options(pdl),
     )
     return out
 
@@ -217,9 +237,18 @@ def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "a
         return False
     if triton_gemv.supported(m, x):
         return True
-    if prenorm is not None or activation == "none" and not FUSE_PLAIN:
+    if prenorm is not None or activation == "none" and not (FUSE_PLAIN or _prefetched(x)):
         return False
     return 0 < m <= MAX_ROWS
+
+
+def _prefetched(x: torch.Tensor) -> bool:
+    """Whether a linear without an activation runs the small GEMM anyway: with PDL, which lets
+    it pull its weights into L2 while the previous kernel runs, and a short K. Measured on the
+    H100 with tools/time_decode_linears.py: GPT-2's layers (K = 768) at 16 and 64 rows gained;
+    Llama-1B's (K >= 2048), whose long weight rows one program streams alone where cuBLAS
+    splits K, lost."""
+    return triton_pdl.enabled(x.device) and x.shape[1] <= PREFETCH_MAX_K
 
 
 @register("linear_act")
@@ -272,6 +301,8 @@ def prenorm_qkv_to_cache(
         raise ValueError(f"weight must be [(H + 2*Hkv) * D, K] with an even D, got {list(weight.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
+    if prenorm is not None and not triton_gemv.supported(m, x) and _prefetched(x):
+        x, prenorm = _unfused_prenorm(x, prenorm).to(weight.dtype), None
     if not _fused(x, prenorm):
         qkv = torch.nn.functional.linear(_unfused_prenorm(x, prenorm).to(weight.dtype), weight)
         return dispatch.qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache,

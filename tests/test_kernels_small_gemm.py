@@ -165,3 +165,18 @@ def test_gpu_layer_shapes(m, n, k, activation, dtype):
     truth = exact(x, w, b, activation)
     rel = ((out.float() - truth).norm() / truth.norm()).item()
     assert rel < 1e-2, f"relative error {rel:.2e}"
+
+
+def test_with_pdl_short_k_plain_linears_run_the_small_gemm(monkeypatch):
+    """With PDL (Hopper) a linear without an activation runs the small GEMM, which prefetches its
+    weights, only when K is short; past the GEMV's rows a PreNorm is always its own kernel."""
+    from tritonformer.kernels import triton_pdl
+    monkeypatch.setattr(triton_pdl, "enabled", lambda device: True)
+    monkeypatch.setattr(tsg, "FUSE_PLAIN", False)
+    rows = torch.empty(16, tsg.PREFETCH_MAX_K)
+    assert tsg._fused(rows, None, "none")
+    assert not tsg._fused(torch.empty(16, 2 * tsg.PREFETCH_MAX_K), None, "none")
+    assert tsg._fused(torch.empty(16, 2 * tsg.PREFETCH_MAX_K), None, "silu_mul")
+    assert not tsg._fused(rows, ref.PreNorm(torch.ones(rows.shape[1]), None, 1e-6), "gelu_tanh")
+    monkeypatch.setattr(triton_pdl, "enabled", lambda device: False)
+    assert not tsg._fused(rows, None, "none")

@@ -6,9 +6,11 @@ Each model's whole layer stack (distinct random weights per layer, so nothing is
 L2 that a real step would read from HBM) runs what `forward` runs around attention: the norm +
 QKV + cache write, the attention output projection, the norm + MLP up-projection + activation
 and the down-projection; attention itself is left out (its output is stood in for by q). Timed
-as one CUDA graph replay, as the decode graphs replay it:
+as one CUDA graph replay, as the decode graphs replay it. Past the GEMV's two rows, "GEMV +
+PDL" is what PDL changes there: every linear in the small GEMM, which pulls its weight tile
+into L2 before it waits, and the norm kernels launched early too:
 
-    python3 tools/time_decode_linears.py [--rows 1,2] [--sweep]
+    python3 tools/time_decode_linears.py [--rows 1,2,16,64] [--sweep]
 
 --sweep also times the GEMV's other register budgets and warp counts.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
 
 from tritonformer.kernels import triton_gemv, triton_pdl
 from tritonformer.kernels import triton_small_gemm as tsg
@@ -53,7 +56,8 @@ def build(model: str, rows: int, dev, dtype):
         "up_w": rand(up_n, hid, std=hid ** -0.5), "up_b": rand(up_n, std=0.1) if biases else None,
         "down_w": rand(hid, inter, std=inter ** -0.5), "down_b": rand(hid, std=0.1) if biases else None,
     } for _ in range(n_layers)]
-    k_cache, v_cache = rand(8, 16, kv_heads, d), rand(8, 16, kv_heads, d)
+    blocks = triton.cdiv(5 * rows, 16)  # room for every row's slot
+    k_cache, v_cache = rand(blocks, 16, kv_heads, d), rand(blocks, 16, kv_heads, d)
     slots = torch.arange(rows, device=dev) * 5
     table = rand(rows, 2, d // 2, std=0.5)
     cos, sin = (table[:, 0], table[:, 1]) if norm == "rms" else (None, None)
@@ -89,7 +93,7 @@ def timed(run, gemv_rows: int, pdl: bool) -> tuple[float, torch.Tensor]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="1,2")
+    parser.add_argument("--rows", default="1,2,16,64")
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     dev, dtype = torch.device("cuda"), torch.float16
