@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from tritonformer.kernels import triton_pdl
-from tritonformer.kernels.triton_linear_parts import activation, qkv_epilogue
+from tritonformer.kernels.triton_linear_parts import activation, or_dummy as _or, qkv_epilogue
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the few-row linears run this kernel (0: never).
@@ -157,17 +157,16 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS) -> 
     return max(1, min(triton.next_power_of_2(half), budget // kp))
 
 
-def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, out_mode, qkv, block=None, warps=None):
-    """Run _gemv_kernel; the arguments as triton_small_gemm._launch resolves them. `block` and
-    `warps` override the defaults (the tuning tool)."""
+def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, out_mode, qkv):
+    """Run _gemv_kernel; the arguments as triton_small_gemm._launch resolves them."""
     m, k = x.shape
     p = prenorm
     residual = p.residual if p is not None else None
     sum_out = p.sum_out if p is not None else None
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
     rows = triton.next_power_of_2(m)
-    warps = warps or (1 if _INTERPRETED else _WARPS)
-    bn = block or block_n(half, k, rows, paired, warps)
+    warps = 1 if _INTERPRETED else _WARPS
+    bn = block_n(half, k, rows, paired, warps)
     halves = weight.shape[0] // (2 * half) if paired else 1
     pdl = triton_pdl.enabled(x.device)
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
@@ -182,8 +181,3 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
         ROWS=rows, KP=triton.next_power_of_2(k), BLOCK_N=bn, PDL=pdl, num_warps=warps, **triton_pdl.launch_options(pdl),
     )
     return out
-
-
-def _or(t, fallback):
-    """An unused pointer argument still needs a tensor: any will do."""
-    return fallback if t is None else t

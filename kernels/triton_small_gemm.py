@@ -38,6 +38,7 @@ from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.reference import PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
                                                         OUT_QKV, activation, qkv_epilogue)
+from tritonformer.kernels.triton_linear_parts import or_dummy as _or
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the Triton kernel runs (0: never). Settable for A/B runs of the benchmarks.
@@ -202,11 +203,6 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
         BLOCK_M=max(16, triton.next_power_of_2(m)), **triton_pdl.launch_options(pdl),
     )
     return out
-
-
-def _or(t, fallback):
-    """An unused pointer argument still needs a tensor: any will do."""
-    return fallback if t is None else t
 
 
 def _norm_code(prenorm: PreNorm | None) -> int:
