@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from tritonformer.kernels import triton_pdl
-from tritonformer.kernels.triton_linear_parts import activation, or_dummy as _or, qkv_epilogue
+from tritonformer.kernels.triton_linear_parts import column_tile, or_dummy as _or, store_epilogue
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the few-row linears run this kernel (0: never).
@@ -84,17 +84,9 @@ def _gemv_kernel(
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid and
-    columns as in triton_small_gemm's kernel: tile t covers columns j of half t // tiles per
-    half, and a paired tile (SwiGLU, QKV) also the partner rows HALF further on."""
-    tiles_per_half = tl.cdiv(HALF, BLOCK_N)
-    head = tl.program_id(0) // tiles_per_half
-    j = (tl.program_id(0) % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PAIRED:
-        cols = head * 2 * HALF + j
-    else:
-        cols = j
-    col_ok = j < HALF
+    """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid:
+    (column tiles,), see column_tile."""
+    head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     ks = tl.arange(0, KP)
     k_ok = ks < K
 
@@ -135,13 +127,8 @@ def _gemv_kernel(
     if PAIRED:
         acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2) + bias_b[None, :]
 
-    store_ok = row_ok[:, None] & col_ok[None, :]
-    if OUT == 1:  # OUT_QKV
-        qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
-                     v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
-    else:
-        acc = activation(acc, acc_b, ACT)
-        tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
+    store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om, cos_ptr, sin_ptr, slot_ptr,
+                   k_cache_ptr, v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ACT, OUT, ROTARY)
 
 
 def supported(m: int, x: torch.Tensor) -> bool:

@@ -1,5 +1,6 @@
 """Triton-language pieces shared by the few-row linear kernels (triton_small_gemm, triton_gemv):
-what a decoder linear does to its fp32 accumulator after the GEMM, and the codes that select it."""
+which output columns a program owns, what a decoder linear does to its fp32 accumulator after
+the GEMM, and the codes that select it."""
 from __future__ import annotations
 
 import triton
@@ -15,6 +16,37 @@ OUT_PLAIN, OUT_QKV = 0, 1
 def or_dummy(t, fallback):
     """An unused pointer argument still needs a tensor: any will do."""
     return fallback if t is None else t
+
+
+@triton.jit
+def column_tile(HALF: tl.constexpr, BLOCK_N: tl.constexpr, PAIRED: tl.constexpr):
+    """(head, j, cols, col_ok) of this program's BLOCK_N columns. Columns come in halves of
+    HALF: tile t covers columns j of half `head = t // tiles per half`, weight rows `cols`; a
+    paired tile (SwiGLU, QKV) also owns the partner rows HALF further on (SwiGLU: HALF = N, the
+    up rows after the gate rows; QKV: HALF = head_dim / 2, a head's second half). Plain: HALF
+    = N, one half."""
+    tiles_per_half = tl.cdiv(HALF, BLOCK_N)
+    head = tl.program_id(0) // tiles_per_half
+    j = (tl.program_id(0) % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = j
+    if PAIRED:
+        cols = head * 2 * HALF + j
+    return head, j, cols, j < HALF
+
+
+@triton.jit
+def store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om, cos_ptr, sin_ptr, slot_ptr,
+                   k_cache_ptr, v_cache_ptr, stride_cos, HALF: tl.constexpr, HEADS_Q: tl.constexpr,
+                   HEADS_KV: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr):
+    """The end of a linear on its fp32 accumulators `[rows, j]` (biases already added): the QKV
+    epilogue (OUT 1) or the activation and the store of `[rows, j]` to out."""
+    store_ok = row_ok[:, None] & col_ok[None, :]
+    if OUT == 1:  # OUT_QKV
+        qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
+                     v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
+    else:
+        acc = activation(acc, acc_b, ACT)
+        tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
 
 
 @triton.jit

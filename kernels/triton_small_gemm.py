@@ -37,7 +37,7 @@ from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv, 
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.reference import PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
-                                                        OUT_QKV, activation, qkv_epilogue)
+                                                        OUT_QKV, column_tile, store_epilogue)
 from tritonformer.kernels.triton_linear_parts import or_dummy as _or
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -111,19 +111,8 @@ def _small_linear_kernel(
     DOT_FP32: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One column tile of out = epilogue(x @ W^T). Grid: (column tiles,). Columns come
-    in halves of HALF: tile t covers columns j of half `t // tiles per half`; a paired tile
-    (SwiGLU, QKV) also accumulates the partner rows HALF further on (SwiGLU: HALF = N, up rows
-    after the gate rows; QKV: HALF = head_dim / 2, a head's second half). Plain: HALF = N, one
-    half."""
-    tiles_per_half = tl.cdiv(HALF, BLOCK_N)
-    head = tl.program_id(0) // tiles_per_half
-    j = (tl.program_id(0) % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PAIRED:
-        cols = head * 2 * HALF + j
-    else:
-        cols = j
-    col_ok = j < HALF
+    """One column tile of out = epilogue(x @ W^T). Grid: (column tiles,), see column_tile."""
+    head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     w_rows = tl.where(col_ok, cols, 0).to(tl.int64)  # past the edge: a valid row, never stored
@@ -150,17 +139,12 @@ def _small_linear_kernel(
             acc_b = _dot(x, tl.load(w_tile + partner, mask=k_ok[None, :], other=0.0), acc_b, DOT_FP32)
         w_tile += BLOCK_K
 
-    store_ok = row_ok[:, None] & col_ok[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if PAIRED:
             acc_b += tl.load(bias_ptr + cols + HALF, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if OUT == 1:  # OUT_QKV
-        qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
-                      v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
-    else:
-        acc = activation(acc, acc_b, ACT)
-        tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
+    store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om, cos_ptr, sin_ptr, slot_ptr,
+                   k_cache_ptr, v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ACT, OUT, ROTARY)
 
 
 def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAIN, qkv=None):
