@@ -55,7 +55,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritonformer.kernels import reference
 from tritonformer.kernels.dispatch import register
-from tritonformer.kernels.gpu_info import sm_count
+from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
 # The exact (erf) and tanh GELU definitions are shared with the unfused bias_gelu kernel, so
 # the fused and unfused paths use the same formulas.
@@ -185,7 +185,7 @@ def supported(device: torch.device) -> bool:
     """TMA needs Hopper (compute capability 9) or newer; the interpreter emulates it."""
     if _INTERPRETED:
         return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return hopper_or_newer(device)
 
 
 def _tma_ready(t: torch.Tensor) -> bool:

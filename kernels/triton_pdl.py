@@ -9,12 +9,13 @@ waits is not launched this way. Measured on the H100 in docs/benchmarks.md.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from tritonformer.kernels.gpu_info import hopper_or_newer
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # 0 turns PDL off (A/B runs of the tools); it is only ever on for a GPU that has it.
@@ -34,16 +35,9 @@ def wait_for_predecessor(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-@functools.lru_cache(maxsize=None)
-def _has_pdl(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL."""
-    if not USE_PDL or _INTERPRETED or device.type != "cuda":
-        return False
-    return _has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+    return USE_PDL and not _INTERPRETED and hopper_or_newer(device)
 
 
 def launch_options(pdl: bool) -> dict:
