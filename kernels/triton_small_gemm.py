@@ -273,9 +273,10 @@ def prenorm_qkv_to_cache(
     slot_mapping: torch.Tensor,
 ) -> torch.Tensor:
     """PreNorm, the QKV projection, bias, rotary and the cache write; see
-    reference.prenorm_qkv_to_cache. A decode row or two: all of it in the prefetching GEMV;
-    without a PreNorm, up to MAX_ROWS rows: the small GEMM with the QKV epilogue; otherwise the
-    norm kernel, torch's GEMM and the qkv_to_cache kernel."""
+    reference.prenorm_qkv_to_cache. A decode row or two: all of it in the prefetching GEMV.
+    Up to MAX_ROWS rows, the small GEMM with the QKV epilogue: without a PreNorm, or after the
+    PreNorm's own kernel where `_prefetched` holds (PDL, short K). Otherwise the norm kernel,
+    torch's GEMM and the qkv_to_cache kernel."""
     m, n = _check_linear(x, weight, bias, "none")
     if n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
         raise ValueError(f"weight must be [(H + 2*Hkv) * D, K] with an even D, got {list(weight.shape)}")
