@@ -95,6 +95,13 @@ def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor
     return input_ids
 
 
+def argmax_rows(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Greedy samples: `out[r]` (int64) = the column of row r's largest logit, the first one
+    on ties. `logits` `[rows, vocab]`, any float dtype; rows may be strided (a slice of a
+    padded vocabulary projection). Returns `out`."""
+    return torch.argmax(logits, dim=-1, out=out)
+
+
 def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
     """Sentence embeddings `[B, hidden]` fp32 from packed token states `[T, hidden]`: "mean"
     over each sequence's rows, or "cls" (its first row); with `normalize`, divided by
