@@ -4,22 +4,23 @@ A decode iteration of a small model would be launch-bound: GPT-2 runs 126 kernel
 token per sequence, most of them a few microseconds of work, less than a launch from Python
 costs. Every bucket (1, 2, 4, ... up to the
 running-sequence cap) is captured once at start-up against static input buffers; an iteration
-with n decoding sequences copies its indices into the smallest bucket >= n and replays.
+with n decoding sequences copies its indices into the smallest bucket >= n (decode_inputs.py)
+and replays.
 Padding rows have no keys (length 0) and write their key/value into the cache's scratch
 block, so they change nothing a real sequence reads. The graph starts with `feed_tokens`, so a
-token id may name a sample of the previous iteration still on the device (see DecoderRunner).
+token id may name a sample of the previous iteration still on the device (see DecoderRunner),
+and ends with the greedy samples of its rows written to `last_ids`, where the next one reads.
 """
 from __future__ import annotations
 
 import bisect
 
-import numpy as np
 import torch
 
 from tritonformer import kernels
 from tritonformer.backend.cuda_graphs import capture_graph
+from tritonformer.backend.decode_inputs import DecodeInputs
 from tritonformer.backend.decoder_batch import BatchEntry, DecoderBatch
-from tritonformer.backend.device import copy_to_device_
 from tritonformer.backend.kv_cache import PagedKVCache
 from tritonformer.kernels.gpu_info import sm_count
 
@@ -61,59 +62,48 @@ class DecodeGraphs:
                 self._capture(b)
         return len(self._graphs)
 
-    def run(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """Logits `[len(entries), vocab]` of one-token entries (each samples), by replay."""
-        n = len(entries)
-        b = self.bucket(n)
-        graph, long_buf, int_buf, logits, _ = self._graphs.get(b) or self._capture(b)
-        long_host, int_host = self.host_inputs(entries, b)
-        copy_to_device_(long_buf, torch.from_numpy(long_host))
-        copy_to_device_(int_buf, torch.from_numpy(int_host))
+    def run(self, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the bucket of one-token `entries` (each samples). Returns the bucket's logits
+        `[b, vocab]` (the model's dtype) and the argmax of each row `[b]`, which the replay also
+        left in last_ids; rows from len(entries) on are padding."""
+        b = self.bucket(len(entries))
+        graph, inputs, logits, greedy_ids, _ = self._graphs.get(b) or self._capture(b)
+        inputs.pack(entries)
+        inputs.send()
         graph.replay()
         self.replays += 1
-        return logits[:n]
-
-    def host_inputs(self, entries: list[BatchEntry], b: int) -> tuple[np.ndarray, np.ndarray]:
-        """The static buffers' contents for `entries` padded to bucket `b`: token ids, positions
-        and cache slots (int64), key counts and block tables (int32)."""
-        n = len(entries)
-        bs = self.cache.block_size
-        positions = [e.start for e in entries]
-        long_host = np.empty(3 * b, dtype=np.int64)
-        long_host[:n] = [e.tokens[0] for e in entries]
-        long_host[n:b] = 0
-        long_host[b : b + n] = positions
-        long_host[b + n : 2 * b] = 0
-        long_host[2 * b : 2 * b + n] = [e.block_table[p // bs] * bs + p % bs for e, p in zip(entries, positions)]
-        long_host[2 * b + n :] = self.cache.scratch_slot
-        int_host = np.zeros(b + b * self.width, dtype=np.int32)
-        int_host[:n] = positions
-        int_host[:n] += 1  # keys per sequence, this token's included
-        tables = int_host[b:].reshape(b, self.width)
-        for row, e in zip(tables, entries):
-            row[: len(e.block_table)] = e.block_table
-        return long_host, int_host
+        return logits, greedy_ids
 
     def _capture(self, b: int):
         dev = self.model.device
-        long_buf = torch.zeros(3 * b, dtype=torch.long, device=dev)
-        long_buf[2 * b :] = self.cache.scratch_slot
-        int_buf = torch.zeros(b + b * self.width, dtype=torch.int32, device=dev)
+        inputs = DecodeInputs(b, self.width, self.cache.block_size, self.cache.scratch_slot, dev)
         batch = DecoderBatch(
-            input_ids=long_buf[:b], positions=long_buf[b : 2 * b], slot_mapping=long_buf[2 * b :],
+            input_ids=inputs.input_ids, positions=inputs.positions, slot_mapping=inputs.slot_mapping,
             logits_index=torch.arange(b, device=dev), logits_every_row=True, num_decode=b,
-            decode_tables=int_buf[b:].view(b, self.width), decode_seqlens=int_buf[:b],
+            decode_tables=inputs.tables, decode_seqlens=inputs.seqlens,
             decode_cu_q=torch.arange(b + 1, dtype=torch.int32, device=dev),
             decode_splits=key_splits(b, self.model.config.num_kv_heads, sm_count(dev)),
         )
+        greedy_ids = self.last_ids[:b]
 
         def forward():
             kernels.feed_tokens(batch.input_ids, self.last_ids)
-            return self.model.forward(batch, self.cache)
+            # The logits in the model's dtype: the sampler converts the rows it samples.
+            logits = self.model.forward(batch, self.cache, fp32_logits=False)
+            # Greedy samples inside the graph, straight where the next iteration's feed_tokens
+            # reads them: an all-greedy iteration then launches nothing after the replay but
+            # the ids' copy to the host (each launch costs the host tens of microseconds).
+            kernels.argmax_rows(logits, greedy_ids)
+            return logits
 
+        saved = self.last_ids.clone()  # forward runs here: keep the samples its argmax overwrites
         graph, logits = capture_graph(forward, self._pool)
+        # One replay now, of padding only (the inputs start with no keys and scratch slots): a
+        # graph's first launch uploads it to the device, which a request should not wait for.
+        graph.replay()
+        self.last_ids.copy_(saved)
         self._pool = graph.pool()
         # Keep `batch` alive with the graph: the replay reads its tensors (cu_q, logits_index)
         # at their captured addresses, which must not return to the allocator.
-        self._graphs[b] = (graph, long_buf, int_buf, logits, batch)
+        self._graphs[b] = (graph, inputs, logits, greedy_ids, batch)
         return self._graphs[b]

@@ -5,10 +5,13 @@ Nothing here waits for the GPU. The engine launches iteration i+1 before it read
 i's tokens on the host (its scheduling and bookkeeping then overlap the GPU's work), so i+1's
 inputs cannot hold those tokens yet: they name them as `fed_token(row)`, the row of the sample
 in iteration i, and the first kernel of the forward (`feed_tokens`) reads them from
-`last_ids`, where `publish` left them on the device.
+`last_ids`, where `sample` (or the decode graph's own argmax) left them on the device.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 
 from tritonformer import kernels
@@ -16,6 +19,8 @@ from tritonformer.backend.decode_graphs import DecodeGraphs
 from tritonformer.backend.decoder_batch import BatchEntry, build_batch
 from tritonformer.backend.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel
+from tritonformer.backend.pinned_ring import PinnedRing
+from tritonformer.backend.sampling import Sampler, SamplingParams
 
 
 def fed_token(row: int) -> int:
@@ -23,23 +28,36 @@ def fed_token(row: int) -> int:
     return -1 - row
 
 
+class Forward(NamedTuple):
+    """A launched forward: logits, one row per sampling entry in entry order (fp32; a graph
+    replay's are in the model's dtype, with rows past them where the bucket padded the batch);
+    `greedy_ids` (a graph replay only) is every row's argmax, already in last_ids."""
+
+    logits: torch.Tensor
+    greedy_ids: torch.Tensor | None = None
+
+
 class SampledTokens:
     """One iteration's sampled ids, on their way to the host."""
 
-    def __init__(self, ids: torch.Tensor):
-        if ids.is_cuda:
-            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            self._host.copy_(ids, non_blocking=True)
-            self._done = torch.cuda.Event()
-            self._done.record()
-        else:
-            self._host, self._done = ids, None
+    def __init__(self, ids: torch.Tensor | None, count: int, ring: PinnedRing | None = None, index: int = 0):
+        self._ids, self._count, self._ring, self._index = ids, count, ring, index
+        if ring is not None:
+            self._use = ring.uses[index]
 
     def wait(self) -> list[int]:
-        """The ids as Python ints (waits for the iteration that produced them, and only it)."""
-        if self._done is not None:
-            self._done.synchronize()
-        return self._host.tolist()
+        """The first `count` ids as Python ints (waits for the iteration that produced them, and
+        only it)."""
+        ring = self._ring
+        if self._count == 0:
+            return []
+        if ring is None:
+            return self._ids[: self._count].tolist()
+        if ring.uses[self._index] != self._use:
+            raise RuntimeError("sampled ids read after their host buffer was reused: read iteration i "
+                               "before launching iteration i + 2")
+        ring.events[self._index].synchronize()
+        return ring.arrays[self._index].view(np.int64)[: self._count].tolist()
 
 
 class DecoderRunner:
@@ -49,9 +67,13 @@ class DecoderRunner:
         # The last iteration's samples (at most one per running sequence), for fed tokens.
         self.last_ids = torch.zeros(max_running, dtype=torch.long, device=model.device)
         self.graphs = None
-        if cuda_graphs and model.device.type == "cuda":
-            max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
-            self.graphs = DecodeGraphs(model, cache, max_running, max_blocks, self.last_ids)
+        self._to_host = None
+        if model.device.type == "cuda":
+            self._to_host = PinnedRing(self.last_ids.numel() * self.last_ids.element_size())
+            self._host_views: dict[tuple[int, int], torch.Tensor] = {}
+            if cuda_graphs:
+                max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
+                self.graphs = DecodeGraphs(model, cache, max_running, max_blocks, self.last_ids)
 
     def warm_up(self) -> None:
         """First-call costs before the model reports READY, not on a request: kernel compilation
@@ -68,19 +90,39 @@ class DecoderRunner:
             self.graphs.warm_up()
 
     @torch.inference_mode()
-    def run(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """fp32 logits `[S, vocab]`, one row per entry with `sample`, in entry order. Token ids
-        may be `fed_token(row)`s of the last `publish`ed samples."""
+    def run(self, entries: list[BatchEntry]) -> Forward:
+        """Launch the forward of `entries` (one logits row per entry with `sample`). Token ids
+        may be `fed_token(row)`s of the last iteration's samples."""
         if self.graphs is not None and all(len(e.tokens) == 1 and e.sample for e in entries):
             if self.graphs.bucket(len(entries)) is not None:
-                return self.graphs.run(entries)
+                return Forward(*self.graphs.run(entries))
         batch = build_batch(entries, self.cache.block_size, self.model.device)
         kernels.feed_tokens(batch.input_ids, self.last_ids)
-        return self.model.forward(batch, self.cache)
+        return Forward(self.model.forward(batch, self.cache))
 
     @torch.inference_mode()
-    def publish(self, ids: torch.Tensor) -> SampledTokens:
-        """Keep this iteration's samples `[S]` on the device for the next iteration's fed tokens
-        and start their copy to the host."""
-        self.last_ids[: ids.numel()].copy_(ids)
-        return SampledTokens(ids)
+    def sample(self, forward: Forward, sampler: Sampler, params: list[SamplingParams], keys: list[int]) -> SampledTokens:
+        """Sample one id per row of `params`, keep them on the device for the next iteration's
+        fed tokens, and start their copy to the host."""
+        n = len(params)
+        if n == 0:  # only prompt chunks that do not reach their end
+            return SampledTokens(None, 0)
+        if forward.greedy_ids is not None and all(p.greedy for p in params):
+            return self._start_copy(forward.greedy_ids, n)  # the replay sampled them already
+        ids = sampler.sample_ids(forward.logits[:n], params, keys)
+        self.last_ids[:n].copy_(ids)
+        return self._start_copy(ids, n)
+
+    def _start_copy(self, ids: torch.Tensor, count: int) -> SampledTokens:
+        """Copy `ids` (count of them wanted) to the host without waiting for them."""
+        ring = self._to_host
+        if ring is None:
+            return SampledTokens(ids, count)
+        i = ring.take()
+        key = (i, ids.numel())
+        view = self._host_views.get(key)
+        if view is None:  # one view per buffer and size (the graph buckets): no slicing per copy
+            view = self._host_views[key] = ring.typed(i, torch.int64)[0][: ids.numel()]
+        view.copy_(ids, non_blocking=True)
+        ring.copied(i)
+        return SampledTokens(None, count, ring, i)

@@ -64,6 +64,9 @@ class Sequence:
     detok: IncrementalDetokenizer
     key: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
+    # Output tokens at which it ends by length: max_tokens, or the context window's end.
+    # Decided when a token is reserved (nothing is scheduled after it), applied when it arrives.
+    max_output: int | None = None  # (None: max_tokens)
     output_ids: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)  # its KV blocks (the scheduler's)
@@ -81,14 +84,17 @@ class Sequence:
     def __post_init__(self) -> None:
         self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
         self.num_resolved = len(self.output_ids)
+        if self.max_output is None:
+            self.max_output = self.params.max_tokens
 
-    def reserve(self, row: int, last: bool) -> int:
+    def reserve(self, row: int) -> int:
         """A token of the launched iteration's row `row` will be this sequence's next output;
-        returns its index in output_ids. `last`: the sequence ends with it (by length)."""
+        returns its index in output_ids."""
         self.output_ids.append(fed_token(row))
-        if not last:
+        n = len(self.output_ids)
+        if n < self.max_output:  # else the sequence ends with it: nothing runs after it
             self.num_tokens += 1
-        return len(self.output_ids) - 1
+        return n - 1
 
     def resolve(self, index: int, token: int) -> None:
         self.output_ids[index] = token
@@ -141,7 +147,9 @@ class GeneratorEngine(EngineLoop):
         self._launched: _Launched | None = None  # the iteration on the GPU, tokens not yet read
 
     def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool) -> Sequence:
-        return Sequence(handle, prompt_ids, params, stream, IncrementalDetokenizer(self.tokenizer, params.stop))
+        max_output = min(params.max_tokens, self.config.max_position_embeddings - len(prompt_ids))
+        return Sequence(handle, prompt_ids, params, stream, IncrementalDetokenizer(self.tokenizer, params.stop),
+                        max_output=max_output)
 
     # ---- EngineLoop ---------------------------------------------------------------------
     def admit(self, items: list[Sequence]) -> None:
@@ -174,15 +182,13 @@ class GeneratorEngine(EngineLoop):
         entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples) for w in work]
         sampling = [w.seq for w in work if w.samples]
         try:
-            logits = self.runner.run(entries)
-            ids = self.sampler.sample_ids(logits, [s.params for s in sampling], [s.key for s in sampling])
-            tokens = self.runner.publish(ids)
+            forward = self.runner.run(entries)
+            tokens = self.runner.sample(forward, self.sampler, [s.params for s in sampling], [s.key for s in sampling])
         except Exception as e:
             self._fail([w.seq for w in work], e)
             return None
         self.scheduler.commit(it)  # the KV is written before anything later on the stream reads it
-        samples = [(seq, seq.reserve(row, self._length_reached(seq, len(seq.output_ids) + 1)))
-                   for row, seq in enumerate(sampling)]
+        samples = [(seq, seq.reserve(row)) for row, seq in enumerate(sampling)]
         if self.stats is not None:
             self._report(it)
         return _Launched(samples, tokens)
@@ -204,12 +210,6 @@ class GeneratorEngine(EngineLoop):
             self._release(seq)
             self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {error}"), final=True)
         self.report_occupancy()
-
-    def _length_reached(self, seq: Sequence, num_output: int) -> bool:
-        """Whether `seq` ends by length once it has `num_output` output tokens: decided when a
-        token is reserved (nothing is scheduled after it) and applied when it arrives."""
-        return (num_output >= seq.params.max_tokens
-                or len(seq.prompt_ids) + num_output >= self.config.max_position_embeddings)
 
     def _report(self, it: Iteration) -> None:
         self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
@@ -237,7 +237,7 @@ class GeneratorEngine(EngineLoop):
             seq.finish_reason = "stop"
         elif seq.detok.add(token):
             seq.finish_reason = "stop"  # a stop string appeared
-        elif self._length_reached(seq, index + 1):
+        elif index + 1 >= seq.max_output:
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             self._finish(seq)

@@ -194,7 +194,7 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], keys: list[int]) -> list[int]:
-        """logits `[B, vocab]` fp32 -> one token id per row."""
+        """float logits `[B, vocab]` -> one token id per row."""
         return self.sample_ids(logits, params, keys).tolist()  # the call's one device->host sync
 
     @torch.inference_mode()

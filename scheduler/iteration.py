@@ -47,19 +47,24 @@ class SequenceTooLong(OutOfBlocks):
         self.seq = seq
 
 
-@dataclass
 class Scheduled:
-    """Tokens `start .. start+num_new-1` of `seq` run this iteration."""
+    """Tokens `start .. start+num_new-1` of `seq` run this iteration.
 
-    seq: Any
-    start: int  # == seq.num_computed when scheduled
-    num_new: int
-    # Whether the last known token runs, so the engine samples the next one. Fixed when
-    # scheduled: once the engine appends the sampled token, recomputing it would say False.
-    samples: bool = field(init=False)
+    A plain class with slots, not a dataclass: one is made per running sequence per iteration,
+    on the path the GPU waits for at large batches."""
 
-    def __post_init__(self) -> None:
-        self.samples = self.start + self.num_new == self.seq.num_tokens
+    __slots__ = ("seq", "start", "num_new", "samples")
+
+    def __init__(self, seq: Any, num_new: int):
+        self.seq = seq
+        self.start = start = seq.num_computed
+        self.num_new = num_new
+        # Whether the last known token runs, so the engine samples the next one. Fixed when
+        # scheduled: once the engine appends the sampled token, recomputing it would say False.
+        self.samples = start + num_new == seq.num_tokens
+
+    def __repr__(self) -> str:
+        return f"Scheduled(start={self.start}, num_new={self.num_new}, samples={self.samples})"
 
 
 @dataclass
@@ -80,8 +85,7 @@ class Iteration:
         return self.decode + self.prefill
 
     def _add(self, seq: Any, num_new: int) -> None:
-        entry = Scheduled(seq, seq.num_computed, num_new)
-        (self.decode if num_new == 1 else self.prefill).append(entry)
+        (self.decode if num_new == 1 else self.prefill).append(Scheduled(seq, num_new))
 
 
 class IterationScheduler:
@@ -127,12 +131,13 @@ class IterationScheduler:
         it = Iteration()
         budget = self.max_tokens_per_iteration
         block_size = self.blocks.block_size
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        # (Preemption pops from the tail of `running` during this loop; a list iterator just
+        # stops earlier then.)
+        for seq in self.running:
+            if budget <= 0:
+                break
             num_new = min(seq.num_tokens - seq.num_computed, budget)
             if num_new <= 0:
-                i += 1
                 continue
             need = seq.num_computed + num_new
             if len(seq.block_table) * block_size < need:  # most decode steps: room in its last block
@@ -141,7 +146,6 @@ class IterationScheduler:
                 self.blocks.grow(seq.block_table, need)
             it._add(seq, num_new)
             budget -= num_new
-            i += 1
         if not it.preempted:  # short of blocks already: admitting more would only thrash
             self._admit(it, budget)
         return it

@@ -334,8 +334,8 @@ def test_the_next_iteration_launches_before_the_last_ones_tokens_are_read(smollm
             events.append("run")
             return super().run(entries)
 
-        def publish(self, ids):
-            tokens, n = super().publish(ids), sum(e == "run" for e in events)
+        def sample(self, forward, sampler, params, keys):
+            tokens, n = super().sample(forward, sampler, params, keys), sum(e == "run" for e in events)
 
             class Logged:
                 def wait(self):
@@ -394,3 +394,19 @@ def test_preemption_with_tokens_in_flight_gives_hf_greedy_outputs():
     for seq, prompt in zip(seqs, prompts):
         ids, mask = left_pad([prompt], "cpu")
         assert seq.output_ids == generate_greedy(hf, ids, mask, 40)[0, len(prompt):].tolist()
+
+
+def test_starting_an_engine_freezes_what_start_up_created(smollm2):
+    """Objects from loading and warm-up are out of the collector's reach once the engine runs
+    (a full collection walking them stalled every stream)."""
+    import gc
+
+    model, tok = smollm2
+    gc.unfreeze()
+    engine = _generator(model, tok, FakeSink())
+    assert gc.get_freeze_count() == 0
+    engine.start()
+    try:
+        assert gc.get_freeze_count() > 10_000  # torch, the model and the tokenizer among them
+    finally:
+        engine.stop()

@@ -154,9 +154,12 @@ def test_decode_graph_replay_equals_eager():
     prompts = [torch.randint(0, 50256, (n,), generator=gen).tolist() for n in lengths]
     ours.forward(build_batch([BatchEntry(p, 0, t, True) for p, t in zip(prompts, tables)], 16, CUDA), cache)
     entries = [BatchEntry([7 + i], n, t, True) for i, (n, t) in enumerate(zip(lengths, tables))]
-    replayed = graphs.run(entries).clone()
+    logits, greedy_ids = graphs.run(entries)
+    replayed, n = logits[: len(entries)].float(), len(entries)  # (the graph keeps fp16 logits)
+    assert greedy_ids.tolist()[:n] == replayed.argmax(-1).tolist()  # the replay's own argmax
+    assert graphs.last_ids[:n].tolist() == greedy_ids.tolist()[:n]  # left where feed_tokens reads
     eager = ours.forward(build_batch(entries, 16, CUDA), cache)
-    assert graphs.replays == 1 and graphs.bucket(len(entries)) == 8
+    assert graphs.replays == 1 and graphs.bucket(len(entries)) == 8 and logits.shape[0] == 8
     torch.testing.assert_close(replayed, eager, atol=2e-2, rtol=2e-2)
     assert _cos_min(replayed, eager) >= 0.9999
 

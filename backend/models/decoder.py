@@ -2,7 +2,7 @@
 
 A decoder model runs one iteration: `forward(batch, cache)` takes a DecoderBatch (the packed
 tokens of every scheduled sequence, see decoder_batch.py), writes their keys and values into
-the paged cache and returns fp32 logits for the rows the batch asks for.
+the paged cache and returns logits (fp32 unless asked otherwise) for the rows the batch asks for.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ class DecoderModel:
         self.dtype = dtype
         self.weight = weight_getter(state, device, dtype)
 
-    def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
+        """See `logits` for `fp32_logits`."""
         raise NotImplementedError
 
     def set_output_head(self, weight: torch.Tensor) -> None:
@@ -34,9 +35,13 @@ class DecoderModel:
         pad = -weight.shape[0] % 64
         self.output_head = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])]) if pad else weight
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """fp32 next-token logits `[rows, vocab]` of final hidden states `[rows, hidden]`."""
-        return F.linear(x, self.output_head)[:, : self.vocab_size].float()
+    def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """Next-token logits `[rows, vocab]` of final hidden states `[rows, hidden]`: an fp32
+        copy, or with `fp32=False` the projection's own output, in the model's dtype and with
+        the padded row stride (for a greedy decode graph, whose argmax reads it as it is: the
+        copy alone took 10 us at batch 64)."""
+        logits = F.linear(x, self.output_head)[:, : self.vocab_size]
+        return logits.float() if fp32 else logits
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         c = self.config

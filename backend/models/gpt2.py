@@ -109,7 +109,7 @@ class GPT2Model(DecoderModel):
         return normed, h
 
     @torch.inference_mode()
-    def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
         """One iteration. The residual add and LayerNorm before each QKV projection and each
         MLP are that linear's PreNorm: for a decode row or two one kernel with the GEMM (and for
         the QKV projection the split and the cache write: kernels.prenorm_qkv_to_cache, and
@@ -140,4 +140,4 @@ class GPT2Model(DecoderModel):
         if not batch.logits_every_row:
             x, h = x[batch.logits_index], h[batch.logits_index]
         x, _ = self._add_norm(x, self.layers[-1]["proj_b"], h, self.ln_f)
-        return self.logits(x)
+        return self.logits(x, fp32_logits)

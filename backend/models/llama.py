@@ -94,7 +94,7 @@ class LlamaModel(DecoderModel):
             )
 
     @torch.inference_mode()
-    def forward(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
         """One iteration over the batch's packed tokens; returns `[S, vocab]` fp32 logits of the
         rows in `batch.logits_index`."""
         cfg = self.config
@@ -127,4 +127,4 @@ class LlamaModel(DecoderModel):
         if not batch.logits_every_row:
             x, residual = x[batch.logits_index], residual[batch.logits_index]
         x, _ = kernels.rms_norm(x, self.final_norm, cfg.rms_norm_eps, residual)
-        return self.logits(x)
+        return self.logits(x, fp32_logits)

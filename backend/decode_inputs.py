@@ -1,0 +1,79 @@
+"""The inputs of one decode-graph bucket, packed on the host with little work per iteration.
+
+A captured decode iteration of `b` rows reads static device buffers: token ids, positions and
+cache slots (int64), key counts and block tables (int32). They live in one device buffer, so an
+iteration sends them in one copy. The host keeps a mirror of that buffer and rewrites only
+what changed: most of it is the block tables (rows x blocks per sequence), and a sequence's
+table changes once every `block_size` tokens, so re-packing every row every iteration (an
+interpreted loop over thousands of ints at batch 64) would cost more than the GPU's whole
+iteration. Each row remembers the table it holds and is rewritten only when the sequence's
+table differs (compared by value, so a table that was freed and filled again is caught too).
+
+Rows past the real ones are padding: no keys (count 0), cache slot in the scratch block. Their
+stale tables are never read.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tritonformer.backend.decoder_batch import BatchEntry
+from tritonformer.backend.pinned_ring import PinnedRing
+
+
+class DecodeInputs:
+    def __init__(self, rows: int, width: int, block_size: int, scratch_slot: int, device: torch.device):
+        self.rows, self.width, self.block_size, self.scratch_slot = rows, width, block_size, scratch_slot
+        longs, ints = 3 * rows, rows + rows * width
+        nbytes = 8 * longs + 4 * ints
+        self.device_buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        as_long = self.device_buffer[: 8 * longs].view(torch.int64)
+        as_int = self.device_buffer[8 * longs :].view(torch.int32)
+        # What the graph reads (views of the one device buffer).
+        self.input_ids, self.positions, self.slot_mapping = as_long[:rows], as_long[rows : 2 * rows], as_long[2 * rows :]
+        self.seqlens, self.tables = as_int[:rows], as_int[rows:].view(rows, width)
+
+        self.host = np.zeros(nbytes, dtype=np.uint8)  # the mirror, laid out like device_buffer
+        host_long = self.host[: 8 * longs].view(np.int64)
+        host_int = self.host[8 * longs :].view(np.int32)
+        self._ids, self._pos, self._slots = host_long[:rows], host_long[rows : 2 * rows], host_long[2 * rows :]
+        self._seqlens, self._tables = host_int[:rows], host_int[rows:].reshape(rows, width)
+        self._slots[:] = scratch_slot
+        self._known: list[list[int] | None] = [None] * rows  # the block table each row holds
+        self._row_index = np.arange(rows)
+        # CUDA: the mirror goes out through pinned buffers; the CPU (tests) copies it directly.
+        self._ring = PinnedRing(nbytes) if self.device_buffer.is_cuda else None
+        self.send()
+
+    def pack(self, entries: list[BatchEntry]) -> None:
+        """Make the mirror describe `entries` (one-token decodes, at most `rows`) then padding."""
+        n = len(entries)
+        if not 0 < n <= self.rows:
+            raise ValueError(f"{n} entries for a decode bucket of {self.rows} rows")
+        known, tables = self._known, self._tables
+        for row, e in enumerate(entries):
+            table = e.block_table
+            if known[row] != table:  # a new sequence in this row, or its table grew
+                tables[row, : len(table)] = table
+                known[row] = list(table)
+        self._ids[:n] = [e.tokens[0] for e in entries]
+        self._ids[n:] = 0
+        pos = self._pos
+        pos[:n] = [e.start for e in entries]
+        pos[n:] = 0
+        self._seqlens[:n] = pos[:n] + 1  # keys per sequence, this token's included
+        self._seqlens[n:] = 0
+        bs = self.block_size
+        live = pos[:n]
+        self._slots[:n] = tables[self._row_index[:n], live // bs] * bs + live % bs
+        self._slots[n:] = self.scratch_slot
+
+    def send(self) -> None:
+        """Queue the mirror's copy to the device (never waits for the GPU)."""
+        if self._ring is None:
+            self.device_buffer.copy_(torch.from_numpy(self.host))
+            return
+        i = self._ring.take()
+        np.copyto(self._ring.arrays[i], self.host)
+        self.device_buffer.copy_(self._ring.buffers[i], non_blocking=True)
+        self._ring.copied(i)
