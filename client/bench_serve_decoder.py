@@ -4,9 +4,9 @@ Our generator engine (iteration-level scheduler, paged KV cache, selective batch
 decode, batched sampling) driven directly in this process, on the same random weights as the
 Hugging Face baselines (client/bench_decoder_baselines.py), greedy, EOS ignored:
 
-1. decode step time at batch 1 and 64 (context 128) for GPT-2 124M, batch 1 for a
-   Llama-3.2-1B-shaped model: ours vs HF `generate`, and the weight-read floor (weight bytes
-   over the copy bandwidth measured here);
+1. decode step time at batch 1 and 64 (prompts of 128 tokens, then 8 decode steps before the
+   64 timed ones) for GPT-2 124M, batch 1 for a Llama-3.2-1B-shaped model: ours vs HF
+   `generate`, and the weight-read floor (weight bytes over the copy bandwidth measured here);
 2. the Orca trace (256 requests at once, prompt U[32,512], output U[1,128], seed 0): useful
    tokens/s of request-level batching (HF generate, batches of 32), transformers' continuous
    batching, and ours; plus the fixed grid 128/128, 512/512, 1024/128;
@@ -62,6 +62,7 @@ class _IdsOnly:
 def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4):
     """Our engine on the HF model's weights; returns (engine, sink)."""
     from tritonformer.backend.decoder_runner import DecoderRunner
+    from tritonformer.backend.engine_loop import freeze_startup_objects
     from tritonformer.backend.generator import GeneratorEngine
     from tritonformer.backend.kv_cache import plan_num_blocks
     from tritonformer.backend.models.decoder import load_decoder
@@ -76,6 +77,7 @@ def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_
                                    max_seq_len=model.config.max_position_embeddings)
     runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running)
     runner.warm_up()
+    freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
     sink = _CountingSink()
     return GeneratorEngine(runner, _IdsOnly(), sink, scheduler, max_queue=100_000, cancel_check_interval_s=3600), sink
 
@@ -134,24 +136,32 @@ def run_ours(engine, sink, trace) -> dict:
             "preemptions": engine.scheduler.num_preemptions - preempted_before}
 
 
-def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> float:
-    """Milliseconds per engine iteration with `batch` sequences decoding (after their prefill):
-    scheduling, batch building, the forward (graph replay), sampling and bookkeeping."""
+WARM_STEPS = 8  # decode steps before the timed ones: the switch from prefill, the first replays
+
+
+def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> tuple:
+    """Milliseconds per engine iteration with `batch` sequences decoding, in steady state (after
+    their prefill and WARM_STEPS decode steps): scheduling, batch building, the forward (graph
+    replay), sampling and bookkeeping. Returns (mean step, forward alone, each step's ms)."""
     from tritonformer.client.bench_decoder_baselines import fixed_trace
 
-    trace = fixed_trace(context, steps + 2, batch, seed=1, vocab_size=vocab)
+    trace = fixed_trace(context, WARM_STEPS + steps + 2, batch, seed=1, vocab_size=vocab)
     _submit(engine, trace)
     prefill_until_decoding(engine)
-    _sync(engine)
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(WARM_STEPS):
         engine.step()
     _sync(engine)
-    ms = (time.perf_counter() - t0) / steps * 1e3
+    marks = [time.perf_counter()]
+    for _ in range(steps):
+        engine.step()
+        marks.append(time.perf_counter())
+    _sync(engine)
+    ms = (time.perf_counter() - marks[0]) / steps * 1e3
+    each = np.diff(marks) * 1e3
     forward = _forward_ms(engine)
     while engine.has_work():
         engine.step()
-    return ms, forward
+    return ms, forward, each
 
 
 def prefill_until_decoding(engine) -> None:
@@ -229,12 +239,16 @@ def run(args) -> int:
             print("| batch | HF generate ms | ours: engine step ms | ours: forward only ms | speed-up | step / floor |")
             print("|---:|---:|---:|---:|---:|---:|")
             for b in batches:
-                ours, forward = our_step_ms(engine, sink, b, vocab=vocab)
+                ours, forward, each = our_step_ms(engine, sink, b, vocab=vocab)
                 base = None if args.skip_hf else hf.hf_step_time(hf_model, b, device=dev)
-                results[f"step_{name}_b{b}"] = {"hf_ms": base, "ours_ms": ours, "forward_ms": forward, "floor_ms": floor_ms}
+                results[f"step_{name}_b{b}"] = {"hf_ms": base, "ours_ms": ours, "forward_ms": forward, "floor_ms": floor_ms,
+                                                "step_ms_p50": float(np.median(each)), "step_ms_max": float(each.max())}
                 base_s = f"{base:.3f}" if base else "-"
                 ratio = f"{base / ours:.1f}x" if base else "-"
                 print(f"| {b} | {base_s} | {ours:.3f} | {forward:.3f} | {ratio} | {ours / floor_ms:.1f}x |", flush=True)
+            spread = [(b, results[f"step_{name}_b{b}"]) for b in batches]
+            print("\nsteps, median / slowest ms: " + ", ".join(
+                f"batch {b} {r['step_ms_p50']:.3f} / {r['step_ms_max']:.3f}" for b, r in spread))
         if name == "gpt2-124M" and parts & {"trace", "grid"}:
             traces = []
             if "trace" in parts:

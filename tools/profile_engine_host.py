@@ -11,6 +11,7 @@ that returns logits at once.
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import pstats
 import time
@@ -19,8 +20,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from tritonformer.backend.decode_graphs import DecodeGraphs
-from tritonformer.backend.decoder_runner import SampledTokens
+from engine_phases import phase_table
+
+from tritonformer.backend.decode_graphs import decode_buckets
+from tritonformer.backend.decode_inputs import DecodeInputs
+from tritonformer.backend.decoder_runner import Forward, SampledTokens
 from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.sampling import SamplingParams
 from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
@@ -37,21 +41,20 @@ class ModelFreeRunner:
     def __init__(self, max_running: int):
         self.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=CONTEXT, eos_token_ids=(0,)))
         self.cache = SimpleNamespace(block_size=BLOCK, scratch_slot=BLOCKS * BLOCK, bytes_per_block=lambda: 1)
-        width = CONTEXT // BLOCK
-        self.graphs = DecodeGraphs(None, self.cache, max_running, width, torch.zeros(max_running, dtype=torch.long))
-        self.long_buf = torch.zeros(3 * max_running, dtype=torch.long)
-        self.int_buf = torch.zeros(max_running * (1 + width), dtype=torch.int32)
+        self.buckets = decode_buckets(max_running)
+        self.inputs = {b: DecodeInputs(b, CONTEXT // BLOCK, BLOCK, BLOCKS * BLOCK, torch.device("cpu"))
+                       for b in self.buckets}
         self.logits = torch.randn(max_running, VOCAB)
 
     def run(self, entries):
         if all(len(e.tokens) == 1 for e in entries):
-            long_host, int_host = self.graphs.host_inputs(entries, self.graphs.bucket(len(entries)))
-            self.long_buf[: long_host.size].copy_(torch.from_numpy(long_host))
-            self.int_buf[: int_host.size].copy_(torch.from_numpy(int_host))
-        return self.logits[: sum(e.sample for e in entries)]
+            inputs = self.inputs[self.buckets[bisect.bisect_left(self.buckets, len(entries))]]
+            inputs.pack(entries)
+            inputs.send()
+        return Forward(self.logits[: sum(e.sample for e in entries)])
 
-    def publish(self, ids):
-        return SampledTokens(ids)
+    def sample(self, forward, sampler, params, keys):
+        return SampledTokens(sampler.sample_ids(forward.logits, params, keys), len(params))
 
 
 def main() -> int:
@@ -77,6 +80,8 @@ def main() -> int:
         rounds.append((time.perf_counter() - start) / args.steps * 1e6)
     print(f"batch {args.batch}: {sorted(rounds)[3]:.0f} us of host work per decode iteration "
           f"(median of 7 rounds; min {min(rounds):.0f})")
+    print()
+    print(phase_table(engine, args.steps))
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()

@@ -9,7 +9,11 @@ prints, per step:
 
 - the wall time of a step, and of the forward's graph replay alone;
 - the host time of each engine phase (schedule, inputs + replay launch, sampling, publishing
-  the ids, waiting for the previous iteration's ids, bookkeeping), as the engine calls them;
+  the ids, waiting for the previous iteration's ids, bookkeeping), by wall clock without the
+  profiler (which slows the host 2-3x), and again under it;
+- the host time of one decode-graph launch;
+- from CUDA events, without the profiler: the GPU's time per iteration and between two
+  (a long gap is the GPU waiting for the host), and the host's time per step;
 - the CUDA runtime calls the host makes (a long cudaEventSynchronize is the host waiting for
   the GPU; a long cudaMemcpyAsync is a copy that waited for the stream);
 - the GPU's busy time (the union of its kernels and copies) and so its idle time per step.
@@ -25,26 +29,30 @@ import time
 from collections import defaultdict
 
 import torch
+from engine_phases import PHASES, phase_table, wrap_phases
 
-PHASES = {  # engine phase -> (object attribute path, method)
-    "schedule": ("scheduler", "schedule"),
-    "inputs + replay launch": ("runner", "run"),
-    "sampling": ("sampler", "sample_ids"),
-    "publish ids": ("runner", "publish"),
-    "scheduler commit": ("scheduler", "commit"),
-    "complete previous (wait + bookkeeping)": (None, "_complete"),
-    "drop cancelled": (None, "_drop_cancelled"),
-}
-
-
-def _wrap(obj, method: str, label: str) -> None:
-    original = getattr(obj, method)
-
+def _profiled(original, label):
     def wrapped(*args, **kwargs):
         with torch.profiler.record_function(label):
             return original(*args, **kwargs)
+    return wrapped
 
-    setattr(obj, method, wrapped)
+
+def _replay_launch_us(engine, repeats: int = 50) -> float:
+    """Host microseconds of one `graph.replay()` for the running batch's bucket (median of
+    `repeats` launched back to back: the queue stays short enough that none waits)."""
+    from tritonformer.client.bench_serve_decoder import _sync
+
+    graphs = engine.runner.graphs
+    graph = graphs._graphs[graphs.bucket(len(engine.scheduler.running))][0]
+    _sync(engine)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        graph.replay()
+        times.append(time.perf_counter() - t0)
+    _sync(engine)
+    return sorted(times)[repeats // 2] * 1e6
 
 
 def _busy_us(events) -> float:
@@ -63,6 +71,57 @@ def _busy_us(events) -> float:
     return busy
 
 
+def _marked_runs(engine, drive, count: int):
+    """Run `drive()` `count` times with CUDA events around every forward launch (input copy +
+    replay); the events are timestamped when the GPU reaches them. Returns (GPU microseconds of
+    each launch, GPU microseconds between consecutive launches, host microseconds per drive)."""
+    import numpy as np
+
+    from tritonformer.client.bench_serve_decoder import _sync
+
+    runner, marks, host = engine.runner, [], []
+    original = runner.run
+
+    def marked(entries):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = original(entries)
+        end.record()
+        marks.append((start, end))
+        return out
+
+    runner.run = marked
+    try:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            drive()
+            host.append(time.perf_counter() - t0)
+        _sync(engine)
+    finally:
+        del runner.run
+    span = np.array([s.elapsed_time(e) for s, e in marks]) * 1e3
+    gap = np.array([e.elapsed_time(s) for (_, e), (s, _) in zip(marks, marks[1:])]) * 1e3
+    return span, gap, np.array(host) * 1e6
+
+
+def _gpu_timeline(engine, steps: int) -> str:
+    """Without the profiler: the GPU's time per engine iteration and between two (the ids' copy
+    to the host, then idle until the host launched the next), then the same last iteration
+    replayed alone, back to back, for comparison at the same context length."""
+    import numpy as np
+
+    from tritonformer.client.bench_serve_decoder import decode_entries
+
+    span, gap, host = _marked_runs(engine, engine.step, steps)
+    entries = decode_entries(engine)
+    alone, alone_gap, _ = _marked_runs(engine, lambda: engine.runner.run(entries), steps)
+    return (f"GPU per engine iteration (input copy + replay): median {np.median(span):.1f}, max {span.max():.1f}; "
+            f"the last one replayed alone: median {np.median(alone):.1f} (between replays {np.median(alone_gap):.1f})\n"
+            f"GPU between engine iterations: mean {gap.mean():.1f}, median {np.median(gap):.1f}, p90 "
+            f"{np.percentile(gap, 90):.1f}, max {gap.max():.1f}; {int((gap > 20).sum())} of {gap.size} over 20 us\n"
+            f"host per step: median {np.median(host):.1f}, p90 {np.percentile(host, 90):.1f}, max {host.max():.1f}")
+
+
 def main() -> int:
     from tritonformer.client import bench_decoder_baselines as hf
     from tritonformer.client.bench_serve_decoder import _forward_ms, _submit, _sync, prefill_until_decoding, random_engine
@@ -76,7 +135,7 @@ def main() -> int:
 
     engine, vocab = random_engine(args.model, torch.device("cuda"))
     # Long enough outputs that every timed and profiled step decodes the whole batch.
-    _submit(engine, hf.fixed_trace(128, 3 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
+    _submit(engine, hf.fixed_trace(128, 4 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
     prefill_until_decoding(engine)
     for _ in range(10):
         engine.step()
@@ -89,8 +148,9 @@ def main() -> int:
     _sync(engine)
     step_us = (time.perf_counter() - t0) / args.steps * 1e6
 
-    for label, (path, method) in PHASES.items():
-        _wrap(engine if path is None else getattr(engine, path), method, label)
+    phases = phase_table(engine, args.steps)
+    timeline = _gpu_timeline(engine, args.steps)
+    wrap_phases(engine, _profiled)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         t0 = time.perf_counter()
@@ -101,6 +161,7 @@ def main() -> int:
         profiled_us = (time.perf_counter() - t0) / args.steps * 1e6
     if args.trace:
         prof.export_chrome_trace(args.trace)
+    launch_us = _replay_launch_us(engine)  # last: its replays rewrite the cache with stale inputs
 
     events = prof.events()
     host = defaultdict(float)
@@ -119,7 +180,11 @@ def main() -> int:
     print(f"# {args.model} decode, batch {args.batch}, {torch.cuda.get_device_name()}: microseconds per step")
     print(f"step (no profiler) {step_us:.1f} | forward replay alone {forward_us:.1f} | "
           f"step under the profiler {profiled_us:.1f} | GPU busy {busy:.1f}, idle {profiled_us - busy:.1f}")
-    print("\n| host phase | us per step |\n|---|---:|")
+    print(f"host time of one decode graph launch (graph.replay, no sync): {launch_us:.1f}")
+    print(timeline)
+    print()
+    print(phases)
+    print("\n| host phase, under the profiler | us per step |\n|---|---:|")
     for name in ["engine.step", *PHASES]:
         print(f"| {name} | {host[name] / args.steps:.1f} |")
     print("\n| CUDA runtime call | us per step | calls per step |\n|---|---:|---:|")
