@@ -53,9 +53,14 @@ class DecodeInputs:
         known, tables = self._known, self._tables
         for row, e in enumerate(entries):
             table = e.block_table
-            if known[row] != table:  # a new sequence in this row, or its table grew
-                tables[row, : len(table)] = table
-                known[row] = list(table)
+            held = known[row]
+            if held != table:  # a new sequence in this row, or its table grew
+                if held is not None and len(table) == len(held) + 1 and table[:-1] == held:
+                    tables[row, len(held)] = table[-1]  # grew by a block (one row in 16 steps)
+                    held.append(table[-1])
+                else:
+                    tables[row, : len(table)] = table
+                    known[row] = list(table)
         self._ids[:n] = [e.tokens[0] for e in entries]
         self._ids[n:] = 0
         pos = self._pos
