@@ -23,7 +23,7 @@ from tritonformer.backend.pinned_ring import PinnedRing
 
 class DecodeInputs:
     def __init__(self, rows: int, width: int, block_size: int, scratch_slot: int, device: torch.device):
-        self.rows, self.width, self.block_size, self.scratch_slot = rows, width, block_size, scratch_slot
+        self.rows, self.block_size, self.scratch_slot = rows, block_size, scratch_slot
         longs, ints = 3 * rows, rows + rows * width
         nbytes = 8 * longs + 4 * ints
         self.device_buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)

@@ -122,7 +122,7 @@ class DecoderRunner:
         key = (i, ids.numel())
         view = self._host_views.get(key)
         if view is None:  # one view per buffer and size (the graph buckets): no slicing per copy
-            view = self._host_views[key] = ring.typed(i, torch.int64)[0][: ids.numel()]
+            view = self._host_views[key] = ring.buffers[i].view(torch.int64)[: ids.numel()]
         view.copy_(ids, non_blocking=True)
         ring.copied(i)
         return SampledTokens(None, count, ring, i)

@@ -14,7 +14,6 @@ was not handed out again since.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 
@@ -37,8 +36,3 @@ class PinnedRing:
     def copied(self, i: int) -> None:
         """A copy from or to buffer `i` was just queued on the current stream."""
         self.events[i].record()
-
-    def typed(self, i: int, dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
-        """Buffer `i` as a flat tensor and array of `dtype` (views of the same memory)."""
-        t = self.buffers[i].view(dtype)
-        return t, t.numpy()

@@ -11,7 +11,6 @@ that returns logits at once.
 from __future__ import annotations
 
 import argparse
-import bisect
 import cProfile
 import pstats
 import time
@@ -22,7 +21,7 @@ import torch
 
 from engine_phases import phase_table
 
-from tritonformer.backend.decode_graphs import decode_buckets
+from tritonformer.backend.decode_graphs import DecodeGraphs
 from tritonformer.backend.decode_inputs import DecodeInputs
 from tritonformer.backend.decoder_runner import Forward, SampledTokens
 from tritonformer.backend.generator import GeneratorEngine
@@ -41,14 +40,15 @@ class ModelFreeRunner:
     def __init__(self, max_running: int):
         self.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=CONTEXT, eos_token_ids=(0,)))
         self.cache = SimpleNamespace(block_size=BLOCK, scratch_slot=BLOCKS * BLOCK, bytes_per_block=lambda: 1)
-        self.buckets = decode_buckets(max_running)
+        # The graphs' bucket choice (no model: nothing is captured), with CPU input buffers.
+        self.graphs = DecodeGraphs(None, self.cache, max_running, CONTEXT // BLOCK, None)
         self.inputs = {b: DecodeInputs(b, CONTEXT // BLOCK, BLOCK, BLOCKS * BLOCK, torch.device("cpu"))
-                       for b in self.buckets}
+                       for b in self.graphs.buckets}
         self.logits = torch.randn(max_running, VOCAB)
 
     def run(self, entries):
         if all(len(e.tokens) == 1 for e in entries):
-            inputs = self.inputs[self.buckets[bisect.bisect_left(self.buckets, len(entries))]]
+            inputs = self.inputs[self.graphs.bucket(len(entries))]
             inputs.pack(entries)
             inputs.send()
         return Forward(self.logits[: sum(e.sample for e in entries)])
