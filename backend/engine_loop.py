@@ -18,7 +18,7 @@ log = logging.getLogger("tritonformer")
 def freeze_startup_objects() -> None:
     """Take every object alive now out of the garbage collector's reach, once loading and
     warm-up are done. They are the process's for good (modules, weight and tokenizer objects:
-    ~365k with torch and transformers loaded), yet a full collection walks them all: 140 ms on
+    ~365k with torch and transformers loaded), yet a full collection walks them all: 124-140 ms on
     a 2-core dev machine, a pause for every stream whenever enough new objects have survived
     to trigger one. Frozen, a full collection walks only what serving itself created."""
     gc.collect()
