@@ -18,6 +18,14 @@ weight rows over the whole K; tl.dot wants 16 rows at least, so a single row sti
     columns, two accumulators) and the store of q to its tensor and of k and v straight into
     the paged KV cache.
 
+* split K (plain linears with a long K, `split_k`): a tile's K is cut into SPLIT_K ranges run
+  by separate programs, so a long weight row is streamed by several SMs at once (one program
+  streaming a whole 3,072-element row was slower than cuBLAS, which splits K too). Each
+  program stores its fp32 partial sum in a workspace and counts itself in on the tile's
+  counter; the last one to arrive adds the partials in split order (the result does not depend
+  on who came last) and runs the epilogue. cuBLAS does the same in two kernels, the second a
+  reduce launched without PDL.
+
 A decode row or two never reaches this kernel: triton_gemv.py runs those, with the residual
 add and norm before a linear (`PreNorm`) fused in as its prologue. Here a PreNorm runs as its
 own norm kernel first (`_unfused_prenorm`).
@@ -51,6 +59,15 @@ FUSE_PLAIN = False
 LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "4096"))
 # Longest K for which a linear without an activation runs this kernel when PDL is on (`_prefetched`).
 PREFETCH_MAX_K = 1024
+# Split K for plain linears longer than PREFETCH_MAX_K (0: never, as before; A/B runs). Each
+# split streams at least SPLIT_K_MIN_K weight columns; at most SPLIT_K_MAX splits.
+SPLIT_LONG_K = os.environ.get("TRITONFORMER_SPLIT_K", "1") != "0"
+SPLIT_K_MIN_K, SPLIT_K_MAX = 768, 8
+# Largest weight matrix that the routing sends to split K (`_split`). Measured on the H100
+# (tools/time_decode_linears.py, docs/results/split-k/): GPT-2's layers at 64 rows 291 -> 277 us
+# with its 4.7 MB down projections split, Llama-1B's 1,043 -> 1,151 us with its 8 and 32 MB
+# output and down projections split as well; cuBLAS keeps those.
+SPLIT_MAX_BYTES = 6 << 20
 # Largest weight matrix whose tiles are pulled into L2 before the wait: bigger ones (Llama-1B's
 # 12-67 MB) would evict each other from the 50 MB L2 before use, and read HBM twice (measured:
 # Llama-1B's layers at 16 and 64 rows 0.93x with every weight prefetched).
@@ -100,28 +117,55 @@ def _dot(x, w, acc, DOT_FP32: tl.constexpr):
     return tl.dot(x, tl.trans(w), acc)
 
 
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT"],
+@triton.jit
+def _sum_splits(acc, partial_ptr, counter_ptr, rows, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """Split K's meeting point. Stores this program's partial `acc` in the workspace (laid out
+    [SPLIT_K, BLOCK_M, tiles * BLOCK_N], fp32) and counts it in on its tile's counter. Returns
+    (the tile's whole sum, whether this program arrived last, as a row mask); only the last
+    one's sum is complete, and it resets the counter to 0 for the tile's next use."""
+    tile = tl.program_id(0)
+    width = tl.num_programs(0) * BLOCK_N
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    slab = partial_ptr + rows[:, None] * width + cols[None, :]
+    tl.store(slab + tl.program_id(1) * BLOCK_M * width, acc)
+    tl.debug_barrier()  # every thread's partial is written before the count says so (release)
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+    last = (tl.zeros((BLOCK_M,), dtype=tl.int32) + arrived) == SPLIT_K - 1  # per row, all alike
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):  # in split order, whoever came last: deterministic
+        # .cg: from L2, where the other SMs' stores are, never a stale line of this SM's L1
+        total += tl.load(slab + split * BLOCK_M * width, mask=last[:, None], other=0.0, cache_modifier=".cg")
+    tl.atomic_xchg(counter_ptr + tile, 0, mask=arrived == SPLIT_K - 1)
+    return total, last
+
+
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT", "SPLIT_K"],
                  prune_configs_by={"early_config_prune": _candidates})
 @triton.jit(do_not_specialize=["M"])
 def _small_linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, partial_ptr, counter_ptr,
     M, N, stride_xm, stride_wn, stride_om, stride_cos,
     K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     DOT_FP32: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One column tile of out = epilogue(x @ W^T). Grid: (column tiles,), see column_tile."""
+    """One column tile of out = epilogue(x @ W^T), or with SPLIT_K > 1 one K range of it.
+    Grid: (column tiles, SPLIT_K), see column_tile."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
+    # This program's K range: [k_lo, k_lo + K_RANGE), a whole number of BLOCK_K steps.
+    K_RANGE: tl.constexpr = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * K_RANGE
     w_rows = tl.where(col_ok, cols, 0).to(tl.int64)  # past the edge: a valid row, never stored
-    w_tile = w_ptr + w_rows[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]  # [BLOCK_N, BLOCK_K]
+    w_tile = w_ptr + w_rows[:, None] * stride_wn + (k_lo + tl.arange(0, BLOCK_K))[None, :]  # [BLOCK_N, BLOCK_K]
     partner = HALF * stride_wn
     if PREFETCH:
         # Launched while the previous kernel runs: pull this tile's weight rows into L2 (the
         # LINES 128-byte lines of each, PER_LINE elements apiece) before waiting for its output.
-        line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
+        line = tl.minimum(k_lo + tl.arange(0, LINES) * PER_LINE, tl.minimum(k_lo + K_RANGE, K) - 1)
         lines = w_ptr + w_rows[:, None] * stride_wn + line[None, :]
         triton_pdl.prefetch_l2(lines)
         if PAIRED:
@@ -130,14 +174,17 @@ def _small_linear_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(0, K_RANGE, BLOCK_K):
+        ks = k_lo + k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _dot(x, tl.load(w_tile, mask=k_ok[None, :], other=0.0), acc, DOT_FP32)
         if PAIRED:
             acc_b = _dot(x, tl.load(w_tile + partner, mask=k_ok[None, :], other=0.0), acc_b, DOT_FP32)
         w_tile += BLOCK_K
+    if SPLIT_K > 1:  # plain linears only (`split_k`): acc_b is unused
+        acc, last = _sum_splits(acc, partial_ptr, counter_ptr, rows, SPLIT_K, BLOCK_M, BLOCK_N)
+        row_ok = row_ok & last  # the others store nothing
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -171,22 +218,61 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
     rotary = cos is not None
     pdl = triton_pdl.enabled(x.device)
     per_line = 128 // weight.element_size()
+    block_m = max(16, triton.next_power_of_2(m))
+    splits = split_k(k) if out_mode == OUT_PLAIN and not paired else 1
+    partial = counters = x  # unused without splits
+    if splits > 1:
+        # room for the widest grid: N rounded up to the largest column tile
+        partial = torch.empty((splits, block_m, half + 64), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, triton.cdiv(half, 16))  # the most tiles: 16 columns each
 
     def grid(meta):
-        return (halves * triton.cdiv(half, meta["BLOCK_N"]),)
+        return (halves * triton.cdiv(half, meta["BLOCK_N"]), splits)
 
     _small_linear_kernel[grid](
         x, weight, _or(bias, x), out, _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
+        partial, counters,
         m, weight.shape[0], x.stride(0), weight.stride(0), out.stride(0) if out_mode == OUT_PLAIN else 0,
         cos.stride(0) if rotary else 0,
         K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
         DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
         PDL=pdl, PREFETCH=pdl and weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
-        LINES=triton.next_power_of_2(triton.cdiv(k, per_line)), PER_LINE=per_line,
-        BLOCK_M=max(16, triton.next_power_of_2(m)), **triton_pdl.launch_options(pdl),
+        # lines of one split's K range (the widest, at the largest BLOCK_K)
+        LINES=triton.next_power_of_2(triton.cdiv(triton.cdiv(triton.cdiv(k, splits), 512) * 512, per_line)),
+        PER_LINE=per_line, SPLIT_K=splits, BLOCK_M=block_m, **triton_pdl.launch_options(pdl),
     )
     return out
+
+
+def split_k(k: int) -> int:
+    """K splits of a plain linear: 1 up to PREFETCH_MAX_K (a tile's row is short enough for one
+    program), then a power of two giving each split at least SPLIT_K_MIN_K columns, at most
+    SPLIT_K_MAX. GPT-2's down projection (K = 3,072): 4; Llama-1B's output projection: 2, its
+    down projection: 8."""
+    if not SPLIT_LONG_K or k <= PREFETCH_MAX_K:
+        return 1
+    splits = 1
+    while splits < SPLIT_K_MAX and k >= 2 * splits * SPLIT_K_MIN_K:
+        splits *= 2
+    return splits
+
+
+_COUNTERS: dict = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """At least `tiles` of split K's per-tile arrival counters, zero between launches (the last
+    program of a tile resets its own). One set per device and stream: launches on one stream
+    never overlap, but two streams' could (the stream is kept referenced, so its handle is not
+    reused by another). A set only grows: a graph captured with it keeps its address."""
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    key = (device, None if stream is None else stream.cuda_stream)
+    held = _COUNTERS.get(key)
+    if held is None or held[0].numel() < tiles:
+        counters = torch.zeros(max(4096, tiles), dtype=torch.int32, device=device)
+        held = _COUNTERS[key] = (counters, stream, held)  # the old set stays alive for graphs that use it
+    return held[0]
 
 
 def _norm_code(prenorm: PreNorm | None) -> int:
@@ -207,7 +293,8 @@ def _check_linear(x, weight, bias, activation):
     return m, weight.shape[0] // 2 if activation == "silu_mul" else weight.shape[0]
 
 
-def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "act") -> bool:
+def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "act",
+           weight: torch.Tensor | None = None) -> bool:
     """Whether x's rows run one of the fused kernels: a decode row or two the prefetching GEMV
     (any linear, with its PreNorm); more, up to MAX_ROWS, the small GEMM, for a linear without a
     PreNorm and with an epilogue to fuse (a plain linear runs as fast or faster on cuBLAS: see
@@ -217,7 +304,7 @@ def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "a
         return False
     if triton_gemv.supported(m, x):
         return True
-    if prenorm is not None or activation == "none" and not (FUSE_PLAIN or _prefetched(x)):
+    if prenorm is not None or activation == "none" and not (FUSE_PLAIN or _prefetched(x) or _split(x, weight)):
         return False
     return 0 < m <= MAX_ROWS
 
@@ -229,6 +316,14 @@ def _prefetched(x: torch.Tensor) -> bool:
     Llama-1B's (K >= 2048), whose long weight rows one program streams alone where cuBLAS
     splits K, lost."""
     return triton_pdl.enabled(x.device) and x.shape[1] <= PREFETCH_MAX_K
+
+
+def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a linear without an activation runs the small GEMM with split K: with PDL, a K
+    past PREFETCH_MAX_K and a weight of at most SPLIT_MAX_BYTES (it replaces cuBLAS's split-K
+    GEMM and its reduce kernel, neither launched with PDL)."""
+    return (triton_pdl.enabled(x.device) and split_k(x.shape[1]) > 1
+            and weight.numel() * weight.element_size() <= SPLIT_MAX_BYTES)
 
 
 @register("linear_act")
@@ -249,7 +344,7 @@ def linear_act(
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
     if prenorm is not None and not triton_gemv.supported(m, x):
         x, prenorm = _unfused_prenorm(x, prenorm), None
-    if not _fused(x, prenorm, activation):
+    if not _fused(x, prenorm, activation, weight):
         return _unfused(x, weight, bias, activation, out)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -133,6 +133,27 @@ def test_plain_linears_are_left_to_torch(monkeypatch):
     torch.testing.assert_close(tsg.linear_act(x, w, b), F.linear(x, w, b), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("k,splits", [(64, 4), (56, 2), (130, 8)])
+def test_split_k_matches_reference_and_is_deterministic(monkeypatch, k, splits):
+    """A long K cut into ranges run by separate programs (thresholds scaled down to the
+    interpreter's 16-wide tiles; ragged last ranges, an empty one at K = 130): the last program
+    of each tile adds the partials, so the result is the reference's, the same on every call,
+    and every tile's counter is back to zero after."""
+    monkeypatch.setattr(tsg, "PREFETCH_MAX_K", 16)
+    monkeypatch.setattr(tsg, "SPLIT_K_MIN_K", 16)
+    assert tsg.split_k(k) == splits
+    x, w, b = make_inputs(5, 40, k, torch.float32, True, "none", seed_of("split", k))
+    out = tsg.linear_act(x, w, b)
+    torch.testing.assert_close(out, ref.linear_act(x, w, b), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(tsg.linear_act(x, w, b), out, atol=0, rtol=0)
+    assert not any(c[0].any() for c in tsg._COUNTERS.values())
+
+
+def test_split_k_only_past_the_prefetch_limit():
+    assert tsg.split_k(tsg.PREFETCH_MAX_K) == 1
+    assert tsg.split_k(3072) == 4 and tsg.split_k(2048) == 2 and tsg.split_k(8192) == tsg.SPLIT_K_MAX == 8
+
+
 def test_bad_inputs_are_refused_with_clear_messages():
     x, w, b = make_inputs(2, 16, 32, torch.float32, True, "none", seed_of("bad"))
     with pytest.raises(ValueError, match="activation must be one of"):
@@ -169,14 +190,55 @@ def test_gpu_layer_shapes(m, n, k, activation, dtype):
 
 def test_with_pdl_short_k_plain_linears_run_the_small_gemm(monkeypatch):
     """With PDL (Hopper) a linear without an activation runs the small GEMM, which prefetches its
-    weights, only when K is short; past the GEMV's rows a PreNorm is always its own kernel."""
+    weights, when K is short, and past that with split K if the weight is small enough (unless
+    turned off); past the GEMV's rows a PreNorm is always its own kernel."""
     from tritonformer.kernels import triton_pdl
     monkeypatch.setattr(triton_pdl, "enabled", lambda device: True)
     monkeypatch.setattr(tsg, "FUSE_PLAIN", False)
-    rows = torch.empty(16, tsg.PREFETCH_MAX_K)
+    rows, long_rows = torch.empty(16, tsg.PREFETCH_MAX_K), torch.empty(16, 3072)
     assert tsg._fused(rows, None, "none")
-    assert not tsg._fused(torch.empty(16, 2 * tsg.PREFETCH_MAX_K), None, "none")
-    assert tsg._fused(torch.empty(16, 2 * tsg.PREFETCH_MAX_K), None, "silu_mul")
+    gpt2_down, llama_down = torch.empty(768, 3072, dtype=torch.half), torch.empty(2048, 8192, dtype=torch.half)
+    assert tsg._fused(long_rows, None, "none", gpt2_down)  # with split K
+    assert not tsg._fused(torch.empty(16, 8192), None, "none", llama_down)  # too big a weight: cuBLAS
+    monkeypatch.setattr(tsg, "SPLIT_LONG_K", False)
+    assert not tsg._fused(long_rows, None, "none", gpt2_down)
+    assert tsg._fused(long_rows, None, "silu_mul")
     assert not tsg._fused(rows, ref.PreNorm(torch.ones(rows.shape[1]), None, 1e-6), "gelu_tanh")
     monkeypatch.setattr(triton_pdl, "enabled", lambda device: False)
     assert not tsg._fused(rows, None, "none")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_split_k_chain_in_a_cuda_graph():
+    """Twelve GPT-2 MLPs at 64 rows, the down projection (K = 3,072) split four ways, replayed
+    twice in a CUDA graph (PDL on where the GPU has it): the tile counters are reset by every
+    launch, each replay equals the eager run bit for bit (the partials are added in split
+    order), and the result is the fp32 reference's."""
+    from tritonformer.backend.cuda_graphs import capture_graph
+
+    assert tsg.split_k(3072) == 4
+    gen = torch.Generator(device=DEVICE).manual_seed(seed_of("split-chain"))
+
+    def rand(*shape, std):
+        return (torch.randn(*shape, generator=gen, device=DEVICE) * std).half()
+
+    layers = [(rand(3072, 768, std=768 ** -0.5), rand(3072, std=0.1), rand(768, 3072, std=3072 ** -0.5))
+              for _ in range(12)]
+    x0 = rand(64, 768, std=1.0)
+
+    def run(ops, x, layers):
+        for fc_w, fc_b, proj_w in layers:
+            x = x + ops.linear_act(ops.linear_act(x, fc_w, fc_b, "gelu_tanh"), proj_w)
+        return x
+
+    eager = run(tsg, x0, layers)
+    graph, out = capture_graph(lambda: run(tsg, x0, layers))
+    for _ in range(2):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    assert not any(c[0].any() for c in tsg._COUNTERS.values())
+    exact_run = run(ref, x0.float(), [tuple(t.float() for t in layer) for layer in layers])
+    torch.testing.assert_close(out.float(), exact_run, atol=5e-2, rtol=5e-2)
