@@ -1,12 +1,17 @@
 """Sweep the paged decode attention's launch configuration (GPU).
 
 The kernel profile shows the decode attention as the largest item of a batch-64 GPT-2 step
-(12 launches, ~17 us each for 25 MB of keys and values per layer: about half the HBM
+(12 launches, ~15 us each for 25 MB of keys and values per layer: about half the HBM
 bandwidth). This times `kernels.paged_attention` for one query per sequence, as the decode
 graphs launch it, under every (BLOCK_N, num_warps, num_stages, key splits) in a small grid and
 prints the current configuration next to the best ones:
 
-    python3 tools/tune_decode_attention.py [--contexts 128,512] [--batches 1,64]
+    python3 tools/tune_decode_attention.py [--contexts 128,512] [--batches 1,64] [--splits 1,2,4]
+
+The keys and values come from HBM, as in a model's forward, where the other layers' weights
+and caches pass through L2 between two attention launches: the timed graph cycles through
+enough copies of the inputs to exceed L2 several times over. (A sweep that reused one input
+set measured L2: 7.6 us at GPT-2 batch 64, context 128, where the model's launch takes 15.)
 """
 from __future__ import annotations
 
@@ -37,6 +42,15 @@ def decode_inputs(batch: int, context: int, heads: int, kv_heads: int, head_dim:
     return q, k_cache, v_cache, tables, cu_q, seqlens, torch.empty_like(q)
 
 
+def cold_input_sets(batch: int, context: int, heads: int, kv_heads: int, head_dim: int) -> list[tuple]:
+    """Enough independent input sets that cycling through them reads 4x the L2 cache from HBM
+    (at most 128 sets: a one-sequence launch reads too little to need more)."""
+    kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    count = min(128, max(2, -(-4 * l2 // kv_bytes)))
+    return [decode_inputs(batch, context, heads, kv_heads, head_dim) for _ in range(count)]
+
+
 def sweep_launch_configs(candidates, timed, launch_config_of) -> list[tuple[float, tuple]]:
     """[(time, candidate)] fastest first: `timed(candidate)` with the attention's launch
     configuration patched to `launch_config_of(candidate)` (BLOCK_M, BLOCK_N, warps, stages).
@@ -60,33 +74,47 @@ def ranked_cells(results: list[tuple[float, tuple]], fmt: str) -> str:
     return f"{results[0][0]:{fmt}} | {top[0]} | {top[1]} | {top[2]}" if results else "- | - | - | -"
 
 
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contexts", default="128")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--models", default=",".join(SHAPES))
+    parser.add_argument("--block-n", default="32,64,128")
+    parser.add_argument("--warps", default="2,4")
+    parser.add_argument("--stages", default="1,2,3")
+    parser.add_argument("--splits", default="", help="key splits tried (default: 1, 2, the current and twice it)")
     args = parser.parse_args()
     sms = sm_count(torch.device("cuda"))
     current = ta._launch_config
-    print(f"# paged decode attention, {torch.cuda.get_device_name()}, fp16, page {PAGE}, us per launch in a CUDA graph")
+    print(f"# paged decode attention, {torch.cuda.get_device_name()}, fp16, page {PAGE}, us per launch in a "
+          "CUDA graph, keys and values read from HBM (L2 cold)")
     print("| model | batch | context | current (BLOCK_N, warps, stages, splits) us | best us | best config | 2nd | 3rd |")
     print("|---|---:|---:|---|---:|---|---|---|")
     for (name, (heads, kv_heads, head_dim)), batch, context in itertools.product(
-            [(m, SHAPES[m]) for m in args.models.split(",")], map(int, args.batches.split(",")),
-            map(int, args.contexts.split(","))):
-        q, kc, vc, tables, cu_q, seqlens, out = decode_inputs(batch, context, heads, kv_heads, head_dim)
+            [(m, SHAPES[m]) for m in args.models.split(",")], ints(args.batches), ints(args.contexts)):
+        sets = cold_input_sets(batch, context, heads, kv_heads, head_dim)
         default_splits = key_splits(batch, kv_heads, sms)
 
         def run(splits):
-            return lambda: ta.paged_attention(q, kc, vc, tables, cu_q, seqlens, True, max_seqlen_q=1, out=out,
-                                              num_splits=splits)
+            turn = itertools.cycle(sets)
 
-        _, bn0, w0, s0 = current(head_dim, q.dtype, heads // kv_heads, True)
-        base = graph_us(run(default_splits))
-        candidates = [c for c in itertools.product((32, 64, 128), (2, 4), (1, 2, 3),
-                                                   sorted({1, 2, default_splits, 2 * default_splits}))
+            def launch():
+                q, kc, vc, tables, cu_q, seqlens, out = next(turn)
+                ta.paged_attention(q, kc, vc, tables, cu_q, seqlens, True, max_seqlen_q=1, out=out,
+                                   num_splits=splits)
+            return launch
+
+        _, bn0, w0, s0 = current(head_dim, torch.float16, heads // kv_heads, True)
+        base = graph_us(run(default_splits), calls=2 * len(sets))
+        splits = ints(args.splits) if args.splits else sorted({1, 2, default_splits, 2 * default_splits})
+        candidates = [c for c in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), splits)
                       if c[3] <= 16 and c[0] * c[3] <= context]
-        results = sweep_launch_configs(candidates, lambda c: graph_us(run(c[3])), lambda c: (16, *c[:3]))
+        results = sweep_launch_configs(candidates, lambda c: graph_us(run(c[3]), calls=2 * len(sets)),
+                                       lambda c: (16, *c[:3]))
         print(f"| {name} | {batch} | {context} | ({bn0}, {w0}, {s0}, {default_splits}) {base:.2f} | "
               f"{ranked_cells(results, '.2f')} |", flush=True)
     return 0
