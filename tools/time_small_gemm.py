@@ -25,6 +25,8 @@ LAYERS = [
     ("bert", "ffn_in+gelu", 3072, 768, "gelu"),
     ("llama-1B", "qkv", 3072, 2048, "none"), ("llama-1B", "o", 2048, 2048, "none"),
     ("llama-1B", "gate_up+silu", 8192, 2048, "silu_mul"), ("llama-1B", "down", 2048, 8192, "none"),
+    # the output heads (vocabularies padded to a multiple of 64, as the decoders pad them)
+    ("gpt2", "lm head", 50304, 768, "none"), ("llama-1B", "lm head", 128256, 2048, "none"),
 ]
 
 
@@ -45,13 +47,17 @@ def graph_us(fn, calls: int = 20, reps: int = 20) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,4,16,32,64")
+    parser.add_argument("--layers", default="", help="only these layer names, comma-separated (default: all)")
     args = parser.parse_args()
+    chosen = set(args.layers.split(",")) if args.layers else None
     dev, dtype = torch.device("cuda"), torch.float16
     print(f"# linear + epilogue, {torch.cuda.get_device_name()}, fp16, us per call inside a CUDA graph")
     print("| model | layer | N x K | rows | cuBLAS + epilogue us | fused Triton us | speed-up | Triton GB/s |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     torch.manual_seed(0)
     for model, layer, n, k, act in LAYERS:
+        if chosen is not None and layer not in chosen:
+            continue
         rows_w = 2 * n if act == "silu_mul" else n
         w = torch.randn(rows_w, k, device=dev, dtype=dtype) / k ** 0.5
         b = torch.randn(rows_w, device=dev, dtype=dtype) if act.startswith("gelu") else None
@@ -62,7 +68,7 @@ def main() -> int:
             try:
                 tsg.MAX_ROWS = triton_gemv.MAX_ROWS = 0
                 base = graph_us(lambda: tsg.linear_act(x, w, b, act, out=out))
-                tsg.MAX_ROWS, tsg.FUSE_PLAIN = 1 << 30, True
+                tsg.MAX_ROWS, tsg.FUSE_PLAIN, triton_gemv.MAX_ROWS = 1 << 30, True, saved[2]
                 ours = graph_us(lambda: tsg.linear_act(x, w, b, act, out=out))
             finally:
                 tsg.MAX_ROWS, tsg.FUSE_PLAIN, triton_gemv.MAX_ROWS = saved

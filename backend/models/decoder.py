@@ -7,8 +7,8 @@ the paged cache and returns logits (fp32 unless asked otherwise) for the rows th
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from tritonformer import kernels
 from tritonformer.backend.decoder_batch import DecoderBatch
 from tritonformer.backend.kv_cache import PagedKVCache
 from tritonformer.backend.weights import weight_getter
@@ -39,8 +39,13 @@ class DecoderModel:
         """Next-token logits `[rows, vocab]` of final hidden states `[rows, hidden]`: an fp32
         copy, or with `fp32=False` the projection's own output, in the model's dtype and with
         the padded row stride (for a greedy decode graph, whose argmax reads it as it is: the
-        copy alone took 10 us at batch 64)."""
-        logits = F.linear(x, self.output_head)[:, : self.vocab_size]
+        copy alone took 10 us at batch 64).
+
+        Through `kernels.linear_act`, which routes by rows and shape: a decode row or two runs
+        the prefetching GEMV (GPT-2's head 31.0 -> 26.1 us, Llama-1B's 188 -> 167 us on the
+        H100, docs/results/lm-head/time_small_gemm_lm_head.log), more rows the small GEMM where
+        K is short (GPT-2's) or cuBLAS."""
+        logits = kernels.linear_act(x, self.output_head)[:, : self.vocab_size]
         return logits.float() if fp32 else logits
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
