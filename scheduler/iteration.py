@@ -131,20 +131,25 @@ class IterationScheduler:
         it = Iteration()
         budget = self.max_tokens_per_iteration
         block_size = self.blocks.block_size
+        decode, prefill = it.decode, it.prefill
         # (Preemption pops from the tail of `running` during this loop; a list iterator just
-        # stops earlier then.)
+        # stops earlier then.) The loop body runs for every running sequence every iteration,
+        # so it avoids calls it does not need (min, a method per entry).
         for seq in self.running:
             if budget <= 0:
                 break
-            num_new = min(seq.num_tokens - seq.num_computed, budget)
+            computed = seq.num_computed
+            num_new = seq.num_tokens - computed
+            if num_new > budget:
+                num_new = budget
             if num_new <= 0:
                 continue
-            need = seq.num_computed + num_new
+            need = computed + num_new
             if len(seq.block_table) * block_size < need:  # most decode steps: room in its last block
                 if not self._make_room(seq, need, it):
                     break  # seq preempted itself: it was the tail, nothing after it is left
                 self.blocks.grow(seq.block_table, need)
-            it._add(seq, num_new)
+            (decode if num_new == 1 else prefill).append(Scheduled(seq, num_new))
             budget -= num_new
         if not it.preempted:  # short of blocks already: admitting more would only thrash
             self._admit(it, budget)
