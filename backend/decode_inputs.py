@@ -40,6 +40,7 @@ class DecodeInputs:
         self._seqlens, self._tables = host_int[:rows], host_int[rows:].reshape(rows, width)
         self._slots[:] = scratch_slot
         self._known: list[list[int] | None] = [None] * rows  # the block table each row holds
+        self._live = 0  # rows the last pack filled (past them the mirror holds padding)
         self._row_index = np.arange(rows)
         # CUDA: the mirror goes out through pinned buffers; the CPU (tests) copies it directly.
         self._ring = PinnedRing(nbytes) if self.device_buffer.is_cuda else None
@@ -61,17 +62,17 @@ class DecodeInputs:
                 else:
                     tables[row, : len(table)] = table
                     known[row] = list(table)
-        self._ids[:n] = [e.tokens[0] for e in entries]
-        self._ids[n:] = 0
         pos = self._pos
+        if n < self._live:  # rows that held sequences last time are padding now
+            pad = slice(n, self._live)
+            self._ids[pad], pos[pad], self._seqlens[pad], self._slots[pad] = 0, 0, 0, self.scratch_slot
+        self._live = n
+        self._ids[:n] = [e.tokens[0] for e in entries]
         pos[:n] = [e.start for e in entries]
-        pos[n:] = 0
         self._seqlens[:n] = pos[:n] + 1  # keys per sequence, this token's included
-        self._seqlens[n:] = 0
         bs = self.block_size
         live = pos[:n]
         self._slots[:n] = tables[self._row_index[:n], live // bs] * bs + live % bs
-        self._slots[n:] = self.scratch_slot
 
     def send(self) -> None:
         """Queue the mirror's copy to the device (never waits for the GPU)."""
