@@ -82,6 +82,10 @@ PREFETCH_MAX_BYTES = 8 << 20
 _PLAIN_TILES = ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),
                 (64, 128, 4, 3), (64, 256, 8, 3), (16, 512, 4, 2), (32, 512, 8, 2))
 _QKV_TILES = ((16, 128, 4, 4), (32, 256, 4, 3), (16, 512, 4, 2), (16, 128, 4, 2), (32, 128, 4, 2), (16, 64, 4, 3))
+# What split K's host side sizes for, whichever plain tile the autotuner picks (the interpreter's
+# 16 x 16 tile lies within): the most column tiles, the widest grid, the longest K range.
+_PLAIN_MIN_N, _PLAIN_MAX_N = min(t[0] for t in _PLAIN_TILES), max(t[0] for t in _PLAIN_TILES)
+_PLAIN_MAX_K = max(t[1] for t in _PLAIN_TILES)
 
 
 def _tile(c: triton.Config) -> tuple[int, int, int, int]:
@@ -222,9 +226,8 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
     splits = split_k(k) if out_mode == OUT_PLAIN and not paired else 1
     partial = counters = x  # unused without splits
     if splits > 1:
-        # room for the widest grid: N rounded up to the largest column tile
-        partial = torch.empty((splits, block_m, half + 64), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device, triton.cdiv(half, 16))  # the most tiles: 16 columns each
+        partial = torch.empty((splits, block_m, half + _PLAIN_MAX_N), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, triton.cdiv(half, _PLAIN_MIN_N))
 
     def grid(meta):
         return (halves * triton.cdiv(half, meta["BLOCK_N"]), splits)
@@ -238,8 +241,9 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
         DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
         PDL=pdl, PREFETCH=pdl and weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
-        # lines of one split's K range (the widest, at the largest BLOCK_K)
-        LINES=triton.next_power_of_2(triton.cdiv(triton.cdiv(triton.cdiv(k, splits), 512) * 512, per_line)),
+        # lines of one split's K range (the longest, at the largest BLOCK_K)
+        LINES=triton.next_power_of_2(triton.cdiv(triton.cdiv(triton.cdiv(k, splits), _PLAIN_MAX_K) * _PLAIN_MAX_K,
+                                                 per_line)),
         PER_LINE=per_line, SPLIT_K=splits, BLOCK_M=block_m, **triton_pdl.launch_options(pdl),
     )
     return out
