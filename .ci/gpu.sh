@@ -31,6 +31,7 @@ if want tests; then
     tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
     tests/test_kernels_triton_pooling.py tests/test_kernels_small_gemm.py tests/test_kernels_prenorm_linear.py \
     tests/test_kernels_gemv.py tests/test_sampling.py tests/test_kernels_triton_sampling.py \
+    tests/test_kernels_triton_decode_steps.py \
     tests/test_decoder_runner_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi

@@ -9,7 +9,9 @@ and replays.
 Padding rows have no keys (length 0) and write their key/value into the cache's scratch
 block, so they change nothing a real sequence reads. The graph starts with `feed_tokens`, so a
 token id may name a sample of the previous iteration still on the device (see DecoderRunner),
-and ends with the greedy samples of its rows written to `last_ids`, where the next one reads.
+and ends with the greedy samples of its rows written to `last_ids`, where the next one reads,
+then with the inputs of the next iteration of a multi-iteration round written in place
+(kernels.advance_decode_inputs): such a round replays the same graph again without the host.
 """
 from __future__ import annotations
 
@@ -66,13 +68,24 @@ class DecodeGraphs:
         """Replay the bucket of one-token `entries` (each samples). Returns the bucket's logits
         `[b, vocab]` (the model's dtype) and the argmax of each row `[b]`, which the replay also
         left in last_ids; rows from len(entries) on are padding."""
+        replay, logits, greedy_ids = self.load(entries)
+        replay()
+        return logits, greedy_ids
+
+    def load(self, entries: list[BatchEntry], steps: list[int] | None = None) -> tuple:
+        """Send the inputs of one-token `entries` (each samples) to their bucket, each taking
+        `steps[r]` iterations of a round (None: one). Returns (replay, logits, greedy_ids) as in
+        `run`: each call of replay() runs the round's next iteration."""
         b = self.bucket(len(entries))
         graph, inputs, logits, greedy_ids, _ = self._graphs.get(b) or self._capture(b)
-        inputs.pack(entries)
+        inputs.pack(entries, steps)
         inputs.send()
-        graph.replay()
-        self.replays += 1
-        return logits, greedy_ids
+
+        def replay() -> None:
+            graph.replay()
+            self.replays += 1
+
+        return replay, logits, greedy_ids
 
     def _capture(self, b: int):
         dev = self.model.device
@@ -94,6 +107,9 @@ class DecodeGraphs:
             # reads them: an all-greedy iteration then launches nothing after the replay but
             # the ids' copy to the host (each launch costs the host tens of microseconds).
             kernels.argmax_rows(logits, greedy_ids)
+            kernels.advance_decode_inputs(batch.input_ids, batch.positions, batch.slot_mapping, batch.decode_seqlens,
+                                          batch.decode_tables, inputs.steps_left, self.cache.block_size,
+                                          self.cache.scratch_slot)
             return logits
 
         saved = self.last_ids.clone()  # forward runs here: keep the samples its argmax overwrites

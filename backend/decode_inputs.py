@@ -11,6 +11,11 @@ table differs (compared by value, so a table that was freed and filled again is 
 
 Rows past the real ones are padding: no keys (count 0), cache slot in the scratch block. Their
 stale tables are never read.
+
+`steps_left` tells the graph's last kernel (kernels.advance_decode_inputs) how many more
+iterations of a multi-iteration round each row takes, so replays after the first need nothing
+from the host. The device copy may then differ from the mirror; the next send overwrites all of
+it.
 """
 from __future__ import annotations
 
@@ -24,20 +29,22 @@ from tritonformer.backend.pinned_ring import PinnedRing
 class DecodeInputs:
     def __init__(self, rows: int, width: int, block_size: int, scratch_slot: int, device: torch.device):
         self.rows, self.block_size, self.scratch_slot = rows, block_size, scratch_slot
-        longs, ints = 3 * rows, rows + rows * width
+        longs, ints = 3 * rows, rows + rows * width + rows
         nbytes = 8 * longs + 4 * ints
         self.device_buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         as_long = self.device_buffer[: 8 * longs].view(torch.int64)
         as_int = self.device_buffer[8 * longs :].view(torch.int32)
         # What the graph reads (views of the one device buffer).
         self.input_ids, self.positions, self.slot_mapping = as_long[:rows], as_long[rows : 2 * rows], as_long[2 * rows :]
-        self.seqlens, self.tables = as_int[:rows], as_int[rows:].view(rows, width)
+        self.seqlens, self.tables = as_int[:rows], as_int[rows : rows + rows * width].view(rows, width)
+        self.steps_left = as_int[rows + rows * width :]
 
         self.host = np.zeros(nbytes, dtype=np.uint8)  # the mirror, laid out like device_buffer
         host_long = self.host[: 8 * longs].view(np.int64)
         host_int = self.host[8 * longs :].view(np.int32)
         self._ids, self._pos, self._slots = host_long[:rows], host_long[rows : 2 * rows], host_long[2 * rows :]
-        self._seqlens, self._tables = host_int[:rows], host_int[rows:].reshape(rows, width)
+        self._seqlens, self._tables = host_int[:rows], host_int[rows : rows + rows * width].reshape(rows, width)
+        self._steps_left = host_int[rows + rows * width :]
         self._slots[:] = scratch_slot
         self._known: list[list[int] | None] = [None] * rows  # the block table each row holds
         self._live = 0  # rows the last pack filled (past them the mirror holds padding)
@@ -46,8 +53,9 @@ class DecodeInputs:
         self._ring = PinnedRing(nbytes) if self.device_buffer.is_cuda else None
         self.send()
 
-    def pack(self, entries: list[BatchEntry]) -> None:
-        """Make the mirror describe `entries` (one-token decodes, at most `rows`) then padding."""
+    def pack(self, entries: list[BatchEntry], steps: list[int] | None = None) -> None:
+        """Make the mirror describe `entries` (one-token decodes, at most `rows`) then padding;
+        `steps`: iterations each entry takes in this round (None: one each)."""
         n = len(entries)
         if not 0 < n <= self.rows:
             raise ValueError(f"{n} entries for a decode bucket of {self.rows} rows")
@@ -66,7 +74,13 @@ class DecodeInputs:
         if n < self._live:  # rows that held sequences last time are padding now
             pad = slice(n, self._live)
             self._ids[pad], pos[pad], self._seqlens[pad], self._slots[pad] = 0, 0, 0, self.scratch_slot
+            self._steps_left[pad] = 0
         self._live = n
+        if steps is None:
+            self._steps_left[:n] = 0
+        else:
+            self._steps_left[:n] = steps
+            self._steps_left[:n] -= 1  # the first iteration runs on what is packed here
         self._ids[:n] = [e.tokens[0] for e in entries]
         pos[:n] = [e.start for e in entries]
         self._seqlens[:n] = pos[:n] + 1  # keys per sequence, this token's included

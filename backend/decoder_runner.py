@@ -6,6 +6,10 @@ i's tokens on the host (its scheduling and bookkeeping then overlap the GPU's wo
 inputs cannot hold those tokens yet: they name them as `fed_token(row)`, the row of the sample
 in iteration i, and the first kernel of the forward (`feed_tokens`) reads them from
 `last_ids`, where `sample` (or the decode graph's own argmax) left them on the device.
+
+`run_steps` runs a round of several decode iterations in one go (the scheduler's
+max_decode_steps): every row feeds itself its own sample from one iteration to the next, and
+all the rounds' samples go to the host in one copy.
 """
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ from tritonformer.backend.pinned_ring import PinnedRing
 from tritonformer.backend.sampling import Sampler, SamplingParams
 
 
+MAX_DECODE_STEPS = 16  # iterations per round at most (sizes the pinned buffer of sampled ids)
+DEFAULT_DECODE_STEPS = 4  # the served default (config parameter max_decode_steps), also the benchmarks'
+
+
 def fed_token(row: int) -> int:
     """The input id that stands for the previous iteration's sample in row `row`."""
     return -1 - row
@@ -38,26 +46,38 @@ class Forward(NamedTuple):
 
 
 class SampledTokens:
-    """One iteration's sampled ids, on their way to the host."""
+    """The sampled ids of one launch (one iteration, or a round of `steps`), on their way to the
+    host: `steps` rows of `stride` ids, the first `count` of each wanted. Without a ring, `ids`
+    holds them already (`[count]`, or `[steps, count]`)."""
 
-    def __init__(self, ids: torch.Tensor | None, count: int, ring: PinnedRing | None = None, index: int = 0):
+    def __init__(self, ids: torch.Tensor | None, count: int, ring: PinnedRing | None = None, index: int = 0,
+                 steps: int = 1, stride: int = 0):
         self._ids, self._count, self._ring, self._index = ids, count, ring, index
+        self._steps, self._stride = steps, stride
         if ring is not None:
             self._use = ring.uses[index]
 
     def wait(self) -> list[int]:
-        """The first `count` ids as Python ints (waits for the iteration that produced them, and
-        only it)."""
-        ring = self._ring
-        if self._count == 0:
-            return []
+        """The first iteration's ids as Python ints (waits for the launch that produced them,
+        and only it)."""
+        return self.wait_steps()[0]
+
+    def wait_steps(self) -> list[list[int]]:
+        """Every iteration's ids: [j][row]."""
+        ring, count = self._ring, self._count
+        if count == 0:
+            return [[]]
         if ring is None:
-            return self._ids[: self._count].tolist()
+            ids = self._ids if self._steps > 1 else self._ids[None]
+            return ids[:, :count].tolist()
         if ring.uses[self._index] != self._use:
             raise RuntimeError("sampled ids read after their host buffer was reused: read iteration i "
                                "before launching iteration i + 2")
         ring.events[self._index].synchronize()
-        return ring.arrays[self._index].view(np.int64)[: self._count].tolist()
+        ids = ring.arrays[self._index].view(np.int64)
+        if self._steps == 1:
+            return [ids[:count].tolist()]
+        return ids[: self._steps * self._stride].reshape(self._steps, self._stride)[:, :count].tolist()
 
 
 class DecoderRunner:
@@ -69,7 +89,7 @@ class DecoderRunner:
         self.graphs = None
         self._to_host = None
         if model.device.type == "cuda":
-            self._to_host = PinnedRing(self.last_ids.numel() * self.last_ids.element_size())
+            self._to_host = PinnedRing(MAX_DECODE_STEPS * self.last_ids.numel() * self.last_ids.element_size())
             self._host_views: dict[tuple[int, int], torch.Tensor] = {}
             if cuda_graphs:
                 max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
@@ -109,20 +129,65 @@ class DecoderRunner:
             return SampledTokens(None, 0)
         if forward.greedy_ids is not None and all(p.greedy for p in params):
             return self._start_copy(forward.greedy_ids, n)  # the replay sampled them already
-        ids = sampler.sample_ids(forward.logits[:n], params, keys)
-        self.last_ids[:n].copy_(ids)
-        return self._start_copy(ids, n)
+        return self._start_copy(self._sample_into_last(forward.logits[:n], sampler, params, keys), n)
+
+    @torch.inference_mode()
+    def run_steps(self, entries: list[BatchEntry], steps: list[int], sampler: Sampler, params: list[SamplingParams],
+                  keys: list[int]) -> SampledTokens:
+        """Launch a round of max(steps) decode iterations of one-token `entries` (each samples):
+        row r takes steps[r] of them, each on its sample of the one before. The result holds
+        iteration j's sample of row r at [j][r] (undefined once r's steps are done)."""
+        n, rounds = len(entries), max(steps)
+        if rounds > MAX_DECODE_STEPS:
+            raise ValueError(f"{rounds} iterations in a round; at most {MAX_DECODE_STEPS}")
+        greedy = all(p.greedy for p in params)
+        if self.graphs is not None and self.graphs.bucket(n) is not None:
+            replay, logits, greedy_ids = self.graphs.load(entries, steps)
+            ring = self._to_host
+            i = ring.take()
+            for j in range(rounds):  # the graph itself moves every row on to its next token
+                replay()
+                ids = greedy_ids if greedy else self._sample_into_last(logits[:n], sampler, params, keys)
+                self._host_view(i, j, ids.numel()).copy_(ids, non_blocking=True)  # before the next replay
+            ring.copied(i)
+            return SampledTokens(None, n, ring, i, steps=rounds, stride=ids.numel())
+        # Eagerly (CPU, or more rows than any graph): one forward per iteration over the rows
+        # still taking part; each keeps its place in last_ids, so its fed token finds it.
+        out = torch.zeros(rounds, n, dtype=torch.long, device=self.model.device)
+        for j in range(rounds):
+            live = [r for r in range(n) if steps[r] > j]
+            now = [BatchEntry(entries[r].tokens if j == 0 else [fed_token(r)], entries[r].start + j,
+                              entries[r].block_table, True) for r in live]
+            forward = self.run(now)
+            ids = sampler.sample_ids(forward.logits[: len(live)], [params[r] for r in live], [keys[r] for r in live])
+            rows = torch.tensor(live, device=self.model.device)
+            self.last_ids.index_copy_(0, rows, ids)
+            out[j].index_copy_(0, rows, ids)
+        return self._start_copy(out, n)
+
+    def _sample_into_last(self, logits: torch.Tensor, sampler: Sampler, params: list[SamplingParams],
+                          keys: list[int]) -> torch.Tensor:
+        ids = sampler.sample_ids(logits, params, keys)
+        self.last_ids[: len(ids)].copy_(ids)
+        return ids
 
     def _start_copy(self, ids: torch.Tensor, count: int) -> SampledTokens:
-        """Copy `ids` (count of them wanted) to the host without waiting for them."""
+        """Copy `ids` (`[stride]`, or `[steps, stride]` for a round; count of each wanted) to the
+        host without waiting for them."""
         ring = self._to_host
+        steps, stride = (1, ids.numel()) if ids.dim() == 1 else ids.shape
         if ring is None:
-            return SampledTokens(ids, count)
+            return SampledTokens(ids, count, steps=steps)
         i = ring.take()
-        key = (i, ids.numel())
-        view = self._host_views.get(key)
-        if view is None:  # one view per buffer and size (the graph buckets): no slicing per copy
-            view = self._host_views[key] = ring.buffers[i].view(torch.int64)[: ids.numel()]
-        view.copy_(ids, non_blocking=True)
+        self._host_view(i, 0, ids.numel()).copy_(ids.view(-1), non_blocking=True)
         ring.copied(i)
-        return SampledTokens(None, count, ring, i)
+        return SampledTokens(None, count, ring, i, steps=steps, stride=stride)
+
+    def _host_view(self, i: int, j: int, size: int) -> torch.Tensor:
+        """Ids j * size .. (j + 1) * size - 1 of pinned buffer i, made once per buffer, place and
+        size (the graph buckets): no slicing per copy."""
+        key = (i, j, size)
+        view = self._host_views.get(key)
+        if view is None:
+            view = self._host_views[key] = self._to_host.buffers[i].view(torch.int64)[j * size : (j + 1) * size]
+        return view

@@ -13,6 +13,11 @@ so that work, and the scheduling of i+1, overlap the GPU running. A sampled toke
 next iteration can consume it) and *resolved* when it reaches the host. A sequence that stops
 on a token of iteration i has one more token computed in i+1, which is dropped; lengths are
 known in advance, so a sequence never runs past max_tokens or the context window.
+
+When every running sequence decodes and nobody waits, one launch may cover several iterations
+(the scheduler's `max_decode_steps`): the GPU moves each sequence on to its own sample, and the
+host's work per launch (above) is shared by all of them. A sequence that stops inside such a
+round has its later tokens of the round dropped, like the one token above.
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ class _Launched:
     """An iteration on the GPU: which sequence each sampled row belongs to, and where in its
     output_ids the token goes."""
 
-    samples: list[tuple["Sequence", int]]
+    samples: list[tuple["Sequence", int, int]]  # (sequence, index of its first token, tokens)
     tokens: SampledTokens
 
 
@@ -80,12 +85,14 @@ class Sequence:
     # every iteration, hence a counter.
     num_tokens: int = 0
     num_resolved: int = 0  # output_ids[:num_resolved] are real tokens; the rest are reserved
+    token_limit: int = 0  # prompt + max_output: the most tokens it will hold (the scheduler's)
 
     def __post_init__(self) -> None:
         self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
         self.num_resolved = len(self.output_ids)
         if self.max_output is None:
             self.max_output = self.params.max_tokens
+        self.token_limit = len(self.prompt_ids) + self.max_output
 
     def reserve(self, row: int) -> int:
         """A token of the launched iteration's row `row` will be this sequence's next output;
@@ -95,6 +102,15 @@ class Sequence:
         if n < self.max_output:  # else the sequence ends with it: nothing runs after it
             self.num_tokens += 1
         return n - 1
+
+    def reserve_steps(self, row: int, n: int) -> int:
+        """`reserve` for a round of `n` iterations (the row's samples, each fed to the next);
+        returns the index of the first."""
+        first = len(self.output_ids)
+        self.output_ids.extend([fed_token(row)] * n)  # (only the last is ever fed)
+        # As n calls of reserve: each token but one that ends the sequence counts.
+        self.num_tokens += max(0, min(n, self.max_output - 1 - first))
+        return first
 
     def resolve(self, index: int, token: int) -> None:
         self.output_ids[index] = token
@@ -180,28 +196,46 @@ class GeneratorEngine(EngineLoop):
     def _launch(self, it: Iteration) -> _Launched | None:
         work = it.all()
         entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples) for w in work]
-        sampling = [w.seq for w in work if w.samples]
+        sampling = [w for w in work if w.samples]
+        params, keys = [w.seq.params for w in sampling], [w.seq.key for w in sampling]
         try:
-            forward = self.runner.run(entries)
-            tokens = self.runner.sample(forward, self.sampler, [s.params for s in sampling], [s.key for s in sampling])
+            if it.steps == 1:
+                tokens = self.runner.sample(self.runner.run(entries), self.sampler, params, keys)
+            else:
+                tokens = self.runner.run_steps(entries, [w.steps for w in work], self.sampler, params, keys)
         except Exception as e:
             self._fail([w.seq for w in work], e)
             return None
         self.scheduler.commit(it)  # the KV is written before anything later on the stream reads it
-        samples = [(seq, seq.reserve(row)) for row, seq in enumerate(sampling)]
+        if it.steps == 1:
+            samples = [(w.seq, w.seq.reserve(row), 1) for row, w in enumerate(sampling)]
+        else:
+            samples = [(w.seq, w.seq.reserve_steps(row, w.steps), w.steps) for row, w in enumerate(sampling)]
         if self.stats is not None:
             self._report(it)
         return _Launched(samples, tokens)
 
     def _complete(self, launched: _Launched) -> None:
         try:
-            tokens = launched.tokens.wait()
+            steps = launched.tokens.wait_steps()  # steps[j][row]: iteration j's token of that row
         except Exception as e:
-            self._fail([seq for seq, _ in launched.samples if seq.finish_reason is None], e)
+            self._fail([seq for seq, _, _ in launched.samples if seq.finish_reason is None], e)
             return
-        for (seq, index), token in zip(launched.samples, tokens):
-            if seq.finish_reason is None:  # else it stopped (or was cancelled) after the launch
-                self._advance(seq, index, token)
+        if len(steps) == 1:  # one iteration (the loop below, without its per-row inner loop)
+            for (seq, index, _), token in zip(launched.samples, steps[0]):
+                # (finish_reason set: it stopped, or was cancelled, after the launch)
+                if seq.finish_reason is None and not self._take(seq, index, token) and seq.stream and self._due(seq):
+                    self._send(seq, final=False)
+            return
+        for row, (seq, index, n) in enumerate(launched.samples):
+            if seq.finish_reason is not None:
+                continue
+            for j in range(n):
+                if self._take(seq, index + j, steps[j][row]):
+                    break
+            else:
+                if seq.stream and self._due(seq):  # the round's tokens leave together
+                    self._send(seq, final=False)
 
     def _fail(self, seqs: list[Sequence], error: Exception) -> None:
         log.exception("generation iteration failed")
@@ -212,7 +246,11 @@ class GeneratorEngine(EngineLoop):
         self.report_occupancy()
 
     def _report(self, it: Iteration) -> None:
-        self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
+        if it.steps == 1:
+            self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
+        else:  # each iteration of the round: the sequences that still take part in it
+            for j in range(it.steps):
+                self.stats.iteration_done(tokens=sum(w.steps > j for w in it.decode), preempted=0)
         self.report_occupancy()
 
     def report_occupancy(self) -> None:
@@ -228,7 +266,9 @@ class GeneratorEngine(EngineLoop):
         )
 
     # ---- per-sequence bookkeeping -------------------------------------------------------
-    def _advance(self, seq: Sequence, index: int, token: int) -> None:
+    def _take(self, seq: Sequence, index: int, token: int) -> bool:
+        """Output token `index` of `seq` arrived: record it, and finish the sequence if it stops
+        there (returns whether it did)."""
         if seq.first_token_at is None:
             seq.first_token_at = time.monotonic()
         seq.resolve(index, token)
@@ -239,10 +279,10 @@ class GeneratorEngine(EngineLoop):
             seq.finish_reason = "stop"  # a stop string appeared
         elif index + 1 >= seq.max_output:
             seq.finish_reason = "length"
-        if seq.finish_reason is not None:
-            self._finish(seq)
-        elif seq.stream and self._due(seq):
-            self._send(seq, final=False)
+        else:
+            return False
+        self._finish(seq)
+        return True
 
     def _due(self, seq: Sequence) -> bool:
         """Whether `seq`'s pending tokens leave now as one streamed response: at least

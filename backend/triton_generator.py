@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend import inputs
-from tritonformer.backend.decoder_runner import DecoderRunner
+from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, DecoderRunner
 from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.kv_cache import plan_num_blocks
 from tritonformer.backend.models.decoder import load_decoder
@@ -37,6 +37,7 @@ PARAMETERS = {
     "dtype": "auto",
     "max_running_sequences": "64",
     "max_tokens_per_iteration": "2048",  # decode tokens + prompt chunks; longer prompts continue next iteration
+    "max_decode_steps": str(DEFAULT_DECODE_STEPS),  # decode iterations per launch when every sequence decodes and none waits
     "kv_block_size": "16",  # tokens per KV cache block
     "kv_cache_tokens": "auto",  # KV cache capacity in tokens; auto: kv_cache_memory_fraction of free GPU memory
     "kv_cache_memory_fraction": "0.3",
@@ -50,6 +51,13 @@ PARAMETERS = {
 }
 
 log = logging.getLogger("tritonformer")
+
+
+def decode_steps(p) -> int:
+    steps = p.int("max_decode_steps")
+    if steps > MAX_DECODE_STEPS:
+        raise ValueError(f"parameter max_decode_steps must be <= {MAX_DECODE_STEPS}, got {steps}")
+    return steps
 
 
 class TritonPythonModel:
@@ -70,6 +78,7 @@ class TritonPythonModel:
         scheduler = IterationScheduler(
             BlockManager(num_blocks, block_size), max_running, p.int("max_tokens_per_iteration"),
             max_seq_len=self.config.max_position_embeddings,
+            max_decode_steps=decode_steps(p),
         )
         cuda_graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
         runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running, cuda_graphs)

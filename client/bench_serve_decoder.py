@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid-requests", type=int, default=64, help="requests per fixed-grid point")
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--max-tokens-per-iteration", type=int, default=4096)
+    parser.add_argument("--max-decode-steps", type=int, default=None,
+                        help="decode iterations per launch (default: the served default, 4)")
     parser.add_argument("--skip-hf", action="store_true", help="ours only (faster)")
     parser.add_argument("--json", help="also write the results here")
 
@@ -59,9 +61,10 @@ class _IdsOnly:
         return ""
 
 
-def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4):
-    """Our engine on the HF model's weights; returns (engine, sink)."""
-    from tritonformer.backend.decoder_runner import DecoderRunner
+def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
+               max_decode_steps: int | None = None):
+    """Our engine on the HF model's weights, configured as served; returns (engine, sink)."""
+    from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, DecoderRunner
     from tritonformer.backend.engine_loop import freeze_startup_objects
     from tritonformer.backend.generator import GeneratorEngine
     from tritonformer.backend.kv_cache import plan_num_blocks
@@ -74,7 +77,8 @@ def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_
     block_size = 16
     num_blocks = plan_num_blocks(model, block_size, "auto", kv_fraction)
     scheduler = IterationScheduler(BlockManager(num_blocks, block_size), max_running, token_budget,
-                                   max_seq_len=model.config.max_position_embeddings)
+                                   max_seq_len=model.config.max_position_embeddings,
+                                   max_decode_steps=max_decode_steps or DEFAULT_DECODE_STEPS)
     runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running)
     runner.warm_up()
     freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
@@ -82,7 +86,8 @@ def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_
     return GeneratorEngine(runner, _IdsOnly(), sink, scheduler, max_queue=100_000, cancel_check_interval_s=3600), sink
 
 
-def random_engine(name: str, device, dtype=None, max_running: int = 256, token_budget: int = 2048):
+def random_engine(name: str, device, dtype=None, max_running: int = 256, token_budget: int = 2048,
+                  max_decode_steps: int | None = None):
     """Our engine on a random-weight model, "gpt2" (124M) or "llama" (the Llama-3.2-1B shape),
     fp16 by default, for the GPU tools; returns (engine, vocabulary size)."""
     import torch
@@ -91,7 +96,8 @@ def random_engine(name: str, device, dtype=None, max_running: int = 256, token_b
 
     dtype = dtype or torch.float16
     hf_model = {"gpt2": hf.random_gpt2, "llama": hf.random_llama_1b}[name](device, dtype)
-    engine, _ = our_engine(hf_model, device, dtype, max_running=max_running, token_budget=token_budget)
+    engine, _ = our_engine(hf_model, device, dtype, max_running=max_running, token_budget=token_budget,
+                           max_decode_steps=max_decode_steps)
     return engine, hf_model.config.vocab_size
 
 
@@ -140,28 +146,41 @@ WARM_STEPS = 8  # decode steps before the timed ones: the switch from prefill, t
 
 
 def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> tuple:
-    """Milliseconds per engine iteration with `batch` sequences decoding, in steady state (after
-    their prefill and WARM_STEPS decode steps): scheduling, batch building, the forward (graph
-    replay), sampling and bookkeeping. Returns (mean step, forward alone, each step's ms)."""
+    """Milliseconds per decode iteration (one token for every sequence) with `batch` sequences
+    decoding, in steady state (after their prefill and WARM_STEPS decode steps): scheduling,
+    batch building, the forward (graph replay), sampling and bookkeeping, as the engine runs
+    them (a launch may cover several iterations: max_decode_steps). Returns (mean step, forward
+    alone, each launch's ms per iteration)."""
     from tritonformer.client.bench_decoder_baselines import fixed_trace
 
-    trace = fixed_trace(context, WARM_STEPS + steps + 2, batch, seed=1, vocab_size=vocab)
+    margin = 2 * engine.scheduler.max_decode_steps  # the last launch may pass `steps`
+    trace = fixed_trace(context, WARM_STEPS + steps + margin, batch, seed=1, vocab_size=vocab)
     _submit(engine, trace)
     prefill_until_decoding(engine)
-    for _ in range(WARM_STEPS):
-        engine.step()
+    first = engine.scheduler.running[0]  # all decode in step: one sequence counts the iterations
+    _iterate(engine, first, WARM_STEPS)
     _sync(engine)
-    marks = [time.perf_counter()]
-    for _ in range(steps):
+    start = first.num_computed
+    marks, counts = [time.perf_counter()], []
+    while first.num_computed - start < steps:
+        before = first.num_computed
         engine.step()
         marks.append(time.perf_counter())
+        counts.append(first.num_computed - before)
     _sync(engine)
-    ms = (time.perf_counter() - marks[0]) / steps * 1e3
-    each = np.diff(marks) * 1e3
+    ms = (time.perf_counter() - marks[0]) / (first.num_computed - start) * 1e3
+    each = np.diff(marks) * 1e3 / np.maximum(counts, 1)
     forward = _forward_ms(engine)
     while engine.has_work():
         engine.step()
     return ms, forward, each
+
+
+def _iterate(engine, seq, n: int) -> None:
+    """Step until `seq` has run n more iterations."""
+    target = seq.num_computed + n
+    while seq.num_computed < target:
+        engine.step()
 
 
 def prefill_until_decoding(engine) -> None:
@@ -231,7 +250,8 @@ def run(args) -> int:
         if "steps" not in parts and (name != "gpt2-124M" or not parts & {"trace", "grid"}):
             continue
         hf_model = make(dev, dtype)
-        engine, sink = our_engine(hf_model, dev, dtype, args.max_running, args.max_tokens_per_iteration)
+        engine, sink = our_engine(hf_model, dev, dtype, args.max_running, args.max_tokens_per_iteration,
+                                  max_decode_steps=args.max_decode_steps)
         floor_ms = _weight_bytes(hf_model) / bandwidth * 1e3
         vocab = hf_model.config.vocab_size
         if "steps" in parts:

@@ -6,6 +6,7 @@ tensors are on a CUDA device, and the reference otherwise (CPU, or an op without
 """
 from tritonformer.kernels.dispatch import (  # noqa: F401
     add_bias_residual_layer_norm,
+    advance_decode_inputs,
     apply_rotary,
     argmax_rows,
     bias_gelu,

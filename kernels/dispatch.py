@@ -32,7 +32,7 @@ def triton_kernels_enabled() -> bool:
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
-                   "triton_pooling", "triton_sampling")
+                   "triton_pooling", "triton_sampling", "triton_decode_steps")
 _loaded = False
 
 
@@ -77,6 +77,7 @@ linear_act = _dispatched("linear_act")
 silu_and_mul = _dispatched("silu_and_mul")
 feed_tokens = _dispatched("feed_tokens")
 argmax_rows = _dispatched("argmax_rows")
+advance_decode_inputs = _dispatched("advance_decode_inputs")
 pool_sequences = _dispatched("pool_sequences")
 softmax = _dispatched("softmax")
 apply_rotary = _dispatched("apply_rotary")

@@ -95,6 +95,34 @@ def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor
     return input_ids
 
 
+def advance_decode_inputs(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    seqlens: torch.Tensor,
+    tables: torch.Tensor,
+    steps_left: torch.Tensor,
+    block_size: int,
+    scratch_slot: int,
+) -> None:
+    """In place, at the end of a decode iteration: prepare the next one on the device.
+
+    Each row with `steps_left > 0` moves on to its next token: position + 1, one key more, the
+    cache slot of that position from its block table `[rows, width]` (int32), and as its token
+    id the row's own sample, `-1 - row` (which `feed_tokens` resolves); `steps_left` counts one
+    down. Every other row becomes padding: id 0, position 0, no keys, the scratch slot. int64
+    ids, positions and slots; int32 key counts and steps."""
+    go = steps_left > 0
+    pos = torch.where(go, positions + 1, 0)
+    block = tables.gather(1, (pos // block_size).view(-1, 1)).squeeze(1).long()
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    input_ids.copy_(torch.where(go, -1 - rows, 0))
+    positions.copy_(pos)
+    seqlens.copy_(torch.where(go, pos + 1, 0))
+    slot_mapping.copy_(torch.where(go, block * block_size + pos % block_size, scratch_slot))
+    steps_left.sub_(go.to(steps_left.dtype))
+
+
 def argmax_rows(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Greedy samples: `out[r]` (int64) = the column of row r's largest logit, the first one
     on ties. `logits` `[rows, vocab]`, any float dtype; rows may be strided (a slice of a

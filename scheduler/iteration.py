@@ -15,6 +15,14 @@ Chunked prefill (Sarathi / vLLM): every iteration has a token budget. Running se
 longer than that runs in chunks over several iterations. A burst of long prompts therefore never
 stalls the decoding of running sequences, and the iteration size, hence its latency, is capped.
 
+Several decode iterations per round (vLLM's multi-step scheduling): when nobody waits and every
+running sequence is decoding, a round may cover up to `max_decode_steps` iterations, each
+sequence taking as many of them as it has tokens left (the engine runs them without the host in
+between). A serving engine's host work per round (scheduling, inputs, bookkeeping for every
+sequence) is then shared by several iterations. A request that arrives meanwhile joins at the
+next round, at most max_decode_steps - 1 iterations later; a round with a waiting sequence,
+a prompt chunk or a preemption is one iteration, as above.
+
 Pure Python: the engine supplies the sequences and runs the model; this module only decides.
 """
 from __future__ import annotations
@@ -32,6 +40,9 @@ class DecoderWork(Protocol):
     num_tokens: int  # prompt + generated tokens known so far
     num_computed: int  # tokens whose KV is in the cache; the scheduler advances/resets it
     block_table: list[int]  # its KV blocks, grown and freed by the scheduler
+    # Tokens the sequence will ever hold (prompt + the most output tokens); the last of them is
+    # never computed (nothing follows it). Bounds how many iterations of a round it takes.
+    token_limit: int
 
 
 class SequenceTooLong(OutOfBlocks):
@@ -53,18 +64,19 @@ class Scheduled:
     A plain class with slots, not a dataclass: one is made per running sequence per iteration,
     on the path the GPU waits for at large batches."""
 
-    __slots__ = ("seq", "start", "num_new", "samples")
+    __slots__ = ("seq", "start", "num_new", "samples", "steps")
 
     def __init__(self, seq: Any, num_new: int):
         self.seq = seq
         self.start = start = seq.num_computed
         self.num_new = num_new
+        self.steps = 1  # iterations of the round it runs in (one token each); > 1 for decodes only
         # Whether the last known token runs, so the engine samples the next one. Fixed when
         # scheduled: once the engine appends the sampled token, recomputing it would say False.
         self.samples = start + num_new == seq.num_tokens
 
     def __repr__(self) -> str:
-        return f"Scheduled(start={self.start}, num_new={self.num_new}, samples={self.samples})"
+        return f"Scheduled(start={self.start}, num_new={self.num_new}, samples={self.samples}, steps={self.steps})"
 
 
 @dataclass
@@ -72,10 +84,11 @@ class Iteration:
     decode: list[Scheduled] = field(default_factory=list)  # num_new == 1: the decode attention launch
     prefill: list[Scheduled] = field(default_factory=list)  # num_new > 1: prompt chunks or recompute
     preempted: list = field(default_factory=list)  # sequences preempted while building this one
+    steps: int = 1  # model iterations in this round: the most `steps` of its decode entries
 
     @property
     def num_tokens(self) -> int:
-        return sum(e.num_new for e in self.all())
+        return sum(e.num_new * e.steps for e in self.all())
 
     def __bool__(self) -> bool:
         return bool(self.decode or self.prefill)
@@ -95,9 +108,12 @@ class IterationScheduler:
         max_running: int = 32,
         max_tokens_per_iteration: int = 4096,
         max_seq_len: int | None = None,
+        max_decode_steps: int = 1,
     ):
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
+        if max_decode_steps < 1:
+            raise ValueError(f"max_decode_steps must be >= 1, got {max_decode_steps}")
         if max_tokens_per_iteration < max_running:
             # Every running sequence must be able to decode every iteration, or a full
             # house of decoders would starve some of them.
@@ -114,6 +130,7 @@ class IterationScheduler:
         self.max_running = max_running
         self.max_tokens_per_iteration = max_tokens_per_iteration
         self.max_seq_len = max_seq_len
+        self.max_decode_steps = max_decode_steps
         self.waiting: deque = deque()
         self.running: list = []  # oldest first: preemption takes from the tail
         self.num_preemptions = 0
@@ -153,7 +170,38 @@ class IterationScheduler:
             budget -= num_new
         if not it.preempted:  # short of blocks already: admitting more would only thrash
             self._admit(it, budget)
+            if self.max_decode_steps > 1 and decode and not prefill and not self.waiting:
+                self._steps_ahead(it)
         return it
+
+    def _steps_ahead(self, it: Iteration) -> None:
+        """Let a round of decodes run several iterations (see the module docstring): each
+        sequence as many as it has tokens left, up to max_decode_steps, with the blocks they
+        need taken now. Only from free blocks: if they are short, the round stays one
+        iteration (looking ahead never preempts anyone)."""
+        cap, block_size = self.max_decode_steps, self.blocks.block_size
+        longest, extra, growing, fits = 1, 0, [], True
+        for e in it.decode:  # (every running sequence, every round: no calls it can do without)
+            if not e.samples:  # a one-token piece of a prompt: its next token is not its sample
+                fits = False
+                break
+            steps = e.seq.token_limit - 1 - e.start  # positions start .. token_limit - 2 are computed
+            if steps > cap:
+                steps = cap
+            short = e.start + steps - len(e.seq.block_table) * block_size  # tokens past its blocks
+            if short > 0:
+                extra += -(-short // block_size)
+                growing.append(e)
+            if steps > longest:
+                longest = steps
+            e.steps = steps
+        if not fits or extra > self.blocks.num_free:
+            for e in it.decode:
+                e.steps = 1
+            return
+        for e in growing:
+            self.blocks.grow(e.seq.block_table, e.start + e.steps)
+        it.steps = longest
 
     def _make_room(self, seq: Any, num_tokens: int, it: Iteration) -> bool:
         """Preempt newest-first until `seq` can cover `num_tokens`; False if `seq` itself went."""
@@ -192,7 +240,7 @@ class IterationScheduler:
         for e in it.all():
             if e.seq.num_computed != e.start:
                 raise RuntimeError("iteration committed twice, or a stale iteration")
-            e.seq.num_computed += e.num_new
+            e.seq.num_computed += e.num_new * e.steps
 
     def finish(self, seq: Any) -> None:
         """Remove a sequence that finished, failed or was cancelled, and free its blocks now."""

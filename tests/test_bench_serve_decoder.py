@@ -28,6 +28,16 @@ def test_trace_runs_every_request_to_its_budget():
 def test_step_time_is_measured_on_decoding_sequences():
     model = _tiny_gpt2()
     engine, sink = bench.our_engine(model, torch.device("cpu"), torch.float32, max_running=8, token_budget=256)
+    step_ms, forward_ms, each = bench.our_step_ms(engine, sink, batch=3, context=20, steps=8, vocab=1000)
+    assert step_ms > 0 and forward_ms > 0 and not engine.has_work()
+    # Launches of up to max_decode_steps (4) iterations each; at least 8 iterations in all.
+    assert engine.scheduler.max_decode_steps == 4 and 2 <= len(each) <= 8 and min(each) > 0
+
+
+def test_step_time_with_one_iteration_per_launch():
+    model = _tiny_gpt2()
+    engine, sink = bench.our_engine(model, torch.device("cpu"), torch.float32, max_running=8, token_budget=256,
+                                    max_decode_steps=1)
     step_ms, forward_ms, each = bench.our_step_ms(engine, sink, batch=3, context=20, steps=4, vocab=1000)
     assert step_ms > 0 and forward_ms > 0 and not engine.has_work()
     assert len(each) == 4 and sum(each) <= 4 * step_ms * (1 + 1e-9)  # the last step's GPU wait is in the mean only

@@ -96,3 +96,45 @@ def test_too_many_entries_for_the_bucket_is_an_error():
     with pytest.raises(ValueError, match="3 entries for a decode bucket of 2 rows"):
         inputs.pack([BatchEntry([1], 0, [0], True)] * 3)
     assert np.all(inputs.slot_mapping.numpy() == SCRATCH)  # nothing half-written
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_round_advanced_on_the_device_equals_packing_each_iteration(seed):
+    """A round of several iterations: packed once with each row's steps, then moved on by the
+    graph's last op (its reference here) after every iteration. Each iteration's inputs equal a
+    packing from scratch of the rows still taking part, each on its own sample (`-1 - row`);
+    rows whose steps are done are padding. The next pack (one iteration) starts clean."""
+    from tritonformer.kernels import reference
+
+    random.seed(seed)
+    rows, free = 8, list(range(200))
+    random.shuffle(free)
+    inputs = DecodeInputs(rows, WIDTH, BLOCK, SCRATCH, torch.device("cpu"))
+    seqs = [Seq(free, random.randrange(30)) for _ in range(6)]
+    steps = [random.randint(1, 5) for _ in seqs]
+    for s, n in zip(seqs, steps):  # the scheduler grows each table for its steps ahead
+        s.start += n - 1
+        s.grow()
+        s.start -= n - 1
+    entries = [s.entry(row) for row, s in enumerate(seqs)]
+    check(inputs, [s.entry(row) for row, s in enumerate(seqs)])  # a plain pack before: rows held
+    inputs.pack(entries, steps)
+    inputs.send()
+    for j in range(max(steps)):
+        if j:
+            reference.advance_decode_inputs(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.seqlens,
+                                            inputs.tables, inputs.steps_left, BLOCK, SCRATCH)
+        live = [BatchEntry(e.tokens if j == 0 else [-1 - row], e.start + j, e.block_table, True)
+                for row, e in enumerate(entries) if steps[row] > j]
+        ids, pos, slots, seqlens = expected(live, rows)
+        gone = [row for row in range(len(entries)) if steps[row] <= j]
+        for row in gone:  # padding in place, not moved to the end: rows keep their places
+            for values, pad in ((ids, 0), (pos, 0), (slots, SCRATCH), (seqlens, 0)):
+                values.insert(row, pad)
+                values.pop()
+        assert inputs.input_ids.tolist() == ids
+        assert inputs.positions.tolist() == pos
+        assert inputs.slot_mapping.tolist() == slots
+        assert inputs.seqlens.tolist() == seqlens
+    check(inputs, [s.entry(row) for row, s in enumerate(seqs[:3])])
+    assert inputs.steps_left.tolist() == [0] * rows

@@ -338,9 +338,9 @@ def test_the_next_iteration_launches_before_the_last_ones_tokens_are_read(smollm
             tokens, n = super().sample(forward, sampler, params, keys), sum(e == "run" for e in events)
 
             class Logged:
-                def wait(self):
+                def wait_steps(self):
                     events.append(f"wait{n}")
-                    return tokens.wait()
+                    return tokens.wait_steps()
 
             return Logged()
 

@@ -25,6 +25,10 @@ class FakeSeq:
     def num_tokens(self) -> int:
         return self.prompt + self.generated
 
+    @property
+    def token_limit(self) -> int:
+        return self.prompt + self.target
+
 
 # ---------------------------------------------------------------------------- BlockManager
 
@@ -86,13 +90,22 @@ def check_and_run(sched: IterationScheduler, seqs: list[FakeSeq], joined: list, 
     entries = it.all()
     assert entries == it.decode + it.prefill
     assert all(e.num_new == 1 for e in it.decode) and all(e.num_new > 1 for e in it.prefill)
-    assert it.num_tokens == sum(e.num_new for e in entries) <= sched.max_tokens_per_iteration
+    assert sum(e.num_new for e in entries) <= sched.max_tokens_per_iteration
+    assert it.num_tokens == sum(e.num_new * e.steps for e in entries)
+    # Several iterations in a round only for decodes that sample, when nobody waits; each
+    # within its own tokens left and the cap.
+    assert it.steps == max(e.steps for e in entries)
+    assert all(e.steps == 1 for e in it.prefill)
+    if it.steps > 1:
+        assert not it.prefill and not it.preempted and not sched.waiting and all(e.samples for e in it.decode)
+        assert all(1 <= e.steps <= min(sched.max_decode_steps, e.seq.token_limit - 1 - e.start) for e in it.decode)
     assert len(sched.running) <= sched.max_running
     scheduled = [e.seq for e in entries]
     assert len(set(map(id, scheduled))) == len(scheduled)
     for e in entries:
         assert e.start == e.seq.num_computed and e.seq in sched.running
-        assert bm.blocks_for(e.start + e.num_new) <= len(e.seq.block_table) <= bm.blocks_for(e.seq.num_tokens)
+        assert bm.blocks_for(e.start + e.num_new * e.steps) <= len(e.seq.block_table) \
+            <= bm.blocks_for(e.seq.num_tokens + e.steps - 1)
         if not e.samples:  # a partial prompt chunk only when it took all the budget left
             assert it.num_tokens == sched.max_tokens_per_iteration
     # Running sequences all run every iteration (decode never stalls behind a long prompt),
@@ -113,7 +126,8 @@ def check_and_run(sched: IterationScheduler, seqs: list[FakeSeq], joined: list, 
     sched.commit(it)
     for e in entries:
         if e.samples:
-            e.seq.generated += 1
+            e.seq.generated += e.steps  # one token per iteration of the round
+            assert e.seq.generated <= e.seq.target
             if e.seq.generated == e.seq.target:
                 sched.finish(e.seq)
                 finished.append(e.seq)
@@ -151,18 +165,19 @@ workloads = st.lists(
     max_running=st.integers(1, 6),
     extra_budget=st.integers(0, 64),
     cancel_p=st.sampled_from([0.0, 0.05]),
+    max_decode_steps=st.sampled_from([1, 1, 3]),
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=300, deadline=None)
 def test_random_workloads_complete_fcfs_without_leaks(
-    work, block_size, spare_blocks, max_running, extra_budget, cancel_p, seed
+    work, block_size, spare_blocks, max_running, extra_budget, cancel_p, max_decode_steps, seed
 ):
     rng = random.Random(seed)
     work = sorted(work, key=lambda w: w[0])
     seqs = [FakeSeq(i, p, t) for i, (_, p, t) in enumerate(work)]
     max_seq_len = max(p + t for _, p, t in work)
     bm = BlockManager(-(-max_seq_len // block_size) + spare_blocks, block_size)
-    sched = IterationScheduler(bm, max_running, max_running + extra_budget, max_seq_len)
+    sched = IterationScheduler(bm, max_running, max_running + extra_budget, max_seq_len, max_decode_steps)
     joined, finished, cancelled = [], [], []
     preempted = 0
     pending = list(zip((w[0] for w in work), seqs))
@@ -289,10 +304,49 @@ def test_commit_twice_raises():
         sched.commit(it)
 
 
+def _decoding(sched: IterationScheduler, seqs: list[FakeSeq]) -> None:
+    """Run `seqs`' prompts and first tokens, one iteration each, so that they all decode."""
+    for s in seqs:
+        sched.add(s)
+    while any(s.generated == 0 for s in seqs):
+        it = sched.schedule()
+        assert it.steps == 1  # prompts in the round, or someone waiting
+        sched.commit(it)
+        for e in it.all():
+            e.seq.generated += e.samples
+
+
+def test_decode_rounds_take_several_iterations_within_each_sequences_tokens():
+    sched = IterationScheduler(BlockManager(64, 4), max_running=4, max_tokens_per_iteration=64, max_decode_steps=4)
+    a, b = FakeSeq(0, prompt=5, target=20), FakeSeq(1, prompt=3, target=3)
+    _decoding(sched, [a, b])
+    it = sched.schedule()
+    # b has 2 tokens left: it takes 2 iterations of the round; a all 4, with blocks for them.
+    assert it.steps == 4 and [(e.seq, e.steps) for e in it.decode] == [(a, 4), (b, 2)]
+    assert len(a.block_table) == sched.blocks.blocks_for(a.num_computed + 4)
+    sched.commit(it)
+    assert (a.num_computed, b.num_computed) == (5 + 4, 3 + 2)
+
+
+def test_a_waiting_request_or_short_pool_keeps_rounds_to_one_iteration():
+    sched = IterationScheduler(BlockManager(64, 4), max_running=1, max_tokens_per_iteration=64, max_decode_steps=4)
+    a = FakeSeq(0, prompt=5, target=20)
+    _decoding(sched, [a])
+    sched.add(FakeSeq(1, prompt=5, target=2))  # cannot join (max_running) but waits: join soon
+    assert sched.schedule().steps == 1
+    # Two blocks of 4 in all: a holds 2 (tokens 0..5 and its next); 4 steps ahead needs a third.
+    tight = IterationScheduler(BlockManager(2, 4), max_running=1, max_tokens_per_iteration=64, max_decode_steps=4)
+    c = FakeSeq(0, prompt=5, target=20)
+    _decoding(tight, [c])
+    it = tight.schedule()
+    assert it.steps == 1 and not it.preempted and tight.blocks.num_free == 0
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         dict(max_running=0, max_tokens_per_iteration=10),
+        dict(max_running=1, max_tokens_per_iteration=10, max_decode_steps=0),
         dict(max_running=8, max_tokens_per_iteration=7),  # a full house could not all decode
         dict(max_running=1, max_tokens_per_iteration=10, max_seq_len=41),  # 11 blocks > 10
     ],

@@ -6,7 +6,7 @@ graph, sampling bookkeeping, stop checks, responses) stays below the forward. Th
 share alone: the real scheduler, engine, sampler and decode-graph input packing around a runner
 that returns logits at once.
 
-    .venv/bin/python tools/profile_engine_host.py --batch 64 [--profile]
+    .venv/bin/python tools/profile_engine_host.py --batch 64 [--max-decode-steps 4] [--profile]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from engine_phases import phase_table
 
 from tritonformer.backend.decode_graphs import DecodeGraphs
 from tritonformer.backend.decode_inputs import DecodeInputs
-from tritonformer.backend.decoder_runner import Forward, SampledTokens
+from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, Forward, SampledTokens
 from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.sampling import SamplingParams
 from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
@@ -56,14 +56,24 @@ class ModelFreeRunner:
     def sample(self, forward, sampler, params, keys):
         return SampledTokens(sampler.sample_ids(forward.logits, params, keys), len(params))
 
+    def run_steps(self, entries, steps, sampler, params, keys):
+        inputs = self.inputs[self.graphs.bucket(len(entries))]
+        inputs.pack(entries, steps)
+        inputs.send()
+        ids = torch.stack([sampler.sample_ids(self.logits[: len(entries)], params, keys) for _ in range(max(steps))])
+        return SampledTokens(ids, len(params), steps=max(steps))
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=64, help="decoding sequences")
-    parser.add_argument("--steps", type=int, default=100, help="iterations per timed round (7 rounds)")
+    parser.add_argument("--steps", type=int, default=80, help="iterations per timed round (7 rounds)")
+    parser.add_argument("--max-decode-steps", type=int, default=DEFAULT_DECODE_STEPS,
+                        help="decode iterations per launch (the served default; 1: one per launch)")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of one round")
     args = parser.parse_args()
-    scheduler = IterationScheduler(BlockManager(BLOCKS, BLOCK), args.batch, 4096, max_seq_len=CONTEXT)
+    scheduler = IterationScheduler(BlockManager(BLOCKS, BLOCK), args.batch, 4096, max_seq_len=CONTEXT,
+                                   max_decode_steps=args.max_decode_steps)
     engine = GeneratorEngine(ModelFreeRunner(args.batch), _IdsOnly(), _CountingSink(), scheduler,
                              max_queue=100_000, cancel_check_interval_s=3600)
     rng = np.random.default_rng(0)
@@ -72,20 +82,22 @@ def main() -> int:
                   for i in range(args.batch)])
     for _ in range(3):  # prefill, then decoding
         engine.step()
+    seq = engine.scheduler.running[0]  # decoding with the others: counts the iterations
     rounds = []
     for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(args.steps):
+        start, done = time.perf_counter(), seq.num_computed
+        while seq.num_computed - done < args.steps:
             engine.step()
-        rounds.append((time.perf_counter() - start) / args.steps * 1e6)
+        rounds.append((time.perf_counter() - start) / (seq.num_computed - done) * 1e6)
     print(f"batch {args.batch}: {sorted(rounds)[3]:.0f} us of host work per decode iteration "
           f"(median of 7 rounds; min {min(rounds):.0f})")
     print()
-    print(phase_table(engine, args.steps))
+    launches = max(1, args.steps // args.max_decode_steps)
+    print(phase_table(engine, launches))
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()
-        for _ in range(args.steps):
+        for _ in range(launches):
             engine.step()
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(15)

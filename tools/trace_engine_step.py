@@ -133,7 +133,8 @@ def main() -> int:
     parser.add_argument("--trace", help="write a Chrome trace of the profiled steps here")
     args = parser.parse_args()
 
-    engine, vocab = random_engine(args.model, torch.device("cuda"))
+    # One iteration per launch: this traces the pipeline of single iterations, host against GPU.
+    engine, vocab = random_engine(args.model, torch.device("cuda"), max_decode_steps=1)
     # Long enough outputs that every timed and profiled step decodes the whole batch.
     _submit(engine, hf.fixed_trace(128, 4 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
     prefill_until_decoding(engine)
