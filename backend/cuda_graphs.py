@@ -9,6 +9,7 @@ the unused token slots (its result is ignored). Sequences past the real ones are
 from __future__ import annotations
 
 import bisect
+import gc
 
 import numpy as np
 import torch
@@ -105,6 +106,15 @@ def capture_graph(fn, pool=None):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
+    # No garbage collection while capturing: a collection may free an older engine's graphs or
+    # events (an engine is a reference cycle, through its thread), and destroying those is not
+    # permitted during a capture, which then fails.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
