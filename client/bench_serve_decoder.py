@@ -153,7 +153,10 @@ def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, v
     alone, each launch's ms per iteration)."""
     from tritonformer.client.bench_decoder_baselines import fixed_trace
 
-    margin = 2 * engine.scheduler.max_decode_steps  # the last launch may pass `steps`
+    # Enough tokens that `first` is still decoding after the timed iterations: at batch 64 it
+    # decodes while the other half of the batch still runs its prompt, and the last launch of
+    # several iterations may pass `steps`.
+    margin = 2 * engine.scheduler.max_decode_steps + 16
     trace = fixed_trace(context, WARM_STEPS + steps + margin, batch, seed=1, vocab_size=vocab)
     _submit(engine, trace)
     prefill_until_decoding(engine)
@@ -163,6 +166,8 @@ def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, v
     start = first.num_computed
     marks, counts = [time.perf_counter()], []
     while first.num_computed - start < steps:
+        if first.finish_reason is not None:
+            raise RuntimeError("the counting sequence finished before the timed iterations did")
         before = first.num_computed
         engine.step()
         marks.append(time.perf_counter())
