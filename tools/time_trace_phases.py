@@ -1,0 +1,73 @@
+"""The Orca trace in-process, its time split by launch kind: iterations with prompt chunks
+(prefill), single decode iterations, and rounds of several decode iterations.
+
+    python3 tools/time_trace_phases.py --max-decode-steps 4   # (GPU) two timed passes after a warm one
+
+The benchmark (`tritonformer bench serve-decoder --in-process --parts trace`) gives one
+tokens-per-second figure; this says which phase a slow pass lost its time in.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+from tritonformer.client import bench_decoder_baselines as hf
+from tritonformer.client.bench_serve_decoder import _submit, _sync, random_engine, run_ours
+
+
+def timed_pass(engine, trace) -> tuple[float, dict]:
+    """One pass over `trace`: (seconds, {launch kind: [seconds, launches, iterations]})."""
+    scheduler = engine.scheduler
+    plain_schedule = scheduler.schedule
+    last = {}
+
+    def schedule():
+        last["it"] = it = plain_schedule()
+        return it
+
+    scheduler.schedule = schedule
+    phases = collections.defaultdict(lambda: [0.0, 0, 0])
+    _submit(engine, trace)
+    _sync(engine)
+    t0 = time.perf_counter()
+    try:
+        while engine.has_work():
+            last.pop("it", None)
+            start = time.perf_counter()
+            engine.step()
+            it = last.get("it")
+            kind = "none" if not it else "prefill" if it.prefill else "round" if it.steps > 1 else "single decode"
+            phase = phases[kind]
+            phase[0] += time.perf_counter() - start
+            phase[1] += 1
+            phase[2] += it.steps if it else 0
+        _sync(engine)
+    finally:
+        del scheduler.schedule
+    engine.sink.finished = 0
+    return time.perf_counter() - t0, phases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--max-decode-steps", type=int, default=None, help="default: the served default")
+    parser.add_argument("--passes", type=int, default=2)
+    args = parser.parse_args()
+    engine, vocab = random_engine("gpt2", torch.device("cuda"), max_running=256, token_budget=4096,
+                                  max_decode_steps=args.max_decode_steps)
+    trace = hf.orca_trace(256, 0, vocab_size=vocab)
+    run_ours(engine, engine.sink, trace)  # warm: a cold Triton cache compiles the prefill shapes here
+    useful = sum(r.max_new_tokens for r in trace)
+    for i in range(args.passes):
+        seconds, phases = timed_pass(engine, trace)
+        print(f"max_decode_steps {engine.scheduler.max_decode_steps}, pass {i}: {useful / seconds:,.0f} useful tok/s, "
+              f"{seconds * 1e3:.0f} ms; " + "; ".join(f"{kind}: {t * 1e3:.0f} ms in {n} launches / {its} iterations"
+                                                      for kind, (t, n, its) in phases.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
