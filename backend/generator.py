@@ -53,8 +53,8 @@ class GeneratorStats(Protocol):
 
 @dataclass
 class _Launched:
-    """An iteration on the GPU: which sequence each sampled row belongs to, and where in its
-    output_ids the token goes."""
+    """A launch on the GPU (one iteration, or a round of several): which sequence each sampled
+    row belongs to, where in its output_ids its tokens go, and how many it gets."""
 
     samples: list[tuple["Sequence", int, int]]  # (sequence, index of its first token, tokens)
     tokens: SampledTokens
