@@ -11,7 +11,9 @@
 #
 # fifo / dp: the embedder's batch_policy for this server start (the served default is fifo with
 # a token budget); INSTANCES: embedder model instances (1). The generator part runs with
-# "fifo 1" only, once per stream_interval in $STREAM_INTERVALS. stock: HF BertModel and HF
+# "fifo 1" only, once per stream_interval in $STREAM_INTERVALS, with $GENERATOR_EXTRA added to
+# its parameters (e.g. "max_decode_steps=1") and $GEN_TAG to its result names; SKIP_EMBED=1
+# skips the embedder's load. stock: HF BertModel and HF
 # generate behind Triton's dynamic batcher (client/stock_repository), at STOCK_EMBED_RATES and
 # STOCK_GEN_RATES with STOCK_GEN_REQUESTS requests per point.
 set -uo pipefail
@@ -83,9 +85,9 @@ if [[ $MODE == profile ]]; then  # where one embedder instance's host time goes 
 fi
 first=1
 for interval in $STREAM_INTERVALS; do
-  export GENERATOR_PARAMS="max_running_sequences=256 max_tokens_per_iteration=4096 kv_cache_memory_fraction=0.4 stream_interval=$interval"
+  export GENERATOR_PARAMS="max_running_sequences=256 max_tokens_per_iteration=4096 kv_cache_memory_fraction=0.4 stream_interval=$interval ${GENERATOR_EXTRA:-}"
   start
-  if [[ $first == 1 ]]; then
+  if [[ $first == 1 && -z ${SKIP_EMBED:-} ]]; then
     tag="${POLICY}_x$INSTANCES${TAG_SUFFIX:-}"
     python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "$EMBED_RATES" --seconds 4 --warmup 1 \
       --distribution mixed --processes 4 "${BATCH_DIM[@]}" --json "$OUT/served_embed_$tag.json" 2>&1 | tee "$OUT/served_embed_$tag.log"
@@ -94,7 +96,7 @@ for interval in $STREAM_INTERVALS; do
   if [[ $POLICY == fifo && $INSTANCES == 1 && -z ${TAG_SUFFIX:-} ]]; then
     python3 -m tritonformer.client.loadgen generate --url 127.0.0.1:8000 --rates "$GEN_RATES" --requests 256 \
       --prompt-range 32,512 --output-range 1,128 --vocab-size 50256 --processes 2 \
-      --json "$OUT/served_generate_si$interval.json" 2>&1 | tee "$OUT/served_generate_si$interval.log"
+      --json "$OUT/served_generate_si$interval${GEN_TAG:-}.json" 2>&1 | tee "$OUT/served_generate_si$interval${GEN_TAG:-}.log"
   fi
   curl -s 127.0.0.1:8002/metrics | grep -E '^tritonformer_(batches_total|kv_blocks|preemptions|iterations_total)' | head
   tools/gpu_server.sh stop
