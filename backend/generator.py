@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonformer.backend.decoder_batch import BatchEntry
-from tritonformer.backend.decoder_runner import DecoderRunner, SampledTokens, fed_token
+from tritonformer.backend.decoder_runner import MAX_DECODE_STEPS, DecoderRunner, SampledTokens, fed_token
 from tritonformer.backend.detokenizer import IncrementalDetokenizer
 from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.responses import ResponseSink
@@ -145,6 +145,8 @@ class GeneratorEngine(EngineLoop):
         stats: GeneratorStats | None = None,
     ):
         super().__init__("tritonformer-generator", max_queue)
+        if scheduler.max_decode_steps > MAX_DECODE_STEPS:  # the runner holds this many iterations' ids
+            raise ValueError(f"max_decode_steps must be <= {MAX_DECODE_STEPS}, got {scheduler.max_decode_steps}")
         self.runner = runner
         self.config = runner.model.config
         self.tokenizer = tokenizer

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend import inputs
-from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, DecoderRunner
+from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, DecoderRunner
 from tritonformer.backend.generator import GeneratorEngine
 from tritonformer.backend.kv_cache import plan_num_blocks
 from tritonformer.backend.models.decoder import load_decoder
@@ -53,13 +53,6 @@ PARAMETERS = {
 log = logging.getLogger("tritonformer")
 
 
-def decode_steps(p) -> int:
-    steps = p.int("max_decode_steps")
-    if steps > MAX_DECODE_STEPS:
-        raise ValueError(f"parameter max_decode_steps must be <= {MAX_DECODE_STEPS}, got {steps}")
-    return steps
-
-
 class TritonPythonModel:
     def initialize(self, args):
         p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
@@ -78,16 +71,16 @@ class TritonPythonModel:
         scheduler = IterationScheduler(
             BlockManager(num_blocks, block_size), max_running, p.int("max_tokens_per_iteration"),
             max_seq_len=self.config.max_position_embeddings,
-            max_decode_steps=decode_steps(p),
+            max_decode_steps=p.int("max_decode_steps"),
         )
         cuda_graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
         runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running, cuda_graphs)
-        runner.warm_up()  # kernel compilation and graph capture before READY, not on a request
-        self.engine = GeneratorEngine(
+        self.engine = GeneratorEngine(  # (before the warm-up: a bad parameter fails the load at once)
             runner, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
             p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"), stats=self.metrics,
             max_stream_responses_per_s=p.int("max_stream_responses_per_s"),
         )
+        runner.warm_up()  # kernel compilation and graph capture before READY, not on a request
         self.engine.report_occupancy()  # the KV gauges show the empty pool from the start
         self.engine.start()
         log.info("generator ready: %s on %s (%s), KV cache %d blocks x %d tokens", checkpoint, device, dtype,

@@ -132,3 +132,11 @@ def test_rounds_fall_back_to_single_iterations_when_blocks_are_short(tiny_gpt2):
     assert rounds > 0 and scheduler.num_preemptions > 0
     for handle, prompt, params, _ in requests:
         assert _result(responses[handle])[1] == _greedy(hf, prompt, 40)
+
+
+def test_more_iterations_per_round_than_the_runner_holds_is_a_load_error(tiny_gpt2):
+    _, model = tiny_gpt2
+    scheduler = IterationScheduler(BlockManager(64, 4), 8, 64, max_decode_steps=17)
+    runner = DecoderRunner(model, model.new_kv_cache(64, 4), 8)
+    with pytest.raises(ValueError, match="max_decode_steps must be <= 16, got 17"):
+        GeneratorEngine(runner, TagTokenizer(), RecordingSink(), scheduler)
