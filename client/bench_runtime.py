@@ -73,7 +73,7 @@ def run(args) -> int:
     import torch
     import transformers
 
-    from tritonformer.backend.allocator import ActivationArena
+    from tritonformer.backend.encoder.activation_arena import ActivationArena
     from tritonformer.backend.cuda_graphs import EncoderGraphs
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
 

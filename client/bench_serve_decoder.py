@@ -64,12 +64,12 @@ class _IdsOnly:
 def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
                max_decode_steps: int | None = None):
     """Our engine on the HF model's weights, configured as served; returns (engine, sink)."""
-    from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, DecoderRunner
+    from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, DecoderRunner
     from tritonformer.backend.engine_loop import freeze_startup_objects
-    from tritonformer.backend.generator import GeneratorEngine
-    from tritonformer.backend.kv_cache import plan_num_blocks
+    from tritonformer.backend.decoder.engine import GeneratorEngine
+    from tritonformer.backend.decoder.kv_cache import plan_num_blocks
     from tritonformer.backend.models.decoder import load_decoder
-    from tritonformer.backend.weights import strip_prefixes_of
+    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
     from tritonformer.scheduler.iteration import IterationScheduler
     from tritonformer.scheduler.kv_blocks import BlockManager
 
@@ -102,7 +102,7 @@ def random_engine(name: str, device, dtype=None, max_running: int = 256, token_b
 
 
 def _submit(engine, trace) -> None:
-    from tritonformer.backend.sampling import SamplingParams
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
 
     seqs = [engine.new_sequence(i, r.prompt_ids, SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True), False)
             for i, r in enumerate(trace)]
@@ -198,7 +198,7 @@ def prefill_until_decoding(engine) -> None:
 def decode_entries(engine) -> list:
     """The running sequences' current decode iteration as runner entries; running them again
     rewrites the same cache slots with the same values, so they can be replayed for timing."""
-    from tritonformer.backend.decoder_batch import BatchEntry
+    from tritonformer.backend.decoder.batch import BatchEntry
 
     return [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True)
             for s in engine.scheduler.running]

@@ -90,7 +90,7 @@ def padded_cost_engine(pad_id: int = 0):
     without its remove-padding mode): every sequence is extended to the batch's longest with pad
     tokens and the whole rectangle runs through the same kernels. A cost emulation for comparing
     batching policies: the pads are attended to, so its embeddings are not the served ones."""
-    from tritonformer.backend.embedder import EmbedderEngine
+    from tritonformer.backend.encoder.engine import EmbedderEngine
 
     class PaddedCostEngine(EmbedderEngine):
         def embed(self, sequences):
@@ -142,7 +142,7 @@ class ExecutedTokens:
 
 def run_load(engine_factory, rate: float, seconds: float, distribution: str, vocab: int, seed: int = 0,
              executed: ExecutedTokens | None = None) -> dict:
-    from tritonformer.backend.embedder import EmbedRequest
+    from tritonformer.backend.encoder.engine import EmbedRequest
     from tritonformer.backend.engine_loop import Overloaded
 
     rng = np.random.default_rng(seed)
@@ -185,8 +185,8 @@ def run(args) -> int:
     import torch
     import transformers
 
-    from tritonformer.backend.cost_measure import cost_model_key, load_or_measure
-    from tritonformer.backend.embedder import EmbedderEngine
+    from tritonformer.backend.encoder.cost_measure import cost_model_key, load_or_measure
+    from tritonformer.backend.encoder.engine import EmbedderEngine
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
     from tritonformer.scheduler.dp_batcher import DpBatchPolicy
     from tritonformer.scheduler.fifo import FifoBatchPolicy

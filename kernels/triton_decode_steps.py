@@ -1,6 +1,6 @@
 """Triton-language step from one decode iteration to the next, on the device.
 
-When the engine runs several decode iterations per scheduling round (backend/generator.py),
+When the engine runs several decode iterations per scheduling round (backend/decoder/engine.py),
 the iterations after the first need no new inputs from the host: every row's next token is its
 own sample, one position further. This kernel, the last of each decode graph, writes those
 inputs in place, so the next replay follows at once instead of after a pack and a copy from

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonformer.backend.decoder_batch import BatchEntry, build_batch
+from tritonformer.backend.decoder.batch import BatchEntry, build_batch
 from tritonformer.scheduler.kv_blocks import BlockManager
 
 

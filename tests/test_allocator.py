@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritonformer.backend.allocator import (
+from tritonformer.backend.encoder.activation_arena import (
     ALIGN,
     DEFAULT_CHUNK_BYTES,
     ActivationArena,
@@ -97,7 +97,7 @@ def test_encoder_forward_in_the_arena_matches_plain_forward(minilm_dir):
     """Every intermediate of the encoder lives in planned arena views: same result, one plan
     per shape, reused across layers and calls; memory comes back after a long batch."""
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
-    from tritonformer.backend.weights import load_config, load_state_dict
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 
     model = BertEncoder(
         BertConfig.from_hf(load_config(minilm_dir)), load_state_dict(minilm_dir), torch.device("cpu"), torch.float32
@@ -120,7 +120,7 @@ def test_ffn_epilogue_variants_compute_the_same_encoder(minilm_dir):
     """The FFN's bias + GELU after the GEMM (default) or in the GEMM call (torch's
     _addmm_activation: cuBLASLt's epilogue on a GPU, exact GELU here), with and without the arena."""
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
-    from tritonformer.backend.weights import load_config, load_state_dict
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 
     model = BertEncoder(
         BertConfig.from_hf(load_config(minilm_dir)), load_state_dict(minilm_dir), torch.device("cpu"), torch.float32

@@ -22,7 +22,7 @@ def test_lengths_follow_their_distributions():
 def test_padded_engine_runs_rectangles_and_matches_packed_on_equal_lengths():
     import transformers
 
-    from tritonformer.backend.embedder import EmbedderEngine
+    from tritonformer.backend.encoder.engine import EmbedderEngine
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
     from tritonformer.scheduler.fifo import FifoBatchPolicy
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tritonformer.backend.decode_inputs import DecodeInputs
-from tritonformer.backend.decoder_batch import BatchEntry
+from tritonformer.backend.decoder.graph_inputs import DecodeInputs
+from tritonformer.backend.decoder.batch import BatchEntry
 
 BLOCK, WIDTH, SCRATCH = 4, 8, 999 * 4
 

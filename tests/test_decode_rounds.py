@@ -8,11 +8,11 @@ import pytest
 import torch
 import transformers
 
-from tritonformer.backend.decoder_runner import DecoderRunner
-from tritonformer.backend.generator import GeneratorEngine
+from tritonformer.backend.decoder.runner import DecoderRunner
+from tritonformer.backend.decoder.engine import GeneratorEngine
 from tritonformer.backend.models.decoder import load_decoder
-from tritonformer.backend.sampling import SamplingParams
-from tritonformer.backend.weights import strip_prefixes_of
+from tritonformer.backend.decoder.sampling_params import SamplingParams
+from tritonformer.backend.checkpoints.weights import strip_prefixes_of
 from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tritonformer.backend.decoder_runner import DecoderRunner, Forward
-from tritonformer.backend.sampling import Sampler, SamplingParams
+from tritonformer.backend.decoder.runner import DecoderRunner, Forward
+from tritonformer.backend.decoder.sampling_params import SamplingParams
+from tritonformer.backend.decoder.sampling import Sampler
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
+from tritonformer.backend.encoder.engine import EmbedderEngine, EmbedRequest
 from tritonformer.backend.engine_loop import Overloaded, ShuttingDown
-from tritonformer.backend.decoder_runner import DecoderRunner
-from tritonformer.backend.generator import GeneratorEngine
+from tritonformer.backend.decoder.runner import DecoderRunner
+from tritonformer.backend.decoder.engine import GeneratorEngine
 from tritonformer.backend.models.bert import BertConfig, BertEncoder
 from tritonformer.backend.models.decoder import load_decoder
-from tritonformer.backend.sampling import SamplingParams
+from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager
@@ -295,7 +295,7 @@ def test_many_streams_get_larger_pieces_after_the_first_token(smollm2):
 def test_cancellation_checks_are_budgeted_round_robin(smollm2):
     """With more sequences than one round's quota, each round asks about a different slice (every
     ask is an IPC round trip in Triton), and a cancelled one is still found and answered."""
-    from tritonformer.backend import generator as gen
+    from tritonformer.backend.decoder import engine as gen
 
     model, tok = smollm2
     sink = FakeSink()
@@ -370,7 +370,7 @@ def test_preemption_with_tokens_in_flight_gives_hf_greedy_outputs():
     Every output still equals Hugging Face's greedy generation for that prompt alone."""
     import transformers
 
-    from tritonformer.backend.weights import strip_prefixes_of
+    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
     from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
     from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
 

@@ -10,7 +10,7 @@ import torch
 
 from tritonformer.backend.models.bert import BertConfig, BertEncoder
 from tritonformer.backend.models.decoder import load_decoder
-from tritonformer.backend.weights import load_config, load_state_dict, strip_prefixes_of
+from tritonformer.backend.checkpoints.weights import load_config, load_state_dict, strip_prefixes_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -133,8 +133,8 @@ def test_gpt2_iterations_match_hf_on_gpu(dtype):
 
 def test_decode_graph_replay_equals_eager():
     """Captured decode iterations (padded to a bucket, fixed key splits) give the eager logits."""
-    from tritonformer.backend.decode_graphs import DecodeGraphs
-    from tritonformer.backend.decoder_batch import BatchEntry, build_batch
+    from tritonformer.backend.decoder.graphs import DecodeGraphs
+    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
 
     cfg = transformers.GPT2Config(n_layer=2)
     torch.manual_seed(7)
@@ -205,7 +205,7 @@ def test_generator_engine_tokens_are_hf_greedy_on_gpu():
     """The whole engine on the GPU (decode graphs, tokens fed back on the device while the host
     runs an iteration ahead, prompts joining mid-flight): every token it picked is HF's greedy
     choice given the same history, up to numeric near-ties (fp16 vs HF fp32)."""
-    from tritonformer.backend.sampling import SamplingParams
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
     from tritonformer.client.bench_serve_decoder import our_engine
 
     cfg = transformers.GPT2Config(n_layer=4)
@@ -239,7 +239,7 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
     graph moved on itself; between replays, sampled rows are drawn on the host's stream. Same
     requests, one iteration per launch vs four: the same tokens, greedy and seeded sampling
     alike (every sequence runs the same length, so both runs use the same graph buckets)."""
-    from tritonformer.backend.sampling import SamplingParams
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
     from tritonformer.client.bench_serve_decoder import our_engine
 
     cfg = transformers.GPT2Config(n_layer=2)

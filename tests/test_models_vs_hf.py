@@ -9,7 +9,7 @@ from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_fr
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.models.gpt2 import GPT2Config
 from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
-from tritonformer.backend.weights import load_config, load_state_dict
+from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 from tritonformer.kernels import pool_sequences
 
 from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
@@ -172,7 +172,7 @@ def test_pickle_checkpoints_need_an_opt_in_and_load_weights_only(tmp_path):
 def test_build_batch_marks_iterations_whose_logits_are_every_row():
     """logits_every_row (the models then skip the logits gather) holds exactly when every entry
     is one token that samples; the llama/gpt2 tests above run both kinds of iteration."""
-    from tritonformer.backend.decoder_batch import BatchEntry, build_batch
+    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
 
     decode = [BatchEntry([5], 3, [0], True), BatchEntry([6], 7, [1, 2], True)]
     batch = build_batch(decode, 4, CPU)

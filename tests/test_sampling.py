@@ -7,8 +7,10 @@ import random
 import pytest
 import torch
 
-from tritonformer.backend import sampling
-from tritonformer.backend.sampling import InvalidRequest, Sampler, SamplingParams, parse_sampling_parameters
+from tritonformer.backend.decoder import sampling
+from tritonformer.backend.errors import InvalidRequest
+from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_sampling_parameters
+from tritonformer.backend.decoder.sampling import Sampler
 
 
 def parse(obj) -> SamplingParams:

@@ -1,6 +1,6 @@
 """The decoder engine's host work per decode iteration, without a model or a GPU.
 
-The engine runs one iteration ahead of the GPU (backend/generator.py): an iteration costs
+The engine runs one iteration ahead of the GPU (backend/decoder/engine.py): an iteration costs
 max(GPU forward, host work) only while the host's share (scheduling, inputs for the decode
 graph, sampling bookkeeping, stop checks, responses) stays below the forward. This times that
 share alone: the real scheduler, engine, sampler and decode-graph input packing around a runner
@@ -21,11 +21,11 @@ import torch
 
 from engine_phases import phase_table
 
-from tritonformer.backend.decode_graphs import DecodeGraphs
-from tritonformer.backend.decode_inputs import DecodeInputs
-from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, Forward, SampledTokens
-from tritonformer.backend.generator import GeneratorEngine
-from tritonformer.backend.sampling import SamplingParams
+from tritonformer.backend.decoder.graphs import DecodeGraphs
+from tritonformer.backend.decoder.graph_inputs import DecodeInputs
+from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, Forward, SampledTokens
+from tritonformer.backend.decoder.engine import GeneratorEngine
+from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager

@@ -75,7 +75,7 @@ def profile_case(label: str, fn, iters: int = 20, top: int = 8) -> dict:
 def bert_cases(top: int) -> list[dict]:
     import transformers
 
-    from tritonformer.backend.allocator import ActivationArena
+    from tritonformer.backend.encoder.activation_arena import ActivationArena
     from tritonformer.backend.cuda_graphs import EncoderGraphs
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
     from tritonformer.client.bench_runtime import packed_batch

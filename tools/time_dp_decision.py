@@ -1,7 +1,7 @@
 """Time the DP batcher's decision (plan_batches, and DpBatchPolicy.take) on CPU.
 
 The cost model is a GridCostModel measured from a synthetic batch latency on the GPU grid the
-encoder measures (backend/cost_measure.py): 0.4 ms per batch, 0.35 us per token and a small
+encoder measures (backend/encoder/cost_measure.py): 0.4 ms per batch, 0.35 us per token and a small
 attention term per sequence proportional to its length squared. Each case plans 256 queued
 sequences; times are in microseconds: the median of --reps runs, the best of --blocks such
 medians (this filters out other processes' bursts on a shared machine, not the slow calls of
@@ -27,7 +27,7 @@ import numpy as np
 from tritonformer.scheduler import dp_batcher
 from tritonformer.scheduler.cost_model import GridCostModel
 
-GRID_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # backend/cost_measure.py GPU_GRID
+GRID_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # backend/encoder/cost_measure.py GPU_GRID
 GRID_LENGTHS = (8, 16, 32, 64, 128, 256, 512)
 GRID_MAX_TOKENS = 65536
 MAX_SEQS, MAX_TOKENS, N = 64, 16384, 256

@@ -21,7 +21,7 @@ import itertools
 import torch
 
 from time_small_gemm import graph_us
-from tritonformer.backend.decode_graphs import key_splits
+from tritonformer.backend.decoder.graphs import key_splits
 from tritonformer.kernels import triton_attention as ta
 from tritonformer.kernels.gpu_info import sm_count
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from tritonformer import kernels
-from tritonformer.backend.allocator import ActivationArena, UsageRecord
-from tritonformer.backend.weights import weight_getter
+from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
+from tritonformer.backend.checkpoints.weights import weight_getter
 
 
 FFN_EPILOGUES = ("auto", "separate", "triton", "cublaslt")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from tritonformer import kernels
-from tritonformer.backend.decoder_batch import DecoderBatch
-from tritonformer.backend.kv_cache import PagedKVCache
-from tritonformer.backend.weights import weight_getter
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.checkpoints.weights import weight_getter
 
 
 class DecoderModel:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from tritonformer import kernels
-from tritonformer.backend.decoder_batch import DecoderBatch
-from tritonformer.backend.kv_cache import PagedKVCache
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel
 
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}

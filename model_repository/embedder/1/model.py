@@ -1,2 +1,2 @@
 """Triton model `embedder`: all the work happens in tritonformer.backend."""
-from tritonformer.backend.triton_embedder import TritonPythonModel  # noqa: F401
+from tritonformer.backend.triton.embedder_model import TritonPythonModel  # noqa: F401

@@ -1,2 +1,2 @@
 """Triton model `generator`: all the work happens in tritonformer.backend."""
-from tritonformer.backend.triton_generator import TritonPythonModel  # noqa: F401
+from tritonformer.backend.triton.generator_model import TritonPythonModel  # noqa: F401

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from tritonformer import kernels
-from tritonformer.backend.allocator import ActivationArena
+from tritonformer.backend.encoder.activation_arena import ActivationArena
 from tritonformer.backend.cuda_graphs import EncoderGraphs
 from tritonformer.backend.device import to_device_async
 from tritonformer.backend.engine_loop import EngineLoop, RequestCancelled, RequestTimedOut, log

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tritonformer.backend.sampling import InvalidRequest
+from tritonformer.backend.errors import InvalidRequest
 
 
 def exactly_one(inputs: dict[str, np.ndarray | None], names: tuple[str, str]) -> str:

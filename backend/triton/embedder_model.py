@@ -9,15 +9,15 @@ from __future__ import annotations
 import logging
 import time
 
-from tritonformer.backend import inputs
-from tritonformer.backend.allocator import ActivationArena
+from tritonformer.backend.triton import inputs
+from tritonformer.backend.encoder.activation_arena import ActivationArena
 from tritonformer.backend.checkpoints import cache_dir, minilm_dir
-from tritonformer.backend.cost_measure import cost_model_key, load_or_measure
-from tritonformer.backend.embedder import EmbedderEngine, EmbedRequest
+from tritonformer.backend.encoder.cost_measure import cost_model_key, load_or_measure
+from tritonformer.backend.encoder.engine import EmbedderEngine, EmbedRequest
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.backend.triton_metrics import EmbedderMetrics
-from tritonformer.backend.triton_glue import (
+from tritonformer.backend.triton.metrics import EmbedderMetrics
+from tritonformer.backend.triton.glue import (
     TritonSink,
     bool_parameter,
     input_array,
@@ -28,7 +28,7 @@ from tritonformer.backend.triton_glue import (
     one_item_batches,
     uses_triton_batching,
 )
-from tritonformer.backend.weights import load_config
+from tritonformer.backend.checkpoints.weights import load_config
 from tritonformer.scheduler.dp_batcher import OBJECTIVES, DpBatchPolicy, TriggerPolicy
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 

@@ -17,10 +17,10 @@ import triton_python_backend_utils as pb_utils
 
 from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.engine_loop import Overloaded, RequestCancelled, RequestTimedOut, ShuttingDown
-from tritonformer.backend.params import ModelParameters
+from tritonformer.backend.triton.params import ModelParameters
 from tritonformer.backend.responses import coalesce
-from tritonformer.backend.sampling import InvalidRequest
-from tritonformer.backend.weights import load_state_dict
+from tritonformer.backend.errors import InvalidRequest
+from tritonformer.backend.checkpoints.weights import load_state_dict
 
 _STOP = object()
 

@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from tritonformer import kernels
-from tritonformer.backend.decode_graphs import DecodeGraphs
-from tritonformer.backend.decoder_batch import BatchEntry, build_batch
-from tritonformer.backend.kv_cache import PagedKVCache
+from tritonformer.backend.decoder.graphs import DecodeGraphs
+from tritonformer.backend.decoder.batch import BatchEntry, build_batch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel
-from tritonformer.backend.pinned_ring import PinnedRing
-from tritonformer.backend.sampling import Sampler, SamplingParams
+from tritonformer.backend.decoder.pinned_ring import PinnedRing
+from tritonformer.backend.decoder.sampling_params import SamplingParams
+from tritonformer.backend.decoder.sampling import Sampler
 
 
 MAX_DECODE_STEPS = 16  # iterations per round at most (sizes the pinned buffer of sampled ids)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tritonformer.backend.decoder_batch import BatchEntry
-from tritonformer.backend.pinned_ring import PinnedRing
+from tritonformer.backend.decoder.batch import BatchEntry
+from tritonformer.backend.decoder.pinned_ring import PinnedRing
 
 
 class DecodeInputs:

@@ -10,14 +10,15 @@ import json
 import logging
 from pathlib import Path
 
-from tritonformer.backend import inputs
-from tritonformer.backend.decoder_runner import DEFAULT_DECODE_STEPS, DecoderRunner
-from tritonformer.backend.generator import GeneratorEngine
-from tritonformer.backend.kv_cache import plan_num_blocks
+from tritonformer.backend.triton import inputs
+from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, DecoderRunner
+from tritonformer.backend.decoder.engine import GeneratorEngine
+from tritonformer.backend.decoder.kv_cache import plan_num_blocks
 from tritonformer.backend.models.decoder import load_decoder
-from tritonformer.backend.sampling import InvalidRequest, SamplingParams, parse_sampling_parameters
+from tritonformer.backend.errors import InvalidRequest
+from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_sampling_parameters
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.backend.triton_glue import (
+from tritonformer.backend.triton.glue import (
     TritonSink,
     checkpoint_weights,
     input_array,
@@ -25,8 +26,8 @@ from tritonformer.backend.triton_glue import (
     reject,
     request_parameters,
 )
-from tritonformer.backend.triton_metrics import GeneratorMetrics
-from tritonformer.backend.weights import load_config
+from tritonformer.backend.triton.metrics import GeneratorMetrics
+from tritonformer.backend.checkpoints.weights import load_config
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager
 

@@ -28,12 +28,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tritonformer.backend.decoder_batch import BatchEntry
-from tritonformer.backend.decoder_runner import MAX_DECODE_STEPS, DecoderRunner, SampledTokens, fed_token
-from tritonformer.backend.detokenizer import IncrementalDetokenizer
+from tritonformer.backend.decoder.batch import BatchEntry
+from tritonformer.backend.decoder.runner import MAX_DECODE_STEPS, DecoderRunner, SampledTokens, fed_token
+from tritonformer.backend.decoder.detokenizer import IncrementalDetokenizer
 from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.responses import ResponseSink
-from tritonformer.backend.sampling import Sampler, SamplingParams
+from tritonformer.backend.decoder.sampling_params import SamplingParams
+from tritonformer.backend.decoder.sampling import Sampler
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.scheduler.iteration import Iteration, IterationScheduler
 

@@ -21,9 +21,9 @@ import torch
 
 from tritonformer import kernels
 from tritonformer.backend.cuda_graphs import capture_graph
-from tritonformer.backend.decode_inputs import DecodeInputs
-from tritonformer.backend.decoder_batch import BatchEntry, DecoderBatch
-from tritonformer.backend.kv_cache import PagedKVCache
+from tritonformer.backend.decoder.graph_inputs import DecodeInputs
+from tritonformer.backend.decoder.batch import BatchEntry, DecoderBatch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.kernels.gpu_info import sm_count
 
 

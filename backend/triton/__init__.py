@@ -1,0 +1,1 @@
+"""The Python-backend glue: TritonPythonModel classes, request inputs, parameters, metrics."""
