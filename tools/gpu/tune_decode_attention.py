@@ -6,7 +6,7 @@ bandwidth). This times `kernels.paged_attention` for one query per sequence, as 
 graphs launch it, under every (BLOCK_N, num_warps, num_stages, key splits) in a small grid and
 prints the current configuration next to the best ones:
 
-    python3 tools/tune_decode_attention.py [--contexts 128,512] [--batches 1,64] [--splits 1,2,4]
+    python3 tools/gpu/tune_decode_attention.py [--contexts 128,512] [--batches 1,64] [--splits 1,2,4]
 
 The keys and values come from HBM, as in a model's forward, where the other layers' weights
 and caches pass through L2 between two attention launches: the timed graph cycles through

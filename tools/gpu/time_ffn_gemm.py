@@ -7,7 +7,7 @@ GELU only, for reference), and every tile configuration of the fused kernel that
 each checked against an fp32 reference before it is timed. It ends with the fastest
 configuration per shape, which is what `GPU_CONFIG` should be:
 
-    python3 tools/time_ffn_gemm.py [--rows 2048,8192,32768,67331] [--quick]
+    python3 tools/gpu/time_ffn_gemm.py [--rows 2048,8192,32768,67331] [--quick]
 """
 from __future__ import annotations
 

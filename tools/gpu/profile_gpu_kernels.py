@@ -11,7 +11,7 @@ eager and on the 256-request U[5,500] workload as one packed batch; the decoder'
 whole GPT-2 engine iteration at batch 64 (host work included: gaps show up as wall time
 above kernel time).
 
-    python3 tools/profile_gpu_kernels.py [--cases bert,gpt2,llama] [--top 8] [--json out.json]
+    python3 tools/gpu/profile_gpu_kernels.py [--cases bert,gpt2,llama] [--top 8] [--json out.json]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ steps and small encoder batches replay them, so launch gaps are what the served 
 to choose that threshold from data (at one or two rows the fused column is the prefetching GEMV
 of triton_gemv.py, which runs those rows of every linear):
 
-    python3 tools/time_small_gemm.py [--rows 1,4,16,32,64]
+    python3 tools/gpu/time_small_gemm.py [--rows 1,4,16,32,64]
 """
 from __future__ import annotations
 

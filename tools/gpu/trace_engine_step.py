@@ -20,16 +20,21 @@ prints, per step:
 
 A Chrome trace of the profiled steps goes to --trace (open it in chrome://tracing or Perfetto).
 
-    python3 tools/trace_engine_step.py [--model gpt2] [--batch 64] [--steps 40] [--trace engine_step.json]
+    python3 tools/gpu/trace_engine_step.py [--model gpt2] [--batch 64] [--steps 40] [--trace engine_step.json]
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
-from engine_phases import PHASES, phase_table, wrap_phases
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tools/: engine_phases.py
+from engine_phases import PHASES, phase_table, wrap_phases  # noqa: E402
+
 
 def _profiled(original, label):
     def wrapped(*args, **kwargs):

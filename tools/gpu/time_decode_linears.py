@@ -10,7 +10,7 @@ as one CUDA graph replay, as the decode graphs replay it. Past the GEMV's two ro
 PDL" is what PDL changes there: every linear in the small GEMM, which pulls its weight tile
 into L2 before it waits, and the norm kernels launched early too:
 
-    python3 tools/time_decode_linears.py [--rows 1,2,16,64] [--sweep]
+    python3 tools/gpu/time_decode_linears.py [--rows 1,2,16,64] [--sweep]
 
 --sweep also times the GEMV's other register budgets and warp counts.
 """

@@ -6,7 +6,7 @@ TFLOP/s, 14% of the forward) and 4.4 ms of the 256-request workload. This times
 GEMM output, non-causal) under every (BLOCK_M, BLOCK_N, num_warps, num_stages) of a small grid
 and prints the current configuration next to the best ones:
 
-    python3 tools/tune_prefill_attention.py [--workloads 64x512,u5-500,8x128]
+    python3 tools/gpu/tune_prefill_attention.py [--workloads 64x512,u5-500,8x128]
 """
 from __future__ import annotations
 

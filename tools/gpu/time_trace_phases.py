@@ -1,7 +1,7 @@
 """The Orca trace in-process, its time split by launch kind: iterations with prompt chunks
 (prefill), single decode iterations, and rounds of several decode iterations.
 
-    python3 tools/time_trace_phases.py --max-decode-steps 4   # (GPU) two timed passes after a warm one
+    python3 tools/gpu/time_trace_phases.py --max-decode-steps 4   # (GPU) two timed passes after a warm one
 
 The benchmark (`tritonformer bench serve-decoder --in-process --parts trace`) gives one
 tokens-per-second figure; this says which phase a slow pass lost its time in.
