@@ -1,7 +1,8 @@
-"""Open-loop Poisson load against a real tritonserver over HTTP: standard library + numpy only.
+"""Open-loop Poisson load against a real tritonserver over HTTP: aiohttp + numpy.
 
-The GPU machine has neither tritonclient nor pip, so this speaks HTTP/1.1 itself (asyncio
-streams, keep-alive connections). It runs in its own process(es), never inside the server.
+The HTTP/1.1 and server-sent-events client is aiohttp's (one ``ClientSession`` and one
+keep-alive connection pool per client process; aiohttp ships in the GPU machine's image, which
+has neither tritonclient nor pip). It runs in its own process(es), never inside the server.
 
 Why it is built this way (docs/peers.md §4.3 and §4.5):
 
@@ -12,17 +13,26 @@ Why it is built this way (docs/peers.md §4.3 and §4.5):
 * **Latency from the *scheduled* arrival**, not from the moment the request was written. If the
   client or the server falls behind, the request's wait before sending is charged too: no
   coordinated omission. The client's own delay (scheduled -> picked up: ``dispatch_lag``; plus
-  waiting for a connection: ``send_lag``) is reported on its own, so a client that cannot keep
-  up is visible rather than silently folded in.
+  waiting for a slot under ``max_in_flight``: ``send_lag``) is reported on its own, so a client
+  that cannot keep up is visible rather than silently folded in.
 * **The client must not be the bottleneck.** One event loop per process multiplexes up to
-  ``max_in_flight`` keep-alive connections; a separate dispatcher thread sleeps until each
+  ``max_in_flight`` keep-alive connections (``aiohttp.TCPConnector(limit=max_in_flight)``, 64
+  of them opened before the clock starts); a separate dispatcher thread sleeps until each
   arrival (``time.sleep`` wakes within ~0.1 ms on Linux; asyncio's own timers round to 1 ms,
   which measured 0.8 ms median dispatch lag against 0.2-0.4 ms this way) and hands due requests
-  to the loop; request bodies are encoded before the clock starts; several processes can split
-  one schedule (``processes``). ``capacity`` measures the client's own ceiling against a trivial
-  local server, and every result carries the client's CPU use. Measured on a shared 2-core VM
-  (client and trivial server on the same 2 cores): one process keeps dispatch lag p99 under
-  ~1 ms up to 4-6k req/s (about 120 us of CPU per request), two processes to 6k.
+  to the loop; request bodies are JSON-encoded before the clock starts; several processes can
+  split one schedule (``processes``). ``capacity`` measures the client's own ceiling against a
+  trivial local server, and every result carries the client's CPU use.
+* **What the library costs.** aiohttp spends about twice the CPU per request of the
+  hand-written asyncio-streams client it replaced (ce4fa1b and earlier), so one process offers
+  a lower rate. Measured on a shared 2-core VM (client and trivial server on the same 2 cores,
+  other jobs keeping the load average at 5-7; 8-token unary requests, 5 s per rate, the two
+  clients alternated at each rate): client CPU 270-360 us a request against 130-175 us; one
+  process kept up (achieved/offered >= 0.95 with p99 <= 50 ms) to 1,500-2,500 req/s against
+  2,500-3,500 for the old client (which still delivered >= 0.95 of 5,000-6,000, at p99 up to
+  1 s). Above its rate a process falls behind, opens connections on the clock and collapses
+  (dispatch lag in seconds: in the table and flagged on stderr). For higher rates give
+  ``--processes``, about one per 1,500 req/s on such a machine (the served benchmarks run 2-4).
 
 Python API:
 
@@ -60,7 +70,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import aiohttp
 import numpy as np
+from yarl import URL  # aiohttp's URL type: paths parsed once, not per request
 
 from tritonformer.client.bench_decoder_baselines import TraceRequest, orca_trace
 from tritonformer.client.bench_serve_encoder import DISTRIBUTIONS, lengths_for
@@ -148,28 +160,26 @@ class Record:
 
 
 class Job:
-    __slots__ = ("index", "offset", "data", "stream", "input_tokens", "unary_generate")
+    """One request, encoded before the clock starts: its path, its JSON body and how to read the answer."""
 
-    def __init__(self, index: int, offset: float, data: bytes, stream: bool = False, input_tokens: int = 0,
+    __slots__ = ("index", "offset", "path", "data", "stream", "input_tokens", "unary_generate")
+
+    def __init__(self, index: int, offset: float, path: str, data: bytes, stream: bool = False, input_tokens: int = 0,
                  unary_generate: bool = False):
-        self.index, self.offset, self.data, self.stream, self.input_tokens = index, offset, data, stream, input_tokens
+        self.index, self.offset, self.path, self.data = index, offset, path, data
+        self.stream, self.input_tokens = stream, input_tokens
         # A whole completion in one /infer answer: its output_ids are counted, all arriving at the end.
         self.unary_generate = unary_generate
 
 
-def _split_url(url: str) -> tuple[str, int]:
-    url = url.removeprefix("http://").rstrip("/")
-    host, _, port = url.rpartition(":")
-    if not host:
-        return url, 80
-    return host, int(port)
+def _base_url(url: str) -> str:
+    """``host:port`` (or ``http://host:port/``) as ``http://host:port``."""
+    url = url.rstrip("/")
+    return url if "://" in url else f"http://{url}"
 
 
-def _http_request(host: str, port: int, path: str, body: bytes, stream: bool) -> bytes:
-    accept = b"Accept: text/event-stream\r\n" if stream else b""
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n").encode()
-    return head + accept + b"\r\n" + body
+def _dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", lengths: Sequence[int] | None = None,
@@ -181,18 +191,18 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
     ids [SEP]) drawn from bench_serve_encoder's distributions; tokenization is excluded, as §4.3
     says. Random ids make every sequence distinct, so the embedder's response cache never hits.
     ``texts`` instead sends ``text_input`` (request i gets texts[i % len(texts)]). ``batch_dim``:
-    ``input_ids`` shaped ``[1, n]``, for a model behind Triton's batcher (client/stock_repository)."""
-    host, port = _split_url(url)
+    ``input_ids`` shaped ``[1, n]``, for a model behind Triton's batcher (client/stock_repository).
+    (``url`` is unused: the jobs hold paths, run_jobs the server.)"""
     path = INFER_PATH.format(model=model)
     rng = np.random.default_rng((seed, 1))  # independent of the arrival stream of the same seed
     n = len(offsets)
     jobs = []
     if texts is not None:
+        shape = [1, 1] if batch_dim else [1]
         for i in range(n):
-            text = texts[i % len(texts)]
-            shape = [1, 1] if batch_dim else [1]
-            body = json.dumps({"inputs": [{"name": "text_input", "shape": shape, "datatype": "BYTES", "data": [text]}]})
-            jobs.append(Job(i, float(offsets[i]), _http_request(host, port, path, body.encode(), False)))
+            body = _dumps({"inputs": [{"name": "text_input", "shape": shape, "datatype": "BYTES",
+                                       "data": [texts[i % len(texts)]]}]})
+            jobs.append(Job(i, float(offsets[i]), path, body))
         return jobs
     if lengths is None:
         lengths = lengths_for(distribution, n, rng)
@@ -200,9 +210,8 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
         length = int(lengths[i % len(lengths)])
         ids = [cls_id, *rng.integers(1000, vocab_size, max(0, length - 2)).tolist(), sep_id][:length]
         shape = [1, len(ids)] if batch_dim else [len(ids)]
-        body = json.dumps({"inputs": [{"name": "input_ids", "shape": shape, "datatype": "INT32", "data": ids}]},
-                          separators=(",", ":"))
-        jobs.append(Job(i, float(offsets[i]), _http_request(host, port, path, body.encode(), False), input_tokens=len(ids)))
+        body = _dumps({"inputs": [{"name": "input_ids", "shape": shape, "datatype": "INT32", "data": ids}]})
+        jobs.append(Job(i, float(offsets[i]), path, body, input_tokens=len(ids)))
     return jobs
 
 
@@ -218,7 +227,6 @@ def _trace_item(item) -> tuple[list[int] | None, str | None, int]:
 def generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: str = "generator") -> list[Job]:
     """One /generate_stream request per trace entry: greedy, EOS ignored, so every system
     generates exactly max_tokens (§4.4)."""
-    host, port = _split_url(url)
     path = GENERATE_PATH.format(model=model)
     jobs = []
     for i, item in enumerate(trace):
@@ -226,8 +234,7 @@ def generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: str = "
         params = json.dumps({"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0})
         body = {"input_ids": ids} if ids is not None else {"text_input": text}
         body["sampling_parameters"] = params
-        data = _http_request(host, port, path, json.dumps(body, separators=(",", ":")).encode(), True)
-        jobs.append(Job(i, float(offsets[i]), data, True, len(ids) if ids is not None else 0))
+        jobs.append(Job(i, float(offsets[i]), path, _dumps(body), True, len(ids) if ids is not None else 0))
     return jobs
 
 
@@ -235,7 +242,6 @@ def unary_generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: s
     """One ``/infer`` request per trace entry for a non-streaming generator behind Triton's
     batcher (client/stock_repository/hf_generator): ``input_ids [1, n]``, ``max_tokens [1, 1]``.
     Its tokens all arrive with the answer, so its time to first token is its whole latency."""
-    host, port = _split_url(url)
     path = INFER_PATH.format(model=model)
     jobs = []
     for i, item in enumerate(trace):
@@ -244,8 +250,7 @@ def unary_generate_jobs(url: str, offsets: np.ndarray, trace: Sequence, model: s
             raise ValueError("the unary generator takes prompt ids, not text")
         body = {"inputs": [{"name": "input_ids", "shape": [1, len(ids)], "datatype": "INT32", "data": ids},
                            {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [max_tokens]}]}
-        data = _http_request(host, port, path, json.dumps(body, separators=(",", ":")).encode(), False)
-        jobs.append(Job(i, float(offsets[i]), data, False, len(ids), unary_generate=True))
+        jobs.append(Job(i, float(offsets[i]), path, _dumps(body), False, len(ids), unary_generate=True))
     return jobs
 
 
@@ -258,87 +263,67 @@ def _count_unary_tokens(body: bytes, rec: "Record") -> None:
     rec.finish_reason = "length"  # the stock generator ignores EOS: every answer runs to max_tokens
 
 
-# ----------------------------------------------------------------------------- the HTTP client
+# ----------------------------------------------------------------------------- the HTTP client (aiohttp)
 
-
-class _Connection:
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader, self.writer = reader, writer
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, int | None, bool, bool]:
-    """(status, content length, chunked, server wants the connection closed)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(None, 2)[1])
-    length, chunked, close = None, False, lines[0].startswith(b"HTTP/1.0")
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
-        elif name == b"connection":
-            close = value.strip().lower() == b"close"
-    return status, length, chunked, close
-
-
-async def _chunks(reader: asyncio.StreamReader, length: int | None, chunked: bool):
-    """The body as it arrives: chunk by chunk (chunked), whole (Content-Length) or to EOF."""
-    if chunked:
-        while True:
-            size = int((await reader.readline()).split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b""):
-                    pass  # trailers
-                return
-            data = await reader.readexactly(size + 2)
-            yield data[:-2]
-    elif length is not None:
-        if length:
-            yield await reader.readexactly(length)
-    else:
-        while data := await reader.read(65536):
-            yield data
+# Sent as they are: no User-Agent, and no Accept-Encoding (Triton compresses an answer when asked,
+# which would put gzip on both sides of the measurement). The session's own headers are merged
+# into each request for free; per-request headers cost ~8 us, so only the streams carry one.
+_SESSION_HEADERS = {"Content-Type": "application/json"}
+_STREAM_HEADERS = {"Accept": "text/event-stream"}
+_SKIP_HEADERS = ("User-Agent", "Accept-Encoding")
+WARM_PATH = "/v2/health/live"  # prewarm: a request Triton answers without touching a model
 
 
 class _Driver:
-    """Runs one shard of jobs on this thread's event loop; a dispatcher thread releases each job
-    at its scheduled time."""
+    """Runs one shard of jobs on this thread's event loop through one aiohttp session; a
+    dispatcher thread releases each job at its scheduled time."""
 
-    def __init__(self, host: str, port: int, jobs: Sequence[Job], max_in_flight: int, timeout: float, prewarm: int):
-        self.host, self.port = host, port
+    def __init__(self, base: str, jobs: Sequence[Job], max_in_flight: int, timeout: float, prewarm: int):
+        self.base = base
         self.jobs = jobs
         self.records = [Record(j.index, math.nan, j.input_tokens) for j in jobs]
         self.max_in_flight = max_in_flight
         self.timeout = timeout
         self.prewarm = min(prewarm, max_in_flight, max(1, len(jobs)))
-        self.idle: list[_Connection] = []
-        self.closing = False
+        self.session: aiohttp.ClientSession | None = None
         self.slots: asyncio.Semaphore | None = None
+        self.urls = {path: URL(base + path) for path in {j.path for j in jobs}}  # parsed once
+        self.closing = False
         self.pending: set[asyncio.Task] = set()
         self.remaining = len(jobs)
         self.done: asyncio.Event | None = None
         self.stop = threading.Event()
 
-    async def _connect(self) -> _Connection:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(reader, writer)
-
     async def setup(self) -> None:
-        self.slots = asyncio.Semaphore(self.max_in_flight)
         self.done = asyncio.Event()
-        # Connections opened before the clock starts, so the first arrivals do not pay for TCP set-up.
-        self.idle = list(await asyncio.gather(*(self._connect() for _ in range(self.prewarm))))
+        # The in-flight cap: above it, arrivals wait here (and are charged for it). The pool has as
+        # many keep-alive connections, so a request past the cap never waits inside aiohttp too.
+        self.slots = asyncio.Semaphore(self.max_in_flight)
+        # No total timeout: the run's own deadline (timeout after the last arrival) cancels what is
+        # left. No cookies, no decompression: nothing a benchmark request needs.
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.max_in_flight, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=None), headers=_SESSION_HEADERS, skip_auto_headers=_SKIP_HEADERS,
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+        # Connections opened before the clock starts, so the first arrivals do not pay for TCP set-up
+        # (run_jobs opens 64: a burst past the warm pool opens connections on the clock, ~1 ms each
+        # with the server's side on a loaded 2-core VM, which 16 warm ones hit at 1,500 req/s).
+        # A refused connection fails the run here, loudly; a server that accepts but never answers
+        # keeps no warm connection and is found out by the run itself.
+        warm = [asyncio.ensure_future(self._warm()) for _ in range(self.prewarm)]
+        done, slow = await asyncio.wait(warm, timeout=min(self.timeout, 5.0))
+        for task in slow:
+            task.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def _warm(self) -> None:
+        try:
+            async with self.session.get(URL(self.base + WARM_PATH)) as resp:
+                await resp.read()
+        except aiohttp.ClientConnectorError as e:
+            raise OSError(e.errno, f"cannot connect to {self.base}: {e.strerror}") from None  # picklable
 
     def _launch(self, batch: list[int]) -> None:
         if self.closing:  # handed over just as the run timed out
@@ -370,27 +355,26 @@ class _Driver:
     async def _one(self, k: int) -> None:
         job, rec = self.jobs[k], self.records[k]
         rec.launched = clock()
-        conn = None
-        reusable = False
         acquired = False
         try:
-            await self.slots.acquire()  # the in-flight cap: above it, arrivals wait here (and are charged for it)
+            await self.slots.acquire()
             acquired = True
-            conn = self.idle.pop() if self.idle else await self._connect()
+            # Sent: given its slot; a keep-alive connection is then taken at once (or one opened).
+            # (aiohttp's on_request_headers_sent trace would stamp the write itself, at ~25-50 us
+            # more per request: a fifth of the client's CPU.)
             rec.sent = clock()
-            conn.writer.write(job.data)
-            status, length, chunked, close = await _read_head(conn.reader)
-            rec.status = status
-            if job.stream and status == 200:
-                await self._read_events(conn.reader, length, chunked, rec)
-            else:
-                body = b"".join([c async for c in _chunks(conn.reader, length, chunked)])
-                rec.end = clock()
-                if status != 200:
-                    rec.error = body[:300].decode(errors="replace")
-                elif job.unary_generate:
-                    _count_unary_tokens(body, rec)
-            reusable = not close and (length is not None or chunked)
+            async with self.session.post(self.urls[job.path], data=job.data,
+                                         headers=_STREAM_HEADERS if job.stream else None) as resp:
+                rec.status = resp.status
+                if job.stream and resp.status == 200:
+                    await self._read_events(resp.content, rec)
+                else:
+                    body = await resp.read()
+                    rec.end = clock()
+                    if resp.status != 200:
+                        rec.error = body[:300].decode(errors="replace")
+                    elif job.unary_generate:
+                        _count_unary_tokens(body, rec)
         except asyncio.CancelledError:
             rec.status, rec.error = -1, f"no complete answer within {self.timeout:g} s of the last arrival"
             raise
@@ -400,22 +384,18 @@ class _Driver:
             if rec.status == 200:
                 rec.status = 0
         finally:
-            if conn is not None:
-                if reusable:
-                    self.idle.append(conn)
-                else:
-                    conn.close()
             if acquired:
                 self.slots.release()
             self.remaining -= 1
             if self.remaining == 0:
                 self.done.set()
 
-    async def _read_events(self, reader, length, chunked, rec: Record) -> None:
-        """Server-sent events, timestamped as each chunk arrives: TTFT and inter-token times are
-        what a streaming user sees."""
+    @staticmethod
+    async def _read_events(content: aiohttp.StreamReader, rec: Record) -> None:
+        """Server-sent events, timestamped as each piece of the body arrives: TTFT and inter-token
+        times are what a streaming user sees."""
         buf = b""
-        async for chunk in _chunks(reader, length, chunked):
+        async for chunk in content.iter_any():
             now = clock()
             buf += chunk
             while (nl := buf.find(b"\n")) >= 0:
@@ -462,37 +442,41 @@ class _Driver:
             task.cancel()
         if self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
-        for conn in self.idle:
-            conn.close()
         for k, rec in enumerate(self.records):  # never dispatched (only when the run was cut short)
             if math.isnan(rec.scheduled):
                 rec.scheduled = start + self.jobs[k].offset
                 rec.status, rec.error = -1, "not sent: the run timed out"
 
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
-def _run_shard(host, port, jobs, max_in_flight, timeout, prewarm, ready: Callable[[], float]) -> tuple[list[Record], float]:
-    """Set up (connections), report ready and get the common start, run. Returns (records, cpu s)."""
+
+def _run_shard(base, jobs, max_in_flight, timeout, prewarm, ready: Callable[[], float]) -> tuple[list[Record], float]:
+    """Set up (session, warm connections), report ready and get the common start, run. Returns
+    (records, cpu s)."""
     # (A shorter GIL switch interval, tried so that the dispatcher gets the GIL back sooner, made
     # the send lag's tail 40x worse at 5k req/s from GIL thrashing: the default stays.)
     loop = asyncio.new_event_loop()
+    driver = _Driver(base, jobs, max_in_flight, timeout, prewarm)
     try:
-        driver = _Driver(host, port, jobs, max_in_flight, timeout, prewarm)
         loop.run_until_complete(driver.setup())
         start = ready()
         cpu0 = time.process_time()
         loop.run_until_complete(driver.run(start))
         return driver.records, time.process_time() - cpu0
     finally:
+        loop.run_until_complete(driver.close())
         loop.close()
 
 
-def _child(conn, host, port, jobs, max_in_flight, timeout, prewarm) -> None:
+def _child(conn, base, jobs, max_in_flight, timeout, prewarm) -> None:
     def ready() -> float:
         conn.send("ready")
         return conn.recv()
 
     try:
-        records, cpu = _run_shard(host, port, jobs, max_in_flight, timeout, prewarm, ready)
+        records, cpu = _run_shard(base, jobs, max_in_flight, timeout, prewarm, ready)
         conn.send((records, cpu))
     except BaseException as e:  # report rather than leave the parent waiting
         conn.send(e)
@@ -500,12 +484,12 @@ def _child(conn, host, port, jobs, max_in_flight, timeout, prewarm) -> None:
 
 
 def run_jobs(url: str, jobs: list[Job], *, max_in_flight: int = 1024, processes: int = 1, timeout: float = 120.0,
-             prewarm: int = 16) -> tuple[list[Record], float, float]:
+             prewarm: int = 64) -> tuple[list[Record], float, float]:
     """Send every job at start + job.offset. Returns (records in job order, start, client CPU
     seconds). ``processes`` > 1 deals the jobs round-robin to that many forked processes, each
-    with its own loop, connections and ``max_in_flight // processes`` cap; they share one start
-    time on the machine-wide monotonic clock."""
-    host, port = _split_url(url)
+    with its own loop, session, connections and ``max_in_flight // processes`` cap; they share
+    one start time on the machine-wide monotonic clock."""
+    base = _base_url(url)
     if processes <= 1:
         box = {}
 
@@ -513,7 +497,7 @@ def run_jobs(url: str, jobs: list[Job], *, max_in_flight: int = 1024, processes:
             box["start"] = clock() + 0.02
             return box["start"]
 
-        records, cpu = _run_shard(host, port, jobs, max_in_flight, timeout, prewarm, ready)
+        records, cpu = _run_shard(base, jobs, max_in_flight, timeout, prewarm, ready)
         return records, box["start"], cpu
     ctx = multiprocessing.get_context("fork")  # the jobs are inherited, not pickled
     per = max(1, max_in_flight // processes)
@@ -522,7 +506,7 @@ def run_jobs(url: str, jobs: list[Job], *, max_in_flight: int = 1024, processes:
     try:
         for shard in shards:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_child, args=(child, host, port, shard, per, timeout, prewarm), daemon=True)
+            proc = ctx.Process(target=_child, args=(child, base, shard, per, timeout, prewarm), daemon=True)
             proc.start()
             pipes.append(parent)
             procs.append(proc)
@@ -565,7 +549,7 @@ def _pct(values, q) -> float:
 def _common(records: list[Record], start: float, warmup: float, cpu: float) -> tuple[list[Record], dict]:
     measured = [r for r in records if r.scheduled - start >= warmup]
     # dispatch lag: scheduled -> picked up by the event loop, the client's own delay alone;
-    # send lag adds waiting for a connection under max_in_flight and opening one.
+    # send lag adds waiting for a slot under max_in_flight (the connection pool is as large).
     dispatch = np.array([r.launched - r.scheduled for r in measured if not math.isnan(r.launched)]) * 1e3
     lag = np.array([r.sent - r.scheduled for r in measured if not math.isnan(r.sent)]) * 1e3
     ends = [r.end for r in records if not math.isnan(r.end)]
@@ -667,8 +651,10 @@ def run_generate_load(url: str, trace: Sequence, rate: float, seed: int = 0, *, 
 
 
 class _TrivialProtocol(asyncio.Protocol):
-    """Answers each POST at once: a fixed embedder-sized JSON body, or for /generate_stream
-    ``max_tokens`` one-token events (chunked), like the real server's shapes but with no work."""
+    """Answers each request at once: a fixed embedder-sized JSON body, or for /generate_stream
+    ``max_tokens`` one-token events (chunked), like the real server's shapes but with no work.
+    It stands in for the server while the client is measured, so it is a bare asyncio protocol
+    (tens of microseconds a request) rather than a framework's server."""
 
     def __init__(self, embed_body: bytes):
         self.embed_body = embed_body
