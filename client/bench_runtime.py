@@ -1,26 +1,239 @@
 """`tritonformer bench runtime`: our encoder runtime vs Hugging Face BertModel on one GPU.
 
-One run, same random bert-base weights, fp16: HF eager, HF SDPA and ours (packed, Triton
-kernels) on a fixed grid of (batch, sequence length) and on a variable-length workload of 256
-requests (lengths uniform in [5, 500], numpy seed 0). Prints milliseconds, ratios and the share
-of the bf16 matmul peak measured in the same run, with the GPU's name.
+One run, same random bert-base weights, fp16: HF eager, HF SDPA, HF SDPA under `torch.compile`
+and ours (packed, Triton kernels) on a fixed grid of (batch, sequence length) and on a
+variable-length workload of 256 requests (lengths uniform in [5, 500], numpy seed 0). Prints
+milliseconds, speed-ups and the share of the bf16 matmul peak measured in the same run, with the
+GPU's name, the date, the command and the commit.
+
+Each Hugging Face baseline is built from a config object of its own: transformers reads the
+attention implementation from the config at every forward, so two models sharing one config
+both run whichever implementation was set last. Before anything is timed, `verify_dispatch`
+checks that every baseline runs what its name says (its config, and the calls to torch's
+scaled_dot_product_attention counted during one forward).
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import datetime
 import json
+import os
+import shlex
 import statistics
+import subprocess
 import sys
+import time
 
 GRID = [(1, 32), (1, 128), (1, 512), (8, 128), (32, 128), (64, 128), (64, 512)]
-# Where the FFN's bias + GELU runs, timed eagerly next to the default ("auto"); see BertEncoder.
-ABLATIONS = ("separate", "triton", "cublaslt")
+# Hugging Face baselines by name: the attention implementation each one must run.
+BASELINES = {"hf_sdpa": "sdpa", "hf_eager": "eager"}
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "off")
+# `--compile-mode auto`, per grid point: "reduce-overhead" (CUDA graphs) where ours replays a
+# CUDA graph too (up to 8192 tokens), the shapes where a bert-base forward is launch-bound and
+# graphs pay; "default" above, where a forward is milliseconds of GEMMs and a replay would save
+# only launch gaps of microseconds while its memory pool holds another copy of the activations.
+# Not "max-autotune": its GEMM autotuning adds minutes of compilation per shape to a
+# one-command benchmark, and these fp16 GEMMs already run on cuBLAS, which Inductor's GEMM
+# templates rarely beat at bert-base shapes (opt in with --compile-mode max-autotune-no-cudagraphs).
+# The variable-length workload compiles once with dynamic shapes ("default" under auto): eight
+# batch shapes would otherwise mean eight compilations.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=30, help="timed repetitions per point (median reported)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--layers", type=int, default=12, help="encoder layers (bert-base: 12)")
+    parser.add_argument("--shapes", type=parse_shapes, default=GRID,
+                        help="grid points as BATCHxSEQ,... (default: " + ",".join(f"{b}x{s}" for b, s in GRID) + ")")
+    parser.add_argument(
+        "--compile-mode", choices=COMPILE_MODES, default="auto",
+        help="torch.compile mode of the 'HF SDPA + torch.compile' baseline: auto = reduce-overhead "
+             "where ours replays a CUDA graph (<= 8192 tokens), default above; off = skip that baseline")
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """`"1x32,64x512"` -> `[(1, 32), (64, 512)]`."""
+    try:
+        shapes = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 or shape[1] > 512 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"expected BATCHxSEQ,... with SEQ <= 512, got {text!r}")
+    return shapes
+
+
+# --- the Hugging Face baselines and the check that they run what their names say ---------------
+
+
+def build_hf_baselines(config: dict | None = None, seed: int = 0) -> dict:
+    """`{name: transformers.BertModel}` for every entry of BASELINES, on the CPU in fp32, with
+    the same random weights (drawn with `seed`). Each model is built from a config object of its
+    own with its attention implementation set explicitly; `config` holds further BertConfig
+    fields (e.g. `num_hidden_layers`)."""
+    import torch
+    import transformers
+
+    models, state = {}, None
+    for name, attn in BASELINES.items():
+        cfg = transformers.BertConfig(**(config or {}), attn_implementation=attn)
+        if state is None:
+            torch.manual_seed(seed)
+        model = transformers.BertModel._from_config(copy.deepcopy(cfg), attn_implementation=attn, add_pooling_layer=False)
+        if state is None:
+            state = model.state_dict()
+        else:
+            model.load_state_dict(state)
+        models[name] = model.eval()
+    return models
+
+
+def _sdpa_call_counter():
+    """A torch function mode counting calls to torch.nn.functional.scaled_dot_product_attention
+    however the caller reached it (a mode sees the call, where patching the attribute would miss
+    a reference taken at import time)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class CountSDPA(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    return CountSDPA()
+
+
+def verify_dispatch(models: dict, input_ids) -> dict:
+    """Check that each Hugging Face baseline dispatches attention as its name (a BASELINES key)
+    says. Call it after all baselines are built: a later build can change an earlier model
+    through a shared config. For each model: the implementation its config names, whether its
+    config object is its own, and the number of calls to torch's scaled_dot_product_attention
+    during one forward on `input_ids` (SDPA: one per layer; eager: none). Returns
+    `{name: {...,"ok": bool}}`; raises RuntimeError naming every mismatch."""
+    import torch
+
+    results, problems = {}, []
+    for name, model in models.items():
+        requested = BASELINES[name]
+        config_attn = model.config._attn_implementation
+        shares = [other for other, m in models.items() if other != name and m.config is model.config]
+        counter = _sdpa_call_counter()
+        with torch.inference_mode(), counter:
+            model(input_ids=input_ids)
+        layers = model.config.num_hidden_layers
+        expected_calls = layers if requested == "sdpa" else 0
+        ok = config_attn == requested and not shares and counter.calls == expected_calls
+        results[name] = {"requested": requested, "config": config_attn, "sdpa_calls": counter.calls,
+                         "expected_sdpa_calls": expected_calls, "shares_config_with": shares, "ok": ok}
+        if not ok:
+            problems.append(f"{name} (requested {requested}): config says {config_attn!r}, "
+                            f"{counter.calls} SDPA calls in one {layers}-layer forward (expected {expected_calls})"
+                            + (f", config shared with {shares}" if shares else ""))
+    if problems:
+        raise RuntimeError("a baseline does not run what its name says: " + "; ".join(problems))
+    return results
+
+
+def format_dispatch(results: dict) -> str:
+    return "; ".join(f"{name}: config {r['config']}, {r['sdpa_calls']} SDPA calls in one forward"
+                     f" ({'ok' if r['ok'] else 'WRONG'})" for name, r in results.items())
+
+
+def compile_mode_for(requested: str, graph_fits: bool) -> str:
+    """The torch.compile mode of the compiled baseline at one grid point (see the comment on
+    COMPILE_MODES): `graph_fits` says whether ours replays a CUDA graph at that point."""
+    if requested != "auto":
+        return requested
+    return "reduce-overhead" if graph_fits else "default"
+
+
+def compile_and_warm(model, calls: list[dict], mode: str, dynamic: bool):
+    """A fresh `torch.compile(model)` (the compiled code of earlier shapes dropped first), run
+    untimed over `calls` (forward kwargs) until it is compiled and, in a CUDA-graph mode,
+    recorded. Returns `(run_all, compiled, info)`: `run_all()` runs every call once and returns
+    the last output; `info` holds the mode, the compile seconds, the graph breaks and the number
+    of graphs Dynamo compiled (1 = the whole forward as one graph) and, in a CUDA-graph mode,
+    how often Inductor skipped CUDA graphs."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch.compiler.reset()
+    breaks = sum(counters["graph_break"].values())
+    graphs = counters["stats"]["unique_graphs"]
+    skips = counters["inductor"]["cudagraph_skips"]
+    compiled = torch.compile(model, mode=mode, dynamic=dynamic)
+    cudagraphs = mode in ("reduce-overhead", "max-autotune")
+
+    def run_all():
+        out = None
+        for kwargs in calls:
+            if cudagraphs:  # each forward is a new step: earlier outputs may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
+            out = compiled(**kwargs)
+        return out
+
+    start = time.perf_counter()
+    run_all()
+    _sync()
+    compile_s = time.perf_counter() - start
+    for _ in range(2):  # CUDA-graph trees warm up, then record, then replay
+        run_all()
+    _sync()
+    info = {"mode": mode, "dynamic": dynamic, "compile_s": compile_s,
+            "graph_breaks": sum(counters["graph_break"].values()) - breaks,
+            "graphs_compiled": counters["stats"]["unique_graphs"] - graphs}
+    if cudagraphs:  # Inductor falls back to launching kernels when it cannot use a graph
+        info["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips
+    return run_all, compiled, info
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _error_reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# --- provenance ---------------------------------------------------------------------------------
+
+
+def command_line() -> str:
+    """The command that started this process, as a user would type it."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:  # python -m tritonformer.client.cli ...
+        name = spec.name.removesuffix(".__main__")
+        return shlex.join([os.path.basename(sys.executable), "-m", name, *sys.argv[1:]])
+    return shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
+
+
+def git_commit() -> str | None:
+    """The short commit of the checkout this module runs from, or None (no git, no checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+# --- timing and workloads -----------------------------------------------------------------------
 
 
 def _time_ms(fn, iters: int, warmup: int = 5) -> float:
@@ -68,33 +281,69 @@ def packed_batch(lengths: list[int], device):
     return ids, cu, max(lengths)
 
 
+def _min_cosine(got, ref) -> float:
+    import torch
+
+    h = ref.shape[-1]
+    return torch.nn.functional.cosine_similarity(got.reshape(-1, h).float(), ref.reshape(-1, h).float(), dim=-1).min().item()
+
+
+def _time_compiled(model, calls: list[dict], mode: str, dynamic: bool, iters: int, reference) -> dict:
+    """Compile, warm up (untimed), check against `reference` (the eager output of the last
+    call), then time one pass over `calls`. On any failure: `{"ms": None, "error": reason}`."""
+    if mode == "off":
+        return {"ms": None, "error": "--compile-mode off"}
+    try:
+        run_all, _, info = compile_and_warm(model, calls, mode, dynamic)
+        info["min_cosine_vs_hf_sdpa"] = _min_cosine(run_all().last_hidden_state, reference)
+        before = _graphs_compiled()
+        info["ms"] = _time_ms(run_all, iters)
+        info["recompiled_while_timed"] = _graphs_compiled() != before
+        info["error"] = None
+        return info
+    except Exception as e:  # a baseline that cannot compile is reported, not fatal
+        return {"ms": None, "mode": mode, "dynamic": dynamic, "error": _error_reason(e)}
+    finally:
+        import torch
+
+        torch.compiler.reset()  # frees the compiled code and its CUDA-graph pools
+
+
 def run(args) -> int:
     import numpy as np
     import torch
     import transformers
 
-    from tritonformer.backend.encoder.activation_arena import ActivationArena
     from tritonformer.backend.cuda_graphs import EncoderGraphs
+    from tritonformer.backend.encoder.activation_arena import ActivationArena
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
 
     if not torch.cuda.is_available():
         print("bench runtime needs a CUDA GPU", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    gpu = torch.cuda.get_device_name()
-    peak = measure_bf16_peak_tflops()
+    meta = {"gpu": torch.cuda.get_device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command_line(), "git_commit": git_commit(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "layers": args.layers, "dtype": "float16", "compile_mode": args.compile_mode, "iters": args.iters}
+    meta["bf16_peak_tflops"] = peak = measure_bf16_peak_tflops()
 
-    cfg = transformers.BertConfig(num_hidden_layers=args.layers)
-    torch.manual_seed(0)
-    hf_sdpa = transformers.BertModel._from_config(cfg, attn_implementation="sdpa", add_pooling_layer=False)
-    hf_sdpa = hf_sdpa.eval().to(dev, torch.float16)
-    hf_eager = transformers.BertModel._from_config(cfg, attn_implementation="eager", add_pooling_layer=False)
-    hf_eager.load_state_dict(hf_sdpa.state_dict())
-    hf_eager = hf_eager.eval().to(dev, torch.float16)
+    baselines = {name: m.to(dev, torch.float16) for name, m in build_hf_baselines({"num_hidden_layers": args.layers}).items()}
+    hf_sdpa, hf_eager = baselines["hf_sdpa"], baselines["hf_eager"]
+    cfg = hf_sdpa.config
     ours = BertEncoder(BertConfig.from_hf(cfg.to_dict()), hf_sdpa.state_dict(), dev, torch.float16)
     graphs = EncoderGraphs(ours)
     arena = ActivationArena(dev)  # the served configuration: eager batches run in the arena
     h, L, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+
+    # Every baseline is built: check each runs the attention its name says, on this GPU.
+    try:
+        meta["attention_dispatch"] = verify_dispatch(baselines, torch.randint(1000, 20000, (2, 16), device=dev))
+    except RuntimeError as e:
+        print(f"bench runtime: {e}", file=sys.stderr)
+        return 1
+    print(f"attention dispatch: {format_dispatch(meta['attention_dispatch'])}", file=sys.stderr)
 
     def packed(lengths):
         return packed_batch(lengths, dev)
@@ -103,40 +352,32 @@ def run(args) -> int:
     with torch.inference_mode():
         # Correctness first: ours vs HF SDPA on one grid point.
         ids = torch.randint(1000, 20000, (8, 128), device=dev)
-        ref = hf_sdpa(input_ids=ids).last_hidden_state.reshape(-1, h).float()
+        ref = hf_sdpa(input_ids=ids).last_hidden_state
         cu8 = torch.arange(0, 8 * 128 + 1, 128, device=dev, dtype=torch.int32)
-        got = ours.forward(ids.reshape(-1), cu8, 128).float()
-        cosine = torch.nn.functional.cosine_similarity(got, ref, dim=-1).min().item()
-        ablation_cosine = {}  # the FFN epilogue ablations must stay as close to HF
-        for epilogue in ABLATIONS:
-            ours.ffn_epilogue = epilogue
-            got = ours.forward(ids.reshape(-1), cu8, 128).float()
-            ablation_cosine[epilogue] = torch.nn.functional.cosine_similarity(got, ref, dim=-1).min().item()
-        ours.ffn_epilogue = "auto"
-        print(f"min cosine vs HF at (8,128) with the FFN epilogue ablations: {ablation_cosine}", file=sys.stderr)
+        meta["min_cosine_vs_hf"] = _min_cosine(ours.forward(ids.reshape(-1), cu8, 128), ref)
 
-        for b, s in GRID:
+        for b, s in args.shapes:
             ids = torch.randint(1000, 20000, (b, s), device=dev)
             flat, cu, mx = ids.reshape(-1), torch.arange(0, b * s + 1, s, device=dev, dtype=torch.int32), s
             t_eager = _time_ms(lambda: hf_eager(input_ids=ids), args.iters)
             t_sdpa = _time_ms(lambda: hf_sdpa(input_ids=ids), args.iters)
             t_ours = t_ours_eager = _time_ms(lambda: ours.forward(flat, cu, mx, arena=arena), args.iters)
-            if graphs.bucket(b * s, b) is not None:  # small shapes: replay a captured CUDA graph
+            graph_fits = graphs.bucket(b * s, b) is not None
+            if graph_fits:  # small shapes: replay a captured CUDA graph
                 t_ours = min(t_ours, _time_ms(lambda: graphs.forward(flat, [s] * b), args.iters))
-            # Ablations, eager: the FFN's bias + GELU as a separate pass after cuBLAS / in a
-            # Triton GEMM's epilogue whatever the rows / in cuBLASLt's (tanh) epilogue.
-            t_fused = {}
-            for epilogue in ABLATIONS:
-                ours.ffn_epilogue = epilogue
-                t_fused[epilogue] = _time_ms(lambda: ours.forward(flat, cu, mx, arena=arena), args.iters)
-            ours.ffn_epilogue = "auto"
+            # The same SDPA model compiled for this shape alone; warm-up outside the timed region.
+            mode = compile_mode_for(args.compile_mode, graph_fits)
+            comp = _time_compiled(hf_sdpa, [{"input_ids": ids}], mode, False, args.iters,
+                                  hf_sdpa(input_ids=ids).last_hidden_state)
+            t_comp = comp.pop("ms")
+            done = f"{t_comp:.3f} ms, compiled in {comp['compile_s']:.0f} s" if t_comp is not None else None
+            print(f"({b},{s}): compiled ({mode}): {done or 'n/a (' + comp['error'] + ')'}", file=sys.stderr)
             flops = bert_flops([s] * b, h, L, inter)
             rows.append(
-                {"shape": f"({b},{s})", "hf_eager_ms": t_eager, "hf_sdpa_ms": t_sdpa, "ours_ms": t_ours,
-                 "ours_eager_ms": t_ours_eager, "ours_eager_separate_ffn_ms": t_fused["separate"],
-                 "ours_eager_triton_ffn_ms": t_fused["triton"],
-                 "ours_eager_cublaslt_ffn_ms": t_fused["cublaslt"],
-                 "vs_sdpa": t_sdpa / t_ours, "vs_eager": t_eager / t_ours,
+                {"shape": f"({b},{s})", "hf_eager_ms": t_eager, "hf_sdpa_ms": t_sdpa, "hf_sdpa_compiled_ms": t_comp,
+                 "ours_ms": t_ours, "ours_no_graph_ms": t_ours_eager,
+                 "vs_eager": t_eager / t_ours, "vs_sdpa": t_sdpa / t_ours,
+                 "vs_compiled": t_comp / t_ours if t_comp is not None else None, "compiled": comp,
                  "ours_pct_peak": 100 * flops / (t_ours * 1e-3) / (peak * 1e12)}
             )
 
@@ -154,28 +395,61 @@ def run(args) -> int:
             hf_inputs.append((ids, mask))
         ours_sorted = [packed([lengths[i] for i in batch]) for batch in batches]
         ours_all = packed(lengths)
+        hf_calls = [{"input_ids": ids, "attention_mask": mask} for ids, mask in hf_inputs]
 
         def run_hf():
-            for ids, mask in hf_inputs:
-                hf_sdpa(input_ids=ids, attention_mask=mask)
+            for kwargs in hf_calls:
+                hf_sdpa(**kwargs)
 
         def run_ours_sorted(arena=None):
             for ids, cu, mx in ours_sorted:
                 ours.forward(ids, cu, mx, arena=arena)
 
         arena = ActivationArena(dev)
-        mem = {}
-        for name, fn in (("hf_sdpa_sorted32", run_hf), ("ours_sorted32", run_ours_sorted),
-                         ("ours_sorted32_arena", lambda: run_ours_sorted(arena)),
-                         ("ours_one_batch", lambda: ours.forward(*ours_all)),
-                         ("ours_one_batch_arena", lambda: ours.forward(*ours_all, arena=arena))):
+        varlen = [("hf_sdpa_sorted32", run_hf), ("ours_sorted32", run_ours_sorted),
+                  ("ours_sorted32_arena", lambda: run_ours_sorted(arena)),
+                  ("ours_one_batch", lambda: ours.forward(*ours_all)),
+                  ("ours_one_batch_arena", lambda: ours.forward(*ours_all, arena=arena))]
+        # HF SDPA compiled once with dynamic shapes over the eight sorted batches (a static
+        # compile would compile each batch shape anew); the compile and warm-up are untimed.
+        varlen_mode = "default" if args.compile_mode == "auto" else args.compile_mode
+        compiled_info = {"mode": varlen_mode, "dynamic": True, "error": "--compile-mode off"}
+        if varlen_mode != "off":
+            try:
+                run_compiled, _, compiled_info = compile_and_warm(hf_sdpa, hf_calls, varlen_mode, True)
+                compiled_info["min_cosine_vs_hf_sdpa"] = _min_cosine(
+                    run_compiled().last_hidden_state[hf_calls[-1]["attention_mask"].bool()],
+                    hf_sdpa(**hf_calls[-1]).last_hidden_state[hf_calls[-1]["attention_mask"].bool()])
+                compiled_info["error"] = None
+                varlen.insert(1, ("hf_sdpa_compiled_sorted32", run_compiled))
+            except Exception as e:
+                compiled_info = {"mode": varlen_mode, "dynamic": True, "error": _error_reason(e)}
+                torch.compiler.reset()
+        print(f"variable-length workload, compiled HF SDPA ({varlen_mode}, dynamic shapes): "
+              + (f"compiled in {compiled_info['compile_s']:.0f} s, {compiled_info['graphs_compiled']} graph(s)"
+                 if compiled_info.get("error") is None else f"n/a ({compiled_info['error']})"), file=sys.stderr)
+        for name, fn in varlen:
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            ms = _time_ms(fn, max(3, args.iters // 5), warmup=2)
-            mem[name] = torch.cuda.max_memory_allocated() - base
-            rows.append({"shape": f"256 req U[5,500] {name}", "ms": ms, "req_per_s": 256 / (ms * 1e-3),
-                         "peak_activation_MiB": mem[name] / 2**20})
+            graphs_before = _graphs_compiled()
+            try:
+                ms = _time_ms(fn, max(3, args.iters // 5), warmup=2)
+            except Exception as e:  # only the compiled baseline can fail here
+                if name != "hf_sdpa_compiled_sorted32":
+                    raise
+                compiled_info["error"] = _error_reason(e)
+                continue
+            peak_bytes = torch.cuda.max_memory_allocated() - base
+            row = {"shape": f"256 req U[5,500] {name}", "ms": ms, "req_per_s": 256 / (ms * 1e-3),
+                   "peak_activation_MiB": peak_bytes / 2**20}
+            if name == "hf_sdpa_compiled_sorted32":
+                compiled_info["recompiled_while_timed"] = _graphs_compiled() != graphs_before
+                row["compiled"] = compiled_info
+            rows.append(row)
+        if compiled_info.get("error") is not None:
+            rows.append({"shape": "256 req U[5,500] hf_sdpa_compiled_sorted32", "ms": None, "compiled": compiled_info})
+        torch.compiler.reset()
 
         # One 8192-token request (16 texts of 512: BERT's longest), then short ones: the arena
         # must shrink back.
@@ -187,35 +461,83 @@ def run(args) -> int:
         rows.append({"arena_after_8192_MiB": after_long / 2**20, "arena_after_short_MiB": arena.stats.reserved_bytes / 2**20,
                      "arena_planning_ms": 1e3 * arena.stats.planning_seconds, "arena_plan_hits": arena.stats.plan_cache_hits})
 
-    _print_table(gpu, peak, cosine, rows)
+    print_table(meta, rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": gpu, "bf16_peak_tflops": peak, "min_cosine_vs_hf": cosine,
-                       "min_cosine_ffn_epilogue_ablations": ablation_cosine, "rows": rows}, f, indent=2)
+            json.dump({**meta, "rows": rows}, f, indent=2)
     return 0
 
 
-def _print_table(gpu: str, peak: float, cosine: float, rows: list[dict]) -> None:
-    print(f"\nGPU: {gpu}   measured bf16 matmul peak: {peak:.0f} TFLOP/s   min cosine ours vs HF (8,128): {cosine:.5f}")
-    print("(ours: packed, Triton kernels; a CUDA-graph replay where a small-shape bucket fits)")
-    print(f"{'shape':>10} {'HF eager ms':>12} {'HF SDPA ms':>11} {'ours ms':>9} {'vs SDPA':>8} {'vs eager':>9} {'% peak':>7}"
-          f" | eager + arena, FFN bias+GELU: {'auto':>9} {'separate':>9} {'Triton GEMM':>12} {'cuBLASLt':>9}")
+def _ms(value, width: int, digits: int = 3) -> str:
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'n/a':>{width}}"
+
+
+def _ratio(value, width: int) -> str:
+    return f"{value:{width - 1}.2f}x" if value is not None else f"{'n/a':>{width}}"
+
+
+def print_table(meta: dict, rows: list[dict]) -> None:
+    print(f"\nGPU: {meta['gpu']}   date: {meta['date']}   commit: {meta['git_commit'] or 'unknown'}")
+    print(f"command: {meta['command']}")
+    print(f"torch {meta['torch']}, transformers {meta['transformers']}; random bert-base weights, "
+          f"{meta['layers']} layers, fp16")
+    print(f"measured bf16 matmul peak: {meta['bf16_peak_tflops']:.0f} TFLOP/s   "
+          f"min cosine ours vs HF SDPA (8,128): {meta['min_cosine_vs_hf']:.5f}")
+    print(f"attention dispatch (checked before timing): {format_dispatch(meta['attention_dispatch'])}")
+    print("ours: packed, Triton kernels; a CUDA-graph replay where a small-shape bucket fits (<= 8192 tokens)")
+    print(f"compiled: HF SDPA under torch.compile, once per shape, warm-up untimed; --compile-mode {meta['compile_mode']}"
+          + (" (reduce-overhead where ours replays a graph, default above)" if meta["compile_mode"] == "auto" else ""))
+    print("vs X: X ms / ours ms (> 1: ours faster)")
+    print(f"{'shape':>10} {'HF eager ms':>12} {'HF SDPA ms':>11} {'SDPA+compile ms':>15} {'ours ms':>9}"
+          f" {'vs SDPA':>8} {'vs compiled':>12} {'vs eager':>9} {'% peak':>7}   {'ours no-graph ms':>16} {'compile mode':>15}")
+    notes = []
     for r in rows:
         if "ours_ms" in r:
-            print(f"{r['shape']:>10} {r['hf_eager_ms']:12.3f} {r['hf_sdpa_ms']:11.3f} {r['ours_ms']:9.3f} "
-                  f"{r['vs_sdpa']:7.2f}x {r['vs_eager']:8.2f}x {r['ours_pct_peak']:6.1f}% |"
-                  f" {'':29} {r['ours_eager_ms']:9.3f} {r['ours_eager_separate_ffn_ms']:9.3f}"
-                  f" {r['ours_eager_triton_ffn_ms']:12.3f} {r['ours_eager_cublaslt_ffn_ms']:9.3f}")
-    print(f"\n{'variable-length workload':<40} {'ms':>9} {'req/s':>9} {'peak act. MiB':>14}")
+            c = r["compiled"]
+            print(f"{r['shape']:>10} {r['hf_eager_ms']:12.3f} {r['hf_sdpa_ms']:11.3f} {_ms(r['hf_sdpa_compiled_ms'], 15)}"
+                  f" {r['ours_ms']:9.3f} {_ratio(r['vs_sdpa'], 8)} {_ratio(r['vs_compiled'], 12)}"
+                  f" {_ratio(r['vs_eager'], 9)} {r['ours_pct_peak']:6.1f}%   {r['ours_no_graph_ms']:16.3f}"
+                  f" {c.get('mode', ''):>15}")
+            notes += _compile_notes(r["shape"], c)
+    print(f"\n{'variable-length workload':<50} {'ms':>9} {'req/s':>9} {'peak act. MiB':>14}")
     for r in rows:
         if "req_per_s" in r:
-            print(f"{r['shape']:<40} {r['ms']:9.2f} {r['req_per_s']:9.0f} {r['peak_activation_MiB']:14.1f}")
-    hf = next(r for r in rows if r.get("shape", "").endswith("hf_sdpa_sorted32"))
+            print(f"{r['shape']:<50} {r['ms']:9.2f} {r['req_per_s']:9.0f} {r['peak_activation_MiB']:14.1f}")
+        elif r.get("shape", "").startswith("256 req") and r.get("ms") is None:
+            print(f"{r['shape']:<50} {'n/a':>9} ({r['compiled']['error']})")
+        if "compiled" in r and "ours_ms" not in r and r.get("ms") is not None:
+            notes += _compile_notes(r["shape"].split()[-1], r["compiled"])
+    hf = next(r for r in rows if r.get("shape", "").endswith(" hf_sdpa_sorted32"))
+    comp = next((r for r in rows if r.get("shape", "").endswith("hf_sdpa_compiled_sorted32") and r.get("ms")), None)
     for r in rows:
-        if "req_per_s" in r and r is not hf:
-            print(f"  {r['shape'].split()[-1]} vs HF SDPA sorted batches of 32: {r['req_per_s'] / hf['req_per_s']:.2f}x")
+        if "req_per_s" in r and r["shape"].split()[-1].startswith("ours"):
+            line = f"  {r['shape'].split()[-1]} vs HF SDPA sorted batches of 32: {r['req_per_s'] / hf['req_per_s']:.2f}x"
+            if comp is not None:
+                line += f", vs compiled: {r['req_per_s'] / comp['req_per_s']:.2f}x"
+            print(line)
     for r in rows:
         if "arena_after_8192_MiB" in r:
             print(f"\narena: {r['arena_after_8192_MiB']:.1f} MiB after one 8192-token request, "
                   f"{r['arena_after_short_MiB']:.1f} MiB after 3 short ones "
                   f"(planning {r['arena_planning_ms']:.2f} ms in all, {r['arena_plan_hits']} plan-cache hits)")
+    if notes:
+        print("\ncompiled baseline notes:")
+        for note in notes:
+            print(f"  {note}")
+
+
+def _compile_notes(label: str, c: dict) -> list[str]:
+    """What a reader of the compiled column must know: why a point is n/a, graph breaks,
+    recompilation inside the timed region, outputs that drift from eager SDPA."""
+    if c.get("error"):
+        return [f"{label}: n/a, {c['error']}"]
+    notes = []
+    if c.get("graph_breaks"):
+        notes.append(f"{label}: {c['graph_breaks']} graph break(s), {c['graphs_compiled']} graphs")
+    if c.get("cudagraph_skips"):
+        notes.append(f"{label}: Inductor skipped CUDA graphs {c['cudagraph_skips']} time(s) (see its warning above)")
+    if c.get("recompiled_while_timed"):
+        notes.append(f"{label}: recompiled inside the timed region")
+    if c.get("min_cosine_vs_hf_sdpa", 1.0) < 0.999:
+        notes.append(f"{label}: min cosine vs eager HF SDPA {c['min_cosine_vs_hf_sdpa']:.5f}")
+    return notes
