@@ -13,6 +13,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     embedding_layer_norm,
     embedding_rms_norm,
     feed_tokens,
+    gated_act,
     gelu_activation,
     linear_act,
     linear_bias_gelu,
@@ -30,4 +31,4 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     varlen_attention,
     write_kv,
 )
-from tritonformer.kernels.reference import PreNorm  # noqa: F401
+from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm  # noqa: F401

@@ -149,18 +149,38 @@ def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, no
     return F.normalize(out, p=2, dim=1) if normalize else out
 
 
+# The gated activations of an MLP whose up-projection weight is `[gate; up]` (`[2I, K]`): the
+# result `[.., I]` is gate_fn(gate) * up. Llama's SwiGLU and Gemma's GeGLU (Hugging Face's
+# `gelu_pytorch_tanh` on the gate).
+_GATE_FNS = {"silu_mul": F.silu, "gelu_tanh_mul": lambda g: F.gelu(g, approximate="tanh")}
+GATED_ACTIVATIONS = frozenset(_GATE_FNS)
+
+
+def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up where gate_up = [gate | up] along the last dim, in fp32, rounded once to
+    gate_up's dtype; `activation` is one of GATED_ACTIVATIONS ("silu_mul": SwiGLU,
+    "gelu_tanh_mul": GeGLU with the tanh GELU)."""
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (_GATE_FNS[activation](gate) * up).to(gate_up.dtype)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up where gate_up = [gate | up] along the last dim (Llama MLP)."""
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    return (F.silu(gate) * up).to(gate_up.dtype)
+    return gated_act(gate_up, "silu_mul")
 
 
 def embedding_rms_norm(
-    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float, scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Llama embedding layer and the first RMSNorm: (RMSNorm(table[ids]), table[ids]), the
-    second being the residual stream the first decoder layer adds to."""
+    """A Llama embedding layer and the first RMSNorm: (RMSNorm(rows), rows) with rows =
+    table[ids], the residual stream the first decoder layer adds to. `scale` (Gemma: the square
+    root of the hidden size) multiplies the rows as Hugging Face does: by the scale rounded to
+    the table's dtype, the product rounded to it too; the norm sees the rounded rows."""
     rows = table[ids]
+    if scale is not None:
+        rows = rows * torch.tensor(scale, dtype=table.dtype, device=table.device)
     return rms_norm(rows, weight, eps)[0], rows
 
 
@@ -232,17 +252,30 @@ def varlen_attention(
     scale: float | None = None,
     max_seqlen_q: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences, no padding and no mask tensor.
 
     q: `[Tq, H, D]`; k, v: `[Tk, Hkv, D]` with H a multiple of Hkv (grouped-query heads).
     Sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i+1] of q and cu_seqlens_k[i]:
     cu_seqlens_k[i+1] of k/v. With `causal`, queries are aligned to the *end* of their keys
-    (query j of a sequence with Lq queries and Lk keys sees keys 0 .. Lk - Lq + j), which
-    covers prefill (Lq == Lk), chunked prefill and decode against a KV cache (Lq < Lk).
+    (query j of a sequence with Lq queries and Lk keys sits at position p = Lk - Lq + j and sees
+    keys 0 .. p), which covers prefill (Lq == Lk), chunked prefill and decode against a KV cache
+    (Lq < Lk). `window` (sliding-window attention, causal only) narrows that to the last
+    `window` keys, p - window < k <= p: Hugging Face's `sliding_window` (its mask keeps
+    kv_idx > q_idx - sliding_window). `softcap` (Gemma 2) caps the scores before masking and
+    softmax: softcap * tanh(scale * q.k / softcap). A query that sees no key gets zeros.
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]` (in `out` when given).
     """
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window needs causal attention (causal=True)")
+        if int(window) != window or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive, got {softcap!r}")
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q) if out is None else out
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -256,11 +289,24 @@ def varlen_attention(
         if group > 1:
             ks = ks.repeat_interleave(group, dim=0)
             vs = vs.repeat_interleave(group, dim=0)
+        # A window covering every key (window >= Lk) changes nothing: the plain causal path.
+        win = window if window is not None and window < lk else None
         mask = None
-        if causal and lq > 1:
+        if causal and (lq > 1 or win is not None):
             q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
-            mask = torch.arange(lk, device=q.device)[None, :] <= q_pos
-        o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
+            k_pos = torch.arange(lk, device=q.device)[None, :]
+            mask = k_pos <= q_pos
+            if win is not None:
+                mask = mask & (k_pos > q_pos - win)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
+        else:
+            s = qs.float() @ ks.float().transpose(-1, -2) * (qs.shape[-1] ** -0.5 if scale is None else scale)
+            s = softcap * torch.tanh(s / softcap)
+            p = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-1)
+            if mask is not None:  # a query that sees no key (Lk < Lq): zeros, as without softcap
+                p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+            o = p @ vs.float()
         out[cq[i] : cq[i + 1]] = o.transpose(0, 1).to(q.dtype)
     return out
 
@@ -281,7 +327,7 @@ def linear_bias_gelu(
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
 
 
-LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul")
+LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # linear_act's GELUs as bias_gelu's `approximate`
 
 
@@ -302,15 +348,16 @@ def linear_act(
     it in the model (prenorm None: x as it is).
 
     x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. `activation` is "none",
-    "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new") or "silu_mul" (Llama's SwiGLU: weight
-    is `[gate; up]`, `[2I, K]`, and the result `[M, I]` is silu(gate) * up). A kernel computes
+    "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new") or a gated one (GATED_ACTIVATIONS:
+    "silu_mul", Llama's SwiGLU, or "gelu_tanh_mul", Gemma's GeGLU: weight is `[gate; up]`,
+    `[2I, K]`, and the result `[M, I]` is act(gate) * up, see `gated_act`). A kernel computes
     the activation on the GEMM's fp32 accumulator; here the linear's output is rounded to x's
     dtype first, as the unfused ops do."""
     if activation not in LINEAR_ACTIVATIONS:
         raise ValueError(f"activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
     h = F.linear(apply_prenorm(x, prenorm, weight.dtype), weight, bias)
-    if activation == "silu_mul":
-        h = silu_and_mul(h)
+    if activation in GATED_ACTIVATIONS:
+        h = gated_act(h, activation)
     elif activation != "none":
         h = bias_gelu(h, None, GELU_APPROXIMATE[activation])
     return h if out is None else out.copy_(h)
@@ -337,6 +384,8 @@ def paged_attention(
     max_seqlen_q: int | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`varlen_attention` whose keys/values live in a paged cache (vLLM's layout).
 
@@ -344,7 +393,8 @@ def paged_attention(
     row i lists sequence i's blocks in order (entries past its length are ignored); seqlens_k:
     `[B]` int32, keys of sequence i (cached + this iteration's, already written). Queries are
     packed by `cu_seqlens_q` and aligned to the end of their keys as in `varlen_attention`.
-    `num_splits` is a kernel tuning knob (split keys over programs); the reference ignores it.
+    `window` and `softcap` as in `varlen_attention`. `num_splits` is a kernel tuning knob (split
+    keys over programs); the reference ignores it.
     """
     block_size = k_cache.shape[1]
     lengths = seqlens_k.tolist()
@@ -360,7 +410,7 @@ def paged_attention(
     values = flat_v[index] if index is not None else flat_v[:0]
     cu_k = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
     cu_k[1:] = torch.cumsum(seqlens_k.to(torch.int32), 0)
-    return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out)
+    return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out, window, softcap)
 
 
 def qkv_to_cache(
@@ -374,13 +424,29 @@ def qkv_to_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
     """A decoder layer's QKV epilogue: bias, split, rotary (when cos/sin are given) and the
-    write of k and v into the paged cache (`write_kv`); returns q `[T, H, D]`."""
-    if cos is None:
-        q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
+    write of k and v into the paged cache (`write_kv`); returns q `[T, H, D]`.
+
+    `q_norm` / `k_norm` (`[D]`, Qwen3 and Gemma 3): after the bias and the split, before rotary,
+    every q (k) head is RMS-normalised over its D values with that weight (`rms_norm`: fp32
+    statistics, the result rounded to qkv's dtype); v is never normalised."""
+    if q_norm is None and k_norm is None:
+        if cos is None:
+            q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
+        else:
+            q, k, v = qkv_split_rotary(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin)
     else:
-        q, k, v = qkv_split_rotary(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin)
+        q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
+        if q_norm is not None:
+            q = rms_norm(q, q_norm, norm_eps)[0]
+        if k_norm is not None:
+            k = rms_norm(k, k_norm, norm_eps)[0]
+        if cos is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
 
@@ -391,13 +457,23 @@ class PreNorm:
     "residual add, then the next norm"): h = x + x_bias + residual in fp32, written
     (rounded) to `sum_out` when given, the next residual stream, then LayerNorm(h) with
     `weight` and `bias`, or RMSNorm(h) with `weight` when `bias` is None. `sum_out` must not
-    overlap x or the residual."""
+    overlap x or the residual.
+
+    `x_norm` (RMSNorm prenorms only; Gemma 2/3's "sandwich" norm closing the block before):
+    x + x_bias is first RMS-normalised with weight `x_norm` (same eps) and rounded to x's dtype
+    (as Hugging Face rounds that norm's output), and that is what the residual is added to.
+    Norm weights may be of another dtype than x (Gemma's 1 + w kept in fp32)."""
     weight: torch.Tensor
     bias: torch.Tensor | None
     eps: float
     x_bias: torch.Tensor | None = None
     residual: torch.Tensor | None = None
     sum_out: torch.Tensor | None = None
+    x_norm: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.x_norm is not None and self.bias is not None:
+            raise ValueError("PreNorm.x_norm goes with an RMSNorm prenorm (bias None), not a LayerNorm")
 
 
 def apply_prenorm(x: torch.Tensor, prenorm: PreNorm | None, dtype: torch.dtype) -> torch.Tensor:
@@ -409,6 +485,8 @@ def apply_prenorm(x: torch.Tensor, prenorm: PreNorm | None, dtype: torch.dtype) 
         normed = add_bias_residual_layer_norm(x, p.x_bias, p.residual, p.weight, p.bias, p.eps, sum_out=p.sum_out)
         return normed.to(dtype)
     h = x.float() if p.x_bias is None else x.float() + p.x_bias.float()
+    if p.x_norm is not None:
+        h = rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype).float()
     return rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0].to(dtype)
 
 
@@ -425,8 +503,13 @@ def prenorm_qkv_to_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
     """A decoder layer's attention input in one op: PreNorm(x), the QKV projection, then
-    `qkv_to_cache` (bias, rotary, k and v into the paged cache); returns q `[T, H, D]`."""
+    `qkv_to_cache` (bias, the q/k head norms, rotary, k and v into the paged cache); returns
+    q `[T, H, D]`."""
     qkv = F.linear(apply_prenorm(x, prenorm, weight.dtype), weight)
-    return qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping)
+    return qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping,
+                        q_norm, k_norm, norm_eps)

@@ -25,6 +25,16 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   keys are cut into NUM_SPLITS chunks handled by separate programs, which write a normalised
   partial output and its log-sum-exp to fp32 workspaces, and `_combine_splits_kernel` merges
   them.
+* Sliding window and soft-capping (Mistral, Qwen2, Gemma 2/3). With `window`, query position p
+  sees keys p - window < k <= p; a program starts its key loop at the first block its first
+  query can see, so a long context under a short window costs only the window, and with
+  splits only that visible range is split. Blocks wholly inside every query's window run
+  unmasked; only those straddling the window's lower edge or the diagonal are masked. With
+  `softcap`, scores are softcap * tanh(scale * q.k / softcap) before masking and softmax.
+* Any head_dim in [16, 256]: one that is not a power of two (Phi-3's 96) runs in a tile
+  padded to the next power of two, its extra lanes masked on every load and store.
+  Each of the three is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED): without them the kernel
+  compiles to the same code as before they existed.
 
 Grid: (cdiv(max_seqlen_q * G, BLOCK_M) * NUM_SPLITS, num_seqs, Hkv). Programs whose rows start
 past their sequence's end exit at once, so the grid can be sized from the longest sequence.
@@ -49,18 +59,25 @@ def _attend_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kt, stride_vt,
     offs_q, offs_d, q_shift, seqlen_k, qk_scale,
-    start, end, block_table,
+    start, end, block_table, window, softcap_log2e,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-    PAGE: tl.constexpr,
+    PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PADDED: tl.constexpr,
 ):
     """Fold key/value blocks [start, end) of one sequence into the online-softmax state.
 
-    Row r of the block is query offs_q[r]. With MASKED, keys past the sequence's end and (if
-    CAUSAL) keys after a query's position `q_shift + offs_q` get a score of -inf; without it
-    every key in the range is visible. With PAGE > 0 the keys live in a paged cache: key n is
-    row `block_table[n // PAGE] * PAGE + n % PAGE` of the flattened cache (a gather per key,
-    so any block size works, whatever BLOCK_N is).
+    Row r of the block is query offs_q[r]. With MASKED, keys past the sequence's end, (if
+    CAUSAL) keys after a query's position `q_shift + offs_q` and (if HAS_WINDOW) keys at or
+    before `q_shift + offs_q - window` get a score of -inf; without it every key in the range
+    is visible. With PAGE > 0 the keys live in a paged cache: key n is row
+    `block_table[n // PAGE] * PAGE + n % PAGE` of the flattened cache (a gather per key, so any
+    block size works, whatever BLOCK_N is). With SOFTCAP the log2-domain score is
+    `softcap_log2e * tanh(q.k * scale / softcap)`, where the caller passes
+    `qk_scale = 2 * scale / softcap * log2(e)` (tanh x = 1 - 2 / (e^2x + 1)). With D_PADDED the
+    tile's head dim BLOCK_D exceeds HEAD_DIM and the lanes past it are loaded as zeros.
     """
+    if D_PADDED:
+        d_ok = (offs_d < HEAD_DIM)[None, :]
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if PAGE > 0:
@@ -75,14 +92,26 @@ def _attend_blocks(
         v_ptrs = v_base + rows_k[:, None] * stride_vt + offs_d[None, :]
         if MASKED:
             in_seq = offs_n < seqlen_k
-            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
+            if D_PADDED:
+                kv_mask = in_seq[:, None] & d_ok
+            else:
+                kv_mask = in_seq[:, None]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        elif D_PADDED:
+            k = tl.load(k_ptrs, mask=d_ok, other=0.0)
         else:
             k = tl.load(k_ptrs)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if SOFTCAP:
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            s = softcap_log2e * (1.0 - 2.0 / (tl.exp2(s * qk_scale) + 1.0))
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= (q_shift + offs_q)[:, None])
+            if HAS_WINDOW:
+                visible = visible & (offs_n[None, :] > (q_shift + offs_q - window)[:, None])
             s = tl.where(visible, s, float("-inf"))
         # m_i starts finite (-1e30), so a row that has seen only masked keys keeps alpha = 1
         # and p = 0 instead of producing inf - inf.
@@ -91,7 +120,9 @@ def _attend_blocks(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
-            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif D_PADDED:
+            v = tl.load(v_ptrs, mask=d_ok, other=0.0)
         else:
             v = tl.load(v_ptrs)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -101,14 +132,15 @@ def _attend_blocks(
 
 # Batch-dependent integers are not specialised on (Triton would otherwise compile a variant per
 # "divisible by 16 / equal to 1" class of each): a new batch shape must not stall serving on a compile.
-@triton.jit(do_not_specialize=["split_stride", "stride_bt"])
+@triton.jit(do_not_specialize=["split_stride", "stride_bt", "window"])
 def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt,
+    qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -138,6 +170,8 @@ def _varlen_attention_kernel(
     heads = kv_head * GROUP + rows % GROUP
     row_ok = (offs_q < seqlen_q)[:, None]
     offs_d = tl.arange(0, BLOCK_D)
+    if D_PADDED:  # head_dim not a power of two: lanes HEAD_DIM.. of the tile are zeros, never stored
+        row_ok = row_ok & (offs_d < HEAD_DIM)[None, :]
     q_tok = q_start + offs_q.to(tl.int64)
     q_ptrs = Q + q_tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok, other=0.0)
@@ -163,22 +197,51 @@ def _varlen_attention_kernel(
         end = seqlen_k
         full_end = (seqlen_k // BLOCK_N) * BLOCK_N
 
-    # This program's keys: all of [0, end), or with splits one BLOCK_N-aligned chunk of it.
-    lo = 0
-    if NUM_SPLITS > 1:
-        chunk = tl.cdiv(tl.cdiv(end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        end = tl.minimum(end, lo + chunk)
-
-    acc, l_i, m_i = _attend_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-        offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end), block_table,
-        BLOCK_N, False, CAUSAL, PRECISION, PAGE,
-    )
+    if HAS_WINDOW:
+        # Sliding window (CAUSAL only): query position p sees keys p - window < k <= p. Keys
+        # before kv_lo (the block holding the first query's first key) are seen by no query
+        # of this block and never visited; keys from full_lo on are inside every query's
+        # window. So the blocks [kv_lo, full_lo) straddle the window's lower edge and are
+        # masked, [full_lo, full_end) run unmasked, [full_end, end) straddle the diagonal.
+        kv_lo = (tl.maximum(q_shift + q_lo - window + 1, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.cdiv(tl.maximum(q_shift + q_hi - window + 1, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(full_lo, full_end)
+        # This program's keys: all of [kv_lo, end), or with splits one BLOCK_N-aligned chunk.
+        lo = kv_lo
+        if NUM_SPLITS > 1:
+            chunk = tl.cdiv(tl.cdiv(end - kv_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            lo = kv_lo + split * chunk
+            end = tl.minimum(end, lo + chunk)
+        acc, l_i, m_i = _attend_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+            offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_lo, end), block_table,
+            window, softcap_log2e,
+            BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+        )
+        acc, l_i, m_i = _attend_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+            offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_lo, lo), tl.minimum(full_end, end),
+            block_table, window, softcap_log2e,
+            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+        )
+    else:
+        # This program's keys: all of [0, end), or with splits one BLOCK_N-aligned chunk of it.
+        lo = 0
+        if NUM_SPLITS > 1:
+            chunk = tl.cdiv(tl.cdiv(end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            lo = split * chunk
+            end = tl.minimum(end, lo + chunk)
+        acc, l_i, m_i = _attend_blocks(
+            acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+            offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end), block_table,
+            window, softcap_log2e,
+            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+        )
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
         offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_end, lo), end, block_table,
-        BLOCK_N, True, CAUSAL, PRECISION, PAGE,
+        window, softcap_log2e,
+        BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
     )
 
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
@@ -189,7 +252,7 @@ def _varlen_attention_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok)
     else:
         # Partial result of this split: its normalised output and log2-sum-exp2 of its scores
-        # (-1e30 when it saw no key), in fp32 workspaces laid out [NUM_SPLITS, Tq, H, (D)].
+        # (-1e30 when it saw no key), in fp32 workspaces laid out [NUM_SPLITS, Tq, H, (BLOCK_D)].
         part = split * split_stride + q_tok * (GROUP * tl.num_programs(2)) + heads
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), -1.0e30)
         tl.store(PartialLse + part, lse, mask=offs_q < seqlen_q)
@@ -200,6 +263,7 @@ def _varlen_attention_kernel(
 def _combine_splits_kernel(
     PartialOut, PartialLse, Out, split_stride, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
 ):
     """Out[t, h] = the splits' partial outputs weighted by their share of the softmax mass."""
     triton_pdl.wait_for_predecessor(PDL)
@@ -213,7 +277,11 @@ def _combine_splits_kernel(
     partial = tl.load(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :])
     total = tl.sum(weight, 0)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+    if D_PADDED:
+        tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty),
+                 mask=offs_d < HEAD_DIM)
+    else:
+        tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
 
 def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -> tuple[int, int, int, int]:
@@ -229,6 +297,8 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -
     (`tools/tune_decode_attention.py`): 7.6 vs 9.4 us per launch for GPT-2 at batch 64,
     context 128, 6.5 vs 7.5 for the Llama-1B shape; such a program folds in only a few key
     blocks, so there is nothing for the pipeline stages to overlap.
+    `head_dim` is the tile's (padded) head dim: 96 and 80 run as 128, and head dims above 128
+    (Gemma's 256) take the small fp32 tiles whatever the dtype (not yet tuned on a GPU).
     """
     if not on_gpu:
         return 16, 16, 4, 1
@@ -271,6 +341,8 @@ def varlen_attention(
     scale: float | None = None,
     max_seqlen_q: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Triton flash attention with exactly `reference.varlen_attention`'s contract.
 
@@ -282,7 +354,8 @@ def varlen_attention(
     assert cu_seqlens_k.device == q.device, f"cu_seqlens_k must be on q's device {q.device}"
     num_seqs = cu_seqlens_q.numel() - 1
     keys_per_seq = k.shape[0] / max(num_seqs, 1)
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, 0, keys_per_seq, causal, scale, max_seqlen_q, out, None)
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, 0, keys_per_seq, causal, scale, max_seqlen_q, out,
+                      None, window, softcap)
 
 
 @register("paged_attention")
@@ -298,13 +371,17 @@ def paged_attention(
     max_seqlen_q: int | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Triton flash attention over a paged KV cache, `reference.paged_attention`'s contract.
 
     The same kernel as `varlen_attention`: keys are gathered through the block table inside
     the kernel, so nothing is copied out of the cache. `num_splits` fixes the number of key
     splits (CUDA-graph capture needs a launch that does not depend on the lengths); without
-    it the split count is chosen from the table's width.
+    it the split count is chosen from the table's width (or the window, when smaller). With a
+    window, a program reads nothing (keys, values, table entries) before the BLOCK_N-aligned
+    key block holding its first query's first visible key.
     """
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "k/v caches must be [blocks, block_size, Hkv, D]"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "k/v caches must be contiguous"
@@ -318,12 +395,12 @@ def paged_attention(
     keys_per_seq = block_tables.shape[1] * page
     return _attention(
         q, k, v, cu_seqlens_q, seqlens_k.to(torch.int32), block_tables, page, keys_per_seq,
-        causal, scale, max_seqlen_q, out, num_splits,
+        causal, scale, max_seqlen_q, out, num_splits, window, softcap,
     )
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per_seq, causal, scale, max_seqlen_q,
-               out, num_splits):
+               out, num_splits, window, softcap):
     """Checks, launch configuration and the launch shared by the contiguous and paged entry
     points. Paged (`page` > 0): k/v are the flattened caches and `cu_seqlens_k` holds key counts."""
     assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [tokens, heads, head_dim]"
@@ -334,11 +411,10 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     assert num_kv_heads > 0 and num_heads % num_kv_heads == 0, (
         f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}"
     )
-    assert 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0, (
-        f"triton attention needs a power-of-two head_dim in [16, 256], got {head_dim}"
-    )
+    assert 16 <= head_dim <= 256, f"triton attention needs a head_dim in [16, 256], got {head_dim}"
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
+    _check_window_softcap(causal, window, softcap)
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -354,36 +430,60 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
+    # A head_dim that is not a power of two (Phi-3's 96, 80) runs in a tile padded to the next
+    # one, its extra lanes masked off on every load and store.
+    block_d = triton.next_power_of_2(head_dim)
     group = num_heads // num_kv_heads
     rows = max_seqlen_q * group
-    block_m, block_n, num_warps, num_stages = _launch_config(head_dim, q.dtype, rows, q.is_cuda)
+    block_m, block_n, num_warps, num_stages = _launch_config(block_d, q.dtype, rows, q.is_cuda)
     m_blocks = triton.cdiv(rows, block_m)
+    if window is not None:  # a query reads at most `window` keys: split only those
+        keys_per_seq = min(keys_per_seq, window)
     splits = num_splits or _num_splits(m_blocks * num_seqs * num_kv_heads, rows, keys_per_seq, q.device)
     total_q = q.shape[0]
     split_stride = total_q * num_heads
     if splits > 1:
-        partial_out = torch.empty((splits, total_q, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        partial_out = torch.empty((splits, total_q, num_heads, block_d), dtype=torch.float32, device=q.device)
         partial_lse = torch.empty((splits, total_q, num_heads), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
     tables = block_tables if block_tables is not None else cu_seqlens_k  # unused when not paged
+    if softcap is not None:
+        # log2-domain score = softcap * log2(e) * tanh(x), x = scale * q.k / softcap, with
+        # tanh(x) = 1 - 2 / (exp2(2 * log2(e) * x) + 1): the kernel's qk_scale is 2 log2(e) scale / softcap.
+        qk_scale, softcap_log2e = 2.0 * _LOG2E * float(scale) / float(softcap), float(softcap) * _LOG2E
+    else:
+        qk_scale, softcap_log2e = float(scale) * _LOG2E, 0.0
     pdl = triton_pdl.enabled(q.device)
     _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        float(scale) * _LOG2E, partial_out, partial_lse, split_stride,
+        qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
+        min(int(window), 2**30) if window is not None else 0, softcap_log2e,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
+        HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
         num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
     if splits > 1:
         _combine_splits_kernel[(total_q, num_heads)](
             partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_D=head_dim, PDL=pdl, num_warps=4 if head_dim <= 64 else 8,
-            **triton_pdl.launch_options(pdl),
+            NUM_SPLITS=splits, BLOCK_D=block_d, PDL=pdl, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
+            num_warps=4 if block_d <= 64 else 8, **triton_pdl.launch_options(pdl),
         )
     return out
+
+
+def _check_window_softcap(causal: bool, window: int | None, softcap: float | None) -> None:
+    """The reference's rules for the two options (ValueError, as the reference raises)."""
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window needs causal attention (causal=True)")
+        if int(window) != window or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive, got {softcap!r}")

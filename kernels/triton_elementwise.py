@@ -1,4 +1,5 @@
-"""Triton-language element-wise kernels: bias + activation, SwiGLU, rotary and the QKV split.
+"""Triton-language element-wise kernels: bias + activation, gated activations (SwiGLU, GeGLU),
+rotary, the QKV split and its per-head q/k norms.
 
 These are the "element-wise" non-GEMM kernels of TurboTransformers' fusion rule (seeds.md
 §1.1.2: fuse everything between two GEMMs into one kernel): each reads the previous GEMM's
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 
 from tritonformer.kernels.dispatch import register
+from tritonformer.kernels.reference import GATED_ACTIVATIONS
 
 _TILE_ELEMS = 4096  # elements per program (32 per thread at 4 warps)
 _MAX_BLOCK_COLS = 1024
@@ -49,6 +51,26 @@ def _tanh_gelu(h):
     # cleanly (exp overflowing to inf gives 1, underflowing to 0 gives -1).
     u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
     return 0.5 * h * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+
+
+# The activation codes of `apply_act` (below): linear_act's names; the gated ones take the up
+# half as a second operand (reference.GATED_ACTIVATIONS).
+ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4}
+
+
+@triton.jit
+def apply_act(acc, acc_b, ACT: tl.constexpr):
+    """An activation on fp32 values: ACT_CODE's; a gated one's up half is acc_b."""
+    if ACT == 1:
+        acc = _erf_gelu(acc)
+    elif ACT == 2:
+        acc = _tanh_gelu(acc)
+    elif ACT == 3:
+        # silu(g) = g * sigmoid(g) = g / (1 + exp(-g)); for g -> -inf this tends to -0, no NaN.
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_b
+    elif ACT == 4:
+        acc = _tanh_gelu(acc) * acc_b
+    return acc
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
@@ -98,8 +120,9 @@ def bias_gelu(
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
-def _silu_and_mul_kernel(gu_ptr, out_ptr, n_rows, n_inner, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """out = silu(gate) * up with gate_up = [gate | up] per row: Llama's SwiGLU, read straight
+def _gated_act_kernel(gu_ptr, out_ptr, n_rows, n_inner, ACT: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """out = act(gate) * up with gate_up = [gate | up] per row (SwiGLU, GeGLU), read straight
     from the fused gate/up GEMM output so neither half is materialised on its own."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
@@ -108,14 +131,15 @@ def _silu_and_mul_kernel(gu_ptr, out_ptr, n_rows, n_inner, ROWS: tl.constexpr, B
     in_offs = rows * (2 * n_inner) + cols
     gate = tl.load(gu_ptr + in_offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + in_offs + n_inner, mask=mask, other=0.0).to(tl.float32)
-    # silu(g) = g * sigmoid(g) = g / (1 + exp(-g)); for g -> -inf this tends to -0, no NaN.
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = apply_act(gate, up, ACT)
     tl.store(out_ptr + rows * n_inner + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@register("silu_and_mul")
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up where gate_up = [gate | up] on the last dim; see reference.silu_and_mul."""
+@register("gated_act")
+def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up where gate_up = [gate | up] on the last dim; see reference.gated_act."""
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
     if gate_up.shape[-1] % 2:
         raise ValueError(f"gate_up's last dim must be even, got {gate_up.shape[-1]}")
     gate_up = _contig(gate_up)
@@ -125,8 +149,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         n_rows = out.numel() // n_inner
         rows, block, num_warps = _tile_2d(n_rows, n_inner)
         grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_inner, block))
-        _silu_and_mul_kernel[grid](gate_up, out, n_rows, n_inner, ROWS=rows, BLOCK=block, num_warps=num_warps)
+        _gated_act_kernel[grid](gate_up, out, n_rows, n_inner, ACT=ACT_CODE[activation], ROWS=rows, BLOCK=block,
+                                num_warps=num_warps)
     return out
+
+
+@register("silu_and_mul")
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up where gate_up = [gate | up] on the last dim; see reference.silu_and_mul."""
+    return gated_act(gate_up, "silu_mul")
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -167,12 +198,37 @@ def _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, y, mask, n_q_heads
 
 
 @triton.jit
+def _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads, head_dim, eps,
+                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
+    """(rstd `[BLOCK_H, 1]`, weight `[BLOCK_H, BLOCK_D]` at columns `cols`) of the per-head
+    RMSNorm, given each head row's sum of squares `ss`: q heads take q_norm's weight (with
+    Q_NORM), k heads k_norm's (with K_NORM); every other head row gets 1 and 1, unchanged."""
+    is_q = heads < n_q_heads
+    is_k = (heads >= n_q_heads) & (heads < n_q_heads + n_kv_heads)
+    if Q_NORM and K_NORM:
+        normed = is_q | is_k
+    elif Q_NORM:
+        normed = is_q
+    else:
+        normed = is_k
+    rstd = tl.where(normed, tl.math.rsqrt(ss / head_dim + eps), 1.0)
+    w = cols * 0.0 + 1.0  # ones, [1, BLOCK_D]
+    w_q = w
+    w_k = w
+    if Q_NORM:
+        w_q = tl.load(qn_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if K_NORM:
+        w_k = tl.load(kn_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return rstd, tl.where(is_q, w_q, tl.where(is_k, w_k, w))
+
+
+@triton.jit
 def _split_rotary_kernel(
-    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr,
+    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr,
     src_stride_t, src_stride_h, cos_stride_t, sin_stride_t,
-    n_q_heads, n_kv_heads, head_dim, half,
+    n_q_heads, n_kv_heads, head_dim, half, norm_eps,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    TO_SLOTS: tl.constexpr,
+    TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 
@@ -183,6 +239,8 @@ def _split_rotary_kernel(
     Grid: (tokens, head-slot blocks). ROTARY needs an even head_dim; the halves are
     [0, half) and [half, D) and BLOCK_D covers one half. With TO_SLOTS, k and v go straight
     into a paged KV cache, token t to row `slot_ptr[t]`, instead of to their own tensors.
+    Q_NORM / K_NORM: before rotary, each q / k head is RMS-normalised over its D values
+    (a program holds whole heads) with weight qn / kn, and rounded to the output dtype.
     """
     t = tl.program_id(0).to(tl.int64)
     if TO_SLOTS:
@@ -205,6 +263,15 @@ def _split_rotary_kernel(
             x2 += tl.load(bias_ptr + heads * head_dim + half + cols, mask=mask, other=0.0).to(tl.float32)
             x1 = x1.to(q_ptr.dtype.element_ty).to(tl.float32)
             x2 = x2.to(q_ptr.dtype.element_ty).to(tl.float32)
+        if Q_NORM or K_NORM:  # both halves of every head are here: its statistics
+            ss = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None]
+            rstd, w1 = _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
+                                          head_dim, norm_eps, Q_NORM, K_NORM)
+            _, w2 = _head_norm_factors(ss, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
+                                       head_dim, norm_eps, Q_NORM, K_NORM)
+            # rounded to the activation dtype, as the unfused norm stores it before rotary
+            x1 = (x1 * rstd * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
+            x2 = (x2 * rstd * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
         c = tl.load(cos_ptr + t * cos_stride_t + cols, mask=col_mask, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + t * sin_stride_t + cols, mask=col_mask, other=0.0).to(tl.float32)
         rotate = heads < n_q_heads + n_kv_heads  # v passes through un-rotated
@@ -217,13 +284,20 @@ def _split_rotary_kernel(
         x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x += tl.load(bias_ptr + heads * head_dim + cols, mask=mask, other=0.0).to(tl.float32)
+        if Q_NORM or K_NORM:
+            if HAS_BIAS:  # the norm sees qkv + bias as the unfused path stores it
+                x = x.to(q_ptr.dtype.element_ty).to(tl.float32)
+            rstd, w = _head_norm_factors(tl.sum(x * x, axis=1)[:, None], heads, cols, cols < head_dim, qn_ptr,
+                                         kn_ptr, n_q_heads, n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
+            x = x * rstd * w
         _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, x, mask, n_q_heads, n_kv_heads, head_dim)
 
 
 def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, sin,
-                         n_q_heads, n_kv_heads, head_dim, slots=None):
+                         n_q_heads, n_kv_heads, head_dim, slots=None, q_norm=None, k_norm=None, norm_eps=1e-6):
     """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary; `slots`
-    (int64 `[T]`) sends k and v to those rows of flattened cache tensors."""
+    (int64 `[T]`) sends k and v to those rows of flattened cache tensors; q_norm / k_norm
+    (`[D]`) RMS-normalise q / k heads before rotary."""
     n_tokens = q.shape[0]
     n_slots = n_q_heads + 2 * n_kv_heads
     if n_tokens == 0 or head_dim == 0 or n_slots == 0:
@@ -243,11 +317,12 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
     _split_rotary_kernel[grid](
         src, bias if bias is not None else src, q, k, v,
         cos if rotary else src, sin if rotary else src, slots if slots is not None else src,
+        q_norm if q_norm is not None else src, k_norm if k_norm is not None else src,
         src_stride_t, src_stride_h,
         cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
-        n_q_heads, n_kv_heads, head_dim, head_dim // 2,
+        n_q_heads, n_kv_heads, head_dim, head_dim // 2, float(norm_eps),
         HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
-        TO_SLOTS=slots is not None, num_warps=num_warps,
+        TO_SLOTS=slots is not None, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, num_warps=num_warps,
     )
 
 
@@ -325,16 +400,25 @@ def qkv_to_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Bias, split, rotary and the paged-cache write in one pass; see reference.qkv_to_cache."""
+    """Bias, split, the q/k head norms, rotary and the paged-cache write in one pass; see
+    reference.qkv_to_cache. The norm weights may be of any float dtype (read as fp32)."""
     if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(f"qkv must be [tokens, (H + 2*Hkv) * D], got {list(qkv.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
     if k_cache.dtype != qkv.dtype or (bias is not None and bias.dtype != qkv.dtype):
         raise ValueError("qkv, bias and the caches must share one dtype")
+    for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if t is not None and t.shape != (head_dim,):
+            raise ValueError(f"{name} must be [head_dim] = [{head_dim}], got {list(t.shape)}")
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     _launch_split_rotary(qkv, qkv.stride(0), head_dim, _contig(bias) if bias is not None else None, q, k_cache,
-                         v_cache, cos, sin, num_heads, num_kv_heads, head_dim, slots=slot_mapping.contiguous())
+                         v_cache, cos, sin, num_heads, num_kv_heads, head_dim, slots=slot_mapping.contiguous(),
+                         q_norm=None if q_norm is None else _contig(q_norm),
+                         k_norm=None if k_norm is None else _contig(k_norm), norm_eps=norm_eps)
     return q

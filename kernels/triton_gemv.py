@@ -16,11 +16,18 @@ multiply-and-sum: no tl.dot, whose tensor-core tiles want 16 rows, and no K loop
 waits on anything but the one batch of loads. What the model does around the linear is fused
 as in triton_small_gemm (same pieces, triton_linear_parts.py):
 
-* prologue (`PreNorm`): x + a bias + the residual in fp32, written once as the next residual
-  stream by program 0, then LayerNorm or RMSNorm, in registers: every program reads the whole
-  input row(s), K elements from L2, after its weights are already in flight;
-* epilogues: plain (bias, then GELU or SwiGLU) or QKV (bias, rotary, q stored, k and v written
-  straight into the paged cache).
+* prologue (`PreNorm`): x + a bias (+ Gemma's post-norm of x, `x_norm`, rounded as the unfused
+  norm stores it) + the residual in fp32, written once as the next residual stream by program
+  0, then LayerNorm or RMSNorm, in registers: every program reads the whole input row(s), K
+  elements from L2, after its weights are already in flight;
+* epilogues: plain (bias, then GELU or a gated activation) or QKV (bias, rotary, q stored, k and
+  v written straight into the paged cache).
+
+Rows longer than a program's registers hold (K > _MAX_K: Qwen2.5-7B's down projection has
+K = 18,944, 72B's 29,568) run a K loop instead (LOOP): the program loads its first _K_CHUNK
+columns into registers and, with PDL, asks L2 for the rest of its weight rows before waiting,
+then walks K in chunks. Only linears without a PreNorm take that path (a norm needs the whole
+row's statistics before the GEMM; no model has a hidden size past _MAX_K).
 
 Everything a program reads before gdc_wait is a constant (weights, biases, norm weights) and
 everything it writes comes after it: a kernel that starts early can neither see a stale input
@@ -38,24 +45,31 @@ from tritonformer.kernels import triton_pdl
 from tritonformer.kernels.triton_linear_parts import column_tile, or_dummy as _or, store_epilogue
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# Rows up to which the few-row linears run this kernel (0: never).
-MAX_ROWS = int(os.environ.get("TRITONFORMER_GEMV_ROWS", "2"))
+# Rows up to which the few-row linears run this kernel (0: never; a benchmark comparing sets it).
+MAX_ROWS = 2
 # fp16 weight elements a program holds per operand and warp: 2048 is 64 per thread, 32 registers.
 _ELEMENTS_PER_WARP = 2048
 _WARPS = 4
 # Longest row a program holds (Llama-3-8B's down projection has K = 14,336).
 _MAX_K = 16384
+# Past _MAX_K (no PreNorm): the K loop's chunk, and the longest K it takes (a benchmark comparing
+# with cuBLAS sets MAX_LOOP_K = _MAX_K).
+_K_CHUNK = 4096
+MAX_LOOP_K = 1 << 16
 
 
 @triton.jit
-def _input_rows(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, stride_rm,
-                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias + the residual; zero
-    outside row_ok and k_ok."""
+def _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, stride_rm, K: tl.constexpr,
+                HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, POST_NORM: tl.constexpr):
+    """The linear's input before its norm, fp32 `[rows, ks]`: x + x's bias (POST_NORM: then
+    RMS-normalised with weight xn and rounded to x's dtype) + the residual; zero outside row_ok
+    and k_ok."""
     mask = row_ok[:, None] & k_ok[None, :]
     s = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_XBIAS:
         s += tl.load(xb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    if POST_NORM:
+        s = _normalize(s, k_ok, xn, xn, eps, K, 2).to(x_ptr.dtype.element_ty).to(tl.float32)
     if HAS_RES:
         s += tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=mask, other=0.0).to(tl.float32)
     return s
@@ -76,16 +90,20 @@ def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, w_ptr, bias_ptr, out_ptr,
+    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, bias_ptr, out_ptr,
     cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     eps, stride_xm, stride_om, stride_cos,
     M: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
+    POST_NORM: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    LOOP: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
 ):
     """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid:
-    (column tiles,), see column_tile."""
+    (column tiles,), see column_tile. LOOP (no prologue): K is walked in KP-wide chunks, the
+    first loaded before the wait; PREFETCH (LOOP with PDL): the LINES 128-byte lines (PER_LINE
+    elements apiece) of each weight row past the first chunk are asked of L2 before the wait."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     ks = tl.arange(0, KP)
     k_ok = ks < K
@@ -104,36 +122,72 @@ def _gemv_kernel(
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         if PAIRED:
             bias_b = tl.load(bias_ptr + cols + HALF, mask=col_ok, other=0.0).to(tl.float32)
+    xn = bias  # unused unless POST_NORM
     if NORM != 0:
         nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         nb = nw
         if NORM == 1:
             nb = tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if POST_NORM:
+            xn = tl.load(xn_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    if PREFETCH:
+        w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
+        line = tl.minimum(KP + tl.arange(0, LINES) * PER_LINE, K - 1)
+        lines = w_ptr + w_rows[:, None] * K + line[None, :]  # [BLOCK_N, LINES]
+        triton_pdl.prefetch_l2(lines)
+        if PAIRED:
+            triton_pdl.prefetch_l2(lines + HALF * K)
     triton_pdl.wait_for_predecessor(PDL)  # from here on the previous kernel's writes are visible
 
     rows = tl.arange(0, ROWS)
     row_ok = rows < M
-    s = _input_rows(x_ptr, xb_ptr, res_ptr, rows, ks, row_ok, k_ok, stride_xm, K, HAS_XBIAS, HAS_RES)
-    if NORM != 0:
-        if WRITE_SUM:
-            sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream
-            tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
-                     mask=(sum_rows < M)[:, None] & k_ok[None, :])
-        s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
-    # The GEMM operand in the weights' dtype, as the unfused path stores it.
-    xw = s.to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]  # [ROWS, 1, KP]
-    acc = tl.sum(xw * w.to(tl.float32), axis=2) + bias[None, :]  # [ROWS, BLOCK_N]
-    acc_b = acc
-    if PAIRED:
-        acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2) + bias_b[None, :]
+    if LOOP:
+        # No prologue: x's chunks as they are, in the weights' dtype (asserted equal).
+        xw = _input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, False, False,
+                         False).to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]
+        acc = tl.sum(xw * w.to(tl.float32), axis=2)  # [ROWS, BLOCK_N]
+        acc_b = acc
+        if PAIRED:
+            acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2)
+        for k0 in range(KP, K, KP):
+            kk = k0 + ks
+            kk_ok = kk < K
+            wk_mask = col_ok[None, :, None] & kk_ok[None, None, :]
+            wk = tl.load(w_ptr + w_off + k0, mask=wk_mask, other=0.0)
+            xk = _input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, kk, row_ok, kk_ok, stride_xm, K, K, False, False,
+                             False).to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]
+            acc += tl.sum(xk * wk.to(tl.float32), axis=2)
+            if PAIRED:
+                wk_b = tl.load(w_ptr + HALF * K + w_off + k0, mask=wk_mask, other=0.0)
+                acc_b += tl.sum(xk * wk_b.to(tl.float32), axis=2)
+        acc += bias[None, :]
+        acc_b += bias_b[None, :]
+    else:
+        s = _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, HAS_XBIAS,
+                        HAS_RES, POST_NORM)
+        if NORM != 0:
+            if WRITE_SUM:
+                sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream
+                tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
+                         mask=(sum_rows < M)[:, None] & k_ok[None, :])
+            s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
+        # The GEMM operand in the weights' dtype, as the unfused path stores it.
+        xw = s.to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]  # [ROWS, 1, KP]
+        acc = tl.sum(xw * w.to(tl.float32), axis=2) + bias[None, :]  # [ROWS, BLOCK_N]
+        acc_b = acc
+        if PAIRED:
+            acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2) + bias_b[None, :]
 
     store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om, cos_ptr, sin_ptr, slot_ptr,
                    k_cache_ptr, v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ACT, OUT, ROTARY)
 
 
-def supported(m: int, x: torch.Tensor) -> bool:
-    """Whether `m` rows of x `[M, K]` run this kernel (a row must fit one program's registers)."""
-    return 0 < m <= MAX_ROWS and x.shape[1] <= _MAX_K and (x.is_cuda or _INTERPRETED)
+def supported(m: int, x: torch.Tensor, prenorm=None) -> bool:
+    """Whether `m` rows of x `[M, K]` run this kernel: a row with a PreNorm must fit one
+    program's registers (K <= _MAX_K); without, the K loop takes rows up to MAX_LOOP_K."""
+    k = x.shape[1]
+    fits = k <= _MAX_K or (prenorm is None and k <= MAX_LOOP_K)
+    return 0 < m <= MAX_ROWS and fits and (x.is_cuda or _INTERPRETED)
 
 
 def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS) -> int:
@@ -150,21 +204,28 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     p = prenorm
     residual = p.residual if p is not None else None
     sum_out = p.sum_out if p is not None else None
+    x_norm = p.x_norm if p is not None else None
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
+    loop = k > _MAX_K
+    assert not (loop and p is not None), f"a PreNorm'd row must fit one program (K <= {_MAX_K}), got K = {k}"
+    kp = _K_CHUNK if loop else triton.next_power_of_2(k)
     rows = triton.next_power_of_2(m)
     warps = 1 if _INTERPRETED else _WARPS
-    bn = block_n(half, k, rows, paired, warps)
+    bn = block_n(half, kp, rows, paired, warps)
     halves = weight.shape[0] // (2 * half) if paired else 1
     pdl = triton_pdl.enabled(x.device)
+    per_line = 128 // weight.element_size()
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
         x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x),
-        _or(p.weight if p else None, x), _or(p.bias if p else None, x), weight, _or(bias, x), out,
+        _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), weight, _or(bias, x), out,
         _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
         p.eps if p else 0.0, x.stride(0), out.stride(0) if out.dim() == 2 else 0, cos.stride(0) if cos is not None else 0,
         M=m, K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
-        WRITE_SUM=sum_out is not None, NORM=norm_code,
+        WRITE_SUM=sum_out is not None, NORM=norm_code, POST_NORM=x_norm is not None,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode, ROTARY=cos is not None,
-        ROWS=rows, KP=triton.next_power_of_2(k), BLOCK_N=bn, PDL=pdl, num_warps=warps, **triton_pdl.launch_options(pdl),
+        ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl,
+        LOOP=loop, PREFETCH=loop and pdl, LINES=triton.next_power_of_2(triton.cdiv(k - kp, per_line)) if loop else 1,
+        PER_LINE=per_line, num_warps=warps, **triton_pdl.launch_options(pdl),
     )
     return out

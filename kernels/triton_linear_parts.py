@@ -6,9 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
+from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act  # noqa: F401 (ACT_CODE: for the wrappers)
 
-ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3}
 NORM_NONE, NORM_LAYER, NORM_RMS = 0, 1, 2
 OUT_PLAIN, OUT_QKV = 0, 1
 
@@ -22,9 +21,9 @@ def or_dummy(t, fallback):
 def column_tile(HALF: tl.constexpr, BLOCK_N: tl.constexpr, PAIRED: tl.constexpr):
     """(head, j, cols, col_ok) of this program's BLOCK_N columns. Columns come in halves of
     HALF: tile t covers columns j of half `head = t // tiles per half`, weight rows `cols`; a
-    paired tile (SwiGLU, QKV) also owns the partner rows HALF further on (SwiGLU: HALF = N, the
-    up rows after the gate rows; QKV: HALF = head_dim / 2, a head's second half). Plain: HALF
-    = N, one half."""
+    paired tile (a gated activation, QKV) also owns the partner rows HALF further on (gated:
+    HALF = N, the up rows after the gate rows; QKV: HALF = head_dim / 2, a head's second half).
+    Plain: HALF = N, one half."""
     tiles_per_half = tl.cdiv(HALF, BLOCK_N)
     head = tl.program_id(0) // tiles_per_half
     j = (tl.program_id(0) % tiles_per_half) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -45,20 +44,8 @@ def store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om
         qkv_epilogue(acc, acc_b, head, j, rows, row_ok, store_ok, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr,
                      v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ROTARY)
     else:
-        acc = activation(acc, acc_b, ACT)
+        acc = apply_act(acc, acc_b, ACT)
         tl.store(out_ptr + rows[:, None] * stride_om + j[None, :], acc.to(out_ptr.dtype.element_ty), mask=store_ok)
-
-
-@triton.jit
-def activation(acc, acc_b, ACT: tl.constexpr):
-    """The activation of a plain linear on its fp32 accumulator; SwiGLU's up half is acc_b."""
-    if ACT == 1:
-        acc = _erf_gelu(acc)
-    elif ACT == 2:
-        acc = _tanh_gelu(acc)
-    elif ACT == 3:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_b
-    return acc
 
 
 @triton.jit

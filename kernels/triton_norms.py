@@ -226,12 +226,21 @@ def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_ro
     return out
 
 
+@triton.jit
+def _scaled_rows(h, scale, dtype, SCALE: tl.constexpr):
+    """SCALE: h * scale rounded to `dtype` (Gemma's scaled embeddings, as torch multiplies two
+    tensors of that dtype), back in fp32."""
+    if SCALE:
+        h = (h * scale).to(dtype).to(tl.float32)
+    return h
+
+
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_rows_ptr,
-    n_rows, n_cols, eps,
+    n_rows, n_cols, eps, scale,
     HAS_RESIDUAL: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    ONE_TILE: tl.constexpr, PDL: tl.constexpr,
+    ONE_TILE: tl.constexpr, PDL: tl.constexpr, SCALE: tl.constexpr,
 ):
     """out = (x + residual) * rsqrt(mean((x + residual)²) + eps) * w; also writes x + residual.
 
@@ -239,7 +248,9 @@ def _rms_norm_kernel(
     fp32, normalised from fp32 (not from its rounded copy), and written out as the next
     layer's residual only when there is a residual (otherwise it is x itself).
     GATHER (no residual): x is a table and row r reads its row x_rows[r], which is also
-    written out as the "sum" (the token embeddings, the first residual, in the same launch).
+    written out as the "sum" (the token embeddings, the first residual, in the same launch);
+    SCALE (with GATHER): that row times `scale` (already in the table's dtype), rounded to
+    the table's dtype, is the row normalised and written.
     """
     triton_pdl.wait_for_predecessor(PDL)
     pid = tl.program_id(0)
@@ -254,6 +265,7 @@ def _rms_norm_kernel(
         cols = tl.arange(0, BLOCK)[None, :]
         mask = row_mask & (cols < n_cols)
         h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
+        h = _scaled_rows(h, scale, sum_ptr.dtype.element_ty, SCALE)
         if HAS_RESIDUAL or GATHER:
             tl.store(sum_ptr + out_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
         rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / n_cols + eps)
@@ -266,6 +278,7 @@ def _rms_norm_kernel(
             cols = start + tl.arange(0, BLOCK)[None, :]
             mask = row_mask & (cols < n_cols)
             h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
+            h = _scaled_rows(h, scale, sum_ptr.dtype.element_ty, SCALE)
             if HAS_RESIDUAL or GATHER:
                 tl.store(sum_ptr + out_start + cols, h.to(sum_ptr.dtype.element_ty), mask=mask)
             acc += h * h
@@ -275,6 +288,7 @@ def _rms_norm_kernel(
             mask = row_mask & (cols < n_cols)
             # Re-form the fp32 sum rather than reading back its rounded copy.
             h = _load_sum(x_ptr, x_ptr, res_ptr, row_start, row_start, cols, mask, False, HAS_RESIDUAL)
+            h = _scaled_rows(h, scale, sum_ptr.dtype.element_ty, SCALE)
             w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
             y = h * rstd[:, None] * w
             tl.store(out_ptr + out_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -304,18 +318,22 @@ def rms_norm(
 
 @register("embedding_rms_norm")
 def embedding_rms_norm(
-    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float, scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(table[ids]), table[ids]) in one launch; see reference.embedding_rms_norm."""
+    """(RMSNorm(rows), rows) with rows = table[ids] (times `scale`, rounded as Hugging Face
+    rounds it) in one launch; see reference.embedding_rms_norm."""
     assert ids.dim() == 1 and table.dim() == 2, "ids must be [T] and table [rows, hidden]"
     out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=table.device)
     rows = torch.empty_like(out)
-    _launch_rms_norm(_contig(table), None, weight, eps, out, rows, _contig(ids))
+    # the scale as a tensor of the table's dtype holds it (Gemma's sqrt(3072) is 55.5 in bf16)
+    scale = None if scale is None else float(torch.tensor(scale, dtype=table.dtype))
+    _launch_rms_norm(_contig(table), None, weight, eps, out, rows, _contig(ids), scale)
     return out, rows
 
 
-def _launch_rms_norm(x, residual, weight, eps, out, summed, x_rows):
-    """Launch _rms_norm_kernel over out's rows; with x_rows, x is a table whose rows they pick."""
+def _launch_rms_norm(x, residual, weight, eps, out, summed, x_rows, scale=None):
+    """Launch _rms_norm_kernel over out's rows; with x_rows, x is a table whose rows they pick
+    (times `scale` when given)."""
     if out.numel() == 0:
         return
     n_cols = out.shape[-1]
@@ -326,9 +344,9 @@ def _launch_rms_norm(x, residual, weight, eps, out, summed, x_rows):
         x, _contig(residual) if residual is not None else x, _contig(weight), out,
         summed if summed is not None else out,  # dummy pointer, never written
         x_rows if x_rows is not None else x,
-        n_rows, n_cols, float(eps),
+        n_rows, n_cols, float(eps), 1.0 if scale is None else scale,
         HAS_RESIDUAL=residual is not None, GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile,
-        PDL=pdl, num_warps=num_warps, **triton_pdl.launch_options(pdl),
+        PDL=pdl, SCALE=scale is not None, num_warps=num_warps, **triton_pdl.launch_options(pdl),
     )
 
 

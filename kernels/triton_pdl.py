@@ -18,8 +18,8 @@ import triton.language as tl
 from tritonformer.kernels.gpu_info import hopper_or_newer
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# 0 turns PDL off (A/B runs of the tools); it is only ever on for a GPU that has it.
-USE_PDL = os.environ.get("TRITONFORMER_PDL", "1") != "0"
+# PDL is only ever on for a GPU that has it; a benchmark comparing with and without sets this.
+USE_PDL = True
 
 if not _INTERPRETED:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

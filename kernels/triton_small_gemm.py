@@ -1,7 +1,7 @@
 """A Triton-language GEMM for a few rows, with what surrounds a decoder's linears fused in.
 
 Why: with a handful of tokens (a decode step, a short request) a linear layer is a read of its
-weight matrix and nothing else, and the ops around it (bias and GELU or SwiGLU after an MLP
+weight matrix and nothing else, and the ops around it (bias and GELU or GLU after an MLP
 linear; the residual add and norm before the QKV projection, its split, rotary and cache write
 after) are each one more tiny launch. Profiled on the H100 (docs/benchmarks.md, "Where the GPU
 time goes"), cuBLAS runs these shapes at 4-6 us per GEMM for 1-12 MB of weights that take
@@ -12,8 +12,9 @@ weight rows over the whole K; tl.dot wants 16 rows at least, so a single row sti
 16-row tile (rows past M are masked: no memory traffic). Around that:
 
 * epilogues, on the fp32 accumulator before the only store:
-  - plain (`linear_act`): bias, then erf or tanh GELU, or SwiGLU's silu(gate) * up (the
-    program reads the gate and up weight rows side by side, two accumulators);
+  - plain (`linear_act`): bias, then erf or tanh GELU, or a gated activation's act(gate) * up
+    (SwiGLU, GeGLU: the program reads the gate and up weight rows side by side, two
+    accumulators);
   - QKV (`prenorm_qkv_to_cache`): bias, rotary (the program holds both halves of a head's
     columns, two accumulators) and the store of q to its tensor and of k and v straight into
     the paged KV cache.
@@ -30,8 +31,9 @@ A decode row or two never reaches this kernel: triton_gemv.py runs those, with t
 add and norm before a linear (`PreNorm`) fused in as its prologue. Here a PreNorm runs as its
 own norm kernel first (`_unfused_prenorm`).
 
-The op wrappers have the signatures and results of their references; past MAX_ROWS rows they
-run the unfused kernels (`_unfused`, `_unfused_prenorm`).
+The op wrappers have the signatures and results of their references. Which kernel serves a
+linear is decided in one place, `route` (its cases are enumerated by the tests); past MAX_ROWS
+rows the unfused kernels run (`_unfused`, `_unfused_prenorm`).
 """
 from __future__ import annotations
 
@@ -43,28 +45,30 @@ import triton.language as tl
 
 from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv, triton_pdl
 from tritonformer.kernels.dispatch import register
-from tritonformer.kernels.reference import PreNorm
+from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
                                                         OUT_QKV, column_tile, store_epilogue)
 from tritonformer.kernels.triton_linear_parts import or_dummy as _or
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# Rows up to which the Triton kernel runs (0: never). Settable for A/B runs of the benchmarks.
-MAX_ROWS = int(os.environ.get("TRITONFORMER_SMALL_GEMM_ROWS", "64"))
+# The routing's thresholds are module constants, the measured best; a benchmark that compares
+# sets them (they are read at every call).
+# Rows up to which the Triton kernel runs (0: never).
+MAX_ROWS = 64
 # Plain linears run the Triton kernel too only when this is set (tests of the kernel itself).
 FUSE_PLAIN = False
 # Rows from which a GELU layer runs triton_gemm's fused many-row GEMM (0: never; it needs TMA,
 # i.e. Hopper). Between MAX_ROWS and this, cuBLAS + the bias_gelu kernel: on the H100 the two
-# tie at 4,096 rows and the fused GEMM wins by 3-12% from 8,192 (tools/time_ffn_gemm.py).
-LARGE_ROWS = int(os.environ.get("TRITONFORMER_FUSED_GEMM_ROWS", "4096"))
+# tie at 4,096 rows and the fused GEMM wins by 3-12% from 8,192 (tools/gpu/time_ffn_gemm.py).
+LARGE_ROWS = 4096
 # Longest K for which a linear without an activation runs this kernel when PDL is on (`_prefetched`).
 PREFETCH_MAX_K = 1024
-# Split K for plain linears longer than PREFETCH_MAX_K (0: never, as before; A/B runs). Each
-# split streams at least SPLIT_K_MIN_K weight columns; at most SPLIT_K_MAX splits.
-SPLIT_LONG_K = os.environ.get("TRITONFORMER_SPLIT_K", "1") != "0"
+# Split K for plain linears longer than PREFETCH_MAX_K (False: never, the column before in the
+# benchmarks). Each split streams at least SPLIT_K_MIN_K weight columns; at most SPLIT_K_MAX.
+SPLIT_LONG_K = True
 SPLIT_K_MIN_K, SPLIT_K_MAX = 768, 8
 # Largest weight matrix that the routing sends to split K (`_split`). Measured on the H100
-# (tools/time_decode_linears.py, docs/results/split-k/): GPT-2's layers at 64 rows 291 -> 277 us
+# (tools/gpu/time_decode_linears.py, docs/results/split-k/): GPT-2's layers at 64 rows 291 -> 277 us
 # with its 4.7 MB down projections split, Llama-1B's 1,043 -> 1,151 us with its 8 and 32 MB
 # output and down projections split as well; cuBLAS keeps those.
 SPLIT_MAX_BYTES = 6 << 20
@@ -198,12 +202,13 @@ def _small_linear_kernel(
                    k_cache_ptr, v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ACT, OUT, ROTARY)
 
 
-def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAIN, qkv=None):
-    """Run _small_linear_kernel. x: `[M, K]`; out: `[M, N]` (plain) or q `[M, H, D]` (QKV, with
-    qkv = (H, Hkv, D, cos, sin, k_cache, v_cache, slots))."""
+def _launch(x, weight, bias, out, *, gemv, act="none", prenorm=None, out_mode=OUT_PLAIN, qkv=None):
+    """Run triton_gemv's kernel (gemv: the route GEMV) or _small_linear_kernel. x: `[M, K]`;
+    out: `[M, N]` (plain) or q `[M, H, D]` (QKV, with qkv = (H, Hkv, D, cos, sin, k_cache,
+    v_cache, slots))."""
     m, k = x.shape
     x = x if x.stride(1) == 1 else x.contiguous()
-    paired = act == "silu_mul" or out_mode == OUT_QKV
+    paired = act in GATED_ACTIVATIONS or out_mode == OUT_QKV
     half = qkv[2] // 2 if out_mode == OUT_QKV else (weight.shape[0] // 2 if paired else weight.shape[0])
     halves = weight.shape[0] // (2 * half) if paired else 1
     p = prenorm
@@ -214,7 +219,7 @@ def _launch(x, weight, bias, out, *, act="none", prenorm=None, out_mode=OUT_PLAI
     if sum_out is not None:
         assert sum_out.data_ptr() not in (x.data_ptr(), residual.data_ptr() if residual is not None else -1), \
             "sum_out must not overlap the input or the residual: other programs still read them"
-    if triton_gemv.supported(m, x):
+    if gemv:
         return triton_gemv.launch(x, weight, bias, out, paired=paired, half=half, act_code=ACT_CODE[act],
                                   norm_code=_norm_code(p), prenorm=p, out_mode=out_mode, qkv=qkv)
     assert p is None, "past the GEMV's rows a PreNorm runs as its own kernel (_unfused_prenorm)"
@@ -286,7 +291,7 @@ def _norm_code(prenorm: PreNorm | None) -> int:
 
 
 def _check_linear(x, weight, bias, activation):
-    """Validated (M, N): x `[M, K]`, weight `[N, K]` (`[2N, K]` for SwiGLU)."""
+    """Validated (M, N): x `[M, K]`, weight `[N, K]` (`[2N, K]` for a gated activation)."""
     if activation not in ACT_CODE:
         raise ValueError(f"activation must be one of {tuple(ACT_CODE)}, got {activation!r}")
     assert x.dim() == 2 and weight.dim() == 2, f"x [M, K] and weight [N, K], got {list(x.shape)}, {list(weight.shape)}"
@@ -294,29 +299,55 @@ def _check_linear(x, weight, bias, activation):
     assert weight.shape[1] == k, f"x is [M, K={k}] but weight is {list(weight.shape)}"
     if bias is not None:
         assert bias.shape == (weight.shape[0],), f"bias must be [{weight.shape[0]}], got {list(bias.shape)}"
-    return m, weight.shape[0] // 2 if activation == "silu_mul" else weight.shape[0]
+    return m, weight.shape[0] // 2 if activation in GATED_ACTIVATIONS else weight.shape[0]
 
 
-def _fused(x: torch.Tensor, prenorm: PreNorm | None = None, activation: str = "act",
-           weight: torch.Tensor | None = None) -> bool:
-    """Whether x's rows run one of the fused kernels: a decode row or two the prefetching GEMV
-    (any linear, with its PreNorm); more, up to MAX_ROWS, the small GEMM, for a linear without a
-    PreNorm and with an epilogue to fuse (a plain linear runs as fast or faster on cuBLAS: see
-    the module docstring)."""
+# The kernels a linear can run on (`route`).
+GEMV = "gemv"  # triton_gemv: PreNorm prologue and epilogue fused
+SMALL_GEMM = "small_gemm"  # this module's kernel: epilogue fused (PreNorm: its own kernel first)
+MANY_ROW_GEMM = "many_row_gemm"  # triton_gemm's fused bias + GELU GEMM (PreNorm: its own kernel first)
+TORCH = "torch"  # torch's GEMM (cuBLAS); PreNorm, activation and QKV epilogue in kernels of their own
+
+
+def route(x: torch.Tensor, weight: torch.Tensor, activation: str = "none", prenorm: PreNorm | None = None,
+          qkv_epilogue: bool = False) -> str:
+    """Which kernel serves a linear of x `[M, K]` (one of GEMV, SMALL_GEMM, MANY_ROW_GEMM,
+    TORCH): the one place that decides. `qkv_epilogue`: the QKV projection wants its bias,
+    rotary and cache write fused. prenorm_qkv_to_cache with q/k head norms asks without it: a
+    fused epilogue's program holds a few columns of one head half (its column tile), never the
+    whole head a norm needs, so that projection routes as a plain linear (the GEMV keeping the
+    PreNorm prologue) and the qkv_to_cache kernel, which holds whole heads, follows it: one
+    launch more.
+
+    * GEMV: a decode row or two (<= triton_gemv.MAX_ROWS), any linear, its PreNorm included
+      (K <= 16,384 with a PreNorm; without, the GEMV's K loop takes longer rows).
+    * SMALL_GEMM: up to MAX_ROWS rows, a linear with an epilogue to fuse (an activation, or the
+      QKV epilogue without a PreNorm, or after one where `_prefetched`); a plain linear only
+      where PDL lets it prefetch (`_prefetched`, `_split`): elsewhere cuBLAS runs these shapes
+      as fast or faster (see the module docstring).
+    * MANY_ROW_GEMM: a GELU linear from LARGE_ROWS rows where TMA is there (Hopper).
+    * TORCH: everything else.
+    """
     m, k = x.shape
-    if k == 0:
-        return False
-    if triton_gemv.supported(m, x):
-        return True
-    if prenorm is not None or activation == "none" and not (FUSE_PLAIN or _prefetched(x) or _split(x, weight)):
-        return False
-    return 0 < m <= MAX_ROWS
+    if m == 0 or k == 0:
+        return TORCH
+    if triton_gemv.supported(m, x, prenorm):
+        return GEMV
+    if m <= MAX_ROWS:
+        if qkv_epilogue:
+            if prenorm is None or _prefetched(x):
+                return SMALL_GEMM
+        elif activation != "none" or FUSE_PLAIN or _prefetched(x) or _split(x, weight):
+            return SMALL_GEMM
+    if activation in reference.GELU_APPROXIMATE and 0 < LARGE_ROWS <= m and triton_gemm.supported(x.device):
+        return MANY_ROW_GEMM
+    return TORCH
 
 
 def _prefetched(x: torch.Tensor) -> bool:
     """Whether a linear without an activation runs the small GEMM anyway: with PDL, which lets
     it pull its weights into L2 while the previous kernel runs, and a short K. Measured on the
-    H100 with tools/time_decode_linears.py: GPT-2's layers (K = 768) at 16 and 64 rows gained;
+    H100 with tools/gpu/time_decode_linears.py: GPT-2's layers (K = 768) at 16 and 64 rows gained;
     Llama-1B's (K >= 2048), whose long weight rows one program streams alone where cuBLAS
     splits K, lost."""
     return triton_pdl.enabled(x.device) and x.shape[1] <= PREFETCH_MAX_K
@@ -339,21 +370,21 @@ def linear_act(
     out: torch.Tensor | None = None,
     prenorm: PreNorm | None = None,
 ) -> torch.Tensor:
-    """activation(PreNorm(x) @ weight^T + bias); see reference.linear_act. A decode row or
-    two: the prefetching GEMV (triton_gemv), PreNorm included; otherwise the PreNorm's own
-    kernel first, then for an activation and few rows (<= MAX_ROWS) the small fused GEMM, else
-    torch's GEMM and the activation's own kernel (see the module docstring for the measurements
-    behind this)."""
+    """activation(PreNorm(x) @ weight^T + bias); see reference.linear_act. The kernel is
+    `route`'s: the GEMV runs the PreNorm in its prologue; every other route runs it as its own
+    kernel first, then the small fused GEMM, the many-row fused GELU GEMM, or torch's GEMM and
+    the activation's own kernel."""
     m, n = _check_linear(x, weight, bias, activation)
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
-    if prenorm is not None and not triton_gemv.supported(m, x):
+    r = route(x, weight, activation, prenorm)
+    if r != GEMV:
         x, prenorm = _unfused_prenorm(x, prenorm), None
-    if not _fused(x, prenorm, activation, weight):
-        return _unfused(x, weight, bias, activation, out)
+    if r in (TORCH, MANY_ROW_GEMM):
+        return _unfused(x, weight, bias, activation, out, many_rows=r == MANY_ROW_GEMM)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1, f"out must be [M, N] = [{m}, {n}] with contiguous rows"
-    return _launch(x, _contig(weight), _contig(bias), out, act=activation, prenorm=prenorm)
+    return _launch(x, _contig(weight), _contig(bias), out, gemv=r == GEMV, act=activation, prenorm=prenorm)
 
 
 @register("prenorm_qkv_to_cache")
@@ -370,58 +401,79 @@ def prenorm_qkv_to_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
-    """PreNorm, the QKV projection, bias, rotary and the cache write; see
-    reference.prenorm_qkv_to_cache. A decode row or two: all of it in the prefetching GEMV.
-    Up to MAX_ROWS rows, the small GEMM with the QKV epilogue: without a PreNorm, or after the
-    PreNorm's own kernel where `_prefetched` holds (PDL, short K). Otherwise the norm kernel,
-    torch's GEMM and the qkv_to_cache kernel."""
+    """PreNorm, the QKV projection, bias, the q/k head norms, rotary and the cache write; see
+    reference.prenorm_qkv_to_cache. On `route`'s kernel: a decode row or two, all of it in the
+    prefetching GEMV; up to MAX_ROWS rows, the small GEMM with the QKV epilogue (after the
+    PreNorm's own kernel); otherwise the norm kernel, torch's GEMM and the qkv_to_cache kernel.
+
+    With q/k head norms (Qwen3, Gemma 3) the QKV epilogue is never fused: a fused linear's
+    program holds a few columns of one head half (its column tile), never a whole head, whose
+    statistics the norm needs. The projection then runs as a plain linear on its own route (the
+    GEMV still with the PreNorm in its prologue), writes plain qkv, and the qkv_to_cache kernel
+    (which holds whole heads) adds the bias, normalises, rotates and writes the cache: one
+    launch more than without the norms."""
     m, n = _check_linear(x, weight, bias, "none")
     if n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
         raise ValueError(f"weight must be [(H + 2*Hkv) * D, K] with an even D, got {list(weight.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
-    if prenorm is not None and not triton_gemv.supported(m, x) and _prefetched(x):
-        x, prenorm = _unfused_prenorm(x, prenorm).to(weight.dtype), None
-    if not _fused(x, prenorm):
-        qkv = torch.nn.functional.linear(_unfused_prenorm(x, prenorm).to(weight.dtype), weight)
+    head_norms = q_norm is not None or k_norm is not None
+    r = route(x, weight, "none", prenorm, qkv_epilogue=not head_norms)
+    weight = _contig(weight)
+    if r != GEMV:
+        x, prenorm = _unfused_prenorm(x, prenorm), None
+        x = x.to(weight.dtype)
+    if r == TORCH or head_norms:
+        if r == TORCH:
+            qkv = torch.nn.functional.linear(x, weight)
+        else:  # the fused projection, plain: bias and all after it in the qkv_to_cache kernel
+            qkv = torch.empty((m, n), dtype=weight.dtype, device=x.device)
+            _launch(x, weight, None, qkv, gemv=r == GEMV, prenorm=prenorm)
         return dispatch.qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache,
-                                     slot_mapping)
+                                     slot_mapping, q_norm, k_norm, norm_eps)
     if cos is not None:
         assert cos.stride(-1) == 1 and sin.stride(-1) == 1 and cos.stride(0) == sin.stride(0), \
             "cos and sin: rows of one stride, contiguous within a row"
     q = torch.empty((m, num_heads, head_dim), dtype=weight.dtype, device=x.device)
     qkv = (num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping.contiguous())
-    return _launch(x, _contig(weight), _contig(bias), q, prenorm=prenorm, out_mode=OUT_QKV, qkv=qkv)
+    return _launch(x, weight, _contig(bias), q, gemv=r == GEMV, prenorm=prenorm, out_mode=OUT_QKV, qkv=qkv)
 
 
 def _unfused_prenorm(x, prenorm):
-    """The GEMM operand of a PreNorm'd input by the separate residual add + norm kernel."""
+    """The GEMM operand of a PreNorm'd input by the separate residual add + norm kernel(s) (a
+    post-norm `x_norm`: an RMSNorm kernel of its own first)."""
     p = prenorm
     if p is None:
         return x
     if p.bias is not None:
         return dispatch.add_bias_residual_layer_norm(x, p.x_bias, p.residual, p.weight, p.bias, p.eps,
                                                      sum_out=p.sum_out)
-    return dispatch.rms_norm(x if p.x_bias is None else x + p.x_bias, p.weight, p.eps, p.residual, p.sum_out)[0]
+    h = x if p.x_bias is None else x + p.x_bias
+    if p.x_norm is not None:
+        h = dispatch.rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype)
+    return dispatch.rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0]
 
 
 def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
-def _unfused(x, weight, bias, activation, out):
-    """Many rows: a GELU layer from LARGE_ROWS rows in the fused many-row GEMM where TMA is
-    there; otherwise torch's GEMM, then the activation's own kernel."""
+def _unfused(x, weight, bias, activation, out, many_rows=False):
+    """Torch's GEMM, then the activation's own kernel; a GELU layer with `many_rows` (the route
+    MANY_ROW_GEMM) in the fused many-row GEMM instead."""
     gelu = reference.GELU_APPROXIMATE.get(activation)
     if gelu is not None:
-        if 0 < LARGE_ROWS <= x.shape[0] and triton_gemm.supported(x.device):
+        if many_rows:
             return triton_gemm.linear_bias_gelu(x, weight, bias, gelu, out=out)
         # the bias goes to the GELU kernel's pass, in place, not to the GEMM
         h = torch.nn.functional.linear(x, weight) if out is None else torch.mm(x, weight.t(), out=out)
         return dispatch.bias_gelu(h, bias, gelu, out=h)
-    if activation == "silu_mul":
-        h = dispatch.silu_and_mul(torch.nn.functional.linear(x, weight, bias))
+    if activation in GATED_ACTIVATIONS:
+        h = dispatch.gated_act(torch.nn.functional.linear(x, weight, bias), activation)
         return h if out is None else out.copy_(h)
     if out is None:
         return torch.nn.functional.linear(x, weight, bias)

@@ -115,21 +115,3 @@ def test_encoder_forward_in_the_arena_matches_plain_forward(minilm_dir):
     # After the 1324-token batch, short batches leave at most one default-size chunk.
     assert arena.stats.reserved_bytes <= DEFAULT_CHUNK_BYTES
 
-
-def test_ffn_epilogue_variants_compute_the_same_encoder(minilm_dir):
-    """The FFN's bias + GELU after the GEMM (default) or in the GEMM call (torch's
-    _addmm_activation: cuBLASLt's epilogue on a GPU, exact GELU here), with and without the arena."""
-    from tritonformer.backend.models.bert import BertConfig, BertEncoder
-    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
-
-    model = BertEncoder(
-        BertConfig.from_hf(load_config(minilm_dir)), load_state_dict(minilm_dir), torch.device("cpu"), torch.float32
-    )
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(1000, 30000, (57,), generator=gen)
-    cu = torch.tensor([0, 20, 57], dtype=torch.int32)
-    expected = model.forward(ids, cu)
-    model.ffn_epilogue = "cublaslt"
-    arena = ActivationArena(torch.device("cpu"), release_after_idle=0)
-    for got in (model.forward(ids, cu), model.forward(ids, cu, arena=arena)):
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

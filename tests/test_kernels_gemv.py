@@ -1,7 +1,8 @@
 """The prefetching decode-row GEMV (kernels/triton_gemv.py) against the reference ops, on fresh
-seeded random inputs: fp32 in Triton's CPU interpreter with odd sizes; the GPT-2 and Llama-1B
-layer shapes in fp16 on a GPU, there also chained inside a CUDA graph with programmatic
-dependent launch (each kernel must see its predecessor's writes)."""
+seeded random inputs: fp32 in Triton's CPU interpreter with odd sizes (and the K loop of long
+rows on shrunken limits); the GPT-2, Llama-1B and newer families' layer shapes in fp16 on a
+GPU, there also chained inside a CUDA graph with programmatic dependent launch (each kernel
+must see its predecessor's writes), and the K-loop GEMV timed against cuBLAS."""
 from __future__ import annotations
 
 import os
@@ -23,9 +24,12 @@ from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
-PRENORMS = [  # (norm, x_bias, residual, sum_out): GPT-2's MLP input, Llama's, a bare LayerNorm
-    ("layer", True, True, True), ("rms", False, True, True), ("layer", False, False, False),
+PRENORMS = [  # (norm, x_bias, residual, sum_out, x_norm): GPT-2's MLP input, Llama's, a bare LayerNorm,
+    # Gemma's sandwich (the post-norm of x before the residual add), and one with no residual
+    ("layer", True, True, True, False), ("rms", False, True, True, False), ("layer", False, False, False, False),
+    ("rms", True, True, True, True), ("rms", False, False, True, True),
 ]
+GATED = sorted(ref.GATED_ACTIVATIONS)
 
 
 @pytest.fixture
@@ -43,12 +47,12 @@ def launches(monkeypatch):
 
 
 @pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "silu_mul"])
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(m, activation, with_bias, launches):
     rand = Rand("gemv", m, activation, with_bias)
     k, n = 40, 24  # neither a power of two: masked lanes in K and in the last column tile
-    w = rand(2 * n if activation == "silu_mul" else n, k, std=k ** -0.5)
+    w = rand(2 * n if activation in GATED else n, k, std=k ** -0.5)
     b = rand(w.shape[0]) if with_bias else None
     x = rand(m, k)
     out = tsg.linear_act(x, w, b, activation)
@@ -57,15 +61,16 @@ def test_linear_matches_reference(m, activation, with_bias, launches):
 
 
 @pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("activation", ["gelu_tanh", "silu_mul"])
-@pytest.mark.parametrize("norm,with_bias,with_residual,write_sum", PRENORMS)
-def test_prenorm_linear_matches_reference(m, activation, norm, with_bias, with_residual, write_sum, launches):
-    rand = Rand("gemv-prenorm", m, activation, norm, with_bias, with_residual)
+@pytest.mark.parametrize("activation", ["gelu_tanh", "silu_mul", "gelu_tanh_mul"])
+@pytest.mark.parametrize("norm,with_bias,with_residual,write_sum,x_norm", PRENORMS)
+def test_prenorm_linear_matches_reference(m, activation, norm, with_bias, with_residual, write_sum, x_norm,
+                                          launches):
+    rand = Rand("gemv-prenorm", m, activation, norm, with_bias, with_residual, x_norm)
     k, n = 48, 20
-    w = rand(2 * n if activation == "silu_mul" else n, k, std=k ** -0.5)
+    w = rand(2 * n if activation in GATED else n, k, std=k ** -0.5)
     b = rand(w.shape[0])
     x = rand(m, k, std=2.0, mean=1.0)
-    p = make_prenorm(rand, m, k, norm, with_bias, with_residual, write_sum)
+    p = make_prenorm(rand, m, k, norm, with_bias, with_residual, write_sum, x_norm=x_norm)
     p_ref = twin(p)
     out = tsg.linear_act(x, w, b, activation, prenorm=p)
     torch.testing.assert_close(out, ref.linear_act(x, w, b, activation, prenorm=p_ref), atol=2e-5, rtol=2e-5)
@@ -97,11 +102,87 @@ def test_block_n_keeps_the_weight_slab_in_the_register_budget(half, k, rows, pai
     assert triton_gemv.block_n(half, k, rows, paired) == expected
 
 
+@pytest.fixture
+def long_rows(monkeypatch):
+    """The K loop on interpreter-sized rows: past 32 elements a row is walked in 16-wide chunks.
+    Records each launch's LOOP flag in the returned list."""
+    monkeypatch.setattr(triton_gemv, "_MAX_K", 32)
+    monkeypatch.setattr(triton_gemv, "_K_CHUNK", 16)
+    loops, real = [], triton_gemv._gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def call(*args, **kwargs):
+                loops.append(kwargs["LOOP"])
+                return real[grid](*args, **kwargs)
+            return call
+
+    monkeypatch.setattr(triton_gemv, "_gemv_kernel", Spy())
+    return loops
+
+
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("activation,with_bias", [("none", True), ("gelu_tanh_mul", False), ("gelu", True)])
+@pytest.mark.parametrize("k", [72, 64, 20])  # 4.5 chunks (a ragged last one); 4 whole ones; one tile
+def test_k_loop_matches_reference(long_rows, m, activation, with_bias, k, launches):
+    rand = Rand("gemv-k-loop", m, activation, with_bias, k)
+    n = 24
+    w = rand(2 * n if activation in GATED else n, k, std=k ** -0.5)
+    b = rand(w.shape[0]) if with_bias else None
+    x = rand(m, k)
+    out = tsg.linear_act(x, w, b, activation)
+    torch.testing.assert_close(out, ref.linear_act(x, w, b, activation), atol=2e-5, rtol=2e-5)
+    assert launches == [m] and long_rows == [k > 32]
+
+
+@pytest.mark.parametrize("head_norms", [False, True])
+def test_k_loop_qkv_without_a_prenorm(long_rows, head_norms, launches):
+    """A QKV projection of a long row and no PreNorm: the K loop with the fused QKV epilogue, or
+    plain before the qkv_to_cache kernel when heads are normalised."""
+    rand = Rand("gemv-k-loop-qkv", head_norms)
+    k, heads, kv_heads, d = 56, 2, 1, 16
+    n = (heads + 2 * kv_heads) * d
+    x, w, b = rand(1, k), rand(n, k, std=k ** -0.5), rand(n, std=0.3)
+    table = rand(1, 2, d // 2)
+    kc, vc = rand(2, 4, kv_heads, d), rand(2, 4, kv_heads, d)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    slots = torch.tensor([5], device=DEVICE)
+    norms = (rand(d, mean=1.0), rand(d, mean=1.0)) if head_norms else (None, None)
+    q = tsg.prenorm_qkv_to_cache(x, None, w, b, heads, kv_heads, d, table[:, 0], table[:, 1], kc, vc, slots, *norms)
+    q_ref = ref.prenorm_qkv_to_cache(x, None, w, b, heads, kv_heads, d, table[:, 0], table[:, 1], kc_ref, vc_ref,
+                                     slots, *norms)
+    for got, want in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert launches == [1] and long_rows == [True]
+
+
+def test_long_rows_with_a_prenorm_or_past_the_loop_limit_leave_the_gemv(long_rows, monkeypatch, launches):
+    """A PreNorm needs the whole row in one tile: past _MAX_K its linear takes another route
+    (the norm kernel, then the small GEMM for an activation); so does a row past MAX_LOOP_K."""
+    rand = Rand("gemv-long-prenorm")
+    k = 48
+    x, w, b = rand(1, k), rand(16, k, std=k ** -0.5), rand(16)
+    p = make_prenorm(rand, 1, k, "rms", False, True, True)
+    assert not triton_gemv.supported(1, x, p) and triton_gemv.supported(1, x)
+    assert tsg.route(x, w, "gelu_tanh", p) == tsg.SMALL_GEMM
+    p_ref = twin(p)
+    out = tsg.linear_act(x, w, b, "gelu_tanh", prenorm=p)
+    torch.testing.assert_close(out, ref.linear_act(x, w, b, "gelu_tanh", prenorm=p_ref), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(p.sum_out, p_ref.sum_out)
+    assert launches == []
+    monkeypatch.setattr(triton_gemv, "MAX_LOOP_K", 40)
+    assert not triton_gemv.supported(1, x)
+
+
 def _layer_shapes():
-    """(name, N, K, activation, norm): one decoder layer's linears, GPT-2 and Llama-1B."""
+    """(name, N, K, activation, norm): one decoder layer's linears, GPT-2 and Llama-1B; Gemma-2-2B's
+    GeGLU with its sandwich norm; the down projections past the single-tile limit (the K loop)
+    of Qwen2.5-7B (K = 18,944) and Qwen2.5-72B (K = 29,568)."""
     return [("gpt2 o", 768, 768, "none", None), ("gpt2 fc", 3072, 768, "gelu_tanh", "layer"),
             ("gpt2 proj", 768, 3072, "none", None), ("llama o", 2048, 2048, "none", None),
-            ("llama gate_up", 8192, 2048, "silu_mul", "rms"), ("llama down", 2048, 8192, "none", None)]
+            ("llama gate_up", 8192, 2048, "silu_mul", "rms"), ("llama down", 2048, 8192, "none", None),
+            ("gemma2 gate_up", 9216, 2304, "gelu_tanh_mul", "rms+x_norm"),
+            ("qwen2.5-7b down", 3584, 18944, "none", None), ("qwen2.5-72b down", 8192, 29568, "none", None)]
 
 
 @pytest.mark.gpu
@@ -110,10 +191,13 @@ def _layer_shapes():
 @pytest.mark.parametrize("name,n,k,activation,norm", _layer_shapes())
 def test_gpu_layer_shapes(m, name, n, k, activation, norm):
     rand = Rand("gemv-gpu", name, m, dtype=torch.float16)
-    w = rand(2 * n if activation == "silu_mul" else n, k, std=k ** -0.5)
+    w = rand(2 * n if activation in GATED else n, k, std=k ** -0.5)
     b = rand(w.shape[0], std=0.1) if name.startswith("gpt2") else None
     x = rand(m, k)
-    p = make_prenorm(rand, m, k, norm, norm == "layer", True, True) if norm else None
+    p = None
+    if norm:
+        p = make_prenorm(rand, m, k, norm.split("+")[0], norm == "layer", True, True, x_norm="x_norm" in norm,
+                         norm_dtype=torch.float32 if "x_norm" in norm else None)
     p_ref = twin(p) if p else None
     out = tsg.linear_act(x, w, b, activation, prenorm=p)
     expected = ref.linear_act(x, w, b, activation, prenorm=p_ref)
@@ -149,3 +233,54 @@ def test_gpu_chain_in_a_cuda_graph_sees_every_predecessor():
     torch.cuda.synchronize()
     torch.testing.assert_close(out, eager, atol=0, rtol=0)
     torch.testing.assert_close(out, run(ref, x0, res0), atol=5e-2, rtol=5e-2)
+
+
+def _graph_us(fn, calls=20, reps=20):
+    """Microseconds per call of `fn`, `calls` of them replayed in one CUDA graph (no launch
+    gaps; with PDL each kernel overlaps the one before, as in a decode step)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * calls)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_timing_k_loop_gemv_vs_cublas(capsys):
+    """Not a pass/fail benchmark: the decode-row GEMV against cuBLAS (triton_gemv.MAX_ROWS = 0
+    sends the rows to the small GEMM / cuBLAS route) on long down projections, the K loop's
+    (Qwen2.5-7B K = 18,944, 72B K = 29,568) next to the single-tile path's (Llama-3-8B K =
+    14,336), fp16, 1 and 2 rows; GB/s of weights streamed. -s shows it."""
+    lines = []
+    for name, n, k in (("llama3-8b down", 4096, 14336), ("qwen2.5-7b down", 3584, 18944),
+                       ("qwen2.5-72b down", 8192, 29568)):
+        rand = Rand("gemv-timing", name, dtype=torch.float16)
+        w = rand(n, k, std=k ** -0.5)
+        for m in (1, 2):
+            x = rand(m, k)
+            out = torch.empty(m, n, dtype=torch.float16, device=DEVICE)
+            ours = _graph_us(lambda: tsg.linear_act(x, w, out=out))
+            saved = triton_gemv.MAX_ROWS
+            try:
+                triton_gemv.MAX_ROWS = 0
+                other = _graph_us(lambda: tsg.linear_act(x, w, out=out))
+            finally:
+                triton_gemv.MAX_ROWS = saved
+            cublas = _graph_us(lambda: torch.mm(x, w.t(), out=out))
+            gbs = w.numel() * 2 / ours / 1e3
+            lines.append(f"{name:17s} m={m} K={k:6d}: GEMV{' (K loop)' if k > triton_gemv._MAX_K else ''} "
+                         f"{ours:7.1f} us ({gbs:5.0f} GB/s), without the GEMV {other:7.1f} us, "
+                         f"cuBLAS mm {cublas:7.1f} us, cuBLAS / GEMV {cublas / ours:.2f}x")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))

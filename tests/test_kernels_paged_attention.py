@@ -71,13 +71,15 @@ triton_needed = pytest.mark.skipif(
 )
 
 
-def check_kernel(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed, causal=True, **kwargs):
+def check_kernel(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed, causal=True, window=None, softcap=None,
+                 **kwargs):
     pytest.importorskip("triton")
     from tritonformer.kernels.triton_attention import paged_attention
 
     q, kc, vc, bt, cq, sk, *_ = paged_case(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed)
-    out = paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq), **kwargs)
-    expected = ref.paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq))
+    options = dict(window=window, softcap=softcap)
+    out = paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq), **options, **kwargs)
+    expected = ref.paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq), **options)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
@@ -100,6 +102,74 @@ def test_kernel_prefill_chunks_after_cached_keys(causal):
 def test_kernel_fixed_key_splits(splits):
     """A fixed split count (what a captured CUDA graph uses), even where splits are empty."""
     check_kernel([1, 1, 1, 1], [40, 3, 0, 18], 4, 1, 16, 8, torch.float32, seed=5, num_splits=splits)
+
+
+@pytest.mark.parametrize("window,softcap", [(3, None), (6, 2.0), (50, None)])
+def test_reference_window_softcap_equal_varlen_on_gathered_keys(window, softcap):
+    q, kc, vc, bt, cq, sk, pk, pv, ck = paged_case([3, 1, 5], [7, 20, 5], 4, 2, 16, 4, torch.float32, seed=11)
+    out = ref.paged_attention(q, kc, vc, bt, cq, sk, True, window=window, softcap=softcap)
+    expected = ref.varlen_attention(q, pk, pv, cq, ck, True, window=window, softcap=softcap)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+@triton_needed
+@pytest.mark.parametrize("window,block_size,heads,kv_heads", [
+    (1, 4, 4, 4),  # the query's own key only
+    (3, 8, 4, 2),  # narrower than a cache block
+    (13, 4, 4, 1),  # crossing cache blocks and the kernel's 16-key blocks
+    (100, 16, 4, 2),  # wider than every sequence
+])
+def test_kernel_window_decode_and_chunks(window, block_size, heads, kv_heads):
+    """Decode rows (Lq = 1), a prefill chunk after cached keys (Lq < Lk) and a whole prompt."""
+    check_kernel([1, 1, 6, 9], [37, 2, 29, 9], heads, kv_heads, 32, block_size, torch.float32, seed=12, window=window)
+
+
+@triton_needed
+@pytest.mark.parametrize("splits,window", [(2, 5), (4, 24)])
+def test_kernel_window_fixed_key_splits(splits, window):
+    """A captured decode graph's fixed split count, splitting only the window's keys."""
+    check_kernel([1, 1, 1, 1], [60, 3, 0, 18], 4, 1, 16, 8, torch.float32, seed=13, num_splits=splits, window=window)
+
+
+@triton_needed
+def test_kernel_window_never_reads_blocks_before_it():
+    """Cache blocks wholly before the first 16-key kernel block any query of the sequence sees
+    hold NaN: a kernel that visited them at all (even masked: 0 * NaN in P @ V) would return
+    NaN. With splits, only the visible range is split."""
+    pytest.importorskip("triton")
+    from tritonformer.kernels.triton_attention import paged_attention
+
+    window, lq, lk, page = 5, [1, 4], [70, 40], 8
+    q, kc, vc, bt, cq, sk, *_ = paged_case(lq, lk, 4, 2, 16, page, torch.float32, seed=14)
+    expected = ref.paged_attention(q, kc, vc, bt, cq, sk, True, window=window)
+    kc, vc = kc.clone(), vc.clone()
+    for i, (a, b) in enumerate(zip(lq, lk)):
+        first = max(b - a - window + 1, 0) // 16 * 16
+        assert first >= 2 * page  # something is poisoned
+        kc[bt[i, : first // page].long()] = float("nan")
+        vc[bt[i, : first // page].long()] = float("nan")
+    for splits in (1, 2):
+        out = paged_attention(q, kc, vc, bt, cq, sk, True, window=window, num_splits=splits)
+        atol, rtol = TOL[torch.float32]
+        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+@triton_needed
+@pytest.mark.parametrize("window", [None, 7])
+def test_kernel_softcap(window):
+    check_kernel([1, 5, 1], [30, 12, 9], 4, 2, 16, 8, torch.float32, seed=15, window=window, softcap=2.0)
+
+
+@triton_needed
+@pytest.mark.parametrize("splits", [None, 2])
+def test_kernel_head_dim_96_cache(splits):
+    """Phi-3's head dim in a paged cache (96-wide rows, a 128-wide tile), with a window."""
+    check_kernel([1, 1, 5], [33, 7, 20], 4, 2, 96, 8, torch.float32, seed=16, num_splits=splits, window=11)
+
+
+@triton_needed
+def test_kernel_window_softcap_fp16():
+    check_kernel([1, 6], [40, 21], 4, 1, 32, 16, torch.float16, seed=17, window=9, softcap=5.0)
 
 
 @triton_needed
@@ -126,6 +196,32 @@ def test_gpu_serving_step(dtype, head_dim, heads, kv_heads):
 @pytest.mark.parametrize("splits", [None, 8])
 def test_gpu_few_long_decodes(splits):
     check_kernel([1, 1], [8000, 77], 32, 8, 64, 16, torch.float16, seed=8, num_splits=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,heads,kv_heads,window,softcap", [
+    (128, 32, 8, 4096, None),  # Mistral 7B
+    (128, 28, 4, 1000, None),  # Qwen2 7B's GQA under a short window
+    (256, 8, 4, 4096, 50.0),  # Gemma 2 2B
+    (256, 16, 8, 1024, None),  # Gemma 3's local layers (4B: 8 heads / 4 kv heads, a 1024 window)
+    (96, 32, 32, None, None),  # Phi-3 mini
+    (96, 32, 32, 2047, None),  # Phi-3 with its sliding window
+])
+def test_gpu_serving_step_window_softcap(dtype, head_dim, heads, kv_heads, window, softcap):
+    gen = torch.Generator().manual_seed(18)
+    lk = torch.randint(1, 9000, (63,), generator=gen).tolist() + [8192]
+    check_kernel([1] * 63 + [512], lk, heads, kv_heads, head_dim, 16, dtype, seed=19, window=window, softcap=softcap)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("splits", [None, 8])
+@pytest.mark.parametrize("head_dim", [96, 256])
+def test_gpu_few_long_decodes_window(splits, head_dim):
+    check_kernel([1, 1], [32000, 77], 16, 8, head_dim, 16, torch.bfloat16, seed=20, num_splits=splits, window=4096,
+                 softcap=50.0)
 
 
 def _qkv_case(tokens, heads, kv_heads, head_dim, rotary, bias, dtype, seed):

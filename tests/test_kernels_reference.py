@@ -142,3 +142,261 @@ def test_qkv_split_rotary_is_split_then_rotate():
     torch.testing.assert_close(q, ref.apply_rotary(q0, cos, sin))
     torch.testing.assert_close(k, ref.apply_rotary(k0, cos, sin))
     torch.testing.assert_close(v, v0)
+
+
+# ---------------------------------------------------------------- sliding window and soft-capping
+
+def _cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _explicit_attention_f64(q, k, v, lq, lk, causal, group, scale, window=None, softcap=None):
+    """Independent formulation in float64: per sequence and head, the [Lq, Lk] score matrix, an
+    explicit visibility mask written out element by element, softmax, then P @ V."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    oq = ok = 0
+    for a, b in zip(lq, lk):
+        visible = torch.ones(a, b, dtype=torch.bool)
+        for i in range(a):
+            pos = b - a + i  # queries aligned to the end of their keys
+            for j in range(b):
+                if causal and j > pos:
+                    visible[i, j] = False
+                if window is not None and j <= pos - window:
+                    visible[i, j] = False
+        for h in range(q.shape[1]):
+            kv = h // group
+            qs, ks, vs = (t.double() for t in (q[oq : oq + a, h], k[ok : ok + b, kv], v[ok : ok + b, kv]))
+            s = qs @ ks.T * scale
+            if softcap is not None:
+                s = softcap * torch.tanh(s / softcap)
+            p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)
+            out[oq : oq + a, h] = p @ vs
+        oq, ok = oq + a, ok + b
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 8, 50])
+@pytest.mark.parametrize("softcap", [None, 1.5])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 1)])
+def test_varlen_attention_window_softcap_against_explicit_mask(window, softcap, heads, kv_heads):
+    """Prefill, chunked prefill and decode rows (and a sequence with more queries than keys,
+    whose first query sees nothing) under a window and a soft cap."""
+    g = torch.Generator().manual_seed(12)
+    lq, lk = [9, 3, 1, 4, 5], [9, 13, 20, 4, 3]
+    q = torch.randn(sum(lq), heads, 16, generator=g) * 2
+    k = torch.randn(sum(lk), kv_heads, 16, generator=g)
+    v = torch.randn(sum(lk), kv_heads, 16, generator=g)
+    out = ref.varlen_attention(q, k, v, _cu(lq), _cu(lk), True, scale=0.3, window=window, softcap=softcap)
+    expected = _explicit_attention_f64(q, k, v, lq, lk, True, heads // kv_heads, 0.3, window, softcap)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_softcap_without_causal_against_explicit_mask():
+    g = torch.Generator().manual_seed(13)
+    lq, lk = [3, 6], [7, 2]
+    q, k, v = (torch.randn(n, 2, 16, generator=g) * 2 for n in (sum(lq), sum(lk), sum(lk)))
+    out = ref.varlen_attention(q, k, v, _cu(lq), _cu(lk), False, softcap=2.0)
+    expected = _explicit_attention_f64(q, k, v, lq, lk, False, 1, 16**-0.5, softcap=2.0)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_window_covering_every_key_is_plain_causal():
+    g = torch.Generator().manual_seed(14)
+    lq, lk = [5, 1], [5, 9]
+    q, k, v = (torch.randn(n, 2, 16, generator=g) for n in (sum(lq), sum(lk), sum(lk)))
+    plain = ref.varlen_attention(q, k, v, _cu(lq), _cu(lk), True)
+    for window in (9, 10, 10**6):
+        torch.testing.assert_close(ref.varlen_attention(q, k, v, _cu(lq), _cu(lk), True, window=window), plain,
+                                   atol=0, rtol=0)
+
+
+def test_window_rejects_non_causal_and_bad_sizes():
+    q = k = v = torch.zeros(3, 1, 16)
+    cu = _cu([3])
+    with pytest.raises(ValueError, match="causal"):
+        ref.varlen_attention(q, k, v, cu, cu, False, window=2)
+    for window in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="window"):
+            ref.varlen_attention(q, k, v, cu, cu, True, window=window)
+    with pytest.raises(ValueError, match="softcap"):
+        ref.varlen_attention(q, k, v, cu, cu, True, softcap=-1.0)
+
+
+@pytest.mark.parametrize("lq,lk,window", [
+    (8, 8, 1), (8, 8, 3), (8, 8, 8), (8, 8, 20),  # prefill
+    (3, 11, 4), (5, 12, 6),  # a chunk after cached keys
+    (1, 11, 4), (1, 11, 1), (1, 4, 4), (1, 4, 9),  # decode
+])
+def test_window_is_hugging_faces_sliding_window(lq, lk, window):
+    """Our window is Hugging Face's `sliding_window`: the keys each query attends to under our
+    reference equal the mask transformers builds for a sliding-attention layer
+    (masking_utils.sliding_window_causal_mask_function through sdpa_mask, queries offset to the
+    end of the cache as a decode or chunked-prefill step has them). The keys a query sees are
+    read off our output: with q = 0 every visible key has the same weight, and with V the
+    identity the output row is that weight on each visible key and 0 elsewhere."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    hf = masking.sdpa_mask(batch_size=1, q_length=lq, kv_length=lk, q_offset=lk - lq,
+                           mask_function=masking.sliding_window_causal_mask_function(window),
+                           allow_is_causal_skip=False, device="cpu")[0, 0]
+    q = torch.zeros(lq, 1, lk)
+    k = torch.randn(lk, 1, lk)
+    v = torch.eye(lk).view(lk, 1, lk)
+    out = ref.varlen_attention(q, k, v, _cu([lq]), _cu([lk]), True, window=window)[:, 0]
+    assert torch.equal(out > 0, hf)
+    # spelled out: query position p sees keys p - window < key <= p
+    for i in range(lq):
+        p = lk - lq + i
+        assert (out[i] > 0).nonzero().flatten().tolist() == list(range(max(p - window + 1, 0), p + 1))
+
+
+def test_window_softcap_match_gemma2_eager_attention():
+    """Gemma 2's own attention (transformers' eager path: scale, tanh soft-cap, additive mask,
+    fp32 softmax) under its sliding-window mask, against our reference on the same inputs."""
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    masking = pytest.importorskip("transformers.masking_utils")
+    g = torch.Generator().manual_seed(15)
+    heads, kv_heads, d, lq, lk, window, softcap, scale = 4, 2, 16, 6, 14, 5, 3.0, 0.4
+    q = torch.randn(lq, heads, d, generator=g) * 2
+    k = torch.randn(lk, kv_heads, d, generator=g)
+    v = torch.randn(lk, kv_heads, d, generator=g)
+    allowed = masking.sdpa_mask(batch_size=1, q_length=lq, kv_length=lk, q_offset=lk - lq,
+                                mask_function=masking.sliding_window_causal_mask_function(window),
+                                allow_is_causal_skip=False, device="cpu")
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv_heads
+    hf_out, _ = gemma2.eager_attention_forward(
+        module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], additive,
+        scaling=scale, softcap=softcap,
+    )
+    out = ref.varlen_attention(q, k, v, _cu([lq]), _cu([lk]), True, scale=scale, window=window, softcap=softcap)
+    torch.testing.assert_close(out, hf_out[0], atol=1e-5, rtol=1e-5)
+
+
+# ---- the linear/norm pieces of the newer decoder families (Gemma 2/3, Qwen3), against the way
+# Hugging Face's modules compute them (their formulas, and the modules themselves where installed)
+
+def _gemma_rms(x, w, eps):
+    """Gemma's RMSNorm as Hugging Face computes it: fp32 statistics, times (1 + w) in fp32,
+    rounded once to x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).to(x.dtype)
+
+
+def _tanh_gelu(g):
+    return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g.pow(3))))
+
+
+def test_gated_gelu_tanh_is_gemmas_geglu_mlp():
+    """linear_act "gelu_tanh_mul" on [gate; up] = gelu_tanh(x W_gate^T) * (x W_up^T): the first
+    half of Gemma's MLP (down(act(gate(x)) * up(x)), act = gelu_pytorch_tanh)."""
+    g = torch.Generator().manual_seed(21)
+    x, gate_w, up_w = (torch.randn(*s, generator=g) for s in ((5, 24), (16, 24), (16, 24)))
+    expected = _tanh_gelu(x @ gate_w.T) * (x @ up_w.T)
+    got = ref.linear_act(x, torch.cat([gate_w, up_w]), None, "gelu_tanh_mul")
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    gate_up = torch.randn(7, 2 * 20, generator=g) * 4
+    torch.testing.assert_close(ref.gated_act(gate_up, "gelu_tanh_mul"), _tanh_gelu(gate_up[:, :20]) * gate_up[:, 20:])
+    torch.testing.assert_close(ref.gated_act(gate_up, "silu_mul"), ref.silu_and_mul(gate_up), atol=0, rtol=0)
+    activations = pytest.importorskip("transformers.activations")
+    torch.testing.assert_close(ref.gated_act(gate_up, "gelu_tanh_mul"),
+                               activations.ACT2FN["gelu_pytorch_tanh"](gate_up[:, :20]) * gate_up[:, 20:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_post_norm_prenorm_is_gemmas_sandwich(dtype):
+    """PreNorm with x_norm at a Gemma 2/3 block boundary: the closing post-norm of the block's
+    output, the residual add, the next block's pre-norm. Norm weights are (1 + w) in fp32."""
+    g = torch.Generator().manual_seed(22)
+    eps = 1e-6
+    out = (torch.randn(4, 32, generator=g) * 3).to(dtype)  # the attention or MLP block's output
+    residual = torch.randn(4, 32, generator=g).to(dtype)
+    post_w, pre_w = torch.randn(32, generator=g) * 0.3, torch.randn(32, generator=g) * 0.3
+    h = residual + _gemma_rms(out, post_w, eps)  # Hugging Face adds in the activation dtype
+    expected = _gemma_rms(h, pre_w, eps)
+    p = ref.PreNorm(1.0 + pre_w, None, eps, residual=residual, sum_out=torch.empty_like(residual), x_norm=1.0 + post_w)
+    got = ref.apply_prenorm(out, p, dtype)
+    assert torch.equal(p.sum_out, h)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    else:  # we normalise the fp32 sum, Hugging Face its bf16 rounding
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=1.6e-2)
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    norm = gemma2.Gemma2RMSNorm(32, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(post_w)
+    torch.testing.assert_close(ref.apply_prenorm(out, ref.PreNorm(1.0 + post_w, None, eps), dtype),
+                               norm(out), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scaled_embeddings_are_gemmas(dtype):
+    """Gemma multiplies its embeddings by a tensor of sqrt(hidden) in the activation dtype; the
+    first layer's input norm sees those rounded rows."""
+    g = torch.Generator().manual_seed(23)
+    hidden = 40  # sqrt(40) is not exact in any dtype
+    table, w = torch.randn(50, hidden, generator=g).to(dtype), torch.randn(hidden, generator=g) * 0.3
+    ids = torch.randint(0, 50, (9,), generator=g)
+    rows = torch.nn.functional.embedding(ids, table) * torch.tensor(hidden ** 0.5, dtype=dtype)
+    normed, got_rows = ref.embedding_rms_norm(ids, table, 1.0 + w, 1e-6, scale=hidden ** 0.5)
+    assert got_rows.dtype == dtype and torch.equal(got_rows, rows)
+    assert torch.equal(normed, _gemma_rms(rows, w, 1e-6))  # the fp32 (1 + w) weight: the same arithmetic
+
+
+def _rotate_half_rope(x, cos, sin):
+    """Rotary as Hugging Face's rotate_half layout computes it, on `[T, heads, D]`, with cos/sin
+    `[T, D / 2]` repeated over both halves."""
+    c, s = torch.cat([cos, cos], -1)[:, None, :], torch.cat([sin, sin], -1)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * c + rotated * s
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_qk_norm_before_rotary_is_qwen3s(with_bias):
+    """Qwen3's attention input: q_proj(x) viewed as heads, RMSNorm per head with q_norm, then
+    rotary; k alike with k_norm; v as it is; k and v land in the cache's slots."""
+    g = torch.Generator().manual_seed(24)
+    t, k_dim, heads, kv_heads, d = 5, 24, 4, 2, 16
+    x = torch.randn(t, k_dim, generator=g)
+    wq, wk, wv = (torch.randn(h * d, k_dim, generator=g) * 0.3 for h in (heads, kv_heads, kv_heads))
+    bias = torch.randn((heads + 2 * kv_heads) * d, generator=g) if with_bias else None
+    q_w, k_w = torch.randn(d, generator=g) * 0.3 + 1, torch.randn(d, generator=g) * 0.3 + 1
+    cos, sin = ref.rotary_cos_sin(torch.tensor([0, 3, 4, 9, 17]), d, 10000.0)
+
+    def proj(w, part):
+        y = x @ w.T
+        return y if bias is None else y + bias[part]
+
+    def head_rms(y, w):
+        return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    sq, sk = heads * d, kv_heads * d
+    q = _rotate_half_rope(head_rms(proj(wq, slice(0, sq)).view(t, heads, d), q_w), cos, sin)
+    k = _rotate_half_rope(head_rms(proj(wk, slice(sq, sq + sk)).view(t, kv_heads, d), k_w), cos, sin)
+    v = proj(wv, slice(sq + sk, sq + 2 * sk)).view(t, kv_heads, d)
+    kc, vc = torch.zeros(3, 4, kv_heads, d), torch.zeros(3, 4, kv_heads, d)
+    slots = torch.tensor([7, 0, 11, 2, 5])
+    got = ref.prenorm_qkv_to_cache(x, None, torch.cat([wq, wk, wv]), bias, heads, kv_heads, d, cos, sin, kc, vc,
+                                   slots, q_norm=q_w, k_norm=k_w, norm_eps=1e-6)
+    torch.testing.assert_close(got, q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kc.view(-1, kv_heads, d)[slots], k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(vc.view(-1, kv_heads, d)[slots], v, atol=1e-5, rtol=1e-5)
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    norm = qwen3.Qwen3RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(q_w)
+    # [T, heads, D] with cos/sin [T, D]: the default unsqueeze over the heads dim broadcasts
+    hf_q, _ = qwen3.apply_rotary_pos_emb(norm(proj(wq, slice(0, sq)).view(t, heads, d)), k,
+                                         torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))
+    torch.testing.assert_close(got, hf_q, atol=1e-5, rtol=1e-5)
+
+
+def test_fp32_norm_weight_beside_bf16_activations_is_gemmas_rmsnorm():
+    """Gemma's 1 + w kept once in fp32 (never rounded to bf16): rms_norm with it is Gemma's
+    RMSNorm bit for bit; rounded to bf16 first it would not be."""
+    g = torch.Generator().manual_seed(25)
+    x, w = torch.randn(6, 64, generator=g).to(torch.bfloat16), torch.randn(64, generator=g) * 0.3
+    assert torch.equal(ref.rms_norm(x, 1.0 + w, 1e-6)[0], _gemma_rms(x, w, 1e-6))
+    assert not torch.equal(ref.rms_norm(x, (1.0 + w).to(torch.bfloat16), 1e-6)[0], _gemma_rms(x, w, 1e-6))

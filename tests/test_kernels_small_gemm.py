@@ -26,16 +26,16 @@ from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-ACTIVATIONS = ["none", "gelu", "gelu_tanh", "silu_mul"]
+ACTIVATIONS = ["none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 
 def make_inputs(m, n, k, dtype, with_bias, activation, seed):
-    """x `[m, k]`, weight `[n, k]` (`[2n, k]` for SwiGLU) and bias, scaled like a trained
-    layer so pre-activations are O(1)."""
+    """x `[m, k]`, weight `[n, k]` (`[2n, k]` for a gated activation) and bias, scaled like a
+    trained layer so pre-activations are O(1)."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    rows = 2 * n if activation == "silu_mul" else n
+    rows = 2 * n if activation in ref.GATED_ACTIVATIONS else n
 
     def rand(*shape, std=1.0):
         return (torch.randn(*shape, generator=gen, device=DEVICE) * std).to(dtype)
@@ -46,9 +46,9 @@ def make_inputs(m, n, k, dtype, with_bias, activation, seed):
 def exact(x, w, b, activation):
     """Everything in fp32, the pre-activation never rounded."""
     h = F.linear(x.float(), w.float(), None if b is None else b.float())
-    if activation == "silu_mul":
+    if activation in ref.GATED_ACTIVATIONS:
         gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return (F.silu(gate) if activation == "silu_mul" else F.gelu(gate, approximate="tanh")) * up
     if activation == "none":
         return h
     return F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
@@ -126,6 +126,20 @@ def test_many_gelu_rows_run_the_fused_many_row_gemm(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("activation", sorted(ref.GATED_ACTIVATIONS))
+def test_many_rows_gated_activations_run_the_gated_kernel(monkeypatch, activation):
+    """Past MAX_ROWS: torch's GEMM, then the gated-activation kernel (not the dispatcher's CPU
+    reference here) on its output."""
+    from tritonformer.kernels import triton_elementwise as te
+    calls = []
+    monkeypatch.setattr(dispatch, "gated_act", lambda gate_up, act: calls.append(act) or te.gated_act(gate_up, act))
+    monkeypatch.setattr(tsg, "MAX_ROWS", 4)
+    x, w, b = make_inputs(9, 24, 40, torch.float32, True, activation, seed_of("many-gated", activation))
+    torch.testing.assert_close(tsg.linear_act(x, w, b, activation), ref.linear_act(x, w, b, activation),
+                               atol=2e-5, rtol=2e-5)
+    assert calls == [activation]
+
+
 def test_plain_linears_are_left_to_torch(monkeypatch):
     """Without an activation cuBLAS measured faster: the wrapper returns torch's own result."""
     monkeypatch.setattr(tsg, "FUSE_PLAIN", False)
@@ -169,16 +183,16 @@ def test_bad_inputs_are_refused_with_clear_messages():
 # ---- GPU: the real layer shapes ---------------------------------------------------------------
 
 # (N, K, activation): GPT-2's qkv / out / fc / proj, BERT's ffn in with erf GELU, Llama-1B's
-# gate_up (SwiGLU) and down.
+# gate_up (SwiGLU) and down, Gemma-2-2B's gate_up (GeGLU).
 LAYERS = [(2304, 768, "none"), (768, 768, "none"), (3072, 768, "gelu_tanh"), (768, 3072, "none"),
-          (3072, 768, "gelu"), (8192, 2048, "silu_mul"), (2048, 8192, "none")]
+          (3072, 768, "gelu"), (8192, 2048, "silu_mul"), (2048, 8192, "none"), (9216, 2304, "gelu_tanh_mul")]
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,k,activation", LAYERS)
-@pytest.mark.parametrize("m", [1, 7, 32, 64])
+@pytest.mark.parametrize("m", [1, 7, 32, 64, 300])
 def test_gpu_layer_shapes(m, n, k, activation, dtype):
     x, w, b = make_inputs(m, n, k, dtype, True, activation, seed_of("gpu", m, n, k, activation, dtype))
     out = dispatch.linear_act(x, w, b, activation)
@@ -188,24 +202,55 @@ def test_gpu_layer_shapes(m, n, k, activation, dtype):
     assert rel < 1e-2, f"relative error {rel:.2e}"
 
 
-def test_with_pdl_short_k_plain_linears_run_the_small_gemm(monkeypatch):
-    """With PDL (Hopper) a linear without an activation runs the small GEMM, which prefetches its
-    weights, when K is short, and past that with split K if the weight is small enough (unless
-    turned off); past the GEMV's rows a PreNorm is always its own kernel."""
+def _route_cases():
+    """(what, rows, K, weight [N, K] or None, activation, prenorm?, QKV epilogue?, PDL?, expected):
+    the routing table's cases, PDL on (Hopper) and off."""
+    gpt2_down, llama_down = (768, 3072), (2048, 8192)
+    return [
+        ("decode row, any linear", 1, 768, None, "none", False, False, False, tsg.GEMV),
+        ("decode rows with a PreNorm", 2, 2048, None, "silu_mul", True, False, True, tsg.GEMV),
+        ("decode QKV with its PreNorm", 1, 2048, None, "none", True, True, False, tsg.GEMV),
+        ("decode row, K loop", 1, 18944, (3584, 18944), "none", False, False, True, tsg.GEMV),
+        ("decode row, K loop + PreNorm: no", 1, 18944, None, "gelu_tanh_mul", True, False, False, tsg.SMALL_GEMM),
+        ("decode row past the K loop", 1, 1 << 17, None, "none", False, False, False, tsg.TORCH),
+        ("rows, an activation", 16, 2048, None, "gelu_tanh_mul", False, False, False, tsg.SMALL_GEMM),
+        ("rows, an activation after its PreNorm", 64, 2048, None, "silu_mul", True, False, False, tsg.SMALL_GEMM),
+        ("rows, plain, short K, PDL", 16, 1024, None, "none", False, False, True, tsg.SMALL_GEMM),
+        ("rows, plain, short K, no PDL", 16, 1024, None, "none", False, False, False, tsg.TORCH),
+        ("rows, plain, split K", 16, 3072, gpt2_down, "none", False, False, True, tsg.SMALL_GEMM),
+        ("rows, plain, too big to split", 16, 8192, llama_down, "none", False, False, True, tsg.TORCH),
+        ("rows, QKV", 16, 2048, None, "none", False, True, False, tsg.SMALL_GEMM),
+        ("rows, QKV after its PreNorm, short K, PDL", 16, 768, None, "none", True, True, True, tsg.SMALL_GEMM),
+        ("rows, QKV after its PreNorm, long K", 16, 2048, None, "none", True, True, True, tsg.TORCH),
+        ("many rows, GELU, no TMA", 8192, 768, None, "gelu", False, False, False, tsg.TORCH),
+        ("many rows, SwiGLU", 8192, 768, None, "silu_mul", False, False, True, tsg.TORCH),
+        ("no rows", 0, 768, None, "gelu", False, False, False, tsg.TORCH),
+    ]
+
+
+@pytest.mark.parametrize("what,m,k,w_shape,activation,prenorm,qkv,pdl,expected", _route_cases())
+def test_route_table(monkeypatch, what, m, k, w_shape, activation, prenorm, qkv, pdl, expected):
+    """`route`, the one place that picks a linear's kernel, case by case (shapes only: no kernel
+    runs). With PDL the small GEMM also takes plain linears it can prefetch (short K) or split
+    (long K, small weight); past the GEMV's rows a PreNorm is always its own kernel."""
     from tritonformer.kernels import triton_pdl
-    monkeypatch.setattr(triton_pdl, "enabled", lambda device: True)
+    monkeypatch.setattr(triton_pdl, "enabled", lambda device: pdl)
     monkeypatch.setattr(tsg, "FUSE_PLAIN", False)
-    rows, long_rows = torch.empty(16, tsg.PREFETCH_MAX_K), torch.empty(16, 3072)
-    assert tsg._fused(rows, None, "none")
-    gpt2_down, llama_down = torch.empty(768, 3072, dtype=torch.half), torch.empty(2048, 8192, dtype=torch.half)
-    assert tsg._fused(long_rows, None, "none", gpt2_down)  # with split K
-    assert not tsg._fused(torch.empty(16, 8192), None, "none", llama_down)  # too big a weight: cuBLAS
+    monkeypatch.setattr(tsg.triton_gemm, "supported", lambda device: False)
+    x = torch.empty(m, k, device="meta")
+    w = torch.empty(*(w_shape or (64, k)), dtype=torch.half, device="meta")
+    p = ref.PreNorm(torch.empty(k, device="meta"), None, 1e-6) if prenorm else None
+    monkeypatch.setattr(tsg.triton_gemv, "_INTERPRETED", True)  # meta tensors stand for CUDA ones
+    assert tsg.route(x, w, activation, p, qkv_epilogue=qkv) == expected, what
+
+
+def test_route_sends_many_gelu_rows_to_the_many_row_gemm_where_tma_is(monkeypatch):
+    monkeypatch.setattr(tsg.triton_gemm, "supported", lambda device: True)
+    x, w = torch.empty(tsg.LARGE_ROWS, 768, device="meta"), torch.empty(3072, 768, device="meta")
+    assert tsg.route(x, w, "gelu") == tsg.route(x, w, "gelu_tanh") == tsg.MANY_ROW_GEMM
+    assert tsg.route(x, w, "silu_mul") == tsg.route(x[:-1], w, "gelu") == tsg.TORCH
     monkeypatch.setattr(tsg, "SPLIT_LONG_K", False)
-    assert not tsg._fused(long_rows, None, "none", gpt2_down)
-    assert tsg._fused(long_rows, None, "silu_mul")
-    assert not tsg._fused(rows, ref.PreNorm(torch.ones(rows.shape[1]), None, 1e-6), "gelu_tanh")
-    monkeypatch.setattr(triton_pdl, "enabled", lambda device: False)
-    assert not tsg._fused(rows, None, "none")
+    assert tsg.split_k(3072) == 1
 
 
 @pytest.mark.gpu

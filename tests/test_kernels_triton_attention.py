@@ -138,14 +138,142 @@ def test_group_of_three(causal):
     check(*make([7, 17, 1], [30, 17, 12], 6, 2, 32, torch.float32, seed=16), causal)
 
 
-def test_rejects_bad_head_dim():
-    q, k, v, cq, ck = make([3], [3], 2, 1, 48, torch.float32)
-    with pytest.raises(AssertionError, match="power-of-two head_dim"):
+@pytest.mark.parametrize("head_dim", [8, 320])
+def test_rejects_bad_head_dim(head_dim):
+    q, k, v, cq, ck = make([3], [3], 2, 1, head_dim, torch.float32)
+    with pytest.raises(AssertionError, match=r"head_dim in \[16, 256\]"):
         varlen_attention(q, k, v, cq, ck, False)
+
+
+# ---------------------------------------------------------------- sliding window, soft-capping, head dims
+
+# Batches mixing decode (Lq = 1 < Lk), chunked prefill (Lq < Lk) and prefill (Lq == Lk) rows, with
+# lengths that cross the interpreter's 16-key blocks.
+WINDOW_LQ, WINDOW_LK = [1, 7, 21], [40, 30, 21]
+
+
+@pytest.mark.parametrize("window,heads,kv_heads", [
+    (1, 4, 4),  # only the query's own key
+    (5, 4, 2),  # narrower than a block
+    (16, 4, 1),  # exactly one block
+    (21, 4, 2),  # crossing block edges
+    (200, 4, 4),  # wider than every sequence
+])
+def test_window_fp32(window, heads, kv_heads):
+    check(*make(WINDOW_LQ, WINDOW_LK, heads, kv_heads, 32, torch.float32, seed=40 + window), True, window=window)
+
+
+@pytest.mark.parametrize("block_m,block_n,window", [(32, 16, 3), (16, 32, 3), (32, 16, 20)])
+def test_window_other_block_shapes(monkeypatch, block_m, block_n, window):
+    """The window's block bounds with BLOCK_M != BLOCK_N, including a window narrower than a
+    query block (its lower edge and the diagonal cut the same blocks)."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_launch_config", lambda *a: (block_m, block_n, 4, 1))
+    check(*make([7, 40, 1], [30, 40, 50], 4, 2, 32, torch.float32, seed=41), True, window=window)
+
+
+@pytest.mark.parametrize("splits,window", [(2, 6), (4, 33)])
+def test_window_split_keys(monkeypatch, splits, window):
+    """Flash-decoding splits of the visible range only: decode rows against caches longer than
+    the window, a chunk, a sequence shorter than the window and one with a single key."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_num_splits", lambda *a: splits)
+    check(*make([1, 1, 3, 1], [70, 1, 50, 20], 4, 2, 32, torch.float32, seed=42), True, window=window)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_window_covering_every_key_changes_nothing(monkeypatch, splits):
+    """A window at least as long as every sequence gives bit for bit the windowless result."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_num_splits", lambda *a: splits)
+    q, k, v, cq, ck = make([1, 5], [40, 21], 4, 2, 32, torch.float32, seed=43)
+    plain = varlen_attention(q, k, v, cq, ck, True)
+    for window in (40, 10**9):
+        torch.testing.assert_close(varlen_attention(q, k, v, cq, ck, True, window=window), plain, atol=0, rtol=0)
+
+
+def test_window_needs_causal_and_a_positive_size():
+    q, k, v, cq, ck = make([3], [3], 2, 1, 16, torch.float32)
+    for fn in (varlen_attention, ref.varlen_attention):
+        with pytest.raises(ValueError, match="causal"):
+            fn(q, k, v, cq, ck, False, window=2)
+        with pytest.raises(ValueError, match="window"):
+            fn(q, k, v, cq, ck, True, window=0)
+        with pytest.raises(ValueError, match="softcap"):
+            fn(q, k, v, cq, ck, True, softcap=0.0)
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 9)])
+def test_softcap_fp32(causal, window):
+    """Scores capped by softcap * tanh(score / softcap) before masking (Gemma 2: 50; a small cap
+    here so that tanh bends), with an explicit scale."""
+    q, k, v, cq, ck = make(WINDOW_LQ, WINDOW_LK, 4, 2, 32, torch.float32, seed=44)
+    check(q * 3, k, v, cq, ck, causal, scale=0.2, window=window, softcap=2.5)
+
+
+@pytest.mark.parametrize("window,softcap", [(5, None), (None, 4.0), (12, 4.0)])
+def test_window_softcap_fp16(window, softcap):
+    check(*make(WINDOW_LQ, WINDOW_LK, 4, 2, 32, torch.float16, seed=45), True, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("head_dim", [96, 80])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_not_a_power_of_two(head_dim, causal):
+    """Phi-3's 96 (and 80) run in a 128-wide tile with the extra lanes masked."""
+    check(*make([1, 5, 19], [20, 5, 19], 4, 2, head_dim, torch.float32, seed=head_dim), causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_head_dim_96_half_with_window_and_softcap(dtype):
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        pytest.skip("Triton's CPU interpreter computes bf16 tl.dot wrongly (bf16 is held as uint16); bf16 runs in the gpu group")
+    check(*make([1, 9], [30, 20], 4, 4, 96, dtype, seed=46), True, window=7, softcap=5.0)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_padded_head_dim_lanes_are_never_written(monkeypatch, splits):
+    """`out` a [..., :96] view of a wider buffer: the lanes past 96 keep what they held, with
+    and without the split-keys combine."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_num_splits", lambda *a: splits)
+    q, k, v, cq, ck = make([1, 1, 4], [37, 5, 20], 4, 2, 96, torch.float32, seed=47)
+    wide = torch.full((q.shape[0], 4, 128), 7.0, device=DEVICE)
+    out = wide[..., :96]
+    assert varlen_attention(q, k, v, cq, ck, True, out=out, window=9) is out
+    atol, rtol = TOL[torch.float32]
+    torch.testing.assert_close(out, ref.varlen_attention(q, k, v, cq, ck, True, window=9), atol=atol, rtol=rtol)
+    assert torch.all(wide[..., 96:] == 7.0)
 
 
 def test_registered_for_dispatch():
     assert dispatch._KERNELS["varlen_attention"] is varlen_attention
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_window_never_reads_keys_before_its_first_block(monkeypatch, splits):
+    """Keys and values in blocks wholly before every query's window are NaN: a kernel that
+    visited them at all (even masked: 0 * NaN in P @ V) would return NaN. With splits, only the
+    visible range is split. Interpreter blocks are 16 keys."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_num_splits", lambda *a: splits)
+    window, lq, lk = 6, [1, 7, 1], [70, 50, 3]
+    q, k, v, cq, ck = make(lq, lk, 4, 2, 32, torch.float32, seed=48)
+    expected = ref.varlen_attention(q, k, v, cq, ck, True, window=window)
+    # first key any query of the sequence sees: position Lk - Lq - window + 1, rounded down to a block
+    first_block = [max(b - a - window + 1, 0) // 16 * 16 for a, b in zip(lq, lk)]
+    k, v = k.clone(), v.clone()
+    for start, first in zip(ck[:-1].tolist(), first_block):
+        k[start : start + first] = float("nan")
+        v[start : start + first] = float("nan")
+    assert first_block[0] == 64 and first_block[1] == 32  # something is poisoned
+    out = varlen_attention(q, k, v, cq, ck, True, window=window)
+    atol, rtol = TOL[torch.float32]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
 
 # ---------------------------------------------------------------- serving-sized shapes (GPU)
@@ -219,3 +347,35 @@ def test_gpu_dispatch_runs_the_kernel():
     q, k, v, cq, ck = make(lengths, lengths, 4, 2, 64, torch.float16, seed=14)
     out = dispatch.varlen_attention(q, k, v, cq, ck, True)
     torch.testing.assert_close(out, varlen_attention(q, k, v, cq, ck, True), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("window,softcap", [(None, None), (1000, None), (4096, 50.0), (None, 30.0)])
+def test_gpu_window_softcap_head_dims(dtype, head_dim, window, softcap):
+    """A serving step (decodes against caches, a prefill chunk, a whole prompt) for the
+    families with sliding windows (Mistral, Qwen2), soft-capping (Gemma 2) and head dims
+    96 (Phi-3) and 256 (Gemma)."""
+    lk = random_lengths(61, 5, 9000, seed=19) + [8192, 3000, 1]
+    lq = [1] * 61 + [512, 3000, 1]
+    check(*make(lq, lk, 16, 4, head_dim, dtype, seed=20), True, window=window, softcap=softcap)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("head_dim", [96, 128, 256])
+def test_gpu_window_split_keys(head_dim):
+    """Few decodes against a 32k cache under a 4k window: the split-keys path splits the window."""
+    from tritonformer.kernels import triton_attention
+
+    lq, lk = [1, 1, 4, 1], [32768, 300, 5000, 1]
+    assert triton_attention._num_splits(4 * 8, 4 * 4, min(sum(lk) / 4, 4096), torch.device(DEVICE)) > 1
+    check(*make(lq, lk, 32, 8, head_dim, torch.bfloat16, seed=21), True, window=4096, softcap=50.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fp32_head_dim_96_window():
+    check(*make([700, 1, 33], [700, 2000, 64], 8, 2, 96, torch.float32, seed=22), True, window=256, softcap=20.0)

@@ -74,8 +74,8 @@ def long_rows(monkeypatch):
 def test_kernels_are_registered_with_the_dispatcher():
     for name, mod in [
         ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("embedding_rms_norm", tn), ("softmax", tn),
-        ("bias_gelu", te), ("silu_and_mul", te), ("apply_rotary", te),
-        ("qkv_split", te), ("qkv_split_rotary", te), ("feed_tokens", te),
+        ("bias_gelu", te), ("silu_and_mul", te), ("gated_act", te), ("apply_rotary", te),
+        ("qkv_split", te), ("qkv_split_rotary", te), ("qkv_to_cache", te), ("feed_tokens", te),
     ]:
         assert dispatch._KERNELS[name] is getattr(mod, name)
 
@@ -234,6 +234,47 @@ def test_embedding_rms_norm_gathers_its_rows(dtype, chunked, monkeypatch):
     assert out.shape == rows.shape == (0, hidden)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_embedding_rms_norm_scaled_rows(dtype, chunked, monkeypatch):
+    """Gemma's embeddings times sqrt(hidden): the scale and the product rounded to the table's
+    dtype as torch rounds `rows * torch.tensor(scale, dtype=table.dtype)`; the norm of the
+    rounded rows. sqrt(72) is not exact in any of the dtypes."""
+    if chunked:
+        monkeypatch.setattr(tn, "_MAX_ONE_TILE_RMS", 16)
+        monkeypatch.setattr(tn, "_LOOP_BLOCK", 32)
+    rand = make_rand(seed_of(dtype, chunked, "scaled"))
+    hidden = 72
+    table, w = rand(40, hidden, dtype=dtype, mean=0.5), rand(hidden, mean=1.0)
+    ids = torch.randint(0, 40, (23,), generator=torch.Generator(device=DEVICE).manual_seed(7), device=DEVICE)
+    got, want = tn.embedding_rms_norm(ids, table, w, 1e-6, hidden ** 0.5), ref.embedding_rms_norm(ids, table, w, 1e-6,
+                                                                                                hidden ** 0.5)
+    if INTERPRETED and dtype == torch.bfloat16:
+        # the interpreter's fp32 -> bf16 cast truncates (the GPU rounds to nearest): one bf16 step apart
+        torch.testing.assert_close(got[1], want[1], atol=0, rtol=2.0 ** -7)
+        close(got[0], want[0])
+    else:
+        assert torch.equal(got[1], want[1])
+        close(got[0], want[0])
+    assert not torch.equal(want[1], table[ids])
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+                                             (torch.float32, torch.bfloat16)])
+def test_norm_weights_of_another_dtype(x_dtype, w_dtype):
+    """A norm weight need not be in x's dtype (Gemma's 1 + w is kept in fp32): every norm kernel
+    reads it as it is, like the reference."""
+    rand = make_rand(seed_of(x_dtype, w_dtype, "norm-dtypes"))
+    x, res = rand(9, 40, dtype=x_dtype, mean=0.5), rand(9, 40, dtype=x_dtype)
+    w, b = rand(40, dtype=w_dtype, mean=1.0), rand(40, dtype=w_dtype)
+    for got, want in zip(tn.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)):
+        close(got, want)
+    close(tn.add_bias_residual_layer_norm(x, None, res, w, b, 1e-5),
+          ref.add_bias_residual_layer_norm(x, None, res, w, b, 1e-5))
+    ids = torch.tensor([3, 0, 8, 3], device=DEVICE)
+    close(tn.embedding_rms_norm(ids, x, w, 1e-6, 2.5)[0], ref.embedding_rms_norm(ids, x, w, 1e-6, 2.5)[0])
+
+
 # ---------------------------------------------------------------- softmax (interpreter)
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -299,6 +340,17 @@ def test_silu_and_mul(dtype, shape):
     gate_up = make_rand(9)(*shape, dtype=dtype, std=3.0)
     gate_up.view(-1)[:2] = torch.tensor([-200.0, 200.0])  # saturated sigmoid, no NaN
     close(te.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", sorted(ref.GATED_ACTIVATIONS))
+@pytest.mark.parametrize("shape", [(37, 2 * 48), (2, 3, 2 * 20)])
+def test_gated_act(dtype, activation, shape):
+    gate_up = make_rand(seed_of(activation, shape))(*shape, dtype=dtype, std=3.0)
+    gate_up.view(-1)[:2] = torch.tensor([-200.0, 200.0])  # saturated tails, no NaN
+    close(te.gated_act(gate_up, activation), ref.gated_act(gate_up, activation))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        te.gated_act(gate_up, "gelu_tanh")
 
 
 @pytest.mark.cuda_ok
@@ -395,6 +447,41 @@ def test_qkv_split_rotary(dtype, with_bias, heads, kv_heads, head_dim):
             close(a, e)
 
 
+QK_NORM_CASES = [  # (heads, kv_heads, head_dim, rotary, bias, norms)
+    (4, 2, 16, True, True, "qk"), (2, 2, 20, True, False, "q"), (6, 1, 8, False, True, "qk"),
+    (3, 1, 12, False, False, "k"), (2, 1, 96, True, True, "qk"), (2, 1, 256, True, False, "qk"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary,with_bias,norms", QK_NORM_CASES)
+def test_qkv_to_cache_with_head_norms(dtype, heads, kv_heads, head_dim, rotary, with_bias, norms):
+    """Per-head RMSNorm of q and/or k (Qwen3, Gemma 3) after the bias, before rotary, with the
+    cache write: GQA, half widths that are no power of two (10, 48), no rotary, Phi-3's and
+    Gemma's head dims, fp32 norm weights beside fp16/bf16 activations."""
+    rand = make_rand(seed_of(dtype, heads, kv_heads, head_dim, rotary, with_bias, norms))
+    n_tokens = 5
+    qkv = rand(n_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    bias = rand(qkv.shape[1], dtype=dtype) if with_bias else None
+    cos, sin = _cos_sin(n_tokens, head_dim, dtype) if rotary else (None, None)
+    q_norm = rand(head_dim, mean=1.0, std=0.3) if "q" in norms else None  # fp32 whatever qkv's dtype
+    k_norm = rand(head_dim, mean=1.0, std=0.3) if "k" in norms else None
+    kc, vc = rand(3, 4, kv_heads, head_dim, dtype=dtype), rand(3, 4, kv_heads, head_dim, dtype=dtype)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    slots = torch.randperm(12, generator=torch.Generator().manual_seed(1))[:n_tokens].to(DEVICE)
+    args = (heads, kv_heads, head_dim, cos, sin)
+    q = te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, q_norm, k_norm, 1e-6)
+    q_ref = ref.qkv_to_cache(qkv, bias, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6)
+    for a, e in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
+        if INTERPRETED and dtype == torch.bfloat16 and (with_bias or rotary):
+            # the interpreter's bf16 rounding truncates: the normalised head one ulp off before rotary
+            torch.testing.assert_close(a, e, atol=2.0**-7 * 8, rtol=1.6e-2)
+        else:
+            close(a, e)
+    with pytest.raises(ValueError, match="q_norm must be"):
+        te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, rand(head_dim + 1), None)
+
+
 def test_empty_inputs():
     x = torch.empty(0, 16, device=DEVICE)
     w = torch.ones(16, device=DEVICE)
@@ -484,6 +571,7 @@ def test_gpu_elementwise(dtype):
         close(te.bias_gelu(x, bias, approximate), ref.bias_gelu(x, bias, approximate))
     gate_up = rand(4099, 2 * 11008, dtype=dtype, std=3.0)
     close(te.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
+    close(te.gated_act(gate_up, "gelu_tanh_mul"), ref.gated_act(gate_up, "gelu_tanh_mul"))
 
 
 @pytest.mark.gpu
@@ -503,3 +591,42 @@ def test_gpu_qkv_split_rotary(dtype, heads, kv_heads, head_dim, with_bias):
         close(a, e)
     q = ref.qkv_split(qkv, None, heads, kv_heads, head_dim)[0]  # strided view
     close(te.apply_rotary(q, cos, sin), ref.apply_rotary(q, cos, sin))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,with_bias",
+                         [(32, 8, 128, False), (8, 4, 256, False), (16, 8, 128, True)])
+def test_gpu_qkv_to_cache_head_norms(dtype, heads, kv_heads, head_dim, with_bias):
+    """Qwen3-8B's, Gemma-3-4B's heads (and a biased variant), q and k normalised, fp32 norm weights."""
+    rand = make_rand(600 + heads + head_dim)
+    n_tokens = 4099
+    qkv = rand(n_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    bias = rand(qkv.shape[1], dtype=dtype) if with_bias else None
+    cos, sin = _cos_sin(n_tokens, head_dim, dtype)
+    q_norm, k_norm = rand(head_dim, mean=1.0, std=0.3), rand(head_dim, mean=1.0, std=0.3)
+    kc, vc = (torch.zeros(520, 8, kv_heads, head_dim, dtype=dtype, device=DEVICE) for _ in range(2))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    slots = torch.randperm(520 * 8, device=DEVICE)[:n_tokens]
+    args = (heads, kv_heads, head_dim, cos, sin)
+    q = te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, q_norm, k_norm, 1e-6)
+    q_ref = ref.qkv_to_cache(qkv, bias, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6)
+    for a, e in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
+        close(a, e)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", LOW)
+def test_gpu_embedding_rms_norm_scaled(dtype):
+    """Gemma-2-2B's embedding (hidden 2304, scale 48) and Gemma-3-4B's (2560, sqrt 2560 = 50.6)."""
+    for hidden in (2304, 2560):
+        rand = make_rand(700 + hidden)
+        table, w = rand(8192, hidden, dtype=dtype), rand(hidden, mean=1.0)
+        ids = torch.randint(0, 8192, (3001,), generator=torch.Generator(device=DEVICE).manual_seed(hidden),
+                            device=DEVICE)
+        got = tn.embedding_rms_norm(ids, table, w, 1e-6, hidden ** 0.5)
+        want = ref.embedding_rms_norm(ids, table, w, 1e-6, hidden ** 0.5)
+        close(got[0], want[0])
+        assert torch.equal(got[1], want[1])

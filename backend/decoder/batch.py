@@ -47,20 +47,22 @@ class DecoderBatch:
     # one launch less per iteration.
     logits_every_row: bool = False
 
-    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, scale: float | None = None,
+                  window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """Causal attention of every row against its sequence's cached keys (this iteration's
-        already written)."""
+        already written). `scale` (default 1/sqrt(head_dim)), `window` (sliding window: the last
+        `window` keys) and `softcap` (score soft-capping) as in `kernels.paged_attention`."""
         out = torch.empty_like(q)
         d = self.num_decode
         if d:
             kernels.paged_attention(
                 q[:d], k_cache, v_cache, self.decode_tables, self.decode_cu_q, self.decode_seqlens, True,
-                max_seqlen_q=1, out=out[:d], num_splits=self.decode_splits,
+                scale=scale, max_seqlen_q=1, out=out[:d], num_splits=self.decode_splits, window=window, softcap=softcap,
             )
         if self.prefill_cu_q is not None:
             kernels.paged_attention(
                 q[d:], k_cache, v_cache, self.prefill_tables, self.prefill_cu_q, self.prefill_seqlens, True,
-                max_seqlen_q=self.prefill_max_q, out=out[d:],
+                scale=scale, max_seqlen_q=self.prefill_max_q, out=out[d:], window=window, softcap=softcap,
             )
         return out
 

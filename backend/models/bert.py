@@ -6,7 +6,6 @@ no padding anywhere (TurboTransformers / EET's idea).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -15,9 +14,6 @@ import torch.nn.functional as F
 from tritonformer import kernels
 from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
 from tritonformer.backend.checkpoints.weights import weight_getter
-
-
-FFN_EPILOGUES = ("auto", "separate", "triton", "cublaslt")
 
 
 @dataclass(frozen=True)
@@ -72,20 +68,9 @@ class BertEncoder:
         self.config = config
         self.device = device
         self.dtype = dtype
-        # Where the FFN up-projection's bias + GELU run (env TRITONFORMER_FFN_EPILOGUE):
-        # - "auto" (default): kernels.linear_act decides by rows: few, its small fused Triton
-        #   kernel; many, on Hopper, the fused many-row Triton GEMM (kernels/triton_gemm.py);
-        #   otherwise the cuBLAS GEMM, then our bias_gelu kernel in place;
-        # - "separate": the cuBLAS GEMM and the bias_gelu kernel whatever the rows (the ablation);
-        # - "triton": the fused many-row Triton GEMM whatever the rows;
-        # - "cublaslt": cuBLASLt's GELU+bias epilogue (torch._addmm_activation). Its GELU is the
-        #   tanh form, at most 4.7e-4 from the exact (erf) one BERT checkpoints use (at x = 2.7,
-        #   where an fp16 step is 2e-3), so it is opt-in (docs/benchmarks.md).
-        self.ffn_epilogue = "auto"
-        if device.type == "cuda":
-            self.ffn_epilogue = os.environ.get("TRITONFORMER_FFN_EPILOGUE", "auto")
-        if self.ffn_epilogue not in FFN_EPILOGUES:
-            raise ValueError(f"TRITONFORMER_FFN_EPILOGUE must be one of {FFN_EPILOGUES}, got {self.ffn_epilogue!r}")
+        # The FFN up-projection's bias + GELU: kernels.linear_act picks where by rows (few: its
+        # small fused Triton kernel; many, on Hopper, the fused many-row Triton GEMM; otherwise
+        # the cuBLAS GEMM, then the bias_gelu kernel in place).
         self.activation = kernels.gelu_activation(config.gelu_approximate)
         w = weight_getter(state, device, dtype)
 
@@ -172,18 +157,7 @@ class BertEncoder:
             h1 = kernels.add_bias_residual_layer_norm(
                 attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=bufs["h1"]
             )
-            if self.ffn_epilogue == "triton":  # bias + GELU in the GEMM epilogue: one pass over [T, 4h]
-                ffn = kernels.linear_bias_gelu(
-                    h1, layer["ffn_in_w"], layer["ffn_in_b"], cfg.gelu_approximate, out=bufs["ffn"]
-                )
-            elif self.ffn_epilogue == "cublaslt":
-                ffn = torch._addmm_activation(layer["ffn_in_b"], h1, layer["ffn_in_w"].t(), use_gelu=True,
-                                              **({} if bufs["ffn"] is None else {"out": bufs["ffn"]}))
-            elif self.ffn_epilogue == "separate":  # cuBLAS GEMM, then bias + GELU in place
-                ffn = _linear(h1, layer["ffn_in_w"], None, bufs["ffn"])
-                ffn = kernels.bias_gelu(ffn, layer["ffn_in_b"], cfg.gelu_approximate, out=ffn)
-            else:  # "auto": linear_act picks the kernel by the number of rows
-                ffn = kernels.linear_act(h1, layer["ffn_in_w"], layer["ffn_in_b"], self.activation, out=bufs["ffn"])
+            ffn = kernels.linear_act(h1, layer["ffn_in_w"], layer["ffn_in_b"], self.activation, out=bufs["ffn"])
             ffn_out = _linear(ffn, layer["ffn_out_w"], None, bufs["ffn_out"])
             h = kernels.add_bias_residual_layer_norm(
                 ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if arena is not None else None
