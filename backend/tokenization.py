@@ -25,7 +25,7 @@ class TextTokenizer:
         self._tok.no_padding()
         cfg_path = checkpoint / "tokenizer_config.json"
         self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.chat_template: str | None = self.config.get("chat_template")
+        self.chat_template: str | None = _chat_template(checkpoint, self.config)
 
     @property
     def vocab_size(self) -> int:
@@ -44,7 +44,9 @@ class TextTokenizer:
         return self._tok.token_to_id(token)
 
     def apply_chat_template(self, user_text: str) -> str:
-        """Render one user turn with the checkpoint's chat template, ready for the reply."""
+        """Render one user turn with the checkpoint's chat template, ready for the reply. The
+        template writes the special tokens it wants (a BOS, say): encode the result with
+        `add_special_tokens=False`, as Hugging Face's tokenizing apply_chat_template does."""
         if not self.chat_template:
             raise ValueError("this checkpoint has no chat template; send apply_chat_template=false")
         return _render_chat_template(
@@ -53,6 +55,20 @@ class TextTokenizer:
             bos_token=_token_str(self.config.get("bos_token")),
             eos_token=_token_str(self.config.get("eos_token")),
         )
+
+
+def _chat_template(checkpoint: Path, config: dict) -> str | None:
+    """The checkpoint's chat template: `chat_template.jinja` (transformers >= 4.43 saves it
+    there), else tokenizer_config.json's `chat_template`, a string or a list of named templates
+    of which "default" is the one for plain chat."""
+    path = checkpoint / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return template
 
 
 def _token_str(tok) -> str:

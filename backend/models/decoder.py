@@ -1,10 +1,12 @@
 """What every decoder family gives the generator engine, and how a checkpoint picks its family.
 
 A decoder model runs one iteration: `forward(batch, cache)` takes a DecoderBatch (the packed
-tokens of every scheduled sequence, see decoder_batch.py), writes their keys and values into
+tokens of every scheduled sequence, see decoder/batch.py), writes their keys and values into
 the paged cache and returns logits (fp32 unless asked otherwise) for the rows the batch asks for.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -57,14 +59,41 @@ class DecoderModel:
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
 
 
-def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> DecoderModel:
-    """The decoder family named by the checkpoint's `model_type` (llama or gpt2)."""
-    from tritonformer.backend.models.gpt2 import GPT2Config, GPT2Model
-    from tritonformer.backend.models.llama import LlamaConfig, LlamaModel
+# model_type -> the module of its family under backend/models/. A family module has
+# `from_hf(config: dict) -> its config` and `MODEL`, the class built from that config and the
+# checkpoint's tensors; it may have `adapt(config, state) -> (config, state)` for checkpoints that
+# wrap the decoder (a multimodal model's text part). Adding a family: one file and one line here.
+DECODER_FAMILIES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+    "gpt2": "gpt2",
+}
 
-    families = {"llama": (LlamaConfig, LlamaModel), "gpt2": (GPT2Config, GPT2Model)}
+
+def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 max_model_len: int | None = None) -> DecoderModel:
+    """The decoder family named by the checkpoint's `model_type`, built on `device` in `dtype`.
+    `max_model_len` caps the longest sequence (prompt + output) below the checkpoint's
+    max_position_embeddings: rotary tables, decode graphs and the KV cache's guarantee of one
+    whole sequence are sized by it."""
+    import importlib
+
     model_type = config.get("model_type", "llama")
-    if model_type not in families:
-        raise ValueError(f"unsupported decoder model_type {model_type!r} (supported: {sorted(families)})")
-    config_cls, model_cls = families[model_type]
-    return model_cls(config_cls.from_hf(config), state, device, dtype)
+    if model_type not in DECODER_FAMILIES:
+        raise ValueError(f"unsupported decoder model_type {model_type!r} (supported: {', '.join(DECODER_FAMILIES)})")
+    family = importlib.import_module(f"tritonformer.backend.models.{DECODER_FAMILIES[model_type]}")
+    if hasattr(family, "adapt"):
+        config, state = family.adapt(config, state)
+    family_config = family.from_hf(config)
+    if max_model_len is not None:
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {max_model_len}")
+        longest = family_config.max_position_embeddings
+        family_config = dataclasses.replace(family_config, max_position_embeddings=min(longest, max_model_len))
+    return family.MODEL(family_config, state, device, dtype)

@@ -141,3 +141,7 @@ class GPT2Model(DecoderModel):
             x, h = x[batch.logits_index], h[batch.logits_index]
         x, _ = self._add_norm(x, self.layers[-1]["proj_b"], h, self.ln_f)
         return self.logits(x, fp32_logits)
+
+
+from_hf = GPT2Config.from_hf
+MODEL = GPT2Model

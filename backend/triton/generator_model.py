@@ -11,9 +11,8 @@ import logging
 from pathlib import Path
 
 from tritonformer.backend.triton import inputs
-from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, DecoderRunner
-from tritonformer.backend.decoder.engine import GeneratorEngine
-from tritonformer.backend.decoder.kv_cache import plan_num_blocks
+from tritonformer.backend.decoder.build import EngineOptions, build_engine
+from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_sampling_parameters
@@ -27,15 +26,19 @@ from tritonformer.backend.triton.glue import (
     request_parameters,
 )
 from tritonformer.backend.triton.metrics import GeneratorMetrics
+from tritonformer.backend.checkpoints.defaults import (
+    DEFAULT_GENERATOR,
+    GENERATOR_CHECKPOINTS,
+    prepare_generator_checkpoint,
+)
 from tritonformer.backend.checkpoints.weights import load_config
-from tritonformer.scheduler.iteration import IterationScheduler
-from tritonformer.scheduler.kv_blocks import BlockManager
 
 PARAMETERS = {
-    "checkpoint": "",  # a Llama- or GPT-2-family HF folder; empty = SmolLM2-135M-Instruct from its GGUF
+    "checkpoint": "",  # an HF folder, or a bundled one: "smollm2-135m" (empty = this one), "gemma-3-270m"
     "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",
     "dtype": "auto",
+    "max_model_len": "auto",  # longest sequence (prompt + output) served; auto: the checkpoint's max_position_embeddings
     "max_running_sequences": "64",
     "max_tokens_per_iteration": "2048",  # decode tokens + prompt chunks; longer prompts continue next iteration
     "max_decode_steps": str(DEFAULT_DECODE_STEPS),  # decode iterations per launch when every sequence decodes and none waits
@@ -56,9 +59,10 @@ log = logging.getLogger("tritonformer")
 
 class TritonPythonModel:
     def initialize(self, args):
-        p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint)
+        p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint, GENERATOR_CHECKPOINTS)
 
-        model = load_decoder(load_config(checkpoint), checkpoint_weights(p, checkpoint), device, dtype)
+        max_model_len = None if p.str("max_model_len") == "auto" else p.int("max_model_len", minimum=2)
+        model = load_decoder(load_config(checkpoint), checkpoint_weights(p, checkpoint), device, dtype, max_model_len)
         self.config = model.config
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens_limit = p.int("max_tokens_limit")
@@ -66,26 +70,27 @@ class TritonPythonModel:
 
         self.sink = TritonSink("generator")
         self.metrics = GeneratorMetrics(args["model_name"], args.get("model_version", "1"))
-        block_size = p.int("kv_block_size")
-        num_blocks = plan_num_blocks(model, block_size, p.str("kv_cache_tokens"), p.float("kv_cache_memory_fraction"))
-        max_running = p.int("max_running_sequences")
-        scheduler = IterationScheduler(
-            BlockManager(num_blocks, block_size), max_running, p.int("max_tokens_per_iteration"),
-            max_seq_len=self.config.max_position_embeddings,
+        options = EngineOptions(
+            max_running_sequences=p.int("max_running_sequences"),
+            max_tokens_per_iteration=p.int("max_tokens_per_iteration"),
             max_decode_steps=p.int("max_decode_steps"),
-        )
-        cuda_graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
-        runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running, cuda_graphs)
-        self.engine = GeneratorEngine(  # (before the warm-up: a bad parameter fails the load at once)
-            runner, self.tokenizer, self.sink, scheduler, p.int("max_queue_requests"),
-            p.int("cancel_check_interval_ms", minimum=0) / 1000.0, p.int("stream_interval"), stats=self.metrics,
+            kv_block_size=p.int("kv_block_size"),
+            kv_cache_tokens=p.str("kv_cache_tokens"),
+            kv_cache_memory_fraction=p.float("kv_cache_memory_fraction"),
+            cuda_graphs=p.choice("cuda_graphs", ("true", "false")) == "true",
+            max_queue_requests=p.int("max_queue_requests"),
+            cancel_check_interval_s=p.int("cancel_check_interval_ms", minimum=0) / 1000.0,
+            stream_interval=p.int("stream_interval"),
             max_stream_responses_per_s=p.int("max_stream_responses_per_s"),
         )
-        runner.warm_up()  # kernel compilation and graph capture before READY, not on a request
+        # Built before the warm-up: a bad parameter fails the load at once.
+        self.engine = build_engine(model, self.tokenizer, self.sink, options, stats=self.metrics)
+        self.engine.runner.warm_up()  # kernel compilation and graph capture before READY, not on a request
         self.engine.report_occupancy()  # the KV gauges show the empty pool from the start
         self.engine.start()
+        cache = self.engine.runner.cache
         log.info("generator ready: %s on %s (%s), KV cache %d blocks x %d tokens", checkpoint, device, dtype,
-                 num_blocks, block_size)
+                 cache.num_blocks, cache.block_size)
 
     def execute(self, requests):
         for request in requests:
@@ -115,7 +120,9 @@ class TritonPythonModel:
                     text = self.tokenizer.apply_chat_template(text)
                 except Exception as e:
                     raise InvalidRequest(f"cannot apply the chat template: {e}") from None
-            prompt_ids = self.tokenizer.encode(text)
+            # A chat template writes its own special tokens (Llama 3's and Gemma's begin with the
+            # BOS): the tokenizer adds none then, or the prompt would start with two.
+            prompt_ids = self.tokenizer.encode(text, add_special_tokens=not params.apply_chat_template)
         limit = self.config.max_position_embeddings - 1  # room for at least one new token
         if len(prompt_ids) > limit:
             raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens; this model allows at most {limit}")
@@ -142,7 +149,5 @@ def _merge_request_parameters(raw: str | None, request_params: dict) -> str | No
     return json.dumps({**extra, **given})
 
 
-def _default_checkpoint() -> Path:
-    from tritonformer.backend.checkpoints import prepare_smollm2
-
-    return prepare_smollm2(progress=False)
+def _default_checkpoint(name: str = DEFAULT_GENERATOR) -> Path:
+    return prepare_generator_checkpoint(name, progress=False)

@@ -146,12 +146,18 @@ def setup_logging() -> None:
     logger.propagate = False
 
 
-def load_settings(args: dict, known: dict[str, str], default_checkpoint):
+def load_settings(args: dict, known: dict[str, str], default_checkpoint, checkpoint_names=()):
     """The start of every model's initialize(): logging, config parameters, and where and in
-    which precision to run. Returns (parameters, checkpoint folder, device, dtype)."""
+    which precision to run. Returns (parameters, checkpoint folder, device, dtype).
+    The parameter `checkpoint` is a folder, empty for default_checkpoint(), or one of
+    `checkpoint_names` for default_checkpoint(name)."""
     setup_logging()
     params = ModelParameters.from_args(args, known)
-    checkpoint = Path(params.str("checkpoint")) if params.str("checkpoint") else default_checkpoint()
+    value = params.str("checkpoint")
+    if value in checkpoint_names:
+        checkpoint = default_checkpoint(value)
+    else:
+        checkpoint = Path(value) if value else default_checkpoint()
     device = pick_device(params.choice("device", ("auto", "cpu", "cuda")), int(args.get("model_instance_device_id", 0)))
     dtype = pick_dtype(params.choice("dtype", DTYPE_CHOICES), device)
     return params, checkpoint, device, dtype

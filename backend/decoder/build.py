@@ -1,0 +1,47 @@
+"""One way to build a generator engine from a decoder model: the KV cache sized for it, the
+iteration-level scheduler, the runner (decode graphs on a GPU) and the engine loop. The served
+model, the benchmarks, the tests and the tools all build it here, so a new knob is one field."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonformer.backend.decoder.engine import GeneratorEngine, GeneratorStats
+from tritonformer.backend.decoder.kv_cache import plan_num_blocks
+from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, DecoderRunner
+from tritonformer.backend.models.decoder import DecoderModel
+from tritonformer.backend.responses import ResponseSink
+from tritonformer.scheduler.iteration import IterationScheduler
+from tritonformer.scheduler.kv_blocks import BlockManager
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The generator's engine settings (config.pbtxt parameters of the same names)."""
+
+    max_running_sequences: int = 64
+    max_tokens_per_iteration: int = 2048
+    max_decode_steps: int = DEFAULT_DECODE_STEPS
+    kv_block_size: int = 16
+    kv_cache_tokens: str = "auto"  # a token count, or auto: kv_cache_memory_fraction of free GPU memory
+    kv_cache_memory_fraction: float = 0.3
+    cuda_graphs: bool = True
+    max_queue_requests: int = 256
+    cancel_check_interval_s: float = 0.05
+    stream_interval: int = 1
+    max_stream_responses_per_s: float = 3000.0
+
+
+def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: EngineOptions = EngineOptions(),
+                 stats: GeneratorStats | None = None) -> GeneratorEngine:
+    """The engine, not yet warmed up (`engine.runner.warm_up()` compiles kernels and captures the
+    decode graphs) nor started. A bad option fails here, before any warm-up."""
+    o = options
+    num_blocks = plan_num_blocks(model, o.kv_block_size, o.kv_cache_tokens, o.kv_cache_memory_fraction)
+    scheduler = IterationScheduler(
+        BlockManager(num_blocks, o.kv_block_size), o.max_running_sequences, o.max_tokens_per_iteration,
+        max_seq_len=model.config.max_position_embeddings, max_decode_steps=o.max_decode_steps,
+    )
+    runner = DecoderRunner(model, model.new_kv_cache(num_blocks, o.kv_block_size), o.max_running_sequences,
+                           o.cuda_graphs)
+    return GeneratorEngine(runner, tokenizer, sink, scheduler, o.max_queue_requests, o.cancel_check_interval_s,
+                           o.stream_interval, o.max_stream_responses_per_s, stats=stats)

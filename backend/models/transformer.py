@@ -1,0 +1,312 @@
+"""The pre-norm decoder that Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3 share, driven by options.
+
+A family file (llama.py, qwen3.py, gemma2.py, ...) maps its Hugging Face config onto a
+`DecoderSpec` and names its tensors (`WeightNames`); this module builds the model from those
+and runs it. What differs between the families is data, read here in one place:
+
+    norm_offset      RMSNorm weight applied as (offset + w): Gemma's (1 + w), kept in fp32
+    activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    qkv_bias         biases on Q, K, V (Qwen2)
+    qk_norm          per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
+    sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
+    rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
+    layer_windows    per layer: a sliding window in tokens, or None (full attention)
+    attn_scale       query scale (Gemma: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5)
+    attn_softcap     tanh soft-capping of attention scores (Gemma 2)
+    final_softcap    tanh soft-capping of the logits (Gemma 2)
+    embed_scale      token embeddings times sqrt(hidden) (Gemma)
+    tie_word_embeddings
+
+One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
+chunks of joining sequences and one decode token of each running sequence are packed into a
+single `[tokens, hidden]` activation, so every non-attention op runs once over all of them
+(selective batching); attention reads each sequence's keys from the paged cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tritonformer import kernels
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.models.decoder import DecoderModel
+from tritonformer.backend.models.rope import Rope
+
+GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """Where a family keeps each tensor, relative to `layers.{i}.` (the model prefix stripped).
+    `qkv` / `gate_up` name fused projections; otherwise q, k, v / gate, up are concatenated at
+    load. `mlp_norm` is the norm before the MLP; `attn_post_norm` / `mlp_post_norm` the
+    sandwich norms after attention and the MLP (None where the family has none)."""
+
+    q: str = "self_attn.q_proj"
+    k: str = "self_attn.k_proj"
+    v: str = "self_attn.v_proj"
+    qkv: str | None = None
+    o: str = "self_attn.o_proj"
+    gate: str = "mlp.gate_proj"
+    up: str = "mlp.up_proj"
+    gate_up: str | None = None
+    down: str = "mlp.down_proj"
+    attn_norm: str = "input_layernorm"
+    mlp_norm: str = "post_attention_layernorm"
+    attn_post_norm: str | None = None
+    mlp_post_norm: str | None = None
+    q_norm: str = "self_attn.q_norm"
+    k_norm: str = "self_attn.k_norm"
+    embed: str = "embed_tokens.weight"
+    final_norm: str = "norm.weight"
+    lm_head: str = "lm_head.weight"
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    norm_eps: float
+    rope: Rope
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    activation: str = "silu"
+    norm_offset: float = 0.0
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
+    layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    embed_scale: float | None = None
+    names: WeightNames = field(default_factory=WeightNames)
+
+    def __post_init__(self):
+        if self.activation not in GATED_ACTIVATIONS:
+            raise ValueError(f"unsupported MLP activation {self.activation!r} (supported: {sorted(GATED_ACTIVATIONS)})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads} attention heads are not a multiple of {self.num_kv_heads} KV heads")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+
+def eos_ids(cfg: dict) -> tuple[int, ...]:
+    """The checkpoint's end-of-sequence ids: config.json's `eos_token_id` (one or a list)."""
+    eos = cfg.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+
+
+def rope_parameters(cfg: dict) -> dict | None:
+    """The rope dict of a config written by transformers < 5 (`rope_scaling`, `rope_theta`) or
+    >= 5 (`rope_parameters`); where both are there, `rope_scaling` wins, as transformers reads it."""
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters")
+
+
+def check_rotary_is_whole(cfg: dict) -> None:
+    params = rope_parameters(cfg) or {}
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_w: torch.Tensor
+    attn_post_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up_w: torch.Tensor
+    down_w: torch.Tensor
+    mlp_post_norm: torch.Tensor | None
+    window: int | None
+    local: bool  # sliding-window layer using the local rope table
+
+
+class TransformerDecoder(DecoderModel):
+    def __init__(self, config: DecoderSpec, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        super().__init__(config, state, device, dtype)
+        c, n = config, config.names
+        hidden, head = c.hidden_size, c.head_dim
+        q_rows, kv_rows = c.num_heads * head, c.num_kv_heads * head
+
+        def w(name: str, *shape: int) -> torch.Tensor:
+            tensor = self.weight(name)
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, but the config "
+                                 f"(hidden {hidden}, heads {c.num_heads}/{c.num_kv_heads} x {head}, intermediate "
+                                 f"{c.intermediate_size}, vocab {c.vocab_size}) needs {shape}")
+            return tensor
+
+        def norm(name: str, size: int = hidden) -> torch.Tensor:
+            weight = w(name, size)
+            if not c.norm_offset:
+                return weight
+            # (offset + w) once, in fp32, never rounded to the activation dtype: what the family's
+            # norm multiplies by (kernels accept an fp32 norm weight beside fp16/bf16 activations).
+            return state_fp32(state, name, device) + c.norm_offset
+
+        self.embed = w(n.embed, c.vocab_size, hidden)
+        tied = c.tie_word_embeddings or n.lm_head not in state
+        self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden))
+        self.final_norm = norm(n.final_norm)
+        # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
+        # and a lookup is all a captured CUDA graph needs to replay.
+        self.rope_cos_sin = c.rope.cos_sin(c.max_position_embeddings, head, device)
+        self.local_cos_sin = c.local_rope.cos_sin(c.max_position_embeddings, head, device) if c.local_rope else None
+        self.layers: list[_Layer] = []
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            if n.qkv:
+                qkv_w = w(p + n.qkv + ".weight", q_rows + 2 * kv_rows, hidden)
+            else:
+                qkv_w = torch.cat([w(p + n.q + ".weight", q_rows, hidden), w(p + n.k + ".weight", kv_rows, hidden),
+                                   w(p + n.v + ".weight", kv_rows, hidden)])
+            qkv_b = None
+            if c.qkv_bias:
+                qkv_b = (w(p + n.qkv + ".bias", q_rows + 2 * kv_rows) if n.qkv else
+                         torch.cat([w(p + n.q + ".bias", q_rows), w(p + n.k + ".bias", kv_rows),
+                                    w(p + n.v + ".bias", kv_rows)]))
+            inter = c.intermediate_size
+            if n.gate_up:
+                gate_up_w = w(p + n.gate_up + ".weight", 2 * inter, hidden)
+            else:
+                gate_up_w = torch.cat([w(p + n.gate + ".weight", inter, hidden), w(p + n.up + ".weight", inter, hidden)])
+            window = c.window(i)
+            self.layers.append(_Layer(
+                attn_norm=norm(p + n.attn_norm + ".weight"),
+                qkv_w=qkv_w,
+                qkv_b=qkv_b,
+                q_norm=norm(p + n.q_norm + ".weight", head) if c.qk_norm else None,
+                k_norm=norm(p + n.k_norm + ".weight", head) if c.qk_norm else None,
+                o_w=w(p + n.o + ".weight", hidden, q_rows),
+                attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
+                mlp_norm=norm(p + n.mlp_norm + ".weight"),
+                gate_up_w=gate_up_w,
+                down_w=w(p + n.down + ".weight", hidden, inter),
+                mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
+                window=window,
+                local=window is not None and self.local_cos_sin is not None,
+            ))
+        self.activation = GATED_ACTIVATIONS[c.activation]
+
+    @torch.inference_mode()
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
+        """One iteration over the batch's packed tokens; returns `[S, vocab]` logits of the rows
+        in `batch.logits_index` (fp32, or with `fp32_logits=False` the projection's own dtype).
+
+        Each layer's residual add and norm before its QKV projection and its MLP are those
+        linears' PreNorms (kernels.PreNorm, with the sandwich norm of the block before folded in
+        as `x_norm`): for a decode row or two one kernel with the GEMM (and rotary and the cache
+        write: kernels.prenorm_qkv_to_cache); for more rows norm kernels of their own."""
+        c = self.config
+        eps = c.norm_eps
+        cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
+        local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
+        # The token embeddings (the first residual) and the first norm in one launch.
+        x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
+                                                 scale=c.embed_scale)
+        pre = None  # the first layer's input comes normalised from the embedding kernel
+        for li, layer in enumerate(self.layers):
+            table = local if layer.local else cos_sin
+            q = kernels.prenorm_qkv_to_cache(
+                x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, table[:, 0], table[:, 1],
+                cache.keys(li), cache.values(li), batch.slot_mapping,
+                q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
+            )
+            if pre is not None:
+                residual = pre.sum_out
+            ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
+                                  softcap=c.attn_softcap)
+            h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+            mlp_pre = kernels.PreNorm(layer.mlp_norm, None, eps, residual=residual, sum_out=torch.empty_like(residual),
+                                      x_norm=layer.attn_post_norm)
+            x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
+                                   layer.down_w)
+            residual = mlp_pre.sum_out
+            if li + 1 < len(self.layers):
+                pre = kernels.PreNorm(self.layers[li + 1].attn_norm, None, eps, residual=residual,
+                                      sum_out=torch.empty_like(residual), x_norm=layer.mlp_post_norm)
+        if not batch.logits_every_row:
+            x, residual = x[batch.logits_index], residual[batch.logits_index]
+        last = self.layers[-1]
+        if last.mlp_post_norm is not None:
+            x, _ = kernels.rms_norm(x, last.mlp_post_norm, eps)
+        x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
+        return self.logits(x, fp32_logits)
+
+    def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *
+        tanh(logits / cap), in the projection's dtype as Hugging Face computes it, in place."""
+        cap = self.config.final_softcap
+        if cap is None:
+            return super().logits(x, fp32)
+        logits = super().logits(x, fp32=False)
+        logits.div_(cap).tanh_().mul_(cap)
+        return logits.float() if fp32 else logits
+
+
+def state_fp32(state: dict[str, torch.Tensor], name: str, device: torch.device) -> torch.Tensor:
+    return state[name].to(device=device, dtype=torch.float32).contiguous()
+
+
+def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool = False, **options) -> DecoderSpec:
+    """The options every family reads the same way from a Hugging Face config, plus the
+    family's own (`options`, DecoderSpec's fields). `default_theta` / `tie_default` are the
+    family's defaults where the config omits rope_theta / tie_word_embeddings."""
+    check_rotary_is_whole(cfg)
+    if cfg.get("mlp_bias"):
+        raise ValueError("MLP biases (mlp_bias) are not supported")
+    heads = cfg["num_attention_heads"]
+    max_positions = cfg.get("max_position_embeddings", 2048)
+    theta = cfg.get("rope_theta", (rope_parameters(cfg) or {}).get("rope_theta", default_theta))
+    fields = dict(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope=Rope.from_hf(rope_parameters(cfg), theta, max_positions),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=cfg.get("tie_word_embeddings", tie_default),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos_ids(cfg),
+    )
+    return DecoderSpec(**{**fields, **options})
+
+
+def layer_windows(cfg: dict, window: int | None, sliding: list[bool] | None = None) -> tuple[int | None, ...]:
+    """Per layer the sliding window or None: from the config's `layer_types` when it lists them
+    ("sliding_attention" / "full_attention"), else from `sliding` (the family's rule), else every
+    layer windowed when `window` is set."""
+    if not window:
+        return ()
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types:
+        if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+            raise ValueError(f"layer_types must list 'sliding_attention' / 'full_attention' for each of {layers} layers")
+        sliding = [t == "sliding_attention" for t in types]
+    elif sliding is None:
+        sliding = [True] * layers
+    return tuple(window if s else None for s in sliding)

@@ -1,0 +1,152 @@
+"""The configs of the decoder checkpoints people serve, as their `config.json` files publish them:
+the shapes the benchmarks and GPU tests build with random weights (no weights ship with them).
+
+`shrunk(name, ...)` keeps a config's features (rope scaling, biases, norms, windows, soft-caps,
+head layout) at a size the CPU tests can run.
+"""
+from __future__ import annotations
+
+LLAMA_3_1_8B = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+}
+QWEN2_5_7B = {
+    "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": 131072,
+    "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": False,
+    "bos_token_id": 151643, "eos_token_id": 151645,
+}
+QWEN3_8B = {
+    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960, "attention_bias": False,
+    "use_sliding_window": False, "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
+}
+MISTRAL_7B_V0_3 = {
+    "model_type": "mistral", "vocab_size": 32768, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": None,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+GEMMA_2_9B = {
+    "model_type": "gemma2", "vocab_size": 256000, "hidden_size": 3584, "intermediate_size": 14336,
+    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 8192, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": [1, 107],
+}
+GEMMA_3_1B = {
+    "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,
+    "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "max_position_embeddings": 32768,
+    "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": [1, 106],
+}
+PHI_3_MINI_4K = {
+    "model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+    "sliding_window": 2047, "rope_scaling": None, "tie_word_embeddings": False, "bos_token_id": 1,
+    "eos_token_id": 32000,
+}
+# The long-context Phi-3 (longrope): its factors per rotary frequency are its own; these have
+# its shape (48 = head_dim / 2) and range, enough to exercise the schedule.
+PHI_3_MINI_128K = {
+    **PHI_3_MINI_4K, "max_position_embeddings": 131072, "sliding_window": 262144,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.02 * i for i in range(48)],
+                     "long_factor": [1.0 + 0.9 * i for i in range(48)]},
+}
+
+DECODER_SHAPES = {
+    "llama-3.1-8b": LLAMA_3_1_8B,
+    "qwen2.5-7b": QWEN2_5_7B,
+    "qwen3-8b": QWEN3_8B,
+    "mistral-7b": MISTRAL_7B_V0_3,
+    "gemma-2-9b": GEMMA_2_9B,
+    "gemma-3-1b": GEMMA_3_1B,
+    "phi-3-mini": PHI_3_MINI_4K,
+    "phi-3-mini-128k": PHI_3_MINI_128K,
+}
+
+
+def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab: int = 320,
+           window: int | None = 8) -> dict:
+    """`name`'s config with few layers, a small hidden size and vocabulary, and sliding windows
+    (where it has any) of `window` tokens, keeping its head-count ratios and everything else."""
+    cfg = dict(DECODER_SHAPES[name])
+    ratio = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    if name.startswith("phi"):
+        hidden = heads * 24  # head_dim = hidden / heads, not a power of two (Phi-3's is 96)
+    cfg.update(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 32, num_hidden_layers=layers,
+               num_attention_heads=heads, num_key_value_heads=max(1, heads // ratio),
+               max_position_embeddings=min(cfg["max_position_embeddings"], 256), bos_token_id=1, eos_token_id=2,
+               pad_token_id=0)
+    if "head_dim" in cfg:  # families with a head_dim of their own keep one unlike hidden / heads
+        cfg["head_dim"] = 2 * hidden // heads if cfg["head_dim"] != DECODER_SHAPES[name]["hidden_size"] // \
+            DECODER_SHAPES[name]["num_attention_heads"] or name.startswith("qwen3") else hidden // heads
+    if cfg.get("sliding_window") and window and cfg["model_type"] != "qwen2":
+        cfg["sliding_window"] = window
+    if "query_pre_attn_scalar" in cfg:
+        cfg["query_pre_attn_scalar"] = 24
+    if "rope_scaling" in cfg and cfg["rope_scaling"] and "original_max_position_embeddings" in cfg["rope_scaling"]:
+        cfg["rope_scaling"] = {**cfg["rope_scaling"], "original_max_position_embeddings": 64}
+    if name == "phi-3-mini-128k":
+        half = cfg["hidden_size"] // heads // 2
+        cfg["rope_scaling"] = {**cfg["rope_scaling"], "short_factor": cfg["rope_scaling"]["short_factor"][:half],
+                               "long_factor": cfg["rope_scaling"]["long_factor"][:half]}
+        cfg["original_max_position_embeddings"] = 64
+    return cfg
+
+
+def random_decoder(name_or_config, device, dtype, max_model_len: int | None = None, seed: int = 0):
+    """Our decoder at a published shape with random weights, built on `device` directly (a 9B
+    model never passes through host memory): weights ~ N(0, 0.02), norm weights ~ N(1, 0.02) as
+    applied (whatever the family's (offset + w) convention). Returns the model."""
+    import torch
+
+    from tritonformer.backend.models.decoder import load_decoder
+
+    cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
+    spec = _spec(cfg)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, shape in tensor_shapes(spec).items():
+        t = torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+        state[name] = t.add_(1.0 - spec.norm_offset) if "norm" in name else t
+    return load_decoder(cfg, state, device, dtype, max_model_len)
+
+
+def _spec(cfg: dict):
+    import importlib
+
+    from tritonformer.backend.models.decoder import DECODER_FAMILIES
+
+    return importlib.import_module(f"tritonformer.backend.models.{DECODER_FAMILIES[cfg['model_type']]}").from_hf(cfg)
+
+
+def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this DecoderSpec holds, by name (the model prefix stripped)."""
+    n, hidden, head = spec.names, spec.hidden_size, spec.head_dim
+    q, kv, inter = spec.num_heads * head, spec.num_kv_heads * head, spec.intermediate_size
+    shapes = {n.embed: (spec.vocab_size, hidden), n.final_norm: (hidden,)}
+    if not spec.tie_word_embeddings:
+        shapes[n.lm_head] = (spec.vocab_size, hidden)
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,), n.o: (hidden, q), n.down: (hidden, inter)}
+        layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden), n.v: (kv, hidden)})
+        layer.update({n.gate_up: (2 * inter, hidden)} if n.gate_up else {n.gate: (inter, hidden), n.up: (inter, hidden)})
+        if spec.sandwich_norms:
+            layer.update({n.attn_post_norm: (hidden,), n.mlp_post_norm: (hidden,)})
+        if spec.qk_norm:
+            layer.update({n.q_norm: (head,), n.k_norm: (head,)})
+        shapes.update({p + name + ".weight": shape for name, shape in layer.items()})
+        if spec.qkv_bias:
+            shapes.update({p + n.q + ".bias": (q,), p + n.k + ".bias": (kv,), p + n.v + ".bias": (kv,)} if not n.qkv
+                          else {p + n.qkv + ".bias": (q + 2 * kv,)})
+    return shapes

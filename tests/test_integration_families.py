@@ -1,0 +1,114 @@
+"""Every decoder family through a real tritonserver: one generator per family in one model
+repository, each pointed (config parameter `checkpoint`) at a checkpoint folder saved by Hugging
+Face transformers from the family's published config shrunk to a few layers; `/generate` with
+`input_ids` answers HF's greedy continuation, token for token."""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import http_post
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+# (served model name, shape, config changes): the families and their distinguishing features.
+FAMILIES = [
+    ("gen_llama31", "llama-3.1-8b", {}),
+    ("gen_qwen25", "qwen2.5-7b", {}),
+    ("gen_qwen3", "qwen3-8b", {}),
+    ("gen_mistral", "mistral-7b", {"sliding_window": 8}),
+    ("gen_gemma2", "gemma-2-9b", {}),
+    ("gen_gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
+    ("gen_phi3", "phi-3-mini", {}),
+]
+
+REAL_GEMMA = "gen_gemma3_270m"
+
+
+@pytest.fixture(scope="module")
+def family_server(tmp_path_factory, smollm2_dir, gemma3_270m_dir):
+    """The server and {model name: its HF model}."""
+    from tritonformer.client.model_shapes import shrunk
+    from tritonformer.client.server import TritonServer, free_ports
+
+    from test_decoder_families import CONFIG_CLASSES, HF_CLASSES
+
+    root = tmp_path_factory.mktemp("families")
+    repo = root / "repository"
+    hf_models = {}
+    for i, (name, shape, changes) in enumerate(FAMILIES):
+        cfg = {**shrunk(shape, vocab=512), **changes}
+        model_type = cfg.pop("model_type")
+        torch.manual_seed(20 + i)
+        hf = getattr(transformers, HF_CLASSES[model_type])._from_config(
+            getattr(transformers, CONFIG_CLASSES[model_type])(**cfg), attn_implementation="eager").eval()
+        checkpoint = root / name
+        hf.save_pretrained(checkpoint)
+        # The served folder needs a tokenizer; these requests send and read token ids, so any
+        # tokenizer whose ids cover the vocabulary will do: SmolLM2's.
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(smollm2_dir / f, checkpoint / f)
+        model_dir = repo / name
+        shutil.copytree(REPO / "model_repository" / "generator", model_dir,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        config = (model_dir / "config.pbtxt").read_text()
+        config = re.sub(r'name: "generator"', f'name: "{name}"', config)
+        config = re.sub(r'(key: "checkpoint" value: \{ string_value: )""', rf'\1"{checkpoint}"', config)
+        config = re.sub(r'(key: "kv_cache_tokens" value: \{ string_value: )"auto"', r'\1"2048"', config)
+        (model_dir / "config.pbtxt").write_text(config)
+        hf_models[name] = hf
+    # The real Gemma 3 270M, chosen by its documented name.
+    model_dir = repo / REAL_GEMMA
+    shutil.copytree(REPO / "model_repository" / "generator", model_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    config = (model_dir / "config.pbtxt").read_text().replace('name: "generator"', f'name: "{REAL_GEMMA}"')
+    config = re.sub(r'(key: "checkpoint" value: \{ string_value: )""', r'\1"gemma-3-270m"', config)
+    config = re.sub(r'(key: "max_model_len" value: \{ string_value: )"auto"', r'\1"1024"', config)
+    config = re.sub(r'(key: "kv_cache_tokens" value: \{ string_value: )"auto"', r'\1"2048"', config)
+    (model_dir / "config.pbtxt").write_text(config)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    server.start()
+    try:
+        server.wait_ready([name for name, _, _ in FAMILIES] + [REAL_GEMMA], timeout=600)
+        yield server, hf_models
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+def test_family_served_greedy_equals_hf(family_server, name):
+    server, hf_models = family_server
+    hf = hf_models[name]
+    g = torch.Generator().manual_seed(5)
+    for n in (3, 21, 40):
+        prompt = torch.randint(3, 512, (n,), generator=g).tolist()
+        status, body = http_post(server, f"/v2/models/{name}/generate", {
+            "input_ids": prompt, "stream": False, "max_tokens": 32, "ignore_eos": True})
+        assert status == 200, body
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, n, dtype=torch.long),
+                              max_new_tokens=32, do_sample=False, pad_token_id=0, eos_token_id=None)
+        assert body["output_ids"] == ref[0, n:].tolist(), (name, n)
+
+
+def test_real_gemma3_270m_served_by_name_equals_hf(family_server, gemma3_270m_dir):
+    """`checkpoint: "gemma-3-270m"`: text in, HF's greedy continuation of the same tokens out."""
+    from tritonformer.backend.tokenization import TextTokenizer
+
+    server, _ = family_server
+    status, body = http_post(server, f"/v2/models/{REAL_GEMMA}/generate", {
+        "text_input": "The capital of France is", "stream": False, "max_tokens": 16})
+    assert status == 200, body
+    hf = transformers.Gemma3ForCausalLM.from_pretrained(gemma3_270m_dir, attn_implementation="eager",
+                                                        dtype=torch.float32).eval()
+    prompt = TextTokenizer(gemma3_270m_dir).encode("The capital of France is")
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+    expected = ref[0, len(prompt):].tolist()
+    assert body["output_ids"] == expected[: len(body["output_ids"])] and body["text_output"].startswith(" the capital")
