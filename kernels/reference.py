@@ -242,6 +242,18 @@ def qkv_split_rotary(
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.contiguous()
 
 
+def check_attention_options(causal: bool, window: int | None, softcap: float | None) -> None:
+    """ValueError unless `window` is None or a positive integer with causal attention, and
+    `softcap` None or positive (the attention ops' rules, kernels' and references' alike)."""
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window needs causal attention (causal=True)")
+        if int(window) != window or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive, got {softcap!r}")
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -269,13 +281,7 @@ def varlen_attention(
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]` (in `out` when given).
     """
-    if window is not None:
-        if not causal:
-            raise ValueError("a sliding window needs causal attention (causal=True)")
-        if int(window) != window or window < 1:
-            raise ValueError(f"window must be a positive integer, got {window!r}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap must be positive, got {softcap!r}")
+    check_attention_options(causal, window, softcap)
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q) if out is None else out
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

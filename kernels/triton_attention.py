@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import triton_pdl
+from tritonformer.kernels import reference, triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.gpu_info import sm_count
 
@@ -294,7 +294,7 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -
     queries (decode), so a one-query program does not compute 127 dead rows. fp32 tiles are twice the bytes and get smaller
     blocks. In the CPU interpreter: 16x16 tiles, the smallest tl.dot takes.
     Decode launches (at most 16 rows) run fastest with 2 warps and no software pipelining
-    (`tools/tune_decode_attention.py`): 7.6 vs 9.4 us per launch for GPT-2 at batch 64,
+    (`tools/gpu/tune_decode_attention.py`): 7.6 vs 9.4 us per launch for GPT-2 at batch 64,
     context 128, 6.5 vs 7.5 for the Llama-1B shape; such a program folds in only a few key
     blocks, so there is nothing for the pipeline stages to overlap.
     `head_dim` is the tile's (padded) head dim: 96 and 80 run as 128, and head dims above 128
@@ -414,7 +414,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     assert 16 <= head_dim <= 256, f"triton attention needs a head_dim in [16, 256], got {head_dim}"
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
-    _check_window_softcap(causal, window, softcap)
+    reference.check_attention_options(causal, window, softcap)
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -478,12 +478,3 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     return out
 
 
-def _check_window_softcap(causal: bool, window: int | None, softcap: float | None) -> None:
-    """The reference's rules for the two options (ValueError, as the reference raises)."""
-    if window is not None:
-        if not causal:
-            raise ValueError("a sliding window needs causal attention (causal=True)")
-        if int(window) != window or window < 1:
-            raise ValueError(f"window must be a positive integer, got {window!r}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap must be positive, got {softcap!r}")

@@ -25,7 +25,7 @@ pass. This one is
 - split in its epilogue (EPILOGUE_SPLIT): the accumulator is finished and stored in column
   halves, which halves the registers and shared memory the store path holds at once.
 
-What it gets (H100, fp16, N = 3072, K = 768; `tools/time_ffn_gemm.py`, docs/benchmarks.md):
+What it gets (H100, fp16, N = 3072, K = 768; `tools/gpu/time_ffn_gemm.py`, docs/benchmarks.md):
 its main loop alone runs at 88-100% of cuBLAS's GEMM (0.269 vs 0.237 ms at 32,768 rows), and
 with the erf epilogue it is 3-12% faster than cuBLAS + the separate bias + GELU pass from
 8,192 rows on (0.380-0.386 vs 0.395-0.406 ms at 32,768 rows; 0.739-0.760 vs 0.818-0.838 at
@@ -90,7 +90,7 @@ class TileConfig:
                 f"{' ws' if self.warp_specialize else ''}")
 
 
-# The default tile on the GPU (H100, fp16/bf16; tools/time_ffn_gemm.py sweeps the others):
+# The default tile on the GPU (H100, fp16/bf16; tools/gpu/time_ffn_gemm.py sweeps the others):
 # 128 x 256, one program per SM. In three sweeps on two machine starts it never lost to cuBLAS +
 # the separate pass from 4,096 rows; two 128 x 128 programs per SM were faster in some runs
 # and 40% slower in another. One small tile for the interpreter, where tiles cost time per element.
@@ -216,7 +216,7 @@ def linear_bias_gelu(
     x: `[M, K]` (rows may be strided, e.g. a column slice of a wider tensor); weight: `[N, K]`
     (nn.Linear layout); bias: `[N]` or None. Returns a contiguous `[M, N]` in x's dtype (in
     `out` when given: an activation-arena view, say). `config` picks a tile other than the
-    default (the sweep in tools/time_ffn_gemm.py). Without TMA (a GPU older than Hopper), or
+    default (the sweep in tools/gpu/time_ffn_gemm.py). Without TMA (a GPU older than Hopper), or
     when K's rows cannot be 16-byte aligned, it runs the reference ops.
     """
     if approximate not in ("none", "tanh"):

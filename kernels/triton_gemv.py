@@ -1,7 +1,7 @@
 """Decode-row linears (one or two rows) whose weights load before the previous kernel ends.
 
 Why: a batch-1 decode step is a chain of ~100 dependent kernels. Profiled on the H100
-(docs/benchmarks.md, "Where the GPU time goes"), each few-row GEMM took 4-6 us for weights
+(`tools/gpu/profile_gpu_kernels.py`), each few-row GEMM took 4-6 us for weights
 that stream in 1-4 us: the rest is the launch and the round trip to the first weight bytes,
 paid once per kernel, one kernel after another. But a linear's weights do not depend on the
 kernel before it. With programmatic dependent launch (PDL, Hopper and later) this kernel is
@@ -52,10 +52,12 @@ _ELEMENTS_PER_WARP = 2048
 _WARPS = 4
 # Longest row a program holds (Llama-3-8B's down projection has K = 14,336).
 _MAX_K = 16384
-# Past _MAX_K (no PreNorm): the K loop's chunk, and the longest K it takes (a benchmark comparing
-# with cuBLAS sets MAX_LOOP_K = _MAX_K).
+# Past _MAX_K (no PreNorm): the K loop's chunk, and the longest K it takes. Off (= _MAX_K): on the
+# H100 the loop lost to cuBLAS at one decode row, 62.8 vs 53.0 us at K = 18,944 (Qwen2.5-7B's down
+# projection) and 229.8 vs 169.7 us at K = 29,568 (test_gpu_timing_k_loop_gemv_vs_cublas); a chunk
+# sweep may change that, and the timing test sets MAX_LOOP_K to compare.
 _K_CHUNK = 4096
-MAX_LOOP_K = 1 << 16
+MAX_LOOP_K = _MAX_K
 
 
 @triton.jit

@@ -3,8 +3,8 @@
 Why: with a handful of tokens (a decode step, a short request) a linear layer is a read of its
 weight matrix and nothing else, and the ops around it (bias and GELU or GLU after an MLP
 linear; the residual add and norm before the QKV projection, its split, rotary and cache write
-after) are each one more tiny launch. Profiled on the H100 (docs/benchmarks.md, "Where the GPU
-time goes"), cuBLAS runs these shapes at 4-6 us per GEMM for 1-12 MB of weights that take
+after) are each one more tiny launch. Profiled on the H100 (`tools/gpu/profile_gpu_kernels.py`),
+cuBLAS runs these shapes at 4-6 us per GEMM for 1-12 MB of weights that take
 0.5-4 us to read, and every other launch of a decode step costs 2-3 us however little it does.
 
 One program owns BLOCK_N output columns for all (<= BLOCK_M) rows and streams those columns'
@@ -68,7 +68,7 @@ PREFETCH_MAX_K = 1024
 SPLIT_LONG_K = True
 SPLIT_K_MIN_K, SPLIT_K_MAX = 768, 8
 # Largest weight matrix that the routing sends to split K (`_split`). Measured on the H100
-# (tools/gpu/time_decode_linears.py, docs/results/split-k/): GPT-2's layers at 64 rows 291 -> 277 us
+# (tools/gpu/time_decode_linears.py): GPT-2's layers at 64 rows 291 -> 277 us
 # with its 4.7 MB down projections split, Llama-1B's 1,043 -> 1,151 us with its 8 and 32 MB
 # output and down projections split as well; cuBLAS keeps those.
 SPLIT_MAX_BYTES = 6 << 20
@@ -82,7 +82,7 @@ PREFETCH_MAX_BYTES = 8 << 20
 # streamed in 128-512 wide pipelined steps; narrow tiles make more programs (N / BLOCK_N of
 # them), which is what fills 132 SMs when N is 768, wide ones waste less per program on big
 # matrices. QKV (tiles inside half a head): shallower pipelines won there on the H100
-# (docs/results/prenorm-qkv/).
+# (`tools/gpu/time_small_gemm.py`).
 _PLAIN_TILES = ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),
                 (64, 128, 4, 3), (64, 256, 8, 3), (16, 512, 4, 2), (32, 512, 8, 2))
 _QKV_TILES = ((16, 128, 4, 4), (32, 256, 4, 3), (16, 512, 4, 2), (16, 128, 4, 2), (32, 128, 4, 2), (16, 64, 4, 3))

@@ -15,7 +15,7 @@ from tritonformer.backend.models.decoder import DECODER_FAMILIES, load_decoder
 from tritonformer.backend.models.rope import Rope
 from tritonformer.client.model_shapes import shrunk
 
-from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
+from decoder_steps import PagedSteps, check_joining_iterations_match  # noqa: E402  (tests/ helper)
 
 transformers = pytest.importorskip("transformers")
 CPU = torch.device("cpu")
@@ -87,21 +87,7 @@ def test_family_iterations_match_hf_full_forward(case, shape, changes):
     hf, ours = _pair(shape, changes, seed=1)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (19, 1, 23)]
-    steps = [
-        [(0, prompts[0])],
-        [(0, [5]), (1, prompts[1]), (2, prompts[2][:10])],
-        [(0, [6]), (1, [7]), (2, prompts[2][10:])],
-        [(1, [8]), (2, [9]), (0, [10])],
-    ]
-    run = PagedSteps(ours, block_size=4)
-    history = {0: [], 1: [], 2: []}
-    for step in steps:
-        logits = run.step(step)
-        with torch.no_grad():
-            for row, (seq, toks) in enumerate(step):
-                history[seq] += toks
-                ref = hf(torch.tensor([history[seq]])).logits[0, -1]
-                torch.testing.assert_close(logits[row], ref, atol=1e-4, rtol=1e-4)
+    check_joining_iterations_match(hf, ours, prompts)
 
 
 @pytest.mark.parametrize("params", [

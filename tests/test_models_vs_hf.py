@@ -12,7 +12,7 @@ from tritonformer.backend.models.gpt2 import GPT2Config
 from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 from tritonformer.kernels import pool_sequences
 
-from decoder_steps import PagedSteps  # noqa: E402  (tests/ helper)
+from decoder_steps import PagedSteps, check_joining_iterations_match  # noqa: E402  (tests/ helper)
 
 transformers = pytest.importorskip("transformers")
 CPU = torch.device("cpu")
@@ -78,21 +78,7 @@ def test_llama_iterations_match_hf_full_forward(tie, kv_heads):
     hf, ours = _random_llama(tie, kv_heads)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (9, 1, 23)]
-    steps = [
-        [(0, prompts[0])],
-        [(0, [5]), (1, prompts[1]), (2, prompts[2][:10])],  # sequence 2's prompt in two chunks
-        [(0, [6]), (1, [7]), (2, prompts[2][10:])],
-        [(1, [8]), (2, [9]), (0, [10])],
-    ]
-    run = PagedSteps(ours, block_size=4)
-    history = {0: [], 1: [], 2: []}
-    for step in steps:
-        logits = run.step(step)
-        with torch.no_grad():
-            for row, (seq, toks) in enumerate(step):
-                history[seq] += toks
-                ref = hf(torch.tensor([history[seq]])).logits[0, -1]
-                torch.testing.assert_close(logits[row], ref, atol=1e-4, rtol=1e-4)
+    check_joining_iterations_match(hf, ours, prompts)
 
 
 def _random_gpt2():

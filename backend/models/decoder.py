@@ -45,7 +45,7 @@ class DecoderModel:
 
         Through `kernels.linear_act`, which routes by rows and shape: a decode row or two runs
         the prefetching GEMV (GPT-2's head 31.0 -> 26.1 us, Llama-1B's 188 -> 167 us on the
-        H100, docs/results/lm-head/time_small_gemm_lm_head.log), more rows the small GEMM where
+        H100, `tools/gpu/time_small_gemm.py --layers "lm head"`), more rows the small GEMM where
         K is short (GPT-2's) or cuBLAS."""
         logits = kernels.linear_act(x, self.output_head)[:, : self.vocab_size]
         return logits.float() if fp32 else logits

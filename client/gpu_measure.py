@@ -1,0 +1,68 @@
+"""What a GPU can do and what a model must move, for the benchmarks' floors: the device's copy
+bandwidth and matmul peak, measured in the run, and a decoder's bytes per decode step and FLOPs
+per prefill."""
+from __future__ import annotations
+
+import time
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s the GPU reads in a large device-to-device copy (read + write counted)."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 10 / (time.perf_counter() - t0)
+
+
+def read_bytes_per_step(model) -> int:
+    """Bytes of weights one decode step reads: every layer's tensors, the final norm and the
+    output head (an untied input embedding is only gathered, a few rows per step)."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+
+    def add(t):
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+
+    for layer in model.layers:
+        for value in vars(layer).values():
+            add(value)
+    add(model.final_norm)
+    add(model.output_head)
+    return total
+
+
+def matmul_peak_tflops(dtype) -> float:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * 10 / (time.perf_counter() - t0) / 1e12
+
+
+def prefill_flops(model, tokens: int) -> float:
+    """Matmul FLOPs of one causal prefill: 2 per weight per token through the layers and the
+    head (one row of logits), plus QK^T and PV over the causal triangle."""
+    c = model.config
+    layer_weights = sum(t.numel() for layer in model.layers for t in (layer.qkv_w, layer.o_w, layer.gate_up_w,
+                                                                       layer.down_w))
+    attention = 2 * 2 * c.num_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
+    return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
