@@ -86,9 +86,12 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                num_attention_heads=heads, num_key_value_heads=max(1, heads // ratio),
                max_position_embeddings=min(cfg["max_position_embeddings"], 256), bos_token_id=1, eos_token_id=2,
                pad_token_id=0)
-    if "head_dim" in cfg:  # families with a head_dim of their own keep one unlike hidden / heads
-        cfg["head_dim"] = 2 * hidden // heads if cfg["head_dim"] != DECODER_SHAPES[name]["hidden_size"] // \
-            DECODER_SHAPES[name]["num_attention_heads"] or name.startswith("qwen3") else hidden // heads
+    if "head_dim" in cfg:
+        # A head_dim unlike hidden / heads stays unlike it (Gemma's 256 for 3,584 / 16; Qwen3's 128,
+        # which its smaller models keep beside other widths).
+        published = DECODER_SHAPES[name]
+        own = published["head_dim"] != published["hidden_size"] // published["num_attention_heads"]
+        cfg["head_dim"] = 2 * hidden // heads if own or name.startswith("qwen3") else hidden // heads
     if cfg.get("sliding_window") and window and cfg["model_type"] != "qwen2":
         cfg["sliding_window"] = window
     if "query_pre_attn_scalar" in cfg:

@@ -147,21 +147,24 @@ class TransformerDecoder(DecoderModel):
         hidden, head = c.hidden_size, c.head_dim
         q_rows, kv_rows = c.num_heads * head, c.num_kv_heads * head
 
-        def w(name: str, *shape: int) -> torch.Tensor:
-            tensor = self.weight(name)
-            if tuple(tensor.shape) != shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, but the config "
+        def checked(name: str, shape: tuple[int, ...]) -> str:
+            if name not in state:
+                raise KeyError(f"checkpoint is missing weight {name!r}")
+            if tuple(state[name].shape) != shape:
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
                                  f"(hidden {hidden}, heads {c.num_heads}/{c.num_kv_heads} x {head}, intermediate "
                                  f"{c.intermediate_size}, vocab {c.vocab_size}) needs {shape}")
-            return tensor
+            return name
+
+        def w(name: str, *shape: int) -> torch.Tensor:
+            return self.weight(checked(name, shape))
 
         def norm(name: str, size: int = hidden) -> torch.Tensor:
-            weight = w(name, size)
             if not c.norm_offset:
-                return weight
+                return w(name, size)
             # (offset + w) once, in fp32, never rounded to the activation dtype: what the family's
             # norm multiplies by (kernels accept an fp32 norm weight beside fp16/bf16 activations).
-            return state_fp32(state, name, device) + c.norm_offset
+            return state[checked(name, (size,))].to(device=device, dtype=torch.float32) + c.norm_offset
 
         self.embed = w(n.embed, c.vocab_size, hidden)
         tied = c.tie_word_embeddings or n.lm_head not in state
@@ -261,10 +264,6 @@ class TransformerDecoder(DecoderModel):
         logits = super().logits(x, fp32=False)
         logits.div_(cap).tanh_().mul_(cap)
         return logits.float() if fp32 else logits
-
-
-def state_fp32(state: dict[str, torch.Tensor], name: str, device: torch.device) -> torch.Tensor:
-    return state[name].to(device=device, dtype=torch.float32).contiguous()
 
 
 def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool = False, **options) -> DecoderSpec:
