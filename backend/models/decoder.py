@@ -59,6 +59,12 @@ class DecoderModel:
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
 
 
+def eos_ids(cfg: dict) -> tuple[int, ...]:
+    """The checkpoint's end-of-sequence ids: config.json's `eos_token_id` (one or a list)."""
+    eos = cfg.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+
+
 # model_type -> the module of its family under backend/models/. A family module has
 # `from_hf(config: dict) -> its config` and `MODEL`, the class built from that config and the
 # checkpoint's tensors; it may have `adapt(config, state) -> (config, state)` for checkpoints that

@@ -15,7 +15,7 @@ import torch
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
-from tritonformer.backend.models.decoder import DecoderModel
+from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
@@ -54,7 +54,6 @@ class GPT2Config:
         if cfg.get("scale_attn_weights", True) is False:
             raise ValueError("GPT-2 without scale_attn_weights is not supported")
         hidden = cfg["n_embd"]
-        eos = cfg.get("eos_token_id")
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
@@ -65,7 +64,7 @@ class GPT2Config:
             max_position_embeddings=cfg.get("n_positions", 1024),
             gelu_approximate=_GELU[act],
             bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            eos_token_ids=eos_ids(cfg),
         )
 
 

@@ -31,7 +31,7 @@ import torch
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
-from tritonformer.backend.models.decoder import DecoderModel
+from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.rope import Rope
 
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
@@ -102,12 +102,6 @@ class DecoderSpec:
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
-
-
-def eos_ids(cfg: dict) -> tuple[int, ...]:
-    """The checkpoint's end-of-sequence ids: config.json's `eos_token_id` (one or a list)."""
-    eos = cfg.get("eos_token_id")
-    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
 
 
 def rope_parameters(cfg: dict) -> dict | None:

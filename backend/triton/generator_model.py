@@ -12,7 +12,6 @@ from pathlib import Path
 
 from tritonformer.backend.triton import inputs
 from tritonformer.backend.decoder.build import EngineOptions, build_engine
-from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_sampling_parameters
@@ -33,25 +32,27 @@ from tritonformer.backend.checkpoints.defaults import (
 )
 from tritonformer.backend.checkpoints.weights import load_config
 
+_ENGINE = EngineOptions()
 PARAMETERS = {
     "checkpoint": "",  # an HF folder, or a bundled one: "smollm2-135m" (empty = this one), "gemma-3-270m"
     "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",
     "dtype": "auto",
     "max_model_len": "auto",  # longest sequence (prompt + output) served; auto: the checkpoint's max_position_embeddings
-    "max_running_sequences": "64",
-    "max_tokens_per_iteration": "2048",  # decode tokens + prompt chunks; longer prompts continue next iteration
-    "max_decode_steps": str(DEFAULT_DECODE_STEPS),  # decode iterations per launch when every sequence decodes and none waits
-    "kv_block_size": "16",  # tokens per KV cache block
-    "kv_cache_tokens": "auto",  # KV cache capacity in tokens; auto: kv_cache_memory_fraction of free GPU memory
-    "kv_cache_memory_fraction": "0.3",
-    "cuda_graphs": "true",  # replay captured CUDA graphs for decode iterations (GPU)
-    "max_queue_requests": "256",
+    # The engine's settings, defaults from EngineOptions (one place for them).
+    "max_running_sequences": str(_ENGINE.max_running_sequences),
+    "max_tokens_per_iteration": str(_ENGINE.max_tokens_per_iteration),  # longer prompts continue next iteration
+    "max_decode_steps": str(_ENGINE.max_decode_steps),  # decode iterations per launch when all decode and none waits
+    "kv_block_size": str(_ENGINE.kv_block_size),  # tokens per KV cache block
+    "kv_cache_tokens": _ENGINE.kv_cache_tokens,  # KV cache capacity in tokens; auto: a share of free GPU memory
+    "kv_cache_memory_fraction": str(_ENGINE.kv_cache_memory_fraction),
+    "cuda_graphs": str(_ENGINE.cuda_graphs).lower(),  # replay captured CUDA graphs for decode iterations (GPU)
+    "max_queue_requests": str(_ENGINE.max_queue_requests),
     "max_tokens_limit": "4096",  # the largest max_tokens a request may ask for
     "max_prompt_bytes": "200000",
-    "cancel_check_interval_ms": "50",
-    "stream_interval": "1",  # tokens per streamed response (pending pieces also coalesce when sending lags)
-    "max_stream_responses_per_s": "3000",  # across all streams: under load each stream's pieces grow
+    "cancel_check_interval_ms": str(round(_ENGINE.cancel_check_interval_s * 1000)),
+    "stream_interval": str(_ENGINE.stream_interval),  # tokens per streamed response; pending pieces coalesce when sending lags
+    "max_stream_responses_per_s": str(_ENGINE.max_stream_responses_per_s),  # all streams: under load pieces grow
 }
 
 log = logging.getLogger("tritonformer")
