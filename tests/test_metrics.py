@@ -56,4 +56,9 @@ def test_generator_metrics_move_with_traffic(triton_server):
     assert after["tritonformer_iterations_total"] >= before["tritonformer_iterations_total"] + 5
     assert after["tritonformer_time_to_first_token_seconds_count"] == before["tritonformer_time_to_first_token_seconds_count"] + 1
     assert after["tritonformer_time_per_output_token_seconds_count"] == before["tritonformer_time_per_output_token_seconds_count"] + 1
+    # The queue's part of the time to first token, counted once per request and never more than it.
+    assert after["tritonformer_prompt_queue_seconds_count"] == before["tritonformer_prompt_queue_seconds_count"] + 1
+    queued = after["tritonformer_prompt_queue_seconds_sum"] - before["tritonformer_prompt_queue_seconds_sum"]
+    ttft = after["tritonformer_time_to_first_token_seconds_sum"] - before["tritonformer_time_to_first_token_seconds_sum"]
+    assert 0 <= queued <= ttft
     assert after["tritonformer_running_requests"] == 0 and after["tritonformer_kv_cache_bytes"] == 0

@@ -49,7 +49,8 @@ class GeneratorStats(Protocol):
 
     def occupancy(self, running: int, waiting: int, kv_blocks_used: int, kv_blocks_free: int, kv_bytes: int) -> None: ...
 
-    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None: ...
+    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int,
+                     queue_wait: float | None = None) -> None: ...
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # its KV blocks (the scheduler's)
     num_computed: int = 0  # tokens whose keys/values are in the cache
     finish_reason: str | None = None
+    scheduled_at: float | None = None  # when its first prompt token was first scheduled
     first_token_at: float | None = None
     last_sent_at: float | None = None  # when its last streamed response left
 
@@ -130,6 +132,15 @@ class Sequence:
         if start + n <= p:
             return self.prompt_ids[start : start + n]
         return self.prompt_ids[start:] + self.output_ids[: start + n - p]
+
+
+def _stamp_first_scheduled(work: list) -> None:
+    """Note when each sequence's prompt first runs: its time in the queue is the first part of
+    its time to first token (a one-token prompt runs among the decodes, so all are looked at)."""
+    now = None
+    for w in work:
+        if w.start == 0 and w.seq.scheduled_at is None:
+            w.seq.scheduled_at = now = now or time.monotonic()
 
 
 class GeneratorEngine(EngineLoop):
@@ -211,6 +222,7 @@ class GeneratorEngine(EngineLoop):
             return None
         self.scheduler.commit(it)  # the KV is written before anything later on the stream reads it
         if it.steps == 1:
+            _stamp_first_scheduled(work)  # (a round of several iterations never admits anyone)
             samples = [(w.seq, w.seq.reserve(row), 1) for row, w in enumerate(sampling)]
         else:
             samples = [(w.seq, w.seq.reserve_steps(row, w.steps), w.steps) for row, w in enumerate(sampling)]
@@ -329,7 +341,8 @@ class GeneratorEngine(EngineLoop):
             n, first = len(seq.output_ids), seq.first_token_at
             ttft = first - seq.arrival if first is not None else None
             tpot = (time.monotonic() - first) / (n - 1) if first is not None and n > 1 else None
-            self.stats.request_done(ttft=ttft, tpot=tpot, output_tokens=n)
+            wait = seq.scheduled_at - seq.arrival if seq.scheduled_at is not None else None
+            self.stats.request_done(ttft=ttft, tpot=tpot, output_tokens=n, queue_wait=wait)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)  # frees its KV blocks at once

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tritonformer.backend.triton import inputs
 from tritonformer.backend.decoder.build import EngineOptions, build_engine
+from tritonformer.backend.decoder.warm_up import warm_up
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_sampling_parameters
@@ -86,7 +87,7 @@ class TritonPythonModel:
         )
         # Built before the warm-up: a bad parameter fails the load at once.
         self.engine = build_engine(model, self.tokenizer, self.sink, options, stats=self.metrics)
-        self.engine.runner.warm_up()  # kernel compilation and graph capture before READY, not on a request
+        warm_up(self.engine)  # kernel compilation and graph capture before READY, not on a request
         self.engine.report_occupancy()  # the KV gauges show the empty pool from the start
         self.engine.start()
         cache = self.engine.runner.cache

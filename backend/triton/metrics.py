@@ -42,6 +42,7 @@ GENERATOR_METRICS = {
     "tritonformer_kv_blocks_free": ("GAUGE", "KV cache blocks free", None),
     "tritonformer_preemptions_total": ("COUNTER", "Sequences preempted (blocks freed, recomputed later) for lack of KV blocks", None),
     "tritonformer_time_to_first_token_seconds": ("HISTOGRAM", "Arrival to first generated token", _SECONDS_BUCKETS),
+    "tritonformer_prompt_queue_seconds": ("HISTOGRAM", "Arrival to the first iteration that runs the prompt (part of the time to first token)", _SECONDS_BUCKETS),
     "tritonformer_time_per_output_token_seconds": ("HISTOGRAM", "Mean time between output tokens, per request", _SECONDS_BUCKETS),
     "tritonformer_generated_tokens_total": ("COUNTER", "Output tokens generated", None),
 }
@@ -171,16 +172,19 @@ class GeneratorMetrics(_Publisher):
                 m["tritonformer_iteration_tokens"].observe(n)
         if preempted:
             m["tritonformer_preemptions_total"].increment(preempted)
-        for ttft, tpot, output_tokens in requests:
+        for ttft, tpot, output_tokens, queue_wait in requests:
+            if queue_wait is not None:
+                m["tritonformer_prompt_queue_seconds"].observe(queue_wait)
             if ttft is not None:
                 m["tritonformer_time_to_first_token_seconds"].observe(ttft)
             if tpot is not None:
                 m["tritonformer_time_per_output_token_seconds"].observe(tpot)
             m["tritonformer_generated_tokens_total"].increment(output_tokens)
 
-    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int) -> None:
+    def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int,
+                     queue_wait: float | None = None) -> None:
         if not self._metrics:
             return
         with self._lock:
-            self._requests.append((ttft, tpot, output_tokens))
+            self._requests.append((ttft, tpot, output_tokens, queue_wait))
             self._queue_flush()
