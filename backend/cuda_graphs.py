@@ -21,8 +21,11 @@ SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)  # includes the padding seque
 
 
 class EncoderGraphs:
-    def __init__(self, model, token_buckets=TOKEN_BUCKETS, sequence_buckets=SEQUENCE_BUCKETS, capture: bool = True):
+    def __init__(self, model, token_buckets=TOKEN_BUCKETS, sequence_buckets=SEQUENCE_BUCKETS, capture: bool = True,
+                 token_types: bool = False):
+        """`token_types`: every graph also reads per-token segment ids (text pairs)."""
         self.model = model
+        self.token_types = token_types
         self.capture = capture  # False: run the padded shapes eagerly (for tests without a GPU)
         self.token_buckets = token_buckets
         self.sequence_buckets = sequence_buckets
@@ -51,15 +54,21 @@ class EncoderGraphs:
                     self._capture(tokens, seqs)
         return len(self._graphs)
 
-    def forward(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, lengths: list[int], token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states `[sum(lengths), hidden]` from the bucket's graph (callers check `bucket`
         first and run the model eagerly when none fits)."""
         total = sum(lengths)
         key = self.bucket(total, len(lengths))
         if key is None:
             raise ValueError(f"no CUDA-graph bucket holds {total} tokens in {len(lengths)} sequences")
-        graph, ids_buf, cu_buf, pos_buf, out = self._graphs.get(key) or self._capture(*key)
+        graph, ids_buf, cu_buf, pos_buf, out, types_buf = self._graphs.get(key) or self._capture(*key)
         ids_buf[:total].copy_(input_ids)
+        if types_buf is not None:
+            if token_type_ids is None:
+                types_buf.zero_()
+            else:
+                types_buf[:total].copy_(token_type_ids)
+                types_buf[total:].zero_()
         # Real sequences, then one padding sequence over the unused slots, then empty ones. The
         # padding tokens get position 0, so a bucket may be longer than the position table.
         n = len(lengths)
@@ -76,7 +85,7 @@ class EncoderGraphs:
         if self.capture:
             graph.replay()
         else:  # same padded static shapes, run eagerly (CPU tests of the bucketing)
-            out.copy_(self.model.forward(ids_buf, cu_buf, key[0], pos_buf))
+            out.copy_(self.model.forward(ids_buf, cu_buf, key[0], pos_buf, token_type_ids=types_buf))
         self.replays += 1
         return out[:total]
 
@@ -85,13 +94,15 @@ class EncoderGraphs:
         ids_buf = torch.zeros(tokens, dtype=torch.long, device=dev)
         cu_buf = torch.tensor([0] + [tokens] * seqs, dtype=torch.int32, device=dev)
         pos_buf = torch.zeros(tokens, dtype=torch.long, device=dev)
+        types_buf = torch.zeros(tokens, dtype=torch.long, device=dev) if self.token_types else None
         graph = None
         if self.capture:
-            graph, out = capture_graph(lambda: self.model.forward(ids_buf, cu_buf, tokens, pos_buf), self._pool)
+            graph, out = capture_graph(lambda: self.model.forward(ids_buf, cu_buf, tokens, pos_buf, token_type_ids=types_buf),
+                                       self._pool)
             self._pool = graph.pool()
         else:
             out = torch.empty(tokens, self.model.config.hidden_size, device=dev, dtype=self.model.dtype)
-        self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, pos_buf, out)
+        self._graphs[(tokens, seqs)] = (graph, ids_buf, cu_buf, pos_buf, out, types_buf)
         return self._graphs[(tokens, seqs)]
 
 

@@ -1,6 +1,7 @@
 """Where engines put their results: a sink that Triton glue (or a test) implements."""
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,24 +21,31 @@ def coalesce(items: list[tuple]) -> list[tuple]:
 
     Each item is (handle, outputs, error, final). When the sender falls behind (every send is
     an IPC round trip), a stream's pending pieces leave as one response: texts and token ids
-    concatenated, the finish reason and FINAL from the last. Errors are never merged.
+    concatenated, the finish reason and FINAL from the last. Errors are never merged. The n > 1
+    samples of one request share its handle: only pieces of the same sample (`index`) merge.
     """
     merged: list[tuple] = []
-    open_index: dict[int, int] = {}  # id(handle) -> index in merged of its last mergeable item
+    open_index: dict[tuple, int] = {}  # (id(handle), sample) -> index in merged of its last mergeable item
     for handle, outputs, error, final in items:
-        i = open_index.get(id(handle))
+        stream = (id(handle), _sample(outputs))
+        i = open_index.get(stream)
         if i is not None and error is None and outputs is not None and _mergeable(outputs):
             _, prev, _, _ = merged[i]
             merged[i] = (handle, _concat(prev, outputs), None, final)
-            if final:
-                del open_index[id(handle)]
+            if final or "finish_reason" in outputs:  # (a sample's last piece, FINAL or not)
+                del open_index[stream]
             continue
         merged.append((handle, outputs, error, final))
-        if error is None and outputs is not None and not final and _mergeable(outputs):
-            open_index[id(handle)] = len(merged) - 1
+        if error is None and outputs is not None and not final and _mergeable(outputs) and "finish_reason" not in outputs:
+            open_index[stream] = len(merged) - 1
         else:
-            open_index.pop(id(handle), None)
+            open_index.pop(stream, None)
     return merged
+
+
+def _sample(outputs: dict | None) -> int:
+    index = None if outputs is None else outputs.get("index")
+    return 0 if index is None else int(index[0])
 
 
 def _mergeable(outputs: dict) -> bool:
@@ -52,4 +60,32 @@ def _concat(a: dict, b: dict) -> dict:
     }
     if "finish_reason" in b:
         out["finish_reason"] = b["finish_reason"]
+    # The vLLM contract's outputs: per-response token counts add up, log-probabilities join.
+    for name in ("num_input_tokens", "index"):
+        if name in b:
+            out[name] = b[name]
+    if "num_output_tokens" in b:
+        out["num_output_tokens"] = a["num_output_tokens"] + b["num_output_tokens"]
+    if "logprobs" in b:
+        first, second = json.loads(a["logprobs"][0]), json.loads(b["logprobs"][0])
+        joined = None if first is None and second is None else (first or []) + (second or [])
+        out["logprobs"] = np.array([json.dumps(joined).encode()], dtype=np.object_)
     return out
+
+
+def first_pieces_first(items: list[tuple], started: set[int]) -> list[tuple]:
+    """Order a batch of responses about to be sent so that every request's *first* response
+    leaves before the rest (stable otherwise). Under load the sender falls behind (each send is
+    an IPC round trip) and a new stream's first piece would queue behind the pieces of all the
+    running ones; the time to first token is what a user waits for. `started` holds the
+    id()s of requests that got a response already; it is updated (a final response removes
+    its request)."""
+    first, rest = [], []
+    for item in items:
+        key = id(item[0])
+        (rest if key in started else first).append(item)
+        if item[3]:
+            started.discard(key)
+        else:
+            started.add(key)
+    return first + rest if first and rest else items

@@ -47,11 +47,16 @@ class TextTokenizer:
         """Render one user turn with the checkpoint's chat template, ready for the reply. The
         template writes the special tokens it wants (a BOS, say): encode the result with
         `add_special_tokens=False`, as Hugging Face's tokenizing apply_chat_template does."""
+        return self.render_chat([{"role": "user", "content": user_text}])
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """Render a whole conversation (`{"role", "content"}` dicts, as OpenAI's chat API sends
+        them) with the chat template, ready for the assistant's reply; encode it as above."""
         if not self.chat_template:
             raise ValueError("this checkpoint has no chat template; send apply_chat_template=false")
         return _render_chat_template(
             self.chat_template,
-            messages=[{"role": "user", "content": user_text}],
+            messages=messages,
             bos_token=_token_str(self.config.get("bos_token")),
             eos_token=_token_str(self.config.get("eos_token")),
         )

@@ -1,4 +1,9 @@
-"""`tritonformer bench runtime`: our encoder runtime vs Hugging Face BertModel on one GPU.
+"""`tritonformer bench runtime`: our encoder runtime vs Hugging Face on one GPU.
+
+`--model bert-base` (the default) is described below. `--model modernbert-base` (ModernBERT-base)
+and `--model xlm-roberta-large` (the encoder of bge-reranker-v2-m3) time ours against HF SDPA and
+HF SDPA under `torch.compile` at (1,32), (64,512) and, for ModernBERT, (8,8192), and print
+each ratio beside its target (TARGETS); see `run_family`.
 
 One run, same random bert-base weights, fp16: HF eager, HF SDPA, HF SDPA under `torch.compile`
 and ours (packed, Triton kernels) on a fixed grid of (batch, sequence length) and on a
@@ -40,12 +45,45 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-auto
 # batch shapes would otherwise mean eight compilations.
 
 
+# The encoders `--model` names besides bert-base, as their published config.json files give them
+# (random weights: the timings depend on shapes only). ModernBERT-base: answerdotai/ModernBERT-base.
+MODERNBERT_BASE = {
+    "model_type": "modernbert", "vocab_size": 50368, "hidden_size": 768, "num_hidden_layers": 22,
+    "num_attention_heads": 12, "intermediate_size": 1152, "hidden_activation": "gelu",
+    "max_position_embeddings": 8192, "norm_eps": 1e-05, "norm_bias": False, "global_attn_every_n_layers": 3,
+    "local_attention": 128, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "attention_bias": False,
+    "mlp_bias": False, "pad_token_id": 50283, "bos_token_id": 50281, "eos_token_id": 50282,
+    "cls_token_id": 50281, "sep_token_id": 50282,
+}
+# The XLM-RoBERTa-large encoder of BAAI/bge-reranker-v2-m3 (and bge-m3): 8,192 positions.
+XLM_ROBERTA_LARGE = {
+    "model_type": "xlm-roberta", "vocab_size": 250002, "hidden_size": 1024, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "intermediate_size": 4096, "hidden_act": "gelu", "max_position_embeddings": 8194,
+    "type_vocab_size": 1, "layer_norm_eps": 1e-05, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+}
+# --model -> (config, Hugging Face class name, grid of (batch, seq), longest sequence)
+FAMILY_MODELS = {
+    "modernbert-base": (MODERNBERT_BASE, "ModernBertModel", [(1, 32), (64, 512), (8, 8192)], 8192),
+    "xlm-roberta-large": (XLM_ROBERTA_LARGE, "XLMRobertaModel", [(1, 32), (64, 512)], 8192),
+}
+MODELS = ("bert-base", *FAMILY_MODELS)
+# The targets set for these encoders: ours vs HF SDPA measured in the same run, by the point's
+# sequence length.
+TARGETS = {32: 5.0, 512: 1.3, 8192: 1.2}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=MODELS, default="bert-base",
+                        help="bert-base: its grid, a variable-length workload and the arena; "
+                             "modernbert-base, xlm-roberta-large (bge-reranker-v2-m3's encoder): ours vs HF "
+                             "SDPA (+ torch.compile) at (1,32), (64,512) and, for ModernBERT, (8,8192)")
     parser.add_argument("--iters", type=int, default=30, help="timed repetitions per point (median reported)")
     parser.add_argument("--json", help="also write the results to this JSON file")
-    parser.add_argument("--layers", type=int, default=12, help="encoder layers (bert-base: 12)")
-    parser.add_argument("--shapes", type=parse_shapes, default=GRID,
-                        help="grid points as BATCHxSEQ,... (default: " + ",".join(f"{b}x{s}" for b, s in GRID) + ")")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="encoder layers (default: the model's own; bert-base: 12)")
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
+                        help="grid points as BATCHxSEQ,... (default for bert-base: "
+                             + ",".join(f"{b}x{s}" for b, s in GRID) + "; for the others: their FAMILY_MODELS grid)")
     parser.add_argument(
         "--compile-mode", choices=COMPILE_MODES, default="auto",
         help="torch.compile mode of the 'HF SDPA + torch.compile' baseline: auto = reduce-overhead "
@@ -58,8 +96,8 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
         shapes = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",") if item.strip()]
     except ValueError:
         shapes = []
-    if not shapes or any(len(shape) != 2 or min(shape) < 1 or shape[1] > 512 for shape in shapes):
-        raise argparse.ArgumentTypeError(f"expected BATCHxSEQ,... with SEQ <= 512, got {text!r}")
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 or shape[1] > 8192 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"expected BATCHxSEQ,... with SEQ <= 8192, got {text!r}")
     return shapes
 
 
@@ -309,6 +347,138 @@ def _time_compiled(model, calls: list[dict], mode: str, dynamic: bool, iters: in
         torch.compiler.reset()  # frees the compiled code and its CUDA-graph pools
 
 
+def build_family_baseline(name: str, layers: int | None = None, seed: int = 0, overrides: dict | None = None):
+    """(Hugging Face model with SDPA attention, its config dict) for a FAMILY_MODELS entry, on
+    the CPU in fp32 with random weights drawn with `seed`; `layers` overrides the depth and
+    `overrides` other config fields (tests shrink the vocabulary)."""
+    import torch
+    import transformers
+
+    config, class_name, _, _ = FAMILY_MODELS[name]
+    config = dict(config, **({"num_hidden_layers": layers} if layers else {}), **(overrides or {}))
+    cls = getattr(transformers, class_name)
+    hf_config = cls.config_class(**{k: v for k, v in config.items() if k != "model_type"}, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    kwargs = {"add_pooling_layer": False} if class_name == "XLMRobertaModel" else {}
+    model = cls._from_config(hf_config, attn_implementation="sdpa", **kwargs)
+    return model.eval(), config
+
+
+def to_half_keeping_rotary_fp32(model, device):
+    """`model.to(device, fp16)`, except its rotary inverse frequencies: `.to` casts every float
+    buffer, and an fp16 inv_freq puts far positions off by whole radians (HF computes its cos/sin
+    in fp32 from whatever the buffer holds). Loading with `dtype=` keeps them fp32; this does the
+    same for a model built in fp32."""
+    import torch
+
+    kept = {name: buf.clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+    model = model.to(device, torch.float16)
+    for name, buf in kept.items():
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, buf.to(device))
+    return model
+
+
+def build_ours(name: str, hf_model, device, dtype):
+    """Our encoder for a FAMILY_MODELS entry, on the Hugging Face baseline's weights, through the
+    family table the served models use."""
+    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
+    from tritonformer.backend.models.encoder import load_encoder
+
+    state = strip_prefixes_of(dict(hf_model.state_dict()))
+    return load_encoder(hf_model.config.to_dict(), state, device, dtype)
+
+
+def run_family(args) -> int:
+    """ModernBERT-base or XLM-R-large (`--model`): for each point, HF SDPA eager-mode, HF SDPA
+    compiled for that shape (warm-up untimed) and ours (packed, Triton kernels, the activation
+    arena; a CUDA-graph replay where a bucket fits), all fp16 on the same random weights, in one
+    run; the baseline's attention dispatch is checked first (one SDPA call per layer)."""
+    import torch
+    import transformers
+
+    from tritonformer.backend.cuda_graphs import EncoderGraphs
+    from tritonformer.backend.encoder.activation_arena import ActivationArena
+
+    dev = torch.device("cuda")
+    _, _, grid, longest = FAMILY_MODELS[args.model]
+    shapes = args.shapes or grid
+    if any(s > longest for _, s in shapes):
+        print(f"bench runtime: {args.model} reads at most {longest} tokens per sequence", file=sys.stderr)
+        return 2
+    hf, config = build_family_baseline(args.model, args.layers)
+    hf = to_half_keeping_rotary_fp32(hf, dev)
+    ours = build_ours(args.model, hf, dev, torch.float16)
+    graphs, arena = EncoderGraphs(ours), ActivationArena(dev)
+    meta = {"gpu": torch.cuda.get_device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command_line(), "git_commit": git_commit(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "model": args.model, "layers": config["num_hidden_layers"],
+            "dtype": "float16", "compile_mode": args.compile_mode, "iters": args.iters}
+    try:
+        meta["attention_dispatch"] = verify_dispatch({"hf_sdpa": hf}, torch.randint(1000, 20000, (2, 16), device=dev))
+    except RuntimeError as e:
+        print(f"bench runtime: {e}", file=sys.stderr)
+        return 1
+    print(f"attention dispatch: {format_dispatch(meta['attention_dispatch'])}", file=sys.stderr)
+    rows = []
+    with torch.inference_mode():
+        for b, s in shapes:
+            torch.cuda.reset_peak_memory_stats()
+            ids = torch.randint(1000, 20000, (b, s), device=dev)
+            flat, cu = ids.reshape(-1), torch.arange(0, b * s + 1, s, device=dev, dtype=torch.int32)
+            reference = hf(input_ids=ids).last_hidden_state
+            cosine = _min_cosine(ours.forward(flat, cu, s, arena=arena), reference)
+            t_sdpa = _time_ms(lambda: hf(input_ids=ids), args.iters)
+            t_ours = t_ours_eager = _time_ms(lambda: ours.forward(flat, cu, s, arena=arena), args.iters)
+            graph_fits = graphs.bucket(b * s, b) is not None
+            if graph_fits:
+                t_ours = min(t_ours, _time_ms(lambda: graphs.forward(flat, [s] * b), args.iters))
+            mode = compile_mode_for(args.compile_mode, graph_fits)
+            comp = _time_compiled(hf, [{"input_ids": ids}], mode, False, args.iters, reference)
+            t_comp = comp.pop("ms")
+            done = f"{t_comp:.3f} ms, compiled in {comp['compile_s']:.0f} s" if t_comp is not None else None
+            print(f"({b},{s}): compiled ({mode}): {done or 'n/a (' + comp['error'] + ')'}", file=sys.stderr)
+            rows.append({"shape": f"({b},{s})", "hf_sdpa_ms": t_sdpa, "hf_sdpa_compiled_ms": t_comp, "ours_ms": t_ours,
+                         "ours_no_graph_ms": t_ours_eager, "vs_sdpa": t_sdpa / t_ours,
+                         "vs_compiled": t_comp / t_ours if t_comp is not None else None,
+                         "target_vs_sdpa": TARGETS.get(s), "min_cosine_vs_hf_sdpa": cosine, "compiled": comp,
+                         "peak_memory_GiB": torch.cuda.max_memory_allocated() / 2**30})
+            del reference
+            torch.cuda.empty_cache()
+    print_family_table(meta, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**meta, "rows": rows}, f, indent=2)
+    return 0
+
+
+def print_family_table(meta: dict, rows: list[dict]) -> None:
+    print(f"\nGPU: {meta['gpu']}   date: {meta['date']}   commit: {meta['git_commit'] or 'unknown'}")
+    print(f"command: {meta['command']}")
+    print(f"torch {meta['torch']}, transformers {meta['transformers']}; random {meta['model']} weights, "
+          f"{meta['layers']} layers, fp16")
+    print(f"attention dispatch (checked before timing): {format_dispatch(meta['attention_dispatch'])}")
+    print("ours: packed, Triton kernels, activation arena; a CUDA-graph replay where a bucket fits (<= 8192 tokens)")
+    print("compiled: HF SDPA under torch.compile, once per shape, warm-up untimed; "
+          f"--compile-mode {meta['compile_mode']}")
+    print("vs X: X ms / ours ms (> 1: ours faster); target: ours vs HF SDPA, as set for these encoders")
+    print(f"{'shape':>10} {'HF SDPA ms':>11} {'SDPA+compile ms':>15} {'ours ms':>9} {'vs SDPA':>8} {'target':>7}"
+          f" {'met':>4} {'vs compiled':>12} {'min cos':>8}   {'ours no-graph ms':>16} {'peak GiB':>9}")
+    notes = []
+    for r in rows:
+        target = r["target_vs_sdpa"]
+        met = "" if target is None else ("yes" if r["vs_sdpa"] >= target else "NO")
+        print(f"{r['shape']:>10} {r['hf_sdpa_ms']:11.3f} {_ms(r['hf_sdpa_compiled_ms'], 15)} {r['ours_ms']:9.3f}"
+              f" {_ratio(r['vs_sdpa'], 8)} {_ratio(target, 7)} {met:>4} {_ratio(r['vs_compiled'], 12)}"
+              f" {r['min_cosine_vs_hf_sdpa']:8.5f}   {r['ours_no_graph_ms']:16.3f} {r['peak_memory_GiB']:9.1f}")
+        notes += _compile_notes(r["shape"], r["compiled"])
+    if notes:
+        print("\ncompiled baseline notes:")
+        for note in notes:
+            print(f"  {note}")
+
+
 def run(args) -> int:
     import numpy as np
     import torch
@@ -320,6 +490,14 @@ def run(args) -> int:
 
     if not torch.cuda.is_available():
         print("bench runtime needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if getattr(args, "model", "bert-base") != "bert-base":
+        return run_family(args)
+    args.layers = args.layers or 12
+    if args.shapes is None:
+        args.shapes = GRID
+    if any(s > 512 for _, s in args.shapes):
+        print("bench runtime: bert-base reads at most 512 tokens per sequence", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
     meta = {"gpu": torch.cuda.get_device_name(),

@@ -24,6 +24,41 @@ def embed(texts: list[str], url: str, protocol: str = "http", model: str = "embe
         return result.as_numpy("embedding")
 
 
+def _client_module(protocol: str):
+    if protocol == "grpc":
+        import tritonclient.grpc as client
+    else:
+        import tritonclient.http as client
+    return client
+
+
+def _texts_input(module, name: str, texts: list[str]):
+    data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_)
+    inp = module.InferInput(name, list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data)
+    return inp
+
+
+def rerank(query: str, texts: list[str], url: str, protocol: str = "http", model: str = "reranker",
+           truncate: bool = False, raw_scores: bool = False) -> np.ndarray:
+    """Relevance scores `[len(texts)]` of `texts` for `query` in one request, in their order."""
+    client = _client_module(protocol)
+    params = {"truncate": truncate, "raw_scores": raw_scores}
+    with client.InferenceServerClient(url) as c:
+        inputs = [_texts_input(client, "query", [query]), _texts_input(client, "texts", texts)]
+        return c.infer(model, inputs, parameters=params).as_numpy("scores")
+
+
+def classify(texts: list[str], url: str, protocol: str = "http", model: str = "classifier",
+             truncate: bool = False) -> tuple[np.ndarray, list[str]]:
+    """(probabilities `[len(texts), labels]`, each text's most likely label) in one request."""
+    client = _client_module(protocol)
+    with client.InferenceServerClient(url) as c:
+        result = c.infer(model, [_texts_input(client, "text_input", texts)], parameters={"truncate": truncate})
+        labels = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in result.as_numpy("labels")]
+        return result.as_numpy("probabilities"), labels
+
+
 @dataclass
 class Piece:
     text: str

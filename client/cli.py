@@ -4,9 +4,12 @@
     tritonformer embed "a text" "another"   sentence embeddings (HTTP or gRPC)
     tritonformer generate "prompt" --stream stream a completion (gRPC streaming)
     tritonformer health                     is every model really answering? (probes)
+    tritonformer rerank "a query" "text" "another text"   relevance scores, best first (reranker)
+    tritonformer classify "a text" "another"   label and probabilities per text (classifier)
     tritonformer bench runtime              encoder runtime vs Hugging Face (GPU)
     tritonformer bench serve-decoder --in-process   decoder engine vs Hugging Face (GPU)
     tritonformer bench load embed --rates 1000,2000   open-loop load through a running server
+    tritonformer bench openai               the OpenAI routes vs direct gRPC, through a running server
 """
 from __future__ import annotations
 
@@ -33,6 +36,28 @@ def _cmd_embed(args) -> int:
         else:
             head = ", ".join(f"{x:+.4f}" for x in vec[:6])
             print(f"[{head}, ...] dim={len(vec)}  {text[:60]!r}")
+    return 0
+
+
+def _cmd_rerank(args) -> int:
+    from tritonformer.client.calls import rerank
+
+    url = args.url or _default_url(args.protocol)
+    scores = rerank(args.query, args.texts, url=url, protocol=args.protocol, model=args.model,
+                    truncate=args.truncate, raw_scores=args.raw_scores)
+    for i in sorted(range(len(scores)), key=lambda i: -scores[i]):  # best first; the index is the text's
+        print(f"{scores[i]:+.4f}  [{i}] {args.texts[i][:70]!r}")
+    return 0
+
+
+def _cmd_classify(args) -> int:
+    from tritonformer.client.calls import classify
+
+    url = args.url or _default_url(args.protocol)
+    probabilities, labels = classify(args.texts, url=url, protocol=args.protocol, model=args.model,
+                                     truncate=args.truncate)
+    for text, label, row in zip(args.texts, labels, probabilities):
+        print(f"{label}  p={row.max():.4f}  {text[:70]!r}")
     return 0
 
 
@@ -75,6 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--full", action="store_true", help="print whole vectors as JSON lines")
     embed.set_defaults(func=_cmd_embed)
 
+    rr = sub.add_parser("rerank", help="score texts against a query with the reranker model")
+    rr.add_argument("query")
+    rr.add_argument("texts", nargs="+", metavar="TEXT")
+    rr.add_argument("--raw-scores", action="store_true", help="the head's logits instead of their sigmoid")
+    cl = sub.add_parser("classify", help="label texts with the classifier model")
+    cl.add_argument("texts", nargs="+", metavar="TEXT")
+    for p, model, func in ((rr, "reranker", _cmd_rerank), (cl, "classifier", _cmd_classify)):
+        p.add_argument("--protocol", choices=("http", "grpc"), default="http")
+        p.add_argument("--url", help="host:port (default 127.0.0.1 and $TRITONFORMER_HTTP_PORT / $TRITONFORMER_GRPC_PORT)")
+        p.add_argument("--model", default=model)
+        p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's maximum")
+        p.set_defaults(func=func)
+
     gen = sub.add_parser("generate", help="generate text with the generator model (gRPC streaming)")
     gen.add_argument("prompt")
     gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
@@ -112,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_serve_decoder.add_arguments(serve_decoder)
     serve_decoder.set_defaults(func=bench_serve_decoder.run)
+    openai_bench = bench_sub.add_parser(
+        "openai", help="the OpenAI routes vs direct gRPC streaming: tokens/s at saturation, TTFT p50 at 8 req/s")
+    from tritonformer.client import bench_openai
+
+    bench_openai.add_arguments(openai_bench)
+    openai_bench.set_defaults(func=bench_openai.run)
     load = bench_sub.add_parser(
         "load", add_help=False,
         help="open-loop Poisson load over HTTP against a running server: embed | generate | capacity (--help)",

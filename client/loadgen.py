@@ -40,6 +40,10 @@ Python API:
 * ``run_embed_load(url, rate, seconds, ...)``: POST ``/v2/models/embedder/infer`` with
   pre-tokenized ``input_ids`` (exact lengths, drawn as bench_serve_encoder's distributions) or
   ``text_input``; returns ``{"summary": ..., "records": [...]}``;
+* ``run_rerank_load(url, rate, seconds, ...)``: POST ``/v2/models/reranker/infer``, one query
+  and ``documents`` (32) texts per request, document token lengths drawn from the same
+  distributions (``"truncate": true`` bounds the pairs); ``goodput(summaries, slo_ms)``: the
+  best throughput whose p99 meets the SLO without errors;
 * ``run_generate_load(url, trace, rate, seed)``: POST ``/v2/models/generator/generate_stream``
   per trace request (prompt ids or text, ``max_tokens``, ``ignore_eos``, greedy), reading the
   server-sent events as they arrive; TTFT, TPOT, output tok/s;
@@ -49,6 +53,7 @@ CLI (``python -m tritonformer.client.loadgen``)::
 
     embed    --url 127.0.0.1:8000 --rates 50,100 --seconds 5 --distribution mixed [--json out.json]
     generate --url 127.0.0.1:8000 --rate 2 --requests 8 --prompt-range 8,32 --output-range 4,8
+    rerank   --url 127.0.0.1:8000 --rates 10,20 --documents 32 --distribution mixed --slo-ms 100
     embed --model hf_embedder --batch-dim ...; generate --model hf_generator --unary ...  # the stock set-ups
     capacity --rates 2000,4000,8000 --seconds 2            # the client's own ceiling
 
@@ -85,6 +90,9 @@ __all__ = [
     "unary_generate_jobs",
     "run_jobs",
     "run_embed_load",
+    "rerank_jobs",
+    "run_rerank_load",
+    "goodput",
     "run_generate_load",
     "summarize_embed",
     "summarize_generate",
@@ -212,6 +220,39 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
         shape = [1, len(ids)] if batch_dim else [len(ids)]
         body = _dumps({"inputs": [{"name": "input_ids", "shape": shape, "datatype": "INT32", "data": ids}]})
         jobs.append(Job(i, float(offsets[i]), path, body, input_tokens=len(ids)))
+    return jobs
+
+
+# Words that are one token in BERT's WordPiece and XLM-R's sentencepiece vocabularies alike, so a
+# document of n words is about n tokens for either kind of reranker.
+RERANK_WORDS = ("the", "of", "and", "in", "to", "water", "city", "music", "river", "house", "world", "time",
+                "system", "school", "market", "energy", "history", "people", "country", "film")
+RERANK_QUERY = "what is the history of the river city market"
+
+
+def rerank_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", documents: int = 32, seed: int = 0,
+                model: str = "reranker", batch_dim: bool = False, query: str = RERANK_QUERY) -> list[Job]:
+    """One reranker request per arrival: `query` and `documents` texts whose lengths in words
+    (about tokens) are drawn from bench_serve_encoder's distributions, minus the pair's special
+    tokens and the query; ``"truncate": true`` cuts any pair past the model's maximum. Random
+    words make every pair distinct, so the response cache never hits. ``batch_dim``: inputs
+    shaped ``[1, ...]`` for the stock model behind Triton's batcher."""
+    path = INFER_PATH.format(model=model)
+    rng = np.random.default_rng((seed, 2))
+    n = len(offsets)
+    query_words = len(query.split())
+    lengths = lengths_for(distribution, n * documents, rng) - query_words - 4
+    words = np.array(RERANK_WORDS)
+    jobs = []
+    for i in range(n):
+        texts = [" ".join(words[rng.integers(0, len(words), max(1, int(k)))])
+                 for k in lengths[i * documents : (i + 1) * documents]]
+        body = _dumps({"parameters": {"truncate": True}, "inputs": [
+            {"name": "query", "shape": [1, 1] if batch_dim else [1], "datatype": "BYTES", "data": [query]},
+            {"name": "texts", "shape": [1, documents] if batch_dim else [documents], "datatype": "BYTES",
+             "data": texts}]})
+        tokens = int(sum(max(1, int(k)) + query_words + 4 for k in lengths[i * documents : (i + 1) * documents]))
+        jobs.append(Job(i, float(offsets[i]), path, body, input_tokens=tokens))
     return jobs
 
 
@@ -632,6 +673,28 @@ def run_embed_load(url: str, rate: float, seconds: float, *, distribution: str =
     return {"summary": summary, "records": records, "start": start}
 
 
+def run_rerank_load(url: str, rate: float, seconds: float, *, distribution: str = "mixed", documents: int = 32,
+                    seed: int = 0, max_in_flight: int = 1024, processes: int = 1, warmup: float = 0.0,
+                    timeout: float = 120.0, model: str = "reranker", batch_dim: bool = False) -> dict:
+    """Open-loop Poisson reranker load (rerank_jobs); returns like run_embed_load, with
+    ``pairs_per_s`` (documents scored a second) in the summary."""
+    offsets = poisson_schedule(rate, warmup + seconds, seed)
+    jobs = rerank_jobs(url, offsets, distribution=distribution, documents=documents, seed=seed, model=model,
+                       batch_dim=batch_dim)
+    records, start, cpu = run_jobs(url, jobs, max_in_flight=max_in_flight, processes=processes, timeout=timeout)
+    summary = summarize_embed(records, start, rate, warmup, cpu)
+    summary.update(seed=seed, seconds=seconds, distribution=distribution, documents=documents,
+                   pairs_per_s=summary["throughput_rps"] * documents)
+    return {"summary": summary, "records": records, "start": start}
+
+
+def goodput(summaries: Sequence[dict], slo_ms: float) -> dict | None:
+    """The summary with the highest throughput among those whose p99 latency is within
+    ``slo_ms`` and that answered every request (no 503s, errors or timeouts); None if none did."""
+    good = [s for s in summaries if s["requests"] and s["ok"] == s["requests"] and s["latency_p99_ms"] <= slo_ms]
+    return max(good, key=lambda s: s["throughput_rps"]) if good else None
+
+
 def run_generate_load(url: str, trace: Sequence, rate: float, seed: int = 0, *, max_in_flight: int = 1024,
                       processes: int = 1, warmup: float = 0.0, timeout: float = 600.0, model: str = "generator",
                       unary: bool = False) -> dict:
@@ -779,6 +842,8 @@ EMBED_COLUMNS = [("offered req/s", "offered_rate", 0), ("seed", "seed", 0), ("re
                  ("tokens/s", "tokens_per_s", 0), ("p50 ms", "latency_p50_ms", 2), ("p90 ms", "latency_p90_ms", 2),
                  ("p99 ms", "latency_p99_ms", 2), ("dispatch lag p99 ms", "dispatch_lag_p99_ms", 2),
                  ("client CPU cores", "client_cpu_cores", 2)]
+RERANK_COLUMNS = [c for c in EMBED_COLUMNS if c[1] != "tokens_per_s"]
+RERANK_COLUMNS.insert(RERANK_COLUMNS.index(("throughput req/s", "throughput_rps", 0)) + 1, ("pairs/s", "pairs_per_s", 0))
 GENERATE_COLUMNS = [("offered req/s", "offered_rate", 2), ("seed", "seed", 0), ("requests", "requests", 0),
                     ("ok", "ok", 0), ("503", "overloaded_503", 0), ("errors", "errors", 0),
                     ("output tokens", "output_tokens", 0), ("output tok/s", "output_tok_per_s", 1),
@@ -892,6 +957,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
                    help="one /infer per request, whole answers (client/stock_repository/hf_generator)")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds after the last arrival before giving up")
 
+    r = sub.add_parser("rerank", help="reranker: Poisson arrivals of one query x N documents")
+    common(r)
+    r.add_argument("--rates", default="10,20", help="offered req/s, comma-separated")
+    r.add_argument("--seconds", type=float, default=5.0, help="measured seconds of arrivals per point")
+    r.add_argument("--documents", type=int, default=32, help="texts per request")
+    r.add_argument("--distribution", default="mixed", choices=DISTRIBUTIONS,
+                   help="pair lengths in tokens (about), as bench serve-encoder")
+    r.add_argument("--slo-ms", type=float, default=100.0, help="goodput: the best throughput with p99 within this")
+    r.add_argument("--model", default="reranker")
+    r.add_argument("--batch-dim", action="store_true",
+                   help="inputs shaped [1, ...]: a model behind Triton's batcher (client/stock_repository)")
+    r.add_argument("--timeout", type=float, default=120.0, help="seconds after the last arrival before giving up")
+
     c = sub.add_parser("capacity", help="the client's own ceiling against a trivial local HTTP server")
     common(c, default_url=False)
     c.add_argument("--rates", default="1000,2000,4000,8000")
@@ -925,6 +1003,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
                                      model=args.model, unary=args.unary)
 
         return _sweep("generate", GENERATE_COLUMNS, header, points, point, args)
+    if args.command == "rerank":
+        header = (f"{args.model} at {args.url}: open-loop Poisson, 1 query x {args.documents} documents per request, "
+                  f"{args.distribution} pair lengths, {args.seconds:g} s measured after {args.warmup:g} s warm-up, "
+                  f"latency from the scheduled arrival, {clientside}")
+        summaries = []
+
+        def rerank_point(rate, seed):
+            result = run_rerank_load(args.url, rate, args.seconds, distribution=args.distribution,
+                                     documents=args.documents, seed=seed, max_in_flight=args.max_in_flight,
+                                     processes=args.processes, warmup=args.warmup, timeout=args.timeout,
+                                     model=args.model, batch_dim=args.batch_dim)
+            summaries.append(result["summary"])
+            return result
+
+        code = _sweep("rerank", RERANK_COLUMNS, header, points, rerank_point, args)
+        best = goodput(summaries, args.slo_ms)
+        print(f"\ngoodput at p99 <= {args.slo_ms:g} ms: " + (
+            f"{best['throughput_rps']:.1f} req/s ({best['pairs_per_s']:.0f} pairs/s, offered {best['offered_rate']:g}, "
+            f"p99 {best['latency_p99_ms']:.1f} ms)" if best else "none of the rates met it"), flush=True)
+        return code
     with trivial_server(args.server_processes) as server:
         header = (f"client capacity: embed load against a trivial local HTTP server ({args.server_processes} "
                   f"process(es)), {args.seconds:g} s per rate, {os.cpu_count()} CPUs, {clientside}")

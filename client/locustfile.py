@@ -10,7 +10,13 @@ One user class per scenario; pick scenarios with --tags (or by naming user class
     embed-grpc     EmbedGrpcUser       embedder, gRPC ModelInfer (tritonclient.grpc)
     generate-grpc  GenerateGrpcUser    generator, gRPC streaming (tritonclient.grpc)
     generate-http  GenerateHttpUser    generator, HTTP /generate_stream (server-sent events)
-    embed / generate / http / grpc     the groups of the four above
+    rerank-http    RerankHttpUser      reranker, HTTP /infer: one query x TRITONFORMER_LOAD_DOCUMENTS texts
+                                       (needs a reranker checkpoint, README "The reranker and classifier")
+    openai-chat    OpenAIChatUser      generator, the OpenAI route /v1/chat/completions (streamed) on
+                                       port $TRITONFORMER_OPENAI_PORT (9000) of --host's machine
+    embed / generate / http / grpc     the groups of the four embedder and generator users (the
+                                       reranker is in none: it ships without a checkpoint; the
+                                       OpenAI user is in group `openai`: `tritonformer serve` only)
 
 Every generation reports three entries under the same name: TTFT (time to the first token),
 TPOT (time per output token after the first) and stream (the whole request; its "size"
@@ -22,6 +28,7 @@ Load shape (environment variables):
     TRITONFORMER_LOAD_MAX_TOKENS        max_tokens per generation (16)
     TRITONFORMER_LOAD_LONG_SHARE        share of long passages among texts and prompts (0.3)
     TRITONFORMER_LOAD_TEXTS_PER_REQUEST embedder texts per request, uniform in 1..N (1)
+    TRITONFORMER_LOAD_DOCUMENTS         reranker texts per request (32)
     TRITONFORMER_LOAD_WAIT              think time per user, uniform in 0..W seconds (1.0; 0 = none)
     TRITONFORMER_LOAD_TIMEOUT           seconds before a request counts as failed (120)
 Bound a run with --run-time, or with --iterations N (added here: Locust 2.47 itself has none).
@@ -59,9 +66,11 @@ def _env(name: str, default: str) -> str:
 
 HTTP_PORT = int(_env("TRITONFORMER_HTTP_PORT", "8000"))
 GRPC_PORT = int(_env("TRITONFORMER_GRPC_PORT", "8001"))
+OPENAI_PORT = int(_env("TRITONFORMER_OPENAI_PORT", "9000"))
 MAX_TOKENS = int(_env("TRITONFORMER_LOAD_MAX_TOKENS", "16"))
 LONG_SHARE = float(_env("TRITONFORMER_LOAD_LONG_SHARE", "0.3"))
 TEXTS_PER_REQUEST = int(_env("TRITONFORMER_LOAD_TEXTS_PER_REQUEST", "1"))
+DOCUMENTS = int(_env("TRITONFORMER_LOAD_DOCUMENTS", "32"))
 WAIT = float(_env("TRITONFORMER_LOAD_WAIT", "1.0"))
 TIMEOUT = float(_env("TRITONFORMER_LOAD_TIMEOUT", "120"))
 
@@ -183,10 +192,15 @@ class StreamClock:
         )
 
 
+def _address(host: str | None, port: int) -> str:
+    """host:port: the host of --host, another port of the same machine."""
+    hostname = urlsplit(host if host and "//" in host else f"http://{host or '127.0.0.1'}").hostname or "127.0.0.1"
+    return f"[{hostname}]:{port}" if ":" in hostname else f"{hostname}:{port}"
+
+
 def _grpc_address(host: str | None) -> str:
     """gRPC host:port: the host of --host, the port of TRITONFORMER_GRPC_PORT."""
-    hostname = urlsplit(host if host and "//" in host else f"http://{host or '127.0.0.1'}").hostname or "127.0.0.1"
-    return f"[{hostname}]:{GRPC_PORT}" if ":" in hostname else f"{hostname}:{GRPC_PORT}"
+    return _address(host, GRPC_PORT)
 
 
 def _as_error(e: Exception) -> TritonError:
@@ -205,6 +219,18 @@ def _http_error(status: int, body: bytes) -> TritonError:
     except (ValueError, KeyError, TypeError):
         message = text[:500] or "(empty body)"
     return TritonError(f"HTTP {status}: {message}")
+
+
+def _sse_data(resp, ended_early: str):
+    """The `data:` payloads of a server-sent event stream with their arrival times, read line by
+    line as they come (a connection closed before the caller stops reading: TritonError)."""
+    while True:
+        line = resp.readline(b"\n")
+        at = time.perf_counter()
+        if not line:
+            raise TritonError(ended_early)
+        if line.startswith(b"data:"):  # not the blank line between events
+            yield line[len(b"data:"):].strip(), at
 
 
 # ---------------------------------------------------------------- users
@@ -251,6 +277,37 @@ class EmbedHttpUser(FastHttpUser, TritonUser):
                 shape = None
             if not shape or shape[0] != len(texts):
                 resp.failure(TritonError(f"expected {len(texts)} embeddings, got shape {shape}"))
+
+
+class RerankHttpUser(FastHttpUser, TritonUser):
+    """The reranker over HTTP: one search query and DOCUMENTS candidate texts (LONG_SHARE long
+    passages), scores back as JSON; a reranker in a retrieval stack sees exactly this."""
+
+    abstract = False
+    network_timeout = connection_timeout = TIMEOUT
+
+    @tag("rerank-http")
+    @task
+    def rerank_http(self) -> None:
+        texts = [_passage(self.rng) if self.rng.random() < LONG_SHARE else self.rng.choice(QUERIES)
+                 for _ in range(DOCUMENTS)]
+        body = {
+            "parameters": {"truncate": True},
+            "inputs": [{"name": "query", "shape": [1], "datatype": "BYTES", "data": [self.rng.choice(QUERIES)]},
+                       {"name": "texts", "shape": [len(texts)], "datatype": "BYTES", "data": texts}],
+        }
+        with self.client.post("/v2/models/reranker/infer", json=body, name="reranker http", catch_response=True) as resp:
+            if not resp.status_code:
+                return  # no response at all: Locust reports the connection error itself
+            if resp.status_code != 200:
+                resp.failure(_http_error(resp.status_code, resp.content or b""))
+                return
+            try:
+                scores = json.loads(resp.content)["outputs"][0]["data"]
+            except (ValueError, KeyError, IndexError):
+                scores = None
+            if scores is None or len(scores) != len(texts):
+                resp.failure(TritonError(f"expected {len(texts)} scores, got {scores!r:.200}"))
 
 
 class EmbedGrpcUser(TritonUser):
@@ -384,14 +441,8 @@ class GenerateHttpUser(TritonUser):
             )
             if resp.status_code != 200:  # an error before the first response, e.g. bad parameters
                 raise _http_error(resp.status_code, resp.read())
-            while True:
-                line = resp.readline(b"\n")
-                at = time.perf_counter()
-                if not line:
-                    raise TritonError("the event stream ended without a finish_reason")
-                if not line.startswith(b"data:"):
-                    continue  # the blank line between events
-                event = json.loads(line[len(b"data:") :])
+            for data, at in _sse_data(resp, "the event stream ended without a finish_reason"):
+                event = json.loads(data)
                 if "error" in event:  # a later error arrives as an event; the status stays 200
                     raise TritonError(f"HTTP 200: {event['error']}")
                 ids = event.get("output_ids", [])
@@ -406,6 +457,61 @@ class GenerateHttpUser(TritonUser):
             # The connection may hold half a response: drop it rather than reuse it.
             self.http.close()
             self.http = HTTPClient.from_url(self.host, connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
+            clock.failed(_as_error(e))
+
+
+class OpenAIChatUser(TritonUser):
+    """The generator through the bundled server's OpenAI routes: a streamed /v1/chat/completions
+    (the prompt as one user message, greedy, `stream_options.include_usage`), read event by event
+    as GenerateHttpUser reads /generate_stream. The routes listen on the host of --host at
+    $TRITONFORMER_OPENAI_PORT (9000); $TRITONFORMER_API_KEY, if set, is sent as the bearer key.
+    Tokens per event are not in the chunks: TTFT is the first content chunk, and the stream's
+    size is the completion_tokens of the final usage chunk."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if _env("TRITONFORMER_API_KEY", ""):
+            self.headers["Authorization"] = f"Bearer {os.environ['TRITONFORMER_API_KEY']}"
+        self._connect()
+
+    def _connect(self) -> None:
+        self.http = HTTPClient.from_url(f"http://{_address(self.host, OPENAI_PORT)}", connection_timeout=TIMEOUT,
+                                        network_timeout=TIMEOUT)
+
+    def on_stop(self) -> None:
+        self.http.close()
+
+    @tag("openai", "openai-chat")
+    @task
+    def chat_openai(self) -> None:
+        body = json.dumps({
+            "model": "generator", "messages": [{"role": "user", "content": prompt(self.rng)}],
+            "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+        })
+        clock = StreamClock(self.environment, "generator openai-chat")
+        try:
+            resp = self.http.post("/v1/chat/completions", body=body, headers=self.headers)
+            if resp.status_code != 200:  # OpenAI's error object: {"error": {"message": ...}}
+                raise _http_error(resp.status_code, resp.read())
+            for data, at in _sse_data(resp, "the event stream ended without [DONE]"):
+                if data == b"[DONE]":
+                    clock.finished(at)
+                    resp.read()  # the end of the chunked body, so the connection can be reused
+                    return
+                event = json.loads(data)
+                if "error" in event:
+                    raise TritonError(f"HTTP 200: {event['error']}")
+                for choice in event.get("choices", ()):
+                    if choice.get("delta", {}).get("content"):
+                        clock.tokens_arrived(1, at)
+                if event.get("usage"):
+                    clock.tokens = event["usage"]["completion_tokens"]  # exact, where chunks held several
+        except Exception as e:
+            if isinstance(e, TimeoutError):
+                e = TritonError(f"nothing received for {TIMEOUT:g} s")
+            self.http.close()
+            self._connect()
             clock.failed(_as_error(e))
 
 

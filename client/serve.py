@@ -2,7 +2,9 @@
 
 Prepares the checkpoints (conversion progress shows here, not buried in the server log),
 starts the bundled tritonserver with its output streamed to the terminal, waits until every
-model is ready, prints where to reach it, and serves until Ctrl-C / SIGTERM.
+model is ready, prints where to reach it, and serves until Ctrl-C / SIGTERM. Beside it, the
+OpenAI routes (client/openai_routes) listen on --openai-port, a Triton client in a thread of
+this process; --no-openai leaves them out.
 """
 
 from __future__ import annotations
@@ -15,11 +17,23 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from tritonformer.client.server import PORT_HINTS, TritonServer, TritonServerError
 
+if TYPE_CHECKING:
+    from tritonformer.client.openai_routes.runner import OpenAIRoutes
+
+# The OpenAI routes' settings (their code, FastAPI and uvicorn, is imported only when they start).
+OPENAI_PORT_ENV = "TRITONFORMER_OPENAI_PORT"
+API_KEY_ENV = "TRITONFORMER_API_KEY"
+DEFAULT_OPENAI_PORT = 9000  # as Triton's own OpenAI frontend
+
 DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+# Models that ship without a checkpoint -> the environment variable their config.pbtxt falls back
+# to (the server's environment reaches the models).
+CHECKPOINT_ENVS = {"reranker": "TRITONFORMER_RERANKER_CHECKPOINT", "classifier": "TRITONFORMER_CLASSIFIER_CHECKPOINT"}
 
 
 def _port_type(env: str) -> Callable[[str], int]:
@@ -70,6 +84,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=600.0,
         help="seconds to wait for the models to load (default: %(default)s)",
+    )
+    for model, env in CHECKPOINT_ENVS.items():
+        parser.add_argument(
+            f"--{model}-checkpoint",
+            type=Path,
+            default=None,
+            help=f"checkpoint folder of the {model} model, which ships without one (default: ${env}; "
+            f"without either the {model} answers every request with how to name one)",
+        )
+    parser.add_argument(
+        "--openai-port",
+        type=_port_type(OPENAI_PORT_ENV),
+        default=os.environ.get(OPENAI_PORT_ENV, str(DEFAULT_OPENAI_PORT)),
+        help=f"port of the OpenAI routes (/v1/chat/completions, ...) (default: ${OPENAI_PORT_ENV} or "
+        f"{DEFAULT_OPENAI_PORT})",
+    )
+    parser.add_argument("--no-openai", action="store_true", help="do not start the OpenAI routes")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"the OpenAI routes answer 401 unless a request sends 'Authorization: Bearer KEY' "
+        f"(default: ${API_KEY_ENV}; none: no key needed)",
     )
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     parser.add_argument(
@@ -152,6 +188,32 @@ def run_serve(args: argparse.Namespace) -> int:
         _say("preparing checkpoints")
         prepare_default_checkpoints(progress=True)
 
+    for model, env in CHECKPOINT_ENVS.items():
+        folder = getattr(args, f"{model}_checkpoint", None)
+        if folder is not None:
+            if not (folder / "config.json").is_file():
+                _say(f"error: --{model}-checkpoint {folder} is not a checkpoint folder (no config.json)")
+                return 2
+            os.environ[env] = str(folder.resolve())  # inherited by tritonserver and its model stubs
+
+    routes = None
+    if not args.no_openai:
+        taken = {args.http_port: "HTTP", args.grpc_port: "gRPC", args.metrics_port: "metrics"}
+        if args.openai_port in taken:
+            _say(f"error: --openai-port {args.openai_port} is also the {taken[args.openai_port]} port; choose "
+                 f"another (or ${OPENAI_PORT_ENV}), or leave the OpenAI routes out with --no-openai")
+            return 2
+        try:
+            from tritonformer.client.openai_routes.runner import OpenAIPortInUse, OpenAIRoutes
+        except ImportError as e:  # a bare Python (a GPU image) without FastAPI: Triton alone
+            _say(f"warning: the OpenAI routes are not started ({e}; ./install.sh installs them)")
+        else:
+            try:  # the port is bound now, so that a port in use stops us before tritonserver starts
+                routes = OpenAIRoutes(args.host, args.openai_port, args.api_key)
+            except OpenAIPortInUse as e:
+                _say(f"error: {e}")
+                return 1
+
     server = TritonServer(
         repository,
         http_port=args.http_port,
@@ -161,6 +223,15 @@ def run_serve(args: argparse.Namespace) -> int:
         log_verbose=args.log_verbose,
         stream_log=True,
     )
+    try:
+        return _serve(server, models, routes, args.ready_timeout)
+    finally:
+        if routes is not None:
+            routes.stop()
+
+
+def _serve(server: TritonServer, models: list[str], routes: OpenAIRoutes | None, ready_timeout: float) -> int:
+    """Start the server (and the OpenAI routes once it is ready) and serve until stopped."""
     with _signals_raise():
         try:
             server.start()
@@ -171,10 +242,14 @@ def run_serve(args: argparse.Namespace) -> int:
             _stop(server)
             return 130
         try:
-            server.wait_ready(models, timeout=args.ready_timeout, progress=True)
+            server.wait_ready(models, timeout=ready_timeout, progress=True)
+            openai = ""
+            if routes is not None:
+                routes.start(server.grpc_url)
+                openai = f" | OpenAI {routes.url}"
             print(
                 f"tritonformer: serving {', '.join(models)} | HTTP http://{server.http_url} | "
-                f"gRPC {server.grpc_url} | metrics {server.metrics_url} | Ctrl-C to stop",
+                f"gRPC {server.grpc_url} | metrics {server.metrics_url}{openai} | Ctrl-C to stop",
                 flush=True,
             )
             assert server.process is not None
@@ -182,12 +257,14 @@ def run_serve(args: argparse.Namespace) -> int:
             _say(f"error: tritonserver exited unexpectedly with code {code}")
             server.stop()
             return _exit_code(code) or 1
-        except TritonServerError as e:
+        except RuntimeError as e:  # a TritonServerError, or the OpenAI routes did not start
             _say(f"error: {e}")
             _stop(server)
             return 1
         except _StopRequested as stop:
             _say(f"{stop} received")
+            if routes is not None:  # no new OpenAI requests while the models unload
+                routes.stop()
             code = _stop(server)
             _say(f"tritonserver stopped (exit code {code})")
             return _exit_code(code)

@@ -32,7 +32,7 @@ def triton_kernels_enabled() -> bool:
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
-                   "triton_pooling", "triton_sampling", "triton_decode_steps")
+                   "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary")
 _loaded = False
 
 
@@ -78,10 +78,12 @@ silu_and_mul = _dispatched("silu_and_mul")
 gated_act = _dispatched("gated_act")
 feed_tokens = _dispatched("feed_tokens")
 argmax_rows = _dispatched("argmax_rows")
+apply_penalties = _dispatched("apply_penalties")
 advance_decode_inputs = _dispatched("advance_decode_inputs")
 pool_sequences = _dispatched("pool_sequences")
 softmax = _dispatched("softmax")
 apply_rotary = _dispatched("apply_rotary")
+rotary_in_place = _dispatched("rotary_in_place")
 qkv_split = _dispatched("qkv_split")
 qkv_split_rotary = _dispatched("qkv_split_rotary")
 varlen_attention = _dispatched("varlen_attention")

@@ -130,6 +130,26 @@ def argmax_rows(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1, out=out)
 
 
+def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor, in_prompt: torch.Tensor, slots: torch.Tensor,
+                    frequency: torch.Tensor, presence: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+    """Sampling penalties on fp32 `logits` `[S, V]`, in place; returns `logits`.
+
+    Row r's sequence keeps its state in row `slots[r]` of two pools: `output_counts` `[rows, V]`
+    int32 (how often each token was generated) and `in_prompt` `[rows, V]` bool. First Hugging
+    Face's repetition penalty over prompt and generated tokens (a positive logit divided by
+    `repetition[r]`, a negative one multiplied), then OpenAI's frequency and presence penalties
+    over generated tokens: `logit -= frequency[r] * count + presence[r] * (count > 0)`. The
+    order is vLLM's. A neutral row (1, 0, 0) is left as it was.
+    """
+    counts = output_counts.index_select(0, slots)
+    generated = counts > 0
+    seen = in_prompt.index_select(0, slots) | generated
+    rep = repetition[:, None]
+    penalized = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    penalized -= frequency[:, None] * counts.to(torch.float32) + presence[:, None] * generated.to(torch.float32)
+    return logits.copy_(penalized)
+
+
 def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
     """Sentence embeddings `[B, hidden]` fp32 from packed token states `[T, hidden]`: "mean"
     over each sequence's rows, or "cls" (its first row); with `normalize`, divided by
@@ -150,16 +170,16 @@ def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, no
 
 
 # The gated activations of an MLP whose up-projection weight is `[gate; up]` (`[2I, K]`): the
-# result `[.., I]` is gate_fn(gate) * up. Llama's SwiGLU and Gemma's GeGLU (Hugging Face's
-# `gelu_pytorch_tanh` on the gate).
-_GATE_FNS = {"silu_mul": F.silu, "gelu_tanh_mul": lambda g: F.gelu(g, approximate="tanh")}
+# result `[.., I]` is gate_fn(gate) * up. Llama's SwiGLU, Gemma's GeGLU (Hugging Face's
+# `gelu_pytorch_tanh` on the gate) and ModernBERT's GeGLU (the exact, erf GELU: its "gelu").
+_GATE_FNS = {"silu_mul": F.silu, "gelu_tanh_mul": lambda g: F.gelu(g, approximate="tanh"), "gelu_mul": F.gelu}
 GATED_ACTIVATIONS = frozenset(_GATE_FNS)
 
 
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     """act(gate) * up where gate_up = [gate | up] along the last dim, in fp32, rounded once to
     gate_up's dtype; `activation` is one of GATED_ACTIVATIONS ("silu_mul": SwiGLU,
-    "gelu_tanh_mul": GeGLU with the tanh GELU)."""
+    "gelu_tanh_mul": GeGLU with the tanh GELU, "gelu_mul": GeGLU with the exact GELU)."""
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
     gate, up = gate_up.float().chunk(2, dim=-1)
@@ -207,6 +227,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
+def rotary_in_place(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`apply_rotary` written back into x `[T, H, D]` (a strided view is fine: an encoder passes
+    the q and k heads of its QKV GEMM output, `qkv.view(T, 3H, D)[:, :2H]`, so the attention
+    reads them where they are and nothing is copied). Row t of x takes row t of cos/sin
+    `[T, D/2]`, or with `positions` (int `[T]`) row `positions[t]` of cos/sin tables computed
+    once for every position (`rotary_cos_sin`). Returns x."""
+    if positions is not None:
+        cos, sin = cos[positions], sin[positions]
+    return x.copy_(apply_rotary(x, cos, sin))
+
+
 def qkv_split(
     qkv: torch.Tensor,
     bias: torch.Tensor | None,
@@ -243,11 +276,9 @@ def qkv_split_rotary(
 
 
 def check_attention_options(causal: bool, window: int | None, softcap: float | None) -> None:
-    """ValueError unless `window` is None or a positive integer with causal attention, and
-    `softcap` None or positive (the attention ops' rules, kernels' and references' alike)."""
+    """ValueError unless `window` is None or a positive integer, and `softcap` None or positive
+    (the attention ops' rules, kernels' and references' alike)."""
     if window is not None:
-        if not causal:
-            raise ValueError("a sliding window needs causal attention (causal=True)")
         if int(window) != window or window < 1:
             raise ValueError(f"window must be a positive integer, got {window!r}")
     if softcap is not None and not softcap > 0:
@@ -274,10 +305,14 @@ def varlen_attention(
     cu_seqlens_k[i+1] of k/v. With `causal`, queries are aligned to the *end* of their keys
     (query j of a sequence with Lq queries and Lk keys sits at position p = Lk - Lq + j and sees
     keys 0 .. p), which covers prefill (Lq == Lk), chunked prefill and decode against a KV cache
-    (Lq < Lk). `window` (sliding-window attention, causal only) narrows that to the last
+    (Lq < Lk). `window` (sliding-window attention) with `causal` narrows that to the last
     `window` keys, p - window < k <= p: Hugging Face's `sliding_window` (its mask keeps
-    kv_idx > q_idx - sliding_window). `softcap` (Gemma 2) caps the scores before masking and
-    softmax: softcap * tanh(scale * q.k / softcap). A query that sees no key gets zeros.
+    kv_idx > q_idx - sliding_window). Without `causal` the window is symmetric: query position
+    p (aligned to the end of its keys as above) sees keys |k - p| <= window // 2, ModernBERT's
+    local attention with window = its `local_attention` (Hugging Face's bidirectional sliding
+    mask keeps |q_idx - kv_idx| <= local_attention // 2). `softcap` (Gemma 2) caps the scores
+    before masking and softmax: softcap * tanh(scale * q.k / softcap). A query that sees no key
+    gets zeros.
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]` (in `out` when given).
     """
@@ -304,6 +339,10 @@ def varlen_attention(
             mask = k_pos <= q_pos
             if win is not None:
                 mask = mask & (k_pos > q_pos - win)
+        elif window is not None and not causal:  # symmetric window
+            q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
+            k_pos = torch.arange(lk, device=q.device)[None, :]
+            mask = (k_pos - q_pos).abs() <= window // 2
         if softcap is None:
             o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
         else:
@@ -313,6 +352,8 @@ def varlen_attention(
             if mask is not None:  # a query that sees no key (Lk < Lq): zeros, as without softcap
                 p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             o = p @ vs.float()
+        if window is not None and not causal:  # a query that sees no key (Lq > Lk): zeros
+            o = o.masked_fill(~mask.any(-1)[None, :, None], 0.0)
         out[cq[i] : cq[i + 1]] = o.transpose(0, 1).to(q.dtype)
     return out
 
@@ -333,7 +374,7 @@ def linear_bias_gelu(
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
 
 
-LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
+LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "gelu_mul")
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # linear_act's GELUs as bias_gelu's `approximate`
 
 
@@ -355,7 +396,8 @@ def linear_act(
 
     x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. `activation` is "none",
     "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new") or a gated one (GATED_ACTIVATIONS:
-    "silu_mul", Llama's SwiGLU, or "gelu_tanh_mul", Gemma's GeGLU: weight is `[gate; up]`,
+    "silu_mul", Llama's SwiGLU, "gelu_tanh_mul", Gemma's GeGLU, or "gelu_mul", ModernBERT's
+    GeGLU with the exact GELU: weight is `[gate; up]`,
     `[2I, K]`, and the result `[M, I]` is act(gate) * up, see `gated_act`). A kernel computes
     the activation on the GEMM's fp32 accumulator; here the linear's output is rounded to x's
     dtype first, as the unfused ops do."""

@@ -31,6 +31,12 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   splits only that visible range is split. Blocks wholly inside every query's window run
   unmasked; only those straddling the window's lower edge or the diagonal are masked. With
   `softcap`, scores are softcap * tanh(scale * q.k / softcap) before masking and softmax.
+* Symmetric window (ModernBERT's local attention, not causal): query position p sees keys
+  |k - p| <= w, w = window // 2. That is the causal sliding window of 2w + 1 keys whose
+  diagonal is moved w keys ahead (p - w <= k <= p + w), so it runs as the CAUSAL + HAS_WINDOW
+  kernel with a `lookahead` of w added to every query's position: the same block skipping (a
+  long sequence under a 128-key window costs only the window) and the same masking. A window
+  whose reach covers every key of the batch runs the plain non-causal kernel.
 * Any head_dim in [16, 256]: one that is not a power of two (Phi-3's 96) runs in a tile
   padded to the next power of two, its extra lanes masked on every load and store.
   Each of the three is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED): without them the kernel
@@ -132,11 +138,11 @@ def _attend_blocks(
 
 # Batch-dependent integers are not specialised on (Triton would otherwise compile a variant per
 # "divisible by 16 / equal to 1" class of each): a new batch shape must not stall serving on a compile.
-@triton.jit(do_not_specialize=["split_stride", "stride_bt", "window"])
+@triton.jit(do_not_specialize=["split_stride", "stride_bt", "window", "lookahead"])
 def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e,
+    qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e, lookahead,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
@@ -183,8 +189,11 @@ def _varlen_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Query j sits at key position q_shift + j (causal queries are aligned to the end).
+    # Query j sits at key position q_shift + j (causal queries are aligned to the end). A
+    # symmetric window moves every query's diagonal `lookahead` keys ahead (0 for causal ones).
     q_shift = seqlen_k - seqlen_q
+    if HAS_WINDOW:
+        q_shift += lookahead
     if CAUSAL:
         # Keys < full_end are visible to every query of this block (its first query, q_lo,
         # sees keys 0 .. q_shift + q_lo); keys >= end are visible to none of them.
@@ -203,6 +212,9 @@ def _varlen_attention_kernel(
         # of this block and never visited; keys from full_lo on are inside every query's
         # window. So the blocks [kv_lo, full_lo) straddle the window's lower edge and are
         # masked, [full_lo, full_end) run unmasked, [full_end, end) straddle the diagonal.
+        # With a lookahead, a block's diagonal can pass the sequence's end: the unmasked blocks
+        # must stop at its last whole block (causal windows never reach it: a no-op there).
+        full_end = tl.minimum(full_end, (seqlen_k // BLOCK_N) * BLOCK_N)
         kv_lo = (tl.maximum(q_shift + q_lo - window + 1, 0) // BLOCK_N) * BLOCK_N
         full_lo = tl.cdiv(tl.maximum(q_shift + q_hi - window + 1, 0), BLOCK_N) * BLOCK_N
         full_lo = tl.minimum(full_lo, full_end)
@@ -415,6 +427,15 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
     reference.check_attention_options(causal, window, softcap)
+    lookahead = 0
+    if window is not None and not causal:
+        # Symmetric: |k - p| <= reach. A reach past every key of the batch masks nothing (the
+        # plain kernel runs); otherwise the causal window of 2 * reach + 1 keys, `lookahead` ahead.
+        reach = int(window) // 2
+        if reach >= k.shape[0] + q.shape[0]:
+            window = None
+        else:
+            causal, lookahead, window = True, reach, 2 * reach + 1
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -461,7 +482,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         out.stride(0), out.stride(1),
         qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
-        min(int(window), 2**30) if window is not None else 0, softcap_log2e,
+        min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -55,7 +55,7 @@ def _tanh_gelu(h):
 
 # The activation codes of `apply_act` (below): linear_act's names; the gated ones take the up
 # half as a second operand (reference.GATED_ACTIVATIONS).
-ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4}
+ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4, "gelu_mul": 5}
 
 
 @triton.jit
@@ -70,6 +70,8 @@ def apply_act(acc, acc_b, ACT: tl.constexpr):
         acc = acc / (1.0 + tl.exp(-acc)) * acc_b
     elif ACT == 4:
         acc = _tanh_gelu(acc) * acc_b
+    elif ACT == 5:
+        acc = _erf_gelu(acc) * acc_b
     return acc
 
 
@@ -160,7 +162,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return gated_act(gate_up, "silu_mul")
 
 
-@triton.jit(do_not_specialize=["n"])
+# One compiled variant whatever the batch: the ids are a slice of a packed buffer whose offset
+# (so alignment) changes with the batch, and a first variant compiled under load stalls every
+# stream (measured: the only kernel still compiled on a served engine's first requests).
+@triton.jit(do_not_specialize=["ids_ptr", "n"])
 def _feed_tokens_kernel(ids_ptr, last_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -170,14 +175,16 @@ def _feed_tokens_kernel(ids_ptr, last_ptr, n, BLOCK: tl.constexpr):
     tl.store(ids_ptr + offs, tl.where(fed, tok, ids), mask=mask)
 
 
+_FEED_BLOCK = 1024  # one block size (one variant): a decode batch fits one program
+
+
 @register("feed_tokens")
 def feed_tokens(input_ids: torch.Tensor, last_ids: torch.Tensor) -> torch.Tensor:
     """One launch for what the reference does in five (see reference.feed_tokens): it runs in
     every decode iteration, inside its CUDA graph."""
     n = input_ids.numel()
     if n:
-        block = min(1024, max(16, triton.next_power_of_2(n)))  # no degenerate 1-element blocks
-        _feed_tokens_kernel[(triton.cdiv(n, block),)](input_ids, last_ids, n, BLOCK=block)
+        _feed_tokens_kernel[(triton.cdiv(n, _FEED_BLOCK),)](input_ids, last_ids, n, BLOCK=_FEED_BLOCK)
     return input_ids
 
 

@@ -23,6 +23,13 @@ sequence) is then shared by several iterations. A request that arrives meanwhile
 next round, at most max_decode_steps - 1 iterations later; a round with a waiting sequence,
 a prompt chunk or a preemption is one iteration, as above.
 
+Several samples of one prompt (n > 1): the first (the leader) is scheduled as any sequence; the
+others (forks) wait aside until the leader's prompt is in the cache up to its last full block,
+then join the waiting queue's front holding those blocks too (reference-counted, see
+kv_blocks.py), with only the prompt's tail (under one block) and their own tokens to compute.
+Sharing only full blocks, never written again, needs no copy-on-write. A fork that is preempted
+recomputes alone; a leader that leaves before the fork point lets its forks go unshared.
+
 Pure Python: the engine supplies the sequences and runs the model; this module only decides.
 """
 from __future__ import annotations
@@ -134,11 +141,39 @@ class IterationScheduler:
         self.waiting: deque = deque()
         self.running: list = []  # oldest first: preemption takes from the tail
         self.num_preemptions = 0
+        # id(leader) -> (leader, forks, shared tokens): forks waiting for the leader's prompt.
+        self._forking: dict[int, tuple[Any, list, int]] = {}
 
     def add(self, seq: DecoderWork) -> None:
         if self.max_seq_len is not None and seq.num_tokens > self.max_seq_len:
             raise ValueError(f"sequence of {seq.num_tokens} tokens exceeds max_seq_len {self.max_seq_len}")
         self.waiting.append(seq)
+
+    def add_forks(self, leader: DecoderWork, forks: list, prompt_tokens: int) -> None:
+        """`forks` are more samples of `leader`'s prompt (`prompt_tokens` long, each fork's
+        first tokens): they join once the leader has computed the prompt's full blocks, sharing
+        them (see the module docstring). Call after `add(leader)`."""
+        shared = prompt_tokens // self.blocks.block_size * self.blocks.block_size
+        if prompt_tokens - shared == 0 and shared:
+            shared -= self.blocks.block_size  # the last prompt token must run: it gives the first sample
+        if shared <= 0:  # no full block to share: they are sequences of their own
+            self.waiting.extend(forks)
+            return
+        self._forking[id(leader)] = (leader, list(forks), shared)
+
+    def pending_forks(self) -> list:
+        """Forks not yet in the waiting queue (they hold no blocks)."""
+        return [f for _, forks, _ in self._forking.values() for f in forks]
+
+    def _fork(self, leader: Any) -> None:
+        """The leader's shared prompt is in the cache: its forks take those blocks and join the
+        waiting queue's front (they arrived with it, before anything now waiting)."""
+        _, forks, shared = self._forking.pop(id(leader))
+        num_blocks = shared // self.blocks.block_size
+        for fork in reversed(forks):
+            fork.block_table = self.blocks.share(leader.block_table, num_blocks)
+            fork.num_computed = shared
+            self.waiting.appendleft(fork)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -206,7 +241,9 @@ class IterationScheduler:
     def _make_room(self, seq: Any, num_tokens: int, it: Iteration) -> bool:
         """Preempt newest-first until `seq` can cover `num_tokens`; False if `seq` itself went."""
         while not self.blocks.can_grow(seq.block_table, num_tokens):
-            if len(self.running) == 1:  # alone with the whole pool and still short
+            if len(self.running) == 1:  # alone with the pool and still short
+                if self._unshare_waiting():
+                    continue
                 raise SequenceTooLong(seq, num_tokens)
             victim = self.running.pop()
             self.blocks.free(victim.block_table)
@@ -220,14 +257,27 @@ class IterationScheduler:
                 return False
         return True
 
+    def _unshare_waiting(self) -> bool:
+        """Waiting forks drop the shared prompt blocks they hold (to recompute them later), so a
+        sequence that needs the whole pool gets it; whether any were held."""
+        released = False
+        for seq in self.waiting:
+            if seq.block_table:
+                self.blocks.free(seq.block_table)
+                seq.num_computed = 0
+                released = True
+        return released
+
     def _admit(self, it: Iteration, budget: int) -> None:
         """Waiting sequences join first-come-first-served, as chunks when the budget is short."""
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]
             num_new = min(seq.num_tokens - seq.num_computed, budget)
             if not self.blocks.can_grow(seq.block_table, seq.num_computed + num_new):
-                if not self.running:  # the whole pool is free and still too small
+                if not self.running and not self._unshare_waiting():  # the whole pool is free and still too small
                     raise SequenceTooLong(seq, seq.num_computed + num_new)
+                if not self.running:
+                    continue
                 break  # never skip ahead of the oldest waiting sequence
             self.waiting.popleft()
             self.blocks.grow(seq.block_table, seq.num_computed + num_new)
@@ -241,6 +291,11 @@ class IterationScheduler:
             if e.seq.num_computed != e.start:
                 raise RuntimeError("iteration committed twice, or a stale iteration")
             e.seq.num_computed += e.num_new * e.steps
+        if self._forking:
+            for e in it.prefill + it.decode:
+                entry = self._forking.get(id(e.seq))
+                if entry is not None and e.seq.num_computed >= entry[2]:
+                    self._fork(e.seq)
 
     def finish(self, seq: Any) -> None:
         """Remove a sequence that finished, failed or was cancelled, and free its blocks now."""
@@ -248,3 +303,12 @@ class IterationScheduler:
         self.running = [s for s in self.running if s is not seq]
         self.waiting = deque(s for s in self.waiting if s is not seq)
         self.blocks.free(seq.block_table)
+        if self._forking:
+            entry = self._forking.pop(id(seq), None)
+            if entry is not None:  # it left before its prompt was shared: its forks go alone
+                self.waiting.extendleft(reversed(entry[1]))
+            for key, (leader, forks, shared) in list(self._forking.items()):
+                if any(f is seq for f in forks):  # a fork that leaves before it forked
+                    forks[:] = [f for f in forks if f is not seq]
+                    if not forks:
+                        del self._forking[key]

@@ -6,6 +6,10 @@ handed out one at a time as the sequence grows, so memory is reserved for tokens
 not for the longest possible output: waste is at most one partly filled block per sequence,
 and many more sequences fit in the same memory than with one contiguous max-length buffer each.
 
+Blocks are reference-counted: the n samples of one request (n > 1) share the blocks that hold
+their common prompt (`share`), so it is computed and stored once. A shared block is always a
+full one that nobody writes again; a block returns to the pool when its last holder frees it.
+
 This module only decides *which* block ids a sequence owns; the backend owns the tensors and
 indexes them with the block table. Pure Python, no torch.
 """
@@ -28,9 +32,10 @@ class BlockManager:
         # first (its cache lines are the likeliest to be warm). Reversed so that a fresh pool
         # hands out 0, 1, 2, ... which makes tests and logs easy to read.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        # Kept only to catch bugs: freeing a block twice would hand it to two sequences later,
-        # and they would silently overwrite each other's keys/values.
-        self._allocated: set[int] = set()
+        # block -> how many block tables hold it. Also catches bugs: freeing a block more often
+        # than it was handed out would give it to two sequences later, and they would silently
+        # overwrite each other's keys/values.
+        self._refs: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -38,7 +43,11 @@ class BlockManager:
 
     @property
     def num_used(self) -> int:
-        return len(self._allocated)
+        return len(self._refs)
+
+    def refcount(self, block: int) -> int:
+        """How many block tables hold `block` (0: free)."""
+        return self._refs.get(block, 0)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` tokens."""
@@ -62,19 +71,37 @@ class BlockManager:
             raise OutOfBlocks(f"need {missing} blocks, {len(self._free)} free")
         for _ in range(missing):
             block = self._free.pop()
-            self._allocated.add(block)
+            self._refs[block] = 1
             table.append(block)
 
+    def share(self, table: list[int], num_blocks: int) -> list[int]:
+        """A new block table holding the first `num_blocks` blocks of `table` too (their
+        reference counts go up): another sequence reads the same keys/values. Only full blocks
+        that nobody writes again may be shared (the caller's rule)."""
+        if num_blocks > len(table):
+            raise ValueError(f"cannot share {num_blocks} blocks of a table of {len(table)}")
+        shared = table[:num_blocks]
+        for block in shared:
+            if block not in self._refs:
+                raise ValueError(f"sharing block {block}, which is not allocated")
+            self._refs[block] += 1
+        return shared
+
     def free(self, table: list[int]) -> None:
-        """Give every block of `table` back to the pool and clear the list in place.
+        """Drop `table`'s hold on each of its blocks and clear the list in place; a block nobody
+        else holds goes back to the pool.
 
         Raises ValueError (and frees nothing) on a block that is not currently allocated, or
         listed twice: either means two owners think they hold the same block.
         """
-        if len(set(table)) != len(table) or not self._allocated.issuperset(table):
-            bad = [b for b in table if b not in self._allocated] or table
+        if len(set(table)) != len(table) or any(b not in self._refs for b in table):
+            bad = [b for b in table if b not in self._refs] or table
             raise ValueError(f"freeing blocks not allocated (or listed twice): {bad}")
         for block in table:
-            self._allocated.remove(block)
-            self._free.append(block)
+            left = self._refs[block] - 1
+            if left:
+                self._refs[block] = left
+            else:
+                del self._refs[block]
+                self._free.append(block)
         table.clear()

@@ -69,3 +69,56 @@ def test_table_prints_na_with_the_reason_when_compilation_failed(capsys):
     line = next(line for line in out.splitlines() if line.split()[:1] == ["(64,512)"])  # the table row
     assert "n/a" in line
     assert "BackendCompilerFailed: boom" in out
+
+
+def test_modernbert_baseline_dispatches_sdpa_and_ours_matches_it():
+    """`--model modernbert-base`'s baseline (two layers here, on the CPU): one SDPA call per
+    layer, local layers included, and ours built from its weights through the family table
+    computes the same hidden states. (A 2,048-token vocabulary: initialising the real one's
+    embeddings takes seconds.)"""
+    shrunk = {"vocab_size": 2048, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
+              "sep_token_id": 2}
+    hf, config = bench.build_family_baseline("modernbert-base", layers=2, overrides=shrunk)
+    assert config["num_hidden_layers"] == 2 and hf.config.layer_types == ["full_attention", "sliding_attention"]
+    results = bench.verify_dispatch({"hf_sdpa": hf}, _ids())
+    assert results["hf_sdpa"]["ok"] and results["hf_sdpa"]["sdpa_calls"] == 2
+    ours = bench.build_ours("modernbert-base", hf, torch.device("cpu"), torch.float32)
+    ids = torch.randint(3, 2048, (2, 150), generator=torch.Generator().manual_seed(1))  # past the 128 window
+    cu = torch.tensor([0, 150, 300], dtype=torch.int32)
+    with torch.inference_mode():
+        ref = hf(input_ids=ids).last_hidden_state
+    assert bench._min_cosine(ours.forward(ids.reshape(-1), cu, 150), ref) >= 0.999
+    # the fp16 baseline keeps its rotary frequencies in fp32 (`.to` alone would round them)
+    half = bench.to_half_keeping_rotary_fp32(hf, torch.device("cpu"))
+    assert next(half.parameters()).dtype == torch.float16
+    buffers = dict(half.named_buffers())
+    assert buffers and all(b.dtype == torch.float32 for n, b in buffers.items() if n.endswith("inv_freq"))
+
+
+def test_family_table_prints_targets_and_misses(capsys):
+    meta = {"gpu": "cpu", "date": "2026-01-01T00:00:00+00:00", "command": bench.command_line(), "git_commit": None,
+            "torch": torch.__version__, "transformers": "x", "model": "modernbert-base", "layers": 22,
+            "compile_mode": "auto",
+            "attention_dispatch": {"hf_sdpa": {"config": "sdpa", "sdpa_calls": 22, "ok": True}}}
+    ok = {"mode": "default", "graph_breaks": 0, "graphs_compiled": 1, "error": None}
+    rows = [
+        {"shape": "(1,32)", "hf_sdpa_ms": 10.0, "hf_sdpa_compiled_ms": 4.0, "ours_ms": 1.0, "ours_no_graph_ms": 3.0,
+         "vs_sdpa": 10.0, "vs_compiled": 4.0, "target_vs_sdpa": 5.0, "min_cosine_vs_hf_sdpa": 0.9999,
+         "compiled": ok, "peak_memory_GiB": 1.0},
+        {"shape": "(8,8192)", "hf_sdpa_ms": 100.0, "hf_sdpa_compiled_ms": None, "ours_ms": 90.0,
+         "ours_no_graph_ms": 90.0, "vs_sdpa": 100 / 90, "vs_compiled": None, "target_vs_sdpa": 1.2,
+         "min_cosine_vs_hf_sdpa": 0.9995, "compiled": {"ms": None, "error": "OutOfMemoryError: boom"},
+         "peak_memory_GiB": 20.0},
+    ]
+    bench.print_family_table(meta, rows)
+    lines = capsys.readouterr().out.splitlines()
+    short = next(line for line in lines if line.split()[:1] == ["(1,32)"])
+    long = next(line for line in lines if line.split()[:1] == ["(8,8192)"])
+    assert "yes" in short.split() and "NO" in long.split() and "n/a" in long.split()
+    assert any("OutOfMemoryError: boom" in line for line in lines)
+
+
+def test_shapes_parse_up_to_8192():
+    assert bench.parse_shapes("8x8192,1x32") == [(8, 8192), (1, 32)]
+    with pytest.raises(Exception):
+        bench.parse_shapes("1x9000")

@@ -211,14 +211,14 @@ def test_window_covering_every_key_is_plain_causal():
                                    atol=0, rtol=0)
 
 
-def test_window_rejects_non_causal_and_bad_sizes():
+def test_window_rejects_bad_sizes():
+    """(A window without causal is the symmetric one: tests/test_kernels_triton_attention.py.)"""
     q = k = v = torch.zeros(3, 1, 16)
     cu = _cu([3])
-    with pytest.raises(ValueError, match="causal"):
-        ref.varlen_attention(q, k, v, cu, cu, False, window=2)
-    for window in (0, -1, 2.5):
-        with pytest.raises(ValueError, match="window"):
-            ref.varlen_attention(q, k, v, cu, cu, True, window=window)
+    for causal in (False, True):
+        for window in (0, -1, 2.5):
+            with pytest.raises(ValueError, match="window"):
+                ref.varlen_attention(q, k, v, cu, cu, causal, window=window)
     with pytest.raises(ValueError, match="softcap"):
         ref.varlen_attention(q, k, v, cu, cu, True, softcap=-1.0)
 

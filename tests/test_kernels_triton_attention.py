@@ -195,13 +195,14 @@ def test_window_covering_every_key_changes_nothing(monkeypatch, splits):
         torch.testing.assert_close(varlen_attention(q, k, v, cq, ck, True, window=window), plain, atol=0, rtol=0)
 
 
-def test_window_needs_causal_and_a_positive_size():
+def test_window_needs_a_positive_size():
     q, k, v, cq, ck = make([3], [3], 2, 1, 16, torch.float32)
     for fn in (varlen_attention, ref.varlen_attention):
-        with pytest.raises(ValueError, match="causal"):
-            fn(q, k, v, cq, ck, False, window=2)
-        with pytest.raises(ValueError, match="window"):
-            fn(q, k, v, cq, ck, True, window=0)
+        for causal in (False, True):
+            with pytest.raises(ValueError, match="window"):
+                fn(q, k, v, cq, ck, causal, window=0)
+            with pytest.raises(ValueError, match="window"):
+                fn(q, k, v, cq, ck, causal, window=2.5)
         with pytest.raises(ValueError, match="softcap"):
             fn(q, k, v, cq, ck, True, softcap=0.0)
 
@@ -274,6 +275,105 @@ def test_window_never_reads_keys_before_its_first_block(monkeypatch, splits):
     out = varlen_attention(q, k, v, cq, ck, True, window=window)
     atol, rtol = TOL[torch.float32]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+# ---------------------------------------------------------------- symmetric window (ModernBERT's local attention)
+
+def _symmetric_mask_attention(q, k, v, lengths, window):
+    """An independent formulation for equal-length q/k: per sequence, scores masked to
+    |i - j| <= window // 2 with an explicit -inf matrix and a plain softmax, in float64."""
+    out, start = [], 0
+    for n in lengths:
+        qs, ks, vs = (t[start : start + n].double().transpose(0, 1) for t in (q, k, v))
+        group = qs.shape[0] // ks.shape[0]
+        ks, vs = ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0)
+        i = torch.arange(n, device=q.device)
+        banned = (i[:, None] - i[None, :]).abs() > window // 2
+        scores = (qs @ ks.transpose(1, 2)) / qs.shape[-1] ** 0.5
+        out.append((torch.softmax(scores.masked_fill(banned, float("-inf")), -1) @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(out).to(q.dtype)
+
+
+def test_reference_symmetric_window_is_the_banded_mask():
+    """The reference's symmetric window against an explicit band mask (odd and even windows, a
+    window of 1: each token sees only itself, one wider than every sequence: plain attention)."""
+    lengths = [1, 9, 40]
+    q, k, v, cq, ck = make(lengths, lengths, 4, 2, 16, torch.float32, seed=60)
+    for window in (1, 6, 7, 128):
+        torch.testing.assert_close(ref.varlen_attention(q, k, v, cq, ck, False, window=window),
+                                   _symmetric_mask_attention(q, k, v, lengths, window), atol=1e-5, rtol=1e-5)
+    plain = ref.varlen_attention(q, k, v, cq, ck, False)
+    torch.testing.assert_close(ref.varlen_attention(q, k, v, cq, ck, False, window=128), plain, atol=1e-6, rtol=1e-6)
+    only_self = ref.varlen_attention(q, k, v, cq, ck, False, window=1)
+    torch.testing.assert_close(only_self, v.repeat_interleave(2, dim=1), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("window,heads,kv_heads", [
+    (1, 4, 4),  # only the query itself
+    (6, 4, 2),  # reach 3: narrower than a 16-key block
+    (33, 4, 1),  # reach 16: exactly one block each side
+    (40, 4, 2),  # reach 20: crossing block edges
+    (128, 4, 4),  # ModernBERT's window: wider than the short sequences, narrower than the long one
+])
+def test_symmetric_window_fp32(window, heads, kv_heads):
+    """Packed prefill sequences shorter and longer than the window (interpreter blocks: 16)."""
+    lengths = [1, 5, 21, 70, 150]
+    check(*make(lengths, lengths, heads, kv_heads, 32, torch.float32, seed=61 + window), False, window=window)
+
+
+def test_symmetric_window_fp16_and_chunks_aligned_to_the_end():
+    """fp16, and queries fewer than keys (aligned to the end of their keys, as everywhere)."""
+    check(*make([40, 3, 1], [40, 30, 20], 4, 2, 32, torch.float16, seed=62), False, window=10)
+    check(*make([7, 17, 1], [30, 40, 20], 4, 2, 32, torch.float32, seed=63), False, window=12)
+
+
+@pytest.mark.parametrize("block_m,block_n,window", [(32, 16, 6), (16, 32, 6), (32, 16, 41)])
+def test_symmetric_window_other_block_shapes(monkeypatch, block_m, block_n, window):
+    """The window's block bounds with BLOCK_M != BLOCK_N (as on the GPU: 128 x 64)."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_launch_config", lambda *a: (block_m, block_n, 4, 1))
+    lengths = [7, 90, 33, 1]
+    check(*make(lengths, lengths, 4, 2, 32, torch.float32, seed=64), False, window=window)
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_symmetric_window_split_keys(monkeypatch, splits):
+    """Flash-decoding splits of the band only (a few queries against long keys)."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_num_splits", lambda *a: splits)
+    check(*make([1, 3, 1, 2], [70, 50, 1, 2], 4, 2, 32, torch.float32, seed=70), False, window=40)
+
+
+def test_symmetric_window_never_reads_keys_outside_its_band(monkeypatch):
+    """Keys and values in blocks wholly outside every query's band are NaN: a kernel that
+    visited them at all (even masked) would return NaN. One 96-token sequence in 16 x 16
+    blocks: queries 32..47 with reach 4 see keys 28..51 only."""
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_launch_config", lambda *a: (16, 16, 4, 1))
+
+    lengths, window = [96], 8
+    q, k, v, cq, ck = make(lengths, lengths, 2, 2, 32, torch.float32, seed=65)
+    expected = ref.varlen_attention(q, k, v, cq, ck, False, window=window)
+    # only the block of queries 32..47 is checked: the others read the poisoned keys legitimately
+    k2, v2 = k.clone(), v.clone()
+    k2[:16], v2[:16] = float("nan"), float("nan")
+    k2[64:], v2[64:] = float("nan"), float("nan")
+    out = varlen_attention(q, k2, v2, cq, ck, False, window=window)
+    atol, rtol = TOL[torch.float32]
+    torch.testing.assert_close(out[32:48], expected[32:48], atol=atol, rtol=rtol)
+
+
+def test_symmetric_window_covering_every_key_is_the_plain_kernel():
+    """A reach past every key of the batch runs the plain non-causal kernel: bit for bit."""
+    lengths = [5, 21]
+    q, k, v, cq, ck = make(lengths, lengths, 4, 2, 32, torch.float32, seed=66)
+    plain = varlen_attention(q, k, v, cq, ck, False)
+    for window in (2 * 60, 10**9):
+        torch.testing.assert_close(varlen_attention(q, k, v, cq, ck, False, window=window), plain, atol=0, rtol=0)
 
 
 # ---------------------------------------------------------------- serving-sized shapes (GPU)
@@ -379,3 +479,15 @@ def test_gpu_window_split_keys(head_dim):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fp32_head_dim_96_window():
     check(*make([700, 1, 33], [700, 2000, 64], 8, 2, 96, torch.float32, seed=22), True, window=256, softcap=20.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_symmetric_window_modernbert_shapes(dtype):
+    """ModernBERT-base's local layers: 12 heads of 64, window 128, packed sequences from one
+    token to 8,192 (the (8, 8192) benchmark point's length), and a batch of many short ones."""
+    lengths = [8192, 3000, 129, 64, 1]
+    check(*make(lengths, lengths, 12, 12, 64, dtype, seed=67), False, window=128)
+    lengths = random_lengths(64, 5, 512, seed=68)
+    check(*make(lengths, lengths, 12, 12, 64, dtype, seed=69), False, window=128)

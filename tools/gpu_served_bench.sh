@@ -6,6 +6,12 @@
 #   tools/gpu_served_bench.sh fifo|dp [INSTANCES]   (carry .gpu-carry/server; results under $OUT)
 #   tools/gpu_served_bench.sh stock                  the stock set-ups on the same checkpoints
 #   tools/gpu_served_bench.sh batched [INSTANCES]    fifo, the embedder behind Triton's batcher
+#   tools/gpu_served_bench.sh rerank                 the reranker: ours with fifo, ours with dp, and the
+#                                                    stock hf_reranker, one server start each, on a
+#                                                    random bge-reranker-v2-m3-shaped checkpoint; 1 query
+#                                                    x 32 "mixed" documents per request at RERANK_RATES
+#                                                    (STOCK_RERANK_RATES for the stock one); goodput at
+#                                                    p99 <= 100 ms of each and ours / stock
 #   tools/gpu_served_bench.sh profile                py-spy samples the embedder's stub process
 #                                                    at PROFILE_RATE req/s (carry .gpu-carry/pyspy)
 #
@@ -48,6 +54,40 @@ start() {
   tools/gpu_server.sh start || { tail -50 /tmp/tritonserver.log; exit 1; }
   echo "server ready after $(( $(date +%s) - t0 )) s"
 }
+if [[ $MODE == rerank ]]; then
+  [[ -d /tmp/ckpt/bge-reranker-v2-m3 ]] || python3 tools/make_bench_reranker.py /tmp/ckpt --tokenizers .gpu-carry/server/tokenizers
+  export RERANKER_CHECKPOINT=/tmp/ckpt/bge-reranker-v2-m3
+  rerank_load() {  # model, json tag, rates, extra loadgen arguments
+    python3 -m tritonformer.client.loadgen rerank --url 127.0.0.1:8000 --model "$1" --rates "$3" --seconds 4 \
+      --warmup 1 --documents 32 --distribution mixed --slo-ms 100 --processes 2 "${@:4}" \
+      --json "$OUT/served_rerank_$2.json" 2>&1 | tee "$OUT/served_rerank_$2.log"
+  }
+  for policy in fifo dp; do
+    SERVE_MODELS=reranker RERANKER_PARAMS="batch_policy=$policy" start
+    rerank_load reranker "$policy" "${RERANK_RATES:-10,20,40,80,120,160,240}"
+    SERVE_MODELS=reranker tools/gpu_server.sh stop
+  done
+  STOCK=1 SERVE_MODELS=hf_reranker start
+  rerank_load hf_reranker stock "${STOCK_RERANK_RATES:-2,4,8,16,32}" --batch-dim
+  STOCK=1 SERVE_MODELS=hf_reranker tools/gpu_server.sh stop
+  python3 - "$OUT" <<'EOF'
+import json, sys
+from tritonformer.client.loadgen import goodput
+out = sys.argv[1]
+best = {tag: goodput(json.load(open(f"{out}/served_rerank_{tag}.json"))["results"], 100.0)
+        for tag in ("fifo", "dp", "stock")}
+print("| reranker (bge-reranker-v2-m3 shape, 1 x 32 mixed) | goodput req/s at p99 <= 100 ms | pairs/s | p99 ms | vs stock |")
+print("|---|---:|---:|---:|---:|")
+stock = best["stock"]["throughput_rps"] if best["stock"] else float("nan")
+for tag, s in best.items():
+    if s is None:
+        print(f"| {tag} | none met the SLO | | | |")
+    else:
+        print(f"| {tag} | {s['throughput_rps']:.1f} | {s['pairs_per_s']:.0f} | {s['latency_p99_ms']:.1f} | "
+              f"{s['throughput_rps'] / stock:.1f}x |")
+EOF
+  exit 0
+fi
 if [[ $MODE == stock ]]; then
   STOCK=1 start
   python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --model hf_embedder --batch-dim \

@@ -21,6 +21,9 @@
 #                   Python-backend stub and the numpy wheel
 #   IMAGE_SITE_PACKAGES  ':'-separated dirs to expose to the stub (default: IMAGE_PYTHON's
 #                   site-packages / dist-packages)
+#   SERVE_MODELS    the models to serve instead, e.g. "reranker" (STOCK=1: "hf_reranker"); each
+#                   needs its checkpoint: RERANKER_CHECKPOINT (and RERANKER_PARAMS, _INSTANCES) for
+#                   reranker / hf_reranker, the variables above for the others
 #   READY_TIMEOUT   seconds to wait for both models (300)
 #   HIDE_PACKAGES   STOCK=1 only: image packages the stub must not see ("scipy sklearn"), see below
 #
@@ -64,6 +67,9 @@ else
     MODELS=(embedder generator)
     SOURCE_REPO=$REPO/model_repository
 fi
+if [[ -n ${SERVE_MODELS:-} ]]; then read -ra MODELS <<<"$SERVE_MODELS"; fi
+# A model's environment prefix: its checkpoint is ${PREFIX}_CHECKPOINT.
+prefix_of() { case $1 in *embedder) echo EMBEDDER ;; *generator) echo GENERATOR ;; *reranker) echo RERANKER ;; *) echo "${1^^}" ;; esac; }
 
 say() { echo "gpu_server: $*" >&2; }
 
@@ -162,7 +168,8 @@ start() {
         say "already running (launcher pid $pid); run: tools/gpu_server.sh stop"
         exit 1
     fi
-    for var in EMBEDDER_CHECKPOINT GENERATOR_CHECKPOINT; do
+    for m in "${MODELS[@]}"; do
+        var=$(prefix_of "$m")_CHECKPOINT
         if [[ -z ${!var:-} || ! -d ${!var} ]]; then
             say "error: set $var to an existing checkpoint folder (now: '${!var:-}')"
             exit 2
@@ -274,7 +281,11 @@ def override(config: Path, values: dict[str, str]) -> None:
         print(f"gpu_server: {config.parent.name}: {key} = {value}", file=sys.stderr)
     config.write_text(text)
 
-for model, prefix in zip(sys.argv[2:], ("EMBEDDER", "GENERATOR")):
+def prefix_of(model: str) -> str:  # as the shell's prefix_of
+    return next((p.upper() for p in ("embedder", "generator", "reranker") if model.endswith(p)), model.upper())
+
+for model in sys.argv[2:]:
+    prefix = prefix_of(model)
     values = {"checkpoint": str(Path(os.environ[f"{prefix}_CHECKPOINT"]).resolve())}
     for item in os.environ.get(f"{prefix}_PARAMS", "").split():
         key, sep, value = item.partition("=")

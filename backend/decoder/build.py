@@ -28,7 +28,7 @@ class EngineOptions:
     max_queue_requests: int = 256
     cancel_check_interval_s: float = 0.05
     stream_interval: int = 1
-    max_stream_responses_per_s: int = 3000
+    max_stream_responses_per_s: int = 1000
 
 
 def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: EngineOptions = EngineOptions(),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,10 +31,11 @@ import numpy as np
 from tritonformer.backend.decoder.batch import BatchEntry
 from tritonformer.backend.decoder.runner import MAX_DECODE_STEPS, DecoderRunner, SampledTokens, fed_token
 from tritonformer.backend.decoder.detokenizer import IncrementalDetokenizer
+from tritonformer.backend.decoder.outputs import RequestGroup, ResponseOptions, extra_outputs
 from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.responses import ResponseSink
 from tritonformer.backend.decoder.sampling_params import SamplingParams
-from tritonformer.backend.decoder.sampling import Sampler
+from tritonformer.backend.decoder.sampling import Sampler, sample_seed
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.scheduler.iteration import Iteration, IterationScheduler
 
@@ -82,6 +83,15 @@ class Sequence:
     scheduled_at: float | None = None  # when its first prompt token was first scheduled
     first_token_at: float | None = None
     last_sent_at: float | None = None  # when its last streamed response left
+    # What its responses carry beyond text and ids (the vLLM contract's outputs), and for n > 1
+    # which sample it is, its request's other samples (on the first only) and their group.
+    options: ResponseOptions = field(default_factory=ResponseOptions)
+    index: int = 0
+    forks: list["Sequence"] = field(default_factory=list)
+    group: RequestGroup | None = None
+    logprobs: list[dict] = field(default_factory=list)  # per output token taken, when asked for
+    logprobs_sent: int = 0  # logprobs[:logprobs_sent] went out in streamed responses
+    echo_pending: bool = True  # the echoed prompt has not gone out yet
 
     # Tokens the scheduler may compute: prompt + output, reserved ones included, except a
     # reserved token that will be the last (nothing runs after it). Read for every sequence
@@ -153,7 +163,7 @@ class GeneratorEngine(EngineLoop):
         max_queue: int = 256,
         cancel_check_interval_s: float = 0.05,
         stream_interval: int = 1,
-        max_stream_responses_per_s: float = 3000.0,
+        max_stream_responses_per_s: float = 1000.0,
         stats: GeneratorStats | None = None,
     ):
         super().__init__("tritonformer-generator", max_queue)
@@ -164,7 +174,7 @@ class GeneratorEngine(EngineLoop):
         self.tokenizer = tokenizer
         self.sink = sink
         self.scheduler = scheduler
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.config.eos_token_ids)
         self.cancel_check_interval_s = cancel_check_interval_s
         # Stream a response every `stream_interval` tokens (the last always goes at once):
         # fewer, larger responses when each send's IPC cost matters more than smoothness.
@@ -176,15 +186,33 @@ class GeneratorEngine(EngineLoop):
         self._cancel_cursor = 0  # where the next round of cancellation checks starts
         self._launched: _Launched | None = None  # the iteration on the GPU, tokens not yet read
 
-    def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool) -> Sequence:
+    def new_sequence(self, handle, prompt_ids: list[int], params: SamplingParams, stream: bool,
+                     options: ResponseOptions = ResponseOptions()) -> Sequence:
+        """The request's sequence; with n > 1 the first of its samples, the others in `forks`
+        (they share its prompt's KV blocks; each draws from its own noise stream)."""
         max_output = min(params.max_tokens, self.config.max_position_embeddings - len(prompt_ids))
-        return Sequence(handle, prompt_ids, params, stream, IncrementalDetokenizer(self.tokenizer, params.stop),
-                        max_output=max_output)
+
+        def sample(index: int) -> Sequence:
+            p = params if index == 0 or params.seed is None else replace(params, seed=sample_seed(params.seed, index))
+            return Sequence(handle, prompt_ids, p, stream, IncrementalDetokenizer(self.tokenizer, p.stop),
+                            max_output=max_output, options=options, index=index)
+
+        first = sample(0)
+        if params.n > 1:
+            first.forks = [sample(i) for i in range(1, params.n)]
+            group = RequestGroup(params.n)
+            for seq in (first, *first.forks):
+                seq.group = group
+        return first
 
     # ---- EngineLoop ---------------------------------------------------------------------
     def admit(self, items: list[Sequence]) -> None:
         for seq in items:
             self.scheduler.add(seq)
+            for s in (seq, *seq.forks):
+                self.sampler.register(s.key, s.params, s.prompt_ids)
+            if seq.forks:
+                self.scheduler.add_forks(seq, seq.forks, len(seq.prompt_ids))
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._launched is not None
@@ -193,9 +221,10 @@ class GeneratorEngine(EngineLoop):
         return len(self.scheduler.waiting) + len(self.scheduler.running)
 
     def abort_all(self, error: Exception) -> None:
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._release(seq)
-            self.sink.send(seq.handle, None, error, final=True)
+        while self.scheduler.running or self.scheduler.waiting:  # (a leader's release queues its forks)
+            for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self._release(seq)
+                self._send_error(seq, error)
         self._launched = None
         self.report_occupancy()
 
@@ -257,7 +286,7 @@ class GeneratorEngine(EngineLoop):
         for seq in seqs:  # answer and drop them: they must not run (or fail) again
             seq.finish_reason = "error"  # and a token of theirs still on its way is ignored
             self._release(seq)
-            self.sink.send(seq.handle, None, RuntimeError(f"generation failed: {error}"), final=True)
+            self._send_error(seq, RuntimeError(f"generation failed: {error}"))
         self.report_occupancy()
 
     def _report(self, it: Iteration) -> None:
@@ -288,6 +317,8 @@ class GeneratorEngine(EngineLoop):
             seq.first_token_at = time.monotonic()
         seq.resolve(index, token)
         p = seq.params
+        if p.logprobs is not None:
+            seq.logprobs.append(self.sampler.take_logprobs(seq.key, p.logprobs))
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
             seq.finish_reason = "stop"
         elif seq.detok.add(token):
@@ -316,21 +347,49 @@ class GeneratorEngine(EngineLoop):
         return time.monotonic() - seq.last_sent_at >= gap
 
     def _send(self, seq: Sequence, final: bool) -> None:
+        """One response of `seq`: its new text and ids (streaming) or the whole completion; the
+        finish reason when `final` (its last); the outputs its request asked for. `final` is
+        the sequence's last response; the request's FINAL flag goes on the last of its n."""
         if seq.stream:
             text, ids = seq.detok.take_delta(final), seq.unsent_ids
+            logprobs = seq.logprobs[seq.logprobs_sent :]
         else:
-            text, ids = seq.detok.text, seq.output_ids
+            text, ids, logprobs = seq.detok.text, seq.output_ids, seq.logprobs
         if not final and not text:
             return  # nothing readable yet (e.g. half a UTF-8 character): wait for more tokens
+        group = seq.group
+        if group is not None and group.closed:
+            return  # another sample of the request failed, and its error ended the request
+        if seq.options.echo_prompt is not None and seq.echo_pending:
+            text = seq.options.echo_prompt + text
+            seq.echo_pending = False
         outputs = {
             "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
             "output_ids": np.array(ids, dtype=np.int32),
         }
         if final:
             outputs["finish_reason"] = np.array([seq.finish_reason.encode()], dtype=np.object_)
+        o = seq.options
+        if o.num_input_tokens or o.num_output_tokens or o.logprobs or group is not None:
+            outputs.update(extra_outputs(
+                o, len(seq.prompt_ids), len(ids), logprobs if seq.params.logprobs is not None else None,
+                self._decode_token, seq.index if group is not None else None))
         seq.unsent_ids = []
+        seq.logprobs_sent = len(seq.logprobs)
         seq.last_sent_at = time.monotonic()
-        self.sink.send(seq.handle, outputs, None, final=final)
+        self.sink.send(seq.handle, outputs, None, final=final and (group is None or group.leave()))
+
+    def _decode_token(self, token: int) -> str:
+        """One token's text, as a `logprobs` entry shows it (special tokens included)."""
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+    def _send_error(self, seq: Sequence, error: Exception) -> None:
+        """Answer `seq`'s request with an error (once per request: n > 1 samples share it)."""
+        if seq.group is not None:
+            if seq.group.closed:
+                return
+            seq.group.closed = True
+        self.sink.send(seq.handle, None, error, final=True)
 
     def _finish(self, seq: Sequence) -> None:
         seq.drop_reserved()

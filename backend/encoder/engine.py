@@ -1,11 +1,19 @@
-"""The encoder engine: batches queued embedding requests and runs the BERT encoder."""
+"""The encoder engine: batches queued requests of the `embedder`, `reranker` and `classifier`
+models through one length-aware queue and runs the encoder over packed batches.
+
+What a model reads off the last hidden state is the engine's `head` (pooled embeddings, or a
+classification head's logits): one row per sequence. A queue item is a request's sequences
+that run together (an embedder request's texts); a reranker request is split into one item per
+(query, text) pair, so its pairs may run in different batches, and is answered once all its
+rows are back (`SplitRequest`).
+"""
 from __future__ import annotations
 
 import itertools
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -16,22 +24,60 @@ from tritonformer.backend.encoder.activation_arena import ActivationArena
 from tritonformer.backend.cuda_graphs import EncoderGraphs
 from tritonformer.backend.device import to_device_async
 from tritonformer.backend.engine_loop import EngineLoop, RequestCancelled, RequestTimedOut, log
-from tritonformer.backend.models.bert import BertEncoder
+from tritonformer.backend.models.encoder import Encoder
 from tritonformer.backend.responses import ResponseSink
 from tritonformer.scheduler.dp_batcher import DpBatchPolicy
 from tritonformer.scheduler.fifo import FifoBatchPolicy
 
+# rows `[n, width]` of one request, in its sequences' order -> the response's output tensors
+Outputs = Callable[[np.ndarray], dict]
+
+
+def embedding_outputs(rows: np.ndarray) -> dict:
+    return {"embedding": rows}
+
 
 @dataclass
 class EmbedRequest:
+    """One queue item: sequences that run in the same batch. On its own it is a whole request
+    (answered with `outputs(rows)`); with `split` set it is one part of a split request."""
+
     handle: Any  # opaque to the engine: the glue's way to answer this request
     sequences: list[list[int]]
     arrival: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic seconds; None: no client timeout
+    outputs: Outputs = embedding_outputs
+    token_types: list[list[int]] | None = None  # per-token segment ids (text pairs); None: segment 0
+    split: "SplitRequest | None" = None
+    first_row: int = 0  # with `split`: this item's first sequence's index in the request
 
     @property
     def lengths(self) -> list[int]:
         return [len(s) for s in self.sequences]
+
+
+@dataclass
+class SplitRequest:
+    """A request whose sequences queue one by one (a reranker's pairs): the length-aware policy
+    may put them in different batches, and the response leaves when the last row is back."""
+
+    handle: Any
+    sequences: list[list[int]]
+    outputs: Outputs
+    token_types: list[list[int]] | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    deadline: float | None = None
+    rows: list = field(default_factory=list)
+    remaining: int = 0
+    answered: bool = False  # an error (cancelled, timed out, failed) already went out
+
+    def parts(self) -> list[EmbedRequest]:
+        self.rows = [None] * len(self.sequences)
+        self.remaining = len(self.sequences)
+        types = self.token_types or [None] * len(self.sequences)
+        return [EmbedRequest(self.handle, [ids], self.arrival, self.deadline, self.outputs,
+                             None if t is None else [t], split=self, first_row=i)
+                for i, (ids, t) in enumerate(zip(self.sequences, types))]
 
 
 class EmbedderStats(Protocol):
@@ -42,35 +88,38 @@ class EmbedderStats(Protocol):
 
 
 class ResponseCache:
-    """Embeddings of recently seen token sequences (TurboTransformers' response cache):
-    repeated inputs are answered without running the model. Bounded, least recently used out."""
+    """Head rows (embeddings, logits) of recently seen token sequences (TurboTransformers'
+    response cache): repeated inputs are answered without running the model. Keyed by the ids
+    and, for text pairs, their segment ids. Bounded, least recently used out."""
 
     def __init__(self, max_entries: int):
         self.max_entries = max_entries
-        self._rows: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
+        self._rows: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.hits = 0
 
-    def get(self, ids: list[int]) -> np.ndarray | None:
-        key = tuple(ids)
+    def get(self, key: tuple) -> np.ndarray | None:
         row = self._rows.get(key)
         if row is not None:
             self._rows.move_to_end(key)
             self.hits += 1
         return row
 
-    def put(self, ids: list[int], row: np.ndarray) -> None:
+    def put(self, key: tuple, row: np.ndarray) -> None:
         if self.max_entries <= 0:
             return
-        self._rows[tuple(ids)] = row
-        self._rows.move_to_end(tuple(ids))
+        self._rows[key] = row
+        self._rows.move_to_end(key)
         while len(self._rows) > self.max_entries:
             self._rows.popitem(last=False)
 
 
-class EmbedderEngine(EngineLoop):
+class EncoderEngine(EngineLoop):
+    """`head(hidden [T, hidden], cu_seqlens) -> [B, width]` fp32 reads each sequence's row off
+    the last hidden state; without one, rows are embeddings pooled by `pooling` / `normalize`."""
+
     def __init__(
         self,
-        model: BertEncoder,
+        model: Encoder,
         sink: ResponseSink,
         policy: FifoBatchPolicy | DpBatchPolicy,
         pooling: str = "mean",
@@ -81,10 +130,17 @@ class EmbedderEngine(EngineLoop):
         cache_entries: int = 0,
         cancel_check_after_s: float = 0.02,
         stats: EmbedderStats | None = None,
+        head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        token_types: bool = False,
+        name: str = "tritonformer-embedder",
     ):
-        super().__init__("tritonformer-embedder", max_queue)
+        """`token_types`: requests carry segment ids (text pairs on a model with more than one
+        token type); the CUDA graphs then carry them too."""
+        super().__init__(name, max_queue)
         # Small batches replay captured CUDA graphs (launch-bound otherwise); GPU only.
-        self.graphs = EncoderGraphs(model) if cuda_graphs and model.device.type == "cuda" else None
+        self.token_types = token_types
+        self.graphs = (EncoderGraphs(model, token_types=token_types)
+                       if cuda_graphs and model.device.type == "cuda" else None)
         # Larger ones run eagerly with their intermediates in the length-aware arena.
         self.arena = arena
         self.model = model
@@ -92,21 +148,25 @@ class EmbedderEngine(EngineLoop):
         self.policy = policy
         self.pooling = pooling
         self.normalize = normalize
+        self.head = head or (lambda hidden, cu: kernels.pool_sequences(hidden, cu, self.pooling, self.normalize))
         self.cache = ResponseCache(cache_entries)
         # Asking Triton whether a request was cancelled is an IPC round trip: only ask for
         # requests that have waited long enough for a client to give up.
         self.cancel_check_after_s = cancel_check_after_s
         self.stats = stats
         self._queue: deque[EmbedRequest] = deque()
+        self._open_requests = 0  # admitted, not yet answered: what max_queue bounds
 
-    def admit(self, items: list[EmbedRequest]) -> None:
-        self._queue.extend(items)
+    def admit(self, items: list) -> None:
+        for item in items:
+            self._queue.extend(item.parts() if isinstance(item, SplitRequest) else (item,))
+        self._open_requests += len(items)
 
     def has_work(self) -> bool:
         return bool(self._queue)
 
     def num_queued(self) -> int:
-        return len(self._queue)
+        return self._open_requests
 
     def ready(self) -> bool:
         return self.policy.ready(self._queue, time.monotonic())
@@ -116,15 +176,18 @@ class EmbedderEngine(EngineLoop):
 
     def step(self) -> None:
         now = time.monotonic()
-        batch = [r for r in self.policy.take(self._queue, now) if self._still_wanted(r, now)]
+        checked: dict[int, bool] = {}  # id(split request) -> still wanted, asked once per step
+        batch = [r for r in self.policy.take(self._queue, now) if self._still_wanted(r, now, checked)]
         if not batch:
             return
         hits_before = self.cache.hits
-        rows: dict[int, np.ndarray] = {}  # index into the flattened sequences -> embedding
+        rows: dict[int, np.ndarray] = {}  # index into the flattened sequences -> head row
         todo: list[int] = []
         flat = [s for r in batch for s in r.sequences]
-        for i, ids in enumerate(flat):
-            row = self.cache.get(ids)
+        flat_types = [t for r in batch for t in (r.token_types or [None] * len(r.sequences))]
+        keys = [tuple(ids) if t is None else (tuple(ids), tuple(t)) for ids, t in zip(flat, flat_types)]
+        for i, key in enumerate(keys):
+            row = self.cache.get(key)
             if row is None:
                 todo.append(i)
             else:
@@ -132,33 +195,77 @@ class EmbedderEngine(EngineLoop):
         start = time.perf_counter()
         try:
             if todo:
-                computed = self.embed([flat[i] for i in todo])
+                sequences = [flat[i] for i in todo]
+                if self.token_types:
+                    computed = self.embed(sequences, [flat_types[i] for i in todo])
+                else:  # the one-argument call a subclass may override (a benchmark's padded engine)
+                    computed = self.embed(sequences)
                 for i, row in zip(todo, computed):
                     rows[i] = row
-                    self.cache.put(flat[i], row.copy())  # not a view: it would pin the whole batch
+                    self.cache.put(keys[i], row.copy())  # not a view: it would pin the whole batch
         except Exception as e:
-            log.exception("embedding batch failed")
+            log.exception("encoder batch failed")
             for r in batch:
-                self.sink.send(r.handle, None, RuntimeError(f"embedding failed: {e}"), final=True)
+                self._answer_error(r, RuntimeError(f"encoder failed: {e}"))
             return
         elapsed = time.perf_counter() - start
         offset = 0
         for r in batch:
             n = len(r.sequences)
-            out = np.stack([rows[offset + j] for j in range(n)])
-            self.sink.send(r.handle, {"embedding": out}, None, final=True)
+            self._deliver(r, np.stack([rows[offset + j] for j in range(n)]))
             offset += n
         self._report(batch, [flat[i] for i in todo], elapsed, now, self.cache.hits - hits_before)
 
-    def _still_wanted(self, r: EmbedRequest, now: float) -> bool:
+    def _deliver(self, r: EmbedRequest, rows: np.ndarray) -> None:
+        """Answer a whole request, or file a split request's rows and answer it when complete."""
+        whole = r.split
+        if whole is None:
+            self._answer(r.handle, r.outputs, rows)
+            return
+        if whole.answered:
+            return
+        whole.rows[r.first_row : r.first_row + len(rows)] = list(rows)
+        whole.remaining -= len(rows)
+        if whole.remaining == 0:
+            self._answer(whole.handle, whole.outputs, np.stack(whole.rows))
+
+    def _answer(self, handle, outputs: Outputs, rows: np.ndarray) -> None:
+        self._open_requests -= 1
+        try:
+            result = outputs(rows)
+        except Exception as e:  # a bug in an output function must still answer the request
+            log.exception("building the response failed")
+            self.sink.send(handle, None, RuntimeError(f"building the response failed: {e}"), final=True)
+            return
+        self.sink.send(handle, result, None, final=True)
+
+    def _answer_error(self, r: EmbedRequest, error: Exception) -> None:
+        """Answer `r`'s request with `error`, once (a split request's other parts are then dropped
+        when their turn comes, without running)."""
+        if r.split is not None:
+            if r.split.answered:
+                return
+            r.split.answered = True
+        self._open_requests -= 1
+        self.sink.send(r.handle, None, error, final=True)
+
+    def _still_wanted(self, r: EmbedRequest, now: float, checked: dict[int, bool]) -> bool:
         """Drop a request whose client timeout passed or who cancelled, before it costs compute."""
+        if r.split is not None:
+            if r.split.answered:
+                return False
+            if id(r.split) in checked:  # one cancellation IPC per split request and batch
+                return checked[id(r.split)]
+        wanted = True
         if r.deadline is not None and now > r.deadline:
-            self.sink.send(r.handle, None, RequestTimedOut("request timed out in the queue"), final=True)
-            return False
-        if now - r.arrival >= self.cancel_check_after_s and self.sink.is_cancelled(r.handle):
-            self.sink.send(r.handle, None, RequestCancelled("request cancelled"), final=True)
-            return False
-        return True
+            self._answer_error(r, RequestTimedOut("request timed out in the queue"))
+            wanted = False
+        elif now - r.arrival >= self.cancel_check_after_s and self.sink.is_cancelled(r.handle):
+            self._answer_error(r, RequestCancelled("request cancelled"))
+            wanted = False
+        if r.split is not None:
+            checked[id(r.split)] = wanted
+        return wanted
 
     def _report(self, batch, computed: list[list[int]], elapsed: float, now: float, cache_hits: int) -> None:
         lengths = [len(s) for s in computed]
@@ -177,8 +284,10 @@ class EmbedderEngine(EngineLoop):
             cost_error=cost.mean_relative_error if cost is not None else 0.0, cache_hits=cache_hits,
         )
 
-    def embed(self, sequences: list[list[int]]):
-        """Embeddings `[n, hidden]` float32 numpy for token-id sequences, as one packed batch."""
+    def embed(self, sequences: list[list[int]], token_types: list[list[int] | None] | None = None):
+        """Head rows `[n, width]` float32 numpy (embeddings, or logits) for token-id sequences,
+        as one packed batch. `token_types`: per-sequence segment ids (None entries: segment 0),
+        used when the engine was built with `token_types`."""
         device = self.model.device
         lengths = [len(s) for s in sequences]
         flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=sum(lengths))
@@ -187,12 +296,25 @@ class EmbedderEngine(EngineLoop):
         # Pinned copies that do not wait for the stream (the result's .cpu() is the one sync).
         ids = to_device_async(torch.from_numpy(flat), device)
         cu = to_device_async(torch.from_numpy(cu_host), device)
+        types = None
+        if self.token_types:
+            segments = token_types or [None] * len(sequences)
+            types_host = np.fromiter(
+                itertools.chain.from_iterable(t if t is not None else itertools.repeat(0, n)
+                                              for t, n in zip(segments, lengths)),
+                dtype=np.int64, count=sum(lengths))
+            types = to_device_async(torch.from_numpy(types_host), device)
         if self.graphs is not None and self.graphs.bucket(len(ids), len(lengths)) is not None:
-            hidden = self.graphs.forward(ids, lengths)
+            hidden = self.graphs.forward(ids, lengths, types)
         else:
-            hidden = self.model.forward(ids, cu, max(lengths), arena=self.arena)
-        return kernels.pool_sequences(hidden, cu, self.pooling, self.normalize).cpu().numpy()
+            hidden = self.model.forward(ids, cu, max(lengths), arena=self.arena, token_type_ids=types)
+        return self.head(hidden, cu).cpu().numpy()
 
     def abort_all(self, error: Exception) -> None:
         while self._queue:
-            self.sink.send(self._queue.popleft().handle, None, error, final=True)
+            r = self._queue.popleft()
+            self._answer_error(r, error)
+
+
+# The embedder's engine: the name its callers (benchmarks, tests) know it by.
+EmbedderEngine = EncoderEngine

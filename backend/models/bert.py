@@ -1,8 +1,11 @@
-"""BERT-family encoder (BERT, RoBERTa, MiniLM) over packed variable-length batches.
+"""BERT-family encoder (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, MiniLM) over packed
+variable-length batches, with the sequence-classification heads of its Hugging Face classes.
 
 A batch of sequences of different lengths runs as one `[total_tokens, hidden]` activation:
 every GEMM sees only real tokens and attention uses cumulative sequence offsets, so there is
-no padding anywhere (TurboTransformers / EET's idea).
+no padding anywhere (TurboTransformers / EET's idea). Position tables of any length load as
+they are (bge-m3's XLM-R reads 8,192 tokens); nothing here assumes 512.
+The family contract is in models/encoder.py.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from tritonformer import kernels
 from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
 from tritonformer.backend.checkpoints.weights import weight_getter
+from tritonformer.backend.models.encoder import ClassifierLabels, first_token_rows
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class BertConfig:
     layer_norm_eps: float
     hidden_act: str
     position_offset: int  # RoBERTa numbers positions from padding_idx + 1
+    model_type: str = "bert"  # picks the classification head's layout (BERT's pooler or RoBERTa's head)
+    type_vocab_size: int = 2  # token types (segments); RoBERTa and XLM-R have one
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "BertConfig":
@@ -46,6 +52,8 @@ class BertConfig:
             layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
             hidden_act=cfg.get("hidden_act", "gelu"),
             position_offset=offset,
+            model_type=model_type,
+            type_vocab_size=cfg.get("type_vocab_size", 2),
         )
 
     @property
@@ -64,7 +72,10 @@ class BertConfig:
 class BertEncoder:
     """Weights plus a forward over packed sequences. Not an nn.Module: inference only."""
 
-    def __init__(self, config: BertConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+    def __init__(self, config: BertConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 labels: ClassifierLabels | None = None):
+        """`labels`: the checkpoint has a sequence-classification head with these labels (its
+        tensors are read from `state`); None: the bare encoder."""
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -77,7 +88,15 @@ class BertEncoder:
         self.word_emb = w("embeddings.word_embeddings.weight")
         self.pos_emb = w("embeddings.position_embeddings.weight")
         # Single-segment inputs: token type 0 for every token, folded into one bias vector.
-        self.type_emb0 = w("embeddings.token_type_embeddings.weight")[0]
+        type_emb = w("embeddings.token_type_embeddings.weight")
+        self.type_emb0 = type_emb[0]
+        # Text pairs (a reranker's query and document): BERT gives the second segment type 1.
+        # One table holds position + type rows for every type, so the same one-pass embedding
+        # kernel reads row `position + type * positions` and the single-segment path is untouched.
+        self.pos_type_emb = None
+        if type_emb.shape[0] > 1:
+            pos32, types32 = self.pos_emb.float(), type_emb.float()
+            self.pos_type_emb = torch.cat([pos32 + types32[t] for t in range(type_emb.shape[0])]).to(dtype)
         self.emb_ln = (w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
         self.layers = []
         for i in range(config.num_layers):
@@ -98,6 +117,34 @@ class BertEncoder:
                     "ln2": (w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias")),
                 }
             )
+        self.labels = labels
+        if labels is not None:
+            self.head = self._load_head(w, labels)
+
+    def _load_head(self, w, labels: ClassifierLabels) -> dict[str, torch.Tensor]:
+        """The classification head's tensors. BertForSequenceClassification: `pooler.dense`
+        (dense + tanh on [CLS]) then `classifier`; the RoBERTa family's classes (RoBERTa, XLM-R,
+        CamemBERT): `classifier.dense` (+ tanh) then `classifier.out_proj`, no pooler."""
+        if self.config.model_type == "bert":
+            head = {"dense_w": w("pooler.dense.weight"), "dense_b": w("pooler.dense.bias"),
+                    "out_w": w("classifier.weight"), "out_b": w("classifier.bias")}
+        else:
+            head = {"dense_w": w("classifier.dense.weight"), "dense_b": w("classifier.dense.bias"),
+                    "out_w": w("classifier.out_proj.weight"), "out_b": w("classifier.out_proj.bias")}
+        if head["out_w"].shape[0] != labels.num_labels:
+            raise ValueError(f"the classifier has {head['out_w'].shape[0]} outputs but config.json names "
+                             f"{labels.num_labels} labels (id2label)")
+        return head
+
+    def classify(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """fp32 logits `[B, num_labels]` of the classification head over each sequence's first
+        token: tanh(dense(x)) then the output projection, as both HF head classes compute it
+        (dropout is off at inference)."""
+        if self.labels is None:
+            raise ValueError("this checkpoint has no sequence-classification head")
+        x = first_token_rows(hidden, cu_seqlens)
+        x = torch.tanh(F.linear(x, self.head["dense_w"], self.head["dense_b"]))
+        return F.linear(x, self.head["out_w"], self.head["out_b"]).float()
 
     def _intermediates(self) -> list[tuple[str, int, int, int]]:
         """(name, first op, last op, width) of one forward's intermediates, in op order. Every
@@ -122,10 +169,12 @@ class BertEncoder:
         max_seqlen: int | None = None,
         positions: torch.Tensor | None = None,
         arena: ActivationArena | None = None,
+        token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids `[T]` (all sequences concatenated), cu_seqlens `[B + 1]` int32.
         `max_seqlen` (the longest sequence), when the caller knows it, saves a device sync.
         `positions` (position ids, offset included) default to 0.. within each sequence.
+        `token_type_ids` `[T]`: segment ids of text pairs; None: segment 0 everywhere.
         With an `arena`, every intermediate is a view of its planned memory, and the result is
         valid until the arena's next forward. Returns the last hidden state `[T, hidden]`."""
         cfg = self.config
@@ -140,9 +189,16 @@ class BertEncoder:
             plan = arena.plan(self.usage_records(total))
             bufs = {name: arena.view(plan, name, (total, width), self.dtype) for name, _, _, width in self._intermediates()}
 
-        # Token + token-type (segment 0) + position embeddings and their LayerNorm, one pass.
-        h = kernels.embedding_layer_norm(input_ids, self.word_emb, positions, self.pos_emb, self.type_emb0,
-                                         *self.emb_ln, cfg.layer_norm_eps, out=bufs["hidden"])
+        # Token + token-type + position embeddings and their LayerNorm, one pass.
+        if token_type_ids is None:
+            h = kernels.embedding_layer_norm(input_ids, self.word_emb, positions, self.pos_emb, self.type_emb0,
+                                             *self.emb_ln, cfg.layer_norm_eps, out=bufs["hidden"])
+        else:
+            if self.pos_type_emb is None:
+                raise ValueError(f"this {cfg.model_type} checkpoint has one token type: pairs need no token_type_ids")
+            rows = positions + token_type_ids * self.pos_emb.shape[0]
+            h = kernels.embedding_layer_norm(input_ids, self.word_emb, rows, self.pos_type_emb, None,
+                                             *self.emb_ln, cfg.layer_norm_eps, out=bufs["hidden"])
         head_dim = hsz // cfg.num_heads
         for layer in self.layers:
             # The QKV bias rides in the GEMM's epilogue; q, k and v are strided views of its
@@ -163,6 +219,14 @@ class BertEncoder:
                 ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if arena is not None else None
             )
         return h
+
+
+def from_hf(cfg: dict) -> BertConfig:
+    """The family-table entry point (models/encoder.py)."""
+    return BertConfig.from_hf(cfg)
+
+
+MODEL = BertEncoder
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None):

@@ -15,6 +15,8 @@ from tritonformer.backend.decoder.build import EngineOptions, build_engine
 from tritonformer.backend.decoder.warm_up import warm_up
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.errors import InvalidRequest
+from tritonformer.backend.decoder.outputs import ResponseOptions
+from tritonformer.backend.decoder.sampling_params import KNOWN_KEYS as SAMPLING_KEYS
 from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_sampling_parameters
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.triton.glue import (
@@ -58,6 +60,10 @@ PARAMETERS = {
 
 log = logging.getLogger("tritonformer")
 
+# The vLLM backend's BOOL flags asking for more outputs (return_finish_reason: the finish reason
+# is always on a sequence's last response here, so it is accepted and changes nothing).
+VLLM_FLAGS = ("return_num_input_tokens", "return_num_output_tokens", "return_logprobs", "return_finish_reason")
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -98,15 +104,20 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt_ids, params, stream = self._parse(request)
-                self.engine.submit(self.engine.new_sequence(sender, prompt_ids, params, stream))
+                prompt_ids, params, stream, options = self._parse(request)
+                self.engine.submit(self.engine.new_sequence(sender, prompt_ids, params, stream, options))
             except Exception as e:
                 reject(sender, e)
         return None
 
-    def _parse(self, request) -> tuple[list[int], SamplingParams, bool]:
+    def _parse(self, request) -> tuple[list[int], SamplingParams, bool, ResponseOptions]:
+        """The prompt, its sampling parameters, whether to stream, and which outputs to add (the
+        vLLM contract's flags; see README "The vLLM backend's contract")."""
         arrays = {name: input_array(request, name) for name in ("text_input", "input_ids")}
         stream = inputs.single_bool(input_array(request, "stream"), "stream", default=True)
+        flags = {name: inputs.single_bool(input_array(request, name), name, default=False) for name in VLLM_FLAGS}
+        echo = not inputs.single_bool(input_array(request, "exclude_input_in_output"), "exclude_input_in_output",
+                                      default=True)
         raw = inputs.single_text(input_array(request, "sampling_parameters"), "sampling_parameters", 65536)
         params = parse_sampling_parameters(
             _merge_request_parameters(raw, request_parameters(request)), self.max_tokens_limit, self.config.vocab_size
@@ -128,7 +139,15 @@ class TritonPythonModel:
         limit = self.config.max_position_embeddings - 1  # room for at least one new token
         if len(prompt_ids) > limit:
             raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens; this model allows at most {limit}")
-        return prompt_ids, params, stream
+        if echo:  # the prompt as given (templated, if asked); pre-tokenized ones decoded
+            echo_text = text if arrays["text_input"] is not None else self.tokenizer.decode(prompt_ids)
+        options = ResponseOptions(
+            echo_prompt=echo_text if echo else None,
+            num_input_tokens=flags["return_num_input_tokens"],
+            num_output_tokens=flags["return_num_output_tokens"],
+            logprobs=flags["return_logprobs"],
+        )
+        return prompt_ids, params, stream, options
 
     def finalize(self):
         self.engine.stop()
@@ -139,7 +158,7 @@ class TritonPythonModel:
 def _merge_request_parameters(raw: str | None, request_params: dict) -> str | None:
     """Sampling keys may also come as request parameters (HTTP /generate puts every JSON key that
     is not an input there): {"text_input": "...", "max_tokens": 8}. The JSON input wins."""
-    extra = {k: v for k, v in request_params.items() if k in SamplingParams.__dataclass_fields__}
+    extra = {k: v for k, v in request_params.items() if k in SAMPLING_KEYS}
     if not extra:
         return raw
     try:

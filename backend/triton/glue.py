@@ -18,8 +18,8 @@ import triton_python_backend_utils as pb_utils
 from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
 from tritonformer.backend.engine_loop import Overloaded, RequestCancelled, RequestTimedOut, ShuttingDown
 from tritonformer.backend.triton.params import ModelParameters
-from tritonformer.backend.responses import coalesce
-from tritonformer.backend.errors import InvalidRequest
+from tritonformer.backend.responses import coalesce, first_pieces_first
+from tritonformer.backend.errors import InvalidRequest, ModelNotConfigured
 from tritonformer.backend.checkpoints.weights import load_state_dict
 
 _STOP = object()
@@ -28,7 +28,7 @@ _STOP = object()
 def error_code(error: Exception) -> int:
     if isinstance(error, InvalidRequest):
         return pb_utils.TritonError.INVALID_ARG
-    if isinstance(error, (Overloaded, ShuttingDown, RequestTimedOut)):
+    if isinstance(error, (Overloaded, ShuttingDown, RequestTimedOut, ModelNotConfigured)):
         return pb_utils.TritonError.UNAVAILABLE  # HTTP 503 / gRPC UNAVAILABLE: retry later
     if isinstance(error, RequestCancelled):
         return pb_utils.TritonError.CANCELLED
@@ -70,6 +70,7 @@ class TritonSink:
     def __init__(self, name: str, batch_axis: bool = False):
         self.batch_axis = batch_axis
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._started: set[int] = set()  # requests with a response sent (see first_pieces_first)
         self._thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
         self._thread.start()
 
@@ -89,7 +90,8 @@ class TritonSink:
             while not self._queue.empty():  # whatever piled up while we were sending
                 items.append(self._queue.get_nowait())
             stop = _STOP in items
-            for handle, outputs, error, final in coalesce([i for i in items if i is not _STOP]):
+            batch = first_pieces_first(coalesce([i for i in items if i is not _STOP]), self._started)
+            for handle, outputs, error, final in batch:
                 flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
                 try:
                     handle.send(make_response(outputs, error, self.batch_axis), flags=flags)

@@ -1,0 +1,270 @@
+"""The OpenAI routes against direct gRPC streaming: same prompts, same output lengths, one run.
+
+    python -m tritonformer.client.bench_openai --grpc-url 127.0.0.1:8001 --openai-url http://127.0.0.1:9000
+
+Needs a running tritonserver with our generator and the OpenAI routes in front of it
+(`tritonformer serve` starts both; or `python -m tritonformer.client.openai_routes`). For each of
+two points it sends the Orca trace (prompts U[32,512] tokens, outputs U[1,128], seed 0) twice,
+at the same open-loop Poisson arrivals: once straight to the generator over gRPC streaming
+(`text_input`, tritonclient's asyncio client), once to `/v1/completions` (streamed, greedy,
+`ignore_eos`, aiohttp). Both ways carry the same prompt *text* (the trace's random ids decoded
+once with the served checkpoint's tokenizer), so both tokenize the same text into the same
+tokens, and both generate exactly each request's `max_tokens`.
+
+* saturation (`--saturation-rate`, default 1,000 req/s: every request at about once): output
+  tokens/s; target: /v1 >= 95% of direct;
+* low rate (`--low-rate`, 8 req/s): TTFT p50 from the scheduled arrival; target: /v1 within
+  2 ms of direct.
+
+It prints one Markdown table with both ways per point and the two ratios. The client runs both
+ways in this one process (its CPU share is in the table: near 1 core means the client, not the
+server, sets the pace); the routes must run in another process. Statistics are loadgen's
+(`summarize_generate`: latencies from the scheduled arrival, no coordinated omission).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+
+import aiohttp
+import numpy as np
+
+from tritonformer.client.bench_decoder_baselines import orca_trace
+from tritonformer.client.loadgen import Record, clock, poisson_schedule, summarize_generate
+
+TARGET_THROUGHPUT_RATIO = 0.95
+TARGET_TTFT_DELTA_MS = 2.0
+
+
+# ------------------------------------------------------------------ the prompts
+
+
+def served_tokenizer(grpc_url: str, model: str):
+    """The generator's tokenizer, found from Triton's config as the OpenAI routes find it."""
+    import tritonclient.grpc as grpcclient
+
+    from tritonformer.backend.tokenization import TextTokenizer
+    from tritonformer.client.openai_routes.served_models import generator_checkpoint, parameter
+
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        config = client.get_model_config(model, as_json=True)["config"]
+    return TextTokenizer(generator_checkpoint(parameter(config, "checkpoint")))
+
+
+def trace_texts(tokenizer, requests: int, seed: int, prompt_range, output_range) -> list[tuple[str, int, int]]:
+    """(prompt text, its token count, max_tokens) per Orca-trace request: the trace's random ids
+    decoded to text once; the count is that text tokenized again, as both ways will."""
+    trace = orca_trace(requests, seed, prompt_range, output_range, vocab_size=tokenizer.vocab_size)
+    texts = [tokenizer.decode(r.prompt_ids, skip_special_tokens=True) for r in trace]
+    counts = [len(ids) for ids in tokenizer.encode_batch(texts)]
+    return [(t, n, r.max_new_tokens) for t, n, r in zip(texts, counts, trace)]
+
+
+# ------------------------------------------------------------------ the two ways
+
+
+async def _direct_one(client, model: str, text: str, max_tokens: int, rec: Record) -> None:
+    """One generation over gRPC streaming, timestamped as each response arrives."""
+    import tritonclient.grpc as grpcclient
+
+    prompt = grpcclient.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+    params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(
+        {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}).encode()], dtype=np.object_))
+    done = asyncio.Event()
+
+    async def request():
+        yield {"model_name": model, "inputs": [prompt, params]}
+        await done.wait()
+
+    rec.sent = clock()
+    responses = client.stream_infer(request())
+    try:
+        async for result, error in responses:
+            now = clock()
+            if error is not None:
+                rec.error = str(error)
+                break
+            ids = result.as_numpy("output_ids")
+            count = 0 if ids is None else ids.size
+            if count:
+                if rec.tokens == 0:
+                    rec.first = now
+                rec.last_token, rec.tokens = now, rec.tokens + count
+                rec.events.append((now, count))
+            if result.as_numpy("finish_reason") is not None:
+                rec.end, rec.status = now, 200
+                break
+    finally:
+        done.set()
+        if math.isnan(rec.end):
+            responses.cancel()
+
+
+async def _openai_one(session: aiohttp.ClientSession, url: str, model: str, text: str, max_tokens: int,
+                      rec: Record) -> None:
+    """One streamed /v1/completions: TTFT at the first chunk, tokens from the usage chunk."""
+    body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    rec.sent = clock()
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            rec.status, rec.error, rec.end = resp.status, (await resp.text())[:300], clock()
+            return
+        buf = b""
+        async for chunk in resp.content.iter_any():
+            now = clock()
+            buf += chunk
+            while (nl := buf.find(b"\n")) >= 0:
+                line, buf = buf[:nl].strip(), buf[nl + 1:]
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    rec.end, rec.status = now, 200
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    rec.error = str(event["error"])
+                if event.get("choices"):
+                    if math.isnan(rec.first):
+                        rec.first = now
+                    rec.last_token = now
+                    rec.events.append((now, 0))
+                if event.get("usage"):
+                    rec.tokens = event["usage"]["completion_tokens"]
+    if rec.status == 200 and rec.tokens == 0:
+        rec.error = "no usage chunk"
+
+
+async def run_way(way: str, args, prompts: list[tuple[str, int, int]], rate: float, seed: int) -> dict:
+    """Send every prompt at its Poisson arrival (open loop) one way; loadgen's summary of it."""
+    import tritonclient.grpc.aio as aiogrpc
+
+    offsets = poisson_schedule(rate, seed=seed, n=len(prompts))
+    records = [Record(i, math.nan, n) for i, (_, n, _) in enumerate(prompts)]
+    client = aiogrpc.InferenceServerClient(args.grpc_url) if way == "direct" else None
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                    timeout=aiohttp.ClientTimeout(total=None)) if way == "openai" else None
+    url = args.openai_url.rstrip("/") + "/v1/completions"
+
+    async def one(k: int) -> None:
+        text, _, max_tokens = prompts[k]
+        rec = records[k]
+        rec.launched = clock()
+        try:
+            if way == "direct":
+                await _direct_one(client, args.model, text, max_tokens, rec)
+            else:
+                await _openai_one(session, url, args.model, text, max_tokens, rec)
+        except Exception as e:  # a failed request, counted beside the good ones
+            rec.error, rec.end = f"{type(e).__name__}: {e}", clock()
+
+    try:
+        # Warm-up outside the clock: connections, and the first request of each kind.
+        warm = [asyncio.ensure_future(one(k)) for k in range(min(4, len(prompts)))]
+        await asyncio.gather(*warm)
+        records[:] = [Record(i, math.nan, n) for i, (_, n, _) in enumerate(prompts)]
+        start = clock() + 0.05
+        cpu0 = time.process_time()
+        tasks = []
+        for k, offset in enumerate(offsets):
+            due = start + float(offset)
+            delay = due - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            records[k].scheduled = due
+            tasks.append(asyncio.ensure_future(one(k)))
+        await asyncio.wait_for(asyncio.gather(*tasks), args.timeout)
+        cpu = time.process_time() - cpu0
+    finally:
+        if client is not None:
+            await client.close()
+        if session is not None:
+            await session.close()
+    summary = summarize_generate(records, start, rate, 0.0, cpu)
+    summary.update(way=way, expected_tokens=sum(m for _, _, m in prompts))
+    return summary
+
+
+# ------------------------------------------------------------------ the report
+
+
+def _f(value, digits=1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
+
+
+def report(points: dict[str, dict[str, dict]], args) -> str:
+    lines = ["| point | way | offered req/s | ok / requests | output tok/s | TTFT p50 ms | TTFT p99 ms | "
+             "TPOT p50 ms | client CPU cores |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for point, ways in points.items():
+        for way, s in ways.items():
+            lines.append(f"| {point} | {way} | {_f(s['offered_rate'], 0)} | {s['ok']} / {s['requests']} | "
+                         f"{_f(s['output_tok_per_s'], 0)} | {_f(s['ttft_p50_ms'], 2)} | {_f(s['ttft_p99_ms'], 2)} | "
+                         f"{_f(s['tpot_p50_ms'], 2)} | {_f(s['client_cpu_cores'], 2)} |")
+    sat, low = points["saturation"], points["low rate"]
+    ratio = sat["openai"]["output_tok_per_s"] / sat["direct"]["output_tok_per_s"] \
+        if sat["direct"]["output_tok_per_s"] else math.nan
+    delta = low["openai"]["ttft_p50_ms"] - low["direct"]["ttft_p50_ms"]
+    lines += ["",
+              f"tokens/s at saturation, /v1 / direct: {_f(ratio, 3)}x (target >= {TARGET_THROUGHPUT_RATIO}: "
+              f"{'met' if ratio >= TARGET_THROUGHPUT_RATIO else 'missed'})",
+              f"TTFT p50 at {_f(args.low_rate, 0)} req/s, /v1 - direct: {delta:+.2f} ms "
+              f"(/v1 / direct {_f(low['openai']['ttft_p50_ms'] / low['direct']['ttft_p50_ms'], 3)}x; target <= "
+              f"{TARGET_TTFT_DELTA_MS} ms: {'met' if delta <= TARGET_TTFT_DELTA_MS else 'missed'})"]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc-url", default="127.0.0.1:8001", help="tritonserver gRPC (default: %(default)s)")
+    parser.add_argument("--openai-url", default="http://127.0.0.1:9000", help="the OpenAI routes (default: %(default)s)")
+    parser.add_argument("--model", default="generator")
+    parser.add_argument("--requests", type=int, default=256, help="trace requests per point and way (256)")
+    parser.add_argument("--prompt-range", default="32,512", help="prompt tokens, uniform (32,512)")
+    parser.add_argument("--output-range", default="1,128", help="output tokens, uniform (1,128)")
+    parser.add_argument("--saturation-rate", type=float, default=1000.0)
+    parser.add_argument("--low-rate", type=float, default=8.0)
+    parser.add_argument("--low-requests", type=int, default=128, help="requests of the low-rate point (128)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one point and way")
+    parser.add_argument("--json", help="write every summary here")
+
+
+def run(args: argparse.Namespace) -> int:
+    tokenizer = served_tokenizer(args.grpc_url, args.model)
+    pair = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    prompts = trace_texts(tokenizer, args.requests, args.seed, pair(args.prompt_range), pair(args.output_range))
+    print(f"Orca trace: {len(prompts)} requests, {sum(n for _, n, _ in prompts):,} prompt tokens, "
+          f"{sum(m for _, _, m in prompts):,} output tokens (seed {args.seed})", file=sys.stderr)
+    points: dict[str, dict[str, dict]] = {}
+    plan = [("saturation", args.saturation_rate, prompts), ("low rate", args.low_rate, prompts[: args.low_requests])]
+    for point, rate, subset in plan:
+        points[point] = {}
+        for way in ("direct", "openai"):  # one after the other, same arrivals (same seed)
+            summary = asyncio.run(run_way(way, args, subset, rate, args.seed))
+            points[point][way] = summary
+            print(f"{point} {way}: {summary['ok']}/{summary['requests']} ok, {summary['output_tok_per_s']:,.0f} tok/s, "
+                  f"TTFT p50 {summary['ttft_p50_ms']:.2f} ms"
+                  + (f", first error {summary['first_error']}" if summary["first_error"] else ""), file=sys.stderr)
+    print(report(points, args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "points": points}, f, indent=1, default=str)
+    failed = any(s["ok"] < s["requests"] for ways in points.values() for s in ways.values())
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tritonformer.client.bench_openai", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

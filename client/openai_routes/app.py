@@ -1,0 +1,272 @@
+"""The FastAPI application: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
+`/v1/embeddings`, and `/health`.
+
+Requests are checked here before anything reaches Triton: the body (pydantic), the API key,
+the model (one Triton serves, else 404), the chat template; generation.py then sizes
+`max_tokens` and builds the answer. Every error is OpenAI's error object. A client that hangs up cancels its work: streams stop
+as soon as the connection closes (not at the next write), and non-streamed requests are raced
+against the disconnect.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import time
+from collections.abc import Awaitable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import anyio
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tritonformer.client.openai_routes import responses as out
+from tritonformer.client.openai_routes.generation import Answer, Generation
+from tritonformer.client.openai_routes.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    OpenAIError,
+)
+from tritonformer.client.openai_routes.served_models import EMBEDDER, GENERATOR, ServedModel, served_model
+from tritonformer.client.openai_routes.triton_calls import TritonCalls
+
+T = TypeVar("T")
+
+# How often an unknown model name may trigger a new look at Triton's repository.
+_REFRESH_INTERVAL_S = 1.0
+
+
+class ServedModels:
+    """The models Triton serves, found at start-up and looked up again (at most once a second)
+    when a request names one not seen yet: a model loaded later appears without a restart."""
+
+    def __init__(self, triton: TritonCalls) -> None:
+        self.triton = triton
+        self.models: dict[str, ServedModel] = {}
+        self._refreshed_at = -_REFRESH_INTERVAL_S
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._refreshed_at < _REFRESH_INTERVAL_S:
+                return
+            configs = await self.triton.model_configs()
+            found = {}
+            for name, config in configs.items():
+                known = self.models.get(name)
+                # Tokenizer files are read in a worker thread, not on the event loop.
+                found[name] = known or await asyncio.to_thread(served_model, name, config, out.now())
+            self.models = {name: model for name, model in found.items() if model is not None}
+            self._refreshed_at = time.monotonic()
+
+    async def get(self, name: str, kind: str) -> ServedModel:
+        model = self.models.get(name)
+        if model is None:
+            await self.refresh()
+            model = self.models.get(name)
+        if model is None or model.kind != kind:
+            served = ", ".join(sorted(m.name for m in self.models.values() if m.kind == kind)) or "none"
+            raise OpenAIError(404, f"The model {name!r} does not exist or is not a {kind} model; "
+                                   f"served {kind} models: {served}", param="model", code="model_not_found")
+        return model
+
+
+def check_prompt_bytes(model: ServedModel, text: str, param: str) -> None:
+    """The generator's `max_prompt_bytes`, checked before tokenizing: the routes send token ids,
+    which the generator does not measure in bytes."""
+    size = len(text.encode("utf-8"))
+    if size > model.max_prompt_bytes:
+        raise OpenAIError(400, f"the prompt is {size} bytes; this model takes at most {model.max_prompt_bytes}",
+                          param=param)
+
+
+# ------------------------------------------------------------------ disconnects
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that stop as soon as the client hangs up.
+
+    Starlette's own StreamingResponse (ASGI spec >= 2.4) notices a closed connection only when
+    its next write fails; a stream still waiting for tokens would go on generating. Here the
+    body and a watcher of the connection run together and whichever ends first ends both: the
+    body's cancellation reaches TritonCalls.generate, which cancels the Triton stream."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+            async def body() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass  # the client went away mid-write
+                group.cancel_scope.cancel()
+
+            group.start_soon(body)
+            await self.listen_for_disconnect(receive)
+            group.cancel_scope.cancel()
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or its cancellation if the client hangs up first (non-streamed answers)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result()  # CancelledError if the client left: nobody reads the answer then
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
+    """The OpenAI routes in front of the tritonserver whose gRPC endpoint is `grpc_url`.
+    With `api_key`, every /v1 request must carry `Authorization: Bearer <api_key>`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # The asyncio gRPC channel belongs to the server's event loop: made here, not earlier.
+        app.state.triton = TritonCalls(grpc_url)
+        app.state.models = ServedModels(app.state.triton)
+        await app.state.models.refresh()
+        try:
+            yield
+        finally:
+            await app.state.triton.close()
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise OpenAIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'.",
+                              type="authentication_error", code="invalid_api_key")
+
+    app = FastAPI(title="tritonformer OpenAI routes", lifespan=lifespan, docs_url=None, redoc_url=None)
+    authorized = [Depends(check_api_key)]
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = error.errors()
+        first = problems[0] if problems else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
+                            for e in problems[:5])
+        return JSONResponse(OpenAIError(400, message or "invalid request body", param=where or None).body(),
+                            status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return JSONResponse(OpenAIError(error.status_code, str(error.detail), type=kind).body(),
+                            status_code=error.status_code)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    def model_card(model: ServedModel) -> dict:
+        return {"id": model.name, "object": "model", "created": model.created, "owned_by": "tritonformer"}
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def list_models(request: Request) -> dict:
+        await request.app.state.models.refresh()
+        return {"object": "list", "data": [model_card(m) for m in request.app.state.models.models.values()]}
+
+    @app.get("/v1/models/{name}", dependencies=authorized)
+    async def get_model(name: str, request: Request) -> dict:
+        models: ServedModels = request.app.state.models
+        if name not in models.models:
+            await models.refresh()
+        if name not in models.models:
+            raise OpenAIError(404, f"The model {name!r} does not exist", param="model", code="model_not_found")
+        return model_card(models.models[name])
+
+    # ---- generation
+
+    async def answer(request: Request, req, model: ServedModel, generations: list[Generation], shape,
+                     top_logprobs: int | None):
+        result = Answer(request.app.state.triton, model, generations, shape, top_logprobs,
+                        lambda work: until_disconnect(request, work))
+        if not req.stream:
+            return await result.whole()
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return EventStream(await result.events(include_usage))
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        req.refuse_unsupported()
+        model = await request.app.state.models.get(req.model, GENERATOR)
+        try:
+            text = model.tokenizer.render_chat(req.conversation())
+        except Exception as e:
+            raise OpenAIError(400, f"cannot apply the model's chat template: {e}", param="messages") from None
+        check_prompt_bytes(model, text, "messages")
+        # The template wrote its own special tokens (a BOS, say): add none (as HF tokenizes chats).
+        prompt_ids = await asyncio.to_thread(model.tokenizer.encode, text, False)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        return await answer(request, req, model, [Generation(model, req, prompt_ids, 0, top)], out.ChatShape, top)
+
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(req: CompletionRequest, request: Request):
+        req.refuse_unsupported()
+        if req.best_of is not None and req.best_of != req.n:
+            raise OpenAIError(400, "best_of other than n is not implemented", param="best_of")
+        if req.echo and req.logprobs is not None:
+            raise OpenAIError(400, "echo with logprobs (the prompt's logprobs) is not implemented", param="echo")
+        model = await request.app.state.models.get(req.model, GENERATOR)
+        prompts = req.prompt
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise OpenAIError(400, "prompt must not be empty", param="prompt")
+        tokenizer = model.tokenizer
+        generations = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                check_prompt_bytes(model, prompt, "prompt")
+                ids, echo = await asyncio.to_thread(tokenizer.encode, prompt), prompt
+            else:
+                if not all(0 <= t < tokenizer.vocab_size for t in prompt):
+                    raise OpenAIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
+                ids = list(prompt)
+                echo = tokenizer.decode(ids, skip_special_tokens=False) if req.echo else ""
+            generations.append(Generation(model, req, ids, i * req.n, req.logprobs, echo if req.echo else ""))
+        return await answer(request, req, model, generations, out.CompletionShape, req.logprobs)
+
+    @app.post("/v1/embeddings", dependencies=authorized)
+    async def embeddings(req: EmbeddingRequest, request: Request):
+        req.refuse_unsupported()
+        model = await request.app.state.models.get(req.model, EMBEDDER)
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise OpenAIError(400, "input must be a string or a non-empty list of strings (token ids are not "
+                                   "accepted)", param="input")
+        vectors = await until_disconnect(request, request.app.state.triton.embed(model, texts))
+        if req.dimensions is not None and req.dimensions != vectors.shape[1]:
+            raise OpenAIError(400, f"dimensions must be this model's {vectors.shape[1]} (no shortening)",
+                              param="dimensions")
+        prompt_tokens = sum(len(ids) for ids in await asyncio.to_thread(model.tokenizer.encode_batch, texts))
+        vectors = np.ascontiguousarray(vectors, dtype="<f4")
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.tobytes()).decode() if req.encoding_format == "base64"
+                 else v.tolist()} for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": model.name,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+    return app

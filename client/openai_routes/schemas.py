@@ -1,0 +1,125 @@
+"""OpenAI request bodies (pydantic) and OpenAI error objects.
+
+Fields follow OpenAI's API reference; the sampling extras vLLM's OpenAI server also accepts
+(`top_k`, `min_tokens`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`) pass through to the
+generator. Any other field a client sets (tools, response_format, ...) is refused with a 400
+naming it, never silently ignored: a user who asked for JSON mode must not get free text.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Sampling extras (vLLM's names) forwarded as they are to the generator's sampling_parameters.
+SAMPLING_EXTRAS = ("top_k", "min_tokens", "repetition_penalty", "ignore_eos", "stop_token_ids")
+
+
+class OpenAIError(Exception):
+    """An error answered as OpenAI's error object with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    # Unknown fields are kept (not dropped) so that refuse_unsupported() can name them.
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end-user id for abuse monitoring: accepted, unused
+
+    # vLLM's extras
+    top_k: int | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+
+    def refuse_unsupported(self) -> None:
+        """400 for any field set that these routes do not implement (kept by extra="allow")."""
+        for key, value in (self.model_extra or {}).items():
+            if value is not None:
+                raise OpenAIError(400, f"unsupported parameter: {key!r} is not implemented by this server",
+                                  param=key, code="unsupported_parameter")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text: a string, or its text parts joined (other parts are refused)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise OpenAIError(400, f"message content of type {part.type!r} is not supported (text only)",
+                                  param="messages")
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def output_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def conversation(self) -> list[dict]:
+        """The messages as the chat template wants them (`developer` is the newer `system`)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1)
+
+    def output_budget(self) -> int | None:
+        return self.max_tokens
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    refuse_unsupported = _Request.refuse_unsupported

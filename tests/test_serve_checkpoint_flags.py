@@ -1,0 +1,29 @@
+"""`tritonformer serve --reranker-checkpoint / --classifier-checkpoint`: the flags name the
+checkpoint through the environment variables the models read (the served path is checked in
+test_integration_reranker_classifier.py, which starts a server with the variable set)."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from tritonformer.client.serve import CHECKPOINT_ENVS, add_serve_arguments, run_serve
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flag_must_name_a_checkpoint_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITONFORMER_RERANKER_CHECKPOINT", raising=False)
+    assert run_serve(_args("--reranker-checkpoint", str(tmp_path), "--no-prepare")) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert "TRITONFORMER_RERANKER_CHECKPOINT" not in os.environ
+
+
+def test_flags_default_to_none():
+    args = _args()
+    assert args.reranker_checkpoint is None and args.classifier_checkpoint is None
+    assert CHECKPOINT_ENVS == {"reranker": "TRITONFORMER_RERANKER_CHECKPOINT",
+                               "classifier": "TRITONFORMER_CLASSIFIER_CHECKPOINT"}
