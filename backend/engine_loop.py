@@ -41,6 +41,10 @@ class ShuttingDown(RuntimeError):
     """The model is being unloaded; queued work is answered with this error."""
 
 
+class EngineFailed(RuntimeError):
+    """The engine can never run again (a tensor-parallel rank died): restart the model."""
+
+
 class EngineLoop:
     def __init__(self, name: str, max_queue: int):
         if max_queue < 1:
@@ -49,6 +53,8 @@ class EngineLoop:
         self._inbox: deque = deque()
         self._cv = threading.Condition()
         self._stopping = False
+        self._failed: Exception | None = None
+        self._failure_seen = threading.Event()  # the engine thread answered what it held
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ---- called from Triton's threads -------------------------------------------------
@@ -60,6 +66,8 @@ class EngineLoop:
         with self._cv:
             if self._stopping:
                 raise ShuttingDown("the model is shutting down")
+            if self._failed is not None:
+                raise self._failed
             if len(self._inbox) + self.num_queued() >= self.max_queue:
                 raise Overloaded(f"server overloaded: {self.max_queue} requests already queued; retry later")
             self._inbox.append(item)
@@ -71,7 +79,27 @@ class EngineLoop:
             self._cv.notify()
         self._thread.join(timeout)
 
+    def fail(self, error: Exception, grace_s: float = 2.0) -> None:
+        """The engine cannot run any more (called from another thread, e.g. when a
+        tensor-parallel rank died): new requests are refused with `error` at once, queued ones
+        are answered with it. The engine thread answers what it holds; if it does not within
+        `grace_s` (it waits in a collective that will never complete), they are answered here."""
+        error = error if isinstance(error, EngineFailed) else EngineFailed(str(error))
+        with self._cv:
+            self._failed = error
+            items = list(self._inbox)
+            self._inbox.clear()
+            self._cv.notify()
+        for item in items:
+            self.reject(item, error)
+        if not self._failure_seen.wait(grace_s):
+            self.abort_all(error)
+
     # ---- implemented by the engines, run on this thread ---------------------------------
+    def reject(self, item, error: Exception) -> None:
+        """Answer a submitted item that never reached the engine with `error`."""
+        raise NotImplementedError
+
     def admit(self, items: list) -> None:
         raise NotImplementedError
 
@@ -107,6 +135,11 @@ class EngineLoop:
                 items = list(self._inbox)
                 self._inbox.clear()
                 stopping = self._stopping
+                failed = self._failed
+            if failed is not None:  # (fail() answered the inbox; this thread answers what it holds)
+                self.abort_all(failed)
+                self._failure_seen.set()
+                return
             self.admit(items)
             if stopping:
                 self.abort_all(ShuttingDown("the model is shutting down"))

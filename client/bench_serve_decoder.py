@@ -10,7 +10,12 @@ Hugging Face baselines (client/bench_decoder_baselines.py), greedy, EOS ignored:
 2. the Orca trace (256 requests at once, prompt U[32,512], output U[1,128], seed 0): useful
    tokens/s of request-level batching (HF generate, batches of 32), transformers' continuous
    batching, and ours; plus the fixed grid 128/128, 512/512, 1024/128;
-3. KV utilisation: blocks in use over blocks reserved, sampled every iteration.
+3. KV utilisation: blocks in use over blocks reserved, sampled every iteration;
+4. (`--parts prefix`) automatic prefix caching, off and on, in one run on a Llama-3.2-1B-shaped
+   model: the shared-prefix workload (100 requests sharing a 1,024-token prefix + 64 distinct
+   tokens each, 64 new tokens each), all submitted at once (or `--prefix-rate` per second),
+   TTFT p50/p99 from the engine's own timestamps (first token - arrival) and useful tokens/s,
+   whether the outputs are identical; and the Orca trace's tokens/s, where no prefix is shared.
 
 The through-the-server benchmark (Poisson arrivals, TTFT/TPOT) is separate work.
 """
@@ -20,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -29,7 +35,9 @@ from tritonformer.client.gpu_measure import copy_bandwidth, matmul_peak_tflops, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-process", action="store_true", required=True,
                         help="drive the engine directly (the only mode so far)")
-    parser.add_argument("--parts", default="steps,trace,grid", help="comma-separated: steps, trace, grid")
+    parser.add_argument("--parts", default="steps,trace,grid", help="comma-separated: steps, trace, grid, prefix")
+    parser.add_argument("--prefix-rate", type=float, default=0.0,
+                        help="prefix part: requests per second, at fixed intervals (0: all at once)")
     parser.add_argument("--grid-requests", type=int, default=64, help="requests per fixed-grid point")
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--max-tokens-per-iteration", type=int, default=4096)
@@ -70,18 +78,19 @@ class _IdsOnly:
 
 
 def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
-               max_decode_steps: int | None = None):
+               max_decode_steps: int | None = None, prefix_caching: bool | None = None):
     """Our engine on the HF model's weights, configured as served; returns (engine, sink)."""
     from tritonformer.backend.checkpoints.weights import strip_prefixes_of
     from tritonformer.backend.models.decoder import load_decoder
 
     model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), device, dtype)
-    return engine_for(model, max_running, token_budget, kv_fraction, max_decode_steps)
+    return engine_for(model, max_running, token_budget, kv_fraction, max_decode_steps, prefix_caching)
 
 
 def engine_for(model, max_running: int, token_budget: int, kv_fraction: float = 0.4,
-               max_decode_steps: int | None = None):
-    """Our engine on `model`, configured as served, warmed up; returns (engine, sink)."""
+               max_decode_steps: int | None = None, prefix_caching: bool | None = None):
+    """Our engine on `model`, configured as served (prefix caching as served unless given),
+    warmed up; returns (engine, sink)."""
     from tritonformer.backend.decoder.build import EngineOptions, build_engine
     from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS
     from tritonformer.backend.engine_loop import freeze_startup_objects
@@ -90,6 +99,8 @@ def engine_for(model, max_running: int, token_budget: int, kv_fraction: float = 
                             max_decode_steps=max_decode_steps or DEFAULT_DECODE_STEPS,
                             kv_cache_memory_fraction=kv_fraction, max_queue_requests=100_000,
                             cancel_check_interval_s=3600)
+    if prefix_caching is not None:
+        options = replace(options, prefix_caching=prefix_caching)
     sink = _CountingSink()
     engine = build_engine(model, _IdsOnly(), sink, options)
     engine.runner.warm_up()
@@ -251,6 +262,116 @@ def time_to_first_token_ms(engine, sink, prompt_tokens: int, vocab: int, repeats
     return float(np.median(times[1:]))
 
 
+def shared_prefix_trace(num_requests: int = 100, prefix_tokens: int = 1024, distinct_tokens: int = 64,
+                        new_tokens: int = 64, seed: int = 0, vocab_size: int = 50257) -> list:
+    """Requests whose prompts share one random prefix (a system prompt, a document), each
+    followed by tokens of its own."""
+    from tritonformer.client.bench_decoder_baselines import TraceRequest, _prompts
+
+    rng = np.random.default_rng(seed)
+    prefix = _prompts(rng, [prefix_tokens], vocab_size)[0]
+    return [TraceRequest(prefix + own, new_tokens) for own in _prompts(rng, [distinct_tokens] * num_requests, vocab_size)]
+
+
+def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
+    """The trace through the engine, greedy, EOS ignored: all requests at once (rate 0) or one
+    every 1/rate seconds. Time to first token from the engine's own timestamps (a sequence's
+    first token reaching the host minus its arrival), useful tokens/s from the first arrival
+    to the last finish, each request's output ids, and the prefix cache's counts."""
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+
+    def new(i: int):
+        r = trace[i]
+        return engine.new_sequence(i, r.prompt_ids, SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True), False)
+
+    cache = engine.scheduler.prefix_cache
+    before = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
+    _sync(engine)
+    t0 = time.perf_counter()
+    if rate > 0:
+        seqs, start = [], time.monotonic()
+        while len(seqs) < len(trace) or engine.has_work():
+            due = start + len(seqs) / rate
+            if len(seqs) < len(trace) and time.monotonic() >= due:
+                seq = new(len(seqs))
+                seq.arrival = due  # when it was due, whatever the step in progress then
+                engine.admit([seq])
+                seqs.append(seq)
+            elif engine.has_work():
+                engine.step()
+            else:
+                time.sleep(max(0.0, due - time.monotonic()))
+    else:
+        seqs = [new(i) for i in range(len(trace))]
+        engine.admit(seqs)
+        while engine.has_work():
+            engine.step()
+    _sync(engine)
+    seconds = time.perf_counter() - t0
+    if sink.errors or sink.finished < len(trace):
+        raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")
+    sink.finished = 0
+    ttft = np.array([s.first_token_at - s.arrival for s in seqs]) * 1e3
+    useful = sum(r.max_new_tokens for r in trace)
+    after = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
+    queries, hits, hit_tokens = (a - b for a, b in zip(after, before))
+    return {"ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "tok_per_s": useful / seconds, "seconds": seconds, "outputs": [list(s.output_ids) for s in seqs],
+            "cache_queries": queries, "cache_hits": hits, "cache_hit_tokens": hit_tokens}
+
+
+def compare_prefix_caching(model, args, shared: list, warm: list, orca: list, results: dict | None = None) -> dict:
+    """The shared-prefix workload `shared` and the Orca trace `orca` on `model`, prefix caching
+    off then on (a fresh engine each, the same settings otherwise), each engine first running
+    `warm` (a shared-prefix trace on another seed: kernels compile, and its prefix differs, so
+    the timed pass finds nothing of it) and an eighth of `orca` untimed, each prompt reversed (the
+    same lengths, hence kernels, but no prefix the timed pass could find cached)."""
+    from tritonformer.client.bench_decoder_baselines import TraceRequest
+
+    warm_orca = [TraceRequest(r.prompt_ids[::-1], r.max_new_tokens) for r in orca[: max(1, len(orca) // 8)]]
+    out = {}
+    for caching in (False, True):
+        engine, sink = engine_for(model, args.max_running, args.max_tokens_per_iteration,
+                                  max_decode_steps=args.max_decode_steps, prefix_caching=caching)
+        run_timed(engine, sink, warm)
+        run_ours(engine, sink, warm_orca)
+        out[caching] = {"shared": run_timed(engine, sink, shared, args.prefix_rate)}
+        cache = engine.scheduler.prefix_cache
+        hits_before = cache.hits if cache is not None else 0
+        out[caching]["orca"] = run_ours(engine, sink, orca)
+        out[caching]["orca"]["cache_hits"] = (cache.hits if cache is not None else 0) - hits_before
+        release(engine)
+        del engine, sink
+    off, on = out[False], out[True]
+    same = sum(a == b for a, b in zip(off["shared"]["outputs"], on["shared"]["outputs"]))
+    summary = {"ttft_p50_ratio": on["shared"]["ttft_p50_ms"] / off["shared"]["ttft_p50_ms"],
+               "ttft_p99_ratio": on["shared"]["ttft_p99_ms"] / off["shared"]["ttft_p99_ms"],
+               "tok_per_s_ratio": on["shared"]["tok_per_s"] / off["shared"]["tok_per_s"],
+               "orca_tok_per_s_ratio": on["orca"]["tok_per_s"] / off["orca"]["tok_per_s"],
+               "identical_outputs": same, "requests": len(shared)}
+    if results is not None:
+        strip = lambda r: {k: v for k, v in r.items() if k != "outputs"}  # noqa: E731
+        results["prefix_caching"] = {"off": {k: strip(v) for k, v in off.items()},
+                                     "on": {k: strip(v) for k, v in on.items()}, **summary,
+                                     "rate": args.prefix_rate}
+    return {"off": off, "on": on, **summary}
+
+
+def print_prefix_caching(name: str, r: dict, rate: float) -> None:
+    when = "all at once" if rate <= 0 else f"{rate:g} req/s"
+    print(f"\n## prefix caching, {name}: {r['requests']} requests sharing a prefix ({when}); the Orca trace shares none")
+    print("| prefix caching | TTFT p50 ms | TTFT p99 ms | useful tok/s | cache hits / queries | hit tokens "
+          "| Orca trace tok/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, side in (("off", r["off"]), ("on", r["on"])):
+        s = side["shared"]
+        print(f"| {label} | {s['ttft_p50_ms']:.1f} | {s['ttft_p99_ms']:.1f} | {s['tok_per_s']:,.0f} "
+              f"| {s['cache_hits']} / {s['cache_queries']} | {s['cache_hit_tokens']:,} | {side['orca']['tok_per_s']:,.0f} |")
+    print(f"| on / off | {r['ttft_p50_ratio']:.2f}x | {r['ttft_p99_ratio']:.2f}x | {r['tok_per_s_ratio']:.2f}x | | "
+          f"| {r['orca_tok_per_s_ratio']:.3f}x |")
+    print(f"identical greedy outputs with and without caching: {r['identical_outputs']} of {r['requests']}")
+
+
 def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: dict) -> None:
     """The published shapes in `names`, random weights: steps vs the floor, trace, TTFT."""
     import torch
@@ -298,6 +419,28 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
         del engine, sink, model
 
 
+def run_prefix_part(args, name: str, hf_model, dev, dtype, results: dict) -> None:
+    """`--parts prefix`: compare_prefix_caching on our model with `hf_model`'s weights."""
+    import torch
+
+    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
+    from tritonformer.backend.models.decoder import load_decoder
+
+    model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), dev, dtype)
+    del hf_model
+    torch.cuda.empty_cache()
+    from tritonformer.client import bench_decoder_baselines as hf
+
+    vocab = min(model.vocab_size, 30000)
+    shared, warm = shared_prefix_trace(100, vocab_size=vocab), shared_prefix_trace(8, seed=1, vocab_size=vocab)
+    r = compare_prefix_caching(model, args, shared, warm, hf.orca_trace(256, 0, vocab_size=vocab), results)
+    if results is not None:
+        results["prefix_caching"]["workload"] = "100 x (1,024 shared + 64 own prompt tokens) -> 64 new tokens"
+    print_prefix_caching(name, r, args.prefix_rate)
+    del model
+    torch.cuda.empty_cache()
+
+
 def release(engine) -> None:
     """Give an engine's GPU memory back before the next model is built: the warm-up froze every
     object then alive out of the collector's reach (freeze_startup_objects), and an engine's
@@ -337,6 +480,8 @@ def run(args) -> int:
         return 0
 
     for name, make, batches in (("gpt2-124M", hf.random_gpt2, (1, 64)), ("llama-1B-shape", hf.random_llama_1b, (1,))):
+        if name == "llama-1B-shape" and "prefix" in parts:
+            run_prefix_part(args, name, make(dev, dtype), dev, dtype, results)
         if "steps" not in parts and (name != "gpt2-124M" or not parts & {"trace", "grid"}):
             continue
         hf_model = make(dev, dtype)

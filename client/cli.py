@@ -10,6 +10,7 @@
     tritonformer bench serve-decoder --in-process   decoder engine vs Hugging Face (GPU)
     tritonformer bench load embed --rates 1000,2000   open-loop load through a running server
     tritonformer bench openai               the OpenAI routes vs direct gRPC, through a running server
+    tritonformer bench tensor-parallel      a decoder split over this host's GPUs vs one GPU (GPUs)
 """
 from __future__ import annotations
 
@@ -150,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_serve_decoder.add_arguments(serve_decoder)
     serve_decoder.set_defaults(func=bench_serve_decoder.run)
+    tp_bench = bench_sub.add_parser("tensor-parallel", help="a decoder split over this host's GPUs vs one GPU")
+    from tritonformer.client import bench_tensor_parallel
+
+    bench_tensor_parallel.add_arguments(tp_bench)
+    tp_bench.set_defaults(func=bench_tensor_parallel.run)
     openai_bench = bench_sub.add_parser(
         "openai", help="the OpenAI routes vs direct gRPC streaming: tokens/s at saturation, TTFT p50 at 8 req/s")
     from tritonformer.client import bench_openai

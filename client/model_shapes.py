@@ -62,8 +62,13 @@ PHI_3_MINI_128K = {
                      "long_factor": [1.0 + 0.9 * i for i in range(48)]},
 }
 
+# Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
+LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                 "num_attention_heads": 64, "num_key_value_heads": 8}
+
 DECODER_SHAPES = {
     "llama-3.1-8b": LLAMA_3_1_8B,
+    "llama-3.1-70b": LLAMA_3_1_70B,
     "qwen2.5-7b": QWEN2_5_7B,
     "qwen3-8b": QWEN3_8B,
     "mistral-7b": MISTRAL_7B_V0_3,
@@ -153,3 +158,30 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
             shapes.update({p + n.q + ".bias": (q,), p + n.k + ".bias": (kv,), p + n.v + ".bias": (kv,)} if not n.qkv
                           else {p + n.qkv + ".bias": (q + 2 * kv,)})
     return shapes
+
+
+class RandomTensor:
+    """A checkpoint tensor of random values made where and when it is read, whole or in part
+    (like backend/checkpoints/weights.LazyTensor): a tensor-parallel rank builds only its share
+    of a 70B-shaped model on its own GPU. Values ~ N(0, 0.02), a norm's ~ N(1, 0.02) as applied."""
+
+    def __init__(self, shape: tuple[int, ...], device: str, offset: float):
+        self.shape, self.device, self.offset = shape, device, offset
+
+    def __getitem__(self, index):
+        import torch
+
+        shape = torch.empty(self.shape, device="meta")[index].shape
+        return torch.empty(shape, device=self.device).normal_(0.0, 0.02).add_(self.offset)
+
+    def to(self, device=None, dtype=None, **kwargs):
+        return self[:].to(device=device, dtype=dtype)
+
+
+def random_shard_state(name_or_config, device: str) -> dict:
+    """Random tensors (RandomTensor) for every weight of a published shape, made on `device` as
+    each rank reads its share: the `state_factory` of a tensor-parallel ShardSource."""
+    cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
+    spec = _spec(cfg)
+    return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if "norm" in name else 0.0)
+            for name, shape in tensor_shapes(spec).items()}

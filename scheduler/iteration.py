@@ -30,6 +30,12 @@ kv_blocks.py), with only the prompt's tail (under one block) and their own token
 Sharing only full blocks, never written again, needs no copy-on-write. A fork that is preempted
 recomputes alone; a leader that leaves before the fork point lets its forks go unshared.
 
+Prefix caching (optional, prefix_cache.py): a sequence that joins holding no blocks first takes
+the cached blocks of its prompt's longest cached prefix and runs only the rest; every full
+prompt block is offered to later requests once an iteration has computed it (`commit`). Cached
+blocks nobody holds stay in the pool as free-but-reusable until grown sequences evict them, so
+admission and preemption count them as free.
+
 Pure Python: the engine supplies the sequences and runs the model; this module only decides.
 """
 from __future__ import annotations
@@ -39,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .kv_blocks import BlockManager, OutOfBlocks
+from .prefix_cache import PrefixCache
 
 
 class DecoderWork(Protocol):
@@ -50,6 +57,7 @@ class DecoderWork(Protocol):
     # Tokens the sequence will ever hold (prompt + the most output tokens); the last of them is
     # never computed (nothing follows it). Bounds how many iterations of a round it takes.
     token_limit: int
+    prompt_ids: list[int]  # read only with prefix caching: its full blocks are what is matched and cached
 
 
 class SequenceTooLong(OutOfBlocks):
@@ -92,6 +100,9 @@ class Iteration:
     prefill: list[Scheduled] = field(default_factory=list)  # num_new > 1: prompt chunks or recompute
     preempted: list = field(default_factory=list)  # sequences preempted while building this one
     steps: int = 1  # model iterations in this round: the most `steps` of its decode entries
+    # Prefix caching: for each sequence that joined this iteration after a lookup, the prompt
+    # tokens it found cached (0: a miss). Empty without prefix caching.
+    cache_lookups: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -116,6 +127,7 @@ class IterationScheduler:
         max_tokens_per_iteration: int = 4096,
         max_seq_len: int | None = None,
         max_decode_steps: int = 1,
+        prefix_caching: bool = False,
     ):
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -141,6 +153,7 @@ class IterationScheduler:
         self.waiting: deque = deque()
         self.running: list = []  # oldest first: preemption takes from the tail
         self.num_preemptions = 0
+        self.prefix_cache = PrefixCache(blocks) if prefix_caching else None
         # id(leader) -> (leader, forks, shared tokens): forks waiting for the leader's prompt.
         self._forking: dict[int, tuple[Any, list, int]] = {}
 
@@ -248,6 +261,8 @@ class IterationScheduler:
             victim = self.running.pop()
             self.blocks.free(victim.block_table)
             victim.num_computed = 0  # its KV is gone: recompute everything when it rejoins
+            if self.prefix_cache is not None:  # (its prompt blocks stay cached: it may find them again)
+                self.prefix_cache.preempted(victim)
             # Tail first + appendleft: several preempted sequences keep their arrival order,
             # ahead of every later arrival.
             self.waiting.appendleft(victim)
@@ -265,21 +280,34 @@ class IterationScheduler:
             if seq.block_table:
                 self.blocks.free(seq.block_table)
                 seq.num_computed = 0
+                if self.prefix_cache is not None:
+                    self.prefix_cache.preempted(seq)
                 released = True
         return released
 
     def _admit(self, it: Iteration, budget: int) -> None:
-        """Waiting sequences join first-come-first-served, as chunks when the budget is short."""
+        """Waiting sequences join first-come-first-served, as chunks when the budget is short;
+        with prefix caching, one holding no blocks starts past its prompt's cached prefix."""
+        cache, block_size = self.prefix_cache, self.blocks.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]
-            num_new = min(seq.num_tokens - seq.num_computed, budget)
-            if not self.blocks.can_grow(seq.block_table, seq.num_computed + num_new):
+            # (A fork holds its leader's blocks already: it is not looked up.)
+            cached = cache.match(seq) if cache is not None and not seq.block_table else None
+            start = len(cached) * block_size if cached else seq.num_computed
+            num_new = min(seq.num_tokens - start, budget)
+            if cached:
+                fits = self.blocks.can_take(cached, start + num_new)
+            else:
+                fits = self.blocks.can_grow(seq.block_table, start + num_new)
+            if not fits:
                 if not self.running and not self._unshare_waiting():  # the whole pool is free and still too small
-                    raise SequenceTooLong(seq, seq.num_computed + num_new)
+                    raise SequenceTooLong(seq, start + num_new)
                 if not self.running:
                     continue
                 break  # never skip ahead of the oldest waiting sequence
             self.waiting.popleft()
+            if cached is not None:
+                it.cache_lookups.append(cache.admit(seq, cached))
             self.blocks.grow(seq.block_table, seq.num_computed + num_new)
             self.running.append(seq)
             it._add(seq, num_new)
@@ -291,6 +319,8 @@ class IterationScheduler:
             if e.seq.num_computed != e.start:
                 raise RuntimeError("iteration committed twice, or a stale iteration")
             e.seq.num_computed += e.num_new * e.steps
+        if self.prefix_cache is not None:
+            self.prefix_cache.commit()  # full prompt blocks computed by `it` can be reused from now on
         if self._forking:
             for e in it.prefill + it.decode:
                 entry = self._forking.get(id(e.seq))
@@ -303,6 +333,8 @@ class IterationScheduler:
         self.running = [s for s in self.running if s is not seq]
         self.waiting = deque(s for s in self.waiting if s is not seq)
         self.blocks.free(seq.block_table)
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(seq)
         if self._forking:
             entry = self._forking.pop(id(seq), None)
             if entry is not None:  # it left before its prompt was shared: its forks go alone

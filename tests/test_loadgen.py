@@ -230,13 +230,15 @@ def test_embed_load_against_real_server(triton_server):
 
 @pytest.mark.server
 def test_generate_load_against_real_server(triton_server):
-    trace = orca_trace(2, 0, (8, 16), (4, 4), SMOLLM2_VOCAB) + [{"text": "The capital of France is", "max_tokens": 4}]
+    # 12 tokens each: several decode rounds, so even when the sender coalesces pieces under load a
+    # stream gets more than one event and has a time per output token.
+    trace = orca_trace(2, 0, (8, 16), (12, 12), SMOLLM2_VOCAB) + [{"text": "The capital of France is", "max_tokens": 12}]
     result = loadgen.run_generate_load(triton_server.http_url, trace, rate=5.0, seed=0, timeout=120)
     s, records = result["summary"], result["records"]
     assert s["ok"] == 3, s["first_error"]
     for r in records:
-        assert r.tokens == 4 and r.finish_reason == "length"  # ignore_eos: exactly max_tokens
+        assert r.tokens == 12 and r.finish_reason == "length"  # ignore_eos: exactly max_tokens
         assert r.scheduled <= r.sent < r.first <= r.last_token <= r.end
     for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "latency_per_token_p50_ms"):
         assert s[key] > 0, key
-    assert s["output_tokens"] == 12 and s["output_tok_per_s"] > 0
+    assert s["output_tokens"] == 36 and s["output_tok_per_s"] > 0

@@ -62,3 +62,19 @@ def test_generator_metrics_move_with_traffic(triton_server):
     ttft = after["tritonformer_time_to_first_token_seconds_sum"] - before["tritonformer_time_to_first_token_seconds_sum"]
     assert 0 <= queued <= ttft
     assert after["tritonformer_running_requests"] == 0 and after["tritonformer_kv_cache_bytes"] == 0
+
+
+def test_generator_prefix_cache_metrics_count_a_repeated_prompt(triton_server):
+    """The same long prompt twice: the second request finds the first's full KV blocks (16
+    tokens each) in the prefix cache, and the counters say so."""
+    prompt = "Prefix caching, metrics: " + "a sentence that repeats, word for word, " * 6
+    names = [f"tritonformer_prefix_cache_{n}_total" for n in ("queries", "hits", "hit_tokens")]
+    before = _scrape(triton_server, "generator")
+    for _ in range(2):
+        status, answer = http_post(triton_server, "/v2/models/generator/generate",
+                                   {"text_input": prompt, "stream": False, "max_tokens": 2, "ignore_eos": True})
+        assert status == 200, answer
+    after = _wait_for(triton_server, lambda v: v[names[0]] >= before[names[0]] + 2, model="generator")
+    queries, hits, hit_tokens = (after[n] - before[n] for n in names)
+    assert (queries, hits) == (2, 1)
+    assert hit_tokens >= 32 and hit_tokens % 16 == 0  # whole blocks of a prompt of over 40 tokens

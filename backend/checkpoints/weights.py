@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 # Prefixes under which Hugging Face heads store the bare encoder/decoder weights.
@@ -30,6 +31,37 @@ def load_config(checkpoint: Path) -> dict:
 
 def _ids(value) -> list[int]:
     return list(value) if isinstance(value, list) else ([] if value is None else [value])
+
+
+class LazyTensor:
+    """A checkpoint tensor not read yet: its shape, and reads of all of it or of a slice
+    (safetensors reads only the bytes asked for). A tensor-parallel rank reads only its share,
+    so no process ever holds the whole model."""
+
+    def __init__(self, path: str, name: str, shape: tuple[int, ...]):
+        self.path, self.name, self.shape = path, name, shape
+
+    def __getitem__(self, index) -> torch.Tensor:
+        with safe_open(self.path, "pt") as f:
+            return f.get_slice(self.name)[index]
+
+    def to(self, *args, **kwargs) -> torch.Tensor:
+        return self[:].to(*args, **kwargs)
+
+
+def lazy_state_dict(checkpoint: Path) -> dict[str, LazyTensor]:
+    """Every tensor of the folder's `*.safetensors` files, unread (see LazyTensor), names
+    without the head's prefix."""
+    files = sorted(Path(checkpoint).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint folder {checkpoint} has no *.safetensors weights (tensor parallelism "
+                                f"reads slices of safetensors files)")
+    state = {}
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                state[name] = LazyTensor(str(path), name, tuple(f.get_slice(name).get_shape()))
+    return strip_prefixes_of(state)
 
 
 def load_state_dict(checkpoint: Path, strip_prefixes: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:

@@ -29,19 +29,28 @@ class EngineOptions:
     cancel_check_interval_s: float = 0.05
     stream_interval: int = 1
     max_stream_responses_per_s: int = 1000
+    prefix_caching: bool = True  # reuse the KV blocks of prompt prefixes already computed (scheduler/prefix_cache.py)
 
 
 def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: EngineOptions = EngineOptions(),
-                 stats: GeneratorStats | None = None) -> GeneratorEngine:
+                 stats: GeneratorStats | None = None, workers=None) -> GeneratorEngine:
     """The engine, not yet warmed up (`engine.runner.warm_up()` compiles kernels and captures the
-    decode graphs) nor started. A bad option fails here, before any warm-up."""
+    decode graphs) nor started. A bad option fails here, before any warm-up. `workers`: the
+    other ranks of a tensor-parallel `model` (backend/parallel/workers.py: `start_ranks`), which
+    then build their runners with the KV cache sized here and mirror every runner call."""
     o = options
     num_blocks = plan_num_blocks(model, o.kv_block_size, o.kv_cache_tokens, o.kv_cache_memory_fraction)
     scheduler = IterationScheduler(
         BlockManager(num_blocks, o.kv_block_size), o.max_running_sequences, o.max_tokens_per_iteration,
         max_seq_len=model.config.max_position_embeddings, max_decode_steps=o.max_decode_steps,
+        prefix_caching=o.prefix_caching,
     )
     runner = DecoderRunner(model, model.new_kv_cache(num_blocks, o.kv_block_size), o.max_running_sequences,
                            o.cuda_graphs)
+    if workers is not None:
+        from tritonformer.backend.parallel.workers import ParallelRunner
+
+        workers.build_runners(num_blocks, o.kv_block_size, o.max_running_sequences, o.cuda_graphs)
+        runner = ParallelRunner(runner, workers)
     return GeneratorEngine(runner, tokenizer, sink, scheduler, o.max_queue_requests, o.cancel_check_interval_s,
                            o.stream_interval, o.max_stream_responses_per_s, stats=stats)

@@ -53,6 +53,8 @@ class GeneratorStats(Protocol):
     def request_done(self, ttft: float | None, tpot: float | None, output_tokens: int,
                      queue_wait: float | None = None) -> None: ...
 
+    def prefix_cache_lookups(self, queries: int, hits: int, hit_tokens: int) -> None: ...
+
 
 @dataclass
 class _Launched:
@@ -146,10 +148,11 @@ class Sequence:
 
 def _stamp_first_scheduled(work: list) -> None:
     """Note when each sequence's prompt first runs: its time in the queue is the first part of
-    its time to first token (a one-token prompt runs among the decodes, so all are looked at)."""
+    its time to first token (a one-token prompt runs among the decodes, so all are looked at;
+    a prompt found in the prefix cache, or a fork's, starts past position 0)."""
     now = None
     for w in work:
-        if w.start == 0 and w.seq.scheduled_at is None:
+        if w.seq.scheduled_at is None:
             w.seq.scheduled_at = now = now or time.monotonic()
 
 
@@ -219,6 +222,9 @@ class GeneratorEngine(EngineLoop):
 
     def num_queued(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    def reject(self, item: Sequence, error: Exception) -> None:
+        self._send_error(item, error)
 
     def abort_all(self, error: Exception) -> None:
         while self.scheduler.running or self.scheduler.waiting:  # (a leader's release queues its forks)
@@ -292,6 +298,10 @@ class GeneratorEngine(EngineLoop):
     def _report(self, it: Iteration) -> None:
         if it.steps == 1:
             self.stats.iteration_done(tokens=it.num_tokens, preempted=len(it.preempted))
+            if it.cache_lookups:
+                self.stats.prefix_cache_lookups(queries=len(it.cache_lookups),
+                                                hits=sum(1 for n in it.cache_lookups if n),
+                                                hit_tokens=sum(it.cache_lookups))
         else:  # each iteration of the round: the sequences that still take part in it
             for j in range(it.steps):
                 self.stats.iteration_done(tokens=sum(w.steps > j for w in it.decode), preempted=0)

@@ -160,7 +160,7 @@ class DecoderRunner:
             now = [BatchEntry(entries[r].tokens if j == 0 else [fed_token(r)], entries[r].start + j,
                               entries[r].block_table, True) for r in live]
             forward = self.run(now)
-            ids = sampler.sample_ids(forward.logits[: len(live)], [params[r] for r in live], [keys[r] for r in live])
+            ids = self._sample_ids(forward.logits[: len(live)], sampler, [params[r] for r in live], [keys[r] for r in live])
             rows = torch.tensor(live, device=self.model.device)
             self.last_ids.index_copy_(0, rows, ids)
             out[j].index_copy_(0, rows, ids)
@@ -168,9 +168,21 @@ class DecoderRunner:
 
     def _sample_into_last(self, logits: torch.Tensor, sampler: Sampler, params: list[SamplingParams],
                           keys: list[int]) -> torch.Tensor:
-        ids = sampler.sample_ids(logits, params, keys)
+        ids = self._sample_ids(logits, sampler, params, keys)
         self.last_ids[: len(ids)].copy_(ids)
         return ids
+
+    def _sample_ids(self, logits: torch.Tensor, sampler: Sampler, params: list[SamplingParams],
+                    keys: list[int]) -> torch.Tensor:
+        """One id per row of `params`. On a tensor-parallel model only rank 0 samples (its
+        sampler holds the requests' state) and the other ranks receive its ids, so every rank
+        feeds the same tokens to the next iteration."""
+        tp = self.model.tp
+        if tp is None or tp.rank == 0:
+            ids = sampler.sample_ids(logits, params, keys)
+        else:
+            ids = torch.empty(len(params), dtype=torch.long, device=self.model.device)
+        return ids if tp is None else tp.broadcast(ids)
 
     def _start_copy(self, ids: torch.Tensor, count: int) -> SampledTokens:
         """Copy `ids` (`[stride]`, or `[steps, stride]` for a round; count of each wanted) to the

@@ -24,6 +24,7 @@ class DecoderModel:
         self.device = device
         self.dtype = dtype
         self.weight = weight_getter(state, device, dtype)
+        self.tp = None  # a TensorParallelGroup where the model is one rank's share
 
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
         """See `logits` for `fp32_logits`."""
@@ -47,7 +48,10 @@ class DecoderModel:
         the prefetching GEMV (GPT-2's head 31.0 -> 26.1 us, Llama-1B's 188 -> 167 us on the
         H100, `tools/gpu/time_small_gemm.py --layers "lm head"`), more rows the small GEMM where
         K is short (GPT-2's) or cuBLAS."""
-        logits = kernels.linear_act(x, self.output_head)[:, : self.vocab_size]
+        logits = kernels.linear_act(x, self.output_head)
+        if self.tp is not None:  # each rank holds a slice of the vocabulary: all of it on every rank
+            logits = self.tp.gather_columns(logits)
+        logits = logits[:, : self.vocab_size]
         return logits.float() if fp32 else logits
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
@@ -83,11 +87,11 @@ DECODER_FAMILIES = {
 
 
 def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 max_model_len: int | None = None) -> DecoderModel:
+                 max_model_len: int | None = None, tp=None) -> DecoderModel:
     """The decoder family named by the checkpoint's `model_type`, built on `device` in `dtype`.
     `max_model_len` caps the longest sequence (prompt + output) below the checkpoint's
     max_position_embeddings: rotary tables, decode graphs and the KV cache's guarantee of one
-    whole sequence are sized by it."""
+    whole sequence are sized by it. `tp` (a TensorParallelGroup): build this rank's share."""
     import importlib
 
     model_type = config.get("model_type", "llama")
@@ -102,4 +106,8 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
             raise ValueError(f"max_model_len must be at least 2, got {max_model_len}")
         longest = family_config.max_position_embeddings
         family_config = dataclasses.replace(family_config, max_position_embeddings=min(longest, max_model_len))
-    return family.MODEL(family_config, state, device, dtype)
+    if tp is None:
+        return family.MODEL(family_config, state, device, dtype)
+    if not hasattr(family_config, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
+        raise ValueError(f"tensor parallelism is not supported for model_type {model_type!r}")
+    return family.MODEL(family_config, state, device, dtype, tp=tp)

@@ -24,7 +24,7 @@ single `[tokens, hidden]` activation, so every non-attention op runs once over a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -33,6 +33,7 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.rope import Rope
+from tritonformer.backend.parallel.group import TensorParallelGroup
 
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
 
@@ -135,11 +136,25 @@ class _Layer:
 
 
 class TransformerDecoder(DecoderModel):
-    def __init__(self, config: DecoderSpec, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+    def __init__(self, config: DecoderSpec, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 tp: TensorParallelGroup | None = None):
+        """With `tp`, this rank's share of the model (Megatron-LM's split): its query and KV heads
+        of the QKV projection and the matching columns of the output projection, its columns of
+        gate/up and rows of down, its rows of the (padded) vocabulary head; the embedding table
+        and the norms whole. `config` then describes the share (heads, KV heads and intermediate
+        size divided), which is what the forward, the KV cache and the decode graphs read."""
         super().__init__(config, state, device, dtype)
         c, n = config, config.names
         hidden, head = c.hidden_size, c.head_dim
         q_rows, kv_rows = c.num_heads * head, c.num_kv_heads * head
+        self.tp = tp
+        # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
+        q_part = kv_part = mlp_part = None
+        if tp is not None:
+            heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
+            q_part = slice(heads.start * head, heads.stop * head)
+            kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
+            mlp_part = tp.part(c.intermediate_size, "MLP columns (intermediate_size)")
 
         def checked(name: str, shape: tuple[int, ...]) -> str:
             if name not in state:
@@ -150,8 +165,23 @@ class TransformerDecoder(DecoderModel):
                                  f"{c.intermediate_size}, vocab {c.vocab_size}) needs {shape}")
             return name
 
-        def w(name: str, *shape: int) -> torch.Tensor:
-            return self.weight(checked(name, shape))
+        def w(name: str, *shape: int, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+            """The tensor, or its `rows` / `cols` only (read from the checkpoint as such)."""
+            if rows is None and cols is None:
+                return self.weight(checked(name, shape))
+            index = (rows or slice(None),) if cols is None else (rows or slice(None), cols)
+            return state[checked(name, shape)][index].to(device=device, dtype=dtype).contiguous()
+
+        def fused(name: str, parts: list[tuple[int, slice | None]], *shape: int) -> torch.Tensor:
+            """A fused projection `name` of stacked parts (each: its row count, this rank's rows of
+            it or None for all): this rank's rows of every part, stacked."""
+            if all(rows is None for _, rows in parts):
+                return w(name, *shape)
+            taken, start = [], 0
+            for size, rows in parts:
+                taken.append(w(name, *shape, rows=slice(start + rows.start, start + rows.stop)))
+                start += size
+            return torch.cat(taken)
 
         def norm(name: str, size: int = hidden) -> torch.Tensor:
             if not c.norm_offset:
@@ -162,7 +192,10 @@ class TransformerDecoder(DecoderModel):
 
         self.embed = w(n.embed, c.vocab_size, hidden)
         tied = c.tie_word_embeddings or n.lm_head not in state
-        self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden))
+        if tp is None:
+            self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden))
+        else:
+            self._set_parallel_head(self.embed if tied else state[checked(n.lm_head, (c.vocab_size, hidden))])
         self.final_norm = norm(n.final_norm)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.
@@ -171,21 +204,24 @@ class TransformerDecoder(DecoderModel):
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
+            qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
             if n.qkv:
-                qkv_w = w(p + n.qkv + ".weight", q_rows + 2 * kv_rows, hidden)
+                qkv_w = fused(p + n.qkv + ".weight", qkv_parts, q_rows + 2 * kv_rows, hidden)
             else:
-                qkv_w = torch.cat([w(p + n.q + ".weight", q_rows, hidden), w(p + n.k + ".weight", kv_rows, hidden),
-                                   w(p + n.v + ".weight", kv_rows, hidden)])
+                qkv_w = torch.cat([w(p + n.q + ".weight", q_rows, hidden, rows=q_part),
+                                   w(p + n.k + ".weight", kv_rows, hidden, rows=kv_part),
+                                   w(p + n.v + ".weight", kv_rows, hidden, rows=kv_part)])
             qkv_b = None
             if c.qkv_bias:
-                qkv_b = (w(p + n.qkv + ".bias", q_rows + 2 * kv_rows) if n.qkv else
-                         torch.cat([w(p + n.q + ".bias", q_rows), w(p + n.k + ".bias", kv_rows),
-                                    w(p + n.v + ".bias", kv_rows)]))
+                qkv_b = (fused(p + n.qkv + ".bias", qkv_parts, q_rows + 2 * kv_rows) if n.qkv else
+                         torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
+                                    w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
             inter = c.intermediate_size
             if n.gate_up:
-                gate_up_w = w(p + n.gate_up + ".weight", 2 * inter, hidden)
+                gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
             else:
-                gate_up_w = torch.cat([w(p + n.gate + ".weight", inter, hidden), w(p + n.up + ".weight", inter, hidden)])
+                gate_up_w = torch.cat([w(p + n.gate + ".weight", inter, hidden, rows=mlp_part),
+                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight"),
@@ -193,16 +229,32 @@ class TransformerDecoder(DecoderModel):
                 qkv_b=qkv_b,
                 q_norm=norm(p + n.q_norm + ".weight", head) if c.qk_norm else None,
                 k_norm=norm(p + n.k_norm + ".weight", head) if c.qk_norm else None,
-                o_w=w(p + n.o + ".weight", hidden, q_rows),
+                o_w=w(p + n.o + ".weight", hidden, q_rows, cols=q_part),
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
                 mlp_norm=norm(p + n.mlp_norm + ".weight"),
                 gate_up_w=gate_up_w,
-                down_w=w(p + n.down + ".weight", hidden, inter),
+                down_w=w(p + n.down + ".weight", hidden, inter, cols=mlp_part),
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
                 window=window,
                 local=window is not None and self.local_cos_sin is not None,
             ))
         self.activation = GATED_ACTIVATIONS[c.activation]
+        if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
+            self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
+                                  intermediate_size=c.intermediate_size // tp.world)
+
+    def _set_parallel_head(self, weight) -> None:
+        """This rank's rows of the vocabulary head: the vocabulary padded to a multiple of 64 per
+        rank (see set_output_head) and split; rows past the vocabulary are zeros. `weight`: the
+        whole head on the device (tied to the embedding) or the checkpoint's, read in part."""
+        tp, (vocab, hidden) = self.tp, tuple(weight.shape)
+        per_rank = -(-vocab // (64 * tp.world)) * 64
+        start = tp.rank * per_rank
+        stop = min(start + per_rank, vocab)
+        head = torch.zeros(per_rank, hidden, device=self.device, dtype=self.dtype)
+        if stop > start:
+            head[: stop - start] = weight[start:stop].to(device=self.device, dtype=self.dtype)
+        self.vocab_size, self.output_head = vocab, head
 
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
@@ -233,10 +285,14 @@ class TransformerDecoder(DecoderModel):
             ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
                                   softcap=c.attn_softcap)
             h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+            if self.tp is not None:  # each rank's heads' share of the projection, summed
+                self.tp.all_reduce(h)
             mlp_pre = kernels.PreNorm(layer.mlp_norm, None, eps, residual=residual, sum_out=torch.empty_like(residual),
                                       x_norm=layer.attn_post_norm)
             x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
                                    layer.down_w)
+            if self.tp is not None:
+                self.tp.all_reduce(x)
             residual = mlp_pre.sum_out
             if li + 1 < len(self.layers):
                 pre = kernels.PreNorm(self.layers[li + 1].attn_norm, None, eps, residual=residual,

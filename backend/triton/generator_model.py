@@ -13,6 +13,7 @@ from pathlib import Path
 from tritonformer.backend.triton import inputs
 from tritonformer.backend.decoder.build import EngineOptions, build_engine
 from tritonformer.backend.decoder.warm_up import warm_up
+from tritonformer.backend.parallel.workers import ShardSource, start_ranks
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.decoder.outputs import ResponseOptions
@@ -41,6 +42,7 @@ PARAMETERS = {
     "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",
     "dtype": "auto",
+    "tensor_parallel_size": "1",  # GPUs the model is split over: this instance's GPU and the next ones
     "max_model_len": "auto",  # longest sequence (prompt + output) served; auto: the checkpoint's max_position_embeddings
     # The engine's settings, defaults from EngineOptions (one place for them).
     "max_running_sequences": str(_ENGINE.max_running_sequences),
@@ -56,6 +58,7 @@ PARAMETERS = {
     "cancel_check_interval_ms": str(round(_ENGINE.cancel_check_interval_s * 1000)),
     "stream_interval": str(_ENGINE.stream_interval),  # tokens per streamed response; pending pieces coalesce when sending lags
     "max_stream_responses_per_s": str(_ENGINE.max_stream_responses_per_s),  # all streams: under load pieces grow
+    "prefix_caching": str(_ENGINE.prefix_caching).lower(),  # reuse the KV blocks of prompt prefixes already computed
 }
 
 log = logging.getLogger("tritonformer")
@@ -70,7 +73,15 @@ class TritonPythonModel:
         p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint, GENERATOR_CHECKPOINTS)
 
         max_model_len = None if p.str("max_model_len") == "auto" else p.int("max_model_len", minimum=2)
-        model = load_decoder(load_config(checkpoint), checkpoint_weights(p, checkpoint), device, dtype, max_model_len)
+        self.workers = None
+        size = p.int("tensor_parallel_size")
+        if size > 1:  # this process is rank 0; the workers load their shares meanwhile
+            source = ShardSource(str(checkpoint), load_config(checkpoint), str(dtype).removeprefix("torch."),
+                                 device.type, device.index or 0, max_model_len)
+            model, self.workers = start_ranks(source, size)
+        else:
+            model = load_decoder(load_config(checkpoint), checkpoint_weights(p, checkpoint), device, dtype,
+                                 max_model_len)
         self.config = model.config
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens_limit = p.int("max_tokens_limit")
@@ -90,9 +101,12 @@ class TritonPythonModel:
             cancel_check_interval_s=p.int("cancel_check_interval_ms", minimum=0) / 1000.0,
             stream_interval=p.int("stream_interval"),
             max_stream_responses_per_s=p.int("max_stream_responses_per_s"),
+            prefix_caching=p.choice("prefix_caching", ("true", "false")) == "true",
         )
         # Built before the warm-up: a bad parameter fails the load at once.
-        self.engine = build_engine(model, self.tokenizer, self.sink, options, stats=self.metrics)
+        self.engine = build_engine(model, self.tokenizer, self.sink, options, stats=self.metrics, workers=self.workers)
+        if self.workers is not None:
+            self.workers.on_failure = self._rank_failed
         warm_up(self.engine)  # kernel compilation and graph capture before READY, not on a request
         self.engine.report_occupancy()  # the KV gauges show the empty pool from the start
         self.engine.start()
@@ -149,7 +163,15 @@ class TritonPythonModel:
         )
         return prompt_ids, params, stream, options
 
+    def _rank_failed(self, problem: str) -> None:
+        """A tensor-parallel worker died or failed: the model cannot run any more."""
+        log.error("tensor-parallel rank failed, the generator stops serving: %s", problem)
+        self.engine.fail(RuntimeError(f"the generator's tensor-parallel rank failed ({problem}); "
+                                      f"restart the model"))
+
     def finalize(self):
+        if self.workers is not None:
+            self.workers.stop()
         self.engine.stop()
         self.sink.close()
         self.metrics.close()

@@ -16,7 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonformer.backend.device import DTYPE_CHOICES, pick_device, pick_dtype
-from tritonformer.backend.engine_loop import Overloaded, RequestCancelled, RequestTimedOut, ShuttingDown
+from tritonformer.backend.engine_loop import EngineFailed, Overloaded, RequestCancelled, RequestTimedOut, ShuttingDown
 from tritonformer.backend.triton.params import ModelParameters
 from tritonformer.backend.responses import coalesce, first_pieces_first
 from tritonformer.backend.errors import InvalidRequest, ModelNotConfigured
@@ -28,7 +28,7 @@ _STOP = object()
 def error_code(error: Exception) -> int:
     if isinstance(error, InvalidRequest):
         return pb_utils.TritonError.INVALID_ARG
-    if isinstance(error, (Overloaded, ShuttingDown, RequestTimedOut, ModelNotConfigured)):
+    if isinstance(error, (Overloaded, ShuttingDown, RequestTimedOut, ModelNotConfigured, EngineFailed)):
         return pb_utils.TritonError.UNAVAILABLE  # HTTP 503 / gRPC UNAVAILABLE: retry later
     if isinstance(error, RequestCancelled):
         return pb_utils.TritonError.CANCELLED

@@ -45,6 +45,9 @@ GENERATOR_METRICS = {
     "tritonformer_prompt_queue_seconds": ("HISTOGRAM", "Arrival to the first iteration that runs the prompt (part of the time to first token)", _SECONDS_BUCKETS),
     "tritonformer_time_per_output_token_seconds": ("HISTOGRAM", "Mean time between output tokens, per request", _SECONDS_BUCKETS),
     "tritonformer_generated_tokens_total": ("COUNTER", "Output tokens generated", None),
+    "tritonformer_prefix_cache_queries_total": ("COUNTER", "Sequences whose prompt was looked up in the prefix cache when they joined", None),
+    "tritonformer_prefix_cache_hits_total": ("COUNTER", "Prefix-cache lookups that reused at least one KV block", None),
+    "tritonformer_prefix_cache_hit_tokens_total": ("COUNTER", "Prompt tokens taken from the prefix cache instead of computed", None),
 }
 
 
@@ -131,6 +134,7 @@ class GeneratorMetrics(_Publisher):
         self._preempted = 0
         self._occupancy: tuple | None = None
         self._requests: list[tuple] = []
+        self._prefix_cache = [0, 0, 0]  # queries, hits, hit tokens since the last flush
         self._flush_queued = False
 
     def iteration_done(self, tokens: int, preempted: int) -> None:
@@ -156,9 +160,10 @@ class GeneratorMetrics(_Publisher):
 
     def _flush(self, m) -> None:
         with self._lock:
-            iterations, tokens, preempted, occupancy, requests = (
-                self._iterations, self._iteration_tokens, self._preempted, self._occupancy, self._requests)
-            self._iterations, self._iteration_tokens, self._preempted = 0, [], 0
+            iterations, tokens, preempted, occupancy, requests, prefix_cache = (
+                self._iterations, self._iteration_tokens, self._preempted, self._occupancy, self._requests,
+                self._prefix_cache)
+            self._iterations, self._iteration_tokens, self._preempted, self._prefix_cache = 0, [], 0, [0, 0, 0]
             self._occupancy, self._requests, self._flush_queued = None, [], False
         # Gauges first: a scrape that sees a finished request counted also sees the state
         # after it (the engine reports occupancy before the request).
@@ -172,6 +177,9 @@ class GeneratorMetrics(_Publisher):
                 m["tritonformer_iteration_tokens"].observe(n)
         if preempted:
             m["tritonformer_preemptions_total"].increment(preempted)
+        for name, n in zip(("queries", "hits", "hit_tokens"), prefix_cache):
+            if n:
+                m[f"tritonformer_prefix_cache_{name}_total"].increment(n)
         for ttft, tpot, output_tokens, queue_wait in requests:
             if queue_wait is not None:
                 m["tritonformer_prompt_queue_seconds"].observe(queue_wait)
@@ -187,4 +195,14 @@ class GeneratorMetrics(_Publisher):
             return
         with self._lock:
             self._requests.append((ttft, tpot, output_tokens, queue_wait))
+            self._queue_flush()
+
+    def prefix_cache_lookups(self, queries: int, hits: int, hit_tokens: int) -> None:
+        if not self._metrics:
+            return
+        with self._lock:
+            counts = self._prefix_cache
+            counts[0] += queries
+            counts[1] += hits
+            counts[2] += hit_tokens
             self._queue_flush()

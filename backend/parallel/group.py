@@ -1,0 +1,75 @@
+"""The ranks of one tensor-parallel model and the collectives its forward needs (Megatron-LM's
+split): column-parallel QKV and gate/up projections, row-parallel output and down projections
+with one all-reduce after each, a vocabulary-parallel output head whose logits are gathered.
+
+NCCL between GPUs (its calls are captured in the decode CUDA graphs like any kernel), gloo on
+the CPU so the split is testable without a GPU.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+# torch >= 2.12 renamed it (the old name warns there)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def free_address() -> str:
+    """A TCP rendezvous address on this host that nothing listens on yet."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+class TensorParallelGroup:
+    """This process's rank among `world` ranks of one model."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank = rank
+        self.world = world
+
+    @classmethod
+    def join(cls, rank: int, world: int, address: str, device: torch.device) -> "TensorParallelGroup":
+        """Join the group at `address` (every rank calls this; it returns when all have)."""
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        # A generous timeout: ranks compile kernels at different speeds during warm-up. A dead
+        # rank is found by the workers' monitor (workers.py), not by this timeout.
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(minutes=30),
+                                device_id=device if device.type == "cuda" else None)
+        return cls(rank, world)
+
+    def part(self, n: int, what: str) -> slice:
+        """This rank's contiguous share of `n` items (heads, rows); they must divide evenly."""
+        if n % self.world:
+            raise ValueError(f"{what} ({n}) do not divide by tensor_parallel_size {self.world}")
+        size = n // self.world
+        return slice(self.rank * size, (self.rank + 1) * size)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place (the partial outputs of a row-parallel linear)."""
+        dist.all_reduce(x)
+        return x
+
+    def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """`[rows, n]` on every rank -> `[rows, world * n]`, rank r's columns at r * n: the
+        vocabulary-parallel head's logits, whole on every rank (each samples the same ids)."""
+        rows, n = x.shape
+        out = x.new_empty(self.world * rows, n)
+        _all_gather(out, x.contiguous())
+        return out.view(self.world, rows, n).permute(1, 0, 2).reshape(rows, self.world * n)
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` on every rank, in place (sampled ids: only rank 0 samples)."""
+        dist.broadcast(x, src=0)
+        return x
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
