@@ -22,9 +22,12 @@ def http_post(server, path: str, body: dict, timeout: float = 120.0) -> tuple[in
         return status, raw
 
 
-def grpc_stream(server, model: str, inputs: dict, timeout: float = 120.0) -> tuple[list, str | None]:
+def grpc_stream(server, model: str, inputs: dict, timeout: float = 120.0,
+                until_final: bool = False) -> tuple[list, str | None]:
     """Send one request over gRPC streaming with raw numpy inputs {name: (array, triton_dtype)}.
-    Returns (results until the one carrying finish_reason, error message or None)."""
+    Returns (results until the one carrying finish_reason, error message or None). With
+    `until_final`, as Triton's OpenAI frontend reads a stream: every result with outputs up to
+    the response flagged final (an empty final response asked for)."""
     import queue
 
     import tritonclient.grpc as grpcclient
@@ -39,11 +42,17 @@ def grpc_stream(server, model: str, inputs: dict, timeout: float = 120.0) -> tup
     results = []
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(model, tensors)
+        client.async_stream_infer(model, tensors, enable_empty_final_response=until_final)
         while True:
             result, error = responses.get(timeout=timeout)
             if error is not None:
                 return results, str(error)
+            if until_final:
+                if result.as_numpy("text_output") is not None:
+                    results.append(result)
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    return results, None
+                continue
             results.append(result)
             if result.as_numpy("finish_reason") is not None:
                 return results, None

@@ -29,6 +29,8 @@ FAMILIES = [
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"
+# The Llama checkpoint again, split over two ranks (processes started from Triton's stub; gloo here).
+SPLIT = ("gen_llama31_tp2", "gen_llama31")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,13 @@ def family_server(tmp_path_factory, smollm2_dir, gemma3_270m_dir):
         config = re.sub(r'(key: "kv_cache_tokens" value: \{ string_value: )"auto"', r'\1"2048"', config)
         (model_dir / "config.pbtxt").write_text(config)
         hf_models[name] = hf
+        if name == SPLIT[1]:
+            split_dir = repo / SPLIT[0]
+            shutil.copytree(model_dir, split_dir)
+            config = config.replace(f'name: "{name}"', f'name: "{SPLIT[0]}"')
+            config = re.sub(r'(key: "tensor_parallel_size" value: \{ string_value: )"1"', r'\1"2"', config)
+            (split_dir / "config.pbtxt").write_text(config)
+            hf_models[SPLIT[0]] = hf
     # The real Gemma 3 270M, chosen by its documented name.
     model_dir = repo / REAL_GEMMA
     shutil.copytree(REPO / "model_repository" / "generator", model_dir, ignore=shutil.ignore_patterns("__pycache__"))
@@ -75,13 +84,13 @@ def family_server(tmp_path_factory, smollm2_dir, gemma3_270m_dir):
     server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     server.start()
     try:
-        server.wait_ready([name for name, _, _ in FAMILIES] + [REAL_GEMMA], timeout=600)
+        server.wait_ready([name for name, _, _ in FAMILIES] + [REAL_GEMMA, SPLIT[0]], timeout=600)
         yield server, hf_models
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES] + [SPLIT[0]])
 def test_family_served_greedy_equals_hf(family_server, name):
     server, hf_models = family_server
     hf = hf_models[name]

@@ -7,10 +7,10 @@ the first response, num_output_tokens summed over a stream, the logprobs JSON; p
 from __future__ import annotations
 
 import json
-import queue
 
 import numpy as np
 import pytest
+from helpers import grpc_stream
 
 pytestmark = pytest.mark.server
 
@@ -48,31 +48,7 @@ def frontend_request(prompt: str, stream: bool, chat: bool, echo: bool | None = 
 
 def infer(server, inputs: dict, timeout: float = 120.0) -> tuple[list, str | None]:
     """Every response of one request over gRPC streaming, up to the one flagged final."""
-    import tritonclient.grpc as grpcclient
-
-    responses: queue.Queue = queue.Queue()
-    tensors = []
-    for name, (array, dtype) in inputs.items():
-        t = grpcclient.InferInput(name, list(array.shape), dtype)
-        t.set_data_from_numpy(array)
-        tensors.append(t)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    results = []
-    try:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer("generator", tensors, enable_empty_final_response=True)
-        while True:
-            result, error = responses.get(timeout=timeout)
-            if error is not None:
-                return results, str(error)
-            final = result.get_response().parameters["triton_final_response"].bool_param
-            if result.as_numpy("text_output") is not None:
-                results.append(result)
-            if final:
-                return results, None
-    finally:
-        client.stop_stream()
-        client.close()
+    return grpc_stream(server, "generator", inputs, timeout, until_final=True)
 
 
 def text(results) -> str:

@@ -18,7 +18,8 @@ PYTHON_VERSION=${PYTHON_VERSION:-3.12}
 OUT=.gpu-carry/openai
 PIP=${PIP:-.venv/bin/python -m pip}
 PACKAGES="fastapi starlette uvicorn httptools pydantic pydantic_core annotated-types annotated-doc
-  typing-inspection typing_extensions anyio sniffio idna h11 click tritonclient grpcio protobuf python-rapidjson"
+  typing-inspection typing_extensions anyio sniffio idna h11 click tritonclient grpcio protobuf python-rapidjson
+  opentelemetry-api"  # fastapi >= 0.16x imports opentelemetry (its telemetry module) at start-up
 
 if ! git check-ignore -q "$OUT/x"; then
     echo "error: $OUT is not git-ignored (.gpu-carry/ should be)" >&2
