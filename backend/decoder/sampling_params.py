@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tritonformer.backend.errors import InvalidRequest
 
@@ -53,7 +54,7 @@ class SamplingParams:
         """The pick is the largest (processed) logit: no randomness."""
         return self.temperature == 0.0 or self.top_k == 1
 
-    @property
+    @cached_property  # read for every row of every launch; fields are set only while parsing
     def greedy(self) -> bool:
         """The argmax of the model's raw logits is the whole answer: the fast path (a decode
         graph's own argmax), with nothing to process and no log-probabilities to report."""
