@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +188,7 @@ class WorkerPool:
                     if self.on_failure is not None:
                         self.on_failure(problem)
                     return
-            threading.Event().wait(POLL_S)
+            time.sleep(POLL_S)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the workers to leave, then make sure they did: no process outlives the model."""

@@ -170,9 +170,10 @@ class TritonPythonModel:
                                       f"restart the model"))
 
     def finalize(self):
+        self.engine.stop()  # first: its last iterations still need the workers
         if self.workers is not None:
             self.workers.stop()
-        self.engine.stop()
+            self.engine.runner.model.tp.leave()
         self.sink.close()
         self.metrics.close()
 
