@@ -179,3 +179,36 @@ def test_two_gpus_give_the_tokens_and_logits_of_one(tmp_path, family):
     cos = torch.nn.functional.cosine_similarity(logits_two.float(), logits_one.float(), dim=-1)
     assert cos.min() >= 0.999, cos
     assert [t[:8] for t in tokens_two] == [t[:8] for t in tokens_one]
+
+
+def test_a_frozen_rank_is_noticed_by_its_silent_heartbeat(tmp_path):
+    """A worker that stops (SIGSTOP: alive, but running nothing) leaves rank 0 in a collective
+    for ever; its heartbeat goes silent and every request is answered all the same."""
+    import os
+    import signal
+
+    from tritonformer.backend.parallel.workers import SILENCE_S
+
+    folder = _checkpoint(tmp_path, "llama-3.1-8b")
+    model, workers = start_ranks(ShardSource(str(folder), load_config(folder), "float32", "cpu", 0), 2)
+    sink = Answers()
+    options = EngineOptions(max_running_sequences=8, max_tokens_per_iteration=64, kv_cache_tokens="4096",
+                            kv_block_size=8, cuda_graphs=False)
+    engine = build_engine(model, _Ids(), sink, options, workers=workers)
+    failures = []
+    workers.on_failure = lambda problem: (failures.append(problem), engine.fail(RuntimeError(problem)))
+    engine.start()
+    try:
+        for i in range(4):
+            engine.submit(engine.new_sequence(i, PROMPTS[i], SamplingParams(max_tokens=200, ignore_eos=True), True))
+        time.sleep(0.3)
+        stopped = time.monotonic()
+        os.kill(workers.processes[0].pid, signal.SIGSTOP)
+        while (len(sink.final) < 4 or not failures) and time.monotonic() < stopped + SILENCE_S + 5:
+            time.sleep(0.1)
+        assert failures and "no heartbeat" in failures[0], failures
+        assert sorted(sink.final) == list(range(4)) and all(e is not None for e, _ in sink.final.values())
+    finally:
+        workers.stop()  # kills the stopped worker: rank 0's collective then fails and returns
+        engine.stop(timeout=5.0)
+        model.tp.leave()

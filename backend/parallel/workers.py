@@ -8,9 +8,11 @@ forward (group.py) keep the ranks in step; the workers decide nothing. Sampled i
 workers by broadcast from rank 0 (DecoderRunner's sampling), so every rank feeds the same tokens
 to the next iteration; greedy decode graphs take the argmax of the gathered logits on every rank.
 
-A worker that dies, or fails, is noticed by a monitor thread within a fraction of a second:
+A worker that dies or fails is noticed by a monitor thread within a fraction of a second, one
+that freezes (stopped, its interpreter hung) when its heartbeat has been silent for SILENCE_S:
 `on_failure` is called with what happened (the glue fails the engine, refuses new requests and
-reports the model unhealthy).
+reports the model unhealthy). The heartbeat comes from a thread of its own, so a long first-use
+compilation in the worker never trips it.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import torch
 from tritonformer.backend.parallel.group import TensorParallelGroup
 
 POLL_S = 0.2  # how often the monitor looks at the workers
+BEAT_S = 0.5  # a worker's heartbeat: sent by a thread of its own, so compiling never holds it up
+SILENCE_S = 5.0  # a worker unheard of this long is frozen (stopped, or its interpreter hung)
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,34 @@ class _Broadcasts:
         raise AssertionError("a worker rank does not sample")
 
 
+class _SharedPipe:
+    """A worker's end of its pipe, sent on by two threads (the calls' answers, the heartbeat)."""
+
+    def __init__(self, conn):
+        self._conn, self._lock = conn, threading.Lock()
+        self.recv = conn.recv
+
+    def send(self, message) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+
+def _beat(pipe: _SharedPipe) -> None:
+    """Tell rank 0 every BEAT_S that this process still runs Python (see SILENCE_S)."""
+    while True:
+        time.sleep(BEAT_S)
+        try:
+            pipe.send(("beat", None))
+        except (OSError, EOFError):
+            return
+
+
 def worker_main(source: ShardSource, rank: int, world: int, address: str, conn) -> None:
     """A worker's life: load, build its runner when rank 0 says how, then run rank 0's calls."""
     from tritonformer.backend.decoder.runner import DecoderRunner
 
+    conn = _SharedPipe(conn)
+    threading.Thread(target=_beat, args=(conn,), name="tritonformer-heartbeat", daemon=True).start()
     tp = None
     try:
         model, tp = load_rank(source, rank, world, address)
@@ -150,6 +178,8 @@ class WorkerPool:
                 if not self.processes[rank - 1].is_alive():
                     raise RuntimeError(f"tensor-parallel rank {rank} exited (code {self.processes[rank - 1].exitcode})")
             kind, detail = conn.recv()
+            while kind == "beat":
+                kind, detail = conn.recv()
             if kind != expected:
                 raise RuntimeError(f"tensor-parallel rank {rank} failed:\n{detail}")
 
@@ -169,8 +199,9 @@ class WorkerPool:
         return self.failure is None and all(p.is_alive() for p in self.processes)
 
     def _watch(self) -> None:
-        """Notice a worker that died or reported an error (it would leave rank 0 waiting in a
-        collective for ever): record it and tell `on_failure`, once."""
+        """Notice a worker that died, reported an error or went silent (it would leave rank 0
+        waiting in a collective for ever): record it and tell `on_failure`, once."""
+        heard = [time.monotonic()] * len(self.processes)
         while not self._stopping:
             for rank, (proc, conn) in enumerate(zip(self.processes, self._conns), start=1):
                 problem = None
@@ -178,11 +209,15 @@ class WorkerPool:
                     problem = f"rank {rank} exited (code {proc.exitcode})"
                 else:
                     try:
-                        if conn.poll():
+                        while problem is None and conn.poll():
                             kind, detail = conn.recv()
+                            heard[rank - 1] = time.monotonic()
                             problem = f"rank {rank}: {detail}" if kind == "error" else None
                     except (EOFError, OSError):
                         problem = f"rank {rank} closed its pipe"
+                    silent = time.monotonic() - heard[rank - 1]
+                    if problem is None and silent > SILENCE_S:
+                        problem = f"rank {rank} stopped answering (no heartbeat for {silent:.1f} s)"
                 if problem and not self._stopping:
                     self.failure = problem
                     if self.on_failure is not None:
