@@ -13,7 +13,9 @@
 # tools/gpu/profile_gpu_kernels.py); "dp" (not a default) times the DP batcher's decision on this
 # host's CPU (tools/time_dp_decision.py); "ffn" (not a default) sweeps the fused many-row FFN
 # GEMM's tiles and the packed attention's launch configurations (tools/gpu/time_ffn_gemm.py,
-# tools/gpu/tune_prefill_attention.py). The other measurements: tools/README.md.
+# tools/gpu/tune_prefill_attention.py); "tp" (not a default; 2+ GPUs) runs the tensor-parallel GPU
+# tests and `bench tensor-parallel` on the Llama-3.1-8B (TP 1 and 2) and 70B (TP 2) shapes. The other
+# measurements: tools/README.md.
 set -uo pipefail
 PARTS=${PARTS:-tests runtime decoder}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -32,7 +34,8 @@ if want tests; then
     tests/test_kernels_paged_attention.py tests/test_kernels_out_param.py tests/test_models_gpu.py \
     tests/test_kernels_triton_pooling.py tests/test_kernels_small_gemm.py tests/test_kernels_prenorm_linear.py \
     tests/test_kernels_gemv.py tests/test_sampling.py tests/test_kernels_triton_sampling.py \
-    tests/test_kernels_triton_decode_steps.py \
+    tests/test_kernels_triton_decode_steps.py tests/test_kernels_triton_rotary.py tests/test_modernbert.py \
+    tests/test_encoder_heads_gpu.py tests/test_sampling_options.py tests/test_prefix_cache.py \
     tests/test_decoder_runner_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
@@ -85,4 +88,14 @@ if want ffn; then
   ffn_rc=$(( ffn_rc || PIPESTATUS[0] ))
 fi
 echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc families rc=$families_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc ffn rc=$ffn_rc"
-exit $(( tests_rc || bench_rc || decoder_rc || families_rc || policies_rc || profile_rc || dp_rc || ffn_rc ))
+tp_rc=0
+if want tp; then  # a machine of 2 or more GPUs: the split against one GPU, then the 70B shape split
+  python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_tensor_parallel.py 2>&1 | tee "$OUT/tp-tests.log"
+  tp_rc=${PIPESTATUS[0]}
+  python3 -m tritonformer.client.cli bench tensor-parallel --model llama-3.1-8b --sizes 1,2 --batches 1,64 \
+    --json "$OUT/tp_8b.json" 2>&1 | tee "$OUT/tp_8b.log"
+  python3 -m tritonformer.client.cli bench tensor-parallel --model llama-3.1-70b --sizes 2 --batches 1,64 \
+    --json "$OUT/tp_70b.json" 2>&1 | tee "$OUT/tp_70b.log"
+  tp_rc=$(( tp_rc || PIPESTATUS[0] ))
+fi
+exit $(( tests_rc || bench_rc || decoder_rc || families_rc || policies_rc || profile_rc || dp_rc || ffn_rc || tp_rc ))
