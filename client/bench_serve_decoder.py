@@ -29,6 +29,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly, forward_ms, submit, sync,
+                                               timed_decode_steps)
 from tritonformer.client.gpu_measure import copy_bandwidth, matmul_peak_tflops, prefill_flops, read_bytes_per_step
 
 
@@ -51,30 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first token of a 2,000-token prompt; instead of the GPT-2 / Llama-1B parts")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     parser.add_argument("--json", help="also write the results here")
-
-
-class _CountingSink:
-    """Collects final responses only (the benchmark asks for whole completions)."""
-
-    def __init__(self):
-        self.finished = 0
-        self.errors: list = []
-
-    def send(self, handle, outputs, error, final):
-        if final:
-            self.finished += 1
-        if error is not None:
-            self.errors.append(error)
-
-    def is_cancelled(self, handle):
-        return False
-
-
-class _IdsOnly:
-    """The random-weight models have no tokenizer; HF's baselines return ids, so do we."""
-
-    def decode(self, ids) -> str:
-        return ""
 
 
 def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
@@ -101,8 +79,8 @@ def engine_for(model, max_running: int, token_budget: int, kv_fraction: float = 
                             cancel_check_interval_s=3600)
     if prefix_caching is not None:
         options = replace(options, prefix_caching=prefix_caching)
-    sink = _CountingSink()
-    engine = build_engine(model, _IdsOnly(), sink, options)
+    sink = CountingSink()
+    engine = build_engine(model, IdsOnly(), sink, options)
     engine.runner.warm_up()
     freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
     return engine, sink
@@ -123,27 +101,12 @@ def random_engine(name: str, device, dtype=None, max_running: int = 256, token_b
     return engine, hf_model.config.vocab_size
 
 
-def _submit(engine, trace) -> None:
-    from tritonformer.backend.decoder.sampling_params import SamplingParams
-
-    seqs = [engine.new_sequence(i, r.prompt_ids, SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True), False)
-            for i, r in enumerate(trace)]
-    engine.admit(seqs)
-
-
-def _sync(engine) -> None:
-    import torch
-
-    if engine.runner.model.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run_ours(engine, sink, trace) -> dict:
     """All requests at once; iterations until every one finished. Useful tokens/s and the mean
     share of reserved KV blocks in use."""
-    _submit(engine, trace)
+    submit(engine, trace)
     used, iterations, preempted_before = [], 0, engine.scheduler.num_preemptions
-    _sync(engine)
+    sync(engine)
     t0 = time.perf_counter()
     while engine.has_work():
         engine.step()
@@ -153,7 +116,7 @@ def run_ours(engine, sink, trace) -> dict:
         if held:
             used.append(cached / (held * blocks.block_size))
         iterations += 1
-    _sync(engine)
+    sync(engine)
     seconds = time.perf_counter() - t0
     useful = sum(r.max_new_tokens for r in trace)
     if sink.errors or sink.finished < len(trace):
@@ -162,9 +125,6 @@ def run_ours(engine, sink, trace) -> dict:
     return {"useful_tokens": useful, "seconds": seconds, "tok_per_s": useful / seconds, "iterations": iterations,
             "kv_token_utilisation": float(np.mean(used)) if used else 0.0,
             "preemptions": engine.scheduler.num_preemptions - preempted_before}
-
-
-WARM_STEPS = 8  # decode steps before the timed ones: the switch from prefill, the first replays
 
 
 def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> tuple:
@@ -180,62 +140,12 @@ def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, v
     # several iterations may pass `steps`.
     margin = 2 * engine.scheduler.max_decode_steps + 16
     trace = fixed_trace(context, WARM_STEPS + steps + margin, batch, seed=1, vocab_size=vocab)
-    _submit(engine, trace)
-    prefill_until_decoding(engine)
-    first = engine.scheduler.running[0]  # all decode in step: one sequence counts the iterations
-    _iterate(engine, first, WARM_STEPS)
-    _sync(engine)
-    start = first.num_computed
-    marks, counts = [time.perf_counter()], []
-    while first.num_computed - start < steps:
-        if first.finish_reason is not None:
-            raise RuntimeError("the counting sequence finished before the timed iterations did")
-        before = first.num_computed
-        engine.step()
-        marks.append(time.perf_counter())
-        counts.append(first.num_computed - before)
-    _sync(engine)
-    ms = (time.perf_counter() - marks[0]) / (first.num_computed - start) * 1e3
-    each = np.diff(marks) * 1e3 / np.maximum(counts, 1)
-    forward = _forward_ms(engine)
+    submit(engine, trace)
+    ms, each = timed_decode_steps(engine, steps)
+    forward = forward_ms(engine)
     while engine.has_work():
         engine.step()
     return ms, forward, each
-
-
-def _iterate(engine, seq, n: int) -> None:
-    """Step until `seq` has run n more iterations."""
-    target = seq.num_computed + n
-    while seq.num_computed < target:
-        engine.step()
-
-
-def prefill_until_decoding(engine) -> None:
-    """Step until every submitted sequence is past its prompt and decoding."""
-    while any(s.num_computed < s.num_tokens - 1 or not s.output_ids for s in engine.scheduler.running) \
-            or engine.scheduler.waiting:
-        engine.step()
-
-
-def decode_entries(engine) -> list:
-    """The running sequences' current decode iteration as runner entries; running them again
-    rewrites the same cache slots with the same values, so they can be replayed for timing."""
-    from tritonformer.backend.decoder.batch import BatchEntry
-
-    return [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True)
-            for s in engine.scheduler.running]
-
-
-def _forward_ms(engine, repeats: int = 50) -> float:
-    """The model's part of a decode iteration alone (graph replay on a GPU)."""
-    entries = decode_entries(engine)
-    engine.runner.run(entries)
-    _sync(engine)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        engine.runner.run(entries)
-    _sync(engine)
-    return (time.perf_counter() - t0) / repeats * 1e3
 
 
 def _weight_bytes(model) -> int:
@@ -251,12 +161,12 @@ def time_to_first_token_ms(engine, sink, prompt_tokens: int, vocab: int, repeats
     for _ in range(repeats + 1):  # the first one warms this prompt length's kernels
         prompt = rng.integers(0, min(vocab, 30000), prompt_tokens).tolist()
         seq = engine.new_sequence(0, prompt, SamplingParams(max_tokens=1, ignore_eos=True), False)
-        _sync(engine)
+        sync(engine)
         t0 = time.perf_counter()
         engine.admit([seq])
         while engine.has_work():
             engine.step()
-        _sync(engine)
+        sync(engine)
         times.append((time.perf_counter() - t0) * 1e3)
     sink.finished = 0
     return float(np.median(times[1:]))
@@ -286,7 +196,7 @@ def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
 
     cache = engine.scheduler.prefix_cache
     before = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
-    _sync(engine)
+    sync(engine)
     t0 = time.perf_counter()
     if rate > 0:
         seqs, start = [], time.monotonic()
@@ -306,7 +216,7 @@ def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
         engine.admit(seqs)
         while engine.has_work():
             engine.step()
-    _sync(engine)
+    sync(engine)
     seconds = time.perf_counter() - t0
     if sink.errors or sink.finished < len(trace):
         raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")

@@ -17,10 +17,8 @@ import json
 import sys
 import time
 
+from tritonformer.client.engine_drive import WARM_STEPS, CountingSink, IdsOnly, timed_decode_steps
 from tritonformer.client.gpu_measure import copy_bandwidth, read_bytes_per_step
-
-WARM_STEPS = 8
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="llama-3.1-8b", help="comma-separated published shapes")
@@ -30,20 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=48, help="timed decode iterations")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     parser.add_argument("--json", help="also write the results here")
-
-
-class _Sink:
-    def send(self, handle, outputs, error, final):
-        if error is not None:
-            raise RuntimeError(error)
-
-    def is_cancelled(self, handle):
-        return False
-
-
-class _Ids:
-    def decode(self, ids, **kwargs) -> str:
-        return " ".join(map(str, ids))
 
 
 def build(name: str, size: int, dtype: str, max_running: int):
@@ -65,16 +49,15 @@ def build(name: str, size: int, dtype: str, max_running: int):
         model, workers = start_ranks(source, size)
     options = EngineOptions(max_running_sequences=max_running, max_tokens_per_iteration=4096,
                             kv_cache_memory_fraction=0.5, cancel_check_interval_s=3600, max_queue_requests=10_000)
-    engine = build_engine(model, _Ids(), _Sink(), options, workers=workers)
+    engine = build_engine(model, IdsOnly(), CountingSink(), options, workers=workers)
     warm_up(engine)
     return engine, workers
 
 
 def step_ms(engine, batch: int, context: int, steps: int, vocab: int) -> float:
-    """Milliseconds per decode iteration with `batch` sequences decoding (after their prompts and
-    WARM_STEPS iterations), as the engine runs them."""
+    """Milliseconds per decode iteration with `batch` sequences of `context` prompt tokens
+    decoding, in steady state (engine_drive.timed_decode_steps)."""
     import numpy as np
-    import torch
 
     from tritonformer.backend.decoder.sampling_params import SamplingParams
 
@@ -82,21 +65,11 @@ def step_ms(engine, batch: int, context: int, steps: int, vocab: int) -> float:
     new = WARM_STEPS + steps + 4 * engine.scheduler.max_decode_steps + 16
     engine.admit([engine.new_sequence(i, rng.integers(0, min(vocab, 30000), context).tolist(),
                                       SamplingParams(max_tokens=new, ignore_eos=True), False) for i in range(batch)])
-    while engine.scheduler.waiting or any(not s.output_ids or s.num_computed < s.num_tokens - 1
-                                          for s in engine.scheduler.running):
-        engine.step()
-    first = engine.scheduler.running[0]
-    target = first.num_computed + WARM_STEPS
-    while first.num_computed < target:
-        engine.step()
-    torch.cuda.synchronize()
-    start, t0 = first.num_computed, time.perf_counter()
-    while first.num_computed - start < steps:
-        engine.step()
-    torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) / (first.num_computed - start) * 1e3
+    ms, _ = timed_decode_steps(engine, steps)
     while engine.has_work():
         engine.step()
+    if engine.sink.errors:
+        raise RuntimeError(f"requests failed: {engine.sink.errors[:2]}")
     return ms
 
 

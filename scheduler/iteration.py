@@ -99,6 +99,7 @@ class Iteration:
     decode: list[Scheduled] = field(default_factory=list)  # num_new == 1: the decode attention launch
     prefill: list[Scheduled] = field(default_factory=list)  # num_new > 1: prompt chunks or recompute
     preempted: list = field(default_factory=list)  # sequences preempted while building this one
+    admitted: list = field(default_factory=list)  # sequences that joined the running batch in this one
     steps: int = 1  # model iterations in this round: the most `steps` of its decode entries
     # Prefix caching: for each sequence that joined this iteration after a lookup, the prompt
     # tokens it found cached (0: a miss). Empty without prefix caching.
@@ -310,6 +311,7 @@ class IterationScheduler:
                 it.cache_lookups.append(cache.admit(seq, cached))
             self.blocks.grow(seq.block_table, seq.num_computed + num_new)
             self.running.append(seq)
+            it.admitted.append(seq)
             it._add(seq, num_new)
             budget -= num_new
 

@@ -372,7 +372,7 @@ def test_preemption_with_tokens_in_flight_gives_hf_greedy_outputs():
 
     from tritonformer.backend.checkpoints.weights import strip_prefixes_of
     from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
-    from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
+    from tritonformer.client.engine_drive import CountingSink, IdsOnly
 
     cfg = transformers.GPT2Config(vocab_size=500, n_embd=64, n_layer=2, n_head=2, n_positions=64)
     torch.manual_seed(4)
@@ -381,7 +381,7 @@ def test_preemption_with_tokens_in_flight_gives_hf_greedy_outputs():
     block, blocks = 4, 24  # 96 tokens of KV for 5 sequences of up to 16 + 40 tokens
     scheduler = IterationScheduler(BlockManager(blocks, block), 5, 64, max_seq_len=cfg.n_positions)
     runner = DecoderRunner(model, model.new_kv_cache(blocks, block), 5)
-    engine = GeneratorEngine(runner, _IdsOnly(), _CountingSink(), scheduler, cancel_check_interval_s=3600)
+    engine = GeneratorEngine(runner, IdsOnly(), CountingSink(), scheduler, cancel_check_interval_s=3600)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (16, 3, 9, 12, 5)]
     seqs = [engine.new_sequence(i, p, SamplingParams(max_tokens=40, ignore_eos=True), False)

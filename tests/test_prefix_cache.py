@@ -384,13 +384,13 @@ def _engine(hf, prefix_caching: bool, blocks: int = 40, block: int = 4, budget: 
     from tritonformer.backend.decoder.engine import GeneratorEngine
     from tritonformer.backend.decoder.runner import DecoderRunner
     from tritonformer.backend.models.decoder import load_decoder
-    from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
+    from tritonformer.client.engine_drive import CountingSink, IdsOnly
 
     model = load_decoder(hf.config.to_dict(), strip_prefixes_of(hf.state_dict()), torch.device("cpu"), torch.float32)
     scheduler = IterationScheduler(BlockManager(blocks, block), 4, budget, max_seq_len=hf.config.max_position_embeddings,
                                    max_decode_steps=max_decode_steps, prefix_caching=prefix_caching)
     runner = DecoderRunner(model, model.new_kv_cache(blocks, block), 4)
-    return GeneratorEngine(runner, _IdsOnly(), _CountingSink(), scheduler, cancel_check_interval_s=3600)
+    return GeneratorEngine(runner, IdsOnly(), CountingSink(), scheduler, cancel_check_interval_s=3600)
 
 
 def _generate(engine, prompts, new_tokens, waves=2, n=1):

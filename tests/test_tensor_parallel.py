@@ -3,6 +3,7 @@ own slices of the checkpoint, gives the tokens and the logits of the whole model
 through the same engine (rank 0 schedules and samples, the worker mirrors its runner)."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -124,9 +125,11 @@ class Answers:
         return False
 
 
-def test_a_dead_rank_fails_every_request_within_seconds_and_refuses_new_ones(tmp_path):
-    from tritonformer.backend.engine_loop import EngineFailed
-
+@contextlib.contextmanager
+def _split_engine_serving(tmp_path, requests: int):
+    """A Llama split over two CPU ranks, its engine running `requests` long requests. Yields
+    (engine, workers, sink, failures): what the workers' monitor reported lands in `failures`,
+    and fails the engine, as the generator's glue does."""
     folder = _checkpoint(tmp_path, "llama-3.1-8b")
     model, workers = start_ranks(ShardSource(str(folder), load_config(folder), "float32", "cpu", 0), 2)
     sink = Answers()
@@ -137,24 +140,35 @@ def test_a_dead_rank_fails_every_request_within_seconds_and_refuses_new_ones(tmp
     workers.on_failure = lambda problem: (failures.append(problem), engine.fail(RuntimeError(problem)))
     engine.start()
     try:
-        for i in range(6):  # long enough to be running when the rank dies
-            engine.submit(engine.new_sequence(i, PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=200, ignore_eos=True), True))
+        for i in range(requests):  # long enough to be running when the rank fails
+            params = SamplingParams(max_tokens=200, ignore_eos=True)
+            engine.submit(engine.new_sequence(i, PROMPTS[i % len(PROMPTS)], params, True))
         time.sleep(0.3)
+        yield engine, workers, sink, failures
+    finally:
+        workers.stop()  # (kills a stopped worker too: rank 0's collective then fails and returns)
+        engine.stop(timeout=5.0)
+        model.tp.leave()
+
+
+def _answered_or_failed(sink, failures, requests: int, deadline: float) -> None:
+    while (len(sink.final) < requests or not failures) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_dead_rank_fails_every_request_within_seconds_and_refuses_new_ones(tmp_path):
+    from tritonformer.backend.engine_loop import EngineFailed
+
+    with _split_engine_serving(tmp_path, 6) as (engine, workers, sink, failures):
         killed = time.monotonic()
         workers.processes[0].kill()
-        deadline = killed + 5.0
-        while (len(sink.final) < 6 or not failures) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _answered_or_failed(sink, failures, 6, killed + 5.0)
         assert failures and "rank 1" in failures[0]
         assert sorted(sink.final) == list(range(6)), "a request was left without an answer"
         assert all(error is not None and at - killed < 5.0 for error, at in sink.final.values())
         with pytest.raises(EngineFailed):
             engine.submit(engine.new_sequence(99, [1, 2], SamplingParams(max_tokens=2), True))
         assert not workers.alive()
-    finally:
-        workers.stop()
-        engine.stop(timeout=1.0)
-        model.tp.leave()
 
 
 @pytest.mark.gpu
@@ -189,26 +203,9 @@ def test_a_frozen_rank_is_noticed_by_its_silent_heartbeat(tmp_path):
 
     from tritonformer.backend.parallel.workers import SILENCE_S
 
-    folder = _checkpoint(tmp_path, "llama-3.1-8b")
-    model, workers = start_ranks(ShardSource(str(folder), load_config(folder), "float32", "cpu", 0), 2)
-    sink = Answers()
-    options = EngineOptions(max_running_sequences=8, max_tokens_per_iteration=64, kv_cache_tokens="4096",
-                            kv_block_size=8, cuda_graphs=False)
-    engine = build_engine(model, _Ids(), sink, options, workers=workers)
-    failures = []
-    workers.on_failure = lambda problem: (failures.append(problem), engine.fail(RuntimeError(problem)))
-    engine.start()
-    try:
-        for i in range(4):
-            engine.submit(engine.new_sequence(i, PROMPTS[i], SamplingParams(max_tokens=200, ignore_eos=True), True))
-        time.sleep(0.3)
+    with _split_engine_serving(tmp_path, 4) as (engine, workers, sink, failures):
         stopped = time.monotonic()
         os.kill(workers.processes[0].pid, signal.SIGSTOP)
-        while (len(sink.final) < 4 or not failures) and time.monotonic() < stopped + SILENCE_S + 5:
-            time.sleep(0.1)
+        _answered_or_failed(sink, failures, 4, stopped + SILENCE_S + 5)
         assert failures and "no heartbeat" in failures[0], failures
         assert sorted(sink.final) == list(range(4)) and all(e is not None for e, _ in sink.final.values())
-    finally:
-        workers.stop()  # kills the stopped worker: rank 0's collective then fails and returns
-        engine.stop(timeout=5.0)
-        model.tp.leave()

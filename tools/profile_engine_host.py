@@ -30,7 +30,7 @@ from tritonformer.backend.decoder.graph_inputs import DecodeInputs
 from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS, Forward, SampledTokens
 from tritonformer.backend.decoder.engine import GeneratorEngine
 from tritonformer.backend.decoder.sampling_params import SamplingParams
-from tritonformer.client.bench_serve_decoder import _CountingSink, _IdsOnly
+from tritonformer.client.engine_drive import CountingSink, IdsOnly
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager
 
@@ -73,7 +73,7 @@ def decoding_engine(batch: int, max_decode_steps: int, prefix_caching: bool) -> 
     (no two share a block) past their prefill and decoding."""
     scheduler = IterationScheduler(BlockManager(BLOCKS, BLOCK), batch, 4096, max_seq_len=CONTEXT,
                                    max_decode_steps=max_decode_steps, prefix_caching=prefix_caching)
-    engine = GeneratorEngine(ModelFreeRunner(batch), _IdsOnly(), _CountingSink(), scheduler,
+    engine = GeneratorEngine(ModelFreeRunner(batch), IdsOnly(), CountingSink(), scheduler,
                              max_queue=100_000, cancel_check_interval_s=3600)
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=CONTEXT - 129, ignore_eos=True)

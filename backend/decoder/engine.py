@@ -146,16 +146,6 @@ class Sequence:
         return self.prompt_ids[start:] + self.output_ids[: start + n - p]
 
 
-def _stamp_first_scheduled(work: list) -> None:
-    """Note when each sequence's prompt first runs: its time in the queue is the first part of
-    its time to first token (a one-token prompt runs among the decodes, so all are looked at;
-    a prompt found in the prefix cache, or a fork's, starts past position 0)."""
-    now = None
-    for w in work:
-        if w.seq.scheduled_at is None:
-            w.seq.scheduled_at = now = now or time.monotonic()
-
-
 class GeneratorEngine(EngineLoop):
     def __init__(
         self,
@@ -257,13 +247,22 @@ class GeneratorEngine(EngineLoop):
             return None
         self.scheduler.commit(it)  # the KV is written before anything later on the stream reads it
         if it.steps == 1:
-            _stamp_first_scheduled(work)  # (a round of several iterations never admits anyone)
+            self._stamp_admitted(it)  # (a round of several iterations never admits anyone)
             samples = [(w.seq, w.seq.reserve(row), 1) for row, w in enumerate(sampling)]
         else:
             samples = [(w.seq, w.seq.reserve_steps(row, w.steps), w.steps) for row, w in enumerate(sampling)]
         if self.stats is not None:
             self._report(it)
         return _Launched(samples, tokens)
+
+    @staticmethod
+    def _stamp_admitted(it: Iteration) -> None:
+        """Note when each sequence's prompt first runs (its time in the queue is the first part
+        of its time to first token); a preempted one that rejoins keeps its first time."""
+        now = None
+        for seq in it.admitted:
+            if seq.scheduled_at is None:
+                seq.scheduled_at = now = now or time.monotonic()
 
     def _complete(self, launched: _Launched) -> None:
         try:

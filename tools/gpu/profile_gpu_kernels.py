@@ -106,15 +106,16 @@ def bert_cases(top: int) -> list[dict]:
 
 def decoder_cases(name: str, top: int) -> list[dict]:
     from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import _submit, _sync, decode_entries, prefill_until_decoding, random_engine
+    from tritonformer.client.bench_serve_decoder import random_engine
+    from tritonformer.client.engine_drive import decode_entries, prefill_until_decoding, submit, sync
 
     batches = {"gpt2": (1, 64), "llama": (1,)}[name]
     engine, vocab = random_engine(name, torch.device("cuda"))
     out = []
     for b in batches:
-        _submit(engine, hf.fixed_trace(128, 160, b, seed=1, vocab_size=vocab))  # outlives the profiled steps
+        submit(engine, hf.fixed_trace(128, 160, b, seed=1, vocab_size=vocab))  # outlives the profiled steps
         prefill_until_decoding(engine)
-        _sync(engine)
+        sync(engine)
         entries = decode_entries(engine)
         out.append(profile_case(f"{name} decode forward, batch {b} (graph replay)",
                                 lambda: engine.runner.run(entries), 50, top))

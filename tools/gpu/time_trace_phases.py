@@ -15,7 +15,8 @@ import time
 import torch
 
 from tritonformer.client import bench_decoder_baselines as hf
-from tritonformer.client.bench_serve_decoder import _submit, _sync, random_engine, run_ours
+from tritonformer.client.bench_serve_decoder import random_engine, run_ours
+from tritonformer.client.engine_drive import submit, sync
 
 
 def timed_pass(engine, trace) -> tuple[float, dict]:
@@ -30,8 +31,8 @@ def timed_pass(engine, trace) -> tuple[float, dict]:
 
     scheduler.schedule = schedule
     phases = collections.defaultdict(lambda: [0.0, 0, 0])
-    _submit(engine, trace)
-    _sync(engine)
+    submit(engine, trace)
+    sync(engine)
     t0 = time.perf_counter()
     try:
         while engine.has_work():
@@ -44,7 +45,7 @@ def timed_pass(engine, trace) -> tuple[float, dict]:
             phase[0] += time.perf_counter() - start
             phase[1] += 1
             phase[2] += it.steps if it else 0
-        _sync(engine)
+        sync(engine)
     finally:
         del scheduler.schedule
     engine.sink.finished = 0

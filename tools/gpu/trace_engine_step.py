@@ -46,17 +46,17 @@ def _profiled(original, label):
 def _replay_launch_us(engine, repeats: int = 50) -> float:
     """Host microseconds of one `graph.replay()` for the running batch's bucket (median of
     `repeats` launched back to back: the queue stays short enough that none waits)."""
-    from tritonformer.client.bench_serve_decoder import _sync
+    from tritonformer.client.engine_drive import sync
 
     graphs = engine.runner.graphs
     graph = graphs._graphs[graphs.bucket(len(engine.scheduler.running))][0]
-    _sync(engine)
+    sync(engine)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         graph.replay()
         times.append(time.perf_counter() - t0)
-    _sync(engine)
+    sync(engine)
     return sorted(times)[repeats // 2] * 1e6
 
 
@@ -82,7 +82,7 @@ def _marked_runs(engine, drive, count: int):
     each launch, GPU microseconds between consecutive launches, host microseconds per drive)."""
     import numpy as np
 
-    from tritonformer.client.bench_serve_decoder import _sync
+    from tritonformer.client.engine_drive import sync
 
     runner, marks, host = engine.runner, [], []
     original = runner.run
@@ -101,7 +101,7 @@ def _marked_runs(engine, drive, count: int):
             t0 = time.perf_counter()
             drive()
             host.append(time.perf_counter() - t0)
-        _sync(engine)
+        sync(engine)
     finally:
         del runner.run
     span = np.array([s.elapsed_time(e) for s, e in marks]) * 1e3
@@ -115,7 +115,7 @@ def _gpu_timeline(engine, steps: int) -> str:
     replayed alone, back to back, for comparison at the same context length."""
     import numpy as np
 
-    from tritonformer.client.bench_serve_decoder import decode_entries
+    from tritonformer.client.engine_drive import decode_entries
 
     span, gap, host = _marked_runs(engine, engine.step, steps)
     entries = decode_entries(engine)
@@ -129,7 +129,8 @@ def _gpu_timeline(engine, steps: int) -> str:
 
 def main() -> int:
     from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import _forward_ms, _submit, _sync, prefill_until_decoding, random_engine
+    from tritonformer.client.bench_serve_decoder import random_engine
+    from tritonformer.client.engine_drive import forward_ms, prefill_until_decoding, submit, sync
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["gpt2", "llama"], default="gpt2", help="llama: the Llama-3.2-1B shape")
@@ -141,17 +142,17 @@ def main() -> int:
     # One iteration per launch: this traces the pipeline of single iterations, host against GPU.
     engine, vocab = random_engine(args.model, torch.device("cuda"), max_decode_steps=1)
     # Long enough outputs that every timed and profiled step decodes the whole batch.
-    _submit(engine, hf.fixed_trace(128, 4 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
+    submit(engine, hf.fixed_trace(128, 4 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
     prefill_until_decoding(engine)
     for _ in range(10):
         engine.step()
-    _sync(engine)
+    sync(engine)
 
-    forward_us = _forward_ms(engine, args.steps) * 1e3
+    forward_us = forward_ms(engine, args.steps) * 1e3
     t0 = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
-    _sync(engine)
+    sync(engine)
     step_us = (time.perf_counter() - t0) / args.steps * 1e6
 
     phases = phase_table(engine, args.steps)
@@ -163,7 +164,7 @@ def main() -> int:
         for _ in range(args.steps):
             with torch.profiler.record_function("engine.step"):
                 engine.step()
-        _sync(engine)
+        sync(engine)
         profiled_us = (time.perf_counter() - t0) / args.steps * 1e6
     if args.trace:
         prof.export_chrome_trace(args.trace)
