@@ -437,3 +437,16 @@ def test_benchmark_runs_both_ways_on_a_tiny_trace(routes, triton_server, capsys)
     assert "tokens/s at saturation, /v1 / direct" in printed and "TTFT p50 at 8 req/s" in printed
     rows = [line for line in printed.splitlines() if line.startswith("| saturation") or line.startswith("| low")]
     assert len(rows) == 4 and all(" 4 / 4 " in r or " 3 / 3 " in r for r in rows), rows
+
+
+def test_benchmark_prompts_have_the_traces_token_counts(smollm2_dir):
+    """The benchmark's prompt texts tokenize back to the trace's lengths (random ids decoded to
+    text re-tokenize to far more: half the trace then passed a 1,024-token context)."""
+    from tritonformer.backend.tokenization import TextTokenizer
+    from tritonformer.client.bench_decoder_baselines import orca_trace
+    from tritonformer.client.bench_openai import trace_texts
+
+    tokenizer = TextTokenizer(smollm2_dir)
+    prompts = trace_texts(tokenizer, 16, 0, (32, 512), (1, 128))
+    trace = orca_trace(16, 0, (32, 512), (1, 128), vocab_size=tokenizer.vocab_size)
+    assert [n for _, n, _ in prompts] == [len(r.prompt_ids) for r in trace]
