@@ -2,16 +2,22 @@
 split): column-parallel QKV and gate/up projections, row-parallel output and down projections
 with one all-reduce after each, a vocabulary-parallel output head whose logits are gathered.
 
-NCCL between GPUs (its calls are captured in the decode CUDA graphs like any kernel), gloo on
-the CPU so the split is testable without a GPU.
+Between GPUs the all-reduces go to `allreduce.AllReduce`: our one-shot kernel over peer buffers
+for small messages, NCCL above (and as its fallback), both captured in the decode CUDA graphs
+like any kernel; its peer buffers are set up in `join`, on every rank at once, since setting
+them up is collective and a capture cannot contain it. Everything else is NCCL. On the CPU,
+gloo, so the split is testable without a GPU.
 """
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 
 import torch
 import torch.distributed as dist
+
+from tritonformer.backend.parallel.allreduce import AllReduce
 
 
 # torch >= 2.12 renamed it (the old name warns there)
@@ -28,9 +34,10 @@ def free_address() -> str:
 class TensorParallelGroup:
     """This process's rank among `world` ranks of one model."""
 
-    def __init__(self, rank: int, world: int):
+    def __init__(self, rank: int, world: int, reducer: AllReduce | None = None):
         self.rank = rank
         self.world = world
+        self.reducer = reducer  # all-reduces on GPUs (allreduce.py); None: dist.all_reduce (gloo on the CPU)
 
     @classmethod
     def join(cls, rank: int, world: int, address: str, device: torch.device) -> "TensorParallelGroup":
@@ -38,12 +45,17 @@ class TensorParallelGroup:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (NVLS) in NCCL either
         # A generous timeout: ranks compile kernels at different speeds during warm-up. A dead
         # rank is found by the workers' monitor (workers.py), not by this timeout.
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(minutes=30),
                                 device_id=device if device.type == "cuda" else None)
-        return cls(rank, world)
+        if device.type != "cuda":
+            return cls(rank, world)
+        # Collective (every rank is here now); the mode comes from TRITONFORMER_ALLREDUCE, which
+        # the workers inherit from rank 0's environment.
+        return cls(rank, world, AllReduce.create(rank, world, device))
 
     def part(self, n: int, what: str) -> slice:
         """This rank's contiguous share of `n` items (heads, rows); they must divide evenly."""
@@ -54,6 +66,8 @@ class TensorParallelGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks, in place (the partial outputs of a row-parallel linear)."""
+        if self.reducer is not None:
+            return self.reducer(x)
         dist.all_reduce(x)
         return x
 
@@ -71,5 +85,8 @@ class TensorParallelGroup:
         return x
 
     def leave(self) -> None:
+        if self.reducer is not None:  # the peer buffers go before the group they were shared over
+            self.reducer.close()
+            self.reducer = None
         if dist.is_initialized():
             dist.destroy_process_group()

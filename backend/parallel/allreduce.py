@@ -1,0 +1,257 @@
+"""The tensor-parallel sum all-reduce on GPUs: our one-shot kernel for small messages, NCCL above.
+
+A decode step all-reduces a few rows of hidden states twice per layer; NCCL spends ~13-16 us
+on each even inside a CUDA graph, a one-shot kernel over peer buffers
+(kernels/triton_allreduce.py) a fraction of that. Which one runs is decided per call by
+`route` from the message and the mode, read once from `TRITONFORMER_ALLREDUCE`:
+
+* `auto` (default): ours up to THRESHOLD_BYTES, NCCL above;
+* `oneshot`: ours wherever it can run (up to MAX_BYTES), for tests and benchmarks;
+* `nccl`: NCCL only (no peer buffers are set up).
+
+NCCL also serves what ours does not: dtypes other than fp16/bf16, non-contiguous tensors,
+messages over MAX_BYTES, more than 8 ranks, GPUs without peer access, and any failure to set
+up the peer buffers (logged once, with why). Every rank takes the same decision for the same
+call, so the ranks stay in step.
+
+The peer buffers come from torch's symmetric memory (`symm_mem.empty` + `rendezvous`) or, where
+that is missing or fails, from CUDA IPC handles exchanged over the process group. Setup is
+collective: every rank calls `AllReduce.create` together (TensorParallelGroup.join does, right
+after the process group exists), and the ranks agree on the outcome before any kernel runs.
+NVLink multicast stays off: TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set before symmetric memory is
+touched, and nothing here uses multimem or NVLS.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from tritonformer.kernels.triton_allreduce import PeerBuffers
+
+log = logging.getLogger("tritonformer")
+
+MODE_ENV = "TRITONFORMER_ALLREDUCE"
+MODES = ("auto", "nccl", "oneshot")
+MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
+THRESHOLD_BYTES = 512 * 1024  # `auto`: ours up to this, NCCL above (tools/gpu/time_allreduce.py)
+MAX_WORLD = 8
+DTYPES = (torch.float16, torch.bfloat16)
+TRANSPORTS = ("symm_mem", "ipc")
+
+
+def read_mode(environ=os.environ) -> str:
+    """TRITONFORMER_ALLREDUCE, checked ('auto' when unset or empty)."""
+    mode = (environ.get(MODE_ENV) or "auto").strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"{MODE_ENV}={environ.get(MODE_ENV)!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: int, ready: bool,
+          threshold: int = THRESHOLD_BYTES, max_bytes: int = MAX_BYTES) -> tuple[str, str | None]:
+    """('oneshot' or 'nccl', why NCCL serves a call ours would otherwise take, or None).
+    `ready`: the peer buffers are set up on every rank."""
+    if mode == "nccl":
+        return "nccl", None
+    if world > MAX_WORLD:
+        return "nccl", f"{world} ranks (the one-shot kernel serves up to {MAX_WORLD})"
+    if not ready:
+        return "nccl", "no peer buffers"
+    if dtype not in DTYPES:
+        return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (the one-shot kernel serves fp16 and bf16)"
+    if not contiguous:
+        return "nccl", "a non-contiguous tensor"
+    if nbytes > max_bytes:
+        return "nccl", None if mode == "auto" else f"{nbytes} bytes (peer buffers hold {max_bytes})"
+    if mode == "auto" and nbytes > threshold:
+        return "nccl", None
+    return "oneshot", None
+
+
+class AllReduce:
+    """`all_reduce(x)`: sum `x` over the ranks in place, by our kernel or NCCL (`route`)."""
+
+    def __init__(self, mode: str, world: int, peers=None, threshold: int = THRESHOLD_BYTES,
+                 max_bytes: int = MAX_BYTES):
+        self.mode, self.world, self.peers = mode, world, peers
+        self.threshold, self.max_bytes = threshold, max_bytes
+        self._told: set[str] = set()
+        self._kernel = None
+        if peers is not None:  # (imports Triton: only once peer buffers exist, on a GPU)
+            from tritonformer.kernels.triton_allreduce import one_shot_all_reduce
+
+            self._kernel = one_shot_all_reduce
+
+    @classmethod
+    def create(cls, rank: int, world: int, device: torch.device, mode: str | None = None,
+               transports: tuple[str, ...] = TRANSPORTS, max_bytes: int = MAX_BYTES,
+               threshold: int = THRESHOLD_BYTES) -> "AllReduce":
+        """Set up on every rank at once (collective, after init_process_group). `mode`: default
+        from the environment. `transports`: tried in order until every rank has one."""
+        mode = read_mode() if mode is None else mode
+        peers = None
+        if mode != "nccl":
+            peers = _set_up_peers(rank, world, device, transports, max_bytes)
+        return cls(mode, world, peers, threshold, max_bytes)
+
+    def route(self, x: torch.Tensor) -> str:
+        path, why = route(self.mode, x.numel() * x.element_size(), x.dtype, x.is_contiguous(), self.world,
+                          self.peers is not None, self.threshold, self.max_bytes)
+        if why is not None and why not in self._told:
+            self._told.add(why)
+            log.info("all-reduce by NCCL for %s", why)
+        return path
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.route(x) == "oneshot":
+            return self._kernel(x, self.peers.buffers)
+        dist.all_reduce(x)
+        return x
+
+    def close(self) -> None:
+        """Let go of the peer buffers (before the process group goes)."""
+        self.peers = None
+
+
+@dataclass(frozen=True)
+class PeerSetup:
+    """The kernel's view of the peer buffers, and what keeps their mappings alive."""
+
+    buffers: PeerBuffers
+    transport: str  # "symm_mem" or "ipc"
+    keep: tuple = ()
+
+
+def _all_ranks(ok: bool, device: torch.device) -> bool:
+    """Whether `ok` holds on every rank (a collective: also a barrier)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _obstacle(rank: int, world: int, device: torch.device) -> str | None:
+    """Why this rank cannot use peer buffers (None: it can). Collective (gathers devices)."""
+    if device.type != "cuda":
+        return "not on a GPU"
+    if world > MAX_WORLD:
+        return f"{world} ranks (the one-shot kernel serves up to {MAX_WORLD})"
+    devices: list = [None] * world
+    dist.all_gather_object(devices, device.index if device.index is not None else torch.cuda.current_device())
+    mine = devices[rank]
+    if len(set(devices)) < world:
+        return f"ranks share a GPU (devices {devices})"
+    for other in devices:
+        if other != mine and not torch.cuda.can_device_access_peer(mine, other):
+            return f"no peer access from GPU {mine} to GPU {other}"
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"no Triton ({e})"
+    return None
+
+
+def _set_up_peers(rank: int, world: int, device: torch.device, transports, max_bytes: int):
+    """The peer buffers on every rank, or None on every rank (logged once, with why)."""
+    try:
+        why = _obstacle(rank, world, device)
+    except Exception as e:  # noqa: BLE001 - any failure here means NCCL only
+        why = f"{type(e).__name__}: {e}"
+    if not _all_ranks(why is None, device):
+        log.warning("one-shot all-reduce off, NCCL for every all-reduce: %s", why or "a peer cannot use it")
+        return None
+    reasons = []
+    for transport in transports:
+        peers, why = None, None
+        try:
+            peers = _OPEN[transport](rank, world, device, max_bytes)
+        except Exception as e:  # noqa: BLE001 - try the next transport, then NCCL
+            why = f"{transport}: {type(e).__name__}: {e}"
+        if _all_ranks(peers is not None, device):  # also: every rank's flags are zero before any kernel
+            log.info("one-shot all-reduce over %s peer buffers, %d ranks, up to %d bytes", transport, world, max_bytes)
+            return peers
+        reasons.append(why or f"{transport}: failed on a peer")
+    log.warning("one-shot all-reduce off, NCCL for every all-reduce: %s", "; ".join(reasons))
+    return None
+
+
+def _buffers(ptrs: list[int], rank: int, world: int, device: torch.device, capacity: int) -> PeerBuffers:
+    from tritonformer.kernels.triton_allreduce import PeerBuffers
+
+    return PeerBuffers(torch.tensor(ptrs, dtype=torch.int64, device=device),
+                       torch.zeros(2, dtype=torch.int32, device=device), rank, world, capacity)
+
+
+def _open_symm_mem(rank: int, world: int, device: torch.device, max_bytes: int) -> PeerSetup:
+    """One symmetric-memory buffer per rank; each peer's address from the rendezvous handle."""
+    from tritonformer.kernels.triton_allreduce import buffer_bytes, region_bytes
+
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    import torch.distributed._symmetric_memory as symm_mem
+
+    capacity = region_bytes(max_bytes)
+    buf = symm_mem.empty(buffer_bytes(capacity), dtype=torch.uint8, device=device)
+    group = dist.group.WORLD
+    try:
+        handle = symm_mem.rendezvous(buf, group.group_name)
+    except Exception:  # torch builds that want the group registered first
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is None:
+            raise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enable(group.group_name)
+        handle = symm_mem.rendezvous(buf, group.group_name)
+    if _attr(handle, "world_size") != world or _attr(handle, "rank") != rank:
+        raise RuntimeError(f"rendezvous gave rank {_attr(handle, 'rank')} of {_attr(handle, 'world_size')}")
+    bases = [int(p) for p in _attr(handle, "buffer_ptrs")]
+    # The handle names each rank's allocation; our tensor may start inside it (a memory pool).
+    offsets: list = [None] * world
+    dist.all_gather_object(offsets, buf.data_ptr() - bases[rank])
+    if any(o is None or o < 0 for o in offsets):
+        raise RuntimeError(f"buffer offsets {offsets}")
+    buf.zero_()
+    torch.cuda.synchronize(device)
+    ptrs = [b + o for b, o in zip(bases, offsets)]
+    return PeerSetup(_buffers(ptrs, rank, world, device, capacity), "symm_mem", (buf, handle))
+
+
+def _open_ipc(rank: int, world: int, device: torch.device, max_bytes: int) -> PeerSetup:
+    """A plain CUDA buffer per rank, shared by CUDA IPC handles gathered over the group; each
+    peer's handle is opened on this rank's own GPU, which maps it with peer access."""
+    from tritonformer.kernels.triton_allreduce import buffer_bytes, region_bytes
+
+    capacity = region_bytes(max_bytes)
+    buf = torch.zeros(buffer_bytes(capacity), dtype=torch.uint8, device=device)
+    storage = buf.untyped_storage()
+    shared = storage._share_cuda_()  # (device, handle, size, offset, ref counter..., event...)
+    offset = buf.data_ptr() - storage.data_ptr()
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, (tuple(shared), offset))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ptrs, keep = [], [buf, storage]
+    for r, (theirs, their_offset) in enumerate(everyone):
+        if r == rank:
+            ptrs.append(buf.data_ptr())
+            continue
+        with torch.cuda.device(index):
+            opened = torch.UntypedStorage._new_shared_cuda(index, *theirs[1:])
+        keep.append(opened)
+        ptrs.append(opened.data_ptr() + their_offset)
+    torch.cuda.synchronize(device)
+    return PeerSetup(_buffers(ptrs, rank, world, device, capacity), "ipc", tuple(keep))
+
+
+_OPEN = {"symm_mem": _open_symm_mem, "ipc": _open_ipc}
+
+
+def _attr(handle, name: str):
+    """A rendezvous handle's attribute, whether torch exposes it as a property or a method."""
+    value = getattr(handle, name)
+    return value() if callable(value) else value

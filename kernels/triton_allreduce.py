@@ -1,0 +1,189 @@
+"""A one-shot sum all-reduce over peer buffers (tensor parallelism's small messages).
+
+Every rank owns one symmetric buffer that every peer GPU can read and write through a plain
+device pointer (CUDA IPC or torch's symmetric memory; backend/parallel/allreduce.py sets them
+up). `PeerBuffers.ptrs` holds the `world` buffers' addresses, rank order, as int64 on the
+device. Each buffer is laid out as
+
+    [ data, parity 0: CAPACITY bytes | data, parity 1: CAPACITY bytes | flags: int32 ]
+
+and the flags are `[2 parities][FLAG_PROGRAMS][FLAG_WORLD]`: slot (q, b, s) of rank r's buffer
+is where rank s's program b says "arrived" to rank r in a call of parity q.
+
+One launch does the whole all-reduce, with the same grid on every rank. Program b:
+
+1. reads `calls`, this rank's count of all-reduces done (parity q = calls & 1);
+2. copies its tiles of the input (tiles b, b + G, b + 2G, ... of BLOCK elements; G programs)
+   into its own buffer's parity-q data region;
+3. barrier, one thread per rank: adds 1 to slot (q, b, rank) of every rank's flags (a
+   system-scope release `red`, which awaits no reply), then spins on its own slots (q, b, s)
+   with system-scope acquire compare-and-swaps 1 -> 0 until each has read 1 once (so each
+   flag is consumed, and the flags are zero again when the call ends);
+4. loads the same tiles from every rank's parity-q region, sums them in rank order in fp32
+   and writes the result, in the input dtype, to the output (which may be the input);
+5. the last program to finish (a gpu-scope counter) advances `calls`.
+
+Why this is correct (each step is per program b; the grid size may differ between calls, but
+is the same on every rank within one call, and calls come in the same order on every rank):
+
+* Data visible before it is read. Rank s's program b stores its tiles, then `debug_barrier`
+  (bar.sync: the block's stores are ordered before what any of its threads does next), then a
+  thread's release `red` publishes the flag; cumulativity of the release carries the other
+  threads' stores with it. Rank r's program b acquires that flag in one thread, then bar.sync
+  orders every thread's later loads after the acquire. So each tile is read after its
+  writer's stores are visible. Peer loads also skip L1 (`.cg`), which is not coherent across
+  GPUs.
+* No overwrite while a peer still reads (instead of a second barrier: two data regions).
+  Kernels on one stream run one after the other (with PDL, nothing is touched before
+  `griddepcontrol.wait`, which returns once the previous kernel has completed). If rank r runs
+  call k, its call k-1 completed, so each of its programs passed call k-1's barrier, which
+  needs every peer's flag of call k-1: every peer has started call k-1, so every peer's call
+  k-2 has completed. Call k writes region k & 1; the only peer reads still possible are call
+  k-1's, in the other region. (Call k-2 used region k & 1 and is over everywhere.)
+* Flags never pile up. Rank r writes slot (q, b, r) of rank p in call k; the previous write to
+  that slot was in call k-2 at the latest (same parity), and by the argument above rank p's
+  call k-2 has completed, so it consumed that flag. A flag is therefore 0 when 1 is added,
+  and each compare-and-swap that consumes one sees exactly one 1 per call; spinning on an
+  already consumed slot reads 0 and changes nothing (its next 1 comes in call k+2 at the
+  earliest, after this call has ended).
+* `calls` advances once per call on every rank. Every program reads it first and then adds
+  to the done counter with acquire-release; the program that brings the counter to G (the
+  grid size) resets it and stores calls + 1, so no program of this call can read the new
+  value, and the next kernel reads it after this one completed.
+
+Any dtype the output can hold works (fp16 and bf16 in practice); every rank gets the same
+bits (same order of fp32 sums). The reference is `reference.all_reduce_sum`, which takes the
+ranks' inputs instead of the peer buffers.
+
+The number of programs (G <= MAX_PROGRAMS) and the tile (BLOCK) are tunable: few programs
+keep the barrier cheap (G x world flag writes over NVLink), more programs and longer tiles
+move large messages faster. A rank that never arrives (a dead worker) leaves the others
+spinning, as an NCCL kernel would; the workers' monitor reports it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonformer.kernels import triton_pdl
+
+FLAG_WORLD = 8  # ranks the flag layout has room for (the largest world this kernel serves)
+FLAG_PROGRAMS = 64  # programs per call the flag layout has room for
+FLAG_BYTES = 2 * FLAG_PROGRAMS * FLAG_WORLD * 4
+ALIGN = 256  # a data region's size is a multiple of this (keeps every tile 16-byte aligned)
+
+# Launch shape: BLOCK elements per tile, at most MAX_PROGRAMS programs (one per tile until
+# then), NUM_WARPS warps each. Tuned with tools/gpu/time_allreduce.py.
+BLOCK = 2048
+MAX_PROGRAMS = 32
+NUM_WARPS = 4
+
+
+def buffer_bytes(capacity: int) -> int:
+    """Bytes of one rank's symmetric buffer for messages of up to `capacity` bytes."""
+    return 2 * region_bytes(capacity) + FLAG_BYTES
+
+
+def region_bytes(capacity: int) -> int:
+    """One parity's data region: `capacity` rounded up to ALIGN."""
+    return -(-capacity // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class PeerBuffers:
+    """The symmetric buffers of one group, as this rank sees them."""
+
+    ptrs: torch.Tensor  # int64 [world] on this rank's device: each rank's buffer address
+    state: torch.Tensor  # int32 [2] on this rank's device, zeroed: [calls done, programs done]
+    rank: int
+    world: int
+    capacity: int  # bytes one parity's data region holds (a multiple of ALIGN)
+
+
+@triton.jit
+def _one_shot_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
+                                CAPACITY: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
+                                BLOCK: tl.constexpr, FLAG_PROGRAMS: tl.constexpr, FLAG_WORLD: tl.constexpr,
+                                PDL: tl.constexpr):
+    triton_pdl.wait_for_predecessor(PDL)  # from here on the previous kernel has completed
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles = tl.cdiv(n, BLOCK)
+    dtype = x_ptr.dtype.element_ty
+    calls = tl.load(state_ptr)
+    parity = calls & 1
+    region = parity.to(tl.int64) * CAPACITY
+    mine = tl.multiple_of((tl.load(ptrs_ptr + rank) + region).to(tl.pointer_type(dtype)), 16)
+    for t in range(pid, tiles, programs):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(mine + offs, tl.load(x_ptr + offs, mask=m), mask=m)
+    tl.debug_barrier()  # every thread's stores before the flags go out
+
+    # The barrier: one lane (thread) per rank, so the flags go out and come in in parallel.
+    lanes = tl.arange(0, WORLD_P2)
+    real = lanes < WORLD
+    slot = (parity * FLAG_PROGRAMS + pid) * FLAG_WORLD
+    flags_at = 2 * CAPACITY
+    bases = tl.load(ptrs_ptr + lanes, mask=real, other=0)
+    theirs = (bases + flags_at).to(tl.pointer_type(tl.int32)) + slot + rank
+    tl.atomic_add(theirs, 1, mask=real, sem="release", scope="sys")  # 0 -> 1 (a `red`: no reply awaited)
+    own = (tl.load(ptrs_ptr + rank) + flags_at).to(tl.pointer_type(tl.int32)) + slot + lanes
+    ones, zeros = tl.full([WORLD_P2], 1, tl.int32), tl.zeros([WORLD_P2], tl.int32)
+    arrived = (lanes >= WORLD).to(tl.int32)
+    while tl.min(arrived, axis=0) == 0:
+        seen = tl.atomic_cas(own, ones, zeros, sem="acquire", scope="sys")
+        arrived = arrived | (seen == 1).to(tl.int32)
+    tl.debug_barrier()  # every thread's loads after the acquires
+
+    for t in range(pid, tiles, programs):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            src = tl.multiple_of((tl.load(ptrs_ptr + p) + region).to(tl.pointer_type(dtype)), 16)
+            acc += tl.load(src + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=m)
+
+    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == programs - 1:
+        tl.store(state_ptr + 1, 0)
+        tl.store(state_ptr, calls + 1)
+
+
+def launch_grid(n: int, block: int = BLOCK, max_programs: int = MAX_PROGRAMS) -> int:
+    """Programs for `n` elements: one per tile, at most `max_programs`."""
+    return min(triton.cdiv(n, block), max_programs)
+
+
+def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | None = None, *,
+                        block: int | None = None, max_programs: int | None = None,
+                        num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
+    """Sum `x` over the ranks of `peers` into `out` (default: in place); returns it. Every rank
+    calls this with the same shape and dtype, in the same order relative to its other calls on
+    these buffers, from one stream. Nothing is allocated and the host never waits, so a CUDA
+    graph can capture it."""
+    out = x if out is None else out
+    n = x.numel()
+    if not (x.is_contiguous() and out.is_contiguous() and out.shape == x.shape):
+        raise ValueError("one_shot_all_reduce needs contiguous x and out of one shape")
+    if n * x.element_size() > peers.capacity:
+        raise ValueError(f"{n * x.element_size()} bytes do not fit the {peers.capacity}-byte peer buffers")
+    block = block or BLOCK
+    max_programs = max_programs or MAX_PROGRAMS
+    if peers.world > FLAG_WORLD or max_programs > FLAG_PROGRAMS:
+        raise ValueError(f"at most {FLAG_WORLD} ranks and {FLAG_PROGRAMS} programs")
+    if n == 0:
+        return out
+    pdl = triton_pdl.enabled(x.device) if pdl is None else pdl
+    grid = (launch_grid(n, block, max_programs),)
+    _one_shot_all_reduce_kernel[grid](
+        x, out, n, peers.ptrs, peers.state, peers.rank,
+        CAPACITY=peers.capacity, WORLD=peers.world, WORLD_P2=triton.next_power_of_2(peers.world), BLOCK=block,
+        FLAG_PROGRAMS=FLAG_PROGRAMS, FLAG_WORLD=FLAG_WORLD, PDL=pdl, num_warps=num_warps or NUM_WARPS,
+        **triton_pdl.launch_options(pdl),
+    )
+    return out

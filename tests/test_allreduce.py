@@ -1,0 +1,385 @@
+"""The tensor-parallel all-reduce: the one-shot kernel (kernels/triton_allreduce.py) and the
+choice between it and NCCL (backend/parallel/allreduce.py).
+
+Without a GPU: the reference's fp32 accumulation, the routing and mode rules, and the kernel
+in Triton's CPU interpreter, one rank at a time with its peers' halves of the protocol written
+by the test (their data in their buffers, their flags already in ours). With 2+ GPUs (4 where
+there are 4): our sum against NCCL's and against the reference, eagerly and inside a CUDA graph
+replayed with new inputs, over symmetric memory and over CUDA IPC; every multi-process run is
+bounded by a timeout and never calls destroy_process_group (it can hang at exit).
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import pytest
+import torch
+
+from tritonformer.backend.parallel.allreduce import MAX_BYTES, MODE_ENV, THRESHOLD_BYTES, read_mode, route
+from tritonformer.kernels.reference import all_reduce_sum
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+# ---- the reference ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, big", [(F16, 2048.0), (BF16, 256.0)])
+def test_reference_accumulates_in_fp32_and_rounds_once(dtype, big):
+    """One big value and seven ones: in the dtype each +1 is half a unit in the last place and
+    rounds away (ties to even), in fp32 the seven add up and survive the final rounding."""
+    inputs = [torch.tensor([big, 1.0, -3.5], dtype=dtype)] + [torch.tensor([1.0, 0.25, 0.5], dtype=dtype)] * 7
+    running = inputs[0].clone()
+    for x in inputs[1:]:
+        running += x
+    assert running[0].item() == big  # what a sum in the dtype gives
+    got = all_reduce_sum(inputs)
+    assert got.dtype == dtype
+    assert got[0].item() == big + 8.0  # big + 7 lies halfway between two values: the even one
+    expected = torch.stack([x.double() for x in inputs]).sum(0).to(dtype)
+    assert torch.equal(got, expected)
+    out = torch.empty_like(inputs[0])
+    assert all_reduce_sum(inputs, out=out) is out and torch.equal(out, got)
+
+
+def test_reference_is_a_plain_sum_on_random_inputs():
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(5, 33, generator=g).to(BF16) for _ in range(4)]
+    torch.testing.assert_close(all_reduce_sum(inputs).float(), sum(x.float() for x in inputs), atol=0.02, rtol=0.01)
+
+
+# ---- which path serves a call ----------------------------------------------------------------
+
+def test_mode_comes_from_the_environment_and_is_checked():
+    assert read_mode({}) == "auto"
+    assert read_mode({MODE_ENV: ""}) == "auto"
+    assert read_mode({MODE_ENV: "NCCL"}) == "nccl"
+    assert read_mode({MODE_ENV: " oneshot "}) == "oneshot"
+    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot"):
+        read_mode({MODE_ENV: "fast"})
+
+
+KB = 1024
+
+
+@pytest.mark.parametrize("mode, nbytes, dtype, contiguous, world, ready, path, said", [
+    ("auto", 8 * KB, F16, True, 2, True, "oneshot", None),
+    ("auto", 16 * KB, BF16, True, 8, True, "oneshot", None),
+    ("auto", THRESHOLD_BYTES, F16, True, 2, True, "oneshot", None),
+    ("auto", THRESHOLD_BYTES + 2, F16, True, 2, True, "nccl", None),  # by size: nothing to say
+    ("auto", 4 * MAX_BYTES, F16, True, 2, True, "nccl", None),
+    ("oneshot", MAX_BYTES, F16, True, 2, True, "oneshot", None),  # forced: past the threshold
+    ("oneshot", MAX_BYTES + 2, F16, True, 2, True, "nccl", "bytes"),
+    ("nccl", 8 * KB, F16, True, 2, True, "nccl", None),
+    ("auto", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
+    ("oneshot", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
+    ("auto", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
+    ("auto", 8 * KB, F16, True, 16, True, "nccl", "16 ranks"),
+    ("oneshot", 8 * KB, F16, True, 16, False, "nccl", "16 ranks"),
+    ("auto", 8 * KB, F16, True, 2, False, "nccl", "no peer buffers"),
+    ("oneshot", 8 * KB, BF16, True, 4, False, "nccl", "no peer buffers"),
+])
+def test_route(mode, nbytes, dtype, contiguous, world, ready, path, said):
+    got, why = route(mode, nbytes, dtype, contiguous, world, ready)
+    assert got == path
+    assert (why is None) == (said is None) and (said is None or said in why), why
+
+
+def test_route_threshold_and_capacity_are_parameters():
+    assert route("auto", 64 * KB, F16, True, 2, True, threshold=32 * KB)[0] == "nccl"
+    assert route("auto", 64 * KB, F16, True, 2, True, threshold=64 * KB)[0] == "oneshot"
+    assert route("oneshot", 64 * KB, F16, True, 2, True, max_bytes=32 * KB)[0] == "nccl"
+
+
+# ---- the kernel, in the interpreter ----------------------------------------------------------
+
+triton = pytest.importorskip("triton")
+ON_CPU = not torch.cuda.is_available()
+interpreted = pytest.mark.skipif(not ON_CPU or os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="the CPU-interpreter runs (a GPU runs the multi-process tests)")
+
+
+def _equal_or_truncated(got: torch.Tensor, inputs) -> bool:
+    """`got` is the reference, except that the interpreter casts fp32 to bf16 by truncating
+    (the GPU rounds to nearest even): there each element may be the truncated sum instead."""
+    want = all_reduce_sum(inputs)
+    if got.dtype != BF16:
+        return torch.equal(got, want)
+    acc = torch.zeros(want.shape, dtype=torch.float32)
+    for x in inputs:
+        acc += x.float()
+    truncated = (acc.view(torch.int32) & ~0xFFFF).view(torch.float32).to(BF16)
+    return bool(((got == want) | (got == truncated)).all())
+
+
+class _Simulated:
+    """`world` ranks' peer buffers in CPU memory; the kernel runs as rank 0, the test plays
+    the others: their data already in their buffers, their flags already in rank 0's."""
+
+    def __init__(self, world: int, capacity: int):
+        from tritonformer.kernels import triton_allreduce as ar
+
+        self.ar, self.world = ar, world
+        self.cap = ar.region_bytes(capacity)
+        self.bufs = [torch.zeros(ar.buffer_bytes(self.cap), dtype=torch.uint8) for _ in range(world)]
+        self.peers = ar.PeerBuffers(torch.tensor([b.data_ptr() for b in self.bufs], dtype=torch.int64),
+                                    torch.zeros(2, dtype=torch.int32), 0, world, self.cap)
+
+    def flags(self, rank: int) -> torch.Tensor:
+        return self.bufs[rank][2 * self.cap:].view(torch.int32).view(2, self.ar.FLAG_PROGRAMS, self.ar.FLAG_WORLD)
+
+    def data(self, rank: int, parity: int, dtype, n: int) -> torch.Tensor:
+        return self.bufs[rank][parity * self.cap:].view(dtype)[:n]
+
+    def call(self, inputs, block, max_programs, in_place=True):
+        """Rank 0's all-reduce of `inputs` (one per rank); checks the protocol's traces."""
+        calls = int(self.peers.state[0])
+        q, n, dtype = calls & 1, inputs[0].numel(), inputs[0].dtype
+        programs = self.ar.launch_grid(n, block, max_programs)
+        for r in range(1, self.world):
+            self.data(r, q, dtype, n).copy_(inputs[r].reshape(-1))
+            self.flags(0)[q, :programs, r] = 1  # rank r's programs have arrived
+        for r in range(self.world):  # the other region: what a peer may still be reading
+            self.data(r, 1 - q, dtype, n).fill_(1000.0)
+        x = inputs[0].clone()
+        out = None if in_place else torch.empty_like(x)
+        got = self.ar.one_shot_all_reduce(x, self.peers, out, block=block, max_programs=max_programs)
+        assert got is (x if in_place else out)
+        assert _equal_or_truncated(got, inputs)
+        assert torch.equal(self.data(0, q, dtype, n), inputs[0].reshape(-1))  # our part, for the peers
+        assert self.data(0, 1 - q, dtype, n).eq(1000.0).all()  # the other region untouched
+        assert not self.flags(0).any()  # every flag consumed (its own too): back to zero
+        for r in range(1, self.world):  # rank 0 told every peer, in slot (q, program, 0)
+            f = self.flags(r)
+            assert f[q, :programs, 0].eq(1).all() and int(f.sum()) == programs
+            f.zero_()  # (rank r's kernel would consume them)
+        assert self.peers.state.tolist() == [calls + 1, 0]
+        return got
+
+
+@interpreted
+def test_kernel_alone_is_the_identity_and_keeps_count():
+    sim = _Simulated(1, 4096)
+    for i, (n, dtype) in enumerate([(1000, F16), (64, BF16), (2048, F16)]):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(i)).to(dtype)
+        sim.call([x], block=256, max_programs=3)
+
+
+@interpreted
+@pytest.mark.parametrize("world", [2, 4])
+def test_kernel_sums_the_peers_buffers_over_alternating_regions(world):
+    """Consecutive calls of different sizes and grids (one tile per program, several tiles per
+    program, a ragged last tile), each in the other data region and flag set."""
+    sim = _Simulated(world, 3000 * 2)
+    g = torch.Generator().manual_seed(world)
+    for i, (shape, dtype, block, max_programs, in_place) in enumerate([
+        ((3, 1000), F16, 256, 4, True),  # 12 tiles over 4 programs, the last ragged
+        ((1, 512), BF16, 128, 8, False),  # a tile per program
+        ((7, 33), F16, 64, 2, True),
+        ((2, 1024), BF16, 512, 64, True),
+    ]):
+        inputs = [(torch.randn(shape, generator=g) * 4).to(dtype) for _ in range(world)]
+        sim.call(inputs, block, max_programs, in_place)
+
+
+@interpreted
+def test_kernel_refuses_what_it_cannot_hold():
+    sim = _Simulated(2, 1024)
+    with pytest.raises(ValueError, match="do not fit"):
+        sim.ar.one_shot_all_reduce(torch.zeros(1024, dtype=F16), sim.peers)
+    with pytest.raises(ValueError, match="contiguous"):
+        sim.ar.one_shot_all_reduce(torch.zeros(8, 8, dtype=F16).t(), sim.peers)
+
+
+# ---- on GPUs: against NCCL, eagerly and in CUDA graphs -----------------------------------------
+
+SHAPES = [(1, 4096), (1, 8192), (64, 4096), (64, 8192), (3, 1000), (5, 7)]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+RUN_TIMEOUT_S = 300
+
+
+def _inputs(shape, dtype, rank: int, seed: int, device):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return (torch.randn(shape, generator=g) * (rank + 1)).to(device, dtype)
+
+
+def _expected(x: torch.Tensor, world: int) -> torch.Tensor:
+    """The reference over every rank's `x` (gathered by NCCL)."""
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x)
+    return all_reduce_sum(parts)
+
+
+def _check_summer(summer, rank: int, world: int, device, label: str) -> list[str]:
+    """Eager calls, then a graph of every shape and dtype replayed with new inputs (eager calls
+    in between). Returns what went wrong."""
+    import torch.distributed as dist
+
+    from tritonformer.backend.cuda_graphs import capture_graph
+
+    wrong = []
+
+    def compare(what, got, nccl, want):
+        if not torch.equal(got, want):
+            wrong.append(f"{label} {what}: ours differs from the reference by "
+                         f"{(got.float() - want.float()).abs().max().item():.3g}")
+        # NCCL rounds after every addition: a few units in the last place of the largest sums
+        tol = 5e-3 if nccl.dtype == F16 else 4e-2
+        err = ((nccl.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        if err > tol:
+            wrong.append(f"{label} {what}: NCCL differs from the reference by {err:.3g} of its largest value")
+
+    cases = [(shape, dtype) for dtype in (F16, BF16) for shape in SHAPES]
+    for seed, (shape, dtype) in enumerate(cases):
+        x = _inputs(shape, dtype, rank, seed, device)
+        if summer.route(x) != "oneshot":
+            wrong.append(f"{label} {shape} {dtype}: routed to NCCL")
+        ours, nccl = x.clone(), x.clone()
+        summer(ours)
+        dist.all_reduce(nccl)
+        compare(f"eager {shape} {dtype}", ours, nccl, _expected(x, world))
+
+    srcs = [_inputs(shape, dtype, rank, 0, device) for shape, dtype in cases]
+    ours = [torch.empty_like(s) for s in srcs]
+    nccl = [torch.empty_like(s) for s in srcs]
+
+    def step():
+        for s, o, n in zip(srcs, ours, nccl):
+            o.copy_(s)
+            summer(o)
+            n.copy_(s)
+            dist.all_reduce(n)
+
+    graph, _ = capture_graph(step)
+    for replay in range(4):
+        for i, (shape, dtype) in enumerate(cases):
+            srcs[i].copy_(_inputs(shape, dtype, rank, 100 + 10 * replay + i, device))
+        graph.replay()
+        for i, (shape, dtype) in enumerate(cases):
+            compare(f"graph replay {replay} {shape} {dtype}", ours[i], nccl[i], _expected(srcs[i], world))
+        x = _inputs((2, 4096), BF16, rank, 7 + replay, device)  # an eager call between replays
+        y = x.clone()
+        summer(y)
+        if not torch.equal(y, _expected(x, world)):
+            wrong.append(f"{label} eager call after replay {replay}")
+    torch.cuda.synchronize(device)
+    buffers = summer.peers.buffers
+    flags = summer.peers.keep[0][2 * buffers.capacity:]
+    if flags.any():
+        wrong.append(f"{label}: {int(flags.count_nonzero())} flags left set")
+    if int(buffers.state[1]) != 0:
+        wrong.append(f"{label}: programs-done counter left at {int(buffers.state[1])}")
+    return wrong
+
+
+def _rank_main(rank: int, world: int, address: str, results) -> None:
+    """One rank: join (TRITONFORMER_ALLREDUCE=oneshot, the transport the group picks), check
+    that, then check a second set-up over CUDA IPC."""
+    try:
+        os.environ[MODE_ENV] = "oneshot"
+        from tritonformer.backend.parallel.allreduce import AllReduce
+        from tritonformer.backend.parallel.group import TensorParallelGroup
+
+        device = torch.device(f"cuda:{rank}")
+        tp = TensorParallelGroup.join(rank, world, address, device)
+        summer = tp.reducer
+        if summer is None or summer.peers is None:
+            raise AssertionError("no peer buffers after join")
+        wrong = _check_summer(summer, rank, world, device, summer.peers.transport)
+        x = _inputs((4, 4096), F16, rank, 3, device)
+        y = tp.all_reduce(x.clone())
+        if not torch.equal(y, _expected(x, world)):
+            wrong.append("TensorParallelGroup.all_reduce")
+        ipc = AllReduce.create(rank, world, device, mode="oneshot", transports=("ipc",))
+        if ipc.peers is None:
+            wrong.append("the CUDA IPC set-up fell back to NCCL")
+        else:
+            wrong += _check_summer(ipc, rank, world, device, "ipc")
+        results.put((rank, summer.peers.transport, wrong))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, None, [traceback.format_exc()]))
+    finally:
+        results.close()
+        results.join_thread()  # the answer is out of this process before it ends
+        os._exit(0)  # no destroy_process_group: it can hang at exit
+
+
+def _run_ranks(target, world: int, timeout: float = RUN_TIMEOUT_S) -> dict:
+    """Run `target(rank, world, address, results)` in `world` spawned processes; returns
+    {rank: (transport, what went wrong)} as they put it in `results`."""
+    import multiprocessing
+
+    from tritonformer.backend.parallel.group import free_address
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    address = free_address()
+    procs = [ctx.Process(target=target, args=(r, world, address, results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    got, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(got) < world:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout} s; ranks that answered: {sorted(got)}")
+            try:
+                rank, transport, wrong = results.get(timeout=min(remaining, 5.0))
+            except Exception:  # noqa: BLE001 - queue.Empty: look again (and at the processes)
+                if not any(p.is_alive() for p in procs):
+                    raise AssertionError(f"ranks exited without answering; answered: {sorted(got)}") from None
+                continue
+            got[rank] = (transport, wrong)
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    return got
+
+
+def _problems(got: dict) -> str:
+    return "\n".join(f"rank {r}: {w}" for r, (_, wrong) in sorted(got.items()) for w in wrong)
+
+
+def _cpu_rank(rank: int, world: int, address: str, results) -> None:
+    """A CPU rank: no peer buffers can exist, so even `oneshot` sums through the group (gloo)."""
+    try:
+        import torch.distributed as dist
+
+        from tritonformer.backend.parallel.allreduce import AllReduce
+
+        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
+        summer = AllReduce.create(rank, world, torch.device("cpu"), mode="oneshot")
+        wrong = [] if summer.peers is None else ["peer buffers on a CPU"]
+        x = torch.full((3, 5), float(rank + 1), dtype=BF16)
+        if summer.route(x) != "nccl":
+            wrong.append(f"routed to {summer.route(x)}")
+        if summer(x) is not x or not torch.equal(x, torch.full((3, 5), world * (world + 1) / 2, dtype=BF16)):
+            wrong.append(f"sum {x}")
+        results.put((rank, None, wrong))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, None, [traceback.format_exc()]))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)
+
+
+def test_without_peer_buffers_every_rank_sums_through_the_process_group():
+    got = _run_ranks(_cpu_rank, 2, timeout=120)
+    assert not _problems(got), _problems(got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("world", [2, 4])
+def test_one_shot_matches_nccl_and_the_reference_on_gpus(world):
+    if GPUS < world:
+        pytest.skip(f"needs {world} GPUs")
+    got = _run_ranks(_rank_main, world)
+    assert not _problems(got), _problems(got)
+    assert {t for t, _ in got.values()} == {"symm_mem"}, got  # torch 2.11 has symmetric memory
