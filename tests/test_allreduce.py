@@ -17,7 +17,7 @@ import traceback
 import pytest
 import torch
 
-from tritonformer.backend.parallel.allreduce import MAX_BYTES, MODE_ENV, THRESHOLD_BYTES, read_mode, route
+from tritonformer.backend.parallel.allreduce import MAX_BYTES, MODE_ENV, read_mode, route, threshold_bytes
 from tritonformer.kernels.reference import all_reduce_sum
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -66,8 +66,10 @@ KB = 1024
 @pytest.mark.parametrize("mode, nbytes, dtype, contiguous, world, ready, path, said", [
     ("auto", 8 * KB, F16, True, 2, True, "oneshot", None),
     ("auto", 16 * KB, BF16, True, 8, True, "oneshot", None),
-    ("auto", THRESHOLD_BYTES, F16, True, 2, True, "oneshot", None),
-    ("auto", THRESHOLD_BYTES + 2, F16, True, 2, True, "nccl", None),  # by size: nothing to say
+    ("auto", threshold_bytes(2), F16, True, 2, True, "oneshot", None),
+    ("auto", threshold_bytes(4) + 2, F16, True, 4, True, "nccl", None),  # more ranks hand over sooner
+    ("auto", threshold_bytes(4), F16, True, 4, True, "oneshot", None),
+    ("auto", threshold_bytes(2) + 2, F16, True, 2, True, "nccl", None),  # by size: nothing to say
     ("auto", 4 * MAX_BYTES, F16, True, 2, True, "nccl", None),
     ("oneshot", MAX_BYTES, F16, True, 2, True, "oneshot", None),  # forced: past the threshold
     ("oneshot", MAX_BYTES + 2, F16, True, 2, True, "nccl", "bytes"),

@@ -5,7 +5,7 @@ on each even inside a CUDA graph, a one-shot kernel over peer buffers
 (kernels/triton_allreduce.py) a fraction of that. Which one runs is decided per call by
 `route` from the message and the mode, read once from `TRITONFORMER_ALLREDUCE`:
 
-* `auto` (default): ours up to THRESHOLD_BYTES, NCCL above;
+* `auto` (default): ours up to `threshold_bytes(world)`, NCCL above;
 * `oneshot`: ours wherever it can run (up to MAX_BYTES), for tests and benchmarks;
 * `nccl`: NCCL only (no peer buffers are set up).
 
@@ -40,7 +40,16 @@ log = logging.getLogger("tritonformer")
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
 MODES = ("auto", "nccl", "oneshot")
 MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
-THRESHOLD_BYTES = 512 * 1024  # `auto`: ours up to this, NCCL above (tools/gpu/time_allreduce.py)
+
+
+def threshold_bytes(world: int) -> int:
+    """`auto`: ours up to this, NCCL above. Ours reads every peer's whole message, so its cost
+    grows with the ranks; measured on H100s with NVLink (tools/gpu/time_allreduce.py, in a
+    CUDA graph): 2 ranks 6.0 vs NCCL 11.5 us at 8 KB, 13.4 vs 14.3 at 512 KB, 22.3 vs 18.4 at
+    1 MB; 4 ranks 8.4 vs 14.4 at 8 KB, 14.2 vs 17.8 at 256 KB, 21.7 vs 20.2 at 512 KB."""
+    return (1 << 20) // max(world, 1)
+
+
 MAX_WORLD = 8
 DTYPES = (torch.float16, torch.bfloat16)
 TRANSPORTS = ("symm_mem", "ipc")
@@ -55,7 +64,7 @@ def read_mode(environ=os.environ) -> str:
 
 
 def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: int, ready: bool,
-          threshold: int = THRESHOLD_BYTES, max_bytes: int = MAX_BYTES) -> tuple[str, str | None]:
+          threshold: int | None = None, max_bytes: int = MAX_BYTES) -> tuple[str, str | None]:
     """('oneshot' or 'nccl', why NCCL serves a call ours would otherwise take, or None).
     `ready`: the peer buffers are set up on every rank."""
     if mode == "nccl":
@@ -70,7 +79,7 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
         return "nccl", "a non-contiguous tensor"
     if nbytes > max_bytes:
         return "nccl", None if mode == "auto" else f"{nbytes} bytes (peer buffers hold {max_bytes})"
-    if mode == "auto" and nbytes > threshold:
+    if mode == "auto" and nbytes > (threshold_bytes(world) if threshold is None else threshold):
         return "nccl", None
     return "oneshot", None
 
@@ -78,7 +87,7 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
 class AllReduce:
     """`all_reduce(x)`: sum `x` over the ranks in place, by our kernel or NCCL (`route`)."""
 
-    def __init__(self, mode: str, world: int, peers=None, threshold: int = THRESHOLD_BYTES,
+    def __init__(self, mode: str, world: int, peers=None, threshold: int | None = None,
                  max_bytes: int = MAX_BYTES):
         self.mode, self.world, self.peers = mode, world, peers
         self.threshold, self.max_bytes = threshold, max_bytes
@@ -92,7 +101,7 @@ class AllReduce:
     @classmethod
     def create(cls, rank: int, world: int, device: torch.device, mode: str | None = None,
                transports: tuple[str, ...] = TRANSPORTS, max_bytes: int = MAX_BYTES,
-               threshold: int = THRESHOLD_BYTES) -> "AllReduce":
+               threshold: int | None = None) -> "AllReduce":
         """Set up on every rank at once (collective, after init_process_group). `mode`: default
         from the environment. `transports`: tried in order until every rank has one."""
         mode = read_mode() if mode is None else mode

@@ -10,7 +10,7 @@ the reference's bits on rank 0 for random inputs. The whole run is bounded (< 3 
     python3 tools/gpu/time_allreduce.py [--gpus 2] [--sizes 8K,16K,64K,256K,512K,1M]
                                         [--block 2048] [--programs 32] [--no-pdl]
 
-THRESHOLD_BYTES in backend/parallel/allreduce.py (where `auto` hands over to NCCL) comes from
+threshold_bytes() in backend/parallel/allreduce.py (where `auto` hands over to NCCL) comes from
 the graph columns: the largest size at which ours is still faster.
 """
 from __future__ import annotations
