@@ -11,6 +11,7 @@ import gc
 import logging
 import threading
 from collections import deque
+from typing import Callable
 
 log = logging.getLogger("tritonformer")
 
@@ -56,6 +57,9 @@ class EngineLoop:
         self._failed: Exception | None = None
         self._failure_seen = threading.Event()  # the engine thread answered what it held
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # Called on this thread after every pass that may have produced responses (a step, or
+        # every request answered): a sink that batches its responses sends them then, once.
+        self.after_pass: Callable[[], None] | None = None
 
     # ---- called from Triton's threads -------------------------------------------------
     def start(self) -> None:
@@ -138,11 +142,13 @@ class EngineLoop:
                 failed = self._failed
             if failed is not None:  # (fail() answered the inbox; this thread answers what it holds)
                 self.abort_all(failed)
+                self._pass_done()
                 self._failure_seen.set()
                 return
             self.admit(items)
             if stopping:
                 self.abort_all(ShuttingDown("the model is shutting down"))
+                self._pass_done()
                 return
             if not self.ready():
                 continue
@@ -151,3 +157,8 @@ class EngineLoop:
             except Exception:  # a bug must not kill the thread and strand every request
                 log.exception("engine step failed")
                 self.abort_all(RuntimeError("internal error in the engine; see the server log"))
+            self._pass_done()
+
+    def _pass_done(self) -> None:
+        if self.after_pass is not None:
+            self.after_pass()

@@ -226,6 +226,7 @@ def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
     after = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
     queries, hits, hit_tokens = (a - b for a, b in zip(after, before))
     return {"ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "ttft_ms": ttft.tolist(), "useful_tokens": useful,
             "tok_per_s": useful / seconds, "seconds": seconds, "outputs": [list(s.output_ids) for s in seqs],
             "cache_queries": queries, "cache_hits": hits, "cache_hit_tokens": hit_tokens}
 

@@ -163,14 +163,20 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
 class RandomTensor:
     """A checkpoint tensor of random values made where and when it is read, whole or in part
     (like backend/checkpoints/weights.LazyTensor): a tensor-parallel rank builds only its share
-    of a 70B-shaped model on its own GPU. Values ~ N(0, 0.02), a norm's ~ N(1, 0.02) as applied."""
+    of a 70B-shaped model on its own GPU. Values ~ N(0, 0.02), a norm's ~ N(1, 0.02) as applied.
+    With a `seed`, the whole tensor is made from it and the part read is cut from that: every
+    part of every read agrees with one whole tensor (the same model at any split)."""
 
-    def __init__(self, shape: tuple[int, ...], device: str, offset: float):
-        self.shape, self.device, self.offset = shape, device, offset
+    def __init__(self, shape: tuple[int, ...], device: str, offset: float, seed: int | None = None):
+        self.shape, self.device, self.offset, self.seed = shape, device, offset, seed
 
     def __getitem__(self, index):
         import torch
 
+        if self.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(self.seed)
+            whole = torch.empty(self.shape, device=self.device).normal_(0.0, 0.02, generator=gen)
+            return whole.add_(self.offset)[index]
         shape = torch.empty(self.shape, device="meta")[index].shape
         return torch.empty(shape, device=self.device).normal_(0.0, 0.02).add_(self.offset)
 
@@ -184,4 +190,18 @@ def random_shard_state(name_or_config, device: str) -> dict:
     cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
     spec = _spec(cfg)
     return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if "norm" in name else 0.0)
+            for name, shape in tensor_shapes(spec).items()}
+
+
+def seeded_shard_state(name_or_config, seed: int, device: str) -> dict:
+    """random_shard_state's tensors with values fixed by `seed` and each tensor's name, whatever
+    share a rank reads: the same whole model at every tensor-parallel size (on GPUs of one kind),
+    so that sizes can be compared token for token. Each rank makes every tensor whole (in fp32,
+    one at a time) and keeps its share."""
+    import zlib
+
+    cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
+    spec = _spec(cfg)
+    return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if "norm" in name else 0.0,
+                               seed=zlib.crc32(f"{seed}:{name}".encode()))
             for name, shape in tensor_shapes(spec).items()}

@@ -34,3 +34,4 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     write_kv,
 )
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm  # noqa: F401
+from tritonformer.kernels.fp8 import Fp8Weight, quantize_weight  # noqa: F401

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tritonformer.kernels import fp8
+from tritonformer.kernels.fp8 import Fp8Weight
+
 
 def add_bias_residual_layer_norm(
     x: torch.Tensor,
@@ -403,7 +406,8 @@ def linear_act(
     dtype first, as the unfused ops do."""
     if activation not in LINEAR_ACTIVATIONS:
         raise ValueError(f"activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
-    h = F.linear(apply_prenorm(x, prenorm, weight.dtype), weight, bias)
+    operand = apply_prenorm(x, prenorm, weight.dtype)
+    h = fp8_linear(operand, weight, bias) if isinstance(weight, Fp8Weight) else F.linear(operand, weight, bias)
     if activation in GATED_ACTIVATIONS:
         h = gated_act(h, activation)
     elif activation != "none":
@@ -558,6 +562,47 @@ def prenorm_qkv_to_cache(
     """A decoder layer's attention input in one op: PreNorm(x), the QKV projection, then
     `qkv_to_cache` (bias, the q/k head norms, rotary, k and v into the paged cache); returns
     q `[T, H, D]`."""
-    qkv = F.linear(apply_prenorm(x, prenorm, weight.dtype), weight)
+    operand = apply_prenorm(x, prenorm, weight.dtype)
+    qkv = fp8_linear(operand, weight, None) if isinstance(weight, Fp8Weight) else F.linear(operand, weight)
     return qkv_to_cache(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping,
                         q_norm, k_norm, norm_eps)
+
+
+def all_reduce_sum(inputs, out: torch.Tensor | None = None) -> torch.Tensor:
+    """What a sum all-reduce leaves on every rank: the ranks' tensors (`inputs[r]` is rank r's,
+    all of one shape and dtype) added in rank order in fp32 and rounded to their dtype once.
+    Rank order makes the result the same bits on every rank (triton_allreduce.py sums so)."""
+    acc = torch.zeros(inputs[0].shape, dtype=torch.float32, device=inputs[0].device)
+    for x in inputs:
+        acc += x.float()
+    result = acc.to(inputs[0].dtype)
+    return result if out is None else out.copy_(result)
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (row) dynamic FP8 quantisation of activations `[M, K]`: (E4M3 values `[M, K]`,
+    fp32 scales `[M, 1]`) with scale = max(amax(|row|), fp8.MIN_AMAX) / 448 and values =
+    round-to-nearest(row / scale), computed in fp32."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=fp8.MIN_AMAX) / fp8.E4M3_MAX
+    return (xf / scale).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3), scale
+
+
+def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x `[M, K]` @ W^T + bias for an FP8 weight, in the activation dtype `weight.dtype`, as the
+    GPU computes it (kernels/fp8.py):
+
+    * up to fp8.WEIGHT_ONLY_MAX_ROWS rows, weight-only: x as it is times the E4M3 values in
+      fp32, each column times its weight scale, plus the bias, rounded once (the GEMV and the
+      small GEMM apply the scale and bias on their fp32 accumulator);
+    * more rows: x quantised per token (`quantize_rows_fp8`), the E4M3 product in fp32 times
+      both scales, rounded (torch._scaled_mm's output), then the bias added in that dtype.
+
+    The weight is dequantised on every call: fine for the tests and the CPU, which this serves."""
+    w = weight.data.float()
+    if x.shape[0] <= fp8.WEIGHT_ONLY_MAX_ROWS:
+        h = F.linear(x.float(), w) * weight.scale
+        return (h if bias is None else h + bias.float()).to(weight.dtype)
+    q, scale = quantize_rows_fp8(x)
+    h = (F.linear(q.float(), w) * scale * weight.scale).to(weight.dtype)
+    return h if bias is None else h + bias.to(weight.dtype)

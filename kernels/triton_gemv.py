@@ -29,6 +29,10 @@ columns into registers and, with PDL, asks L2 for the rest of its weight rows be
 then walks K in chunks. Only linears without a PreNorm take that path (a norm needs the whole
 row's statistics before the GEMM; no model has a hidden size past _MAX_K).
 
+FP8 weights (kernels/fp8.py, SCALED): the program loads the E4M3 values (half the bytes of
+fp16), converts them in registers, and multiplies each column's fp32 sum by its row scale
+before the bias; the input stays 16-bit (weight-only FP8: a decode row is memory-bound).
+
 Everything a program reads before gdc_wait is a constant (weights, biases, norm weights) and
 everything it writes comes after it: a kernel that starts early can neither see a stale input
 nor overwrite one its predecessor still reads.
@@ -78,6 +82,24 @@ def _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_
 
 
 @triton.jit
+def _operand(v, w_ptr, out_ptr, SCALED: tl.constexpr):
+    """The GEMM operand in fp32, rounded as the unfused path stores it: to the weights' dtype, or
+    with FP8 weights (SCALED) to the activations' (out's)."""
+    if SCALED:
+        return v.to(out_ptr.dtype.element_ty).to(tl.float32)
+    return v.to(w_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _scaled(acc, scale, SCALED: tl.constexpr):
+    """acc `[R, BLOCK_N]` times its columns' weight scales `[BLOCK_N]` (FP8 weights); acc as it is
+    otherwise."""
+    if SCALED:
+        acc = acc * scale[None, :]
+    return acc
+
+
+@triton.jit
 def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
     """LayerNorm (NORM 1, two passes over the registers) or RMSNorm (2) of fp32 rows `[R, KP]`
     whose lanes past K are zero."""
@@ -92,26 +114,29 @@ def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, bias_ptr, out_ptr,
+    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     eps, stride_xm, stride_om, stride_cos,
     M: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
     POST_NORM: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
-    ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    SCALED: tl.constexpr, ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     LOOP: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
 ):
     """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid:
     (column tiles,), see column_tile. LOOP (no prologue): K is walked in KP-wide chunks, the
     first loaded before the wait; PREFETCH (LOOP with PDL): the LINES 128-byte lines (PER_LINE
-    elements apiece) of each weight row past the first chunk are asked of L2 before the wait."""
+    elements apiece) of each weight row past the first chunk are asked of L2 before the wait.
+    SCALED: FP8 weights, each column's sum times its weight row's scale (scale_ptr) before the
+    bias."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     ks = tl.arange(0, KP)
     k_ok = ks < K
 
     # The constants first: weights `[1, BLOCK_N, KP]` (broadcast against the rows later),
-    # biases, norm weights. Their loads are in flight while the previous kernel finishes.
+    # biases, FP8 weights' scales, norm weights. Their loads are in flight while the previous
+    # kernel finishes.
     w_off = tl.where(col_ok, cols, 0).to(tl.int64)[None, :, None] * K + ks[None, None, :]
     w_mask = col_ok[None, :, None] & k_ok[None, None, :]
     w = tl.load(w_ptr + w_off, mask=w_mask, other=0.0)
@@ -124,6 +149,12 @@ def _gemv_kernel(
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         if PAIRED:
             bias_b = tl.load(bias_ptr + cols + HALF, mask=col_ok, other=0.0).to(tl.float32)
+    w_scale = bias  # FP8 weights' row scales; unused unless SCALED
+    w_scale_b = bias
+    if SCALED:
+        w_scale = tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
+        if PAIRED:
+            w_scale_b = tl.load(scale_ptr + cols + HALF, mask=col_ok, other=0.0)
     xn = bias  # unused unless POST_NORM
     if NORM != 0:
         nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
@@ -145,8 +176,8 @@ def _gemv_kernel(
     row_ok = rows < M
     if LOOP:
         # No prologue: x's chunks as they are, in the weights' dtype (asserted equal).
-        xw = _input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, False, False,
-                         False).to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]
+        xw = _operand(_input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, False,
+                                  False, False), w_ptr, out_ptr, SCALED)[:, None, :]
         acc = tl.sum(xw * w.to(tl.float32), axis=2)  # [ROWS, BLOCK_N]
         acc_b = acc
         if PAIRED:
@@ -156,14 +187,15 @@ def _gemv_kernel(
             kk_ok = kk < K
             wk_mask = col_ok[None, :, None] & kk_ok[None, None, :]
             wk = tl.load(w_ptr + w_off + k0, mask=wk_mask, other=0.0)
-            xk = _input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, kk, row_ok, kk_ok, stride_xm, K, K, False, False,
-                             False).to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]
+            xk = _operand(_input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, kk, row_ok, kk_ok, stride_xm, K, K, False,
+                                      False, False), w_ptr, out_ptr, SCALED)[:, None, :]
             acc += tl.sum(xk * wk.to(tl.float32), axis=2)
             if PAIRED:
                 wk_b = tl.load(w_ptr + HALF * K + w_off + k0, mask=wk_mask, other=0.0)
                 acc_b += tl.sum(xk * wk_b.to(tl.float32), axis=2)
-        acc += bias[None, :]
-        acc_b += bias_b[None, :]
+        acc = _scaled(acc, w_scale, SCALED) + bias[None, :]
+        if PAIRED:
+            acc_b = _scaled(acc_b, w_scale_b, SCALED) + bias_b[None, :]
     else:
         s = _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, HAS_XBIAS,
                         HAS_RES, POST_NORM)
@@ -173,12 +205,12 @@ def _gemv_kernel(
                 tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
                          mask=(sum_rows < M)[:, None] & k_ok[None, :])
             s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
-        # The GEMM operand in the weights' dtype, as the unfused path stores it.
-        xw = s.to(w_ptr.dtype.element_ty).to(tl.float32)[:, None, :]  # [ROWS, 1, KP]
-        acc = tl.sum(xw * w.to(tl.float32), axis=2) + bias[None, :]  # [ROWS, BLOCK_N]
+        # The GEMM operand as the unfused path stores it (in the weights' dtype; FP8: the activations').
+        xw = _operand(s, w_ptr, out_ptr, SCALED)[:, None, :]  # [ROWS, 1, KP]
+        acc = _scaled(tl.sum(xw * w.to(tl.float32), axis=2), w_scale, SCALED) + bias[None, :]
         acc_b = acc
         if PAIRED:
-            acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2) + bias_b[None, :]
+            acc_b = _scaled(tl.sum(xw * w_b.to(tl.float32), axis=2), w_scale_b, SCALED) + bias_b[None, :]
 
     store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om, cos_ptr, sin_ptr, slot_ptr,
                    k_cache_ptr, v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ACT, OUT, ROTARY)
@@ -200,8 +232,9 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS) -> 
     return max(1, min(triton.next_power_of_2(half), budget // kp))
 
 
-def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, out_mode, qkv):
-    """Run _gemv_kernel; the arguments as triton_small_gemm._launch resolves them."""
+def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, out_mode, qkv, scale=None):
+    """Run _gemv_kernel; the arguments as triton_small_gemm._launch resolves them (`weight` the
+    E4M3 values of an FP8 weight, with its row scales `scale`)."""
     m, k = x.shape
     p = prenorm
     residual = p.residual if p is not None else None
@@ -219,14 +252,15 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     per_line = 128 // weight.element_size()
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
         x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x),
-        _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), weight, _or(bias, x), out,
+        _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), weight, _or(scale, x),
+        _or(bias, x), out,
         _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
         p.eps if p else 0.0, x.stride(0), out.stride(0) if out.dim() == 2 else 0, cos.stride(0) if cos is not None else 0,
         M=m, K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
         WRITE_SUM=sum_out is not None, NORM=norm_code, POST_NORM=x_norm is not None,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode, ROTARY=cos is not None,
-        ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl,
+        SCALED=scale is not None, ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl,
         LOOP=loop, PREFETCH=loop and pdl, LINES=triton.next_power_of_2(triton.cdiv(k - kp, per_line)) if loop else 1,
         PER_LINE=per_line, num_warps=warps, **triton_pdl.launch_options(pdl),
     )

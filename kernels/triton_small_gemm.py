@@ -43,8 +43,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import dispatch, reference, triton_gemm, triton_gemv, triton_pdl
+from tritonformer.kernels import dispatch, fp8, reference, triton_fp8, triton_gemm, triton_gemv, triton_pdl
 from tritonformer.kernels.dispatch import register
+from tritonformer.kernels.fp8 import Fp8Weight
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
                                                         OUT_QKV, column_tile, store_epilogue)
@@ -148,19 +149,31 @@ def _sum_splits(acc, partial_ptr, counter_ptr, rows, SPLIT_K: tl.constexpr, BLOC
     return total, last
 
 
-@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT", "SPLIT_K"],
+@triton.jit
+def _in_dtype_of(w, x, SCALED: tl.constexpr):
+    """A weight tile as the dot takes it: FP8 weights (SCALED) converted to x's dtype in
+    registers (their row scales are applied to the accumulator later); others as loaded."""
+    if SCALED:  # (one return: the compiler wants every return of one type, even in a pruned branch)
+        w = w.to(x.dtype)
+    return w
+
+
+@triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K", "ACT", "OUT", "SPLIT_K", "SCALED"],
                  prune_configs_by={"early_config_prune": _candidates})
 @triton.jit(do_not_specialize=["M"])
 def _small_linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, partial_ptr, counter_ptr,
-    M, N, stride_xm, stride_wn, stride_om, stride_cos,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, partial_ptr,
+    counter_ptr, M, N, stride_xm, stride_wn, stride_om, stride_cos,
     K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
-    DOT_FP32: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
+    SCALED: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
+    PER_LINE: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One column tile of out = epilogue(x @ W^T), or with SPLIT_K > 1 one K range of it.
-    Grid: (column tiles, SPLIT_K), see column_tile."""
+    Grid: (column tiles, SPLIT_K), see column_tile. SCALED: FP8 weights (E4M3 values, row scales
+    at scale_ptr), weight-only: the tiles are converted to x's dtype for the dot and the row
+    scales multiply the whole sum, before the bias."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -186,14 +199,19 @@ def _small_linear_kernel(
         ks = k_lo + k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _dot(x, tl.load(w_tile, mask=k_ok[None, :], other=0.0), acc, DOT_FP32)
+        acc = _dot(x, _in_dtype_of(tl.load(w_tile, mask=k_ok[None, :], other=0.0), x, SCALED), acc, DOT_FP32)
         if PAIRED:
-            acc_b = _dot(x, tl.load(w_tile + partner, mask=k_ok[None, :], other=0.0), acc_b, DOT_FP32)
+            acc_b = _dot(x, _in_dtype_of(tl.load(w_tile + partner, mask=k_ok[None, :], other=0.0), x, SCALED), acc_b,
+                         DOT_FP32)
         w_tile += BLOCK_K
     if SPLIT_K > 1:  # plain linears only (`split_k`): acc_b is unused
         acc, last = _sum_splits(acc, partial_ptr, counter_ptr, rows, SPLIT_K, BLOCK_M, BLOCK_N)
         row_ok = row_ok & last  # the others store nothing
 
+    if SCALED:
+        acc *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        if PAIRED:
+            acc_b *= tl.load(scale_ptr + cols + HALF, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if PAIRED:
@@ -205,8 +223,14 @@ def _small_linear_kernel(
 def _launch(x, weight, bias, out, *, gemv, act="none", prenorm=None, out_mode=OUT_PLAIN, qkv=None):
     """Run triton_gemv's kernel (gemv: the route GEMV) or _small_linear_kernel. x: `[M, K]`;
     out: `[M, N]` (plain) or q `[M, H, D]` (QKV, with qkv = (H, Hkv, D, cos, sin, k_cache,
-    v_cache, slots))."""
+    v_cache, slots)). An Fp8Weight runs weight-only: its E4M3 values and row scales."""
     m, k = x.shape
+    scale = None
+    if isinstance(weight, Fp8Weight):
+        weight, scale = weight.data, weight.scale
+        operand_dtype = x.dtype
+    else:
+        operand_dtype = weight.dtype
     x = x if x.stride(1) == 1 else x.contiguous()
     paired = act in GATED_ACTIVATIONS or out_mode == OUT_QKV
     half = qkv[2] // 2 if out_mode == OUT_QKV else (weight.shape[0] // 2 if paired else weight.shape[0])
@@ -221,7 +245,7 @@ def _launch(x, weight, bias, out, *, gemv, act="none", prenorm=None, out_mode=OU
             "sum_out must not overlap the input or the residual: other programs still read them"
     if gemv:
         return triton_gemv.launch(x, weight, bias, out, paired=paired, half=half, act_code=ACT_CODE[act],
-                                  norm_code=_norm_code(p), prenorm=p, out_mode=out_mode, qkv=qkv)
+                                  norm_code=_norm_code(p), prenorm=p, out_mode=out_mode, qkv=qkv, scale=scale)
     assert p is None, "past the GEMV's rows a PreNorm runs as its own kernel (_unfused_prenorm)"
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
     rotary = cos is not None
@@ -238,13 +262,14 @@ def _launch(x, weight, bias, out, *, gemv, act="none", prenorm=None, out_mode=OU
         return (halves * triton.cdiv(half, meta["BLOCK_N"]), splits)
 
     _small_linear_kernel[grid](
-        x, weight, _or(bias, x), out, _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
-        partial, counters,
+        x, weight, _or(scale, x), _or(bias, x), out, _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x),
+        _or(v_cache, x), partial, counters,
         m, weight.shape[0], x.stride(0), weight.stride(0), out.stride(0) if out_mode == OUT_PLAIN else 0,
         cos.stride(0) if rotary else 0,
         K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=ACT_CODE[act], OUT=out_mode, ROTARY=rotary,
-        DOT_FP32=weight.dtype == torch.float32 or (_INTERPRETED and weight.dtype == torch.bfloat16),
+        SCALED=scale is not None,
+        DOT_FP32=operand_dtype == torch.float32 or (_INTERPRETED and operand_dtype == torch.bfloat16),
         PDL=pdl, PREFETCH=pdl and weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
         # lines of one split's K range (the longest, at the largest BLOCK_K)
         LINES=triton.next_power_of_2(triton.cdiv(triton.cdiv(triton.cdiv(k, splits), _PLAIN_MAX_K) * _PLAIN_MAX_K,
@@ -307,12 +332,15 @@ GEMV = "gemv"  # triton_gemv: PreNorm prologue and epilogue fused
 SMALL_GEMM = "small_gemm"  # this module's kernel: epilogue fused (PreNorm: its own kernel first)
 MANY_ROW_GEMM = "many_row_gemm"  # triton_gemm's fused bias + GELU GEMM (PreNorm: its own kernel first)
 TORCH = "torch"  # torch's GEMM (cuBLAS); PreNorm, activation and QKV epilogue in kernels of their own
+# FP8 weights past fp8.WEIGHT_ONLY_MAX_ROWS: per-token activation quantisation and the FP8
+# tensor-core GEMM (triton_fp8.scaled_mm); PreNorm, bias and activation as TORCH runs them.
+SCALED_MM = "scaled_mm"
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, activation: str = "none", prenorm: PreNorm | None = None,
           qkv_epilogue: bool = False) -> str:
     """Which kernel serves a linear of x `[M, K]` (one of GEMV, SMALL_GEMM, MANY_ROW_GEMM,
-    TORCH): the one place that decides. `qkv_epilogue`: the QKV projection wants its bias,
+    SCALED_MM, TORCH): the one place that decides. `qkv_epilogue`: the QKV projection wants its bias,
     rotary and cache write fused. prenorm_qkv_to_cache with q/k head norms asks without it: a
     fused epilogue's program holds a few columns of one head half (its column tile), never the
     whole head a norm needs, so that projection routes as a plain linear (the GEMV keeping the
@@ -327,12 +355,22 @@ def route(x: torch.Tensor, weight: torch.Tensor, activation: str = "none", preno
       as fast or faster (see the module docstring).
     * MANY_ROW_GEMM: a GELU linear from LARGE_ROWS rows where TMA is there (Hopper).
     * TORCH: everything else.
+
+    An FP8 weight (kernels/fp8.py) reads its E4M3 values where the rows are few: the GEMV as
+    above, then the small GEMM up to fp8.WEIGHT_ONLY_MAX_ROWS (weight-only: a decode batch is
+    memory-bound and cuBLAS has no GEMM of fp16 rows by FP8 weights); past that SCALED_MM where
+    the GPU has a row-wise FP8 GEMM and K, N are multiples of 16, else TORCH, which for an FP8
+    weight is its reference (the weight dequantised: correct, slow).
     """
     m, k = x.shape
     if m == 0 or k == 0:
         return TORCH
     if triton_gemv.supported(m, x, prenorm):
         return GEMV
+    if isinstance(weight, Fp8Weight):
+        if m <= fp8.WEIGHT_ONLY_MAX_ROWS:
+            return SMALL_GEMM
+        return SCALED_MM if triton_fp8.supported(x, weight) else TORCH
     if m <= MAX_ROWS:
         if qkv_epilogue:
             if prenorm is None or _prefetched(x):
@@ -361,6 +399,14 @@ def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.numel() * weight.element_size() <= SPLIT_MAX_BYTES)
 
 
+def _fp8_matmul(x: torch.Tensor, weight: Fp8Weight, r: str) -> torch.Tensor:
+    """x @ W^T of an FP8 weight past the few-row kernels, in its activation dtype: the FP8
+    tensor-core GEMM (route SCALED_MM) or the reference (TORCH), no bias."""
+    if r == SCALED_MM:
+        return triton_fp8.scaled_mm(x, weight)
+    return reference.fp8_linear(x, weight)
+
+
 @register("linear_act")
 def linear_act(
     x: torch.Tensor,
@@ -379,8 +425,8 @@ def linear_act(
     r = route(x, weight, activation, prenorm)
     if r != GEMV:
         x, prenorm = _unfused_prenorm(x, prenorm), None
-    if r in (TORCH, MANY_ROW_GEMM):
-        return _unfused(x, weight, bias, activation, out, many_rows=r == MANY_ROW_GEMM)
+    if r in (TORCH, MANY_ROW_GEMM, SCALED_MM):
+        return _unfused(x, weight, bias, activation, out, many_rows=r == MANY_ROW_GEMM, fp8_route=r)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1, f"out must be [M, N] = [{m}, {n}] with contiguous rows"
@@ -427,8 +473,10 @@ def prenorm_qkv_to_cache(
     if r != GEMV:
         x, prenorm = _unfused_prenorm(x, prenorm), None
         x = x.to(weight.dtype)
-    if r == TORCH or head_norms:
-        if r == TORCH:
+    if r in (TORCH, SCALED_MM) or head_norms:
+        if isinstance(weight, Fp8Weight) and r in (TORCH, SCALED_MM):
+            qkv = _fp8_matmul(x, weight, r)
+        elif r == TORCH:
             qkv = torch.nn.functional.linear(x, weight)
         else:  # the fused projection, plain: bias and all after it in the qkv_to_cache kernel
             qkv = torch.empty((m, n), dtype=weight.dtype, device=x.device)
@@ -459,12 +507,15 @@ def _unfused_prenorm(x, prenorm):
 
 
 def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t if t is None or t.is_contiguous() else t.contiguous()
+    return t if t is None or t.is_contiguous() else t.contiguous()  # an Fp8Weight is contiguous
 
 
-def _unfused(x, weight, bias, activation, out, many_rows=False):
+def _unfused(x, weight, bias, activation, out, many_rows=False, fp8_route=TORCH):
     """Torch's GEMM, then the activation's own kernel; a GELU layer with `many_rows` (the route
-    MANY_ROW_GEMM) in the fused many-row GEMM instead."""
+    MANY_ROW_GEMM) in the fused many-row GEMM instead. An FP8 weight: `_fp8_matmul` on
+    `fp8_route`, then the bias and the activation as below."""
+    if isinstance(weight, Fp8Weight):
+        return _fp8_epilogue(_fp8_matmul(x, weight, fp8_route), bias, activation, out)
     gelu = reference.GELU_APPROXIMATE.get(activation)
     if gelu is not None:
         if many_rows:
@@ -478,3 +529,16 @@ def _unfused(x, weight, bias, activation, out, many_rows=False):
     if out is None:
         return torch.nn.functional.linear(x, weight, bias)
     return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
+
+
+def _fp8_epilogue(h: torch.Tensor, bias, activation, out):
+    """bias and activation after an FP8 GEMM's `[M, N]` output h (in place where it can be): the
+    GELUs in the bias_gelu kernel, a gated activation after the bias, a plain bias added."""
+    gelu = reference.GELU_APPROXIMATE.get(activation)
+    if gelu is not None:
+        h = dispatch.bias_gelu(h, bias, gelu, out=h)
+    elif activation in GATED_ACTIVATIONS:
+        h = dispatch.gated_act(h if bias is None else h.add_(bias), activation)
+    elif bias is not None:
+        h = h.add_(bias)
+    return h if out is None else out.copy_(h)

@@ -974,3 +974,17 @@ def test_deployment_doc_covers_every_file():
         if path.is_file():
             assert path.relative_to(REPO).as_posix() in text, f"docs/deployment.md does not mention {path}"
     assert "not run" in text.lower() or "was not" in text.lower()
+
+
+def test_every_package_folder_is_installed():
+    """Each folder with an __init__.py under the four top-level packages is a package of
+    pyproject.toml: one left out would be missing from a non-editable install (the image)."""
+    text = (REPO / "pyproject.toml").read_text()
+    mapped = dict(re.findall(r'^"(tritonformer\.[\w.]+)" = "([\w/]+)"', text, re.M))
+    folders = {init.parent.relative_to(REPO).as_posix()
+               for top in ("backend", "kernels", "scheduler", "client") for init in (REPO / top).rglob("__init__.py")
+               if "__pycache__" not in init.parts}
+    missing = folders - set(mapped.values())
+    assert not missing, f"package folders missing from pyproject.toml: {sorted(missing)}"
+    listed = re.search(r"packages = \[(.*?)\]", text, re.S).group(1)
+    assert all(f'"{name}"' in listed for name in mapped), "a mapped package is not in the packages list"

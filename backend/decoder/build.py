@@ -4,6 +4,7 @@ model, the benchmarks, the tests and the tools all build it here, so a new knob 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from tritonformer.backend.decoder.engine import GeneratorEngine, GeneratorStats
 from tritonformer.backend.decoder.kv_cache import plan_num_blocks
@@ -30,6 +31,46 @@ class EngineOptions:
     stream_interval: int = 1
     max_stream_responses_per_s: int = 1000
     prefix_caching: bool = True  # reuse the KV blocks of prompt prefixes already computed (scheduler/prefix_cache.py)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Which generator model to load and where it runs: what the model's config parameters say
+    (picklable: an engine process gets it from the Triton stub that starts it)."""
+
+    checkpoint: str  # a checkpoint folder
+    device_type: str  # "cuda" or "cpu"
+    device_index: int
+    dtype: str  # "float16", "bfloat16", "float32"
+    tensor_parallel_size: int = 1  # this device and the next ones
+    max_model_len: int | None = None
+    allow_pickle: bool = False  # pickle .bin weights (weights_only) when there are no safetensors
+    quantization: str = "none"  # none | fp8: FP8 linears (backend/quantization.py)
+
+
+def load_model(source: ModelSource):
+    """The model, on its device; with tensor_parallel_size > 1 this process is rank 0 and the
+    workers load their shares meanwhile. Returns (model, workers or None)."""
+    import torch
+
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+    from tritonformer.backend.models.decoder import load_decoder
+
+    checkpoint = Path(source.checkpoint)
+    if source.device_type == "cuda":  # (an engine process starts on GPU 0: kernels launch on the current one)
+        torch.cuda.set_device(source.device_index)
+    if source.tensor_parallel_size > 1:
+        from tritonformer.backend.parallel.workers import ShardSource, start_ranks
+        from tritonformer.backend.quantization import refuse_with_tensor_parallel
+
+        refuse_with_tensor_parallel(source.quantization)
+        shards = ShardSource(str(checkpoint), load_config(checkpoint), source.dtype, source.device_type,
+                             source.device_index, source.max_model_len)
+        return start_ranks(shards, source.tensor_parallel_size)
+    device = torch.device("cuda", source.device_index) if source.device_type == "cuda" else torch.device("cpu")
+    model = load_decoder(load_config(checkpoint), load_state_dict(checkpoint, allow_pickle=source.allow_pickle),
+                         device, getattr(torch, source.dtype), source.max_model_len, quantization=source.quantization)
+    return model, None
 
 
 def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: EngineOptions = EngineOptions(),

@@ -18,6 +18,7 @@ from tritonformer import kernels
 from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
 from tritonformer.backend.checkpoints.weights import weight_getter
 from tritonformer.backend.models.encoder import ClassifierLabels, first_token_rows
+from tritonformer.kernels.fp8 import Fp8Weight, cat_rows
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class BertConfig:
 class BertEncoder:
     """Weights plus a forward over packed sequences. Not an nn.Module: inference only."""
 
+    # Each layer's linear weights: what quantization fp8 turns into FP8 (backend/quantization.py);
+    # the classification head stays 16-bit.
+    LINEAR_WEIGHTS = ("qkv_w", "out_w", "ffn_in_w", "ffn_out_w")
+
     def __init__(self, config: BertConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
                  labels: ClassifierLabels | None = None):
         """`labels`: the checkpoint has a sequence-classification head with these labels (its
@@ -105,7 +110,7 @@ class BertEncoder:
             self.layers.append(
                 {
                     # Q, K and V fused into one GEMM.
-                    "qkv_w": torch.cat([w(att + "query.weight"), w(att + "key.weight"), w(att + "value.weight")]),
+                    "qkv_w": cat_rows([w(att + "query.weight"), w(att + "key.weight"), w(att + "value.weight")]),
                     "qkv_b": torch.cat([w(att + "query.bias"), w(att + "key.bias"), w(att + "value.bias")]),
                     "out_w": w(p + "attention.output.dense.weight"),
                     "out_b": w(p + "attention.output.dense.bias"),
@@ -229,8 +234,11 @@ def from_hf(cfg: dict) -> BertConfig:
 MODEL = BertEncoder
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None):
-    """x @ weight^T (+ bias in the GEMM epilogue), into `out` when given (an arena view)."""
+def _linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor | None):
+    """x @ weight^T (+ bias in the GEMM epilogue), into `out` when given (an arena view). An FP8
+    weight runs kernels.linear_act, which routes it (kernels/fp8.py)."""
+    if isinstance(weight, Fp8Weight):
+        return kernels.linear_act(x, weight, bias, out=out)
     if out is None:
         return F.linear(x, weight, bias)
     if bias is None:

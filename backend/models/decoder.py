@@ -87,12 +87,16 @@ DECODER_FAMILIES = {
 
 
 def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 max_model_len: int | None = None, tp=None) -> DecoderModel:
+                 max_model_len: int | None = None, tp=None, quantization: str = "none") -> DecoderModel:
     """The decoder family named by the checkpoint's `model_type`, built on `device` in `dtype`.
     `max_model_len` caps the longest sequence (prompt + output) below the checkpoint's
     max_position_embeddings: rotary tables, decode graphs and the KV cache's guarantee of one
-    whole sequence are sized by it. `tp` (a TensorParallelGroup): build this rank's share."""
+    whole sequence are sized by it. `tp` (a TensorParallelGroup): build this rank's share.
+    `quantization` ("none" | "fp8", backend/quantization.py): FP8 linears; an FP8 checkpoint
+    loads as FP8 whatever it says."""
     import importlib
+
+    from tritonformer.backend import quantization as quant
 
     model_type = config.get("model_type", "llama")
     if model_type not in DECODER_FAMILIES:
@@ -101,13 +105,18 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     if hasattr(family, "adapt"):
         config, state = family.adapt(config, state)
     family_config = family.from_hf(config)
+    if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and not hasattr(family_config, "names"):
+        raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the families "
+                         f"built on the shared decoder, transformer.py)")
+    state, quantize = quant.prepare(state, quantization, device, dtype, tensor_parallel=tp is not None)
     if max_model_len is not None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {max_model_len}")
         longest = family_config.max_position_embeddings
         family_config = dataclasses.replace(family_config, max_position_embeddings=min(longest, max_model_len))
     if tp is None:
-        return family.MODEL(family_config, state, device, dtype)
+        model = family.MODEL(family_config, state, device, dtype)
+        return quant.quantize_model(model) if quantize else model
     if not hasattr(family_config, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
         raise ValueError(f"tensor parallelism is not supported for model_type {model_type!r}")
     return family.MODEL(family_config, state, device, dtype, tp=tp)

@@ -37,6 +37,7 @@ from tritonformer.backend.checkpoints.weights import weight_getter
 from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
 from tritonformer.backend.models.bert import position_ids
 from tritonformer.backend.models.encoder import ClassifierLabels
+from tritonformer.kernels.fp8 import Fp8Weight
 
 # config `hidden_activation` -> kernels.linear_act's gated activation (act on the first half)
 _MLP_ACTIVATIONS = {"gelu": "gelu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul", "gelu_new": "gelu_tanh_mul",
@@ -144,6 +145,10 @@ class ModernBertConfig:
 class ModernBertEncoder:
     """Weights plus a forward over packed sequences (models/encoder.py's `Encoder`). Not an
     nn.Module: inference only."""
+
+    # Each layer's linear weights: what quantization fp8 turns into FP8 (backend/quantization.py);
+    # the classification head stays in fp32.
+    LINEAR_WEIGHTS = ("qkv_w", "out_w", "wi_w", "wo_w")
 
     def __init__(self, config: ModernBertConfig, state: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype, labels: ClassifierLabels | None = None):
@@ -312,8 +317,12 @@ class ModernBertEncoder:
         return attn_in
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T (+ bias in the GEMM epilogue) into `out`."""
+def _linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
+            out: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T (+ bias in the GEMM epilogue) into `out`. An FP8 weight runs
+    kernels.linear_act, which routes it (kernels/fp8.py)."""
+    if isinstance(weight, Fp8Weight):
+        return kernels.linear_act(x, weight, bias, out=out)
     if bias is None:
         return torch.mm(x, weight.t(), out=out)
     return torch.addmm(bias, x, weight.t(), out=out)

@@ -21,6 +21,9 @@ One `forward` is one model iteration over every scheduled sequence (Orca's shape
 chunks of joining sequences and one decode token of each running sequence are packed into a
 single `[tokens, hidden]` activation, so every non-attention op runs once over all of them
 (selective batching); attention reads each sequence's keys from the paged cache.
+
+A layer's linear weights (LINEAR_WEIGHTS) may be FP8 (kernels.Fp8Weight: from an FP8 checkpoint,
+or quantised at load, backend/quantization.py); the linear ops take either.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.parallel.group import TensorParallelGroup
+from tritonformer.kernels.fp8 import Fp8Weight, cat_rows
 
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
 
@@ -121,21 +125,27 @@ def check_rotary_is_whole(cfg: dict) -> None:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    qkv_w: torch.Tensor
+    qkv_w: torch.Tensor | Fp8Weight
     qkv_b: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_w: torch.Tensor
+    o_w: torch.Tensor | Fp8Weight
     attn_post_norm: torch.Tensor | None
     mlp_norm: torch.Tensor
-    gate_up_w: torch.Tensor
-    down_w: torch.Tensor
+    gate_up_w: torch.Tensor | Fp8Weight
+    down_w: torch.Tensor | Fp8Weight
     mlp_post_norm: torch.Tensor | None
     window: int | None
     local: bool  # sliding-window layer using the local rope table
 
 
 class TransformerDecoder(DecoderModel):
+    # Each layer's linear weights: what quantization fp8 turns into FP8 (backend/quantization.py),
+    # but the first and last layers', which stay 16-bit (measured there: perplexity). Any of them
+    # may be a kernels.Fp8Weight (an FP8 checkpoint, or quantised after the build).
+    LINEAR_WEIGHTS = ("qkv_w", "o_w", "gate_up_w", "down_w")
+    FP8_KEEP_EDGE_LAYERS = True
+
     def __init__(self, config: DecoderSpec, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
                  tp: TensorParallelGroup | None = None):
         """With `tp`, this rank's share of the model (Megatron-LM's split): its query and KV heads
@@ -208,9 +218,9 @@ class TransformerDecoder(DecoderModel):
             if n.qkv:
                 qkv_w = fused(p + n.qkv + ".weight", qkv_parts, q_rows + 2 * kv_rows, hidden)
             else:
-                qkv_w = torch.cat([w(p + n.q + ".weight", q_rows, hidden, rows=q_part),
-                                   w(p + n.k + ".weight", kv_rows, hidden, rows=kv_part),
-                                   w(p + n.v + ".weight", kv_rows, hidden, rows=kv_part)])
+                qkv_w = cat_rows([w(p + n.q + ".weight", q_rows, hidden, rows=q_part),
+                                  w(p + n.k + ".weight", kv_rows, hidden, rows=kv_part),
+                                  w(p + n.v + ".weight", kv_rows, hidden, rows=kv_part)])
             qkv_b = None
             if c.qkv_bias:
                 qkv_b = (fused(p + n.qkv + ".bias", qkv_parts, q_rows + 2 * kv_rows) if n.qkv else
@@ -220,8 +230,8 @@ class TransformerDecoder(DecoderModel):
             if n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
             else:
-                gate_up_w = torch.cat([w(p + n.gate + ".weight", inter, hidden, rows=mlp_part),
-                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
+                gate_up_w = cat_rows([w(p + n.gate + ".weight", inter, hidden, rows=mlp_part),
+                                      w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight"),

@@ -44,10 +44,12 @@ MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, 
 
 def threshold_bytes(world: int) -> int:
     """`auto`: ours up to this, NCCL above. Ours reads every peer's whole message, so its cost
-    grows with the ranks; measured on H100s with NVLink (tools/gpu/time_allreduce.py, in a
-    CUDA graph): 2 ranks 6.0 vs NCCL 11.5 us at 8 KB, 13.4 vs 14.3 at 512 KB, 22.3 vs 18.4 at
-    1 MB; 4 ranks 8.4 vs 14.4 at 8 KB, 14.2 vs 17.8 at 256 KB, 21.7 vs 20.2 at 512 KB."""
-    return (1 << 20) // max(world, 1)
+    grows with the ranks. Measured on H100s with NVLink: alone in a CUDA graph
+    (tools/gpu/time_allreduce.py) 2 ranks 6.0 vs NCCL 11.5 us at 8 KB, 13.4 vs 14.3 at 512 KB,
+    22.3 vs 18.4 at 1 MB; 4 ranks 8.4 vs 14.4 at 8 KB, 14.2 vs 17.8 at 256 KB, 21.7 vs 20.2 at
+    512 KB. Inside the Llama-3.1-8B decode step at batch 64 (512 KB messages) ours lost where
+    alone it had won (TP=2: 5.54 vs 5.38 ms per step), so the hand-over sits a size lower."""
+    return (512 * 1024) // max(world, 1)
 
 
 MAX_WORLD = 8

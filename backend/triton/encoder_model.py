@@ -20,7 +20,8 @@ from tritonformer.backend.encoder.activation_arena import ActivationArena
 from tritonformer.backend.encoder.cost_measure import cost_model_key, load_or_measure
 from tritonformer.backend.encoder.engine import EncoderEngine
 from tritonformer.backend.errors import ModelNotConfigured
-from tritonformer.backend.models.encoder import Encoder, load_encoder
+from tritonformer.backend.models.encoder import Encoder
+from tritonformer.backend.quantization import load_encoder
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.triton.glue import (
     TritonSink,
@@ -43,6 +44,7 @@ ENCODER_PARAMETERS = {
     "allow_pickle_checkpoint": "false",  # true: load pickle .bin weights (weights_only) if no safetensors
     "device": "auto",  # auto | cpu | cuda
     "dtype": "auto",  # auto (fp16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16
+    "quantization": "none",  # none | fp8: FP8 linears (GPU compute capability >= 8.9); FP8 checkpoints load as FP8
     "max_batch_sequences": "256",
     "max_batch_tokens": "16384",
     "max_queue_requests": "1024",
@@ -104,7 +106,8 @@ class EncoderTritonModel:
             return
         p, checkpoint, device, dtype = load_settings(args, self.PARAMETERS, self.default_checkpoint)
         hf_config = load_config(checkpoint)
-        model = load_encoder(hf_config, checkpoint_weights(p, checkpoint), device, dtype)
+        quantization = p.str("quantization")
+        model = load_encoder(hf_config, checkpoint_weights(p, checkpoint), device, dtype, quantization)
         self.model = model
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens = min(model.config.max_tokens_per_sequence,
@@ -137,15 +140,16 @@ class EncoderTritonModel:
                                    self.max_tokens)
         if p.choice("batch_policy", ("dp", "fifo")) == "dp":
             key = cost_model_key(device, checkpoint, dtype,
-                                 {"cuda_graphs": graphs, "arena": arena is not None, "head": self.KIND})
+                                 {"cuda_graphs": graphs, "arena": arena is not None, "head": self.KIND,
+                                  "quantization": quantization})
             cost = load_or_measure(self.engine.embed, key, cache_dir(), model.config.vocab_size, self.max_tokens, device)
             self.engine.policy = DpBatchPolicy(
                 cost, p.int("max_batch_sequences"), p.int("max_batch_tokens"),
                 p.choice("dp_objective", OBJECTIVES), _trigger(p),
             )
         self.engine.start()
-        log.info("%s ready: %s on %s (%s), max %d tokens per sequence, %s batching",
-                 self.name, checkpoint, device, dtype, self.max_tokens, p.str("batch_policy"))
+        log.info("%s ready: %s on %s (%s, quantization %s), max %d tokens per sequence, %s batching",
+                 self.name, checkpoint, device, dtype, quantization, self.max_tokens, p.str("batch_policy"))
 
     def execute(self, requests):
         for request in requests:

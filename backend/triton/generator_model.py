@@ -1,20 +1,29 @@
 """TritonPythonModel for the `generator` model (decoupled: streams tokens).
 
-execute() validates and queues each request, then returns None; the engine thread runs one
-model iteration at a time over every active sequence and streams responses back. Reachable
-over gRPC streaming, HTTP /generate (stream false: exactly one response) and /generate_stream.
+execute() validates and tokenizes its requests (in one batch), queues them, then returns None;
+the engine runs one model iteration at a time over every active sequence and streams responses
+back. Reachable over gRPC streaming, HTTP /generate (stream false: exactly one response) and
+/generate_stream.
+
+Where the engine runs is the parameter `engine_process`: false, on a thread of this stub
+process; true, in a process of its own shared by this model's instances on the GPU
+(backend/engine_process/), so that the stub's IPC with tritonserver never competes with the
+engine for one GIL.
 """
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonformer.backend.triton import inputs
-from tritonformer.backend.decoder.build import EngineOptions, build_engine
+from tritonformer.backend.decoder.build import EngineOptions, ModelSource, build_engine, load_model
 from tritonformer.backend.decoder.warm_up import warm_up
-from tritonformer.backend.parallel.workers import ShardSource, start_ranks
-from tritonformer.backend.models.decoder import load_decoder
+from tritonformer.backend.engine_loop import freeze_startup_objects
+from tritonformer.backend.engine_process.client import EngineClient
+from tritonformer.backend.engine_process.protocol import EngineSpec
+from tritonformer.backend.engine_process.rendezvous import instance_key
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.decoder.outputs import ResponseOptions
 from tritonformer.backend.decoder.sampling_params import KNOWN_KEYS as SAMPLING_KEYS
@@ -22,7 +31,6 @@ from tritonformer.backend.decoder.sampling_params import SamplingParams, parse_s
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.triton.glue import (
     TritonSink,
-    checkpoint_weights,
     input_array,
     load_settings,
     reject,
@@ -34,7 +42,6 @@ from tritonformer.backend.checkpoints.defaults import (
     GENERATOR_CHECKPOINTS,
     prepare_generator_checkpoint,
 )
-from tritonformer.backend.checkpoints.weights import load_config
 
 _ENGINE = EngineOptions()
 PARAMETERS = {
@@ -43,6 +50,7 @@ PARAMETERS = {
     "device": "auto",
     "dtype": "auto",
     "tensor_parallel_size": "1",  # GPUs the model is split over: this instance's GPU and the next ones
+    "quantization": "none",  # none | fp8: FP8 linears (GPU compute capability >= 8.9); FP8 checkpoints load as FP8
     "max_model_len": "auto",  # longest sequence (prompt + output) served; auto: the checkpoint's max_position_embeddings
     # The engine's settings, defaults from EngineOptions (one place for them).
     "max_running_sequences": str(_ENGINE.max_running_sequences),
@@ -59,6 +67,8 @@ PARAMETERS = {
     "stream_interval": str(_ENGINE.stream_interval),  # tokens per streamed response; pending pieces coalesce when sending lags
     "max_stream_responses_per_s": str(_ENGINE.max_stream_responses_per_s),  # all streams: under load pieces grow
     "prefix_caching": str(_ENGINE.prefix_caching).lower(),  # reuse the KV blocks of prompt prefixes already computed
+    # true: the engine runs in a process of its own, one per GPU, shared by this model's instances
+    "engine_process": "false",
 }
 
 log = logging.getLogger("tritonformer")
@@ -73,16 +83,10 @@ class TritonPythonModel:
         p, checkpoint, device, dtype = load_settings(args, PARAMETERS, _default_checkpoint, GENERATOR_CHECKPOINTS)
 
         max_model_len = None if p.str("max_model_len") == "auto" else p.int("max_model_len", minimum=2)
-        self.workers = None
-        size = p.int("tensor_parallel_size")
-        if size > 1:  # this process is rank 0; the workers load their shares meanwhile
-            source = ShardSource(str(checkpoint), load_config(checkpoint), str(dtype).removeprefix("torch."),
-                                 device.type, device.index or 0, max_model_len)
-            model, self.workers = start_ranks(source, size)
-        else:
-            model = load_decoder(load_config(checkpoint), checkpoint_weights(p, checkpoint), device, dtype,
-                                 max_model_len)
-        self.config = model.config
+        source = ModelSource(str(checkpoint), device.type, device.index or 0, str(dtype).removeprefix("torch."),
+                             p.int("tensor_parallel_size"), max_model_len,
+                             p.choice("allow_pickle_checkpoint", ("true", "false")) == "true",
+                             quantization=p.str("quantization"))
         self.tokenizer = TextTokenizer(checkpoint)
         self.max_tokens_limit = p.int("max_tokens_limit")
         self.max_prompt_bytes = p.int("max_prompt_bytes")
@@ -103,6 +107,19 @@ class TritonPythonModel:
             max_stream_responses_per_s=p.int("max_stream_responses_per_s"),
             prefix_caching=p.choice("prefix_caching", ("true", "false")) == "true",
         )
+        self.engine = self.workers = self.client = None
+        if p.choice("engine_process", ("true", "false")) == "true":
+            key = instance_key(args["model_name"], args.get("model_version", "1"), str(device))
+            self.client = EngineClient.connect(EngineSpec(source, options), self.sink, self.metrics, key,
+                                               options.cancel_check_interval_s)
+            info = self.client.info
+            self.vocab_size, self.max_len = info.vocab_size, info.max_position_embeddings
+            freeze_startup_objects()  # (the engine thread does this in the other mode)
+            log.info("generator ready: %s on %s (%s), engine process %d, KV cache %d blocks x %d tokens",
+                     checkpoint, info.device, dtype, info.pid, info.kv_blocks, info.kv_block_size)
+            return
+        model, self.workers = load_model(source)  # with tensor parallelism: rank 0, workers meanwhile
+        self.vocab_size, self.max_len = model.config.vocab_size, model.config.max_position_embeddings
         # Built before the warm-up: a bad parameter fails the load at once.
         self.engine = build_engine(model, self.tokenizer, self.sink, options, stats=self.metrics, workers=self.workers)
         if self.workers is not None:
@@ -115,18 +132,46 @@ class TritonPythonModel:
                  cache.num_blocks, cache.block_size)
 
     def execute(self, requests):
+        parsed = []  # (sender, _Prompt) of the requests valid so far
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt_ids, params, stream, options = self._parse(request)
+                parsed.append((sender, self._parse(request)))
+            except Exception as e:
+                reject(sender, e)
+        ready = []  # (sender, prompt ids, params, stream, options)
+        for (sender, prompt), ids in zip(parsed, self._tokenize([prompt for _, prompt in parsed])):
+            try:
+                ready.append((sender, *self._complete(prompt, ids)))
+            except Exception as e:
+                reject(sender, e)
+        if self.client is not None:
+            try:
+                self.client.submit(ready)  # one message for the whole call
+            except Exception as e:  # the engine process is gone: nothing was queued
+                for sender, *_ in ready:
+                    reject(sender, e)
+            return None
+        for sender, prompt_ids, params, stream, options in ready:
+            try:
                 self.engine.submit(self.engine.new_sequence(sender, prompt_ids, params, stream, options))
             except Exception as e:
                 reject(sender, e)
         return None
 
-    def _parse(self, request) -> tuple[list[int], SamplingParams, bool, ResponseOptions]:
-        """The prompt, its sampling parameters, whether to stream, and which outputs to add (the
-        vLLM contract's flags; see README "The vLLM backend's contract")."""
+    def is_ready(self) -> bool:
+        """Triton versions with this hook (after 2.51) report the model not ready once its
+        engine is gone; on every version its requests then fail with UNAVAILABLE, which is
+        what `tritonformer health` sees."""
+        if self.client is not None:
+            return self.client.failure is None
+        return self.workers is None or self.workers.failure is None
+
+    def _parse(self, request) -> "_Prompt":
+        """Everything of a request but the tokenization of its text (done for all of an
+        execute() call's requests at once): the prompt, its sampling parameters, whether to
+        stream, and which outputs to add (the vLLM contract's flags; see README "The vLLM
+        backend's contract")."""
         arrays = {name: input_array(request, name) for name in ("text_input", "input_ids")}
         stream = inputs.single_bool(input_array(request, "stream"), "stream", default=True)
         flags = {name: inputs.single_bool(input_array(request, name), name, default=False) for name in VLLM_FLAGS}
@@ -134,12 +179,13 @@ class TritonPythonModel:
                                       default=True)
         raw = inputs.single_text(input_array(request, "sampling_parameters"), "sampling_parameters", 65536)
         params = parse_sampling_parameters(
-            _merge_request_parameters(raw, request_parameters(request)), self.max_tokens_limit, self.config.vocab_size
+            _merge_request_parameters(raw, request_parameters(request)), self.max_tokens_limit, self.vocab_size
         )
+        text = prompt_ids = None
         if inputs.exactly_one(arrays, ("text_input", "input_ids")) == "input_ids":
             if params.apply_chat_template:
                 raise InvalidRequest("apply_chat_template needs text_input, not input_ids")
-            prompt_ids = inputs.token_ids(arrays["input_ids"], "input_ids", self.config.vocab_size)
+            prompt_ids = inputs.token_ids(arrays["input_ids"], "input_ids", self.vocab_size)
         else:
             (text,) = inputs.decode_texts(arrays["text_input"], "text_input", 1, self.max_prompt_bytes)
             if params.apply_chat_template:
@@ -147,21 +193,40 @@ class TritonPythonModel:
                     text = self.tokenizer.apply_chat_template(text)
                 except Exception as e:
                     raise InvalidRequest(f"cannot apply the chat template: {e}") from None
-            # A chat template writes its own special tokens (Llama 3's and Gemma's begin with the
-            # BOS): the tokenizer adds none then, or the prompt would start with two.
-            prompt_ids = self.tokenizer.encode(text, add_special_tokens=not params.apply_chat_template)
-        limit = self.config.max_position_embeddings - 1  # room for at least one new token
-        if len(prompt_ids) > limit:
-            raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens; this model allows at most {limit}")
-        if echo:  # the prompt as given (templated, if asked); pre-tokenized ones decoded
-            echo_text = text if arrays["text_input"] is not None else self.tokenizer.decode(prompt_ids)
         options = ResponseOptions(
-            echo_prompt=echo_text if echo else None,
+            echo_prompt=None,  # (set in _complete: a pre-tokenized prompt's echo is its decoded text)
             num_input_tokens=flags["return_num_input_tokens"],
             num_output_tokens=flags["return_num_output_tokens"],
             logprobs=flags["return_logprobs"],
         )
-        return prompt_ids, params, stream, options
+        return _Prompt(text, prompt_ids, params, stream, options, echo)
+
+    def _tokenize(self, prompts: list["_Prompt"]) -> list[list[int] | None]:
+        """Every text prompt's ids, in one batch per kind (None where the request sent ids). A
+        chat template writes its own special tokens (Llama 3's and Gemma's begin with the BOS):
+        the tokenizer adds none then, or the prompt would start with two."""
+        ids: list[list[int] | None] = [None] * len(prompts)
+        for templated in (False, True):
+            which = [i for i, p in enumerate(prompts)
+                     if p.text is not None and p.params.apply_chat_template == templated]
+            if which:
+                encoded = self.tokenizer.encode_batch([prompts[i].text for i in which],
+                                                      add_special_tokens=not templated)
+                for i, e in zip(which, encoded):
+                    ids[i] = e
+        return ids
+
+    def _complete(self, prompt: "_Prompt", ids: list[int] | None) -> tuple[list[int], SamplingParams, bool,
+                                                                          ResponseOptions]:
+        prompt_ids = prompt.ids if ids is None else ids
+        limit = self.max_len - 1  # room for at least one new token
+        if len(prompt_ids) > limit:
+            raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens; this model allows at most {limit}")
+        options = prompt.options
+        if prompt.echo:  # the prompt as given (templated, if asked); pre-tokenized ones decoded
+            echo_text = prompt.text if prompt.text is not None else self.tokenizer.decode(prompt_ids)
+            options = replace(options, echo_prompt=echo_text)
+        return prompt_ids, prompt.params, prompt.stream, options
 
     def _rank_failed(self, problem: str) -> None:
         """A tensor-parallel worker died or failed: the model cannot run any more."""
@@ -170,12 +235,27 @@ class TritonPythonModel:
                                       f"restart the model"))
 
     def finalize(self):
-        self.engine.stop()  # first: its last iterations still need the workers
-        if self.workers is not None:
-            self.workers.stop()
-            self.engine.runner.model.tp.leave()
+        if self.client is not None:
+            self.client.close()  # the engine process stops (with its workers) when its last stub has gone
+        else:
+            self.engine.stop()  # first: its last iterations still need the workers
+            if self.workers is not None:
+                self.workers.stop()
+                self.engine.runner.model.tp.leave()
         self.sink.close()
         self.metrics.close()
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """A parsed request before its text is tokenized (exactly one of text, ids is set)."""
+
+    text: str | None
+    ids: list[int] | None
+    params: SamplingParams
+    stream: bool
+    options: ResponseOptions
+    echo: bool
 
 
 def _merge_request_parameters(raw: str | None, request_params: dict) -> str | None:
