@@ -16,10 +16,7 @@ compilation in the worker never trips it.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
-import shutil
-import sys
 import threading
 import time
 import traceback
@@ -30,10 +27,11 @@ from typing import Callable
 import torch
 
 from tritonformer.backend.parallel.group import TensorParallelGroup
+from tritonformer.backend.spawn import SILENCE_S, LockedConnection, spawn_context, start_heartbeat
 
 POLL_S = 0.2  # how often the monitor looks at the workers
-BEAT_S = 0.5  # a worker's heartbeat: sent by a thread of its own, so compiling never holds it up
-SILENCE_S = 5.0  # a worker unheard of this long is frozen (stopped, or its interpreter hung)
+# A worker's heartbeat (BEAT_S, from a thread of its own, so compiling never holds it up) and how
+# long one may be unheard before it counts as frozen (SILENCE_S): backend/spawn.py.
 
 
 @dataclass(frozen=True)
@@ -77,34 +75,12 @@ class _Broadcasts:
         raise AssertionError("a worker rank does not sample")
 
 
-class _SharedPipe:
-    """A worker's end of its pipe, sent on by two threads (the calls' answers, the heartbeat)."""
-
-    def __init__(self, conn):
-        self._conn, self._lock = conn, threading.Lock()
-        self.recv = conn.recv
-
-    def send(self, message) -> None:
-        with self._lock:
-            self._conn.send(message)
-
-
-def _beat(pipe: _SharedPipe) -> None:
-    """Tell rank 0 every BEAT_S that this process still runs Python (see SILENCE_S)."""
-    while True:
-        time.sleep(BEAT_S)
-        try:
-            pipe.send(("beat", None))
-        except (OSError, EOFError):
-            return
-
-
 def worker_main(source: ShardSource, rank: int, world: int, address: str, conn) -> None:
     """A worker's life: load, build its runner when rank 0 says how, then run rank 0's calls."""
     from tritonformer.backend.decoder.runner import DecoderRunner
 
-    conn = _SharedPipe(conn)
-    threading.Thread(target=_beat, args=(conn,), name="tritonformer-heartbeat", daemon=True).start()
+    conn = LockedConnection(conn)  # the calls' answers and the heartbeat share it
+    start_heartbeat(conn.send)
     tp = None
     try:
         model, tp = load_rank(source, rank, world, address)
@@ -139,22 +115,11 @@ def worker_main(source: ShardSource, rank: int, world: int, address: str, conn) 
             tp.leave()
 
 
-def _python() -> str:
-    """An interpreter for the workers: Triton's Python-backend stub is not one (its
-    sys.executable names the stub binary), so the interpreter of the environment it runs in."""
-    exe = sys.executable
-    if exe and Path(exe).name.startswith("python"):
-        return exe
-    candidate = Path(sys.prefix) / "bin" / "python3"
-    return str(candidate) if candidate.exists() else (shutil.which("python3") or "python3")
-
-
 class WorkerPool:
     """Ranks 1 .. world - 1 of one model, each a process; see the module docstring."""
 
     def __init__(self, source: ShardSource, world: int, address: str):
-        ctx = multiprocessing.get_context("spawn")
-        ctx.set_executable(_python())
+        ctx = spawn_context()
         self.world = world
         self._conns, self.processes = [], []
         self.failure: str | None = None
