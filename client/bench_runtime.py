@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -275,20 +274,9 @@ def git_commit() -> str | None:
 
 
 def _time_ms(fn, iters: int, warmup: int = 5) -> float:
-    import torch
+    from tritonformer.client.gpu_measure import cuda_ms
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return cuda_ms(fn, iters, warmup)
 
 
 def measure_bf16_peak_tflops(n: int = 8192) -> float:

@@ -66,3 +66,23 @@ def prefill_flops(model, tokens: int) -> float:
                                                                        layer.down_w))
     attention = 2 * 2 * c.num_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
     return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
+
+
+def cuda_ms(fn, iters: int = 20, warmup: int = 5) -> float:
+    """Median milliseconds of fn() over `iters` calls timed with CUDA events, after `warmup`."""
+    import statistics
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

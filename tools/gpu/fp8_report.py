@@ -250,17 +250,9 @@ def decode_step_ms(model, batch: int, context: int = 128, reps: int = 30) -> flo
 
 def cuda_ms(fn, reps: int = 20) -> float:
     """Median ms of fn() over `reps` CUDA-event-timed calls, after 3 warm ones."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    from tritonformer.client.gpu_measure import cuda_ms as timed
+
+    return timed(fn, reps, warmup=3)
 
 
 def decoder_speed(dev, bandwidth: float) -> None:
