@@ -36,7 +36,7 @@ if want tests; then
     tests/test_kernels_gemv.py tests/test_sampling.py tests/test_kernels_triton_sampling.py \
     tests/test_kernels_triton_decode_steps.py tests/test_kernels_triton_rotary.py tests/test_modernbert.py \
     tests/test_encoder_heads_gpu.py tests/test_sampling_options.py tests/test_prefix_cache.py \
-    tests/test_decoder_runner_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
+    tests/test_decoder_runner_gpu.py tests/test_fp8.py 2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
 bench_rc=0
@@ -90,10 +90,11 @@ fi
 echo "gpu tests rc=$tests_rc bench rc=$bench_rc decoder bench rc=$decoder_rc families rc=$families_rc policies rc=$policies_rc profile rc=$profile_rc dp rc=$dp_rc ffn rc=$ffn_rc"
 tp_rc=0
 if want tp; then  # a machine of 2 or more GPUs: the split against one GPU, then the 70B shape split
-  python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_tensor_parallel.py 2>&1 | tee "$OUT/tp-tests.log"
+  python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_allreduce.py tests/test_tensor_parallel.py 2>&1 \
+    | tee "$OUT/tp-tests.log"
   tp_rc=${PIPESTATUS[0]}
   python3 -m tritonformer.client.cli bench tensor-parallel --model llama-3.1-8b --sizes 1,2 --batches 1,64 \
-    --json "$OUT/tp_8b.json" 2>&1 | tee "$OUT/tp_8b.log"
+    --allreduce nccl,auto --json "$OUT/tp_8b.json" 2>&1 | tee "$OUT/tp_8b.log"
   python3 -m tritonformer.client.cli bench tensor-parallel --model llama-3.1-70b --sizes 2 --batches 1,64 \
     --json "$OUT/tp_70b.json" 2>&1 | tee "$OUT/tp_70b.log"
   tp_rc=$(( tp_rc || PIPESTATUS[0] ))
