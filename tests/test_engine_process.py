@@ -219,6 +219,70 @@ def test_a_second_stub_attaches_to_the_same_engine(engine, checkpoint):
     wait_all([c], 30)
 
 
+class TritonLikeSink:
+    """Sends from a thread of its own, as TritonSink does, with Triton's rule for a sender: once
+    its final response has been sent, tritonserver has freed the request's response factory and
+    `is_cancelled` on it reads freed memory (the server dies with SIGSEGV). A poll costs an IPC
+    round trip (here 0.3 ms) during which the final must not be sent either."""
+
+    POLL_S = 0.0003
+
+    def __init__(self):
+        import queue
+
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.violations: list[str] = []
+        self.polls = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def send(self, handle, outputs, error, final):
+        self.queue.put((handle, outputs, error, final))
+
+    def _run(self):
+        while True:
+            handle, outputs, error, final = self.queue.get()
+            if final:
+                if getattr(handle, "polling", False):
+                    self.violations.append(f"{handle.name}: final sent during a cancellation poll")
+                handle.closed = True
+            Sink.send(self, handle, outputs, error, final)
+
+    def is_cancelled(self, handle):
+        self.polls += 1
+        if getattr(handle, "closed", False):
+            self.violations.append(f"{handle.name}: polled after its final was sent")
+        handle.polling = True
+        time.sleep(self.POLL_S)
+        handle.polling = False
+        return handle.cancelled
+
+
+def test_no_cancellation_poll_meets_or_follows_a_final_response(engine, checkpoint):
+    """Many short streams finishing while the stub's watcher polls cancellations: a poll of a
+    request whose final has left crashed tritonserver under load (engine_process=true, 1,000
+    req/s on the H100: 108 of 256 streams cut off)."""
+    client, _, _, place = engine
+    sink = TritonLikeSink()
+    stub = EngineClient.connect(spec(checkpoint), sink, None, rendezvous=place, cancel_check_interval_s=0.002)
+    try:
+        g = torch.Generator().manual_seed(3)
+        deadline = time.monotonic() + 20
+        waves = 0
+        while time.monotonic() < deadline and waves < 20 and not sink.violations:
+            senders = [Sender(f"w{waves}r{i}") for i in range(OPTIONS.max_running_sequences)]
+            stub.submit([(s, torch.randint(3, VOCAB, (4,), generator=g).tolist(),
+                          SamplingParams(max_tokens=int(torch.randint(1, 6, (1,), generator=g)), ignore_eos=True),
+                          True, ResponseOptions()) for s in senders])
+            wait_all(senders, 30)
+            assert all(s.responses[-1][1] is None for s in senders)
+            waves += 1
+        assert sink.polls > 0
+        assert not sink.violations, sink.violations[:5]
+    finally:
+        stub.close()
+
+
 def test_outputs_cross_as_plain_lists_and_come_back_as_the_same_arrays():
     import numpy as np
 

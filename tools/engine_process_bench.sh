@@ -7,6 +7,7 @@
 #      value of engine_process in ORDER ("false true")
 #   3. the failure drill (tools/engine_process_failover.py) on a server with engine_process=true:
 #      the engine process killed with requests in flight
+# (each server's log kept as $OUT/engine_process_tritonserver_<engine_process>.log, a crash named)
 # and prints one table: served tok/s at the highest rate / in-process tok/s, TTFT and TPOT.
 # Targets (H100): served >= 0.8x in-process at 1,000 req/s; TPOT p50 <= 3 ms at 128 req/s.
 #
@@ -29,6 +30,9 @@ for ep in ${ORDER:-false true}; do
     timeout 400 bash tools/gpu_served_bench.sh fifo 1 > "$OUT/engine_process_served_$ep.log" 2>&1 \
     || { echo "served run failed:"; tail -30 "$OUT/engine_process_served_$ep.log"; }
   grep -E "ready after" "$OUT/engine_process_served_$ep.log"
+  cp /tmp/tritonserver.log "$OUT/engine_process_tritonserver_$ep.log" 2>/dev/null  # kept: the next start overwrites it
+  grep -E "Signal \([0-9]+\) received|could not send a response|engine process failed" \
+    "$OUT/engine_process_tritonserver_$ep.log" 2>/dev/null | grep -v "Signal (15)" | head -5
 done
 echo "== failure drill"
 if [[ ${SKIP_DRILL:-0} == 1 ]]; then

@@ -6,7 +6,8 @@ message. A receiver thread takes the engine's per-iteration batches and hands ea
 the stub's sink (TritonSink: its own thread does the IPC to tritonserver, coalescing a stream's
 pieces when it lags) and the engine's stats calls to the stub's metrics. A watcher thread polls
 `is_cancelled` (an IPC call each) every cancel_check_interval_s, round-robin within
-CANCEL_CHECKS_PER_S, and forwards what it finds in one message.
+CANCEL_CHECKS_PER_S, and forwards what it finds in one message; it never polls a request whose
+final response may have left (see _watch_cancellations).
 
 The engine process exiting closes the connection (noticed at once); one that freezes stops its
 heartbeat (noticed after SILENCE_S). Either way every request this stub holds is answered with
@@ -179,11 +180,19 @@ class EngineClient:
             cursor = start + len(checked)
             cancelled = []
             for rid, handle in checked:
-                try:
-                    if self.sink.is_cancelled(handle):
-                        cancelled.append(rid)
-                except Exception:
-                    pass
+                # Polled under the lock, and only while still pending: a request's final is handed
+                # to the sink only after _deliver (or _fail, close) took it out of _pending under
+                # this lock, so no poll can meet or follow its final. Triton frees a request's
+                # response factory once the final is sent, and is_cancelled on it then reads freed
+                # memory in tritonserver (SIGSEGV under load: every open stream cut off).
+                with self._lock:
+                    if rid not in self._pending:
+                        continue
+                    try:
+                        if self.sink.is_cancelled(handle):
+                            cancelled.append(rid)
+                    except Exception:
+                        pass
             if cancelled:
                 with self._lock:
                     self._cancel_sent.update(cancelled)

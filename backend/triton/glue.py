@@ -78,6 +78,9 @@ class TritonSink:
         self._queue.put((handle, outputs, error, final))
 
     def is_cancelled(self, handle) -> bool:
+        """An IPC round trip. Never call it once the handle's final response may have been
+        handed to send(): Triton frees the request's response factory with the final, and the
+        poll then reads freed memory in tritonserver (it dies with SIGSEGV)."""
         return handle.is_cancelled()
 
     def close(self, timeout: float = 10.0) -> None:
