@@ -21,9 +21,13 @@ ln -sfn "$PWD" /tmp/tf/tritonformer
 export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT GEN_RATES
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
 
-timeout 300 python3 -m tritonformer.client.cli bench serve-decoder --in-process --parts trace --skip-hf \
-  --json "$OUT/engine_process_inprocess.json" > "$OUT/engine_process_inprocess.log" 2>&1 \
-  || { echo "in-process bench failed:"; tail -20 "$OUT/engine_process_inprocess.log"; }
+if [[ ${SKIP_INPROCESS:-0} == 1 ]]; then
+  echo "in-process trace skipped (SKIP_INPROCESS=1): no served / in-process ratio"
+else
+  timeout 300 python3 -m tritonformer.client.cli bench serve-decoder --in-process --parts trace --skip-hf \
+    --json "$OUT/engine_process_inprocess.json" > "$OUT/engine_process_inprocess.log" 2>&1 \
+    || { echo "in-process bench failed:"; tail -20 "$OUT/engine_process_inprocess.log"; }
+fi
 for ep in ${ORDER:-false true}; do
   echo "== served, engine_process=$ep"
   GEN_TAG=_ep$ep GENERATOR_EXTRA="engine_process=$ep ${EXTRA:-}" SKIP_EMBED=1 \
