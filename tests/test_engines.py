@@ -410,3 +410,44 @@ def test_starting_an_engine_freezes_what_start_up_created(smollm2):
         assert gc.get_freeze_count() > 10_000  # torch, the model and the tokenizer among them
     finally:
         engine.stop()
+
+
+def test_no_cancellation_poll_after_an_n_request_failed(smollm2):
+    """A request of n samples whose first iteration fails gets one error, its FINAL; its other
+    samples, still waiting, are dropped without asking Triton about the ended request (Triton
+    frees a request once its final response is sent: a poll then reads freed memory)."""
+    model, tok = smollm2
+
+    class Flaky(DecoderRunner):
+        calls = 0
+
+        def run(self, entries):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("simulated failure")
+            return super().run(entries)
+
+    class StrictSink(FakeSink):
+        polled_after_final = []
+
+        def is_cancelled(self, handle):
+            got = self.responses.get(handle)
+            if got and got[-1][2]:
+                self.polled_after_final.append(handle)
+            return super().is_cancelled(handle)
+
+    sink = StrictSink()
+    engine = _generator(model, tok, sink, runner_cls=Flaky)
+    prompt = tok.encode("The samples of one request share its prompt's full blocks, so they wait for its prefill. " * 2)
+    assert len(prompt) > 2 * 16  # (the forks wait aside for the leader's first full blocks)
+    engine.submit(engine.new_sequence("doomed", prompt, SamplingParams(max_tokens=8, n=3, temperature=1.0, seed=1),
+                                      True))
+    engine.start()
+    sink.wait_final(["doomed"])
+    engine.submit(engine.new_sequence("fine", tok.encode("Hello"), SamplingParams(max_tokens=3), False))
+    sink.wait_final(["fine"])
+    engine.stop()
+    (outputs, error, final), = sink.responses["doomed"]
+    assert "simulated failure" in str(error) and final
+    assert sink.polled_after_final == []
+    assert not engine.scheduler.has_work() and engine.scheduler.blocks.num_used == 0

@@ -435,7 +435,13 @@ class GeneratorEngine(EngineLoop):
         self._cancel_cursor = start + len(checked)
         dropped = False
         for seq in checked:
-            if self.sink.is_cancelled(seq.handle):
+            if seq.group is not None and seq.group.closed:
+                # Another sample's error ended the request: its final response is sent, after
+                # which Triton frees the request, and asking about it would read freed memory.
+                seq.finish_reason = "error"
+                self._release(seq)
+                dropped = True
+            elif self.sink.is_cancelled(seq.handle):
                 seq.finish_reason = "cancelled"
                 self._finish(seq)
                 dropped = True
