@@ -6,19 +6,24 @@ Needs a running tritonserver with our generator and the OpenAI routes in front o
 (`tritonformer serve` starts both; or `python -m tritonformer.client.openai_routes`). For each of
 two points it sends the Orca trace (prompts U[32,512] tokens, outputs U[1,128], seed 0) twice,
 at the same open-loop Poisson arrivals: once straight to the generator over gRPC streaming
-(`text_input`, tritonclient's asyncio client), once to `/v1/completions` (streamed, greedy,
-`ignore_eos`, aiohttp). Both ways carry the same prompt *text* (the trace's random ids decoded
-once with the served checkpoint's tokenizer), so both tokenize the same text into the same
-tokens, and both generate exactly each request's `max_tokens`.
+(`text_input`, `exclude_input_in_output` as the routes send it, tritonclient's asyncio client),
+once to `/v1/completions` (streamed, greedy, `ignore_eos`, aiohttp). Both ways carry prompt
+*text* of the trace's token counts (one-token words of the served tokenizer), so both tokenize
+texts of the same lengths, and both generate exactly each request's `max_tokens`. Each way and
+point gets texts of its own (the warm-up others again): the generator's prefix cache keeps the
+KV blocks of every prompt it has computed, so a way sending prompts that another way had sent
+would compute only their last tokens and skip the prefill work the other way paid for.
 
 * saturation (`--saturation-rate`, default 1,000 req/s: every request at about once): output
   tokens/s; target: /v1 >= 95% of direct;
 * low rate (`--low-rate`, 8 req/s): TTFT p50 from the scheduled arrival; target: /v1 within
   2 ms of direct.
 
-It prints one Markdown table with both ways per point and the two ratios. The client runs both
-ways in this one process (its CPU share is in the table: near 1 core means the client, not the
-server, sets the pace); the routes must run in another process. Statistics are loadgen's
+It prints one Markdown table with both ways per point and the two ratios, and, where Triton's
+metrics endpoint answers (`--metrics-url`), the generator's own mean time to first token and
+prefix-cache hits per way: the client's TTFT minus the generator's is the transport's share.
+The client runs both ways in this one process (its CPU share is in the table: near 1 core means
+the client, not the server, sets the pace); the routes must run in another process. Statistics are loadgen's
 (`summarize_generate`: latencies from the scheduled arrival, no coordinated omission).
 """
 from __future__ import annotations
@@ -56,16 +61,18 @@ def served_tokenizer(grpc_url: str, model: str):
     return TextTokenizer(generator_checkpoint(parameter(config, "checkpoint")))
 
 
-def trace_texts(tokenizer, requests: int, seed: int, prompt_range, output_range) -> list[tuple[str, int, int]]:
+def trace_texts(tokenizer, requests: int, seed: int, prompt_range, output_range,
+                text_seed: int | None = None, words: list[str] | None = None) -> list[tuple[str, int, int]]:
     """(prompt text, its token count, max_tokens) per Orca-trace request: as many words as the
     trace's prompt has tokens, each word one token of the served vocabulary (` the`, ` house`:
     a pre-tokenizer splits at spaces, so the words tokenize back to one token each). Random ids
     decoded to text would not do: GPT-2's byte pieces re-tokenize to ~2.6x as many tokens,
     which pushed half the trace past a 1,024-token context. The count is the text tokenized
-    again, as both ways will."""
+    again, as both ways will. `text_seed` (default `seed`) picks the words: other texts of the
+    same lengths; `words`: one_token_words(tokenizer), if already found."""
     trace = orca_trace(requests, seed, prompt_range, output_range, vocab_size=tokenizer.vocab_size)
-    words = one_token_words(tokenizer)
-    rng = random.Random(seed)
+    words = words or one_token_words(tokenizer)
+    rng = random.Random(seed if text_seed is None else text_seed)
     texts = ["".join(rng.choice(words) for _ in r.prompt_ids) for r in trace]
     counts = [len(ids) for ids in tokenizer.encode_batch(texts)]
     return [(t, n, r.max_new_tokens) for t, n, r in zip(texts, counts, trace)]
@@ -103,10 +110,13 @@ async def _direct_one(client, model: str, text: str, max_tokens: int, rec: Recor
     params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
     params.set_data_from_numpy(np.array([json.dumps(
         {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}).encode()], dtype=np.object_))
+    # As the routes ask: no echo of the prompt before the completion (the vLLM contract's default).
+    no_echo = grpcclient.InferInput("exclude_input_in_output", [1], "BOOL")
+    no_echo.set_data_from_numpy(np.array([True]))
     done = asyncio.Event()
 
     async def request():
-        yield {"model_name": model, "inputs": [prompt, params]}
+        yield {"model_name": model, "inputs": [prompt, params, no_echo]}
         await done.wait()
 
     rec.sent = clock()
@@ -169,8 +179,10 @@ async def _openai_one(session: aiohttp.ClientSession, url: str, model: str, text
         rec.error = "no usage chunk"
 
 
-async def run_way(way: str, args, prompts: list[tuple[str, int, int]], rate: float, seed: int) -> dict:
-    """Send every prompt at its Poisson arrival (open loop) one way; loadgen's summary of it."""
+async def run_way(way: str, args, prompts: list[tuple[str, int, int]], rate: float, seed: int,
+                  warm_up: list[tuple[str, int, int]]) -> dict:
+    """Send every prompt at its Poisson arrival (open loop) one way, after the `warm_up` prompts
+    (outside the clock); loadgen's summary of it, with the generator's view (server_view)."""
     import tritonclient.grpc.aio as aiogrpc
 
     offsets = poisson_schedule(rate, seed=seed, n=len(prompts))
@@ -180,8 +192,8 @@ async def run_way(way: str, args, prompts: list[tuple[str, int, int]], rate: flo
                                     timeout=aiohttp.ClientTimeout(total=None)) if way == "openai" else None
     url = args.openai_url.rstrip("/") + "/v1/completions"
 
-    async def one(k: int) -> None:
-        text, _, max_tokens = prompts[k]
+    async def one(k: int, prompt: tuple[str, int, int] | None = None) -> None:
+        text, _, max_tokens = prompt or prompts[k]
         rec = records[k]
         rec.launched = clock()
         try:
@@ -193,10 +205,13 @@ async def run_way(way: str, args, prompts: list[tuple[str, int, int]], rate: flo
             rec.error, rec.end = f"{type(e).__name__}: {e}", clock()
 
     try:
-        # Warm-up outside the clock: connections, and the first request of each kind.
-        warm = [asyncio.ensure_future(one(k)) for k in range(min(4, len(prompts)))]
+        # Warm-up outside the clock: connections, and the first request of each kind (prompts
+        # of their own: the measured ones must not find theirs in the prefix cache).
+        warm = [asyncio.ensure_future(one(k, p)) for k, p in enumerate(warm_up[: len(prompts)])]
         await asyncio.gather(*warm)
         records[:] = [Record(i, math.nan, n) for i, (_, n, _) in enumerate(prompts)]
+        await asyncio.sleep(0.5)  # the generator's metrics trail its answers
+        before = server_metrics(args.metrics_url, args.model)  # (nothing in flight: a blocking call is fine)
         start = clock() + 0.05
         cpu0 = time.process_time()
         tasks = []
@@ -216,7 +231,51 @@ async def run_way(way: str, args, prompts: list[tuple[str, int, int]], rate: flo
             await session.close()
     summary = summarize_generate(records, start, rate, 0.0, cpu)
     summary.update(way=way, expected_tokens=sum(m for _, _, m in prompts))
+    if before is not None:
+        time.sleep(0.5)
+    summary.update(server_view(before, server_metrics(args.metrics_url, args.model)))
     return summary
+
+
+# ------------------------------------------------------------------ the generator's own view
+
+SERVER_METRICS = ("tritonformer_time_to_first_token_seconds_sum", "tritonformer_time_to_first_token_seconds_count",
+                  "tritonformer_prompt_queue_seconds_sum", "tritonformer_prompt_queue_seconds_count",
+                  "tritonformer_prefix_cache_hit_tokens_total")
+
+
+def server_metrics(url: str | None, model: str) -> dict[str, float] | None:
+    """SERVER_METRICS for `model` from Triton's metrics endpoint; None if it does not answer."""
+    import urllib.request
+
+    if not url:
+        return None
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in SERVER_METRICS and f'model="{model}"' in rest:
+            values[name] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def server_view(before: dict | None, after: dict | None) -> dict:
+    """The generator's mean TTFT and prompt queueing (ms) and prompt tokens taken from the prefix
+    cache between two scrapes."""
+    if not before or not after:
+        return {"server_ttft_mean_ms": math.nan, "server_queue_mean_ms": math.nan, "cache_hit_tokens": math.nan}
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SERVER_METRICS}
+
+    def mean(stem: str) -> float:
+        n = d[f"{stem}_count"]
+        return d[f"{stem}_sum"] / n * 1e3 if n else math.nan
+
+    return {"server_ttft_mean_ms": mean("tritonformer_time_to_first_token_seconds"),
+            "server_queue_mean_ms": mean("tritonformer_prompt_queue_seconds"),
+            "cache_hit_tokens": d["tritonformer_prefix_cache_hit_tokens_total"]}
 
 
 # ------------------------------------------------------------------ the report
@@ -228,12 +287,15 @@ def _f(value, digits=1) -> str:
 
 def report(points: dict[str, dict[str, dict]], args) -> str:
     lines = ["| point | way | offered req/s | ok / requests | output tok/s | TTFT p50 ms | TTFT p99 ms | "
-             "TPOT p50 ms | client CPU cores |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+             "TPOT p50 ms | client CPU cores | server TTFT mean ms | server queue mean ms | prefix-cache hit tokens |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for point, ways in points.items():
         for way, s in ways.items():
             lines.append(f"| {point} | {way} | {_f(s['offered_rate'], 0)} | {s['ok']} / {s['requests']} | "
                          f"{_f(s['output_tok_per_s'], 0)} | {_f(s['ttft_p50_ms'], 2)} | {_f(s['ttft_p99_ms'], 2)} | "
-                         f"{_f(s['tpot_p50_ms'], 2)} | {_f(s['client_cpu_cores'], 2)} |")
+                         f"{_f(s['tpot_p50_ms'], 2)} | {_f(s['client_cpu_cores'], 2)} | "
+                         f"{_f(s.get('server_ttft_mean_ms'), 2)} | {_f(s.get('server_queue_mean_ms'), 2)} | "
+                         f"{_f(s.get('cache_hit_tokens'), 0)} |")
     sat, low = points["saturation"], points["low rate"]
     ratio = sat["openai"]["output_tok_per_s"] / sat["direct"]["output_tok_per_s"] \
         if sat["direct"]["output_tok_per_s"] else math.nan
@@ -251,6 +313,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-url", default="127.0.0.1:8001", help="tritonserver gRPC (default: %(default)s)")
     parser.add_argument("--openai-url", default="http://127.0.0.1:9000", help="the OpenAI routes (default: %(default)s)")
     parser.add_argument("--model", default="generator")
+    parser.add_argument("--metrics-url", default="http://127.0.0.1:8002/metrics",
+                        help="Triton's metrics: the generator's own TTFT per way ('' skips; default: %(default)s)")
     parser.add_argument("--requests", type=int, default=256, help="trace requests per point and way (256)")
     parser.add_argument("--prompt-range", default="32,512", help="prompt tokens, uniform (32,512)")
     parser.add_argument("--output-range", default="1,128", help="output tokens, uniform (1,128)")
@@ -265,15 +329,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     tokenizer = served_tokenizer(args.grpc_url, args.model)
     pair = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
-    prompts = trace_texts(tokenizer, args.requests, args.seed, pair(args.prompt_range), pair(args.output_range))
+
+    words = one_token_words(tokenizer)
+
+    def texts(k: int) -> list[tuple[str, int, int]]:  # the trace's lengths, words of their own
+        return trace_texts(tokenizer, args.requests, args.seed, pair(args.prompt_range), pair(args.output_range),
+                           text_seed=args.seed * 1000 + k, words=words)
+
+    prompts = texts(0)
     print(f"Orca trace: {len(prompts)} requests, {sum(n for _, n, _ in prompts):,} prompt tokens, "
           f"{sum(m for _, _, m in prompts):,} output tokens (seed {args.seed})", file=sys.stderr)
     points: dict[str, dict[str, dict]] = {}
-    plan = [("saturation", args.saturation_rate, prompts), ("low rate", args.low_rate, prompts[: args.low_requests])]
-    for point, rate, subset in plan:
+    plan = [("saturation", args.saturation_rate, args.requests), ("low rate", args.low_rate, args.low_requests)]
+    k = 0
+    for point, rate, count in plan:
         points[point] = {}
-        for way in ("direct", "openai"):  # one after the other, same arrivals (same seed)
-            summary = asyncio.run(run_way(way, args, subset, rate, args.seed))
+        for way in ("direct", "openai"):  # one after the other, same arrivals (same seed), texts of their own
+            measured = prompts if k == 0 else texts(2 * k)
+            warm_up = texts(2 * k + 1)[:4]
+            k += 1
+            summary = asyncio.run(run_way(way, args, measured[:count], rate, args.seed, warm_up))
             points[point][way] = summary
             print(f"{point} {way}: {summary['ok']}/{summary['requests']} ok, {summary['output_tok_per_s']:,.0f} tok/s, "
                   f"TTFT p50 {summary['ttft_p50_ms']:.2f} ms"

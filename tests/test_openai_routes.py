@@ -350,6 +350,26 @@ def test_port_in_use_is_reported_before_serving():
         first.stop()
 
 
+def test_small_answers_do_not_wait_for_a_delayed_ack(routes):
+    """Nagle's algorithm is off on the routes' connections: a small answer written as two pieces
+    (status line and headers, then the body) took ~40 ms, the client's delayed ACK."""
+    import http.client
+    import statistics
+
+    host, port = routes.url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        times = []
+        for _ in range(10):
+            started = time.perf_counter()
+            connection.request("GET", "/health")
+            assert connection.getresponse().read() == b'{"status":"ok"}'
+            times.append(time.perf_counter() - started)
+    finally:
+        connection.close()
+    assert statistics.median(times) < 0.02, times
+
+
 # ------------------------------------------------------------------ disconnects
 
 
@@ -424,19 +444,22 @@ def test_serve_refuses_a_busy_openai_port_before_starting_tritonserver(tmp_path)
 
 
 def test_benchmark_runs_both_ways_on_a_tiny_trace(routes, triton_server, capsys):
-    """bench_openai end to end on CPU: both ways answer every request and the ratios print."""
+    """bench_openai end to end on CPU: both ways answer every request and the ratios print; no
+    way finds its prompts in the prefix cache (prompts of 2+ KV blocks: each way has its own)."""
     from tritonformer.client import bench_openai
 
     parser = __import__("argparse").ArgumentParser()
     bench_openai.add_arguments(parser)
     args = parser.parse_args(["--grpc-url", triton_server.grpc_url, "--openai-url", routes.url.removesuffix("/v1"),
-                              "--requests", "4", "--low-requests", "3", "--prompt-range", "8,16",
+                              "--metrics-url", triton_server.metrics_url,
+                              "--requests", "4", "--low-requests", "3", "--prompt-range", "33,48",
                               "--output-range", "2,4", "--saturation-rate", "50", "--low-rate", "8"])
     assert bench_openai.run(args) == 0
     printed = capsys.readouterr().out
     assert "tokens/s at saturation, /v1 / direct" in printed and "TTFT p50 at 8 req/s" in printed
     rows = [line for line in printed.splitlines() if line.startswith("| saturation") or line.startswith("| low")]
     assert len(rows) == 4 and all(" 4 / 4 " in r or " 3 / 3 " in r for r in rows), rows
+    assert all(r.rstrip(" |").rsplit("|", 1)[1].strip() == "0" for r in rows), rows  # prefix-cache hit tokens
 
 
 def test_benchmark_prompts_have_the_traces_token_counts(smollm2_dir):

@@ -17,7 +17,6 @@ from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
-import anyio
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +38,10 @@ T = TypeVar("T")
 
 # How often an unknown model name may trigger a new look at Triton's repository.
 _REFRESH_INTERVAL_S = 1.0
+
+# Prompts up to this many characters are tokenized on the event loop: at most ~0.7 ms, about
+# what handing them to a worker thread and back costs at low load. Longer ones go to a thread.
+INLINE_TOKENIZE_CHARS = 1024
 
 
 class ServedModels:
@@ -76,6 +79,13 @@ class ServedModels:
         return model
 
 
+async def encode(model: ServedModel, text: str, add_special_tokens: bool = True) -> list[int]:
+    """`text`'s token ids: short texts at once, long ones in a worker thread (off the event loop)."""
+    if len(text) <= INLINE_TOKENIZE_CHARS:
+        return model.tokenizer.encode(text, add_special_tokens)
+    return await asyncio.to_thread(model.tokenizer.encode, text, add_special_tokens)
+
+
 def check_prompt_bytes(model: ServedModel, text: str, param: str) -> None:
     """The generator's `max_prompt_bytes`, checked before tokenizing: the routes send token ids,
     which the generator does not measure in bytes."""
@@ -88,46 +98,88 @@ def check_prompt_bytes(model: ServedModel, text: str, param: str) -> None:
 # ------------------------------------------------------------------ disconnects
 
 
+class HangUp:
+    """Within its `with` block, cancels the calling task as soon as the client hangs up.
+
+    A watcher task reads the connection's messages; the work itself stays in the calling task
+    (a task of its own would cost event-loop passes to start and to wake from on every request).
+    `happened` tells that cancellation from any other."""
+
+    def __init__(self, receive) -> None:
+        self._receive = receive
+        self._caller = asyncio.current_task()
+        self._active = False
+        self.happened = False
+
+    def __enter__(self) -> HangUp:
+        self._active = True
+        self._watcher = asyncio.ensure_future(self._watch())
+        self._watcher.add_done_callback(self._done)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._active = False
+        self._watcher.cancel()
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
+    def _done(self, watcher: asyncio.Future) -> None:
+        if watcher.cancelled():
+            return
+        watcher.exception()  # a broken connection counts as a hang-up
+        if self._active:  # (the caller is suspended inside the block: it is cancelled there)
+            self.happened = True
+            self._caller.cancel()
+
+
 class EventStream(StreamingResponse):
     """Server-sent events that stop as soon as the client hangs up.
 
     Starlette's own StreamingResponse (ASGI spec >= 2.4) notices a closed connection only when
-    its next write fails; a stream still waiting for tokens would go on generating. Here the
-    body and a watcher of the connection run together and whichever ends first ends both: the
-    body's cancellation reaches TritonCalls.generate, which cancels the Triton stream."""
+    its next write fails; a stream still waiting for tokens would go on generating. Here a
+    hang-up cancels the body at once (HangUp), and the cancellation reaches
+    TritonCalls.generate, which cancels the Triton stream."""
 
     media_type = "text/event-stream"
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as group:
-            async def body() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:
-                    pass  # the client went away mid-write
-                group.cancel_scope.cancel()
+        with HangUp(receive) as hang_up:
+            try:
+                await self.stream_response(send)
+            except OSError:
+                pass  # the client went away mid-write
+            except asyncio.CancelledError:
+                if not hang_up.happened:
+                    raise
+                asyncio.current_task().uncancel()  # the client left: the stream is over
 
-            group.start_soon(body)
-            await self.listen_for_disconnect(receive)
-            group.cancel_scope.cancel()
+    async def stream_response(self, send) -> None:
+        """Starlette's, but the first event is made before the status line is sent, so that the
+        two leave back to back (one read for the client)."""
+        events = aiter(self.body_iterator)
+        first = await anext(events, None)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if first is not None:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result, or its cancellation if the client hangs up first (non-streamed answers)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    return task.result()  # CancelledError if the client left: nobody reads the answer then
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    """`work`'s result, cancelled if the client hangs up first (non-streamed answers, and a
+    stream's wait for its first piece); the answer to a client that left is a 499 that nobody
+    reads (not an exception in the server's log)."""
+    with HangUp(request.receive) as hang_up:
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not hang_up.happened:
+                raise
+            asyncio.current_task().uncancel()
+    raise OpenAIError(499, "the client closed the connection")
 
 
 def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
@@ -154,7 +206,7 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
                               type="authentication_error", code="invalid_api_key")
 
     app = FastAPI(title="tritonformer OpenAI routes", lifespan=lifespan, docs_url=None, redoc_url=None)
-    authorized = [Depends(check_api_key)]
+    authorized = [Depends(check_api_key)] if api_key is not None else []  # (no dependency to solve per request)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
@@ -218,7 +270,7 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
             raise OpenAIError(400, f"cannot apply the model's chat template: {e}", param="messages") from None
         check_prompt_bytes(model, text, "messages")
         # The template wrote its own special tokens (a BOS, say): add none (as HF tokenizes chats).
-        prompt_ids = await asyncio.to_thread(model.tokenizer.encode, text, False)
+        prompt_ids = await encode(model, text, False)
         top = (req.top_logprobs or 0) if req.logprobs else None
         return await answer(request, req, model, [Generation(model, req, prompt_ids, 0, top)], out.ChatShape, top)
 
@@ -240,7 +292,7 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 check_prompt_bytes(model, prompt, "prompt")
-                ids, echo = await asyncio.to_thread(tokenizer.encode, prompt), prompt
+                ids, echo = await encode(model, prompt), prompt
             else:
                 if not all(0 <= t < tokenizer.vocab_size for t in prompt):
                     raise OpenAIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")

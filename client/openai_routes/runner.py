@@ -31,8 +31,13 @@ class OpenAIPortInUse(RuntimeError):
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on (host, port); OpenAIPortInUse names how to choose another port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+    # connections whose socket says TCP, and an accepted socket inherits the listener's `proto`.
+    # With Nagle on, a response's second small write (the body after the headers, an SSE event
+    # after the last) waits for the client's delayed ACK: ~40 ms per small answer.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as e:

@@ -18,6 +18,7 @@ parameter `triton_enable_empty_final_response` makes Triton mark the last respon
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -66,8 +67,11 @@ def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInpu
     return tensor
 
 
-def _bool(name: str, value: bool) -> grpcclient.InferInput:
-    return _tensor(name, np.array([value], dtype=bool), "BOOL")
+@functools.cache
+def _true(name: str) -> grpcclient.InferInput:
+    """A BOOL input holding true, made once: building one costs more than its request does
+    (tritonclient only reads an input when it builds a request, so one object serves all)."""
+    return _tensor(name, np.array([True], dtype=bool), "BOOL")
 
 
 def generator_inputs(model: ServedModel, prompt_ids: list[int], sampling: dict,
@@ -75,17 +79,17 @@ def generator_inputs(model: ServedModel, prompt_ids: list[int], sampling: dict,
     """The vLLM-format request for `prompt_ids` (see the module docstring)."""
     inputs = [
         _tensor("input_ids", np.asarray(prompt_ids, dtype=np.int32), "INT32"),
-        _bool("stream", True),
+        _true("stream"),
         _tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=np.object_), "BYTES"),
     ]
     if logprobs:
         if "return_logprobs" not in model.inputs:
             raise OpenAIError(400, f"model {model.name!r} does not return logprobs (its config has no "
                                    "return_logprobs input)", param="logprobs")
-        inputs.append(_bool("return_logprobs", True))
+        inputs.append(_true("return_logprobs"))
     for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens"):
         if flag in model.inputs:
-            inputs.append(_bool(flag, True))
+            inputs.append(_true(flag))
     return inputs
 
 

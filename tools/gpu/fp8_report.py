@@ -117,7 +117,7 @@ def decode(model, prompt: list[int], steps: int, forced: list[int] | None = None
     return out
 
 
-def smollm2_accuracy(folder: Path, dev) -> None:
+def smollm2_accuracy(folder: Path, dev, dtype=torch.float16) -> None:
     import tempfile
 
     from tokenizers import Tokenizer
@@ -134,7 +134,6 @@ def smollm2_accuracy(folder: Path, dev) -> None:
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = tok.encode((REPO / "tests" / "data" / "fp8_eval.txt").read_text()).ids
     config, state = load_config(folder), load_state_dict(folder)
-    dtype = torch.float16
     base = load_decoder(config, state, dev, dtype)
     quant = load_decoder(config, state, dev, dtype, quantization="fp8")
     with torch.inference_mode():
@@ -345,8 +344,18 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, help="the SmolLM2-135M-Instruct folder, or its .gguf file")
     ap.add_argument("--minilm", type=Path, help="the all-MiniLM-L6-v2 folder")
     ap.add_argument("--parts", default="accuracy,speed")
+    ap.add_argument("--cpu", action="store_true",
+                    help="the SmolLM2 accuracy part alone, on the CPU in fp32 (FP8 emulated by the references)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
+    if args.cpu:
+        smollm2_accuracy(args.smollm2, torch.device("cpu"), torch.float32)
+        print("\n## FP8 accuracy on the CPU (fp32 activations, FP8 weights emulated)")
+        print("| part | measure | fp32 | fp8 | comparison |")
+        print("|---|---|---:|---:|---|")
+        for r in ROWS:
+            print("| " + " | ".join(r) + " |")
+        return 0
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name()
     from tritonformer.client.gpu_measure import copy_bandwidth
