@@ -98,6 +98,21 @@ def smollm2(smollm2_dir):
     return model, TextTokenizer(smollm2_dir)
 
 
+def fails_first_run():
+    """A runner class: the real runner, except that its first call fails (e.g. out of memory)."""
+
+    class Flaky(DecoderRunner):
+        calls = 0
+
+        def run(self, entries):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("simulated failure")
+            return super().run(entries)
+
+    return Flaky
+
+
 def _generator(model, tok, sink, runner_cls=DecoderRunner, max_running=4, budget=256, block_size=16, **kwargs):
     """An engine over a paged cache just big enough for one longest sequence plus a little."""
     num_blocks = -(-model.config.max_position_embeddings // block_size) + 16
@@ -241,17 +256,7 @@ def test_stream_interval_sends_fewer_larger_pieces(smollm2):
 def test_a_failing_iteration_answers_its_sequences_once_and_the_engine_goes_on(smollm2):
     model, tok = smollm2
 
-    class Flaky(DecoderRunner):
-        """The real runner, except that its first call fails (e.g. out of memory)."""
-
-        calls = 0
-
-        def run(self, entries):
-            Flaky.calls += 1
-            if Flaky.calls == 1:
-                raise RuntimeError("simulated failure")
-            return super().run(entries)
-
+    Flaky = fails_first_run()
     sink = FakeSink()
     engine = _generator(model, tok, sink, runner_cls=Flaky)
     engine.submit(engine.new_sequence("doomed", tok.encode("Hello"), SamplingParams(max_tokens=3), True))
@@ -418,15 +423,7 @@ def test_no_cancellation_poll_after_an_n_request_failed(smollm2):
     frees a request once its final response is sent: a poll then reads freed memory)."""
     model, tok = smollm2
 
-    class Flaky(DecoderRunner):
-        calls = 0
-
-        def run(self, entries):
-            Flaky.calls += 1
-            if Flaky.calls == 1:
-                raise RuntimeError("simulated failure")
-            return super().run(entries)
-
+    Flaky = fails_first_run()
     class StrictSink(FakeSink):
         polled_after_final = []
 
