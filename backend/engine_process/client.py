@@ -157,13 +157,13 @@ class EngineClient:
                     self.failure += "; restart the model"
                 log.error("%s", self.failure)
             held, self._pending = list(self._pending.values()), {}
+        if kill and self.process is not None and self.process.is_alive():
+            self.process.kill()  # first: once the requests have their errors, nothing of it is left running
         error = EngineFailed(self.failure)
         for handle in held:
             self.sink.send(handle, None, error, True)
         _shut(self.conn.conn)  # an execute() blocked sending to a frozen engine returns (with an error)
         if self.process is not None:
-            if kill and self.process.is_alive():
-                self.process.kill()
             self.process.join(1.0)  # reaped: no zombie left while the model stays loaded
 
     # ---- cancellations --------------------------------------------------------------------
