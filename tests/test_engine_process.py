@@ -477,10 +477,19 @@ def _generate(server, model: str, body: dict) -> dict:
     return answer
 
 
-def _stub_children(model: str) -> list[int]:
-    """Pids of the processes spawned by `model`'s Python-backend stubs (the engine process)."""
+def _stub_children(model: str, server) -> list[int]:
+    """Pids of the processes spawned by `model`'s Python-backend stubs (the engine process) under
+    `server` (another server on the host may serve a model of the same name)."""
     table = process_table()
-    return spawned_by(set(stub_pids(model, table)), table)
+
+    def under_server(pid: int) -> bool:
+        while pid > 1 and pid in table:
+            if pid == server.process.pid:
+                return True
+            pid = table[pid][0]
+        return False
+
+    return spawned_by({pid for pid in stub_pids(model, table) if under_server(pid)}, table)
 
 
 @pytest.mark.server
@@ -504,7 +513,7 @@ def test_served_engine_process_equals_in_process_streams_and_fails_loudly(served
                             prompts * 2))
     assert got == expected * 2
     assert [_generate(served, "gen_tp2", {**body, "input_ids": p})["output_ids"] for p in prompts] == expected
-    assert len(_stub_children("generator")) == 1, "two instances, one engine process"
+    assert len(_stub_children("generator", served)) == 1, "two instances, one engine process"
     # Text in (tokenized in the stub), streamed over gRPC.
     text = " ".join(f"t{i}" for i in prompts[1])
     whole = _generate(served, "gen_inproc", {**body, "text_input": text})
@@ -533,7 +542,7 @@ def test_served_engine_process_equals_in_process_streams_and_fails_loudly(served
 
     # The engine process dies with a request in flight (held still first, so that the request
     # cannot finish before the kill): the request gets an error, health says so within 5 s.
-    (engine_pid,) = _stub_children("generator")
+    (engine_pid,) = _stub_children("generator", served)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         os.kill(engine_pid, signal.SIGSTOP)
         long = pool.submit(http_post, served, "/v2/models/generator/generate",
