@@ -24,7 +24,6 @@ the decode CUDA graphs.
 from __future__ import annotations
 
 import json
-import math
 import os
 import zlib
 from pathlib import Path
@@ -40,6 +39,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 from tritonformer.backend import quantization  # noqa: E402
 from tritonformer.backend.models.decoder import load_decoder  # noqa: E402
+from tritonformer.client.perplexity import perplexity  # noqa: E402
 from tritonformer.kernels import fp8, triton_fp8, triton_gemv  # noqa: E402
 from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
@@ -475,25 +475,6 @@ def test_real_minilm_fp8_embeddings_against_fp32_hf(minilm_dir):
         want = torch.stack([torch.nn.functional.normalize(hf(torch.tensor([s])).last_hidden_state[0].mean(0), dim=0)
                             for s in seqs])
     assert cosine(got, want).min() >= 0.995, cosine(got, want)
-
-
-def perplexity(model, ids: list[int], window: int = 1024) -> float:
-    """exp(mean next-token NLL) of `ids` in non-overlapping windows, each a fresh sequence."""
-    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
-
-    nll, count = 0.0, 0
-    for start in range(0, len(ids) - 1, window):
-        chunk = ids[start : start + window + 1]
-        if len(chunk) < 2:
-            break
-        cache = model.new_kv_cache(-(-len(chunk) // 16) + 1, 16)
-        batch = build_batch([BatchEntry(chunk[:-1], 0, list(range(cache.num_blocks)), True)], 16, model.device)
-        batch.logits_index = torch.arange(len(chunk) - 1, device=model.device)
-        logits = model.forward(batch, cache)
-        target = torch.tensor(chunk[1:], device=model.device)
-        nll += torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum").item()
-        count += len(chunk) - 1
-    return math.exp(nll / count)
 
 
 @pytest.mark.slow

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import math
 import statistics
 import time
 from pathlib import Path
@@ -77,29 +76,6 @@ def quantize_every_layer(model):
 
 # ---- (a) accuracy ------------------------------------------------------------------------------
 
-def _forward_all(model, ids: list[int]) -> torch.Tensor:
-    """Logits of every row of one fresh sequence `ids`."""
-    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
-
-    cache = model.new_kv_cache(-(-len(ids) // 16) + 1, 16)
-    batch = build_batch([BatchEntry(ids, 0, list(range(cache.num_blocks)), True)], 16, model.device)
-    batch.logits_index = torch.arange(len(ids), device=model.device)
-    return model.forward(batch, cache)
-
-
-def perplexity(model, ids: list[int], window: int = 1024) -> float:
-    nll, count = 0.0, 0
-    for start in range(0, len(ids) - 1, window):
-        chunk = ids[start : start + window + 1]
-        if len(chunk) < 2:
-            break
-        logits = _forward_all(model, chunk[:-1])
-        target = torch.tensor(chunk[1:], device=model.device)
-        nll += torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum").item()
-        count += len(chunk) - 1
-    return math.exp(nll / count)
-
-
 def decode(model, prompt: list[int], steps: int, forced: list[int] | None = None) -> list[int]:
     """Greedy argmax after the prompt and after each of `steps` tokens: its own (forced None)
     or `forced`'s (teacher-forced); one sequence, one token per iteration."""
@@ -129,6 +105,7 @@ def smollm2_accuracy(folder: Path, dev, dtype=torch.float16) -> None:
 
     from tritonformer.backend import quantization
     from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+    from tritonformer.client.perplexity import perplexity
     from tritonformer.backend.models.decoder import load_decoder
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
