@@ -23,6 +23,7 @@ from tritonformer.backend.spawn import LockedConnection, start_heartbeat
 
 log = logging.getLogger("tritonformer")
 STOP_TIMEOUT_S = 20.0  # the engine, its workers and the group, stopped at exit at most this long
+FAILED_STOP_TIMEOUT_S = 2.0  # the same after a rank failed: the group is broken, nothing to wait for
 
 
 def engine_main(spec: EngineSpec, starter, address: str | None, authkey: bytes | None) -> None:
@@ -43,6 +44,7 @@ class EngineServer:
         self._ids_lock = threading.Lock()
         self._ready = False
         self._done = threading.Event()
+        self._failed = False
         self._listener = None
 
     def run(self) -> None:
@@ -69,9 +71,11 @@ class EngineServer:
                 self._listener.close()
             except OSError:
                 pass
+        if self._failed:  # the broken group's collectives may never return: no graceful stop
+            self.workers.kill()
         stopper = threading.Thread(target=self._stop_engine, name="tritonformer-stop", daemon=True)
         stopper.start()
-        stopper.join(STOP_TIMEOUT_S)
+        stopper.join(FAILED_STOP_TIMEOUT_S if self._failed else STOP_TIMEOUT_S)
 
     def _build(self) -> EngineInfo:
         engine, self.workers, info = self.spec.build(self.sink, self.sink.stats)
@@ -153,6 +157,7 @@ class EngineServer:
         self.engine.fail(RuntimeError(reason))
         self.sink.flush()
         self.sink.broadcast(("failed", reason))
+        self._failed = True
         self._done.set()
 
     def _stop_engine(self) -> None:
@@ -160,5 +165,5 @@ class EngineServer:
             self.engine.stop(timeout=5.0)  # first: its last iterations still need the workers
         if self.workers is not None:
             self.workers.stop()
-            if self.engine is not None:
+            if self.engine is not None and not self._failed:
                 self.engine.runner.model.tp.leave()

@@ -200,6 +200,13 @@ class WorkerPool:
                 pass
         for proc in self.processes:
             proc.join(timeout)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the workers still running, without asking: after a rank failed, the others may
+        sit in a collective that will never complete."""
+        self._stopping = True
+        for proc in self.processes:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1)
