@@ -1,4 +1,5 @@
-"""Calling the server the way users do: raw HTTP JSON and gRPC streaming."""
+"""Calling the server the way users do (raw HTTP JSON, gRPC streaming), its metrics, and the
+engine processes its stubs started."""
 from __future__ import annotations
 
 
@@ -91,3 +92,20 @@ def wait_for_metrics(server, model: str, predicate, prefix: str = "tritonformer_
         if time.monotonic() > deadline:
             return False, values
         time.sleep(interval)
+
+
+def engine_processes(server, model: str) -> list[int]:
+    """Pids of the processes spawned by `model`'s Python-backend stubs (its engine process) under
+    `server` (another server on the host may serve a model of the same name)."""
+    from tritonformer.backend.spawn import process_table, spawned_by, stub_pids
+
+    table = process_table()
+
+    def under_server(pid: int) -> bool:
+        while pid > 1 and pid in table:
+            if pid == server.process.pid:
+                return True
+            pid = table[pid][0]
+        return False
+
+    return spawned_by({pid for pid in stub_pids(model, table) if under_server(pid)}, table)

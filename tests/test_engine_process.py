@@ -25,9 +25,9 @@ from tritonformer.backend.decoder.outputs import ResponseOptions
 from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.engine_loop import EngineFailed, Overloaded
 from tritonformer.backend.engine_process.client import EngineClient
-from tritonformer.backend.engine_process.protocol import EngineSpec
+from tritonformer.backend.engine_process.protocol import GeneratorSpec
 from tritonformer.backend.engine_process.rendezvous import Rendezvous
-from tritonformer.backend.spawn import SILENCE_S, process_table, spawned_by, stub_pids
+from tritonformer.backend.spawn import SILENCE_S, spawned_by
 from tritonformer.backend.tokenization import TextTokenizer
 
 VOCAB = 320
@@ -124,8 +124,8 @@ def checkpoint(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("engine_process") / "llama")
 
 
-def spec(checkpoint, options=OPTIONS, size: int = 1) -> EngineSpec:
-    return EngineSpec(ModelSource(str(checkpoint), "cpu", 0, "float32", size), options)
+def spec(checkpoint, options=OPTIONS, size: int = 1) -> GeneratorSpec:
+    return GeneratorSpec(ModelSource(str(checkpoint), "cpu", 0, "float32", size), options)
 
 
 @pytest.fixture(scope="module")
@@ -380,7 +380,7 @@ def test_a_killed_stub_takes_its_engine_process_with_it(checkpoint, tmp_path):
         import sys, time
         from tritonformer.backend.decoder.build import EngineOptions, ModelSource
         from tritonformer.backend.engine_process.client import EngineClient
-        from tritonformer.backend.engine_process.protocol import EngineSpec
+        from tritonformer.backend.engine_process.protocol import GeneratorSpec
 
         class Sink:
             def send(self, *a): pass
@@ -388,7 +388,7 @@ def test_a_killed_stub_takes_its_engine_process_with_it(checkpoint, tmp_path):
 
         options = EngineOptions(kv_cache_tokens="1024", kv_block_size=8, cuda_graphs=False, max_running_sequences=4)
         source = ModelSource({str(checkpoint)!r}, "cpu", 0, "float32")
-        client = EngineClient.connect(EngineSpec(source, options), Sink())
+        client = EngineClient.connect(GeneratorSpec(source, options), Sink())
         print(client.info.pid, flush=True)
         time.sleep(600)
     """)
@@ -477,21 +477,6 @@ def _generate(server, model: str, body: dict) -> dict:
     return answer
 
 
-def _stub_children(model: str, server) -> list[int]:
-    """Pids of the processes spawned by `model`'s Python-backend stubs (the engine process) under
-    `server` (another server on the host may serve a model of the same name)."""
-    table = process_table()
-
-    def under_server(pid: int) -> bool:
-        while pid > 1 and pid in table:
-            if pid == server.process.pid:
-                return True
-            pid = table[pid][0]
-        return False
-
-    return spawned_by({pid for pid in stub_pids(model, table) if under_server(pid)}, table)
-
-
 @pytest.mark.server
 @pytest.mark.slow
 def test_served_engine_process_equals_in_process_streams_and_fails_loudly(served):
@@ -499,7 +484,7 @@ def test_served_engine_process_equals_in_process_streams_and_fails_loudly(served
 
     import numpy as np
 
-    from helpers import grpc_stream
+    from helpers import engine_processes, grpc_stream
     from tritonformer.client.health import check
 
     g = torch.Generator().manual_seed(5)
@@ -513,7 +498,7 @@ def test_served_engine_process_equals_in_process_streams_and_fails_loudly(served
                             prompts * 2))
     assert got == expected * 2
     assert [_generate(served, "gen_tp2", {**body, "input_ids": p})["output_ids"] for p in prompts] == expected
-    assert len(_stub_children("generator", served)) == 1, "two instances, one engine process"
+    assert len(engine_processes(served, "generator")) == 1, "two instances, one engine process"
     # Text in (tokenized in the stub), streamed over gRPC.
     text = " ".join(f"t{i}" for i in prompts[1])
     whole = _generate(served, "gen_inproc", {**body, "text_input": text})
@@ -542,7 +527,7 @@ def test_served_engine_process_equals_in_process_streams_and_fails_loudly(served
 
     # The engine process dies with a request in flight (held still first, so that the request
     # cannot finish before the kill): the request gets an error, health says so within 5 s.
-    (engine_pid,) = _stub_children("generator", served)
+    (engine_pid,) = engine_processes(served, "generator")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         os.kill(engine_pid, signal.SIGSTOP)
         long = pool.submit(http_post, served, "/v2/models/generator/generate",

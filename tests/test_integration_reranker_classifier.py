@@ -3,7 +3,9 @@ Hugging Face transformers (tokenizer and model) on the same random-weight checkp
 into a temporary model repository: a BERT cross-encoder (ms-marco-MiniLM-L-6-v2's config, named
 through the environment variable the bundled server sets), an XLM-R reranker (bge-reranker-v2-m3's
 config), a 3-label classifier, and a classifier folder with no checkpoint, which must load and
-answer UNAVAILABLE while the others serve. Bad input is answered with clear errors."""
+answer UNAVAILABLE while the others serve. The BERT reranker and the classifier run their engine in
+a process of its own (engine_process true), the XLM-R reranker on its stub's thread. Bad input is
+answered with clear errors."""
 from __future__ import annotations
 
 import re
@@ -61,9 +63,10 @@ def served(tmp_path_factory, minilm_dir, monkeypatch_module):
     folders = {name: _checkpoint(model, root / name, minilm_dir)
                for name, model in (("bert", bert), ("xlmr", xlmr), ("classifier", classifier))}
     repo = root / "repository"
-    _model_folder(repo, "reranker", "reranker", {"max_texts_per_request": "16"})  # checkpoint: the environment
+    # (checkpoint: the environment; the BERT reranker and the classifier run in an engine process)
+    _model_folder(repo, "reranker", "reranker", {"max_texts_per_request": "16", "engine_process": "true"})
     _model_folder(repo, "reranker", "reranker_xlmr", {"checkpoint": str(folders["xlmr"]), "batch_policy": "fifo"})
-    _model_folder(repo, "classifier", "classifier", {"checkpoint": str(folders["classifier"])})
+    _model_folder(repo, "classifier", "classifier", {"checkpoint": str(folders["classifier"]), "engine_process": "true"})
     _model_folder(repo, "classifier", "classifier_unset", {})
     monkeypatch_module.setenv("TRITONFORMER_RERANKER_CHECKPOINT", str(folders["bert"]))
     monkeypatch_module.delenv("TRITONFORMER_CLASSIFIER_CHECKPOINT", raising=False)

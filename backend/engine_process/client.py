@@ -27,7 +27,7 @@ from multiprocessing.connection import Client
 from tritonformer.backend.decoder.engine import CANCEL_CHECKS_PER_S
 from tritonformer.backend.engine_loop import EngineFailed, ShuttingDown
 from tritonformer.backend.engine_process.batching_sink import replay
-from tritonformer.backend.engine_process.protocol import EngineInfo, EngineSpec, unpack_outputs
+from tritonformer.backend.engine_process.protocol import EngineSpec, unpack_outputs
 from tritonformer.backend.engine_process.rendezvous import Rendezvous
 from tritonformer.backend.spawn import SILENCE_S, LockedConnection, spawn_context
 
@@ -37,16 +37,20 @@ STOP_GRACE_S = 10.0  # an engine this stub started, given this long to leave aft
 
 
 class EngineClient:
-    def __init__(self, conn, info: EngineInfo, sink, stats=None, process=None, cancel_check_interval_s: float = 0.05):
+    def __init__(self, conn, info, sink, stats=None, process=None, cancel_check_interval_s: float = 0.05,
+                 name: str = "generator", cancel_check_after_s: float = 0.0):
         self.conn = LockedConnection(conn)
+        self.name = name  # the model's, in error messages
         self.info = info
         self.sink = sink  # send(handle, outputs, error, final), is_cancelled(handle)
         self.stats = stats  # the stub's metrics (GeneratorStats), or None
         self.process = process  # the engine process, when this stub started it
         self.cancel_check_interval_s = cancel_check_interval_s
+        self.cancel_check_after_s = cancel_check_after_s  # a request younger than this is not polled
         self.failure: str | None = None
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}  # request id -> handle (a Triton response sender)
+        self._submitted: dict[int, float] = {}  # request id -> when it was sent (with cancel_check_after_s)
         self._cancel_sent: set[int] = set()
         self._ids = itertools.count()
         self._closing = threading.Event()
@@ -60,29 +64,32 @@ class EngineClient:
     # ---- starting or attaching ----------------------------------------------------------
     @classmethod
     def connect(cls, spec: EngineSpec, sink, stats=None, key: str | None = None, cancel_check_interval_s: float = 0.05,
-                rendezvous: Rendezvous | None = None) -> "EngineClient":
+                rendezvous: Rendezvous | None = None, **options) -> "EngineClient":
         """Attach to the engine process of `key` (instance_key) if one runs, else start it and
         wait until it is ready (loading and warm-up: seconds to minutes). key None: a private
-        engine, started here, that no other stub can reach."""
+        engine, started here, that no other stub can reach. `spec`: what the engine process
+        serves (protocol.GeneratorSpec, encoder.build.EncoderSpec); `options`: the name and
+        cancel_check_after_s of __init__."""
         if key is None and rendezvous is None:
             conn, info, process = _start(spec, None, None)
-            return cls(conn, info, sink, stats, process, cancel_check_interval_s)
+            return cls(conn, info, sink, stats, process, cancel_check_interval_s, **options)
         place = rendezvous or Rendezvous.for_key(key)
         with place.locked():
             attached = _attach(place)
             if attached is not None:
                 conn, info = attached
                 log.info("attached to the engine process (pid %d)", info.pid)
-                return cls(conn, info, sink, stats, None, cancel_check_interval_s)
+                return cls(conn, info, sink, stats, None, cancel_check_interval_s, **options)
             conn, info, process = _start(spec, place.socket, place.new_authkey())
-        return cls(conn, info, sink, stats, process, cancel_check_interval_s)
+        return cls(conn, info, sink, stats, process, cancel_check_interval_s, **options)
 
     # ---- requests -----------------------------------------------------------------------
     def submit(self, requests: list[tuple]) -> None:
-        """Queue requests, (handle, *args) each (the generator's args: prompt ids, SamplingParams,
-        stream, ResponseOptions), in one message. Raises EngineFailed (nothing queued) once the
-        engine is gone; otherwise every request is answered through the sink, errors included
-        (Overloaded comes back that way)."""
+        """Queue requests, (handle, *args) each (the args the spec's new_item takes: the
+        generator's are prompt ids, SamplingParams, stream, ResponseOptions), in one message.
+        Raises EngineFailed (nothing queued) once the engine is gone; otherwise every request is
+        answered through the sink, errors included (Overloaded comes back that way)."""
+        now = time.monotonic()
         with self._lock:
             if self.failure is not None:
                 raise EngineFailed(self.failure)
@@ -90,6 +97,8 @@ class EngineClient:
             for handle, *args in requests:
                 rid = next(self._ids)
                 self._pending[rid] = handle
+                if self.cancel_check_after_s:
+                    self._submitted[rid] = now
                 items.append((rid, tuple(args)))
         try:
             self.conn.send(("submit", items))
@@ -144,6 +153,7 @@ class EngineClient:
                     resolved.append((handle, outputs, error, final))
                     if final:
                         self._cancel_sent.discard(rid)
+                        self._submitted.pop(rid, None)
         for handle, outputs, error, final in resolved:
             self.sink.send(handle, unpack_outputs(outputs), error, final)
 
@@ -152,11 +162,12 @@ class EngineClient:
         `kill`: it froze; if this stub started it, it is killed (it would hold its GPU memory)."""
         with self._lock:
             if self.failure is None:
-                self.failure = f"the generator's engine process failed: {problem}"
+                self.failure = f"the {self.name}'s engine process failed: {problem}"
                 if "restart the model" not in problem:
                     self.failure += "; restart the model"
                 log.error("%s", self.failure)
             held, self._pending = list(self._pending.values()), {}
+            self._submitted.clear()
         if kill and self.process is not None and self.process.is_alive():
             self.process.kill()  # first: once the requests have their errors, nothing of it is left running
         error = EngineFailed(self.failure)
@@ -171,8 +182,10 @@ class EngineClient:
         cursor = 0
         quota = max(1, int(CANCEL_CHECKS_PER_S * max(self.cancel_check_interval_s, 0.001)))
         while not self._closing.wait(max(self.cancel_check_interval_s, 0.001)):
+            young = time.monotonic() - self.cancel_check_after_s
             with self._lock:
-                held = [(rid, h) for rid, h in self._pending.items() if rid not in self._cancel_sent]
+                held = [(rid, h) for rid, h in self._pending.items()
+                        if rid not in self._cancel_sent and self._submitted.get(rid, 0.0) <= young]
             if not held:
                 continue
             start = cursor % len(held)
@@ -238,7 +251,7 @@ def _shut(conn) -> None:
 
 
 def _attach(place: Rendezvous):
-    """(connection, EngineInfo) of the engine running at `place`, or None."""
+    """(connection, the engine's info) of the engine running at `place`, or None."""
     authkey = place.authkey()
     if authkey is None:
         return None
@@ -262,7 +275,7 @@ def _attach(place: Rendezvous):
 
 
 def _start(spec: EngineSpec, address: str | None, authkey: bytes | None):
-    """Spawn the engine process and wait for its "ready": (connection, EngineInfo, process)."""
+    """Spawn the engine process and wait for its "ready": (connection, the spec's info, process)."""
     from tritonformer.backend.engine_process.server import engine_main
 
     ctx = spawn_context()

@@ -1,16 +1,18 @@
 """What crosses between a Triton stub and the engine process (pickled tuples, `(kind, body)`).
 
 stub -> engine:
-  ("submit", [(request id, args), ...])  one message per execute() call; for the generator args
-      are (prompt ids, SamplingParams, stream, ResponseOptions), prompts already tokenized
+  ("submit", [(request id, args), ...])  one message per execute() call; args are what the
+      spec's new_item takes: for the generator (prompt ids, SamplingParams, stream,
+      ResponseOptions), prompts already tokenized; for an encoder encoder.build.item_args
   ("cancel", [request id, ...])  requests whose client cancelled (the stub polls Triton)
   ("bye", None)  the stub unloads; its requests still running are dropped
 engine -> stub:
-  ("ready", EngineInfo)  the engine is warm and serves this connection
+  ("ready", info)  the engine is warm and serves this connection (GeneratorInfo, EncoderInfo)
   ("error", traceback)  the engine process failed to start (the starter's connection only)
   ("out", (responses, stats))  one per iteration with outputs for this stub: responses are
       (request id, packed outputs or None, error or None, final); stats are the engine's
-      GeneratorStats calls to replay on the stub's metrics, [(name, args, kwargs)] or None
+      stats calls (GeneratorStats, EmbedderStats) to replay on the stub's metrics,
+      [(name, args, kwargs)] or None
   ("failed", reason)  the engine cannot run any more (a tensor-parallel rank died); it exits
   ("beat", None)  every BEAT_S (backend/spawn.py), from a thread of its own
 Request ids are the stub's own; the engine keys a request by (connection, request id).
@@ -18,25 +20,37 @@ Request ids are the stub's own; the engine keys a request by (connection, reques
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from tritonformer.backend.decoder.build import EngineOptions, ModelSource
 
 
+class EngineSpec(Protocol):
+    """What the engine process serves, as the starting stub describes it (pickled to the engine
+    process): GeneratorSpec below, encoder.build.EncoderSpec."""
+
+    def build(self, sink, stats) -> tuple[Any, Any, Any]:
+        """(engine, tensor-parallel workers or None, info for the stubs); not started."""
+
+    def new_item(self, engine, handle, args: tuple) -> Any:
+        """What engine.submit takes for a request submitted with `args`."""
+
+
 @dataclass(frozen=True)
-class EngineSpec:
+class GeneratorSpec:
     """What the engine process serves: the generator's model and engine settings (its config
     parameters), and whether to warm up before READY (tests on tiny models skip it). The server
-    knows an engine only through `build` and `new_item`: another engine (the encoder's) is
-    another spec with these two methods."""
+    knows an engine only through `build` and `new_item`: the encoders' engine is another spec
+    with these two methods (encoder/build.py)."""
 
     source: ModelSource
     options: EngineOptions
     warm_up: bool = True
 
     def build(self, sink, stats):
-        """Load, build, warm up: (engine, tensor-parallel workers or None, EngineInfo). The
+        """Load, build, warm up: (engine, tensor-parallel workers or None, GeneratorInfo). The
         engine is not started."""
         import os
 
@@ -51,7 +65,7 @@ class EngineSpec:
             warm_up(engine)
         engine.report_occupancy()  # the KV gauges show the empty pool from the start
         cache = engine.runner.cache
-        info = EngineInfo(model.config.vocab_size, model.config.max_position_embeddings, cache.num_blocks,
+        info = GeneratorInfo(model.config.vocab_size, model.config.max_position_embeddings, cache.num_blocks,
                           cache.block_size, str(model.device), os.getpid())
         return engine, workers, info
 
@@ -63,7 +77,7 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class EngineInfo:
+class GeneratorInfo:
     """What a stub needs of the engine's model to validate requests, and what to log."""
 
     vocab_size: int
@@ -74,16 +88,23 @@ class EngineInfo:
     pid: int
 
 
-def pack_outputs(outputs: dict[str, np.ndarray] | None) -> dict[str, tuple[str, list]] | None:
-    """A response's output arrays as plain lists and their dtypes: pickled, numpy arrays cost
-    ~9 us each to write and ~6 us to read (a batch of 256 streams: 2.3 ms of the engine's
-    thread, measured on the 2-core dev machine), plain lists a tenth of that."""
+LIST_LIMIT = 64  # elements: a smaller output array crosses as a list, a larger one as an array
+
+
+def pack_outputs(outputs: dict[str, np.ndarray] | None) -> dict | None:
+    """A response's small output arrays as plain lists and their dtypes: pickled, numpy arrays
+    cost ~9 us each to write and ~6 us to read (a batch of 256 streams: 2.3 ms of the engine's
+    thread, measured on the 2-core dev machine), plain lists a tenth of that. Large ones (an
+    encoder's head rows) stay arrays: their pickle is one copy of the buffer, while a list is a
+    Python float per element."""
     if outputs is None:
         return None
-    return {name: (array.dtype.str, array.tolist()) for name, array in outputs.items()}
+    return {name: array if array.size > LIST_LIMIT else (array.dtype.str, array.tolist())
+            for name, array in outputs.items()}
 
 
-def unpack_outputs(packed: dict[str, tuple[str, list]] | None) -> dict[str, np.ndarray] | None:
+def unpack_outputs(packed: dict | None) -> dict[str, np.ndarray] | None:
     if packed is None:
         return None
-    return {name: np.array(values, dtype=dtype) for name, (dtype, values) in packed.items()}
+    return {name: value if isinstance(value, np.ndarray) else np.array(value[1], dtype=value[0])
+            for name, value in packed.items()}

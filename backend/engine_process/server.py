@@ -1,13 +1,14 @@
-"""The engine process: one generator engine per GPU, serving every model instance's stub.
+"""The engine process: one engine per GPU (the generator's, or an encoder's), serving every
+instance's stub of one model.
 
-Started by the first instance (client.py) with spawn. It loads the model (with
-tensor_parallel_size > 1 it is rank 0 and starts the workers itself: they are this engine's),
-builds the engine with a BatchingSink, warms up, and says "ready" on its starter's pipe; then it
-listens on the rendezvous socket for the other instances. One reader thread per stub turns its
-messages into submits and cancellations; the engine thread flushes each iteration's outputs as
-one message per stub. It exits when the last stub has gone (a stub's end of the connection
-closes when the stub exits, however it exits), or after a fatal failure that it first reports
-to every stub.
+Started by the first instance (client.py) with spawn. It builds what its spec describes
+(protocol.EngineSpec): it loads the model (the generator with tensor_parallel_size > 1 as rank
+0, starting the workers itself: they are this engine's), builds the engine with a BatchingSink,
+warms up, and says "ready" on its starter's pipe; then it listens on the rendezvous socket for
+the other instances. One reader thread per stub turns its messages into submits and
+cancellations; the engine thread flushes each pass's outputs as one message per stub. It exits
+when the last stub has gone (a stub's end of the connection closes when the stub exits, however
+it exits), or after a fatal failure that it first reports to every stub.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import traceback
 from multiprocessing.connection import Listener
 
 from tritonformer.backend.engine_process.batching_sink import BatchingSink
-from tritonformer.backend.engine_process.protocol import EngineInfo, EngineSpec
+from tritonformer.backend.engine_process.protocol import EngineSpec
 from tritonformer.backend.spawn import LockedConnection, start_heartbeat
 
 log = logging.getLogger("tritonformer")
@@ -77,7 +78,7 @@ class EngineServer:
         stopper.start()
         stopper.join(FAILED_STOP_TIMEOUT_S if self._failed else STOP_TIMEOUT_S)
 
-    def _build(self) -> EngineInfo:
+    def _build(self):
         engine, self.workers, info = self.spec.build(self.sink, self.sink.stats)
         self.engine = engine
         if self.workers is not None:

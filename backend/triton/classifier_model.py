@@ -8,7 +8,7 @@ from tritonformer.backend.encoder.engine import EmbedRequest
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.encoder.heads import label_outputs
 from tritonformer.backend.triton import inputs
-from tritonformer.backend.triton.encoder_model import ENCODER_PARAMETERS, EncoderTritonModel
+from tritonformer.backend.triton.encoder_model import EncoderTritonModel
 from tritonformer.backend.triton.glue import bool_parameter, input_array, one_item_batches, request_parameters
 
 CHECKPOINT_ENV = "TRITONFORMER_CLASSIFIER_CHECKPOINT"
@@ -23,12 +23,8 @@ class TritonPythonModel(EncoderTritonModel):
                 f"*ForSequenceClassification folder, or start the bundled server with "
                 f"`tritonformer serve --classifier-checkpoint DIR` (environment variable {CHECKPOINT_ENV})")
 
-    def configure(self, p, checkpoint, model) -> dict:
-        if model.labels is None:
-            raise ValueError(f"{checkpoint} has no sequence-classification head (config.json architectures "
-                             f"name no *ForSequenceClassification)")
-        self.outputs = label_outputs(model.labels)
-        return {"head": model.classify}
+    def configure(self, p, checkpoint, info) -> None:
+        self.outputs = label_outputs(info.labels)
 
     def parse(self, request, sender, deadline: float | None) -> EmbedRequest:
         if self.batched:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from tritonformer.backend.checkpoints import minilm_dir
 from tritonformer.backend.encoder.engine import EmbedRequest
-from tritonformer.backend.models.bert import pooling_from_checkpoint
 from tritonformer.backend.triton import inputs
 from tritonformer.backend.triton.encoder_model import ENCODER_PARAMETERS, EncoderTritonModel
 from tritonformer.backend.triton.glue import bool_parameter, input_array, one_item_batches, request_parameters
@@ -25,14 +24,6 @@ class TritonPythonModel(EncoderTritonModel):
 
     def default_checkpoint(self) -> Path:
         return minilm_dir()
-
-    def configure(self, p, checkpoint, model) -> dict:
-        mode, normalize = pooling_from_checkpoint(checkpoint)
-        if p.choice("pooling", ("auto", "mean", "cls")) != "auto":
-            mode = p.str("pooling")
-        if p.choice("normalize", ("auto", "true", "false")) != "auto":
-            normalize = p.str("normalize") == "true"
-        return {"pooling": mode, "normalize": normalize}
 
     def parse(self, request, sender, deadline: float | None) -> EmbedRequest:
         return EmbedRequest(sender, self._sequences(request), deadline=deadline)

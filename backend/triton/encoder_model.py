@@ -1,11 +1,14 @@
 """What the `embedder`, `reranker` and `classifier` TritonPythonModels share (none is decoupled).
 
-initialize() loads the checkpoint's encoder family (models/encoder.py), builds one engine with
-its length-aware queue (fifo or dp), warms it up and starts it; execute() validates, tokenizes
-and queues each request, then returns None; the engine thread answers every request exactly
-once, later (Triton >= 24.06 allows that for non-decoupled models), so plain HTTP/gRPC `infer`
-and perf_analyzer work. A subclass says which checkpoint it serves by default, what its head
-reads off the hidden states, and how a request becomes queue items (`parse`).
+initialize() reads config.pbtxt into an EncoderSpec (backend/encoder/build.py), which loads the
+checkpoint's encoder family and builds one engine with its length-aware queue (fifo or dp),
+warmed up. With `engine_process` false the engine runs on a thread of this stub's process; with
+true it runs in a process of its own, one per GPU, shared by every instance of the model
+(backend/engine_process/). execute() validates, tokenizes and queues each request, then returns
+None; the engine answers every request exactly once, later (Triton >= 24.06 allows that for
+non-decoupled models), so plain HTTP/gRPC `infer` and perf_analyzer work. A subclass says which
+checkpoint it serves by default, what its requests need of the model (`configure`), and how a
+request becomes a queue item (`parse`).
 """
 from __future__ import annotations
 
@@ -14,27 +17,15 @@ import os
 import time
 from pathlib import Path
 
-from tritonformer.backend.checkpoints import cache_dir
-from tritonformer.backend.checkpoints.weights import load_config
-from tritonformer.backend.encoder.activation_arena import ActivationArena
-from tritonformer.backend.encoder.cost_measure import cost_model_key, load_or_measure
-from tritonformer.backend.encoder.engine import EncoderEngine
+from tritonformer.backend.encoder.build import EncoderInfo, EncoderSpec, item_args
+from tritonformer.backend.engine_process.client import EngineClient
+from tritonformer.backend.engine_process.rendezvous import instance_key
 from tritonformer.backend.errors import ModelNotConfigured
-from tritonformer.backend.models.encoder import Encoder
-from tritonformer.backend.quantization import load_encoder
 from tritonformer.backend.tokenization import TextTokenizer
-from tritonformer.backend.triton.glue import (
-    TritonSink,
-    checkpoint_weights,
-    load_settings,
-    reject,
-    setup_logging,
-    uses_triton_batching,
-)
-from tritonformer.backend.triton.params import ModelParameters
+from tritonformer.backend.triton.glue import TritonSink, load_settings, reject, setup_logging, uses_triton_batching
 from tritonformer.backend.triton.metrics import EmbedderMetrics
-from tritonformer.scheduler.dp_batcher import OBJECTIVES, DpBatchPolicy, TriggerPolicy
-from tritonformer.scheduler.fifo import FifoBatchPolicy
+from tritonformer.backend.triton.params import ModelParameters
+from tritonformer.scheduler.dp_batcher import OBJECTIVES, TriggerPolicy
 
 log = logging.getLogger("tritonformer")
 
@@ -62,6 +53,9 @@ ENCODER_PARAMETERS = {
     "max_wait_ms": "500",  # starvation bound: nobody waits longer behind shorter requests
     "response_cache_size": "1024",  # head rows of recent token sequences kept for repeats; 0 = off
     "cancel_check_after_ms": "20",  # ask Triton about cancellation only for requests this old
+    # true: the engine runs in a process of its own, one per GPU, shared by this model's instances
+    # (one queue and one copy of the weights for all of them); false: on a thread of each instance
+    "engine_process": "false",
 }
 
 
@@ -81,9 +75,9 @@ class EncoderTritonModel:
         value = os.environ.get(self.CHECKPOINT_ENV, "").strip() if self.CHECKPOINT_ENV else ""
         return Path(value) if value else None
 
-    def configure(self, p, checkpoint: Path, model: Encoder) -> dict:
-        """Read the model's own parameters; returns extra EncoderEngine arguments (head, ...)."""
-        return {}
+    def configure(self, p, checkpoint: Path, info: EncoderInfo) -> None:
+        """Read the model's own parameters and what its requests need of the model (a pair
+        tokenizer, the labels' names); the engine itself is built from `spec`."""
 
     def parse(self, request, sender, deadline: float | None):
         """A request -> one queue item for EncoderEngine.submit, answered through `sender` (raise
@@ -96,7 +90,7 @@ class EncoderTritonModel:
     # ---- Triton's entry points ------------------------------------------------------------
     def initialize(self, args):
         self.name = args["model_name"]
-        self.engine = None
+        self.engine = self.client = None
         setup_logging()
         if not ModelParameters.from_args(args, self.PARAMETERS).str("checkpoint") and self.default_checkpoint() is None:
             # Ready, and answering UNAVAILABLE with how to name a checkpoint: a model folder
@@ -105,74 +99,116 @@ class EncoderTritonModel:
             log.warning("%s", self.not_configured_message())
             return
         p, checkpoint, device, dtype = load_settings(args, self.PARAMETERS, self.default_checkpoint)
-        hf_config = load_config(checkpoint)
-        quantization = p.str("quantization")
-        model = load_encoder(hf_config, checkpoint_weights(p, checkpoint), device, dtype, quantization)
-        self.model = model
+        spec = self.spec(p, checkpoint, device, dtype)
         self.tokenizer = TextTokenizer(checkpoint)
-        self.max_tokens = min(model.config.max_tokens_per_sequence,
-                              self.tokenizer.config.get("model_max_length", 10**9))
         self.max_texts = p.int("max_texts_per_request")
         self.max_text_bytes = p.int("max_text_bytes")
-        self.vocab_size = model.config.vocab_size
-        engine_options = self.configure(p, checkpoint, model)
-
         # Behind Triton's batcher (config.pbtxt max_batch_size > 0, see the README), one execute()
         # call carries every request queued meanwhile: fewer IPC round trips per request.
         self.batched = uses_triton_batching(args)
         self.sink = TritonSink(self.name, batch_axis=self.batched)
-        graphs = p.choice("cuda_graphs", ("true", "false")) == "true"
-        arena = _arena(p, device)
         self.metrics = EmbedderMetrics(self.name, args.get("model_version", "1"))
-        self.engine = EncoderEngine(
-            model, self.sink, FifoBatchPolicy(p.int("max_batch_sequences"), p.int("max_batch_tokens")),
-            max_queue=p.int("max_queue_requests"), cuda_graphs=graphs, arena=arena,
-            cache_entries=p.int("response_cache_size", minimum=0),
-            cancel_check_after_s=p.int("cancel_check_after_ms", minimum=0) / 1000, stats=self.metrics,
-            name=f"tritonformer-{self.KIND}", **engine_options,
+        if p.choice("engine_process", ("true", "false")) == "true":
+            key = instance_key(self.name, args.get("model_version", "1"), str(device))
+            self.client = EngineClient.connect(spec, _HeadRowsSink(self.sink), self.metrics, key,
+                                               spec.cancel_check_after_s, name=self.name,
+                                               cancel_check_after_s=spec.cancel_check_after_s)
+            info = self.client.info
+            where = f"engine process {info.pid}"
+        else:
+            self.engine, _, info = spec.build(self.sink, self.metrics)
+            self.engine.start()
+            where = "this process"
+        self.vocab_size, self.max_tokens = info.vocab_size, info.max_tokens
+        self.configure(p, checkpoint, info)
+        log.info("%s ready: %s on %s (%s, quantization %s, %s), max %d tokens per sequence, %s batching",
+                 self.name, checkpoint, device, dtype, spec.quantization, where, self.max_tokens, spec.batch_policy)
+
+    def spec(self, p, checkpoint: Path, device, dtype) -> EncoderSpec:
+        """The engine's settings, from config.pbtxt."""
+        extra = {}
+        if "pooling" in self.PARAMETERS:
+            extra = {"pooling": p.choice("pooling", ("auto", "mean", "cls")),
+                     "normalize": p.choice("normalize", ("auto", "true", "false"))}
+        return EncoderSpec(
+            self.KIND, str(checkpoint), str(device), str(dtype).removeprefix("torch."), p.str("quantization"),
+            p.choice("allow_pickle_checkpoint", ("true", "false")) == "true",
+            max_batch_sequences=p.int("max_batch_sequences"), max_batch_tokens=p.int("max_batch_tokens"),
+            max_queue_requests=p.int("max_queue_requests"),
+            cuda_graphs=p.choice("cuda_graphs", ("true", "false")) == "true",
+            activation_arena=p.choice("activation_arena", ("auto", "true", "false")),
+            arena_release_after_idle=p.int("arena_release_after_idle", minimum=0),
+            response_cache_size=p.int("response_cache_size", minimum=0),
+            cancel_check_after_s=p.int("cancel_check_after_ms", minimum=0) / 1000,
+            batch_policy=p.choice("batch_policy", ("dp", "fifo")), dp_objective=p.choice("dp_objective", OBJECTIVES),
+            trigger=_trigger(p), **extra,
         )
-        self.engine.embed([self.tokenizer.encode("warm up")])  # first-call costs before READY
-        if self.engine.graphs is not None:
-            n = self.engine.graphs.warm_up()
-            log.info("captured %d CUDA graphs for small batches", n)
-        if device.type == "cuda":
-            _warm_up_large_batches(self.engine, p.int("max_batch_tokens"), p.int("max_batch_sequences"),
-                                   self.max_tokens)
-        if p.choice("batch_policy", ("dp", "fifo")) == "dp":
-            key = cost_model_key(device, checkpoint, dtype,
-                                 {"cuda_graphs": graphs, "arena": arena is not None, "head": self.KIND,
-                                  "quantization": quantization})
-            cost = load_or_measure(self.engine.embed, key, cache_dir(), model.config.vocab_size, self.max_tokens, device)
-            self.engine.policy = DpBatchPolicy(
-                cost, p.int("max_batch_sequences"), p.int("max_batch_tokens"),
-                p.choice("dp_objective", OBJECTIVES), _trigger(p),
-            )
-        self.engine.start()
-        log.info("%s ready: %s on %s (%s, quantization %s), max %d tokens per sequence, %s batching",
-                 self.name, checkpoint, device, dtype, quantization, self.max_tokens, p.str("batch_policy"))
 
     def execute(self, requests):
+        items = []  # (sender, queue item) of the valid requests
         for request in requests:
             sender = request.get_response_sender()
             try:
-                if self.engine is None:
+                if self.engine is None and self.client is None:
                     raise ModelNotConfigured(self.not_configured_message())
                 # Triton passes the client's timeout in microseconds (0: none).
                 timeout_us = request.timeout()
                 deadline = time.monotonic() + timeout_us / 1e6 if timeout_us else None
-                self.engine.submit(self.parse(request, sender, deadline))
+                items.append((sender, self.parse(request, sender, deadline)))
+            except Exception as e:
+                reject(sender, e)
+        if self.client is not None:
+            try:  # one message for the whole call; the request's outputs function stays here
+                self.client.submit([((sender, item.outputs), *item_args(item)) for sender, item in items])
+            except Exception as e:  # the engine process is gone: nothing was queued
+                for sender, _ in items:
+                    reject(sender, e)
+            return None
+        for sender, item in items:
+            try:
+                self.engine.submit(item)
             except Exception as e:
                 reject(sender, e)
         if self.engine is not None:
             self.metrics.queue_depth(self.engine.num_queued())
         return None
 
+    def is_ready(self) -> bool:
+        """Triton versions with this hook (after 2.51) report the model not ready once its
+        engine process is gone; on every version its requests then fail with UNAVAILABLE."""
+        return self.client is None or self.client.failure is None
+
     def finalize(self):
-        if self.engine is None:
+        if self.client is not None:
+            self.client.close()  # the engine process stops when its last stub has gone
+        elif self.engine is not None:
+            self.engine.stop()
+        else:
             return
-        self.engine.stop()
         self.sink.close()
         self.metrics.close()
+
+
+class _HeadRowsSink:
+    """The stub's sink for an engine process: the engine answers with a request's head rows
+    (`head_rows`), and the request's `outputs` function, kept here with its sender, makes the
+    response's tensors (embeddings, scores, label probabilities) before Triton's sink sends it."""
+
+    def __init__(self, sink: TritonSink):
+        self.sink = sink
+
+    def send(self, handle, outputs, error, final) -> None:
+        sender, to_outputs = handle
+        if outputs is not None:
+            try:
+                outputs = to_outputs(outputs["rows"])
+            except Exception as e:  # a bug in an output function must still answer the request
+                log.exception("building the response failed")
+                outputs, error = None, RuntimeError(f"building the response failed: {e}")
+        self.sink.send(sender, outputs, error, final)
+
+    def is_cancelled(self, handle) -> bool:
+        return self.sink.is_cancelled(handle[0])
 
 
 def _trigger(p) -> TriggerPolicy:
@@ -184,19 +220,3 @@ def _trigger(p) -> TriggerPolicy:
         max_wait_s=p.int("max_wait_ms") / 1000,
     )
 
-
-def _arena(p, device) -> ActivationArena | None:
-    setting = p.choice("activation_arena", ("auto", "true", "false"))
-    if setting == "false" or (setting == "auto" and device.type != "cuda"):
-        return None
-    return ActivationArena(device, release_after_idle=p.int("arena_release_after_idle", minimum=0))
-
-
-def _warm_up_large_batches(engine, max_batch_tokens: int, max_batch_sequences: int, max_text_tokens: int) -> None:
-    """Run the largest batches the policy can form (above the biggest CUDA-graph bucket they run
-    eagerly) once before READY: long texts and many short ones. Their first run compiles kernel
-    variants and grows the allocator; measured under load on an H100, that put a ~100 ms p99 on
-    the first seconds after start-up."""
-    for length in (max_text_tokens, 64):
-        count = max(1, min(max_batch_sequences, max_batch_tokens // length))
-        engine.embed([[5] * length] * count)  # any valid ids: only the shapes matter here

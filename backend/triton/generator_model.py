@@ -24,7 +24,7 @@ from tritonformer.backend.decoder.build import EngineOptions, ModelSource, build
 from tritonformer.backend.decoder.warm_up import warm_up
 from tritonformer.backend.engine_loop import freeze_startup_objects
 from tritonformer.backend.engine_process.client import EngineClient
-from tritonformer.backend.engine_process.protocol import EngineSpec
+from tritonformer.backend.engine_process.protocol import GeneratorSpec
 from tritonformer.backend.engine_process.rendezvous import instance_key
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.decoder.outputs import ResponseOptions
@@ -113,7 +113,7 @@ class TritonPythonModel:
         where = p.choice("engine_process", ("auto", "true", "false"))
         if where == "true" or (where == "auto" and device.type == "cuda"):
             key = instance_key(args["model_name"], args.get("model_version", "1"), str(device))
-            self.client = EngineClient.connect(EngineSpec(source, options), self.sink, self.metrics, key,
+            self.client = EngineClient.connect(GeneratorSpec(source, options), self.sink, self.metrics, key,
                                                options.cancel_check_interval_s)
             info = self.client.info
             self.vocab_size, self.max_len = info.vocab_size, info.max_position_embeddings

@@ -29,18 +29,11 @@ class TritonPythonModel(EncoderTritonModel):
                 f"cross-encoder folder (*ForSequenceClassification with one label), or start the bundled server "
                 f"with `tritonformer serve --reranker-checkpoint DIR` (environment variable {CHECKPOINT_ENV})")
 
-    def configure(self, p, checkpoint, model) -> dict:
-        if model.labels is None:
-            raise ValueError(f"{checkpoint} has no sequence-classification head (config.json architectures "
-                             f"name no *ForSequenceClassification): the reranker needs a cross-encoder")
-        if model.labels.num_labels != 1:
-            raise ValueError(f"{checkpoint}'s head has {model.labels.num_labels} labels; a reranker reads one "
-                             f"relevance logit (serve this checkpoint with the classifier model)")
+    def configure(self, p, checkpoint, info) -> None:
         self.pairs = PairTokenizer(checkpoint, self.max_tokens)
         # Segment ids matter only where the model has more than one token type (BERT); XLM-R's
         # tokenizer gives none to the model, as Hugging Face's does not.
-        self.token_types = getattr(model.config, "type_vocab_size", 1) > 1
-        return {"head": model.classify, "token_types": self.token_types}
+        self.token_types = info.token_types
 
     def parse(self, request, sender, deadline: float | None) -> SplitRequest:
         if self.batched:
