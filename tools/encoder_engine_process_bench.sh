@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The embedder with its engine in a process of its own (engine_process=true) against the engine on
+# each stub's thread (false), served by a real tritonserver on the GPU machine, in one machine
+# start (carry .gpu-carry/server, as for tools/gpu_served_bench.sh). Random-weight bert-base,
+# the "mixed" length distribution, open-loop Poisson load at each of EMBED_RATES for POINT_SECONDS (4).
+#
+# One server start per CONFIGS entry, "engine_process:instances" (default: the thread with 1 and
+# 4 instances, the engine process with 1, 2 and 4). Per load point it samples the GPU's busy % with
+# nvidia-smi and the server's CPU (tritonserver, its stubs and the engine process: cores used) from
+# /proc, and prints one table, then per configuration the goodput: the highest throughput whose
+# p99 <= SLO_MS (50) with every request answered.
+# Targets (H100, issue "one engine per GPU"): goodput >= 10,000 req/s, GPU busy >= 70% at saturation.
+#
+#   bash tools/encoder_engine_process_bench.sh     (~6 min on a fresh machine; results under $OUT)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/served-out}
+CONFIGS=${CONFIGS:-false:1 false:4 true:1 true:2 true:4}
+EMBED_RATES=${EMBED_RATES:-2000,4000,6000,8000,10000,12000,16000}
+POINT_SECONDS=${POINT_SECONDS:-4}
+SLO_MS=${SLO_MS:-50}
+mkdir -p "$OUT" /tmp/tf
+ln -sfn "$PWD" /tmp/tf/tritonformer
+export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
+[[ -d /tmp/ckpt/bert-base ]] || python3 tools/make_bench_checkpoints.py /tmp/ckpt --tokenizers .gpu-carry/server/tokenizers
+export EMBEDDER_CHECKPOINT=/tmp/ckpt/bert-base GENERATOR_CHECKPOINT=/tmp/ckpt/gpt2 SERVE_MODELS=embedder
+
+server_cpu_seconds() {  # user + system CPU seconds of tritonserver and every process under it
+  python3 - "$(cat /tmp/tritonserver.pid 2>/dev/null || echo 0)" <<'EOF'
+import os, sys
+root, tick = int(sys.argv[1]), os.sysconf("SC_CLK_TCK")
+parents, cpu = {}, {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        continue
+    parents[int(pid)], cpu[int(pid)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+def under(pid):
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = parents.get(pid, 0)
+    return False
+print(sum(c for p, c in cpu.items() if under(p)))
+EOF
+}
+
+for config in $CONFIGS; do
+  ep=${config%%:*} instances=${config##*:}
+  tag="ep${ep}_x$instances"
+  echo "== engine_process=$ep, $instances instance(s)"
+  t0=$(date +%s)
+  if ! EMBEDDER_PARAMS="pooling=mean normalize=true engine_process=$ep" EMBEDDER_INSTANCES=$instances \
+      timeout 300 tools/gpu_server.sh start > "$OUT/encoder_ep_server_$tag.log" 2>&1; then
+    echo "server did not start:"; tail -20 /tmp/tritonserver.log; tools/gpu_server.sh stop > /dev/null 2>&1; continue
+  fi
+  echo "ready after $(( $(date +%s) - t0 )) s"
+  for rate in ${EMBED_RATES//,/ }; do
+    timeout 30 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -i 0 -lms 200 \
+      > "$OUT/encoder_ep_gpu_${tag}_$rate.txt" 2>/dev/null &
+    sampler=$!
+    cpu0=$(server_cpu_seconds); w0=$(date +%s.%N)
+    timeout 120 python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "$rate" \
+      --seconds "$POINT_SECONDS" --warmup 1 --distribution mixed --processes 4 \
+      --json "$OUT/encoder_ep_${tag}_$rate.json" > "$OUT/encoder_ep_${tag}_$rate.log" 2>&1 \
+      || { echo "load at $rate req/s failed:"; tail -5 "$OUT/encoder_ep_${tag}_$rate.log"; }
+    cpu1=$(server_cpu_seconds); w1=$(date +%s.%N)
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+    python3 -c "print(($cpu1 - $cpu0) / ($w1 - $w0))" > "$OUT/encoder_ep_cpu_${tag}_$rate.txt"
+  done
+  grep -E "Signal \([0-9]+\) received|engine process failed" /tmp/tritonserver.log | grep -v "Signal (15)" | head -5
+  cp /tmp/tritonserver.log "$OUT/encoder_ep_tritonserver_$tag.log" 2>/dev/null
+  tools/gpu_server.sh stop > /dev/null 2>&1
+done
+
+python3 - "$OUT" "$SLO_MS" $CONFIGS <<'EOF'
+import json, sys
+from pathlib import Path
+from tritonformer.client.loadgen import goodput
+out, slo, configs = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+def mean_busy(path):
+    values = [float(x) for x in path.read_text().split() if x.replace(".", "").isdigit()] if path.exists() else []
+    return sum(values) / len(values) if values else float("nan")
+print("| engine_process | instances | offered req/s | answered req/s | p50 / p99 ms | GPU busy % | server CPU cores | failed |")
+print("|---|---:|---:|---:|---|---:|---:|---:|")
+best = {}
+for config in configs:
+    ep, instances = config.split(":")
+    tag, rows = f"ep{ep}_x{instances}", []
+    for path in sorted(out.glob(f"encoder_ep_{tag}_*.json"), key=lambda p: float(p.stem.rsplit("_", 1)[1])):
+        rate = path.stem.rsplit("_", 1)[1]
+        (s,) = json.loads(path.read_text())["results"]
+        cpu_file = out / f"encoder_ep_cpu_{tag}_{rate}.txt"
+        s["gpu_busy"] = mean_busy(out / f"encoder_ep_gpu_{tag}_{rate}.txt")
+        s["server_cpu"] = float(cpu_file.read_text()) if cpu_file.exists() else float("nan")
+        rows.append(s)
+        failed = s["requests"] - s["ok"]
+        p50, p99 = (f"{s[k]:.1f}" if s[k] is not None else "-" for k in ("latency_p50_ms", "latency_p99_ms"))
+        print(f"| {ep} | {instances} | {s['offered_rate']:g} | {s['throughput_rps']:,.0f} | {p50} / {p99} | "
+              f"{s['gpu_busy']:.0f} | {s['server_cpu']:.2f} | {failed} |")
+    for s in rows:  # (goodput needs numbers where the JSON has null)
+        s["latency_p99_ms"] = s["latency_p99_ms"] if s["latency_p99_ms"] is not None else float("inf")
+    best[config] = goodput(rows, slo) if rows else None
+print(f"\ngoodput at p99 <= {slo:g} ms, every request answered:")
+for config, s in best.items():
+    ep, instances = config.split(":")
+    print(f"  engine_process={ep}, {instances} instance(s): " +
+          (f"{s['throughput_rps']:,.0f} req/s (offered {s['offered_rate']:g}, p99 {s['latency_p99_ms']:.1f} ms, "
+           f"GPU busy {s['gpu_busy']:.0f}%)" if s else "none"))
+print("targets (H100): goodput >= 10,000 req/s with one engine per GPU; GPU busy >= 70% at saturation")
+EOF
