@@ -1,4 +1,7 @@
-"""Variants of the shipped config.pbtxt files, for deployments and benchmarks that want them.
+"""Variants of the shipped config.pbtxt files, for deployments, benchmarks and tests that want them.
+
+`copy_model`: a model folder copied under another name, with other parameter values or another
+instance count (a test's repository serving the generator twice, a soak's engine_process).
 
 `with_triton_batching`: the embedder behind Triton's own batcher, used only to hand it several
 requests per execute() call. Each call is an IPC round trip between the server and the model's
@@ -28,6 +31,40 @@ def with_triton_batching(config: str, max_batch_size: int = 64) -> str:
         if n != 1:
             raise ValueError(f"expected one input {name!r} in the embedder's config.pbtxt")
     return text
+
+
+def with_parameters(config: str, parameters: dict[str, str] | None = None, name: str | None = None,
+                    instances: int | None = None) -> str:
+    """config.pbtxt text with parameters set (each must be in it already: a typo is an error, not
+    a silently ignored key), the model renamed, and instance_group's count changed."""
+    for key, value in (parameters or {}).items():
+        config, n = re.subn(rf'(parameters \{{ key: "{key}" value: \{{ string_value: )"[^"]*"', rf'\1"{value}"', config)
+        if n != 1:
+            raise ValueError(f"expected one parameter {key!r} in the config")
+    if name is not None:
+        config, n = re.subn(r'^name: "[^"]*"', f'name: "{name}"', config, flags=re.M)
+        if n != 1:
+            raise ValueError("expected one line name: \"...\" in the config")
+    if instances is not None:
+        config, n = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {instances}", config)
+        if n != 1:
+            raise ValueError("expected one instance_group [ { count: N ... } ] in the config")
+    return config
+
+
+def copy_model(source, target, parameters: dict[str, str] | None = None, name: str | None = None,
+               instances: int | None = None):
+    """Copy the model folder `source` to `target` (named for the folder unless `name` says
+    otherwise), its config.pbtxt changed as with_parameters does. Returns `target` as a Path."""
+    import shutil
+    from pathlib import Path
+
+    target = Path(target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = target / "config.pbtxt"
+    config.write_text(with_parameters(config.read_text(), parameters, name if name is not None else target.name,
+                                      instances))
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:

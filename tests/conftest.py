@@ -47,14 +47,8 @@ def gemma3_270m_dir() -> Path:
 @pytest.fixture(scope="session")
 def triton_server(smollm2_dir):
     """A real tritonserver serving model_repository/ on free loopback ports, for the session."""
-    from tritonformer.client.server import TritonServer, free_ports
+    from helpers import serving
 
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(REPO / "model_repository", http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready(["embedder", "generator"], timeout=600)
+    with serving(REPO / "model_repository", ["embedder", "generator"], timeout=600) as server:
         yield server
-    finally:
-        server.stop()
 

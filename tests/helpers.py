@@ -2,6 +2,8 @@
 engine processes its stubs started."""
 from __future__ import annotations
 
+import contextlib
+
 
 def http_post(server, path: str, body: dict, timeout: float = 120.0) -> tuple[int, dict | str]:
     """POST JSON to the server's HTTP endpoint; (status, parsed JSON or raw text)."""
@@ -109,3 +111,14 @@ def engine_processes(server, model: str) -> list[int]:
         return False
 
     return spawned_by({pid for pid in stub_pids(model, table) if under_server(pid)}, table)
+
+
+@contextlib.contextmanager
+def serving(repository, models: list[str], timeout: float = 600):
+    """A real tritonserver on free ports serving `repository`, ready for `models`; stopped after."""
+    from tritonformer.client.server import TritonServer, free_ports
+
+    http_port, grpc_port, metrics_port = free_ports(3)
+    with TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port) as server:
+        server.wait_ready(models, timeout=timeout)
+        yield server

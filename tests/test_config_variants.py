@@ -1,4 +1,5 @@
-"""client/config_variants.py: the embedder's config.pbtxt behind Triton's batcher."""
+"""client/config_variants.py: the embedder's config.pbtxt behind Triton's batcher; a model folder
+copied with other parameters, name and instance count."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,3 +29,17 @@ def test_refuses_a_config_it_does_not_recognise():
     with pytest.raises(ValueError, match="input_ids"):
         config_variants.with_triton_batching('max_batch_size: 0\ninput [ { name: "text_input" dims: [ -1 ] } ]\n')
     assert config_variants.main(["bogus"]) == 2
+
+
+def test_copy_model_sets_parameters_name_and_instances_and_refuses_unknown_keys(tmp_path):
+    target = config_variants.copy_model(SHIPPED.parent, tmp_path / "embedder_ep",
+                                        {"engine_process": "true", "max_batch_tokens": "4096"}, instances=3)
+    text = (target / "config.pbtxt").read_text()
+    assert 'name: "embedder_ep"' in text and "instance_group [ { count: 3 " in text
+    assert 'key: "engine_process" value: { string_value: "true" }' in text
+    assert 'key: "max_batch_tokens" value: { string_value: "4096" }' in text
+    assert (target / "1" / "model.py").is_file()
+    changed = {line for line in text.splitlines()} - set(SHIPPED.read_text().splitlines())
+    assert len(changed) == 4, changed
+    with pytest.raises(ValueError, match="max_batch_tokenz"):
+        config_variants.with_parameters(text, {"max_batch_tokenz": "1"})

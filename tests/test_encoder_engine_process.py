@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
-import shutil
 import signal
 import threading
 import time
@@ -92,27 +90,15 @@ SERVED = {"embedder_inproc": ("false", 1), "embedder": ("true", 2)}  # name: (en
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from tritonformer.client.server import TritonServer, free_ports
+    from tritonformer.client.config_variants import copy_model
+    from helpers import serving
 
     repo = tmp_path_factory.mktemp("encoder_engine_process") / "repository"
     source = Path(__file__).resolve().parents[1] / "model_repository" / "embedder"
     for name, (engine_process, instances) in SERVED.items():
-        shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        config = (repo / name / "config.pbtxt").read_text().replace('name: "embedder"', f'name: "{name}"')
-        config, n = re.subn(r'(key: "engine_process" value: \{ string_value: )"[^"]*"', rf'\1"{engine_process}"',
-                            config)
-        assert n == 1
-        config, n = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {instances}", config)
-        assert n == 1
-        (repo / name / "config.pbtxt").write_text(config)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready(list(SERVED), timeout=600)
+        copy_model(source, repo / name, {"engine_process": engine_process}, instances=instances)
+    with serving(repo, list(SERVED), timeout=600) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _embed(server, model: str, texts: list[str]):

@@ -441,32 +441,18 @@ SERVED = {  # model name: (engine_process, tensor_parallel_size, instances)
 
 @pytest.fixture(scope="module")
 def served(checkpoint, tmp_path_factory):
-    import re
-    import shutil
-
-    from tritonformer.client.server import TritonServer, free_ports
+    from tritonformer.client.config_variants import copy_model
+    from helpers import serving
 
     repo = tmp_path_factory.mktemp("served") / "repository"
     source = os.path.join(os.path.dirname(__file__), "..", "model_repository", "generator")
     for name, (engine_process, size, instances) in SERVED.items():
-        folder = repo / name
-        shutil.copytree(source, folder, ignore=shutil.ignore_patterns("__pycache__"))
-        config = (folder / "config.pbtxt").read_text().replace('name: "generator"', f'name: "{name}"')
-        for key, value in (("checkpoint", str(checkpoint)), ("kv_cache_tokens", "2048"),
-                           ("engine_process", engine_process), ("tensor_parallel_size", size),
-                           ("max_running_sequences", "8"), ("cancel_check_interval_ms", "20")):
-            config, n = re.subn(rf'(key: "{key}" value: \{{ string_value: )"[^"]*"', rf'\1"{value}"', config)
-            assert n == 1, key
-        config = re.sub(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {instances}", config)
-        (folder / "config.pbtxt").write_text(config)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready(list(SERVED), timeout=600)
+        copy_model(source, repo / name, {"checkpoint": str(checkpoint), "kv_cache_tokens": "2048",
+                                         "engine_process": engine_process, "tensor_parallel_size": size,
+                                         "max_running_sequences": "8", "cancel_check_interval_ms": "20"},
+                   instances=instances)
+    with serving(repo, list(SERVED), timeout=600) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _generate(server, model: str, body: dict) -> dict:

@@ -20,21 +20,15 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Le chat est assis sur 
 @pytest.fixture(scope="module")
 def batched_server(tmp_path_factory):
     from tritonformer.client.config_variants import with_triton_batching
-    from tritonformer.client.server import TritonServer, free_ports
+    from helpers import serving
 
     repo = tmp_path_factory.mktemp("batched") / "repo"
     shutil.copytree(REPO / "model_repository" / "embedder", repo / "embedder",
                     ignore=shutil.ignore_patterns("__pycache__"))
     config = repo / "embedder" / "config.pbtxt"
     config.write_text(with_triton_batching(config.read_text()))
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready(["embedder"], timeout=300)
+    with serving(repo, ["embedder"], timeout=300) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _embed(server, name, shape, datatype, data):

@@ -37,7 +37,7 @@ SPLIT = ("gen_llama31_tp2", "gen_llama31")
 def family_server(tmp_path_factory, smollm2_dir, gemma3_270m_dir):
     """The server and {model name: its HF model}."""
     from tritonformer.client.model_shapes import shrunk
-    from tritonformer.client.server import TritonServer, free_ports
+    from helpers import serving
 
     from test_decoder_families import CONFIG_CLASSES, HF_CLASSES
 
@@ -80,14 +80,8 @@ def family_server(tmp_path_factory, smollm2_dir, gemma3_270m_dir):
     config = re.sub(r'(key: "max_model_len" value: \{ string_value: )"auto"', r'\1"1024"', config)
     config = re.sub(r'(key: "kv_cache_tokens" value: \{ string_value: )"auto"', r'\1"2048"', config)
     (model_dir / "config.pbtxt").write_text(config)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready([name for name, _, _ in FAMILIES] + [REAL_GEMMA, SPLIT[0]], timeout=600)
+    with serving(repo, [name for name, _, _ in FAMILIES] + [REAL_GEMMA, SPLIT[0]], timeout=600) as server:
         yield server, hf_models
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("name", [f[0] for f in FAMILIES] + [SPLIT[0]])

@@ -8,7 +8,6 @@ a process of its own (engine_process true), the XLM-R reranker on its stub's thr
 answered with clear errors."""
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -38,18 +37,14 @@ def _checkpoint(hf_model, folder: Path, tokenizer_dir: Path) -> Path:
 
 
 def _model_folder(repo: Path, source: str, name: str, parameters: dict[str, str]) -> None:
-    target = repo / name
-    shutil.copytree(REPO / "model_repository" / source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    config = (target / "config.pbtxt").read_text().replace(f'name: "{source}"', f'name: "{name}"')
-    for key, value in parameters.items():
-        config, n = re.subn(rf'(key: "{key}" value: \{{ string_value: )"[^"]*"', rf'\1"{value}"', config)
-        assert n == 1, key
-    (target / "config.pbtxt").write_text(config)
+    from tritonformer.client.config_variants import copy_model
+
+    copy_model(REPO / "model_repository" / source, repo / name, parameters)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, minilm_dir, monkeypatch_module):
-    from tritonformer.client.server import TritonServer, free_ports
+    from helpers import serving
 
     root = tmp_path_factory.mktemp("rerank")
     torch.manual_seed(11)
@@ -70,14 +65,8 @@ def served(tmp_path_factory, minilm_dir, monkeypatch_module):
     _model_folder(repo, "classifier", "classifier_unset", {})
     monkeypatch_module.setenv("TRITONFORMER_RERANKER_CHECKPOINT", str(folders["bert"]))
     monkeypatch_module.delenv("TRITONFORMER_CLASSIFIER_CHECKPOINT", raising=False)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready(["reranker", "reranker_xlmr", "classifier", "classifier_unset"], timeout=600)
+    with serving(repo, ["reranker", "reranker_xlmr", "classifier", "classifier_unset"], timeout=600) as server:
         yield server, {"reranker": bert, "reranker_xlmr": xlmr, "classifier": classifier}, folders
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

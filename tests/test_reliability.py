@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -16,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import grpc_stream, http_post
+from helpers import grpc_stream, http_post, serving
 
 pytestmark = pytest.mark.server
 
@@ -28,26 +26,14 @@ TIGHT = {
 }
 
 
-def _set_parameter(config: str, key: str, value: str) -> str:
-    pattern = rf'(parameters \{{ key: "{key}" value: \{{ string_value: )"[^"]*"'
-    assert re.search(pattern, config), key
-    return re.sub(pattern, rf'\1"{value}"', config)
-
-
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory, smollm2_dir):
-    from tritonformer.client.server import TritonServer, free_ports
+    from tritonformer.client.config_variants import copy_model
 
     repo = tmp_path_factory.mktemp("tight_repository")
     for model, params in TIGHT.items():
-        shutil.copytree(REPO / "model_repository" / model, repo / model)
-        config = (repo / model / "config.pbtxt").read_text()
-        for key, value in params.items():
-            config = _set_parameter(config, key, value)
-        (repo / model / "config.pbtxt").write_text(config)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    with TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port) as server:
-        server.wait_ready(["embedder", "generator"], timeout=600)
+        copy_model(REPO / "model_repository" / model, repo / model, params)
+    with serving(repo, ["embedder", "generator"], timeout=600) as server:
         yield server
 
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def rerank_server(tmp_path_factory, minilm_dir):
-    from tritonformer.client.server import TritonServer, free_ports
+    from helpers import serving
 
     root = tmp_path_factory.mktemp("rerank_load")
     torch.manual_seed(21)
@@ -40,14 +40,8 @@ def rerank_server(tmp_path_factory, minilm_dir):
         text, n = re.subn(r'(key: "checkpoint" value: \{ string_value: )""', rf'\1"{checkpoint}"', config.read_text())
         assert n == 1
         config.write_text(text)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    server.start()
-    try:
-        server.wait_ready(["hf_reranker", "reranker"], timeout=300)
+    with serving(repo, ["hf_reranker", "reranker"], timeout=300) as server:
         yield server, hf, checkpoint
-    finally:
-        server.stop()
 
 
 def test_stock_and_ours_score_alike_and_answer_the_rerank_load(rerank_server):
