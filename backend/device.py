@@ -13,10 +13,11 @@ def pick_device(setting: str, instance_device_id: int = 0) -> torch.device:
     if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise RuntimeError("parameter device=cuda but no CUDA GPU is visible to this process")
-        # Triton does not set CUDA_VISIBLE_DEVICES per instance: select the instance's GPU.
-        device = torch.device("cuda", instance_device_id % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
+        # Triton does not set CUDA_VISIBLE_DEVICES per instance: the instance's GPU. Not selected
+        # here (a CUDA context costs hundreds of MiB of GPU memory): the engine's builder selects
+        # it in the process that runs the model, and a stub whose engine runs in an engine
+        # process never holds a context.
+        return torch.device("cuda", instance_device_id % torch.cuda.device_count())
     return torch.device("cpu")
 
 
