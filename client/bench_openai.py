@@ -32,15 +32,14 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import sys
 import time
 
 import aiohttp
 import numpy as np
 
-from tritonformer.client.bench_decoder_baselines import orca_trace
 from tritonformer.client.loadgen import Record, clock, poisson_schedule, summarize_generate
+from tritonformer.client.traces import one_token_words, trace_texts
 
 TARGET_THROUGHPUT_RATIO = 0.95
 TARGET_TTFT_DELTA_MS = 2.0
@@ -59,43 +58,6 @@ def served_tokenizer(grpc_url: str, model: str):
     with grpcclient.InferenceServerClient(grpc_url) as client:
         config = client.get_model_config(model, as_json=True)["config"]
     return TextTokenizer(generator_checkpoint(parameter(config, "checkpoint")))
-
-
-def trace_texts(tokenizer, requests: int, seed: int, prompt_range, output_range,
-                text_seed: int | None = None, words: list[str] | None = None) -> list[tuple[str, int, int]]:
-    """(prompt text, its token count, max_tokens) per Orca-trace request: as many words as the
-    trace's prompt has tokens, each word one token of the served vocabulary (` the`, ` house`:
-    a pre-tokenizer splits at spaces, so the words tokenize back to one token each). Random ids
-    decoded to text would not do: GPT-2's byte pieces re-tokenize to ~2.6x as many tokens,
-    which pushed half the trace past a 1,024-token context. The count is the text tokenized
-    again, as both ways will. `text_seed` (default `seed`) picks the words: other texts of the
-    same lengths; `words`: one_token_words(tokenizer), if already found."""
-    trace = orca_trace(requests, seed, prompt_range, output_range, vocab_size=tokenizer.vocab_size)
-    words = words or one_token_words(tokenizer)
-    rng = random.Random(seed if text_seed is None else text_seed)
-    texts = ["".join(rng.choice(words) for _ in r.prompt_ids) for r in trace]
-    counts = [len(ids) for ids in tokenizer.encode_batch(texts)]
-    return [(t, n, r.max_new_tokens) for t, n, r in zip(texts, counts, trace)]
-
-
-def one_token_words(tokenizer, limit: int = 5000) -> list[str]:
-    """Lower-case words that the tokenizer reads as one token with their leading space; where
-    it has none (a byte-level vocabulary without merges, as the benchmark's placeholder GPT-2
-    tokenizer), single letters, each one byte and one token."""
-    def one_token(text: str) -> bool:
-        return len(tokenizer.encode(text, add_special_tokens=False)) == 1
-
-    words = []
-    for i in range(min(tokenizer.vocab_size, 50_000)):
-        word = " " + tokenizer.decode([i], skip_special_tokens=True).strip()
-        if len(word) >= 4 and word[1:].isalpha() and word[1:].islower() and one_token(word):
-            words.append(word)
-            if len(words) >= limit:
-                break
-    words = words or [c for c in "abcdefghijklmnopqrstuvwxyz" if one_token(c)]
-    if not words:
-        raise RuntimeError("no one-token words found in the served tokenizer")
-    return words
 
 
 # ------------------------------------------------------------------ the two ways

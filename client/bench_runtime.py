@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from tritonformer.client.encoder_inputs import packed_batch
+
 GRID = [(1, 32), (1, 128), (1, 512), (8, 128), (32, 128), (64, 128), (64, 512)]
 # Hugging Face baselines by name: the attention implementation each one must run.
 BASELINES = {"hf_sdpa": "sdpa", "hf_eager": "eager"}
@@ -294,17 +296,6 @@ def bert_flops(lengths: list[int], hidden: int, layers: int, intermediate: int) 
     gemm = 2 * tokens * (4 * hidden * hidden + 2 * hidden * intermediate)
     attention = sum(2 * 2 * n * n * hidden for n in lengths)
     return layers * (gemm + attention)
-
-
-def packed_batch(lengths: list[int], device):
-    """Random token ids for sequences of these lengths, packed: (ids, cu_seqlens, max length),
-    the encoder's forward arguments."""
-    import numpy as np
-    import torch
-
-    ids = torch.randint(1000, 20000, (sum(lengths),), device=device)
-    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32, device=device)
-    return ids, cu, max(lengths)
 
 
 def _min_cosine(got, ref) -> float:

@@ -2,7 +2,7 @@
 
 Our generator engine (iteration-level scheduler, paged KV cache, selective batching, CUDA-graph
 decode, batched sampling) driven directly in this process, on the same random weights as the
-Hugging Face baselines (client/bench_decoder_baselines.py), greedy, EOS ignored:
+Hugging Face baselines (client/hf_decoder_baselines.py), greedy, EOS ignored:
 
 1. decode step time at batch 1 and 64 (prompts of 128 tokens, then 8 decode steps before the
    64 timed ones) for GPT-2 124M, batch 1 for a Llama-3.2-1B-shaped model: ours vs HF
@@ -25,13 +25,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 
-from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly, forward_ms, submit, sync,
-                                               timed_decode_steps)
+from tritonformer.client.engine_drive import (WARM_STEPS, engine_for, forward_ms, our_engine, run_ours, run_timed,
+                                               submit, sync, timed_decode_steps)
 from tritonformer.client.gpu_measure import copy_bandwidth, matmul_peak_tflops, prefill_flops, read_bytes_per_step
+from tritonformer.client.traces import TraceRequest, fixed_trace, orca_trace, shared_prefix_trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,86 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="also write the results here")
 
 
-def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
-               max_decode_steps: int | None = None, prefix_caching: bool | None = None):
-    """Our engine on the HF model's weights, configured as served; returns (engine, sink)."""
-    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
-    from tritonformer.backend.models.decoder import load_decoder
-
-    model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), device, dtype)
-    return engine_for(model, max_running, token_budget, kv_fraction, max_decode_steps, prefix_caching)
-
-
-def engine_for(model, max_running: int, token_budget: int, kv_fraction: float = 0.4,
-               max_decode_steps: int | None = None, prefix_caching: bool | None = None):
-    """Our engine on `model`, configured as served (prefix caching as served unless given),
-    warmed up; returns (engine, sink)."""
-    from tritonformer.backend.decoder.build import EngineOptions, build_engine
-    from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS
-    from tritonformer.backend.engine_loop import freeze_startup_objects
-
-    options = EngineOptions(max_running_sequences=max_running, max_tokens_per_iteration=token_budget,
-                            max_decode_steps=max_decode_steps or DEFAULT_DECODE_STEPS,
-                            kv_cache_memory_fraction=kv_fraction, max_queue_requests=100_000,
-                            cancel_check_interval_s=3600)
-    if prefix_caching is not None:
-        options = replace(options, prefix_caching=prefix_caching)
-    sink = CountingSink()
-    engine = build_engine(model, IdsOnly(), sink, options)
-    engine.runner.warm_up()
-    freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
-    return engine, sink
-
-
-def random_engine(name: str, device, dtype=None, max_running: int = 256, token_budget: int = 2048,
-                  max_decode_steps: int | None = None):
-    """Our engine on a random-weight model, "gpt2" (124M) or "llama" (the Llama-3.2-1B shape),
-    fp16 by default, for the GPU tools; returns (engine, vocabulary size)."""
-    import torch
-
-    from tritonformer.client import bench_decoder_baselines as hf
-
-    dtype = dtype or torch.float16
-    hf_model = {"gpt2": hf.random_gpt2, "llama": hf.random_llama_1b}[name](device, dtype)
-    engine, _ = our_engine(hf_model, device, dtype, max_running=max_running, token_budget=token_budget,
-                           max_decode_steps=max_decode_steps)
-    return engine, hf_model.config.vocab_size
-
-
-def run_ours(engine, sink, trace) -> dict:
-    """All requests at once; iterations until every one finished. Useful tokens/s and the mean
-    share of reserved KV blocks in use."""
-    submit(engine, trace)
-    used, iterations, preempted_before = [], 0, engine.scheduler.num_preemptions
-    sync(engine)
-    t0 = time.perf_counter()
-    while engine.has_work():
-        engine.step()
-        blocks = engine.scheduler.blocks
-        held = sum(len(s.block_table) for s in engine.scheduler.running)
-        cached = sum(s.num_computed for s in engine.scheduler.running)
-        if held:
-            used.append(cached / (held * blocks.block_size))
-        iterations += 1
-    sync(engine)
-    seconds = time.perf_counter() - t0
-    useful = sum(r.max_new_tokens for r in trace)
-    if sink.errors or sink.finished < len(trace):
-        raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")
-    sink.finished = 0
-    return {"useful_tokens": useful, "seconds": seconds, "tok_per_s": useful / seconds, "iterations": iterations,
-            "kv_token_utilisation": float(np.mean(used)) if used else 0.0,
-            "preemptions": engine.scheduler.num_preemptions - preempted_before}
-
-
 def our_step_ms(engine, sink, batch: int, context: int = 128, steps: int = 64, vocab: int = 50257) -> tuple:
     """Milliseconds per decode iteration (one token for every sequence) with `batch` sequences
     decoding, in steady state (after their prefill and WARM_STEPS decode steps): scheduling,
     batch building, the forward (graph replay), sampling and bookkeeping, as the engine runs
     them (a launch may cover several iterations: max_decode_steps). Returns (mean step, forward
     alone, each launch's ms per iteration)."""
-    from tritonformer.client.bench_decoder_baselines import fixed_trace
-
     # Enough tokens that `first` is still decoding after the timed iterations: at batch 64 it
     # decodes while the other half of the batch still runs its prompt, and the last launch of
     # several iterations may pass `steps`.
@@ -172,73 +98,12 @@ def time_to_first_token_ms(engine, sink, prompt_tokens: int, vocab: int, repeats
     return float(np.median(times[1:]))
 
 
-def shared_prefix_trace(num_requests: int = 100, prefix_tokens: int = 1024, distinct_tokens: int = 64,
-                        new_tokens: int = 64, seed: int = 0, vocab_size: int = 50257) -> list:
-    """Requests whose prompts share one random prefix (a system prompt, a document), each
-    followed by tokens of its own."""
-    from tritonformer.client.bench_decoder_baselines import TraceRequest, _prompts
-
-    rng = np.random.default_rng(seed)
-    prefix = _prompts(rng, [prefix_tokens], vocab_size)[0]
-    return [TraceRequest(prefix + own, new_tokens) for own in _prompts(rng, [distinct_tokens] * num_requests, vocab_size)]
-
-
-def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
-    """The trace through the engine, greedy, EOS ignored: all requests at once (rate 0) or one
-    every 1/rate seconds. Time to first token from the engine's own timestamps (a sequence's
-    first token reaching the host minus its arrival), useful tokens/s from the first arrival
-    to the last finish, each request's output ids, and the prefix cache's counts."""
-    from tritonformer.backend.decoder.sampling_params import SamplingParams
-
-    def new(i: int):
-        r = trace[i]
-        return engine.new_sequence(i, r.prompt_ids, SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True), False)
-
-    cache = engine.scheduler.prefix_cache
-    before = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
-    sync(engine)
-    t0 = time.perf_counter()
-    if rate > 0:
-        seqs, start = [], time.monotonic()
-        while len(seqs) < len(trace) or engine.has_work():
-            due = start + len(seqs) / rate
-            if len(seqs) < len(trace) and time.monotonic() >= due:
-                seq = new(len(seqs))
-                seq.arrival = due  # when it was due, whatever the step in progress then
-                engine.admit([seq])
-                seqs.append(seq)
-            elif engine.has_work():
-                engine.step()
-            else:
-                time.sleep(max(0.0, due - time.monotonic()))
-    else:
-        seqs = [new(i) for i in range(len(trace))]
-        engine.admit(seqs)
-        while engine.has_work():
-            engine.step()
-    sync(engine)
-    seconds = time.perf_counter() - t0
-    if sink.errors or sink.finished < len(trace):
-        raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")
-    sink.finished = 0
-    ttft = np.array([s.first_token_at - s.arrival for s in seqs]) * 1e3
-    useful = sum(r.max_new_tokens for r in trace)
-    after = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
-    queries, hits, hit_tokens = (a - b for a, b in zip(after, before))
-    return {"ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
-            "ttft_ms": ttft.tolist(), "useful_tokens": useful,
-            "tok_per_s": useful / seconds, "seconds": seconds, "outputs": [list(s.output_ids) for s in seqs],
-            "cache_queries": queries, "cache_hits": hits, "cache_hit_tokens": hit_tokens}
-
-
 def compare_prefix_caching(model, args, shared: list, warm: list, orca: list, results: dict | None = None) -> dict:
     """The shared-prefix workload `shared` and the Orca trace `orca` on `model`, prefix caching
     off then on (a fresh engine each, the same settings otherwise), each engine first running
     `warm` (a shared-prefix trace on another seed: kernels compile, and its prefix differs, so
     the timed pass finds nothing of it) and an eighth of `orca` untimed, each prompt reversed (the
     same lengths, hence kernels, but no prefix the timed pass could find cached)."""
-    from tritonformer.client.bench_decoder_baselines import TraceRequest
-
     warm_orca = [TraceRequest(r.prompt_ids[::-1], r.max_new_tokens) for r in orca[: max(1, len(orca) // 8)]]
     out = {}
     for caching in (False, True):
@@ -287,7 +152,6 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
     """The published shapes in `names`, random weights: steps vs the floor, trace, TTFT."""
     import torch
 
-    from tritonformer.client import bench_decoder_baselines as hf
     from tritonformer.client.model_shapes import DECODER_SHAPES, random_decoder
 
     peak = matmul_peak_tflops(dtype)
@@ -313,7 +177,7 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
         kv64 = 64 * context * model.kv_bytes_per_token()
         b1, _, _ = our_step_ms(engine, sink, 1, vocab=vocab)
         b64, _, _ = our_step_ms(engine, sink, 64, vocab=vocab)
-        trace = hf.orca_trace(256, 0, vocab_size=min(vocab, 30000))
+        trace = orca_trace(256, 0, vocab_size=min(vocab, 30000))
         run_ours(engine, sink, trace[:32])  # warm the prefill shapes
         ours = run_ours(engine, sink, trace)
         ttft = time_to_first_token_ms(engine, sink, 2000, vocab)
@@ -340,11 +204,10 @@ def run_prefix_part(args, name: str, hf_model, dev, dtype, results: dict) -> Non
     model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), dev, dtype)
     del hf_model
     torch.cuda.empty_cache()
-    from tritonformer.client import bench_decoder_baselines as hf
 
     vocab = min(model.vocab_size, 30000)
     shared, warm = shared_prefix_trace(100, vocab_size=vocab), shared_prefix_trace(8, seed=1, vocab_size=vocab)
-    r = compare_prefix_caching(model, args, shared, warm, hf.orca_trace(256, 0, vocab_size=vocab), results)
+    r = compare_prefix_caching(model, args, shared, warm, orca_trace(256, 0, vocab_size=vocab), results)
     if results is not None:
         results["prefix_caching"]["workload"] = "100 x (1,024 shared + 64 own prompt tokens) -> 64 new tokens"
     print_prefix_caching(name, r, args.prefix_rate)
@@ -369,7 +232,8 @@ def release(engine) -> None:
 def run(args) -> int:
     import torch
 
-    from tritonformer.client import bench_decoder_baselines as hf
+    from tritonformer.client import hf_decoder_baselines as hf
+    from tritonformer.client.hf_reference import random_gpt2, random_llama_1b
 
     if not torch.cuda.is_available():
         print("bench serve-decoder needs a CUDA GPU", file=sys.stderr)
@@ -390,7 +254,7 @@ def run(args) -> int:
                 json.dump(results, f, indent=2, default=str)
         return 0
 
-    for name, make, batches in (("gpt2-124M", hf.random_gpt2, (1, 64)), ("llama-1B-shape", hf.random_llama_1b, (1,))):
+    for name, make, batches in (("gpt2-124M", random_gpt2, (1, 64)), ("llama-1B-shape", random_llama_1b, (1,))):
         if name == "llama-1B-shape" and "prefix" in parts:
             run_prefix_part(args, name, make(dev, dtype), dev, dtype, results)
         if "steps" not in parts and (name != "gpt2-124M" or not parts & {"trace", "grid"}):
@@ -418,11 +282,11 @@ def run(args) -> int:
         if name == "gpt2-124M" and parts & {"trace", "grid"}:
             traces = []
             if "trace" in parts:
-                traces.append(("orca 256 U[32,512]/U[1,128]", hf.orca_trace(256, 0, vocab_size=vocab)))
+                traces.append(("orca 256 U[32,512]/U[1,128]", orca_trace(256, 0, vocab_size=vocab)))
             if "grid" in parts:
                 for p, o in ((128, 128), (512, 512), (1024, 128)):
                     if p + o <= hf_model.config.n_positions:
-                        traces.append((f"{args.grid_requests} x {p}/{o}", hf.fixed_trace(p, o, args.grid_requests, vocab_size=vocab)))
+                        traces.append((f"{args.grid_requests} x {p}/{o}", fixed_trace(p, o, args.grid_requests, vocab_size=vocab)))
             print(f"\n## throughput, {name}, all requests at once (useful tokens/s)")
             print("| trace | request-level HF | HF continuous batching | ours | vs request-level | vs HF CB | KV used/reserved |")
             print("|---|---:|---:|---:|---:|---:|---:|")

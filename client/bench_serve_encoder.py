@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonformer.client.traces import DISTRIBUTIONS, lengths_for
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-process", action="store_true", required=True,
@@ -47,25 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="packed: our runtime; padded: every sequence of a batch extended to its longest "
                              "(a padded runtime's cost, for the policy comparison; outputs are not used)")
     parser.add_argument("--json", help="also write the results here")
-
-
-def lengths_for(distribution: str, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Token counts (special tokens included) of n requests."""
-    short = np.clip(rng.lognormal(np.log(24), 0.6, n), 4, 512).astype(int)
-    if distribution == "short":  # search queries: lognormal, median 24
-        return short
-    if distribution == "mixed":  # 70% short + 30% passages U[128, 512]
-        return np.where(rng.random(n) < 0.7, short, rng.integers(128, 513, n))
-    if distribution == "uniform":
-        return rng.integers(16, 513, n)
-    if distribution in PAPER_DISTRIBUTIONS:  # TurboTransformers §6.3: U[2,100] and U[5,500]
-        lo, hi = PAPER_DISTRIBUTIONS[distribution]
-        return rng.integers(lo, hi + 1, n)
-    return np.full(n, 128)
-
-
-PAPER_DISTRIBUTIONS = {"u2-100": (2, 100), "u5-500": (5, 500)}
-DISTRIBUTIONS = ("short", "mixed", "uniform", "constant", *PAPER_DISTRIBUTIONS)
 
 
 class LatencySink:

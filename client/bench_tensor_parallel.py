@@ -41,7 +41,8 @@ import time
 import traceback
 
 from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly, iterate, prefill_until_decoding,
-                                               sync, timed_decode_steps)
+                                               run_timed, sync, timed_decode_steps)
+from tritonformer.client.traces import TraceRequest, orca_trace
 
 PARTS = ("steps", "trace", "profile", "agree")
 ALLREDUCE = ("nccl", "oneshot", "auto")
@@ -315,8 +316,6 @@ def profile_batch(engine, batch: int, context: int, steps: int, vocab: int) -> d
 
 def trace_share(task: dict, vocab: int) -> list:
     """The Orca trace, or this replica's share of it (every N-th request)."""
-    from tritonformer.client.bench_decoder_baselines import orca_trace
-
     trace = orca_trace(task["trace_requests"], 0, vocab_size=min(vocab, 30000))
     index, count = task.get("share") or (0, 1)
     return trace[index::count]
@@ -325,17 +324,12 @@ def trace_share(task: dict, vocab: int) -> list:
 def warm_trace(engine, trace) -> None:
     """An eighth of the trace untimed, each prompt reversed: the prefill shapes compile, and the
     timed pass finds none of its prompts in the prefix cache."""
-    from tritonformer.client.bench_decoder_baselines import TraceRequest
-    from tritonformer.client.bench_serve_decoder import run_timed
-
     run_timed(engine, engine.sink, [TraceRequest(r.prompt_ids[::-1], r.max_new_tokens)
                                     for r in trace[: max(1, len(trace) // 8)]])
 
 
 def timed_trace(engine, trace) -> dict:
     """Every request at once (saturation): useful tokens/s, TTFT, preemptions."""
-    from tritonformer.client.bench_serve_decoder import run_timed
-
     preempted = engine.scheduler.num_preemptions
     result = run_timed(engine, engine.sink, trace)
     result.pop("outputs")
@@ -347,8 +341,6 @@ def greedy_and_logits(engine, vocab: int, new_tokens: int = AGREE_TOKENS) -> dic
     three on the first blocks: run last, the engine is left as it was only in its cache's
     contents, which nothing reads after this)."""
     from tritonformer.backend.decoder.batch import BatchEntry
-    from tritonformer.client.bench_decoder_baselines import TraceRequest
-    from tritonformer.client.bench_serve_decoder import run_timed
 
     prompts = agree_prompts(vocab)
     tokens = run_timed(engine, engine.sink, [TraceRequest(p, new_tokens) for p in prompts])["outputs"]

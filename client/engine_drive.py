@@ -1,9 +1,11 @@
 """Driving the generator engine in this process, without a server: what the decoder benchmarks,
-the GPU tools and some tests share (a response sink that counts, requests submitted at once,
-stepping until every sequence decodes, timing decode iterations in steady state)."""
+the GPU tools and some tests share (the engine built as served on a model's weights, a response
+sink that counts, requests submitted at once or at a rate, stepping until every sequence
+decodes, timing decode iterations in steady state and whole traces)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,6 +34,52 @@ class IdsOnly:
 
     def decode(self, ids, **kwargs) -> str:
         return ""
+
+
+def our_engine(hf_model, device, dtype, max_running: int, token_budget: int, kv_fraction: float = 0.4,
+               max_decode_steps: int | None = None, prefix_caching: bool | None = None):
+    """Our engine on the HF model's weights, configured as served; returns (engine, sink)."""
+    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
+    from tritonformer.backend.models.decoder import load_decoder
+
+    model = load_decoder(hf_model.config.to_dict(), strip_prefixes_of(hf_model.state_dict()), device, dtype)
+    return engine_for(model, max_running, token_budget, kv_fraction, max_decode_steps, prefix_caching)
+
+
+def engine_for(model, max_running: int, token_budget: int, kv_fraction: float = 0.4,
+               max_decode_steps: int | None = None, prefix_caching: bool | None = None):
+    """Our engine on `model`, configured as served (prefix caching as served unless given),
+    warmed up; returns (engine, sink)."""
+    from tritonformer.backend.decoder.build import EngineOptions, build_engine
+    from tritonformer.backend.decoder.runner import DEFAULT_DECODE_STEPS
+    from tritonformer.backend.engine_loop import freeze_startup_objects
+
+    options = EngineOptions(max_running_sequences=max_running, max_tokens_per_iteration=token_budget,
+                            max_decode_steps=max_decode_steps or DEFAULT_DECODE_STEPS,
+                            kv_cache_memory_fraction=kv_fraction, max_queue_requests=100_000,
+                            cancel_check_interval_s=3600)
+    if prefix_caching is not None:
+        options = replace(options, prefix_caching=prefix_caching)
+    sink = CountingSink()
+    engine = build_engine(model, IdsOnly(), sink, options)
+    engine.runner.warm_up()
+    freeze_startup_objects()  # as the served engine does when it starts (engine_loop.py)
+    return engine, sink
+
+
+def random_engine(name: str, device, dtype=None, max_running: int = 256, token_budget: int = 2048,
+                  max_decode_steps: int | None = None):
+    """Our engine on a random-weight model, "gpt2" (124M) or "llama" (the Llama-3.2-1B shape),
+    fp16 by default, for the GPU tools; returns (engine, vocabulary size)."""
+    import torch
+
+    from tritonformer.client import hf_reference as hf
+
+    dtype = dtype or torch.float16
+    hf_model = {"gpt2": hf.random_gpt2, "llama": hf.random_llama_1b}[name](device, dtype)
+    engine, _ = our_engine(hf_model, device, dtype, max_running=max_running, token_budget=token_budget,
+                           max_decode_steps=max_decode_steps)
+    return engine, hf_model.config.vocab_size
 
 
 def submit(engine, trace) -> None:
@@ -106,3 +154,77 @@ def forward_ms(engine, repeats: int = 50) -> float:
         engine.runner.run(entries)
     sync(engine)
     return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def run_ours(engine, sink, trace) -> dict:
+    """All requests at once; iterations until every one finished. Useful tokens/s and the mean
+    share of reserved KV blocks in use."""
+    submit(engine, trace)
+    used, iterations, preempted_before = [], 0, engine.scheduler.num_preemptions
+    sync(engine)
+    t0 = time.perf_counter()
+    while engine.has_work():
+        engine.step()
+        blocks = engine.scheduler.blocks
+        held = sum(len(s.block_table) for s in engine.scheduler.running)
+        cached = sum(s.num_computed for s in engine.scheduler.running)
+        if held:
+            used.append(cached / (held * blocks.block_size))
+        iterations += 1
+    sync(engine)
+    seconds = time.perf_counter() - t0
+    useful = sum(r.max_new_tokens for r in trace)
+    if sink.errors or sink.finished < len(trace):
+        raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")
+    sink.finished = 0
+    return {"useful_tokens": useful, "seconds": seconds, "tok_per_s": useful / seconds, "iterations": iterations,
+            "kv_token_utilisation": float(np.mean(used)) if used else 0.0,
+            "preemptions": engine.scheduler.num_preemptions - preempted_before}
+
+
+def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
+    """The trace through the engine, greedy, EOS ignored: all requests at once (rate 0) or one
+    every 1/rate seconds. Time to first token from the engine's own timestamps (a sequence's
+    first token reaching the host minus its arrival), useful tokens/s from the first arrival
+    to the last finish, each request's output ids, and the prefix cache's counts."""
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+
+    def new(i: int):
+        r = trace[i]
+        return engine.new_sequence(i, r.prompt_ids, SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True), False)
+
+    cache = engine.scheduler.prefix_cache
+    before = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
+    sync(engine)
+    t0 = time.perf_counter()
+    if rate > 0:
+        seqs, start = [], time.monotonic()
+        while len(seqs) < len(trace) or engine.has_work():
+            due = start + len(seqs) / rate
+            if len(seqs) < len(trace) and time.monotonic() >= due:
+                seq = new(len(seqs))
+                seq.arrival = due  # when it was due, whatever the step in progress then
+                engine.admit([seq])
+                seqs.append(seq)
+            elif engine.has_work():
+                engine.step()
+            else:
+                time.sleep(max(0.0, due - time.monotonic()))
+    else:
+        seqs = [new(i) for i in range(len(trace))]
+        engine.admit(seqs)
+        while engine.has_work():
+            engine.step()
+    sync(engine)
+    seconds = time.perf_counter() - t0
+    if sink.errors or sink.finished < len(trace):
+        raise RuntimeError(f"{len(trace) - sink.finished} requests unfinished; errors: {sink.errors[:3]}")
+    sink.finished = 0
+    ttft = np.array([s.first_token_at - s.arrival for s in seqs]) * 1e3
+    useful = sum(r.max_new_tokens for r in trace)
+    after = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
+    queries, hits, hit_tokens = (a - b for a, b in zip(after, before))
+    return {"ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "ttft_ms": ttft.tolist(), "useful_tokens": useful,
+            "tok_per_s": useful / seconds, "seconds": seconds, "outputs": [list(s.output_ids) for s in seqs],
+            "cache_queries": queries, "cache_hits": hits, "cache_hit_tokens": hit_tokens}

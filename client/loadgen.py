@@ -38,7 +38,7 @@ Python API:
 
 * ``poisson_schedule(rate, seconds, seed, n=None)``: arrival offsets in seconds;
 * ``run_embed_load(url, rate, seconds, ...)``: POST ``/v2/models/embedder/infer`` with
-  pre-tokenized ``input_ids`` (exact lengths, drawn as bench_serve_encoder's distributions) or
+  pre-tokenized ``input_ids`` (exact lengths, drawn as client/traces.py's distributions) or
   ``text_input``; returns ``{"summary": ..., "records": [...]}``;
 * ``run_rerank_load(url, rate, seconds, ...)``: POST ``/v2/models/reranker/infer``, one query
   and ``documents`` (32) texts per request, document token lengths drawn from the same
@@ -79,8 +79,7 @@ import aiohttp
 import numpy as np
 from yarl import URL  # aiohttp's URL type: paths parsed once, not per request
 
-from tritonformer.client.bench_decoder_baselines import TraceRequest, orca_trace
-from tritonformer.client.bench_serve_encoder import DISTRIBUTIONS, lengths_for
+from tritonformer.client.traces import DISTRIBUTIONS, TraceRequest, lengths_for, orca_trace
 
 __all__ = [
     "Record",
@@ -196,7 +195,7 @@ def embed_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", le
     """One embedder request per arrival, encoded up front.
 
     Default: pre-tokenized ``input_ids`` of exact lengths (special tokens included: [CLS] random
-    ids [SEP]) drawn from bench_serve_encoder's distributions; tokenization is excluded, as §4.3
+    ids [SEP]) drawn from client/traces.py's distributions; tokenization is excluded, as §4.3
     says. Random ids make every sequence distinct, so the embedder's response cache never hits.
     ``texts`` instead sends ``text_input`` (request i gets texts[i % len(texts)]). ``batch_dim``:
     ``input_ids`` shaped ``[1, n]``, for a model behind Triton's batcher (client/stock_repository).
@@ -233,7 +232,7 @@ RERANK_QUERY = "what is the history of the river city market"
 def rerank_jobs(url: str, offsets: np.ndarray, *, distribution: str = "mixed", documents: int = 32, seed: int = 0,
                 model: str = "reranker", batch_dim: bool = False, query: str = RERANK_QUERY) -> list[Job]:
     """One reranker request per arrival: `query` and `documents` texts whose lengths in words
-    (about tokens) are drawn from bench_serve_encoder's distributions, minus the pair's special
+    (about tokens) are drawn from client/traces.py's distributions, minus the pair's special
     tokens and the query; ``"truncate": true`` cuts any pair past the model's maximum. Random
     words make every pair distinct, so the response cache never hits. ``batch_dim``: inputs
     shaped ``[1, ...]`` for the stock model behind Triton's batcher."""

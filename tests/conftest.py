@@ -52,3 +52,18 @@ def triton_server(smollm2_dir):
     with serving(REPO / "model_repository", ["embedder", "generator"], timeout=600) as server:
         yield server
 
+
+
+@pytest.fixture(scope="session")
+def openai_routes(triton_server):
+    """The bundled server's OpenAI routes, run in this process (as `tritonformer serve` runs
+    them) in front of the session's tritonserver."""
+    pytest.importorskip("fastapi")
+    from tritonformer.client.openai_routes.runner import OpenAIRoutes
+    from tritonformer.client.server import free_port
+
+    running = OpenAIRoutes("127.0.0.1", free_port()).start(triton_server.grpc_url)
+    try:
+        yield running
+    finally:
+        running.stop()

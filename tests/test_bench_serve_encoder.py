@@ -10,15 +10,6 @@ import torch
 from tritonformer.client import bench_serve_encoder as bench
 
 
-def test_lengths_follow_their_distributions():
-    rng = np.random.default_rng(0)
-    assert (bench.lengths_for("constant", 5, rng) == 128).all()
-    u = bench.lengths_for("u5-500", 2000, rng)
-    assert u.min() >= 5 and u.max() <= 500
-    mixed = bench.lengths_for("mixed", 4000, rng)
-    assert 0.2 < (mixed >= 128).mean() < 0.4 and np.median(mixed) < 128
-
-
 def test_padded_engine_runs_rectangles_and_matches_packed_on_equal_lengths():
     import transformers
 

@@ -13,7 +13,7 @@ from tritonformer.backend.decoder.engine import GeneratorEngine
 from tritonformer.backend.models.decoder import load_decoder
 from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.checkpoints.weights import strip_prefixes_of
-from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
+from tritonformer.client.hf_reference import generate_greedy, left_pad
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager
 

@@ -376,8 +376,8 @@ def test_preemption_with_tokens_in_flight_gives_hf_greedy_outputs():
     import transformers
 
     from tritonformer.backend.checkpoints.weights import strip_prefixes_of
-    from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
     from tritonformer.client.engine_drive import CountingSink, IdsOnly
+    from tritonformer.client.hf_reference import generate_greedy, left_pad
 
     cfg = transformers.GPT2Config(vocab_size=500, n_embd=64, n_layer=2, n_head=2, n_positions=64)
     torch.manual_seed(4)

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from tritonformer.client import loadgen
-from tritonformer.client.bench_decoder_baselines import TraceRequest, orca_trace
+from tritonformer.client.traces import TraceRequest, orca_trace
 
 SMOLLM2_VOCAB = 49152
 

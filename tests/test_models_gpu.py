@@ -207,7 +207,7 @@ def test_generator_engine_tokens_are_hf_greedy_on_gpu():
     runs an iteration ahead, prompts joining mid-flight): every token it picked is HF's greedy
     choice given the same history, up to numeric near-ties (fp16 vs HF fp32)."""
     from tritonformer.backend.decoder.sampling_params import SamplingParams
-    from tritonformer.client.bench_serve_decoder import our_engine
+    from tritonformer.client.engine_drive import our_engine
 
     cfg = transformers.GPT2Config(n_layer=4)
     torch.manual_seed(9)
@@ -241,7 +241,7 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
     requests, one iteration per launch vs four: the same tokens, greedy and seeded sampling
     alike (every sequence runs the same length, so both runs use the same graph buckets)."""
     from tritonformer.backend.decoder.sampling_params import SamplingParams
-    from tritonformer.client.bench_serve_decoder import our_engine
+    from tritonformer.client.engine_drive import our_engine
 
     cfg = transformers.GPT2Config(n_layer=2)
     torch.manual_seed(12)

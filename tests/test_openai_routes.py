@@ -57,12 +57,8 @@ STORY = [{"role": "system", "content": "You are a storyteller."},
 
 
 @pytest.fixture(scope="module")
-def routes(triton_server):
-    running = OpenAIRoutes("127.0.0.1", free_port()).start(triton_server.grpc_url)
-    try:
-        yield running
-    finally:
-        running.stop()
+def routes(openai_routes):
+    return openai_routes
 
 
 @pytest.fixture(scope="module")
@@ -443,31 +439,11 @@ def test_serve_refuses_a_busy_openai_port_before_starting_tritonserver(tmp_path)
     assert args.no_openai and args.api_key == "k"
 
 
-def test_benchmark_runs_both_ways_on_a_tiny_trace(routes, triton_server, capsys):
-    """bench_openai end to end on CPU: both ways answer every request and the ratios print; no
-    way finds its prompts in the prefix cache (prompts of 2+ KV blocks: each way has its own)."""
-    from tritonformer.client import bench_openai
-
-    parser = __import__("argparse").ArgumentParser()
-    bench_openai.add_arguments(parser)
-    args = parser.parse_args(["--grpc-url", triton_server.grpc_url, "--openai-url", routes.url.removesuffix("/v1"),
-                              "--metrics-url", triton_server.metrics_url,
-                              "--requests", "4", "--low-requests", "3", "--prompt-range", "33,48",
-                              "--output-range", "2,4", "--saturation-rate", "50", "--low-rate", "8"])
-    assert bench_openai.run(args) == 0
-    printed = capsys.readouterr().out
-    assert "tokens/s at saturation, /v1 / direct" in printed and "TTFT p50 at 8 req/s" in printed
-    rows = [line for line in printed.splitlines() if line.startswith("| saturation") or line.startswith("| low")]
-    assert len(rows) == 4 and all(" 4 / 4 " in r or " 3 / 3 " in r for r in rows), rows
-    assert all(r.rstrip(" |").rsplit("|", 1)[1].strip() == "0" for r in rows), rows  # prefix-cache hit tokens
-
-
 def test_benchmark_prompts_have_the_traces_token_counts(smollm2_dir):
     """The benchmark's prompt texts tokenize back to the trace's lengths (random ids decoded to
     text re-tokenize to far more: half the trace then passed a 1,024-token context)."""
     from tritonformer.backend.tokenization import TextTokenizer
-    from tritonformer.client.bench_decoder_baselines import orca_trace
-    from tritonformer.client.bench_openai import trace_texts
+    from tritonformer.client.traces import orca_trace, trace_texts
 
     tokenizer = TextTokenizer(smollm2_dir)
     prompts = trace_texts(tokenizer, 16, 0, (32, 512), (1, 128))

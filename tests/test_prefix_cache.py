@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritonformer.client.hf_reference import tiny_hf
 from tritonformer.scheduler.iteration import IterationScheduler
 from tritonformer.scheduler.kv_blocks import BlockManager
 from tritonformer.scheduler.prefix_cache import PrefixCache
@@ -358,27 +359,6 @@ def test_the_random_workload_reuses_and_evicts_blocks():
 # ---------------------------------------------------------------------------- the real engine
 
 
-def _tiny_hf(shape: str = "llama-3.1-8b", **changes):
-    """A Hugging Face model from a published config shrunk for the CPU (client/model_shapes.py),
-    random weights (norms perturbed so that they matter), fp32, 64 positions unless changed."""
-    import transformers
-
-    from tritonformer.client.model_shapes import shrunk
-
-    cfg = {**shrunk(shape), "max_position_embeddings": 64, **changes}
-    model_type = cfg.pop("model_type")
-    names = {"llama": "Llama", "gemma3_text": "Gemma3"}[model_type]
-    config_class = "Gemma3TextConfig" if model_type == "gemma3_text" else f"{names}Config"
-    hf_cfg = getattr(transformers, config_class)(**cfg)
-    torch.manual_seed(7)
-    hf = getattr(transformers, f"{names}ForCausalLM")._from_config(hf_cfg, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-    return hf
-
-
 def _engine(hf, prefix_caching: bool, blocks: int = 40, block: int = 4, budget: int = 24, max_decode_steps: int = 1):
     from tritonformer.backend.checkpoints.weights import strip_prefixes_of
     from tritonformer.backend.decoder.engine import GeneratorEngine
@@ -425,7 +405,7 @@ def test_engine_outputs_with_caching_equal_those_without_and_hf_greedy(shape, ch
     a second wave that finds the first's blocks cached (Gemma 3: half the layers attend to an
     8-token window only); greedy outputs equal the engine's without caching and Hugging Face's
     for each prompt alone."""
-    hf = _tiny_hf(shape, **changes)
+    hf = tiny_hf(shape, **changes)
     prompts = _shared_prompts(11, 5)
     cached_engine = _engine(hf, prefix_caching=True)
     with_cache = _generate(cached_engine, prompts, 8)
@@ -443,7 +423,7 @@ def test_engine_outputs_with_caching_equal_those_without_and_hf_greedy(shape, ch
 def test_engine_with_caching_under_preemption_forks_and_decode_rounds_matches_without():
     """A pool too small for all (preemption; the preempted find their prompts again), n = 2
     samples sharing the leader's blocks, decode rounds of 3 iterations: outputs unchanged."""
-    hf = _tiny_hf()
+    hf = tiny_hf()
     prompts = _shared_prompts(12, 4, prefix_len=17)
     runs = {}
     for caching in (True, False):
@@ -455,36 +435,6 @@ def test_engine_with_caching_under_preemption_forks_and_decode_rounds_matches_wi
     assert runs[True] == runs[False]
 
 
-def test_the_shared_prefix_benchmark_runs_both_sides_and_counts_the_hits():
-    """`bench serve-decoder --parts prefix` on a tiny model on the CPU (the GPU run has no second
-    try): both sides finish every request, only the cached side hits, outputs are identical."""
-    from types import SimpleNamespace
-
-    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
-    from tritonformer.backend.models.decoder import load_decoder
-    from tritonformer.client import bench_decoder_baselines as hf_traces
-    from tritonformer.client import bench_serve_decoder as bench
-
-    hf = _tiny_hf()
-    model = load_decoder(hf.config.to_dict(), strip_prefixes_of(hf.state_dict()), torch.device("cpu"), torch.float32)
-    args = SimpleNamespace(max_running=8, max_tokens_per_iteration=64, max_decode_steps=None, prefix_rate=0.0)
-    shared = bench.shared_prefix_trace(6, prefix_tokens=32, distinct_tokens=4, new_tokens=4, vocab_size=320)
-    assert all(r.prompt_ids[:32] == shared[0].prompt_ids[:32] and len(r.prompt_ids) == 36 for r in shared)
-    warm = bench.shared_prefix_trace(2, prefix_tokens=32, distinct_tokens=4, new_tokens=4, seed=1, vocab_size=320)
-    orca = hf_traces.orca_trace(4, 0, prompt_range=(5, 20), output_range=(1, 4), vocab_size=320)
-    results: dict = {}
-    r = bench.compare_prefix_caching(model, args, shared, warm, orca, results)
-    off, on = r["off"]["shared"], r["on"]["shared"]
-    assert off["cache_queries"] == 0 and on["cache_queries"] == 6
-    # A budget of 64 tokens: the first prompt (36) and a chunk of the second (28) run before any
-    # block is committed; the other four find the first's 32 prefix tokens.
-    assert on["cache_hits"] == 4 and on["cache_hit_tokens"] == 4 * 32
-    assert r["identical_outputs"] == 6 and all(len(o) == 4 for o in on["outputs"])
-    assert 0 < on["ttft_p50_ms"] <= on["ttft_p99_ms"] and on["tok_per_s"] > 0 and r["orca_tok_per_s_ratio"] > 0
-    assert "outputs" not in results["prefix_caching"]["on"]["shared"]
-    assert r["on"]["orca"]["cache_hits"] == 0  # its warm-up pass left nothing the timed pass could reuse
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_prefix_caching_on_gpu_reuses_the_prefix_and_picks_hf_greedy_tokens():
@@ -494,7 +444,7 @@ def test_prefix_caching_on_gpu_reuses_the_prefix_and_picks_hf_greedy_tokens():
     import transformers
 
     from tritonformer.backend.decoder.sampling_params import SamplingParams
-    from tritonformer.client.bench_serve_decoder import our_engine
+    from tritonformer.client.engine_drive import our_engine
 
     cuda = torch.device("cuda")
     torch.manual_seed(9)

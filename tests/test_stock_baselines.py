@@ -77,8 +77,9 @@ def test_stock_embedder_answers_like_hf_and_batches_ragged_requests(stock_server
 
 
 def test_stock_generator_answers_like_hf_generate_under_load(stock_server):
-    from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad, orca_trace
+    from tritonformer.client.hf_reference import generate_greedy, left_pad
     from tritonformer.client.loadgen import run_generate_load
+    from tritonformer.client.traces import orca_trace
 
     server, _, gpt2 = stock_server
     trace = orca_trace(12, 3, (4, 40), (1, 6), VOCAB)

@@ -13,7 +13,7 @@ from tritonformer.backend.decoder.build import EngineOptions, build_engine
 from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.decoder.warm_up import warm_up_traffic
 from tritonformer.backend.models.decoder import load_decoder
-from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
+from tritonformer.client.hf_reference import generate_greedy, left_pad
 
 CPU = torch.device("cpu")
 

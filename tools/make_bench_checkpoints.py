@@ -61,7 +61,7 @@ def make_checkpoints(out: Path, tokenizers: Path) -> None:
     for name in BERT_TOKENIZER_FILES:
         shutil.copy(tokenizers / "bert" / name, out / "bert-base" / name)
 
-    from tritonformer.client.bench_decoder_baselines import random_gpt2
+    from tritonformer.client.hf_reference import random_gpt2
 
     gpt2 = random_gpt2("cpu", torch.float32)
     gpt2.save_pretrained(out / "gpt2", safe_serialization=True)

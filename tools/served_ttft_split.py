@@ -36,8 +36,8 @@ def generator_means(metrics_url: str, model: str = "generator") -> dict[str, tup
 
 
 def main() -> None:
-    from tritonformer.client.bench_decoder_baselines import orca_trace
     from tritonformer.client.loadgen import run_generate_load
+    from tritonformer.client.traces import orca_trace
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="127.0.0.1:8000")

@@ -78,7 +78,7 @@ def bert_cases(top: int) -> list[dict]:
     from tritonformer.backend.encoder.activation_arena import ActivationArena
     from tritonformer.backend.cuda_graphs import EncoderGraphs
     from tritonformer.backend.models.bert import BertConfig, BertEncoder
-    from tritonformer.client.bench_runtime import packed_batch
+    from tritonformer.client.encoder_inputs import packed_batch
 
     dev = torch.device("cuda")
     cfg = transformers.BertConfig()
@@ -105,15 +105,14 @@ def bert_cases(top: int) -> list[dict]:
 
 
 def decoder_cases(name: str, top: int) -> list[dict]:
-    from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import random_engine
-    from tritonformer.client.engine_drive import decode_entries, prefill_until_decoding, submit, sync
+    from tritonformer.client.engine_drive import decode_entries, prefill_until_decoding, random_engine, submit, sync
+    from tritonformer.client.traces import fixed_trace
 
     batches = {"gpt2": (1, 64), "llama": (1,)}[name]
     engine, vocab = random_engine(name, torch.device("cuda"))
     out = []
     for b in batches:
-        submit(engine, hf.fixed_trace(128, 160, b, seed=1, vocab_size=vocab))  # outlives the profiled steps
+        submit(engine, fixed_trace(128, 160, b, seed=1, vocab_size=vocab))  # outlives the profiled steps
         prefill_until_decoding(engine)
         sync(engine)
         entries = decode_entries(engine)

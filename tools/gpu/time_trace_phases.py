@@ -14,9 +14,8 @@ import time
 
 import torch
 
-from tritonformer.client import bench_decoder_baselines as hf
-from tritonformer.client.bench_serve_decoder import random_engine, run_ours
-from tritonformer.client.engine_drive import submit, sync
+from tritonformer.client.engine_drive import random_engine, run_ours, submit, sync
+from tritonformer.client.traces import orca_trace
 
 
 def timed_pass(engine, trace) -> tuple[float, dict]:
@@ -59,7 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     engine, vocab = random_engine("gpt2", torch.device("cuda"), max_running=256, token_budget=4096,
                                   max_decode_steps=args.max_decode_steps)
-    trace = hf.orca_trace(256, 0, vocab_size=vocab)
+    trace = orca_trace(256, 0, vocab_size=vocab)
     run_ours(engine, engine.sink, trace)  # warm: a cold Triton cache compiles the prefill shapes here
     useful = sum(r.max_new_tokens for r in trace)
     for i in range(args.passes):

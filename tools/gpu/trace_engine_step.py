@@ -128,9 +128,8 @@ def _gpu_timeline(engine, steps: int) -> str:
 
 
 def main() -> int:
-    from tritonformer.client import bench_decoder_baselines as hf
-    from tritonformer.client.bench_serve_decoder import random_engine
-    from tritonformer.client.engine_drive import forward_ms, prefill_until_decoding, submit, sync
+    from tritonformer.client.engine_drive import forward_ms, prefill_until_decoding, random_engine, submit, sync
+    from tritonformer.client.traces import fixed_trace
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["gpt2", "llama"], default="gpt2", help="llama: the Llama-3.2-1B shape")
@@ -142,7 +141,7 @@ def main() -> int:
     # One iteration per launch: this traces the pipeline of single iterations, host against GPU.
     engine, vocab = random_engine(args.model, torch.device("cuda"), max_decode_steps=1)
     # Long enough outputs that every timed and profiled step decodes the whole batch.
-    submit(engine, hf.fixed_trace(128, 4 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
+    submit(engine, fixed_trace(128, 4 * args.steps + 200, args.batch, seed=1, vocab_size=vocab))
     prefill_until_decoding(engine)
     for _ in range(10):
         engine.step()

@@ -122,7 +122,8 @@ def main() -> None:
     from tritonformer.backend.decoder.build import EngineOptions, build_engine
     from tritonformer.backend.decoder.warm_up import warm_up
     from tritonformer.backend.models.decoder import load_decoder
-    from tritonformer.client.bench_decoder_baselines import orca_trace, random_gpt2
+    from tritonformer.client.hf_reference import random_gpt2
+    from tritonformer.client.traces import orca_trace
 
     device, dtype = torch.device("cuda"), torch.float16
     config = None

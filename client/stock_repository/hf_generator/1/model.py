@@ -9,7 +9,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM
 
-from tritonformer.client.bench_decoder_baselines import generate_greedy, left_pad
+from tritonformer.client.hf_reference import generate_greedy, left_pad
 from tritonformer.client.stock_models import load_checkpoint_model
 
 

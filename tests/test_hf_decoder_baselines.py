@@ -6,7 +6,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tritonformer.client import bench_decoder_baselines as b  # noqa: E402
+from tritonformer.client import hf_decoder_baselines as b  # noqa: E402
+from tritonformer.client.hf_reference import random_gpt2  # noqa: E402
+from tritonformer.client.traces import orca_trace  # noqa: E402
 
 VOCAB = 1000
 
@@ -17,29 +19,13 @@ def tiny_gpt2():
     torch.set_num_threads(1)  # tiny model: extra threads only add contention and timing noise
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB, n_positions=128,
                                   bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
-    yield b.random_gpt2("cpu", torch.float32, config=cfg)
+    yield random_gpt2("cpu", torch.float32, config=cfg)
     torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def tiny_trace():
-    return b.orca_trace(6, seed=1, prompt_range=(4, 20), output_range=(1, 9), vocab_size=VOCAB)
-
-
-def test_orca_trace_reproduces_issue_numbers():
-    trace = b.orca_trace(256)
-    assert len(trace) == 256
-    assert sum(r.max_new_tokens for r in trace) == 17193
-    assert all(32 <= len(r.prompt_ids) <= 512 and 1 <= r.max_new_tokens <= 128 for r in trace)
-    assert all(0 <= t < 50256 for r in trace for t in r.prompt_ids)  # no <|endoftext|>
-    again = b.orca_trace(256)
-    assert [r.prompt_ids for r in again[:3]] == [r.prompt_ids for r in trace[:3]]
-
-
-def test_fixed_trace():
-    trace = b.fixed_trace(16, 5, 3, vocab_size=VOCAB)
-    assert [(len(r.prompt_ids), r.max_new_tokens) for r in trace] == [(16, 5)] * 3
-    assert all(0 <= t < VOCAB for r in trace for t in r.prompt_ids)
+    return orca_trace(6, seed=1, prompt_range=(4, 20), output_range=(1, 9), vocab_size=VOCAB)
 
 
 def test_request_level_counts_useful_tokens(tiny_gpt2, tiny_trace):

@@ -1,11 +1,10 @@
-"""Hugging Face baselines of the decoder benchmark (suite D of docs/peers: D-static and D-hfcb).
+"""Hugging Face's own ways of running the decoder benchmark's traces, timed (suite D of docs/peers:
+D-static and D-hfcb): the baselines `tritonformer bench serve-decoder` compares our engine with.
 
 Everything here runs in a plain Python process with torch and transformers (never inside the
-Triton stub: the image's transformers does not import under the stub's numpy 1.x).
+Triton stub: the image's transformers does not import under the stub's numpy 1.x). The traces
+are client/traces.py's, the random-weight models client/hf_reference.py's.
 
-* ``orca_trace`` / ``fixed_trace``: the request traces (prompt token ids + per-request budget).
-* ``random_gpt2`` / ``random_llama_1b``: randomly initialised models of the two benchmark shapes
-  (no weights can be downloaded on the GPU machine).
 * ``hf_step_time``: milliseconds per decode step of ``model.generate`` at a fixed batch.
 * ``request_level``: Orca's baseline, request-level batching with HF ``generate``: batches of
   32 in arrival order, left padded, each batch running until its longest member is done.
@@ -23,151 +22,25 @@ import inspect
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from tritonformer.client.hf_reference import generate_greedy, left_pad
+from tritonformer.client.traces import TraceRequest, token_high, useful_tokens
+
 __all__ = [
-    "TraceRequest",
-    "orca_trace",
-    "fixed_trace",
-    "random_gpt2",
-    "random_llama_1b",
     "hf_step_time",
     "request_level",
     "hf_continuous_batching",
 ]
 
 
-@dataclass
-class TraceRequest:
-    prompt_ids: list[int]
-    max_new_tokens: int
-
-
 def _log(msg: str) -> None:
     print(f"[hf-baseline] {msg}", file=sys.stderr, flush=True)
 
 
-def _token_high(vocab_size: int) -> int:
-    """Exclusive upper bound for random prompt ids that keeps out the well-known special tokens:
-    GPT-2's only special token is its last id (50256, <|endoftext|>); Llama-3's 256 special tokens
-    are ids 128000..128255. Other vocabularies are used whole."""
-    if vocab_size == 50257:
-        return 50256
-    if vocab_size == 128256:
-        return 128000
-    return vocab_size
-
-
-def _prompts(rng: np.random.Generator, lengths, vocab_size: int) -> list[list[int]]:
-    high = _token_high(vocab_size)
-    return [rng.integers(0, high, int(n)).tolist() for n in lengths]
-
-
-def orca_trace(
-    num_requests: int = 256,
-    seed: int = 0,
-    prompt_range: tuple[int, int] = (32, 512),
-    output_range: tuple[int, int] = (1, 128),
-    vocab_size: int = 50257,
-) -> list[TraceRequest]:
-    """Orca-style synthetic trace: prompt and output lengths uniform on the inclusive ranges.
-
-    Draw order (one ``numpy.random.default_rng(seed)``): all prompt lengths first, then all output
-    lengths, then each request's prompt ids in turn. Prompt lengths first is the order that
-    reproduces the issue's number: n=256, seed 0, U[32,512] / U[1,128] gives 17,193 output tokens
-    (72,245 prompt tokens). The other order (outputs first) gives 17,215.
-    """
-    rng = np.random.default_rng(seed)
-    p_lo, p_hi = prompt_range
-    o_lo, o_hi = output_range
-    prompt_lens = rng.integers(p_lo, p_hi + 1, num_requests)
-    output_lens = rng.integers(o_lo, o_hi + 1, num_requests)
-    prompts = _prompts(rng, prompt_lens, vocab_size)
-    return [TraceRequest(p, int(o)) for p, o in zip(prompts, output_lens)]
-
-
-def fixed_trace(
-    prompt_len: int, output_len: int, num_requests: int, seed: int = 0, vocab_size: int = 50257
-) -> list[TraceRequest]:
-    """``num_requests`` requests, each with a ``prompt_len`` random prompt and ``output_len`` budget."""
-    rng = np.random.default_rng(seed)
-    prompts = _prompts(rng, [prompt_len] * num_requests, vocab_size)
-    return [TraceRequest(p, int(output_len)) for p in prompts]
-
-
-def useful_tokens(trace: list[TraceRequest]) -> int:
-    return sum(r.max_new_tokens for r in trace)
-
-
 # --------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------
-
-
-def _finish_model(model, device, dtype):
-    model = model.to(device=device, dtype=dtype).eval()
-    # Greedy, no EOS: every request runs exactly its budget in every system.
-    gc = model.generation_config
-    gc.do_sample = False
-    gc.eos_token_id = None
-    gc.pad_token_id = 0
-    return model
-
-
-def random_gpt2(device="cpu", dtype=None, config=None):
-    """GPT2LMHeadModel with random weights; ``GPT2Config()`` defaults are gpt2 (124M).
-    ``config`` (optional) replaces the default, for tiny smoke tests."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = config if config is not None else GPT2Config()
-    cfg._attn_implementation = getattr(cfg, "_attn_implementation", None) or "sdpa"
-    model = GPT2LMHeadModel(cfg)
-    return _finish_model(model, device, dtype or torch.float32)
-
-
-def llama_1b_config():
-    """Llama-3.2-1B-shaped config (no rope_scaling; 8192 positions to keep rope tables small)."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        hidden_act="silu",
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        # 5.x keeps rope settings in rope_parameters (rope_theta= alone is not read by every 5.x).
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-        bos_token_id=128000,
-        eos_token_id=128001,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-
-
-def random_llama_1b(device="cpu", dtype=None, config=None):
-    """LlamaForCausalLM with random weights and the Llama-3.2-1B shape (``config`` overrides)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = config if config is not None else llama_1b_config()
-    cfg._attn_implementation = getattr(cfg, "_attn_implementation", None) or "sdpa"
-    model = LlamaForCausalLM(cfg)
-    return _finish_model(model, device, dtype or torch.float32)
-
-
-# --------------------------------------------------------------------------------------------
-# HF generate helpers
+# Devices
 # --------------------------------------------------------------------------------------------
 
 
@@ -184,41 +57,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _gen_config(new_tokens: int):
-    """Greedy, exactly ``new_tokens`` tokens: EOS disabled (None) and min_new_tokens = max_new_tokens."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-
-
-def left_pad(prompts: list[list[int]], device):
-    """Prompts as one left-padded batch (ids, attention mask), the way HF `generate` wants them."""
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    return ids.to(device), mask.to(device)
-
-
-def generate_greedy(model, ids, mask, new_tokens: int):
-    """Exactly `new_tokens` greedy tokens for every row (EOS ignored); returns prompt + output ids."""
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=_gen_config(new_tokens))
-    return out
-
-
 def hf_step_time(model, batch_size: int, context_len: int = 128, steps: int = 64, device=None, repeats: int = 3) -> float:
     """Milliseconds per decode step of HF ``generate`` (greedy, EOS ignored) at ``batch_size``.
 
@@ -232,7 +70,7 @@ def hf_step_time(model, batch_size: int, context_len: int = 128, steps: int = 64
     device = _device_of(model, device)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, _token_high(vocab), (batch_size, context_len), generator=g).to(device)
+    ids = torch.randint(0, token_high(vocab), (batch_size, context_len), generator=g).to(device)
     mask = torch.ones_like(ids)
 
     def timed(n: int) -> float:
@@ -391,7 +229,7 @@ def hf_continuous_batching(model, trace: list[TraceRequest], device=None, max_ba
     # Warm-up requests: fresh random prompts (not from the trace), a few short budgets.
     rng = np.random.default_rng(12345)
     vocab = model.config.vocab_size
-    warm = [TraceRequest(rng.integers(0, _token_high(vocab), min(len(r.prompt_ids), 64)).tolist(),
+    warm = [TraceRequest(rng.integers(0, token_high(vocab), min(len(r.prompt_ids), 64)).tolist(),
                          min(r.max_new_tokens, 8)) for r in trace[: min(4, len(trace))]]
 
     manager = model.init_continuous_batching(**init_kwargs)
