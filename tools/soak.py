@@ -7,9 +7,10 @@ send, in a loop: embeddings of 1-8 texts of 1-60 words (HTTP infer), and streame
 event (a cancellation). Every --sample-seconds the resident memory (VmRSS) of tritonserver and of
 every process under it is read from /proc, grouped as tritonserver, each model's stubs and each
 model's engine process. At the end: per group, the memory at the end of the warm-up and at the
-end, and the growth per minute after the warm-up (a least-squares slope); it fails if a group
-grows faster than --limit-mib-per-min (1) or a request got anything but an answer or
-"overloaded".
+end, and the growth per minute after the warm-up and over its last half (least-squares slopes);
+it fails if a group still grows faster than --limit-mib-per-min (1) over the last half (a leak
+grows in both halves; memory that is first touched under load, like a KV cache's pages, levels
+off) or a request got anything but an answer or "overloaded".
 
     python3 tools/soak.py --minutes 30 --warmup-minutes 5          (CPU or GPU; ~35 min)
     python3 tools/soak.py --url 127.0.0.1:8000 --server-pid $(cat /tmp/tritonserver.pid) --minutes 30
@@ -90,6 +91,20 @@ def slope_per_minute(samples: list[tuple[float, float]]) -> float:
     mv = sum(v for _, v in samples) / n
     var = sum((t - mt) ** 2 for t, _ in samples)
     return 60 * sum((t - mt) * (v - mv) for t, v in samples) / var if var else float("nan")
+
+
+def growth(samples: list[tuple[float, dict[str, float]]], warmup_seconds: float) -> dict[str, dict]:
+    """Per process group, from (seconds, {group: MiB}) samples: the memory at the end of the
+    warm-up and at the end, and the slopes after the warm-up and over its last half."""
+    after = [(t, g) for t, g in samples if t >= warmup_seconds]
+    out = {}
+    for name in sorted({name for _, g in samples for name in g}):
+        points = [(t, g[name]) for t, g in after if name in g]
+        out[name] = {"after_warmup_mib": points[0][1] if points else None,
+                     "end_mib": points[-1][1] if points else None,
+                     "mib_per_min": slope_per_minute(points),
+                     "last_half_mib_per_min": slope_per_minute(points[len(points) // 2:])}
+    return out
 
 
 # ---- traffic --------------------------------------------------------------------------------
@@ -236,22 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
 
-    warm = args.warmup_minutes * 60
-    after = [(t, g) for t, g in samples if t >= warm]
-    names = sorted({name for _, g in samples for name in g})
+    groups = growth(samples, args.warmup_minutes * 60)
     result = {"minutes": args.minutes, "warmup_minutes": args.warmup_minutes, "counts": counts.values,
-              "first_error": counts.first_error, "groups": {}}
-    print(f"\n| process group | MiB after warm-up | MiB at end | growth MiB/min after warm-up (limit "
-          f"{args.limit_mib_per_min:g}) |\n|---|---:|---:|---:|")
+              "first_error": counts.first_error, "groups": groups}
+    print(f"\n| process group | MiB after warm-up | MiB at end | MiB/min after warm-up | MiB/min, last half "
+          f"(limit {args.limit_mib_per_min:g}) |\n|---|---:|---:|---:|---:|")
     failed = counts.values["errors"] > 0
-    for name in names:
-        points = [(t, g[name]) for t, g in after if name in g]
-        slope = slope_per_minute(points)
-        result["groups"][name] = {"after_warmup_mib": points[0][1] if points else None,
-                                  "end_mib": points[-1][1] if points else None, "mib_per_min": slope}
-        failed = failed or not slope < args.limit_mib_per_min
-        first, last = (f"{points[0][1]:,.0f}", f"{points[-1][1]:,.0f}") if points else ("-", "-")
-        print(f"| {name} | {first} | {last} | {slope:+.2f} |")
+    for name, g in groups.items():
+        failed = failed or not g["last_half_mib_per_min"] < args.limit_mib_per_min
+        first, last = ((f"{g['after_warmup_mib']:,.0f}", f"{g['end_mib']:,.0f}") if g["end_mib"] is not None
+                       else ("-", "-"))
+        print(f"| {name} | {first} | {last} | {g['mib_per_min']:+.2f} | {g['last_half_mib_per_min']:+.2f} |")
     print(f"\nrequests: {counts.values}" + (f"; first error: {counts.first_error}" if counts.first_error else ""))
     print("FAILED" if failed else "passed")
     if args.json:
