@@ -16,31 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import threading
 import time
 
-WORDS = "serve model token graph queue batch kernel memory stream answer Triton naïve café 東京 12345".split()
+from soak import random_text
 
 
 def resident_mib(pid: int | str) -> float:
     with open(f"/proc/{pid}/status") as f:
         return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
-
-
-class CountingSink:
-    """Counts final responses (the stub's sender stand-in); any error is kept to fail the run."""
-
-    def __init__(self):
-        self.done, self.error, self.lock = 0, None, threading.Lock()
-
-    def send(self, handle, outputs, error, final):
-        if final:
-            with self.lock:
-                self.done += 1
-                self.error = self.error or error
-
-    def is_cancelled(self, handle):
-        return False
 
 
 def main() -> int:
@@ -61,6 +44,7 @@ def main() -> int:
     from tritonformer.backend.encoder.engine import EmbedRequest
     from tritonformer.backend.engine_process.client import EngineClient
     from tritonformer.backend.tokenization import TextTokenizer
+    from tritonformer.client.engine_drive import CountingSink
 
     checkpoint = args.checkpoint or str(minilm_dir())
     tokenizer, sink, rng = TextTokenizer(checkpoint), CountingSink(), random.Random(0)
@@ -71,19 +55,19 @@ def main() -> int:
         for round_ in range(args.rounds):
             for i in range(args.requests):
                 sent += 1
-                texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60))) for _ in range(rng.randint(1, 8))]
+                texts = [random_text(rng) for _ in range(rng.randint(1, 8))]
                 client.submit([(sent, *item_args(EmbedRequest(None, tokenizer.encode_batch(texts))))])
                 if i % 10 == 9:
                     time.sleep(0.005)
-            while sink.done < sent:
+            while sink.finished < sent:
                 time.sleep(0.01)
             print(f"round {round_:3d}  requests {sent:6d}  engine process {resident_mib(client.info.pid):,.0f} MiB",
                   flush=True)
     finally:
         client.close()
     print(f"{sent} requests in {time.perf_counter() - start:.1f} s"
-          + ("" if sink.error is None else f"; an error: {sink.error}"))
-    return 0 if sink.error is None else 1
+          + (f"; {len(sink.errors)} errors, the first: {sink.errors[0]}" if sink.errors else ""))
+    return 1 if sink.errors else 0
 
 
 if __name__ == "__main__":

@@ -121,12 +121,13 @@ class Counts:
                 self.first_error = error
 
 
-def _text(rng: random.Random) -> str:
+def random_text(rng: random.Random) -> str:
+    """1-60 words, some of them multi-byte (what the soak's requests carry)."""
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
 
 
 def _embed(host: str, port: int, rng: random.Random, counts: Counts) -> None:
-    texts = [_text(rng) for _ in range(rng.randint(1, 8))]
+    texts = [random_text(rng) for _ in range(rng.randint(1, 8))]
     body = {"inputs": [{"name": "text_input", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]}
     conn = http.client.HTTPConnection(host, port, timeout=120)
     try:
@@ -144,7 +145,7 @@ def _embed(host: str, port: int, rng: random.Random, counts: Counts) -> None:
 
 
 def _generate(host: str, port: int, rng: random.Random, counts: Counts, cancel: bool) -> None:
-    body = {"text_input": _text(rng), "max_tokens": rng.randint(2, 16), "ignore_eos": True}
+    body = {"text_input": random_text(rng), "max_tokens": rng.randint(2, 16), "ignore_eos": True}
     conn = http.client.HTTPConnection(host, port, timeout=120)
     try:
         conn.request("POST", "/v2/models/generator/generate_stream", json.dumps(body),
