@@ -96,6 +96,18 @@ def wait_for_metrics(server, model: str, predicate, prefix: str = "tritonformer_
         time.sleep(interval)
 
 
+def exit_code(process, timeout: float) -> int | None:
+    """A multiprocessing child's exit code, waiting up to `timeout` s for it. Not process.join:
+    an EngineClient's receiver polls is_alive(), and when its waitpid reaps the child first, a
+    join in another thread returns with exitcode still None."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process.exitcode
+
+
 def engine_processes(server, model: str) -> list[int]:
     """Pids of the processes spawned by `model`'s Python-backend stubs (its engine process) under
     `server` (another server on the host may serve a model of the same name)."""

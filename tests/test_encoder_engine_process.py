@@ -25,6 +25,8 @@ from tritonformer.backend.engine_loop import RequestTimedOut
 from tritonformer.backend.engine_process.client import EngineClient
 from tritonformer.backend.tokenization import TextTokenizer
 
+from helpers import exit_code
+
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "short", "Привет, как дела?",
          "A very long sentence about transformers and batching, " * 12, "naïve café 東京 🚀"]
 
@@ -79,8 +81,7 @@ def test_rows_equal_the_in_process_engine_and_a_passed_timeout_is_answered(minil
         assert rows is None and isinstance(error, RequestTimedOut)
     finally:
         client.close(timeout=10)
-    client.process.join(10)
-    assert client.process.exitcode == 0
+    assert exit_code(client.process, 10.0) == 0
 
 
 # ---- through a real tritonserver ----------------------------------------------------------------

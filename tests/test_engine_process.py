@@ -30,6 +30,8 @@ from tritonformer.backend.engine_process.rendezvous import Rendezvous
 from tritonformer.backend.spawn import SILENCE_S, spawned_by
 from tritonformer.backend.tokenization import TextTokenizer
 
+from helpers import exit_code
+
 VOCAB = 320
 OPTIONS = EngineOptions(max_running_sequences=8, max_tokens_per_iteration=64, kv_cache_tokens="2048",
                         kv_block_size=8, cuda_graphs=False, max_queue_requests=16, cancel_check_interval_s=0.02)
@@ -298,6 +300,28 @@ def test_outputs_cross_as_plain_lists_and_come_back_as_the_same_arrays():
         assert back[name].tolist() == array.tolist()
     assert pack_outputs(None) is None and unpack_outputs(None) is None
 
+
+def test_large_arrays_cross_gathered_into_one_per_dtype_and_row_shape():
+    import pickle
+
+    import numpy as np
+
+    from tritonformer.backend.engine_process.protocol import gather_arrays, pack_outputs, unpack_outputs
+
+    rng = np.random.default_rng(0)
+    outputs = [{"rows": rng.random((n, 80), dtype=np.float32)} for n in (1, 3, 2)]
+    outputs.append({"rows": rng.random((2, 70)).astype(np.float64), "num": np.array([5], np.uint32)})
+    responses = [(i, pack_outputs(o), None, True) for i, o in enumerate(outputs)]
+    responses.insert(2, (9, None, RuntimeError("no"), True))
+    gathered, arrays = pickle.loads(pickle.dumps(gather_arrays(responses)))
+    assert [a.shape for a in arrays] == [(6, 80), (2, 70)]  # one array per dtype and row shape
+    back = {rid: unpack_outputs(packed, arrays) for rid, packed, _, _ in gathered}
+    assert back[9] is None and [rid for rid, *_ in gathered] == [0, 1, 9, 2, 3]
+    for i, o in enumerate(outputs):
+        for name, array in o.items():
+            assert back[i][name].dtype == array.dtype
+            np.testing.assert_array_equal(back[i][name], array)
+
 def _serving_long_requests(client, count: int) -> list[Sender]:
     senders = [Sender(f"held{i}") for i in range(count)]
     client.submit([(s, [4, 5, 6, 7], SamplingParams(max_tokens=220, ignore_eos=True), True, ResponseOptions())
@@ -424,8 +448,7 @@ def test_tensor_parallel_ranks_are_the_engine_process_workers(checkpoint):
         # (a running request fails in its collective: "generation failed"; a queued one: EngineFailed)
         _assert_failed_fast(client, senders, killed, 5.0, error=Exception)
         assert "rank 1" in client.failure, client.failure
-        client.process.join(10.0)
-        assert client.process.exitcode == 0  # it left by itself
+        assert exit_code(client.process, 10.0) == 0  # it left by itself
         assert _gone(worker, 1.0)
     finally:
         client.close(timeout=5)
