@@ -76,9 +76,9 @@ def padded_cost_engine(pad_id: int = 0):
     from tritonformer.backend.encoder.engine import EmbedderEngine
 
     class PaddedCostEngine(EmbedderEngine):
-        def embed(self, sequences):
+        def launch(self, sequences, token_types=None):
             longest = max(len(s) for s in sequences)
-            return super().embed([s + [pad_id] * (longest - len(s)) for s in sequences])
+            return super().launch([s + [pad_id] * (longest - len(s)) for s in sequences])
 
     return PaddedCostEngine
 

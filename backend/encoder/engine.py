@@ -6,6 +6,11 @@ classification head's logits): one row per sequence. A queue item is a request's
 that run together (an embedder request's texts); a reranker request is split into one item per
 (query, text) pair, so its pairs may run in different batches, and is answered once all its
 rows are back (`SplitRequest`).
+
+On a GPU the engine keeps one batch in flight: a step queues the next batch's forward and a
+copy of its rows into pinned memory, then answers the batch before it while the GPU runs. The
+host's share of a batch (the queue, the response cache, answering every request) then overlaps
+the GPU's instead of adding to it.
 """
 from __future__ import annotations
 
@@ -113,6 +118,46 @@ class ResponseCache:
             self._rows.popitem(last=False)
 
 
+class PendingRows:
+    """A batch's head rows on their way to the host. On a GPU the forward is queued and a
+    non-blocking copy into pinned memory follows it; `wait` blocks on that copy alone (the GIL
+    released meanwhile). On the CPU the rows are already there."""
+
+    def __init__(self, rows: torch.Tensor, started: float):
+        self._started = started  # perf_counter() when the batch was handed to the device
+        if rows.is_cuda:
+            self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            self._host.copy_(rows, non_blocking=True)  # on the rows' device's current stream
+            self._done = torch.cuda.Event()
+            self._done.record(torch.cuda.current_stream(rows.device))
+        else:
+            self._host, self._done = rows, None
+            self.seconds = time.perf_counter() - started
+
+    def wait(self) -> np.ndarray:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+            # From the launch to the copy's end: the batch's latency as the cost model sees it
+            # (with a batch in flight before it, that includes waiting for the GPU).
+            self.seconds = time.perf_counter() - self._started
+        return self._host.numpy()
+
+
+@dataclass
+class _Batch:
+    """A step's batch between its launch and its answers."""
+
+    items: list  # EmbedRequest, in batch order
+    keys: list  # the response cache's key of each sequence (flattened over the items)
+    cached: dict  # index into the flattened sequences -> head row from the cache
+    todo: list  # indices run on the model, in `pending`'s row order
+    todo_sequences: list
+    pending: PendingRows | None  # None: every row came from the cache
+    taken_at: float
+    cache_hits: int
+
+
 class EncoderEngine(EngineLoop):
     """`head(hidden [T, hidden], cu_seqlens) -> [B, width]` fp32 reads each sequence's row off
     the last hidden state; without one, rows are embeddings pooled by `pooling` / `normalize`."""
@@ -156,6 +201,7 @@ class EncoderEngine(EngineLoop):
         self.stats = stats
         self._queue: deque[EmbedRequest] = deque()
         self._open_requests = 0  # admitted, not yet answered: what max_queue bounds
+        self._in_flight: _Batch | None = None  # launched, not yet answered
 
     def admit(self, items: list) -> None:
         for item in items:
@@ -163,58 +209,92 @@ class EncoderEngine(EngineLoop):
         self._open_requests += len(items)
 
     def has_work(self) -> bool:
-        return bool(self._queue)
+        return bool(self._queue) or self._in_flight is not None
 
     def num_queued(self) -> int:
         return self._open_requests
 
     def ready(self) -> bool:
-        return self.policy.ready(self._queue, time.monotonic())
+        return self._in_flight is not None or self.policy.ready(self._queue, time.monotonic())
 
     def wait_timeout(self) -> float | None:
-        return self.policy.wait_timeout(self._queue, time.monotonic())
+        return 0.0 if self._in_flight is not None else self.policy.wait_timeout(self._queue, time.monotonic())
 
     def step(self) -> None:
+        """Launch the next batch (with a batch in flight, only once the policy is ready for one),
+        then answer the batch that was in flight."""
+        previous = self._in_flight
+        launched = None
+        if self._queue and (previous is None or self.policy.ready(self._queue, time.monotonic())):
+            launched = self._launch_batch()
+        self._in_flight = launched
+        if previous is not None:
+            self._finish(previous)
+        if launched is not None and launched.pending is None:  # all from the cache: answer now
+            self._in_flight = None
+            self._finish(launched)
+
+    def _launch_batch(self) -> _Batch | None:
         now = time.monotonic()
         checked: dict[int, bool] = {}  # id(split request) -> still wanted, asked once per step
-        batch = [r for r in self.policy.take(self._queue, now) if self._still_wanted(r, now, checked)]
-        if not batch:
-            return
+        items = [r for r in self.policy.take(self._queue, now) if self._still_wanted(r, now, checked)]
+        if not items:
+            return None
         hits_before = self.cache.hits
-        rows: dict[int, np.ndarray] = {}  # index into the flattened sequences -> head row
-        todo: list[int] = []
-        flat = [s for r in batch for s in r.sequences]
-        flat_types = [t for r in batch for t in (r.token_types or [None] * len(r.sequences))]
+        flat = [s for r in items for s in r.sequences]
+        flat_types = [t for r in items for t in (r.token_types or [None] * len(r.sequences))]
         keys = [tuple(ids) if t is None else (tuple(ids), tuple(t)) for ids, t in zip(flat, flat_types)]
+        cached: dict[int, np.ndarray] = {}
+        todo: list[int] = []
         for i, key in enumerate(keys):
             row = self.cache.get(key)
             if row is None:
                 todo.append(i)
             else:
-                rows[i] = row
-        start = time.perf_counter()
+                cached[i] = row
+        sequences = [flat[i] for i in todo]
+        pending = None
         try:
             if todo:
-                sequences = [flat[i] for i in todo]
                 if self.token_types:
-                    computed = self.embed(sequences, [flat_types[i] for i in todo])
-                else:  # the one-argument call a subclass may override (a benchmark's padded engine)
-                    computed = self.embed(sequences)
-                for i, row in zip(todo, computed):
-                    rows[i] = row
-                    self.cache.put(keys[i], row.copy())  # not a view: it would pin the whole batch
+                    pending = self.launch(sequences, [flat_types[i] for i in todo])
+                else:
+                    pending = self.launch(sequences)
         except Exception as e:
             log.exception("encoder batch failed")
-            for r in batch:
+            for r in items:
+                self._answer_error(r, RuntimeError(f"encoder failed: {e}"))
+            return None
+        return _Batch(items, keys, cached, todo, sequences, pending, now, self.cache.hits - hits_before)
+
+    def _finish(self, b: _Batch) -> None:
+        """Wait for `b`'s rows, fill the response cache, answer its requests."""
+        try:
+            computed = b.pending.wait() if b.pending is not None else None
+        except Exception as e:
+            log.exception("encoder batch failed")
+            for r in b.items:
                 self._answer_error(r, RuntimeError(f"encoder failed: {e}"))
             return
-        elapsed = time.perf_counter() - start
+        if not b.cached:  # every row computed, in order: the requests' rows are views of it
+            rows = computed
+        else:
+            width = next(iter(b.cached.values())).shape[-1]
+            rows = np.empty((len(b.keys), width), dtype=np.float32)
+            for i, row in b.cached.items():
+                rows[i] = row
+            if computed is not None:
+                rows[b.todo] = computed
+        if self.cache.max_entries > 0:
+            for i in b.todo:
+                self.cache.put(b.keys[i], rows[i].copy())  # not a view: it would pin the whole batch
         offset = 0
-        for r in batch:
+        for r in b.items:
             n = len(r.sequences)
-            self._deliver(r, np.stack([rows[offset + j] for j in range(n)]))
+            self._deliver(r, rows[offset:offset + n])
             offset += n
-        self._report(batch, [flat[i] for i in todo], elapsed, now, self.cache.hits - hits_before)
+        self._report(b.items, b.todo_sequences, b.pending.seconds if b.pending is not None else 0.0,
+                     b.taken_at, b.cache_hits)
 
     def _deliver(self, r: EmbedRequest, rows: np.ndarray) -> None:
         """Answer a whole request, or file a split request's rows and answer it when complete."""
@@ -288,6 +368,11 @@ class EncoderEngine(EngineLoop):
         """Head rows `[n, width]` float32 numpy (embeddings, or logits) for token-id sequences,
         as one packed batch. `token_types`: per-sequence segment ids (None entries: segment 0),
         used when the engine was built with `token_types`."""
+        return self.launch(sequences, token_types).wait()
+
+    def launch(self, sequences: list[list[int]], token_types: list[list[int] | None] | None = None) -> PendingRows:
+        """`embed` without waiting for the GPU: the rows, once `wait()` returns them."""
+        started = time.perf_counter()
         device = self.model.device
         lengths = [len(s) for s in sequences]
         flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=sum(lengths))
@@ -308,9 +393,12 @@ class EncoderEngine(EngineLoop):
             hidden = self.graphs.forward(ids, lengths, types)
         else:
             hidden = self.model.forward(ids, cu, max(lengths), arena=self.arena, token_type_ids=types)
-        return self.head(hidden, cu).cpu().numpy()
+        return PendingRows(self.head(hidden, cu), started)
 
     def abort_all(self, error: Exception) -> None:
+        if self._in_flight is not None:  # computed already: answered with its rows
+            batch, self._in_flight = self._in_flight, None
+            self._finish(batch)
         while self._queue:
             r = self._queue.popleft()
             self._answer_error(r, error)

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from tritonformer.backend.engine_process.protocol import pack_outputs
+from tritonformer.backend.engine_process.protocol import gather_arrays, pack_outputs
 
 GAUGES = frozenset({"occupancy", "queue_depth"})  # stats calls of which only the latest counts
 STATS_EVERY_S = 0.05  # stats without responses to carry them leave this often at most
@@ -119,7 +119,7 @@ class BatchingSink:
                 if conn is None:
                     continue
                 try:
-                    conn.send(("out", (items, stats if cid == primary else None)))
+                    conn.send(("out", (*gather_arrays(items), stats if cid == primary else None)))
                 except (OSError, EOFError, ValueError):
                     pass  # the stub is gone: its reader notices and disconnects it
 

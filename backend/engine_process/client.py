@@ -131,8 +131,8 @@ class EngineClient:
                 break
             heard = time.monotonic()
             if kind == "out":
-                responses, stats = body
-                self._deliver(responses)
+                responses, arrays, stats = body
+                self._deliver(responses, arrays)
                 if stats and self.stats is not None:
                     try:
                         replay(self.stats, stats)
@@ -143,7 +143,7 @@ class EngineClient:
         if problem is not None and not self._closing.is_set():
             self._fail(problem, kill=frozen)
 
-    def _deliver(self, responses: list[tuple]) -> None:
+    def _deliver(self, responses: list[tuple], arrays: list) -> None:
         with self._lock:
             pending = self._pending
             resolved = []
@@ -155,7 +155,7 @@ class EngineClient:
                         self._cancel_sent.discard(rid)
                         self._submitted.pop(rid, None)
         for handle, outputs, error, final in resolved:
-            self.sink.send(handle, unpack_outputs(outputs), error, final)
+            self.sink.send(handle, unpack_outputs(outputs, arrays), error, final)
 
     def _fail(self, problem: str, kill: bool = False) -> None:
         """The engine is gone: answer everything held, refuse what comes (see the docstring).
