@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default="steps,trace,grid", help="comma-separated: steps, trace, grid, prefix")
     parser.add_argument("--prefix-rate", type=float, default=0.0,
                         help="prefix part: requests per second, at fixed intervals (0: all at once)")
+    parser.add_argument("--trace-rate", type=float, default=0.0,
+                        help="trace part: also the Orca trace arriving at this many requests per second, at "
+                             "fixed intervals (what a served run at that offered rate can be compared with)")
     parser.add_argument("--grid-requests", type=int, default=64, help="requests per fixed-grid point")
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--max-tokens-per-iteration", type=int, default=4096)
@@ -307,6 +310,14 @@ def run(args) -> int:
                 rel = lambda v: f"{ours['tok_per_s'] / v:.1f}x" if v else "-"  # noqa: E731
                 print(f"| {label} | {fmt(base)} | {fmt(cb)} | {fmt(ours['tok_per_s'])} | {rel(base)} | {rel(cb)} | "
                       f"{ours['kv_token_utilisation']:.1%} |", flush=True)
+            if "trace" in parts and args.trace_rate > 0:
+                label, trace = traces[0]
+                timed = run_timed(engine, sink, trace, args.trace_rate)
+                timed.pop("outputs"), timed.pop("ttft_ms")
+                results[f"trace_{label}"]["at_rate"] = {"rate": args.trace_rate, **timed}
+                print(f"\n{label} arriving at {args.trace_rate:g} req/s (fixed intervals): "
+                      f"{timed['tok_per_s']:,.0f} useful tok/s, TTFT p50 / p99 {timed['ttft_p50_ms']:.1f} / "
+                      f"{timed['ttft_p99_ms']:.1f} ms", flush=True)
         del engine, hf_model
         torch.cuda.empty_cache()
     if args.json:

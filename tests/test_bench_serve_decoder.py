@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tritonformer.client import bench_serve_decoder as bench
-from tritonformer.client.engine_drive import our_engine, run_ours
+from tritonformer.client.engine_drive import our_engine, run_ours, run_timed
 from tritonformer.client.hf_reference import random_gpt2, tiny_hf
 from tritonformer.client.traces import orca_trace, shared_prefix_trace
 
@@ -26,6 +26,18 @@ def test_trace_runs_every_request_to_its_budget():
     assert result["useful_tokens"] == sum(r.max_new_tokens for r in trace)
     assert result["tok_per_s"] > 0 and 0 < result["kv_token_utilisation"] <= 1
     assert not engine.has_work() and engine.scheduler.blocks.num_used == 0
+
+
+def test_trace_arriving_at_a_rate_spans_its_arrivals():
+    """`--trace-rate`: the same trace, one request every 1/rate s (the in-process side of a served
+    run at that offered rate): every token counted, and the run lasts at least the arrivals."""
+    model = _tiny_gpt2()
+    engine, sink = our_engine(model, torch.device("cpu"), torch.float32, max_running=4, token_budget=64)
+    trace = orca_trace(6, seed=3, prompt_range=(5, 40), output_range=(1, 9), vocab_size=1000)
+    result = run_timed(engine, sink, trace, rate=100.0)
+    assert result["useful_tokens"] == sum(r.max_new_tokens for r in trace)
+    assert result["seconds"] >= 5 / 100.0 and result["tok_per_s"] == result["useful_tokens"] / result["seconds"]
+    assert 0 < result["ttft_p50_ms"] <= result["ttft_p99_ms"] and not engine.has_work()
 
 
 def test_step_time_is_measured_on_decoding_sequences():

@@ -1,9 +1,9 @@
 """The embedder behind Triton's batcher (client/config_variants.with_triton_batching): several
 requests per execute() call, each with a leading batch dimension of 1, answered exactly as the
-default embedder answers them; a request holding more than one item is refused clearly."""
+default embedder answers them, with the engine on the stub's thread and in an engine process; a
+request holding more than one item is refused clearly."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +17,13 @@ REPO = Path(__file__).resolve().parent.parent
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Le chat est assis sur le tapis.", "short"]
 
 
-@pytest.fixture(scope="module")
-def batched_server(tmp_path_factory):
-    from tritonformer.client.config_variants import with_triton_batching
+@pytest.fixture(scope="module", params=["false", "true"], ids=["thread", "engine_process"])
+def batched_server(request, tmp_path_factory):
+    from tritonformer.client.config_variants import copy_model, with_triton_batching
     from helpers import serving
 
     repo = tmp_path_factory.mktemp("batched") / "repo"
-    shutil.copytree(REPO / "model_repository" / "embedder", repo / "embedder",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy_model(REPO / "model_repository" / "embedder", repo / "embedder", {"engine_process": request.param})
     config = repo / "embedder" / "config.pbtxt"
     config.write_text(with_triton_batching(config.read_text()))
     with serving(repo, ["embedder"], timeout=300) as server:

@@ -4,21 +4,29 @@
 # start (carry .gpu-carry/server, as for tools/gpu_served_bench.sh). Random-weight bert-base,
 # the "mixed" length distribution, open-loop Poisson load at each of EMBED_RATES for POINT_SECONDS (4).
 #
-# One server start per CONFIGS entry, "engine_process:instances" (default: the thread with 1 and
-# 4 instances, the engine process with 1, 2 and 4). Per load point it samples the GPU's busy % with
+# One server start per CONFIGS entry, "engine_process:instances[:b]" (default: the thread with 1 and
+# 4 instances, the engine process with 1, 2 and 4); a third field "b" puts the embedder behind
+# Triton's batcher (EMBEDDER_TRITON_BATCHING=1: several requests per execute() call, requests
+# shaped [1, ...]). CLIENT_PROCESSES (4) load-generator processes, about one per 1,500 req/s.
+# EMBEDDER_EXTRA: more config parameters for every configuration ("key=value ...").
+# Per load point it samples the GPU's busy % with
 # nvidia-smi and the server's CPU (tritonserver, its stubs and the engine process: cores used) from
 # /proc, and prints one table, then per configuration the goodput: the highest throughput whose
 # p99 <= SLO_MS (50) with every request answered.
 # Targets (H100, issue "one engine per GPU"): goodput >= 10,000 req/s, GPU busy >= 70% at saturation.
 #
-#   bash tools/encoder_engine_process_bench.sh     (~6 min on a fresh machine; results under $OUT)
+#   bash tools/encoder_engine_process_bench.sh     (~100 s per configuration, the first ~50 s more
+#                                                   on a fresh machine; results under $OUT)
 set -uo pipefail
+trap 'tools/gpu_server.sh stop > /dev/null 2>&1' EXIT  # a server left running would take the next one's ports
+trap 'exit 143' TERM
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/served-out}
 CONFIGS=${CONFIGS:-false:1 false:4 true:1 true:2 true:4}
 EMBED_RATES=${EMBED_RATES:-2000,4000,6000,8000,10000,12000,16000}
 POINT_SECONDS=${POINT_SECONDS:-4}
 SLO_MS=${SLO_MS:-50}
+CLIENT_PROCESSES=${CLIENT_PROCESSES:-4}
 mkdir -p "$OUT" /tmp/tf
 ln -sfn "$PWD" /tmp/tf/tritonformer
 export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -48,11 +56,14 @@ EOF
 }
 
 for config in $CONFIGS; do
-  ep=${config%%:*} instances=${config##*:}
-  tag="ep${ep}_x$instances"
-  echo "== engine_process=$ep, $instances instance(s)"
+  IFS=: read -r ep instances batching <<<"$config"
+  tag="ep${ep}_x$instances${batching:+_$batching}"
+  batch_dim=() triton_batching=0
+  if [[ $batching == b ]]; then batch_dim=(--batch-dim) triton_batching=1; fi
+  echo "== engine_process=$ep, $instances instance(s)${batching:+, behind the Triton batcher}"
   t0=$(date +%s)
-  if ! EMBEDDER_PARAMS="pooling=mean normalize=true engine_process=$ep" EMBEDDER_INSTANCES=$instances \
+  if ! EMBEDDER_TRITON_BATCHING=$triton_batching \
+      EMBEDDER_PARAMS="pooling=mean normalize=true engine_process=$ep ${EMBEDDER_EXTRA:-}" EMBEDDER_INSTANCES=$instances \
       timeout 300 tools/gpu_server.sh start > "$OUT/encoder_ep_server_$tag.log" 2>&1; then
     echo "server did not start:"; tail -20 /tmp/tritonserver.log; tools/gpu_server.sh stop > /dev/null 2>&1; continue
   fi
@@ -63,7 +74,7 @@ for config in $CONFIGS; do
     sampler=$!
     cpu0=$(server_cpu_seconds); w0=$(date +%s.%N)
     timeout 120 python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "$rate" \
-      --seconds "$POINT_SECONDS" --warmup 1 --distribution mixed --processes 4 \
+      --seconds "$POINT_SECONDS" --warmup 1 --distribution mixed --processes "$CLIENT_PROCESSES" "${batch_dim[@]}" \
       --json "$OUT/encoder_ep_${tag}_$rate.json" > "$OUT/encoder_ep_${tag}_$rate.log" 2>&1 \
       || { echo "load at $rate req/s failed:"; tail -5 "$OUT/encoder_ep_${tag}_$rate.log"; }
     cpu1=$(server_cpu_seconds); w1=$(date +%s.%N)
@@ -83,12 +94,13 @@ out, slo, configs = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
 def mean_busy(path):
     values = [float(x) for x in path.read_text().split() if x.replace(".", "").isdigit()] if path.exists() else []
     return sum(values) / len(values) if values else float("nan")
-print("| engine_process | instances | offered req/s | answered req/s | p50 / p99 ms | GPU busy % | server CPU cores | failed |")
+print("| engine_process | instances (b: Triton's batcher) | offered req/s | answered req/s | p50 / p99 ms | GPU busy % | server CPU cores | failed |")
 print("|---|---:|---:|---:|---|---:|---:|---:|")
 best = {}
 for config in configs:
-    ep, instances = config.split(":")
-    tag, rows = f"ep{ep}_x{instances}", []
+    ep, instances, *batching = config.split(":")
+    tag, rows = f"ep{ep}_x{instances}" + "".join(f"_{b}" for b in batching), []
+    instances += "".join(f" {b}" for b in batching)
     for path in sorted(out.glob(f"encoder_ep_{tag}_*.json"), key=lambda p: float(p.stem.rsplit("_", 1)[1])):
         rate = path.stem.rsplit("_", 1)[1]
         (s,) = json.loads(path.read_text())["results"]
@@ -105,8 +117,8 @@ for config in configs:
     best[config] = goodput(rows, slo) if rows else None
 print(f"\ngoodput at p99 <= {slo:g} ms, every request answered:")
 for config, s in best.items():
-    ep, instances = config.split(":")
-    print(f"  engine_process={ep}, {instances} instance(s): " +
+    ep, instances, *batching = config.split(":")
+    print(f"  engine_process={ep}, {instances} instance(s){', Triton batcher' if batching else ''}: " +
           (f"{s['throughput_rps']:,.0f} req/s (offered {s['offered_rate']:g}, p99 {s['latency_p99_ms']:.1f} ms, "
            f"GPU busy {s['gpu_busy']:.0f}%)" if s else "none"))
 print("targets (H100): goodput >= 10,000 req/s with one engine per GPU; GPU busy >= 70% at saturation")

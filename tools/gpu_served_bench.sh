@@ -13,12 +13,14 @@
 #                                                    (STOCK_RERANK_RATES for the stock one); goodput at
 #                                                    p99 <= 100 ms of each and ours / stock
 #   tools/gpu_served_bench.sh profile                py-spy samples the embedder's stub process
-#                                                    at PROFILE_RATE req/s (carry .gpu-carry/pyspy)
+#                                                    at PROFILE_RATE req/s (carry .gpu-carry/pyspy),
+#                                                    and its engine process with
+#                                                    EMBEDDER_EXTRA="engine_process=true"
 #
 # fifo / dp: the embedder's batch_policy for this server start (the served default is fifo with
 # a token budget); INSTANCES: embedder model instances (1). The generator part runs with
 # "fifo 1" only, once per stream_interval in $STREAM_INTERVALS, with $GENERATOR_EXTRA added to
-# its parameters (e.g. "max_decode_steps=1") and $GEN_TAG to its result names; SKIP_EMBED=1
+# its parameters (e.g. "max_decode_steps=1"), $EMBEDDER_EXTRA to the embedder's, and $GEN_TAG to its result names; SKIP_EMBED=1
 # skips the embedder's load. stock: HF BertModel and HF
 # generate behind Triton's dynamic batcher (client/stock_repository), at STOCK_EMBED_RATES and
 # STOCK_GEN_RATES with STOCK_GEN_REQUESTS requests per point.
@@ -47,7 +49,7 @@ export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 [[ -d /tmp/ckpt/gpt2 ]] || python3 tools/make_bench_checkpoints.py /tmp/ckpt --tokenizers .gpu-carry/server/tokenizers
 export EMBEDDER_CHECKPOINT=/tmp/ckpt/bert-base GENERATOR_CHECKPOINT=/tmp/ckpt/gpt2
 if [[ $MODE != stock ]]; then  # our models' parameters: the stock configs have none of them
-  export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=$POLICY" EMBEDDER_INSTANCES=$INSTANCES
+  export EMBEDDER_PARAMS="pooling=mean normalize=true batch_policy=$POLICY ${EMBEDDER_EXTRA:-}" EMBEDDER_INSTANCES=$INSTANCES
 fi
 start() {
   t0=$(date +%s)
@@ -109,15 +111,28 @@ if [[ $MODE == profile ]]; then  # where one embedder instance's host time goes 
   # binary is the wheel's py_spy-*.data/scripts/py-spy.
   PYSPY=${PYSPY:-.gpu-carry/pyspy/py-spy}
   start
-  python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "${PROFILE_RATE:-2000}" --seconds 10 \
+  python3 -m tritonformer.client.loadgen embed --url 127.0.0.1:8000 --rates "${PROFILE_RATE:-2000}" --seconds 20 \
     --warmup 1 --distribution mixed --processes 4 > "$OUT/served_embed_profile.log" 2>&1 &
   sleep 4
   timeout 5 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader -lms 500 > "$OUT/gpu_utilization.txt" &
   pid=$(pgrep -f 'triton_python_backend_stub.*embedder' | head -n1)
   ps -eo pid,pcpu,args | grep -E "[t]riton_python_backend_stub|[t]ritonserver" | cut -c1-200 > "$OUT/stub_processes.txt"
+  top -b -H -n 2 -d 2 -w 200 | awk '/^top -/{n++} n==2' | head -45 > "$OUT/top_threads.txt"  # busiest threads over 2 s
   "$PYSPY" dump --pid "$pid" --nonblocking > "$OUT/embedder_stub_dump.txt" 2>&1
   "$PYSPY" record --pid "$pid" --duration 5 --rate 250 --threads --nonblocking --format raw \
     --output "$OUT/embedder_stub_pyspy.txt" 2>&1 | tail -3
+  # With EMBEDDER_EXTRA="engine_process=true": the engine process too (the spawned process whose
+  # parent is an embedder stub), every thread and then only the samples that hold the GIL.
+  engine=
+  for p in $(pgrep -f spawn_main); do
+    grep -q "embedder/1/model.py" "/proc/$(ps -o ppid= -p "$p" | tr -d ' ')/cmdline" 2>/dev/null && engine=$p
+  done
+  if [[ -n $engine ]]; then
+    "$PYSPY" record --pid "$engine" --duration 3 --rate 250 --threads --nonblocking --format raw \
+      --output "$OUT/embedder_engine_pyspy.txt" 2>&1 | tail -1
+    "$PYSPY" record --pid "$engine" --duration 3 --rate 250 --gil --nonblocking --format raw \
+      --output "$OUT/embedder_engine_pyspy_gil.txt" 2>&1 | tail -1
+  fi
   wait
   grep '^|' "$OUT/served_embed_profile.log"
   tools/gpu_server.sh stop
