@@ -86,40 +86,4 @@ for config in $CONFIGS; do
   tools/gpu_server.sh stop > /dev/null 2>&1
 done
 
-python3 - "$OUT" "$SLO_MS" $CONFIGS <<'EOF'
-import json, sys
-from pathlib import Path
-from tritonformer.client.loadgen import goodput
-out, slo, configs = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-def mean_busy(path):
-    values = [float(x) for x in path.read_text().split() if x.replace(".", "").isdigit()] if path.exists() else []
-    return sum(values) / len(values) if values else float("nan")
-print("| engine_process | instances (b: Triton's batcher) | offered req/s | answered req/s | p50 / p99 ms | GPU busy % | server CPU cores | failed |")
-print("|---|---:|---:|---:|---|---:|---:|---:|")
-best = {}
-for config in configs:
-    ep, instances, *batching = config.split(":")
-    tag, rows = f"ep{ep}_x{instances}" + "".join(f"_{b}" for b in batching), []
-    instances += "".join(f" {b}" for b in batching)
-    for path in sorted(out.glob(f"encoder_ep_{tag}_*.json"), key=lambda p: float(p.stem.rsplit("_", 1)[1])):
-        rate = path.stem.rsplit("_", 1)[1]
-        (s,) = json.loads(path.read_text())["results"]
-        cpu_file = out / f"encoder_ep_cpu_{tag}_{rate}.txt"
-        s["gpu_busy"] = mean_busy(out / f"encoder_ep_gpu_{tag}_{rate}.txt")
-        s["server_cpu"] = float(cpu_file.read_text()) if cpu_file.exists() else float("nan")
-        rows.append(s)
-        failed = s["requests"] - s["ok"]
-        p50, p99 = (f"{s[k]:.1f}" if s[k] is not None else "-" for k in ("latency_p50_ms", "latency_p99_ms"))
-        print(f"| {ep} | {instances} | {s['offered_rate']:g} | {s['throughput_rps']:,.0f} | {p50} / {p99} | "
-              f"{s['gpu_busy']:.0f} | {s['server_cpu']:.2f} | {failed} |")
-    for s in rows:  # (goodput needs numbers where the JSON has null)
-        s["latency_p99_ms"] = s["latency_p99_ms"] if s["latency_p99_ms"] is not None else float("inf")
-    best[config] = goodput(rows, slo) if rows else None
-print(f"\ngoodput at p99 <= {slo:g} ms, every request answered:")
-for config, s in best.items():
-    ep, instances, *batching = config.split(":")
-    print(f"  engine_process={ep}, {instances} instance(s){', Triton batcher' if batching else ''}: " +
-          (f"{s['throughput_rps']:,.0f} req/s (offered {s['offered_rate']:g}, p99 {s['latency_p99_ms']:.1f} ms, "
-           f"GPU busy {s['gpu_busy']:.0f}%)" if s else "none"))
-print("targets (H100): goodput >= 10,000 req/s with one engine per GPU; GPU busy >= 70% at saturation")
-EOF
+python3 tools/encoder_ep_table.py "$OUT" "$SLO_MS" $CONFIGS
