@@ -256,10 +256,7 @@ class EncoderEngine(EngineLoop):
         pending = None
         try:
             if todo:
-                if self.token_types:
-                    pending = self.launch(sequences, [flat_types[i] for i in todo])
-                else:
-                    pending = self.launch(sequences)
+                pending = self.launch(sequences, [flat_types[i] for i in todo] if self.token_types else None)
         except Exception as e:
             log.exception("encoder batch failed")
             for r in items:
