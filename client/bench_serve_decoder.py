@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid-requests", type=int, default=64, help="requests per fixed-grid point")
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--max-tokens-per-iteration", type=int, default=4096)
+    parser.add_argument("--kv-fraction", type=float, default=0.4,
+                        help="--model: share of the GPU memory free after the weights for the KV cache (the served "
+                             "default is 0.3, which leaves room for the embedder; a GPU serving one model can give more)")
     parser.add_argument("--max-decode-steps", type=int, default=None,
                         help="decode iterations per launch (default: the served default, 4)")
     parser.add_argument("--skip-hf", action="store_true", help="ours only (faster)")
@@ -159,18 +162,19 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
 
     peak = matmul_peak_tflops(dtype)
     results["matmul_peak_tflops"] = peak
-    print(f"\n## decoder families, random weights at the published shapes ({dtype}, matmul peak {peak:.0f} TFLOP/s)")
+    print(f"\n## decoder families, random weights at the published shapes ({dtype}, matmul peak {peak:.0f} TFLOP/s, "
+          f"KV cache {args.kv_fraction:g} of the free GPU memory)")
     print("Floors at the copy bandwidth: 'read' = the bytes a step reads (layers, final norm, output head; plus the "
           "KV cache at batch 64, context ~168), 'all' = every weight byte (an untied input embedding too).")
     print("| model | weights GB all / read | batch 1 ms | / floor read | / floor all | batch 64 ms | / floor read "
-          "| Orca trace tok/s | KV used | TTFT 2,000 tokens ms | / FLOP time |")
+          "| Orca trace tok/s (preemptions) | KV used | TTFT 2,000 tokens ms | / FLOP time |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         if name not in DECODER_SHAPES:
             raise SystemExit(f"unknown --model {name!r} (known: {', '.join(DECODER_SHAPES)})")
         model = random_decoder(name, dev, dtype, max_model_len=4096)
         torch.cuda.empty_cache()
-        engine, sink = engine_for(model, args.max_running, args.max_tokens_per_iteration,
+        engine, sink = engine_for(model, args.max_running, args.max_tokens_per_iteration, args.kv_fraction,
                                   max_decode_steps=args.max_decode_steps)
         vocab = model.vocab_size
         read = read_bytes_per_step(model)
@@ -191,7 +195,7 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
                                      "floor_b64_ms": ms(read + kv64), "b1_ms": b1, "b64_ms": b64,
                                      "trace": ours, "ttft_2000_ms": ttft, "ttft_flop_ms": flop_ms}
         print(f"| {name} | {every / 1e9:.2f} / {read / 1e9:.2f} | {b1:.3f} | {b1 / ms(read):.3f}x | {b1 / ms(every):.3f}x "
-              f"| {b64:.3f} | {b64 / ms(read + kv64):.2f}x | {ours['tok_per_s']:,.0f} "
+              f"| {b64:.3f} | {b64 / ms(read + kv64):.2f}x | {ours['tok_per_s']:,.0f} ({ours.get('preemptions', '-')}) "
               f"| {ours['kv_token_utilisation']:.1%} | {ttft:.1f} | {ttft / flop_ms:.2f}x |", flush=True)
         release(engine)
         del engine, sink, model

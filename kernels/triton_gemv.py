@@ -51,9 +51,21 @@ from tritonformer.kernels.triton_linear_parts import column_tile, or_dummy as _o
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the few-row linears run this kernel (0: never; a benchmark comparing sets it).
 MAX_ROWS = 2
-# fp16 weight elements a program holds per operand and warp: 2048 is 64 per thread, 32 registers.
-_ELEMENTS_PER_WARP = 2048
+# Weight bytes a program holds per operand and warp: 4096 is 2048 fp16 elements (64 per thread,
+# 32 registers); a decode row is bytes, not elements.
+_BYTES_PER_WARP = 4096
 _WARPS = 4
+# E4M3 weights: this many times the bytes (they stay packed, four to a register, until each is
+# converted for its multiply). H100, one decode row, GB/s at 2x against 1x the bytes
+# (tools/gpu/time_family_linears.py --fp8): llama-3.1-8b qkv 2,180 vs 2,068, o 2,275 vs 2,062,
+# gate_up 2,901 vs 2,826, down 2,667 vs 2,634, head 3,089 vs 3,112; gemma-2-9b gate_up 2,442 vs
+# 2,079, qkv 1,843 vs 1,671. (Counted in elements as fp16, 1,781-2,634 for llama's four.)
+_FP8_BYTES_FACTOR = 2
+# A post-norm prologue (Gemma's sandwich norm, `x_norm`) keeps two more K-long vectors live and
+# every program recomputes it: this many times the weight rows per program amortise it. H100,
+# gemma-2-9b shape, one decode row (tools/gpu/time_family_linears.py): gate_up 2,099 -> 3,015 GB/s,
+# qkv 1,846 -> 2,549 GB/s against a copy rate of 2,963.
+_POST_NORM_ROWS = 2
 # Longest row a program holds (Llama-3-8B's down projection has K = 14,336).
 _MAX_K = 16384
 # Past _MAX_K (no PreNorm): the K loop's chunk, and the longest K it takes. Off (= _MAX_K): on the
@@ -224,11 +236,15 @@ def supported(m: int, x: torch.Tensor, prenorm=None) -> bool:
     return 0 < m <= MAX_ROWS and fits and (x.is_cuda or _INTERPRETED)
 
 
-def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS) -> int:
-    """Weight rows per program: as many as keep each operand slab within the register budget,
-    at most the half's width (a power of two)."""
+def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, element_size: int = 2,
+            post_norm: bool = False) -> int:
+    """Weight rows per program: as many as keep each operand slab within the register budget
+    (in bytes of `element_size`-byte weights, more for E4M3 ones; more rows with a post-norm
+    prologue to amortise it), at most the half's width (a power of two)."""
     kp = triton.next_power_of_2(k)
-    budget = _ELEMENTS_PER_WARP * warps // (rows * (2 if paired else 1))
+    nbytes = _BYTES_PER_WARP * (_FP8_BYTES_FACTOR if element_size == 1 else 1)
+    elements = nbytes // element_size * (_POST_NORM_ROWS if post_norm else 1)
+    budget = elements * warps // (rows * (2 if paired else 1))
     return max(1, min(triton.next_power_of_2(half), budget // kp))
 
 
@@ -246,7 +262,7 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     kp = _K_CHUNK if loop else triton.next_power_of_2(k)
     rows = triton.next_power_of_2(m)
     warps = 1 if _INTERPRETED else _WARPS
-    bn = block_n(half, kp, rows, paired, warps)
+    bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None)
     halves = weight.shape[0] // (2 * half) if paired else 1
     pdl = triton_pdl.enabled(x.device)
     per_line = 128 // weight.element_size()

@@ -102,6 +102,16 @@ def test_block_n_keeps_the_weight_slab_in_the_register_budget(half, k, rows, pai
     assert triton_gemv.block_n(half, k, rows, paired) == expected
 
 
+def test_block_n_counts_bytes_and_doubles_under_a_post_norm():
+    """FP8 weights hold four times the rows of fp16 ones (twice the bytes); a post-norm prologue
+    (recomputed by every program) gets twice the rows to amortise it."""
+    assert triton_gemv.block_n(4096, 4096, 1, False) == 2
+    assert triton_gemv.block_n(4096, 4096, 1, False, element_size=1) == 8
+    assert triton_gemv.block_n(14336, 3584, 1, True) == 1
+    assert triton_gemv.block_n(14336, 3584, 1, True, post_norm=True) == 2
+    assert triton_gemv.block_n(14336, 3584, 2, True, post_norm=True) == 1
+
+
 @pytest.fixture
 def long_rows(monkeypatch):
     """The K loop on interpreter-sized rows: past 32 elements a row is walked in 16-wide chunks.

@@ -285,7 +285,7 @@ def encoder_speed(dev) -> None:
     with torch.inference_mode():
         for name in ("none", "fp8"):
             model = quantization.load_encoder(cfg.to_dict(), state, dev, torch.bfloat16, name)
-            ms[name] = cuda_ms(lambda: model.forward(ids, cu, max_seqlen=length), reps=10)
+            ms[name] = cuda_ms(lambda m=model: m.forward(ids, cu, max_seqlen=length), reps=10)
             del model
     row("bert-base encoder", f"forward ms, {seqs} x {length} tokens", f"{ms['none']:.2f} (bf16)",
         f"{ms['fp8']:.2f}", f"{ms['none'] / ms['fp8']:.2f}x faster (target > 1)")

@@ -120,15 +120,15 @@ def main() -> int:
 
 
 def sweep(run) -> None:
-    saved = triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS
+    saved = triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS
     try:
-        for per_warp in (1024, 2048, 4096):
+        for per_warp in (2048, 4096, 8192):
             for warps in (2, 4, 8):
-                triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS = per_warp, warps
+                triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS = per_warp, warps
                 us, _ = timed(run, 2, True)
-                print(f"|   budget {per_warp} per warp, {warps} warps | | | | | {us:.1f} | |", flush=True)
+                print(f"|   budget {per_warp} bytes per warp, {warps} warps | | | | | {us:.1f} | |", flush=True)
     finally:
-        triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS = saved
+        triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS = saved
 
 
 if __name__ == "__main__":

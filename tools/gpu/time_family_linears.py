@@ -4,7 +4,7 @@ Each linear kind timed alone, its variants, the GEMV's register budget, the whol
 and the decode attention:
 
     python3 tools/gpu/time_family_linears.py [--models gemma-2-9b,phi-3-mini,llama-3.1-8b,qwen2.5-7b]
-        [--rows 1] [--layers 8] [--context 512] [--no-sweep] [--attention-configs] [--deadline-s 330]
+        [--rows 1] [--layers 8] [--context 512] [--no-sweep] [--attention-configs] [--fp8] [--deadline-s 330]
 
 Each family is built as the engine builds it (client/model_shapes.random_decoder, bf16, random
 weights at the published shape) with `--layers` of its layers, so every call below is the
@@ -21,7 +21,8 @@ makes. Per family, at each of `--rows` decode rows:
    the activation, without x_norm, with the norm weights in bf16 (Gemma keeps (1 + w) in fp32),
    the norm kernels before a prologue-free GEMV (the PreNorm unfused), cuBLAS
    (torch.nn.functional.linear); and the GEMV's register budget x warps swept
-   (triton_gemv._ELEMENTS_PER_WARP x _WARPS, rows <= 2), the best per kind;
+   (triton_gemv._BYTES_PER_WARP x _WARPS, rows <= 2), the best per kind; with --fp8 also each
+   kind's weights as FP8 (E4M3, `quantization: fp8`'s decode route), timed and swept the same way;
 3. the whole decode step (the decode graph's replay) at --layers and half as many layers: the
    per-layer cost and the fixed part (embedding, final norms, head, soft-cap, argmax) against
    the kinds alone, the layer chain in model order without attention, and the weight (+ KV)
@@ -41,7 +42,7 @@ import time
 import traceback
 
 FAMILIES = ("gemma-2-9b", "phi-3-mini", "llama-3.1-8b", "qwen2.5-7b")
-BUDGETS, WARPS = (1024, 2048, 4096), (2, 4, 8)
+BUDGETS, WARPS = (2048, 4096, 8192), (2, 4, 8)  # weight bytes per warp, warps
 SPLITS = (1, 2, 4, 8, 16)
 _ESSENTIAL_S = 45  # what a family's kinds, variants, steps and attention take, held back for those to come
 
@@ -58,6 +59,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-sweep", action="store_true", help="skip the GEMV register budget x warps sweep")
     ap.add_argument("--attention-configs", action="store_true",
                     help="also sweep the decode attention's BLOCK_N x warps x stages at the current split count")
+    ap.add_argument("--fp8", action="store_true", help="also every kind's weights as FP8 (weight-only decode route)")
     ap.add_argument("--deadline-s", type=float, default=330.0, help="skip optional parts past this many seconds")
     return ap.parse_args(argv)
 
@@ -158,17 +160,21 @@ class Inputs:
 
 class Variant:
     """One way to run a kind: `call(li)` runs layer li's linear on `route`'s kernel; `gemv`:
-    (paired, half) of the GEMV's column tiles, where the route is the GEMV."""
+    (paired, half) of the GEMV's column tiles, where the route is the GEMV; `post_norm`: its
+    PreNorm has Gemma's sandwich norm (the GEMV's tile depends on it); `fp8`: E4M3 weights."""
 
-    def __init__(self, name, call, route, gemv=None):
+    def __init__(self, name, call, route, gemv=None, post_norm=False, fp8=False):
         self.name, self.call, self.route, self.gemv = name, call, route, gemv
+        self.post_norm, self.fp8 = post_norm, fp8
 
 
-def kind_variants(model, inp: Inputs) -> dict:
-    """kind -> (weight of layer li, [Variant]): the model's call first, then the isolating ones."""
+def kind_variants(model, inp: Inputs, fp8: bool = False) -> dict:
+    """kind -> (weight of layer li, [Variant]): the model's call first, then the isolating ones
+    (and with `fp8` the model's call on E4M3 copies of the weights, last)."""
     import torch.nn.functional as F
 
     from tritonformer import kernels
+    from tritonformer.kernels.fp8 import quantize_weight
     from tritonformer.kernels import triton_small_gemm as tsg
     from tritonformer.kernels.reference import PreNorm
 
@@ -202,26 +208,27 @@ def kind_variants(model, inp: Inputs) -> dict:
         h = x if pre.x_norm is None else kernels.rms_norm(x, pre.x_norm, eps)[0].to(x.dtype)
         return kernels.rms_norm(h, pre.weight, eps, pre.residual, pre.sum_out)[0]
 
-    def qkv_call(pre_of, unfused=False):
+    def qkv_call(pre_of, unfused=False, weights=None):
         """Layer li's QKV projection with PreNorm pre_of(li), fused as the model runs it, or (unfused)
-        after the norm kernels."""
+        after the norm kernels; `weights[li]` instead of the layer's own where given."""
         def call(li):
             layer = layers[li]
             table = inp.local if layer.local else inp.table
             x, pre = (norm_kernels(inp.x, pre_of(li)), None) if unfused else (inp.x, pre_of(li))
             return kernels.prenorm_qkv_to_cache(
-                x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, table[:, 0],
+                x, pre, layer.qkv_w if weights is None else weights[li], layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, table[:, 0],
                 table[:, 1], inp.cache.keys(li), inp.cache.values(li), inp.slots, q_norm=layer.q_norm,
                 k_norm=layer.k_norm, norm_eps=eps)
         return call
 
-    def route_qkv(pre):
-        return tsg.route(inp.x, layers[0].qkv_w, "none", pre, qkv_epilogue=not head_norms)
+    def route_qkv(pre, weight=None):
+        return tsg.route(inp.x, layers[0].qkv_w if weight is None else weight, "none", pre,
+                         qkv_epilogue=not head_norms)
 
     qkv_n = layers[0].qkv_w.shape[0]
     # With q/k head norms the projection runs plain (qkv_to_cache's kernel after it), else paired per head half.
     qkv_tile = (False, qkv_n) if head_norms else (True, c.head_dim // 2)
-    qkv = [Variant("model", qkv_call(qkv_pre), route_qkv(qkv_pre(0)), qkv_tile),
+    qkv = [Variant("model", qkv_call(qkv_pre), route_qkv(qkv_pre(0)), qkv_tile, sandwich),
            Variant("plain", lambda li: kernels.linear_act(inp.x, layers[li].qkv_w),
                    tsg.route(inp.x, layers[0].qkv_w), (False, qkv_n))]
     if sandwich:
@@ -229,7 +236,7 @@ def kind_variants(model, inp: Inputs) -> dict:
         qkv.append(Variant("no x_norm", qkv_call(pre), route_qkv(pre(0)), qkv[0].gemv))
     if fp32_norms:
         pre = lambda li: qkv_pre(li, bf16=True)  # noqa: E731
-        qkv.append(Variant("bf16 norms", qkv_call(pre), route_qkv(pre(0)), qkv[0].gemv))
+        qkv.append(Variant("bf16 norms", qkv_call(pre), route_qkv(pre(0)), qkv[0].gemv, sandwich))
     qkv.append(Variant("norm kernels + GEMV", qkv_call(qkv_pre, unfused=True), route_qkv(None), qkv_tile))
     qkv.append(Variant("cuBLAS", lambda li: F.linear(inp.x, layers[li].qkv_w), "cuBLAS"))
 
@@ -247,19 +254,20 @@ def kind_variants(model, inp: Inputs) -> dict:
                                                  activation)
         return lambda li: kernels.linear_act(inp.h, layers[li].gate_up_w, None, activation, prenorm=pre_of(li))
 
-    def route_gu(pre, activation=act):
-        return tsg.route(inp.h, layers[0].gate_up_w, activation, pre)
+    def route_gu(pre, activation=act, weight=None):
+        return tsg.route(inp.h, layers[0].gate_up_w if weight is None else weight, activation, pre)
 
-    gate_up = [Variant("model", gate_up_call(mlp_pre), route_gu(mlp_pre(0)), (True, gu_n // 2)),
+    gate_up = [Variant("model", gate_up_call(mlp_pre), route_gu(mlp_pre(0)), (True, gu_n // 2), sandwich),
                Variant("plain", lambda li: kernels.linear_act(inp.h, layers[li].gate_up_w),
                        tsg.route(inp.h, layers[0].gate_up_w), (False, gu_n)),
-               Variant("no act", gate_up_call(mlp_pre, "none"), route_gu(mlp_pre(0), "none"), (False, gu_n))]
+               Variant("no act", gate_up_call(mlp_pre, "none"), route_gu(mlp_pre(0), "none"), (False, gu_n),
+                       sandwich)]
     if sandwich:
         pre = lambda li: mlp_pre(li, x_norm=False)  # noqa: E731
         gate_up.append(Variant("no x_norm", gate_up_call(pre), route_gu(pre(0)), (True, gu_n // 2)))
     if fp32_norms:
         pre = lambda li: mlp_pre(li, bf16=True)  # noqa: E731
-        gate_up.append(Variant("bf16 norms", gate_up_call(pre), route_gu(pre(0)), (True, gu_n // 2)))
+        gate_up.append(Variant("bf16 norms", gate_up_call(pre), route_gu(pre(0)), (True, gu_n // 2), sandwich))
     gate_up.append(Variant("norm kernels + GEMV", gate_up_call(mlp_pre, unfused=True), route_gu(None),
                            (True, gu_n // 2)))
     gate_up.append(Variant("cuBLAS", lambda li: F.linear(inp.h, layers[li].gate_up_w), "cuBLAS"))
@@ -273,6 +281,21 @@ def kind_variants(model, inp: Inputs) -> dict:
     head = [Variant("model", lambda li: kernels.linear_act(inp.xf, head_w), tsg.route(inp.xf, head_w),
                     (False, head_w.shape[0])),
             Variant("cuBLAS", lambda li: F.linear(inp.xf, head_w), "cuBLAS")]
+    if fp8:  # E4M3 copies of every weight, as `quantization: fp8` loads them (per output channel)
+        q = {name: [quantize_weight(getattr(layer, name)) for layer in layers]
+             for name in ("qkv_w", "o_w", "gate_up_w", "down_w")}
+        head8 = quantize_weight(head_w)
+        qkv.append(Variant("fp8", qkv_call(qkv_pre, weights=q["qkv_w"]), route_qkv(qkv_pre(0), q["qkv_w"][0]),
+                           qkv_tile, sandwich, fp8=True))
+        o.append(Variant("fp8", lambda li: kernels.linear_act(inp.ctx, q["o_w"][li]), tsg.route(inp.ctx, q["o_w"][0]),
+                         (False, o_n), fp8=True))
+        gate_up.append(Variant("fp8", lambda li: kernels.linear_act(inp.h, q["gate_up_w"][li], None, act,
+                                                                    prenorm=mlp_pre(li)),
+                               route_gu(mlp_pre(0), weight=q["gate_up_w"][0]), (True, gu_n // 2), sandwich, fp8=True))
+        down.append(Variant("fp8", lambda li: kernels.linear_act(inp.act, q["down_w"][li]),
+                            tsg.route(inp.act, q["down_w"][0]), (False, down_n), fp8=True))
+        head.append(Variant("fp8", lambda li: kernels.linear_act(inp.xf, head8), tsg.route(inp.xf, head8),
+                            (False, head_w.shape[0]), fp8=True))
     return {
         "qkv": (lambda li: layers[li].qkv_w, qkv),
         "o": (lambda li: layers[li].o_w, o),
@@ -282,9 +305,10 @@ def kind_variants(model, inp: Inputs) -> dict:
     }
 
 
-def gemv_tile(weight, rows: int, tile) -> tuple | None:
-    """(BLOCK_N, warps, programs, weight bytes per program) of the GEMV for this weight and
-    column tiling, under the GEMV module's current knobs."""
+def gemv_tile(weight, rows: int, tile, post_norm: bool = False, element_size: int | None = None) -> tuple | None:
+    """(BLOCK_N, warps, programs, weight bytes per program) of the GEMV for this weight (stored
+    with `element_size` bytes per value where given) and column tiling, under the GEMV module's
+    current knobs."""
     import triton
 
     from tritonformer.kernels import triton_gemv
@@ -295,10 +319,12 @@ def gemv_tile(weight, rows: int, tile) -> tuple | None:
     n, k = weight.shape
     kp = triton_gemv._K_CHUNK if k > triton_gemv._MAX_K else triton.next_power_of_2(k)
     warps = triton_gemv._WARPS
-    bn = triton_gemv.block_n(half, kp, triton.next_power_of_2(rows), paired, warps)
+    size = element_size or weight.element_size()
+    bn = triton_gemv.block_n(half, kp, triton.next_power_of_2(rows), paired, warps, element_size=size,
+                             post_norm=post_norm)
     halves = n // (2 * half) if paired else 1
     programs = halves * triton.cdiv(half, bn)
-    return bn, warps, programs, bn * (2 if paired else 1) * k * weight.element_size()
+    return bn, warps, programs, bn * (2 if paired else 1) * k * size
 
 
 def time_variant(variant: Variant, layer_ids: list[int], repeat: int, reps: int) -> tuple[float, list]:
@@ -326,12 +352,14 @@ def kinds_table(name, model, inp, args, bw, props, clock, families_after) -> dic
           "KB in flight/SM | us | GB/s | of copy |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     results, sweeps = {}, {}
-    for kind, (weight_of, variants) in kind_variants(model, inp).items():
+    for kind, (weight_of, variants) in kind_variants(model, inp, args.fp8).items():
         ids, repeat = ([0], 2) if kind == "head" else (layer_ids, 1)
-        nbytes = sum(weight_of(li).numel() * weight_of(li).element_size() for li in ids) * repeat
+        numel = sum(weight_of(li).numel() for li in ids) * repeat
         for v in variants:
+            size = 1 if v.fp8 else weight_of(0).element_size()
+            nbytes = numel * size
             us, fresh = time_variant(v, ids, repeat, args.reps)
-            tile = gemv_tile(weight_of(0), inp.rows, v.gemv) if v.route == "gemv" else None
+            tile = gemv_tile(weight_of(0), inp.rows, v.gemv, v.post_norm, size) if v.route == "gemv" else None
             # registers of the GEMV compiled for this variant (none where it was compiled before)
             regs, spills, warps, shared = kernel_facts(fresh) if v.route == "gemv" else (None,) * 4
             per_sm = programs_per_sm(regs, warps or 4, shared, props)
@@ -342,13 +370,14 @@ def kinds_table(name, model, inp, args, bw, props, clock, families_after) -> dic
                   f"{fmt(per_sm)} | {fmt(inflight)} | {us:.1f} | {gbps:.0f} | {gbps * 1e9 / bw:.2f} |", flush=True)
             if v.name == "model":
                 results[kind] = (us, nbytes)
-                if v.route == "gemv" and not args.no_sweep:
-                    sweeps[kind] = (v, ids, repeat, nbytes, weight_of(0), gbps)
+            if v.name in ("model", "fp8") and v.route == "gemv" and not args.no_sweep:
+                sweeps[kind if v.name == "model" else f"{kind} fp8"] = (v, ids, repeat, nbytes, weight_of(0), gbps)
     if sweeps and clock.allows(families_after):
-        print(f"\nGEMV register budget x warps ({name}, rows {inp.rows}): GB/s of each kind's model call")
+        print(f"\nGEMV register budget (weight bytes per warp) x warps ({name}, rows {inp.rows}): GB/s of each kind's "
+              f"model call (and FP8 call, whose weights get x{triton_gemv._FP8_BYTES_FACTOR} the bytes)")
         print("| kind | current (budget, warps) BLOCK_N: GB/s | best: GB/s | every (budget x warps: BLOCK_N GB/s) |")
         print("|---|---|---|---|")
-        saved = triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS
+        saved = triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS
         try:
             for kind, (v, ids, repeat, nbytes, w, current) in sweeps.items():
                 seen, cells, best = {}, [], None
@@ -356,8 +385,8 @@ def kinds_table(name, model, inp, args, bw, props, clock, families_after) -> dic
                     if not clock.allows(families_after):
                         cells.append("rest skipped (deadline)")
                         break
-                    triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS = budget, warps
-                    bn = gemv_tile(w, inp.rows, v.gemv)[0]
+                    triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS = budget, warps
+                    bn = gemv_tile(w, inp.rows, v.gemv, v.post_norm, 1 if v.fp8 else None)[0]
                     if (bn, warps) not in seen:
                         us, _ = time_variant(v, ids, repeat, args.reps)
                         seen[(bn, warps)] = nbytes / us / 1e3
@@ -365,13 +394,13 @@ def kinds_table(name, model, inp, args, bw, props, clock, families_after) -> dic
                     cells.append(f"{budget}x{warps}: {bn} {gbps:.0f}")
                     if best is None or gbps > best[0]:
                         best = (gbps, budget, warps, bn)
-                triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS = saved
-                bn0 = gemv_tile(w, inp.rows, v.gemv)[0]
+                triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS = saved
+                bn0 = gemv_tile(w, inp.rows, v.gemv, v.post_norm, 1 if v.fp8 else None)[0]
                 best_cell = f"({best[1]}, {best[2]}) {best[3]}: {best[0]:.0f}" if best else "-"
                 print(f"| {kind} | ({saved[0]}, {saved[1]}) {bn0}: {current:.0f} | {best_cell} | {'; '.join(cells)} |",
                       flush=True)
         finally:
-            triton_gemv._ELEMENTS_PER_WARP, triton_gemv._WARPS = saved
+            triton_gemv._BYTES_PER_WARP, triton_gemv._WARPS = saved
     elif sweeps:
         print(f"\n(GEMV sweep of {name} skipped: {clock.left():.0f} s left)")
     return results
