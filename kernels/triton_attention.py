@@ -55,7 +55,7 @@ import triton.language as tl
 
 from tritonformer.kernels import reference, triton_pdl
 from tritonformer.kernels.dispatch import register
-from tritonformer.kernels.gpu_info import sm_count
+from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
 _LOG2E = 1.4426950408889634
 
@@ -296,7 +296,8 @@ def _combine_splits_kernel(
         tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
 
-def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -> tuple[int, int, int, int]:
+def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
+                   hopper: bool = True) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the longest sequence's `rows` (its
     queries times the GQA group).
 
@@ -309,13 +310,22 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool) -
     (`tools/gpu/tune_decode_attention.py`): 7.6 vs 9.4 us per launch for GPT-2 at batch 64,
     context 128, 6.5 vs 7.5 for the Llama-1B shape; such a program folds in only a few key
     blocks, so there is nothing for the pipeline stages to overlap.
-    `head_dim` is the tile's (padded) head dim: 96 and 80 run as 128, and head dims above 128
-    (Gemma's 256) take the small fp32 tiles whatever the dtype (not yet tuned on a GPU).
+    `head_dim` is the tile's (padded) head dim: 96 and 80 run as 128. A long prompt's prefill
+    (`tools/gpu/tune_prefill_attention.py --decoders`, one causal prompt of 2,000 tokens, paged
+    keys, bf16, H100): at head dim 256 (Gemma) 128x64 blocks, 8 warps, 3 stages, 0.184 against
+    0.354 ms for the small tiles; at 128 with one query head per KV head (Phi-3, 2,000 rows)
+    64x64, 4 warps, 2 stages, 0.155 against 0.204 ms. Shorter head-dim-256 launches keep the
+    small fp32 tiles (not tuned), and so do all of them before Hopper (`hopper` False), whose
+    shared memory is smaller than the 128x64 tiles' pipeline at head dim 256.
     """
     if not on_gpu:
         return 16, 16, 4, 1
+    if hopper and dtype != torch.float32 and head_dim > 128 and rows > 512:
+        return 128, 64, 8, 3
     if dtype == torch.float32 or head_dim > 128:
         return min(64, max(16, triton.next_power_of_2(rows))), 32, 4 if head_dim <= 64 else 8, 2
+    if head_dim > 64 and 1024 < rows <= 2048:
+        return 64, 64, 4, 2
     if head_dim > 64 and rows <= 2048:
         return min(64, max(16, triton.next_power_of_2(rows))), 32, 4, 3
     if rows > 512:
@@ -456,7 +466,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     block_d = triton.next_power_of_2(head_dim)
     group = num_heads // num_kv_heads
     rows = max_seqlen_q * group
-    block_m, block_n, num_warps, num_stages = _launch_config(block_d, q.dtype, rows, q.is_cuda)
+    hopper = q.is_cuda and hopper_or_newer(q.device)
+    block_m, block_n, num_warps, num_stages = _launch_config(block_d, q.dtype, rows, q.is_cuda, hopper)
     m_blocks = triton.cdiv(rows, block_m)
     if window is not None:  # a query reads at most `window` keys: split only those
         keys_per_seq = min(keys_per_seq, window)

@@ -7,6 +7,12 @@ GEMM output, non-causal) under every (BLOCK_M, BLOCK_N, num_warps, num_stages) o
 and prints the current configuration next to the best ones:
 
     python3 tools/gpu/tune_prefill_attention.py [--workloads 64x512,u5-500,8x128]
+
+With --decoders (client/model_shapes.py names), instead: one causal prompt of --tokens tokens at
+each decoder's attention shape (heads, KV heads, head dim, scale, soft-cap, window of its first
+layer), through the paged cache as a decoder's prefill runs it, bf16:
+
+    python3 tools/gpu/tune_prefill_attention.py --decoders gemma-2-9b,phi-3-mini,llama-3.1-8b --tokens 2000
 """
 from __future__ import annotations
 
@@ -40,10 +46,65 @@ def packed_qkv(lengths: list[int]):
     return qkv[:, 0], qkv[:, 1], qkv[:, 2], cu
 
 
+CANDIDATES = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))  # BLOCK_M, BLOCK_N, warps, stages
+DECODER_CANDIDATES = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)))
+
+
+def decoder_prefill(names: list[str], tokens: int) -> None:
+    """The sweep on each decoder's prefill attention (paged keys, causal, one prompt)."""
+    from tritonformer.client.model_shapes import DECODER_SHAPES, random_decoder
+
+    dev, dtype, page = torch.device("cuda"), torch.bfloat16, 16
+    print(f"# decoder prefill attention, one prompt of {tokens} tokens, {torch.cuda.get_device_name()}, bf16, "
+          "paged keys, causal, median ms")
+    print("| model | layer (window, soft-cap) | current (BLOCK_M, BLOCK_N, warps, stages) ms | TFLOP/s | best TFLOP/s | "
+          "best ms | best | 2nd | 3rd |")
+    print("|---|---|---|---:|---:|---:|---|---|---|")
+    for name in names:
+        model = random_decoder({**DECODER_SHAPES[name], "num_hidden_layers": 2}, dev, dtype, max_model_len=tokens + 64)
+        c = model.config
+        g = torch.Generator(device=dev).manual_seed(0)
+        blocks = -(-tokens // page)
+        q = torch.randn(tokens, c.num_heads, c.head_dim, device=dev, generator=g).to(dtype)
+        kc = torch.randn(blocks, page, c.num_kv_heads, c.head_dim, device=dev, generator=g).to(dtype)
+        vc = torch.randn(blocks, page, c.num_kv_heads, c.head_dim, device=dev, generator=g).to(dtype)
+        tables = torch.arange(blocks, device=dev, dtype=torch.int32)[None, :]
+        cu_q = torch.tensor([0, tokens], device=dev, dtype=torch.int32)
+        seqlens = torch.tensor([tokens], device=dev, dtype=torch.int32)
+        out = torch.empty_like(q)
+        flops = 2.0 * tokens * tokens * c.num_heads * c.head_dim  # causal: half of 4 N^2 H D
+        for li, layer in enumerate(model.layers[:1]):
+            def run(layer=layer):
+                return ta.paged_attention(q, kc, vc, tables, cu_q, seqlens, True, scale=c.attn_scale,
+                                          max_seqlen_q=tokens, out=out, window=layer.window, softcap=c.attn_softcap)
+
+            expected = run().float().clone()
+
+            def timed(run=run, expected=expected) -> float:
+                err = (run().float() - expected).abs().max().item()
+                if not err < 2e-2:
+                    raise AssertionError(f"max error {err:.2e} against the current configuration")
+                return triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+
+            block_d = 1 << (c.head_dim - 1).bit_length()
+            base_cfg = ta._launch_config(block_d, dtype, tokens * (c.num_heads // c.num_kv_heads), True)
+            base = timed()
+            results = sweep_launch_configs(DECODER_CANDIDATES, lambda cfg: timed(), lambda cfg: cfg)
+            best = f"{flops / results[0][0] / 1e9:.0f}" if results else "-"
+            print(f"| {name} | {li} ({layer.window}, {c.attn_softcap}) | {base_cfg} {base:.4f} | {flops / base / 1e9:.0f} "
+                  f"| {best} | {ranked_cells(results, '.4f')} |", flush=True)
+        del model
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="64x512,u5-500,8x128")
+    parser.add_argument("--decoders", default="", help="decoder shapes to sweep instead (model_shapes names)")
+    parser.add_argument("--tokens", type=int, default=2000, help="--decoders: the prompt's tokens")
     args = parser.parse_args()
+    if args.decoders:
+        decoder_prefill([n for n in args.decoders.split(",") if n], args.tokens)
+        return 0
     current = ta._launch_config
     print(f"# packed attention, bert-base heads, {torch.cuda.get_device_name()}, fp16, non-causal, median ms")
     print("| workload | current (BLOCK_M, BLOCK_N, warps, stages) ms | TFLOP/s | best TFLOP/s | best ms | best | 2nd | 3rd |")
@@ -67,8 +128,7 @@ def main() -> int:
 
         base_cfg = current(HEAD_DIM, q.dtype, longest, True)
         base = timed()
-        results = sweep_launch_configs(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)),
-                                       lambda c: timed(), lambda c: c)
+        results = sweep_launch_configs(CANDIDATES, lambda c: timed(), lambda c: c)
         best_tflops = f"{flops / results[0][0] / 1e9:.0f}" if results else "-"
         print(f"| {workload} | {base_cfg} {base:.4f} | {flops / base / 1e9:.0f} | {best_tflops} | "
               f"{ranked_cells(results, '.4f')} |", flush=True)
