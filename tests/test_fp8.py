@@ -521,8 +521,11 @@ def test_gpu_fp8_routes_on_llama_8b_shapes(dtype, m, name, n, k, activation):
     want = ref.linear_act(x, w, b, activation)
     # Past WEIGHT_ONLY_MAX_ROWS, _scaled_mm sums in another order than the reference and rounds
     # to 16 bits: a pre-activation one ulp apart (fp16: 0.004 at 4) moves silu(gate) * up by
-    # up to ulp * |up| (~0.03, seen on 3 of 6.1M elements on the H100), hence a wider atol there.
-    atol = 5e-2 if m > fp8.WEIGHT_ONLY_MAX_ROWS and activation != "none" else 2e-2
+    # up to ulp * |up| (~0.03, seen on 3 of 6.1M elements on the H100); and the per-token
+    # activation quantisation can round an element the other way at a tie (an E4M3 step is an
+    # eighth of the value: 0.029 on 1 of 1.8M outputs, bf16 qkv at 300 rows, H100), hence a
+    # wider atol there.
+    atol = 5e-2 if m > fp8.WEIGHT_ONLY_MAX_ROWS else 2e-2
     torch.testing.assert_close(out.float(), want.float(), atol=atol, rtol=2e-2)
     exact = ref.linear_act(x.float(), w.dequantize(torch.float32), b.float() if b is not None else None, activation)
     rel = ((out.float() - exact).norm() / exact.norm()).item()
