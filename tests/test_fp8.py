@@ -435,16 +435,24 @@ def test_bad_values_and_unsupported_combinations_are_load_errors(tmp_path, monke
         quantization.prepare(state, "fp8", torch.device("cuda", 0), torch.float16)
 
 
-def _random_bert():
-    cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+def _random_bert(layers: int = 2):
+    cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
                                   intermediate_size=128, max_position_embeddings=128)
     torch.manual_seed(8)
     hf = transformers.BertModel(cfg).eval()
     return cfg.to_dict(), {k: v for k, v in hf.state_dict().items()}
 
 
+def test_bert_fp8_keeps_its_first_and_last_layers_16_bit():
+    config, state = _random_bert(layers=4)
+    quant = quantization.load_encoder(config, state, CPU, torch.float32, "fp8")
+    kinds = [[isinstance(layer[n], Fp8Weight) for n in quant.LINEAR_WEIGHTS] for layer in quant.layers]
+    assert kinds == [[False] * 4, [True] * 4, [True] * 4, [False] * 4]
+
+
 def test_random_bert_fp8_is_close_to_unquantised():
-    """Every encoder layer's linears FP8; decode-sized (few rows) and many-row batches."""
+    """Every encoder layer's linears FP8 (two layers: none kept 16-bit); decode-sized (few rows)
+    and many-row batches."""
     config, state = _random_bert()
     plain = quantization.load_encoder(config, state, CPU, torch.float32)
     quant = quantization.load_encoder(config, state, CPU, torch.float32, "fp8")

@@ -74,8 +74,11 @@ class BertEncoder:
     """Weights plus a forward over packed sequences. Not an nn.Module: inference only."""
 
     # Each layer's linear weights: what quantization fp8 turns into FP8 (backend/quantization.py);
-    # the classification head stays 16-bit.
+    # the classification head stays 16-bit, and so do the first and last layers: all-MiniLM-L6-v2's
+    # embedding cosine to fp32 HF, min over the test texts, 0.99469 with every layer FP8 and
+    # 0.99708 with those two kept (CPU, fp32 activations; H100 fp16 with every layer: 0.99449).
     LINEAR_WEIGHTS = ("qkv_w", "out_w", "ffn_in_w", "ffn_out_w")
+    FP8_KEEP_EDGE_LAYERS = True
 
     def __init__(self, config: BertConfig, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
                  labels: ClassifierLabels | None = None):
