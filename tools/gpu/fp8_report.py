@@ -12,8 +12,9 @@
     identical continuations, the mean agreeing prefix, and teacher-forced agreement (the fp8
     model fed fp16's tokens: the share of steps where its argmax is fp16's token).
   * all-MiniLM-L6-v2 (a folder, e.g. tools/carry_minilm_fp16.py's fp16 copy): cosine of our
-    pooled embeddings, fp16 and fp8, to fp32 Hugging Face over tests/test_integration_embedder.py's
-    texts.
+    pooled embeddings, fp16 and fp8 (as `quantization: fp8` loads it, and with every layer FP8),
+    to fp32 Hugging Face over tests/test_integration_embedder.py's texts. `--cpu` runs the
+    accuracy part in fp32 on the CPU (either model, or both).
 
 (b) speed (random weights):
   * a decode step on the llama-3.1-8b shape (client/model_shapes.py), batch 1 and 64, context
@@ -64,13 +65,18 @@ def row(part: str, measure: str, baseline: str, fp8: str, comparison: str) -> No
 
 def quantize_every_layer(model):
     """The variant this report compares with the product: every layer's linears FP8, the first
-    and last layers' too (quantization.quantize_model keeps a decoder's edge layers 16-bit)."""
+    and last layers' too (quantization.quantize_model keeps a decoder's and a BERT encoder's edge
+    layers 16-bit). Layers are objects (decoders) or dicts (BERT)."""
     from tritonformer.kernels.fp8 import Fp8Weight, quantize_weight
 
     for layer in model.layers:
         for name in type(model).LINEAR_WEIGHTS:
-            if not isinstance(getattr(layer, name), Fp8Weight):
-                setattr(layer, name, quantize_weight(getattr(layer, name)))
+            weight = layer[name] if isinstance(layer, dict) else getattr(layer, name)
+            if not isinstance(weight, Fp8Weight):
+                if isinstance(layer, dict):
+                    layer[name] = quantize_weight(weight)
+                else:
+                    setattr(layer, name, quantize_weight(weight))
     return model
 
 
@@ -152,7 +158,7 @@ def embedder_texts() -> list[str]:
     raise RuntimeError("TEXTS not found in tests/test_integration_embedder.py")
 
 
-def minilm_accuracy(folder: Path, dev) -> None:
+def minilm_accuracy(folder: Path, dev, dtype=torch.float16) -> None:
     import transformers
 
     from tritonformer.backend import quantization
@@ -169,13 +175,17 @@ def minilm_accuracy(folder: Path, dev) -> None:
         want = torch.stack([torch.nn.functional.normalize(
             hf(torch.tensor([s], device=dev)).last_hidden_state[0].float().mean(0), dim=0) for s in seqs])
         cos = {}
-        for name in ("none", "fp8"):
-            model = quantization.load_encoder(load_config(folder), load_state_dict(folder), dev, torch.float16, name)
+        for name in ("none", "fp8", "every layer"):
+            model = quantization.load_encoder(load_config(folder), load_state_dict(folder), dev, dtype,
+                                              "none" if name == "none" else "fp8")
+            if name == "every layer":
+                quantize_every_layer(model)
             got = pool_sequences(model.forward(ids, cu), cu, "mean", True)
             cos[name] = torch.nn.functional.cosine_similarity(got.float(), want, dim=-1)
-    row("all-MiniLM-L6-v2", f"embedding cosine to fp32 HF, min / mean over {len(texts)} texts",
-        f"{cos['none'].min():.5f} / {cos['none'].mean():.5f}", f"{cos['fp8'].min():.5f} / {cos['fp8'].mean():.5f}",
-        "target min >= 0.995")
+    for name, label in (("fp8", ""), ("every layer", ", every layer fp8 (first and last too)")):
+        row("all-MiniLM-L6-v2", f"embedding cosine to fp32 HF{label}, min / mean over {len(texts)} texts",
+            f"{cos['none'].min():.5f} / {cos['none'].mean():.5f}", f"{cos[name].min():.5f} / {cos[name].mean():.5f}",
+            "target min >= 0.995")
 
 
 # ---- (b) speed ---------------------------------------------------------------------------------
@@ -322,11 +332,15 @@ def main() -> int:
     ap.add_argument("--minilm", type=Path, help="the all-MiniLM-L6-v2 folder")
     ap.add_argument("--parts", default="accuracy,speed")
     ap.add_argument("--cpu", action="store_true",
-                    help="the SmolLM2 accuracy part alone, on the CPU in fp32 (FP8 emulated by the references)")
+                    help="the accuracy part alone (SmolLM2, MiniLM), on the CPU in fp32 (FP8 emulated by the "
+                         "references)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if args.cpu:
-        smollm2_accuracy(args.smollm2, torch.device("cpu"), torch.float32)
+        if args.smollm2:
+            smollm2_accuracy(args.smollm2, torch.device("cpu"), torch.float32)
+        if args.minilm:
+            minilm_accuracy(args.minilm, torch.device("cpu"), torch.float32)
         print("\n## FP8 accuracy on the CPU (fp32 activations, FP8 weights emulated)")
         print("| part | measure | fp32 | fp8 | comparison |")
         print("|---|---|---:|---:|---|")
