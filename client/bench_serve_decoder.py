@@ -84,22 +84,27 @@ def _weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def time_to_first_token_ms(engine, sink, prompt_tokens: int, vocab: int, repeats: int = 3) -> float:
-    """An idle engine, one prompt: arrival to its first token (prefill and one sample), median."""
+def first_token_ms(engine, prompt: list[int]) -> float:
+    """An idle engine, one prompt: ms from its admission to its first token (prefill and one
+    sample)."""
     from tritonformer.backend.decoder.sampling_params import SamplingParams
 
-    times = []
+    seq = engine.new_sequence(0, prompt, SamplingParams(max_tokens=1, ignore_eos=True), False)
+    sync(engine)
+    t0 = time.perf_counter()
+    engine.admit([seq])
+    while engine.has_work():
+        engine.step()
+    sync(engine)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def time_to_first_token_ms(engine, sink, prompt_tokens: int, vocab: int, repeats: int = 3) -> float:
+    """An idle engine, one random prompt at a time: first_token_ms, the median of `repeats`."""
     rng = np.random.default_rng(3)
-    for _ in range(repeats + 1):  # the first one warms this prompt length's kernels
-        prompt = rng.integers(0, min(vocab, 30000), prompt_tokens).tolist()
-        seq = engine.new_sequence(0, prompt, SamplingParams(max_tokens=1, ignore_eos=True), False)
-        sync(engine)
-        t0 = time.perf_counter()
-        engine.admit([seq])
-        while engine.has_work():
-            engine.step()
-        sync(engine)
-        times.append((time.perf_counter() - t0) * 1e3)
+    # the first one warms this prompt length's kernels
+    times = [first_token_ms(engine, rng.integers(0, min(vocab, 30000), prompt_tokens).tolist())
+             for _ in range(repeats + 1)]
     sink.finished = 0
     return float(np.median(times[1:]))
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -34,18 +33,9 @@ def group_of(name: str) -> str:
 
 def first_token(engine, vocab: int, tokens: int, rng) -> float:
     """ms from admitting one random prompt of `tokens` tokens to its first token, idle engine."""
-    from tritonformer.backend.decoder.sampling_params import SamplingParams
-    from tritonformer.client.engine_drive import sync
+    from tritonformer.client.bench_serve_decoder import first_token_ms
 
-    prompt = rng.integers(0, vocab, tokens).tolist()
-    seq = engine.new_sequence(0, prompt, SamplingParams(max_tokens=1, ignore_eos=True), False)
-    sync(engine)
-    t0 = time.perf_counter()
-    engine.admit([seq])
-    while engine.has_work():
-        engine.step()
-    sync(engine)
-    return (time.perf_counter() - t0) * 1e3
+    return first_token_ms(engine, rng.integers(0, vocab, tokens).tolist())
 
 
 def main() -> None:
