@@ -111,18 +111,20 @@ def fp8_state(state: dict, dtype: torch.dtype) -> dict:
     return out
 
 
-def quantize_model(model, head: bool = False):
+def quantize_model(model, head: bool = False, keep_edge_layers: bool | None = None):
     """Quantise a built model's 16-bit linear weights in place: every layer's LINEAR_WEIGHTS (a
     family class attribute naming them; FP8 ones already loaded are kept) but the first and last
-    layers' where the class says FP8_KEEP_EDGE_LAYERS (and has more than two), and with `head` a
-    decoder's output head. Each 16-bit tensor is freed as its FP8 copy replaces it. Returns
-    the model."""
+    layers' where `keep_edge_layers` (default: the class's FP8_KEEP_EDGE_LAYERS) says so and
+    there are more than two, and with `head` a decoder's output head. Each 16-bit tensor is
+    freed as its FP8 copy replaces it. Returns the model."""
     names = getattr(type(model), "LINEAR_WEIGHTS", None)
     if names is None:
         raise ValueError(f"quantization fp8 is not supported for {type(model).__name__} (supported: the Llama-family "
                          f"decoders, BERT and ModernBERT encoders)")
     layers = list(model.layers)
-    if getattr(type(model), "FP8_KEEP_EDGE_LAYERS", False) and len(layers) > 2:
+    if keep_edge_layers is None:
+        keep_edge_layers = getattr(type(model), "FP8_KEEP_EDGE_LAYERS", False)
+    if keep_edge_layers and len(layers) > 2:
         layers = layers[1:-1]
     for layer in layers:
         for name in names:

@@ -200,7 +200,7 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
                                      "floor_b64_ms": ms(read + kv64), "b1_ms": b1, "b64_ms": b64,
                                      "trace": ours, "ttft_2000_ms": ttft, "ttft_flop_ms": flop_ms}
         print(f"| {name} | {every / 1e9:.2f} / {read / 1e9:.2f} | {b1:.3f} | {b1 / ms(read):.3f}x | {b1 / ms(every):.3f}x "
-              f"| {b64:.3f} | {b64 / ms(read + kv64):.2f}x | {ours['tok_per_s']:,.0f} ({ours.get('preemptions', '-')}) "
+              f"| {b64:.3f} | {b64 / ms(read + kv64):.2f}x | {ours['tok_per_s']:,.0f} ({ours['preemptions']}) "
               f"| {ours['kv_token_utilisation']:.1%} | {ttft:.1f} | {ttft / flop_ms:.2f}x |", flush=True)
         release(engine)
         del engine, sink, model

@@ -297,7 +297,7 @@ def _combine_splits_kernel(
 
 
 def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
-                   hopper: bool = True) -> tuple[int, int, int, int]:
+                   hopper: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the longest sequence's `rows` (its
     queries times the GQA group).
 
@@ -466,8 +466,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     block_d = triton.next_power_of_2(head_dim)
     group = num_heads // num_kv_heads
     rows = max_seqlen_q * group
-    hopper = q.is_cuda and hopper_or_newer(q.device)
-    block_m, block_n, num_warps, num_stages = _launch_config(block_d, q.dtype, rows, q.is_cuda, hopper)
+    block_m, block_n, num_warps, num_stages = _launch_config(block_d, q.dtype, rows, q.is_cuda,
+                                                             hopper_or_newer(q.device))
     m_blocks = triton.cdiv(rows, block_m)
     if window is not None:  # a query reads at most `window` keys: split only those
         keys_per_seq = min(keys_per_seq, window)

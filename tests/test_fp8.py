@@ -321,11 +321,7 @@ def _logits(model, prompt: list[int], decode: list[int]) -> torch.Tensor:
 def _quantize_every_layer(model):
     """Every layer's linears FP8, the first and last ones' too (which quantization fp8 keeps
     16-bit)."""
-    for layer in model.layers:
-        for name in model.LINEAR_WEIGHTS:
-            if not isinstance(getattr(layer, name), Fp8Weight):
-                setattr(layer, name, quantize_weight(getattr(layer, name)))
-    return model
+    return quantization.quantize_model(model, keep_edge_layers=False)
 
 
 def test_random_llama_fp8_is_close_to_unquantised():

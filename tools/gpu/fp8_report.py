@@ -65,19 +65,11 @@ def row(part: str, measure: str, baseline: str, fp8: str, comparison: str) -> No
 
 def quantize_every_layer(model):
     """The variant this report compares with the product: every layer's linears FP8, the first
-    and last layers' too (quantization.quantize_model keeps a decoder's and a BERT encoder's edge
-    layers 16-bit). Layers are objects (decoders) or dicts (BERT)."""
-    from tritonformer.kernels.fp8 import Fp8Weight, quantize_weight
+    and last layers' too (quantization fp8 keeps a decoder's and a BERT encoder's edge layers
+    16-bit)."""
+    from tritonformer.backend.quantization import quantize_model
 
-    for layer in model.layers:
-        for name in type(model).LINEAR_WEIGHTS:
-            weight = layer[name] if isinstance(layer, dict) else getattr(layer, name)
-            if not isinstance(weight, Fp8Weight):
-                if isinstance(layer, dict):
-                    layer[name] = quantize_weight(weight)
-                else:
-                    setattr(layer, name, quantize_weight(weight))
-    return model
+    return quantize_model(model, keep_edge_layers=False)
 
 
 # ---- (a) accuracy ------------------------------------------------------------------------------

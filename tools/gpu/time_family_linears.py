@@ -216,8 +216,8 @@ def kind_variants(model, inp: Inputs, fp8: bool = False) -> dict:
             table = inp.local if layer.local else inp.table
             x, pre = (norm_kernels(inp.x, pre_of(li)), None) if unfused else (inp.x, pre_of(li))
             return kernels.prenorm_qkv_to_cache(
-                x, pre, layer.qkv_w if weights is None else weights[li], layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, table[:, 0],
-                table[:, 1], inp.cache.keys(li), inp.cache.values(li), inp.slots, q_norm=layer.q_norm,
+                x, pre, layer.qkv_w if weights is None else weights[li], layer.qkv_b, c.num_heads, c.num_kv_heads,
+                c.head_dim, table[:, 0], table[:, 1], inp.cache.keys(li), inp.cache.values(li), inp.slots, q_norm=layer.q_norm,
                 k_norm=layer.k_norm, norm_eps=eps)
         return call
 
@@ -449,7 +449,7 @@ def attention_rows(model, inp: Inputs, args, clock, families_after) -> tuple[dic
     from tune_decode_attention import cold_input_sets, ranked_cells, sweep_launch_configs
     from tritonformer.backend.decoder.graphs import key_splits
     from tritonformer.kernels import triton_attention as ta
-    from tritonformer.kernels.gpu_info import sm_count
+    from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
     c, layer = model.config, model.layers[0]
     current = key_splits(inp.rows, c.num_kv_heads, sm_count(model.device))
@@ -469,7 +469,8 @@ def attention_rows(model, inp: Inputs, args, clock, families_after) -> tuple[dic
 
     times = {s: graph_us(run(s), calls=2 * len(sets), reps=args.reps) for s in SPLITS}
     block_d = 1 << (c.head_dim - 1).bit_length()
-    config = ta._launch_config(block_d, model.dtype, c.num_heads // c.num_kv_heads, True)
+    config = ta._launch_config(block_d, model.dtype, c.num_heads // c.num_kv_heads, True,
+                               hopper_or_newer(model.device))
     print(f"\ndecode attention alone, rows {inp.rows}, context {inp.context}: heads {c.num_heads}/{c.num_kv_heads} x "
           f"{c.head_dim} (tile {block_d}), softcap {c.attn_softcap}, window {layer.window}; launch config "
           f"(BLOCK_M, BLOCK_N, warps, stages) {config}; the decode graphs split keys {current} ways")

@@ -26,6 +26,7 @@ import triton.testing
 from tune_decode_attention import ranked_cells, sweep_launch_configs
 from tritonformer.kernels import reference
 from tritonformer.kernels import triton_attention as ta
+from tritonformer.kernels.gpu_info import hopper_or_newer
 
 HEADS, HEAD_DIM = 12, 64  # bert-base
 
@@ -73,26 +74,28 @@ def decoder_prefill(names: list[str], tokens: int) -> None:
         seqlens = torch.tensor([tokens], device=dev, dtype=torch.int32)
         out = torch.empty_like(q)
         flops = 2.0 * tokens * tokens * c.num_heads * c.head_dim  # causal: half of 4 N^2 H D
-        for li, layer in enumerate(model.layers[:1]):
-            def run(layer=layer):
-                return ta.paged_attention(q, kc, vc, tables, cu_q, seqlens, True, scale=c.attn_scale,
-                                          max_seqlen_q=tokens, out=out, window=layer.window, softcap=c.attn_softcap)
+        window = model.layers[0].window
 
-            expected = run().float().clone()
+        def run():
+            return ta.paged_attention(q, kc, vc, tables, cu_q, seqlens, True, scale=c.attn_scale,
+                                      max_seqlen_q=tokens, out=out, window=window, softcap=c.attn_softcap)
 
-            def timed(run=run, expected=expected) -> float:
-                err = (run().float() - expected).abs().max().item()
-                if not err < 2e-2:
-                    raise AssertionError(f"max error {err:.2e} against the current configuration")
-                return triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+        expected = run().float().clone()
 
-            block_d = 1 << (c.head_dim - 1).bit_length()
-            base_cfg = ta._launch_config(block_d, dtype, tokens * (c.num_heads // c.num_kv_heads), True)
-            base = timed()
-            results = sweep_launch_configs(DECODER_CANDIDATES, lambda cfg: timed(), lambda cfg: cfg)
-            best = f"{flops / results[0][0] / 1e9:.0f}" if results else "-"
-            print(f"| {name} | {li} ({layer.window}, {c.attn_softcap}) | {base_cfg} {base:.4f} | {flops / base / 1e9:.0f} "
-                  f"| {best} | {ranked_cells(results, '.4f')} |", flush=True)
+        def timed() -> float:
+            err = (run().float() - expected).abs().max().item()
+            if not err < 2e-2:
+                raise AssertionError(f"max error {err:.2e} against the current configuration")
+            return triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+
+        block_d = 1 << (c.head_dim - 1).bit_length()
+        base_cfg = ta._launch_config(block_d, dtype, tokens * (c.num_heads // c.num_kv_heads), True,
+                                     hopper_or_newer(dev))
+        base = timed()
+        results = sweep_launch_configs(DECODER_CANDIDATES, lambda cfg: timed(), lambda cfg: cfg)
+        best = f"{flops / results[0][0] / 1e9:.0f}" if results else "-"
+        print(f"| {name} | 0 ({window}, {c.attn_softcap}) | {base_cfg} {base:.4f} | {flops / base / 1e9:.0f} "
+              f"| {best} | {ranked_cells(results, '.4f')} |", flush=True)
         del model
 
 
@@ -126,7 +129,7 @@ def main() -> int:
                 raise AssertionError(f"max error {err:.2e}")
             return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
 
-        base_cfg = current(HEAD_DIM, q.dtype, longest, True)
+        base_cfg = current(HEAD_DIM, q.dtype, longest, True, hopper_or_newer(q.device))
         base = timed()
         results = sweep_launch_configs(CANDIDATES, lambda c: timed(), lambda c: c)
         best_tflops = f"{flops / results[0][0] / 1e9:.0f}" if results else "-"
