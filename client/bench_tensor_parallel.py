@@ -45,7 +45,7 @@ from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly,
 from tritonformer.client.traces import TraceRequest, orca_trace
 
 PARTS = ("steps", "trace", "profile", "agree")
-ALLREDUCE = ("nccl", "oneshot", "auto")
+ALLREDUCE = ("nccl", "oneshot", "push", "auto")
 ALLREDUCE_ENV = "TRITONFORMER_ALLREDUCE"
 TINY = "tiny:"  # `--model tiny:<shape>`: the shape shrunk to 2 layers (model_shapes.shrunk), for CPU runs
 TRACE_MAX_RUNNING = 256  # bench serve-decoder's engine for the trace
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,2", help="tensor-parallel sizes, comma-separated (1, 2, 4, 8)")
     parser.add_argument("--parts", default="steps", help="comma-separated: " + ", ".join(PARTS))
     parser.add_argument("--allreduce", default="auto",
-                        help="all-reduce of the split sizes: nccl, oneshot or auto, or a comma list run one after "
+                        help="all-reduce of the split sizes: nccl, oneshot, push or auto, or a comma list run one after "
                              "the other (set as TRITONFORMER_ALLREDUCE)")
     parser.add_argument("--batches", default="1,64", help="decode batches of the steps and profile parts")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens of every sequence (steps, profile)")
@@ -157,7 +157,7 @@ def replica_counts(spec: str | None, sizes: list[int], devices: int | None) -> t
 
 
 def kernel_kind(name: str) -> str:
-    """"all_reduce" (NCCL's AllReduce kernels, our one-shot kernel), "collective" (NCCL's other
+    """"all_reduce" (NCCL's AllReduce kernels, our one-shot and push kernels), "collective" (NCCL's other
     kernels: the logits' gather, the sampled ids' broadcast) or "compute"."""
     low = name.lower()
     if "all_reduce" in low or "allreduce" in low:
@@ -219,6 +219,8 @@ def merge_replicas(results: list[dict]) -> dict:
 
 def build(task: dict):
     """(engine, workers or None): the model of `task` split task["size"] ways, warmed up."""
+    import functools
+
     import torch
 
     from tritonformer.backend.decoder.build import EngineOptions, build_engine
@@ -232,15 +234,15 @@ def build(task: dict):
     workers = None
     if size == 1:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-        state = seeded_shard_state(cfg, task["seed"], str(device))
+        state = seeded_shard_state(cfg, task["seed"], str(device), task["dtype"])
         model = load_decoder(cfg, state, device, getattr(torch, task["dtype"]), max_len)
     else:
-        source = ShardSource("", cfg, task["dtype"], task["device"], 0, max_len, state_factory=seeded_shard_state,
+        source = ShardSource("", cfg, task["dtype"], task["device"], 0, max_len, state_factory=functools.partial(seeded_shard_state, dtype=task["dtype"]),
                              factory_args=(cfg, task["seed"]))
         model, workers = start_ranks(source, size)
     try:
         if cuda:
-            torch.cuda.empty_cache()  # the whole tensors made while loading: not the KV cache's to lose
+            torch.cuda.empty_cache()  # what loading left cached: not the KV cache's to lose
         options = EngineOptions(max_running_sequences=task["max_running"], max_tokens_per_iteration=4096,
                                 kv_cache_memory_fraction=task["kv_fraction"], cuda_graphs=cuda,
                                 cancel_check_interval_s=3600, max_queue_requests=100_000)

@@ -164,21 +164,39 @@ class RandomTensor:
     """A checkpoint tensor of random values made where and when it is read, whole or in part
     (like backend/checkpoints/weights.LazyTensor): a tensor-parallel rank builds only its share
     of a 70B-shaped model on its own GPU. Values ~ N(0, 0.02), a norm's ~ N(1, 0.02) as applied.
-    With a `seed`, the whole tensor is made from it and the part read is cut from that: every
-    part of every read agrees with one whole tensor (the same model at any split)."""
 
-    def __init__(self, shape: tuple[int, ...], device: str, offset: float, seed: int | None = None):
-        self.shape, self.device, self.offset, self.seed = shape, device, offset, seed
+    With a `seed`, the values are one whole tensor's whatever part is read (the same model at
+    any split): each block of SEED_ROWS rows comes from its own generator seeded by `seed` and
+    the block's index, so a read makes only the blocks it touches, one at a time, straight into
+    a tensor of the part's shape in `dtype` (default fp32). No whole-tensor temporaries: those
+    fragmented the allocator until a 70B shape's share no longer fit two 80 GB GPUs."""
+
+    SEED_ROWS = 256
+
+    def __init__(self, shape: tuple[int, ...], device: str, offset: float, seed: int | None = None,
+                 dtype: str | None = None):
+        self.shape, self.device, self.offset, self.seed, self.dtype = shape, device, offset, seed, dtype
 
     def __getitem__(self, index):
         import torch
 
-        if self.seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(self.seed)
-            whole = torch.empty(self.shape, device=self.device).normal_(0.0, 0.02, generator=gen)
-            return whole.add_(self.offset)[index]
-        shape = torch.empty(self.shape, device="meta")[index].shape
-        return torch.empty(shape, device=self.device).normal_(0.0, 0.02).add_(self.offset)
+        index = index if isinstance(index, tuple) else (index,)
+        part = torch.empty(self.shape, device="meta")[index].shape
+        if self.seed is None:
+            return torch.empty(part, device=self.device).normal_(0.0, 0.02).add_(self.offset)
+        rows, rest = index[0], index[1:]
+        start, stop, step = rows.indices(self.shape[0]) if isinstance(rows, slice) else (0, 0, 0)
+        if step != 1 or len(part) != len(self.shape):
+            raise IndexError(f"a seeded random tensor reads a range of rows (then any columns), not {index!r}")
+        out = torch.empty(part, device=self.device, dtype=getattr(torch, self.dtype or "float32"))
+        block = self.SEED_ROWS
+        for b in range(start // block, -(-stop // block)):
+            lo, hi = b * block, min((b + 1) * block, self.shape[0])
+            gen = torch.Generator(device=self.device).manual_seed((self.seed << 24) + b)
+            rows_made = torch.empty((hi - lo, *self.shape[1:]), device=self.device).normal_(0.0, 0.02, generator=gen)
+            first, last = max(lo, start), min(hi, stop)
+            out[first - start:last - start] = rows_made[(slice(first - lo, last - lo), *rest)].add_(self.offset)
+        return out
 
     def to(self, device=None, dtype=None, **kwargs):
         return self[:].to(device=device, dtype=dtype)
@@ -193,15 +211,15 @@ def random_shard_state(name_or_config, device: str) -> dict:
             for name, shape in tensor_shapes(spec).items()}
 
 
-def seeded_shard_state(name_or_config, seed: int, device: str) -> dict:
+def seeded_shard_state(name_or_config, seed: int, device: str, dtype: str | None = None) -> dict:
     """random_shard_state's tensors with values fixed by `seed` and each tensor's name, whatever
     share a rank reads: the same whole model at every tensor-parallel size (on GPUs of one kind),
-    so that sizes can be compared token for token. Each rank makes every tensor whole (in fp32,
-    one at a time) and keeps its share."""
+    so that sizes can be compared token for token. Each rank makes the row blocks its share
+    touches, in `dtype` (the model's: nothing to convert at load; default fp32)."""
     import zlib
 
     cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
     spec = _spec(cfg)
     return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if "norm" in name else 0.0,
-                               seed=zlib.crc32(f"{seed}:{name}".encode()))
+                               seed=zlib.crc32(f"{seed}:{name}".encode()), dtype=dtype)
             for name, shape in tensor_shapes(spec).items()}

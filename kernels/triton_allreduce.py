@@ -5,7 +5,12 @@ device pointer (CUDA IPC or torch's symmetric memory; backend/parallel/allreduce
 up). `PeerBuffers.ptrs` holds the `world` buffers' addresses, rank order, as int64 on the
 device. Each buffer is laid out as
 
-    [ data, parity 0: CAPACITY bytes | data, parity 1: CAPACITY bytes | flags: int32 ]
+    [ data, parity 0: CAPACITY bytes | data, parity 1: CAPACITY bytes | flags: int32 |
+      pushed, parity 0: FLAG_WORLD slots of PUSH_SLOT bytes | pushed, parity 1: the same ]
+
+Two kernels use them: `one_shot_all_reduce` (below: copy in, a barrier of flags, read every
+peer's part) and `push_all_reduce` (at the end of this file: write into every peer's slot,
+no flags at all), for the smallest messages.
 
 and the flags are `[2 parities][FLAG_PROGRAMS][FLAG_WORLD]`: slot (q, b, s) of rank r's buffer
 is where rank s's program b says "arrived" to rank r in a call of parity q.
@@ -81,10 +86,32 @@ BLOCK = 2048
 MAX_PROGRAMS = 32
 NUM_WARPS = 4
 
+# The push kernel: each rank's slot in every buffer holds up to PUSH_SLOT bytes; a slot not yet
+# written holds SENTINEL in every 16-bit element (the bits of -0.0 in fp16 and in bf16, which
+# no pushed value has: -0.0 is pushed as +0.0, which changes no sum of the reference's).
+PUSH_SLOT = 64 * 1024
+PUSH_BYTES = 2 * FLAG_WORLD * PUSH_SLOT
+SENTINEL = -32768  # 0x8000 as int16
+PUSH_BLOCK = 1024
+
 
 def buffer_bytes(capacity: int) -> int:
-    """Bytes of one rank's symmetric buffer for messages of up to `capacity` bytes."""
+    """Bytes of one rank's symmetric buffer for messages of up to `capacity` bytes (one-shot)
+    and up to PUSH_SLOT bytes (push)."""
+    return push_at(capacity) + PUSH_BYTES
+
+
+def push_at(capacity: int) -> int:
+    """Where the push slots start in a buffer (bytes): after both data regions and the flags."""
     return 2 * region_bytes(capacity) + FLAG_BYTES
+
+
+def prepare_buffer(buf: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A new buffer (uint8, buffer_bytes(capacity)) as the kernels expect it before their first
+    call: data and flags zero, every push slot full of the SENTINEL."""
+    buf.zero_()
+    buf[push_at(capacity):].view(torch.int16).fill_(SENTINEL)
+    return buf
 
 
 def region_bytes(capacity: int) -> int:
@@ -185,5 +212,108 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor |
         CAPACITY=peers.capacity, WORLD=peers.world, WORLD_P2=triton.next_power_of_2(peers.world), BLOCK=block,
         FLAG_PROGRAMS=FLAG_PROGRAMS, FLAG_WORLD=FLAG_WORLD, PDL=pdl, num_warps=num_warps or NUM_WARPS,
         **triton_pdl.launch_options(pdl),
+    )
+    return out
+
+
+# ---- push: the smallest messages, no flags ------------------------------------------------------
+#
+# One launch, the same grid on every rank; parity q = calls & 1 as above. Program b, for each of
+# its tiles (b, b + G, ...):
+#
+# 1. writes the tile of its input (as 16-bit patterns, -0.0 made +0.0) into slot `rank` of
+#    parity q of every peer's buffer: plain stores over NVLink, no fence, no flag;
+# 2. then, for each rank p in order: its own tile for p = rank, else the tile from slot p of
+#    its own buffer, loaded again (volatile: from L2, never a stale L1 line) until no element is
+#    the SENTINEL; it adds them in fp32, stores the sum, and writes the SENTINEL back over the
+#    slot's tile, ready for the call after next.
+#
+# The data is its own flag (Lamport's one-shot, as in TensorRT-LLM): a reader waits for nothing
+# but the data itself, one NVLink crossing after its writer stored it. Why this is correct:
+#
+# * An element once not the SENTINEL is final: each 16-bit element of a slot is written once
+#   per call (an aligned 2-byte store is never seen half done), from the SENTINEL to its value.
+# * Nothing is overwritten early. Rank r's slot p of parity q is written by peer p in call k
+#   and next in call k + 2. Peer p ends call k + 1 only with rank r's data of call k + 1, which
+#   rank r writes after its call k completed (stream order), so after it read that slot in
+#   call k and reset it: the reset lands before the slot is written again.
+# * Every rank sums the same values in the same order: the same bits on every rank, the
+#   reference's (all_reduce_sum starts from +0.0, so the sign of a zero part never shows).
+# * No program waits for one that cannot run: a program writes all its tiles before it waits,
+#   and the grid (<= MAX_PROGRAMS) is resident at once.
+
+@triton.jit
+def _push_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
+                            PUSH_AT: tl.constexpr, SLOT: tl.constexpr, SLOTS: tl.constexpr,
+                            WORLD: tl.constexpr, BLOCK: tl.constexpr, SENTINEL: tl.constexpr,
+                            PDL: tl.constexpr):
+    triton_pdl.wait_for_predecessor(PDL)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles = tl.cdiv(n, BLOCK)
+    calls = tl.load(state_ptr)
+    region = PUSH_AT + (calls & 1).to(tl.int64) * (SLOTS * SLOT)
+    bits_in = x_ptr.to(tl.pointer_type(tl.int16))
+    for t in range(pid, tiles, programs):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(bits_in + offs, mask=m)
+        v = tl.where(v == SENTINEL, tl.zeros_like(v), v)
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                theirs = (tl.load(ptrs_ptr + p) + region + rank * SLOT).to(tl.pointer_type(tl.int16))
+                tl.store(tl.multiple_of(theirs, 16) + offs, v, mask=m)
+
+    mine = (tl.load(ptrs_ptr + rank) + region).to(tl.pointer_type(tl.int16))
+    dtype = out_ptr.dtype.element_ty
+    for t in range(pid, tiles, programs):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        own = tl.load(bits_in + offs, mask=m, other=0)
+        own = tl.where(own == SENTINEL, tl.zeros_like(own), own)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            if p == rank:
+                acc += own.to(dtype, bitcast=True).to(tl.float32)
+            else:
+                slot = tl.multiple_of(mine + p * (SLOT // 2), 16) + offs
+                v = tl.load(slot, mask=m, other=0, volatile=True)
+                while tl.max(((v == SENTINEL) & m).to(tl.int32), axis=0) > 0:
+                    v = tl.load(slot, mask=m, other=0, volatile=True)
+                tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=m)
+                acc += v.to(dtype, bitcast=True).to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(dtype), mask=m)
+
+    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == programs - 1:
+        tl.store(state_ptr + 1, 0)
+        tl.store(state_ptr, calls + 1)
+
+
+def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | None = None, *,
+                    block: int | None = None, max_programs: int | None = None,
+                    num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
+    """one_shot_all_reduce's contract (same buffers, same call counter, same bits) for messages
+    of up to PUSH_SLOT bytes of fp16 or bf16, by pushing: see the notes above the kernel."""
+    out = x if out is None else out
+    n = x.numel()
+    if not (x.is_contiguous() and out.is_contiguous() and out.shape == x.shape and out.dtype == x.dtype):
+        raise ValueError("push_all_reduce needs contiguous x and out of one shape and dtype")
+    if x.element_size() != 2 or not x.is_floating_point():
+        raise ValueError(f"push_all_reduce sums 16-bit floats, not {x.dtype}")
+    if n * 2 > PUSH_SLOT:
+        raise ValueError(f"{n * 2} bytes do not fit the {PUSH_SLOT}-byte push slots")
+    block = block or PUSH_BLOCK
+    max_programs = max_programs or MAX_PROGRAMS
+    if peers.world > FLAG_WORLD:
+        raise ValueError(f"at most {FLAG_WORLD} ranks")
+    if n == 0:
+        return out
+    pdl = triton_pdl.enabled(x.device) if pdl is None else pdl
+    grid = (launch_grid(n, block, max_programs),)
+    _push_all_reduce_kernel[grid](
+        x, out, n, peers.ptrs, peers.state, peers.rank,
+        PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, WORLD=peers.world, BLOCK=block,
+        SENTINEL=SENTINEL, PDL=pdl, num_warps=num_warps or NUM_WARPS, **triton_pdl.launch_options(pdl),
     )
     return out

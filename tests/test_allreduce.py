@@ -17,7 +17,7 @@ import traceback
 import pytest
 import torch
 
-from tritonformer.backend.parallel.allreduce import MAX_BYTES, MODE_ENV, read_mode, route, threshold_bytes
+from tritonformer.backend.parallel.allreduce import MAX_BYTES, MODE_ENV, PUSH_BYTES, read_mode, route, threshold_bytes
 from tritonformer.kernels.reference import all_reduce_sum
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -56,7 +56,8 @@ def test_mode_comes_from_the_environment_and_is_checked():
     assert read_mode({MODE_ENV: ""}) == "auto"
     assert read_mode({MODE_ENV: "NCCL"}) == "nccl"
     assert read_mode({MODE_ENV: " oneshot "}) == "oneshot"
-    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot"):
+    assert read_mode({MODE_ENV: "push"}) == "push"
+    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot, push"):
         read_mode({MODE_ENV: "fast"})
 
 
@@ -74,6 +75,13 @@ KB = 1024
     ("oneshot", MAX_BYTES, F16, True, 2, True, "oneshot", None),  # forced: past the threshold
     ("oneshot", MAX_BYTES + 2, F16, True, 2, True, "nccl", "bytes"),
     ("nccl", 8 * KB, F16, True, 2, True, "nccl", None),
+    ("push", 8 * KB, BF16, True, 2, True, "push", None),
+    ("push", PUSH_BYTES, F16, True, 8, True, "push", None),
+    ("push", PUSH_BYTES + 2, F16, True, 2, True, "oneshot", None),  # past its slots: as auto
+    ("push", 4 * MAX_BYTES, F16, True, 2, True, "nccl", None),
+    ("push", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
+    ("push", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
+    ("push", 8 * KB, F16, True, 2, False, "nccl", "no peer buffers"),
     ("auto", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("oneshot", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("auto", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
@@ -124,12 +132,44 @@ class _Simulated:
 
         self.ar, self.world = ar, world
         self.cap = ar.region_bytes(capacity)
-        self.bufs = [torch.zeros(ar.buffer_bytes(self.cap), dtype=torch.uint8) for _ in range(world)]
+        self.bufs = [ar.prepare_buffer(torch.empty(ar.buffer_bytes(self.cap), dtype=torch.uint8), self.cap)
+                     for _ in range(world)]
         self.peers = ar.PeerBuffers(torch.tensor([b.data_ptr() for b in self.bufs], dtype=torch.int64),
                                     torch.zeros(2, dtype=torch.int32), 0, world, self.cap)
 
     def flags(self, rank: int) -> torch.Tensor:
-        return self.bufs[rank][2 * self.cap:].view(torch.int32).view(2, self.ar.FLAG_PROGRAMS, self.ar.FLAG_WORLD)
+        flags = self.bufs[rank][2 * self.cap:self.ar.push_at(self.cap)]
+        return flags.view(torch.int32).view(2, self.ar.FLAG_PROGRAMS, self.ar.FLAG_WORLD)
+
+    def slots(self, rank: int) -> torch.Tensor:
+        """Rank `rank`'s push slots as 16-bit patterns: [parity, slot, element]."""
+        ar = self.ar
+        return self.bufs[rank][ar.push_at(self.cap):].view(torch.int16).view(2, ar.FLAG_WORLD, ar.PUSH_SLOT // 2)
+
+    def push(self, inputs, block, max_programs, in_place=True):
+        """Rank 0's push all-reduce of `inputs` (one per rank): the peers' parts already in its
+        slots (as a peer writes them: -0.0 as +0.0); checks what it leaves behind."""
+        ar, sentinel = self.ar, self.ar.SENTINEL
+        calls = int(self.peers.state[0])
+        q, n = calls & 1, inputs[0].numel()
+        for r in range(1, self.world):
+            bits = inputs[r].reshape(-1).view(torch.int16)
+            self.slots(0)[q, r, :n] = torch.where(bits == sentinel, 0, bits)
+        x = inputs[0].clone()
+        out = None if in_place else torch.empty_like(x)
+        got = ar.push_all_reduce(x, self.peers, out, block=block, max_programs=max_programs)
+        assert got is (x if in_place else out)
+        assert _equal_or_truncated(got, inputs)
+        assert self.slots(0).eq(sentinel).all()  # every slot read, and reset for the call after next
+        mine = inputs[0].reshape(-1).view(torch.int16)
+        for r in range(1, self.world):  # our part, in slot 0 of every peer's region q (+0.0 for -0.0)
+            s = self.slots(r)
+            assert torch.equal(s[q, 0, :n], torch.where(mine == sentinel, 0, mine))
+            assert s[q, 0, n:].eq(sentinel).all() and s[1 - q].eq(sentinel).all() and s[q, 1:].eq(sentinel).all()
+            s.fill_(sentinel)  # (rank r's kernel would read and reset it)
+        assert not self.flags(0).any()
+        assert self.peers.state.tolist() == [calls + 1, 0]
+        return got
 
     def data(self, rank: int, parity: int, dtype, n: int) -> torch.Tensor:
         return self.bufs[rank][parity * self.cap:].view(dtype)[:n]
@@ -186,6 +226,41 @@ def test_kernel_sums_the_peers_buffers_over_alternating_regions(world):
 
 
 @interpreted
+@pytest.mark.parametrize("world", [2, 4])
+def test_push_kernel_sums_what_the_peers_pushed_and_resets_its_slots(world):
+    """Consecutive push calls (alternating parity; ragged tiles; -0.0 and zero sums), between
+    one-shot calls on the same buffers and counter."""
+    sim = _Simulated(world, 3000 * 2)
+    g = torch.Generator().manual_seed(10 + world)
+    for i, (shape, dtype, block, max_programs, in_place) in enumerate([
+        ((1, 1000), F16, 256, 2, True),  # 4 tiles over 2 programs, the last ragged
+        ((2, 512), BF16, 128, 8, False),
+        ((5, 7), F16, 64, 32, True),
+    ]):
+        inputs = [(torch.randn(shape, generator=g) * 4).to(dtype) for _ in range(world)]
+        for x in inputs:  # zeros of both signs, and a column of zeros only
+            x.view(-1)[:3] = torch.tensor([-0.0, 0.0, -0.0])
+            x.view(-1)[5] = -0.0
+        sim.push(inputs, block, max_programs, in_place)
+        sim.call([(torch.randn(64, generator=g)).to(F16) for _ in range(world)], 64, 1)  # a one-shot between
+
+
+@interpreted
+def test_push_kernel_refuses_what_it_cannot_hold():
+    sim = _Simulated(2, 1024)
+    with pytest.raises(ValueError, match="push slots"):
+        sim.ar.push_all_reduce(torch.zeros(sim.ar.PUSH_SLOT, dtype=F16), sim.peers)
+    with pytest.raises(ValueError, match="16-bit floats"):
+        sim.ar.push_all_reduce(torch.zeros(8, dtype=torch.float32), sim.peers)
+
+
+def test_push_capacity_is_the_kernels():
+    from tritonformer.kernels.triton_allreduce import PUSH_SLOT
+
+    assert PUSH_BYTES == PUSH_SLOT
+
+
+@interpreted
 def test_kernel_refuses_what_it_cannot_hold():
     sim = _Simulated(2, 1024)
     with pytest.raises(ValueError, match="do not fit"):
@@ -215,9 +290,11 @@ def _expected(x: torch.Tensor, world: int) -> torch.Tensor:
     return all_reduce_sum(parts)
 
 
-def _check_summer(summer, rank: int, world: int, device, label: str) -> list[str]:
+def _check_summer(summer, rank: int, world: int, device, label: str, path=lambda nbytes: "oneshot",
+                  shapes=SHAPES) -> list[str]:
     """Eager calls, then a graph of every shape and dtype replayed with new inputs (eager calls
-    in between). Returns what went wrong."""
+    in between), each call expected to take `path(its bytes)`. Returns what went wrong."""
+    from tritonformer.kernels.triton_allreduce import SENTINEL, push_at
     import torch.distributed as dist
 
     from tritonformer.backend.cuda_graphs import capture_graph
@@ -234,11 +311,11 @@ def _check_summer(summer, rank: int, world: int, device, label: str) -> list[str
         if err > tol:
             wrong.append(f"{label} {what}: NCCL differs from the reference by {err:.3g} of its largest value")
 
-    cases = [(shape, dtype) for dtype in (F16, BF16) for shape in SHAPES]
+    cases = [(shape, dtype) for dtype in (F16, BF16) for shape in shapes]
     for seed, (shape, dtype) in enumerate(cases):
         x = _inputs(shape, dtype, rank, seed, device)
-        if summer.route(x) != "oneshot":
-            wrong.append(f"{label} {shape} {dtype}: routed to NCCL")
+        if summer.route(x) != path(x.numel() * x.element_size()):
+            wrong.append(f"{label} {shape} {dtype}: routed to {summer.route(x)}")
         ours, nccl = x.clone(), x.clone()
         summer(ours)
         dist.all_reduce(nccl)
@@ -269,9 +346,13 @@ def _check_summer(summer, rank: int, world: int, device, label: str) -> list[str
             wrong.append(f"{label} eager call after replay {replay}")
     torch.cuda.synchronize(device)
     buffers = summer.peers.buffers
-    flags = summer.peers.keep[0][2 * buffers.capacity:]
+    whole = summer.peers.keep[0]
+    flags = whole[2 * buffers.capacity:push_at(buffers.capacity)]
     if flags.any():
         wrong.append(f"{label}: {int(flags.count_nonzero())} flags left set")
+    slots = whole[push_at(buffers.capacity):].view(torch.int16)
+    if not slots.eq(SENTINEL).all():
+        wrong.append(f"{label}: {int(slots.ne(SENTINEL).sum())} push-slot elements not reset")
     if int(buffers.state[1]) != 0:
         wrong.append(f"{label}: programs-done counter left at {int(buffers.state[1])}")
     return wrong
@@ -300,6 +381,11 @@ def _rank_main(rank: int, world: int, address: str, results) -> None:
             wrong.append("the CUDA IPC set-up fell back to NCCL")
         else:
             wrong += _check_summer(ipc, rank, world, device, "ipc")
+        for transport in ("symm_mem", "ipc"):  # the push kernel, on both transports
+            push = AllReduce.create(rank, world, device, mode="push", transports=(transport,))
+            shapes = [shape for shape in SHAPES if shape[0] * shape[1] * 2 <= PUSH_BYTES] + [(16, 4096)]
+            wrong += _check_summer(push, rank, world, device, f"push over {transport}",  # 128 KB: one-shot
+                                   lambda nbytes: "push" if nbytes <= PUSH_BYTES else "oneshot", shapes)
         results.put((rank, summer.peers.transport, wrong))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, None, [traceback.format_exc()]))

@@ -93,6 +93,12 @@ def test_seeded_weights_are_one_whole_model_whatever_part_is_read():
     assert not torch.equal(seeded_shard_state(cfg, 1, "cpu")[name][:], whole)
     assert not torch.equal(a["layers.0.mlp.down_proj.weight"][:], whole)  # each tensor its own values
     assert 0.015 < whole.std().item() < 0.025
+    embed = "embed_tokens.weight"  # 320 rows: a part across two row blocks, made in the model's dtype
+    rows = a[embed].SEED_ROWS
+    assert a[embed].shape[0] > rows
+    half = seeded_shard_state(cfg, 0, "cpu", "float16")[embed][rows - 8:rows + 8]
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half, a[embed][:][rows - 8:rows + 8].half(), rtol=0, atol=0)
 
 
 def _task(**overrides) -> dict:

@@ -20,7 +20,7 @@ from tritonformer.backend.parallel.workers import ShardSource, start_ranks
 from tritonformer.client.model_shapes import shrunk
 
 CPU = torch.device("cpu")
-PROMPTS = [[5, 9, 17, 33, 2, 71], [100, 3], list(range(20, 61)), [7]]
+PROMPTS = [[5, 9, 217, 33, 2, 319], [100, 3], list(range(20, 61)), [7]]  # ids of both ranks' embedding rows
 NEW_TOKENS = 32
 
 
@@ -77,7 +77,8 @@ def _serve(model, workers=None):
     return [sink.ids[i] for i in range(len(PROMPTS))], logits
 
 
-@pytest.mark.parametrize("family", ["llama-3.1-8b", "phi-3-mini"])  # separate projections; fused qkv / gate_up
+# separate projections; fused qkv / gate_up; a scaled, tied embedding with sandwich norms and soft-capping
+@pytest.mark.parametrize("family", ["llama-3.1-8b", "phi-3-mini", "gemma-2-9b"])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family):
     folder = _checkpoint(tmp_path, family)
     config = load_config(folder)
@@ -87,7 +88,10 @@ def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family):
     model, workers = start_ranks(ShardSource(str(folder), config, "float32", "cpu", 0), 2)
     try:
         assert model.config.num_heads == whole.config.num_heads // 2
-        assert model.output_head.shape[0] * 2 >= whole.config.vocab_size
+        # each rank holds its half of the vocabulary (padded), of the embedding and of the head
+        assert whole.config.vocab_size <= model.embed.shape[0] * 2 < whole.config.vocab_size + 128
+        assert model.output_head.shape == model.embed.shape
+        assert (model.output_head is model.embed) == whole.config.tie_word_embeddings
         tokens_two, logits_two = _serve(model, workers)
         assert workers.alive()
     finally:

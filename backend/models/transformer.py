@@ -150,8 +150,8 @@ class TransformerDecoder(DecoderModel):
                  tp: TensorParallelGroup | None = None):
         """With `tp`, this rank's share of the model (Megatron-LM's split): its query and KV heads
         of the QKV projection and the matching columns of the output projection, its columns of
-        gate/up and rows of down, its rows of the (padded) vocabulary head; the embedding table
-        and the norms whole. `config` then describes the share (heads, KV heads and intermediate
+        gate/up and rows of down, its rows of the (padded) vocabulary embedding and head (one
+        tensor where they are tied); the norms whole. `config` then describes the share (heads, KV heads and intermediate
         size divided), which is what the forward, the KV cache and the decode graphs read."""
         super().__init__(config, state, device, dtype)
         c, n = config, config.names
@@ -200,12 +200,14 @@ class TransformerDecoder(DecoderModel):
             # norm multiplies by (kernels accept an fp32 norm weight beside fp16/bf16 activations).
             return state[checked(name, (size,))].to(device=device, dtype=torch.float32) + c.norm_offset
 
-        self.embed = w(n.embed, c.vocab_size, hidden)
         tied = c.tie_word_embeddings or n.lm_head not in state
         if tp is None:
+            self.embed = w(n.embed, c.vocab_size, hidden)
             self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden))
-        else:
-            self._set_parallel_head(self.embed if tied else state[checked(n.lm_head, (c.vocab_size, hidden))])
+        else:  # vocabulary-parallel: this rank's rows of the embedding and of the head
+            self.vocab_size = c.vocab_size
+            self.embed = self._vocab_rows(state[checked(n.embed, (c.vocab_size, hidden))])
+            self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, (c.vocab_size, hidden))])
         self.final_norm = norm(n.final_norm)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.
@@ -253,18 +255,32 @@ class TransformerDecoder(DecoderModel):
             self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
                                   intermediate_size=c.intermediate_size // tp.world)
 
-    def _set_parallel_head(self, weight) -> None:
-        """This rank's rows of the vocabulary head: the vocabulary padded to a multiple of 64 per
-        rank (see set_output_head) and split; rows past the vocabulary are zeros. `weight`: the
-        whole head on the device (tied to the embedding) or the checkpoint's, read in part."""
+    def _vocab_rows(self, weight) -> torch.Tensor:
+        """This rank's rows of a `[vocab, hidden]` table (the embedding, the head), read in part:
+        the vocabulary padded to a multiple of 64 per rank (see set_output_head) and split;
+        rows past the vocabulary are zeros. Rank r holds ids [r * rows, (r + 1) * rows)."""
         tp, (vocab, hidden) = self.tp, tuple(weight.shape)
         per_rank = -(-vocab // (64 * tp.world)) * 64
         start = tp.rank * per_rank
         stop = min(start + per_rank, vocab)
-        head = torch.zeros(per_rank, hidden, device=self.device, dtype=self.dtype)
+        rows = torch.zeros(per_rank, hidden, device=self.device, dtype=self.dtype)
         if stop > start:
-            head[: stop - start] = weight[start:stop].to(device=self.device, dtype=self.dtype)
-        self.vocab_size, self.output_head = vocab, head
+            rows[: stop - start] = weight[start:stop].to(device=self.device, dtype=self.dtype)
+        return rows
+
+    def _parallel_embedding(self, ids: torch.Tensor, norm: torch.Tensor, eps: float):
+        """kernels.embedding_rms_norm over the ranks' rows of the table: each rank looks up the
+        ids it holds (zeros for the rest), one all-reduce sums them (exactly: one rank gives
+        each row), then the scale and the first norm, as the one-GPU kernel computes them."""
+        per_rank = self.embed.shape[0]
+        local = ids - self.tp.rank * per_rank
+        held = (local >= 0) & (local < per_rank)
+        rows = torch.where(held[:, None], self.embed[local.clamp(0, per_rank - 1)], 0)
+        self.tp.all_reduce(rows)
+        scale = self.config.embed_scale
+        if scale is not None:  # the scale rounded to the dtype, the product too (Hugging Face's)
+            rows.mul_(float(torch.tensor(scale, dtype=rows.dtype)))
+        return kernels.rms_norm(rows, norm, eps)
 
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
@@ -280,8 +296,11 @@ class TransformerDecoder(DecoderModel):
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
         # The token embeddings (the first residual) and the first norm in one launch.
-        x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
-                                                 scale=c.embed_scale)
+        if self.tp is None:
+            x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
+                                                     scale=c.embed_scale)
+        else:
+            x, residual = self._parallel_embedding(batch.input_ids, self.layers[0].attn_norm, eps)
         pre = None  # the first layer's input comes normalised from the embedding kernel
         for li, layer in enumerate(self.layers):
             table = local if layer.local else cos_sin

@@ -7,6 +7,8 @@ on each even inside a CUDA graph, a one-shot kernel over peer buffers
 
 * `auto` (default): ours up to `threshold_bytes(world)`, NCCL above;
 * `oneshot`: ours wherever it can run (up to MAX_BYTES), for tests and benchmarks;
+* `push`: our push kernel (no flags: the data is its own signal) up to its slots' PUSH_SLOT
+  bytes, then as `auto`;
 * `nccl`: NCCL only (no peer buffers are set up).
 
 NCCL also serves what ours does not: dtypes other than fp16/bf16, non-contiguous tensors,
@@ -38,8 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonformer")
 
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
-MODES = ("auto", "nccl", "oneshot")
+MODES = ("auto", "nccl", "oneshot", "push")
 MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
+PUSH_BYTES = 64 * 1024  # the push kernel, up to this (kernels/triton_allreduce.PUSH_SLOT)
 
 
 def threshold_bytes(world: int) -> int:
@@ -67,7 +70,7 @@ def read_mode(environ=os.environ) -> str:
 
 def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: int, ready: bool,
           threshold: int | None = None, max_bytes: int = MAX_BYTES) -> tuple[str, str | None]:
-    """('oneshot' or 'nccl', why NCCL serves a call ours would otherwise take, or None).
+    """('push', 'oneshot' or 'nccl', why NCCL serves a call ours would otherwise take, or None).
     `ready`: the peer buffers are set up on every rank."""
     if mode == "nccl":
         return "nccl", None
@@ -79,9 +82,11 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
         return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (the one-shot kernel serves fp16 and bf16)"
     if not contiguous:
         return "nccl", "a non-contiguous tensor"
+    if mode == "push" and nbytes <= PUSH_BYTES:
+        return "push", None
     if nbytes > max_bytes:
-        return "nccl", None if mode == "auto" else f"{nbytes} bytes (peer buffers hold {max_bytes})"
-    if mode == "auto" and nbytes > (threshold_bytes(world) if threshold is None else threshold):
+        return "nccl", None if mode in ("auto", "push") else f"{nbytes} bytes (peer buffers hold {max_bytes})"
+    if mode != "oneshot" and nbytes > (threshold_bytes(world) if threshold is None else threshold):
         return "nccl", None
     return "oneshot", None
 
@@ -94,11 +99,11 @@ class AllReduce:
         self.mode, self.world, self.peers = mode, world, peers
         self.threshold, self.max_bytes = threshold, max_bytes
         self._told: set[str] = set()
-        self._kernel = None
+        self._kernels = {}
         if peers is not None:  # (imports Triton: only once peer buffers exist, on a GPU)
-            from tritonformer.kernels.triton_allreduce import one_shot_all_reduce
+            from tritonformer.kernels.triton_allreduce import one_shot_all_reduce, push_all_reduce
 
-            self._kernel = one_shot_all_reduce
+            self._kernels = {"oneshot": one_shot_all_reduce, "push": push_all_reduce}
 
     @classmethod
     def create(cls, rank: int, world: int, device: torch.device, mode: str | None = None,
@@ -121,8 +126,9 @@ class AllReduce:
         return path
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.route(x) == "oneshot":
-            return self._kernel(x, self.peers.buffers)
+        path = self.route(x)
+        if path != "nccl":
+            return self._kernels[path](x, self.peers.buffers)
         dist.all_reduce(x)
         return x
 
@@ -201,7 +207,7 @@ def _buffers(ptrs: list[int], rank: int, world: int, device: torch.device, capac
 
 def _open_symm_mem(rank: int, world: int, device: torch.device, max_bytes: int) -> PeerSetup:
     """One symmetric-memory buffer per rank; each peer's address from the rendezvous handle."""
-    from tritonformer.kernels.triton_allreduce import buffer_bytes, region_bytes
+    from tritonformer.kernels.triton_allreduce import buffer_bytes, prepare_buffer, region_bytes
 
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     import torch.distributed._symmetric_memory as symm_mem
@@ -227,7 +233,7 @@ def _open_symm_mem(rank: int, world: int, device: torch.device, max_bytes: int) 
     dist.all_gather_object(offsets, buf.data_ptr() - bases[rank])
     if any(o is None or o < 0 for o in offsets):
         raise RuntimeError(f"buffer offsets {offsets}")
-    buf.zero_()
+    prepare_buffer(buf, capacity)
     torch.cuda.synchronize(device)
     ptrs = [b + o for b, o in zip(bases, offsets)]
     return PeerSetup(_buffers(ptrs, rank, world, device, capacity), "symm_mem", (buf, handle))
@@ -236,10 +242,10 @@ def _open_symm_mem(rank: int, world: int, device: torch.device, max_bytes: int) 
 def _open_ipc(rank: int, world: int, device: torch.device, max_bytes: int) -> PeerSetup:
     """A plain CUDA buffer per rank, shared by CUDA IPC handles gathered over the group; each
     peer's handle is opened on this rank's own GPU, which maps it with peer access."""
-    from tritonformer.kernels.triton_allreduce import buffer_bytes, region_bytes
+    from tritonformer.kernels.triton_allreduce import buffer_bytes, prepare_buffer, region_bytes
 
     capacity = region_bytes(max_bytes)
-    buf = torch.zeros(buffer_bytes(capacity), dtype=torch.uint8, device=device)
+    buf = prepare_buffer(torch.empty(buffer_bytes(capacity), dtype=torch.uint8, device=device), capacity)
     storage = buf.untyped_storage()
     shared = storage._share_cuda_()  # (device, handle, size, offset, ref counter..., event...)
     offset = buf.data_ptr() - storage.data_ptr()

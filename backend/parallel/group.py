@@ -1,6 +1,7 @@
 """The ranks of one tensor-parallel model and the collectives its forward needs (Megatron-LM's
 split): column-parallel QKV and gate/up projections, row-parallel output and down projections
-with one all-reduce after each, a vocabulary-parallel output head whose logits are gathered.
+with one all-reduce after each, a vocabulary-parallel embedding (its looked-up rows summed by
+one more all-reduce) and output head (its logits gathered).
 
 Between GPUs the all-reduces go to `allreduce.AllReduce`: our one-shot kernel over peer buffers
 for small messages, NCCL above (and as its fallback), both captured in the decode CUDA graphs

@@ -3,8 +3,8 @@
 One process per GPU. For each message size and dtype it times NCCL launched eagerly, NCCL
 captured in a CUDA graph (CALLS all-reduces in one graph, as a decode step holds them), our
 one-shot kernel (kernels/triton_allreduce.py, peer buffers set up as TensorParallelGroup does)
-eagerly and in a graph, and torch's symmetric-memory `one_shot_all_reduce` with the copy into
-its buffer (bf16 only in torch 2.11; a dash where it fails). `ours=ref` says whether our sum was
+and our push kernel (messages of up to its PUSH_SLOT) eagerly and in a graph, and torch's symmetric-memory `one_shot_all_reduce` with the copy into
+its buffer (bf16 only in torch 2.11; a dash where it fails). `ours=ref` says whether our sums were
 the reference's bits on rank 0 for random inputs. The whole run is bounded (< 3 minutes):
 
     python3 tools/gpu/time_allreduce.py [--gpus 2] [--sizes 8K,16K,64K,256K,512K,1M]
@@ -121,12 +121,19 @@ def _rank(rank: int, world: int, address: str, args, results) -> None:
                 parts = [torch.empty_like(x) for _ in range(world)]
                 dist.all_gather(parts, x)
                 exact = bool(torch.equal(ours, all_reduce_sum(parts)))
+                pushable = nbytes <= ar.PUSH_SLOT
+                if pushable:
+                    pushed = ar.push_all_reduce(x.clone(), peers.buffers, pdl=kw["pdl"])
+                    exact = exact and bool(torch.equal(pushed, all_reduce_sum(parts)))
                 x.zero_()  # timed on zeros: repeated sums stay finite
                 row = {"size": nbytes, "dtype": str(dtype).removeprefix("torch."), "exact": exact,
                        "nccl_eager": _eager_us(lambda: dist.all_reduce(x), device),
                        "nccl_graph": _graph_us(lambda: dist.all_reduce(x), device),
                        "ours_eager": _eager_us(lambda: ar.one_shot_all_reduce(x, peers.buffers, **kw), device),
                        "ours_graph": _graph_us(lambda: ar.one_shot_all_reduce(x, peers.buffers, **kw), device)}
+                if pushable:
+                    row["push_eager"] = _eager_us(lambda: ar.push_all_reduce(x, peers.buffers, pdl=kw["pdl"]), device)
+                    row["push_graph"] = _graph_us(lambda: ar.push_all_reduce(x, peers.buffers, pdl=kw["pdl"]), device)
                 try:
                     run = _torch_one_shot(n, dtype, device)
                     ok = True
@@ -218,8 +225,8 @@ def main() -> int:
           f"at most {args.programs or ar.MAX_PROGRAMS} programs, PDL {pdl}")
     print(f"us per all-reduce; eager: {CALLS} launched back to back; graph: {CALLS} in one CUDA graph, "
           f"best of {REPLAYS} replays; torch-1shot: symm_mem one_shot_all_reduce with the copy into its buffer")
-    cols = ["size", "dtype", "nccl-eager", "nccl-graph", "ours-eager", "ours-graph", "torch-1shot-eager",
-            "torch-1shot-graph", "nccl/ours graph", "ours=ref"]
+    cols = ["size", "dtype", "nccl-eager", "nccl-graph", "ours-eager", "ours-graph", "push-eager", "push-graph",
+            "torch-1shot-eager", "torch-1shot-graph", "nccl/ours graph", "ours=ref"]
     print("  ".join(f"{c:>17}" if i > 1 else f"{c:>5}" for i, c in enumerate(cols)))
 
     def us(v):
@@ -227,7 +234,8 @@ def main() -> int:
 
     for r in payload["rows"]:
         print("  ".join([f"{_label(r['size']):>5}", f"{r['dtype']:>5}", us(r["nccl_eager"]), us(r["nccl_graph"]),
-                         us(r["ours_eager"]), us(r["ours_graph"]), us(r.get("torch_eager")), us(r.get("torch_graph")),
+                         us(r["ours_eager"]), us(r["ours_graph"]), us(r.get("push_eager")), us(r.get("push_graph")),
+                         us(r.get("torch_eager")), us(r.get("torch_graph")),
                          f"{r['nccl_graph'] / r['ours_graph']:16.2f}x", f"{'yes' if r['exact'] else 'NO':>17}"]))
     return 0 if all(r["exact"] for r in payload["rows"]) else 2
 
