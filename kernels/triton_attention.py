@@ -312,16 +312,17 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
     blocks, so there is nothing for the pipeline stages to overlap.
     `head_dim` is the tile's (padded) head dim: 96 and 80 run as 128. A long prompt's prefill
     (`tools/gpu/tune_prefill_attention.py --decoders`, one causal prompt of 2,000 tokens, paged
-    keys, bf16, H100): at head dim 256 (Gemma) 128x64 blocks, 8 warps, 3 stages, 0.184 against
-    0.354 ms for the small tiles; at 128 with one query head per KV head (Phi-3, 2,000 rows)
-    64x64, 4 warps, 2 stages, 0.155 against 0.204 ms. Shorter head-dim-256 launches keep the
+    keys, bf16, H100): at head dim 256 (Gemma) 128x64 blocks, 8 warps, 2 stages, 0.177 against
+    0.325 ms for the small tiles (3 stages took 0.205, and 262,144 bytes of shared memory, past
+    the H100's 232,448, at a GQA group of 4); at 128 with one query head per KV head (Phi-3,
+    2,000 rows) 64x64, 4 warps, 2 stages, 0.155 against 0.204 ms. Shorter head-dim-256 launches keep the
     small fp32 tiles (not tuned), and so do all of them before Hopper (`hopper` False), whose
     shared memory is smaller than the 128x64 tiles' pipeline at head dim 256.
     """
     if not on_gpu:
         return 16, 16, 4, 1
     if hopper and dtype != torch.float32 and head_dim > 128 and rows > 512:
-        return 128, 64, 8, 3
+        return 128, 64, 8, 2
     if dtype == torch.float32 or head_dim > 128:
         return min(64, max(16, triton.next_power_of_2(rows))), 32, 4 if head_dim <= 64 else 8, 2
     if head_dim > 64 and 1024 < rows <= 2048:

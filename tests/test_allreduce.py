@@ -56,8 +56,7 @@ def test_mode_comes_from_the_environment_and_is_checked():
     assert read_mode({MODE_ENV: ""}) == "auto"
     assert read_mode({MODE_ENV: "NCCL"}) == "nccl"
     assert read_mode({MODE_ENV: " oneshot "}) == "oneshot"
-    assert read_mode({MODE_ENV: "push"}) == "push"
-    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot, push"):
+    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot"):
         read_mode({MODE_ENV: "fast"})
 
 
@@ -65,8 +64,11 @@ KB = 1024
 
 
 @pytest.mark.parametrize("mode, nbytes, dtype, contiguous, world, ready, path, said", [
-    ("auto", 8 * KB, F16, True, 2, True, "oneshot", None),
-    ("auto", 16 * KB, BF16, True, 8, True, "oneshot", None),
+    ("auto", 8 * KB, F16, True, 2, True, "push", None),
+    ("auto", 16 * KB, BF16, True, 8, True, "push", None),
+    ("auto", PUSH_BYTES, F16, True, 2, True, "push", None),
+    ("auto", PUSH_BYTES + 2, F16, True, 2, True, "oneshot", None),  # past the push slots
+    ("oneshot", 8 * KB, F16, True, 2, True, "oneshot", None),  # forced
     ("auto", threshold_bytes(2), F16, True, 2, True, "oneshot", None),
     ("auto", threshold_bytes(4) + 2, F16, True, 4, True, "nccl", None),  # more ranks hand over sooner
     ("auto", threshold_bytes(4), F16, True, 4, True, "oneshot", None),
@@ -75,13 +77,6 @@ KB = 1024
     ("oneshot", MAX_BYTES, F16, True, 2, True, "oneshot", None),  # forced: past the threshold
     ("oneshot", MAX_BYTES + 2, F16, True, 2, True, "nccl", "bytes"),
     ("nccl", 8 * KB, F16, True, 2, True, "nccl", None),
-    ("push", 8 * KB, BF16, True, 2, True, "push", None),
-    ("push", PUSH_BYTES, F16, True, 8, True, "push", None),
-    ("push", PUSH_BYTES + 2, F16, True, 2, True, "oneshot", None),  # past its slots: as auto
-    ("push", 4 * MAX_BYTES, F16, True, 2, True, "nccl", None),
-    ("push", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
-    ("push", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
-    ("push", 8 * KB, F16, True, 2, False, "nccl", "no peer buffers"),
     ("auto", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("oneshot", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("auto", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
@@ -97,8 +92,8 @@ def test_route(mode, nbytes, dtype, contiguous, world, ready, path, said):
 
 
 def test_route_threshold_and_capacity_are_parameters():
-    assert route("auto", 64 * KB, F16, True, 2, True, threshold=32 * KB)[0] == "nccl"
-    assert route("auto", 64 * KB, F16, True, 2, True, threshold=64 * KB)[0] == "oneshot"
+    assert route("auto", 128 * KB, F16, True, 2, True, threshold=96 * KB)[0] == "nccl"
+    assert route("auto", 128 * KB, F16, True, 2, True, threshold=128 * KB)[0] == "oneshot"
     assert route("oneshot", 64 * KB, F16, True, 2, True, max_bytes=32 * KB)[0] == "nccl"
 
 
@@ -381,8 +376,8 @@ def _rank_main(rank: int, world: int, address: str, results) -> None:
             wrong.append("the CUDA IPC set-up fell back to NCCL")
         else:
             wrong += _check_summer(ipc, rank, world, device, "ipc")
-        for transport in ("symm_mem", "ipc"):  # the push kernel, on both transports
-            push = AllReduce.create(rank, world, device, mode="push", transports=(transport,))
+        for transport in ("symm_mem", "ipc"):  # auto: the push kernel, on both transports
+            push = AllReduce.create(rank, world, device, mode="auto", transports=(transport,))
             shapes = [shape for shape in SHAPES if shape[0] * shape[1] * 2 <= PUSH_BYTES] + [(16, 4096)]
             wrong += _check_summer(push, rank, world, device, f"push over {transport}",  # 128 KB: one-shot
                                    lambda nbytes: "push" if nbytes <= PUSH_BYTES else "oneshot", shapes)

@@ -111,6 +111,24 @@ def test_strided_views_of_packed_qkv_scale_and_max_seqlen():
     check(q, k, v, cu(lengths), cu(lengths), True, scale=0.3, max_seqlen_q=21)
 
 
+H100_SHARED_MEMORY = 232_448  # bytes per block (the compiler's "Hardware limit")
+
+
+@pytest.mark.parametrize("hopper", [False, True])
+def test_every_gpu_tile_fits_shared_memory(hopper):
+    """The Q tile plus `stages` K and V tiles of every GPU launch configuration fit the H100's
+    shared memory. (The compiler asked 262,144 bytes for 128 x 64 blocks of head dim 256 in 3
+    stages, exactly this sum, and refused them; 2 stages pass.)"""
+    from tritonformer.kernels import triton_attention
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for head_dim in (32, 64, 128, 256):
+            for rows in (1, 4, 16, 17, 100, 512, 513, 1024, 1025, 2048, 2049, 12000, 65536):
+                m, n, _, stages = triton_attention._launch_config(head_dim, dtype, rows, True, hopper)
+                need = (m + 2 * stages * n) * head_dim * dtype.itemsize
+                assert need <= H100_SHARED_MEMORY, (dtype, head_dim, rows, (m, n, stages), need)
+
+
 @pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32)])
 def test_other_block_shapes(monkeypatch, block_m, block_n):
     """The causal block bounds with BLOCK_M != BLOCK_N (as on the GPU: 128 x 64)."""
