@@ -89,10 +89,11 @@ NUM_WARPS = 4
 # The push kernel: each rank's slot in every buffer holds up to PUSH_SLOT bytes; a slot not yet
 # written holds SENTINEL in every 16-bit element (the bits of -0.0 in fp16 and in bf16, which
 # no pushed value has: -0.0 is pushed as +0.0, which changes no sum of the reference's).
-PUSH_SLOT = 64 * 1024
+PUSH_SLOT = 1 << 20  # (backend/parallel/allreduce.py routes only the smallest messages here: measured)
 PUSH_BYTES = 2 * FLAG_WORLD * PUSH_SLOT
 SENTINEL = -32768  # 0x8000 as int16
 PUSH_BLOCK = 1024
+PUSH_MAX_PROGRAMS = 128  # all resident at once on any GPU this serves (a waiting program spins)
 
 
 def buffer_bytes(capacity: int) -> int:
@@ -305,8 +306,8 @@ def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | Non
         raise ValueError(f"{n * 2} bytes do not fit the {PUSH_SLOT}-byte push slots")
     block = block or PUSH_BLOCK
     max_programs = max_programs or MAX_PROGRAMS
-    if peers.world > FLAG_WORLD:
-        raise ValueError(f"at most {FLAG_WORLD} ranks")
+    if peers.world > FLAG_WORLD or max_programs > PUSH_MAX_PROGRAMS:
+        raise ValueError(f"at most {FLAG_WORLD} ranks and {PUSH_MAX_PROGRAMS} programs")
     if n == 0:
         return out
     pdl = triton_pdl.enabled(x.device) if pdl is None else pdl

@@ -44,7 +44,7 @@ log = logging.getLogger("tritonformer")
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
 MODES = ("auto", "nccl", "oneshot")
 MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
-PUSH_BYTES = 64 * 1024  # the push kernel, up to this (kernels/triton_allreduce.PUSH_SLOT)
+PUSH_BYTES = 64 * 1024  # `auto`: the push kernel up to this (its slots hold up to 1 MiB: not yet timed there)
 
 
 def threshold_bytes(world: int) -> int:

@@ -9,9 +9,11 @@ the reference's bits on rank 0 for random inputs. The whole run is bounded (< 3 
 
     python3 tools/gpu/time_allreduce.py [--gpus 2] [--sizes 8K,16K,64K,256K,512K,1M]
                                         [--block 2048] [--programs 32] [--no-pdl]
+                                        [--push-block 1024] [--push-programs 32]
 
 threshold_bytes() in backend/parallel/allreduce.py (where `auto` hands over to NCCL) comes from
-the graph columns: the largest size at which ours is still faster.
+the graph columns: the largest size at which ours is still faster; PUSH_BYTES there (where `auto`
+hands over from push to one-shot) likewise from the push column.
 """
 from __future__ import annotations
 
@@ -111,6 +113,7 @@ def _rank(rank: int, world: int, address: str, args, results) -> None:
         if peers is None:
             raise RuntimeError("no peer buffers (see the log above): nothing of ours to time")
         kw = dict(block=args.block, max_programs=args.programs, pdl=False if args.no_pdl else None)
+        push_kw = dict(block=args.push_block, max_programs=args.push_programs, pdl=kw["pdl"])
         rows = []
         for nbytes in args.sizes:
             for dtype in (torch.float16, torch.bfloat16):
@@ -123,7 +126,7 @@ def _rank(rank: int, world: int, address: str, args, results) -> None:
                 exact = bool(torch.equal(ours, all_reduce_sum(parts)))
                 pushable = nbytes <= ar.PUSH_SLOT
                 if pushable:
-                    pushed = ar.push_all_reduce(x.clone(), peers.buffers, pdl=kw["pdl"])
+                    pushed = ar.push_all_reduce(x.clone(), peers.buffers, **push_kw)
                     exact = exact and bool(torch.equal(pushed, all_reduce_sum(parts)))
                 x.zero_()  # timed on zeros: repeated sums stay finite
                 row = {"size": nbytes, "dtype": str(dtype).removeprefix("torch."), "exact": exact,
@@ -132,8 +135,8 @@ def _rank(rank: int, world: int, address: str, args, results) -> None:
                        "ours_eager": _eager_us(lambda: ar.one_shot_all_reduce(x, peers.buffers, **kw), device),
                        "ours_graph": _graph_us(lambda: ar.one_shot_all_reduce(x, peers.buffers, **kw), device)}
                 if pushable:
-                    row["push_eager"] = _eager_us(lambda: ar.push_all_reduce(x, peers.buffers, pdl=kw["pdl"]), device)
-                    row["push_graph"] = _graph_us(lambda: ar.push_all_reduce(x, peers.buffers, pdl=kw["pdl"]), device)
+                    row["push_eager"] = _eager_us(lambda: ar.push_all_reduce(x, peers.buffers, **push_kw), device)
+                    row["push_graph"] = _graph_us(lambda: ar.push_all_reduce(x, peers.buffers, **push_kw), device)
                 try:
                     run = _torch_one_shot(n, dtype, device)
                     ok = True
@@ -173,6 +176,8 @@ def main() -> int:
     parser.add_argument("--block", type=int, default=0, help="elements per tile (default: the kernel's)")
     parser.add_argument("--programs", type=int, default=0, help="most programs per call (default: the kernel's)")
     parser.add_argument("--no-pdl", action="store_true", help="launch ours without programmatic dependent launch")
+    parser.add_argument("--push-block", type=int, default=0, help="push kernel: elements per tile (default: its own)")
+    parser.add_argument("--push-programs", type=int, default=0, help="push kernel: most programs (default: its own)")
     args = parser.parse_args()
     args.sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
     world = args.gpus or torch.cuda.device_count()
@@ -222,7 +227,8 @@ def main() -> int:
         return 1
     pdl = "off" if args.no_pdl else "where the GPU has it"
     print(f"ours: peer buffers over {payload['transport']}, block {args.block or ar.BLOCK}, "
-          f"at most {args.programs or ar.MAX_PROGRAMS} programs, PDL {pdl}")
+          f"at most {args.programs or ar.MAX_PROGRAMS} programs (push: block {args.push_block or ar.PUSH_BLOCK}, "
+          f"at most {args.push_programs or ar.MAX_PROGRAMS}), PDL {pdl}")
     print(f"us per all-reduce; eager: {CALLS} launched back to back; graph: {CALLS} in one CUDA graph, "
           f"best of {REPLAYS} replays; torch-1shot: symm_mem one_shot_all_reduce with the copy into its buffer")
     cols = ["size", "dtype", "nccl-eager", "nccl-graph", "ours-eager", "ours-graph", "push-eager", "push-graph",
