@@ -194,25 +194,31 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor |
     calls this with the same shape and dtype, in the same order relative to its other calls on
     these buffers, from one stream. Nothing is allocated and the host never waits, so a CUDA
     graph can capture it."""
+    return _launch(_one_shot_all_reduce_kernel, "one_shot_all_reduce", x, out, peers,
+                   peers.capacity, "peer buffers", block or BLOCK, max_programs or MAX_PROGRAMS, FLAG_PROGRAMS,
+                   num_warps, pdl, CAPACITY=peers.capacity, WORLD_P2=triton.next_power_of_2(peers.world),
+                   FLAG_PROGRAMS=FLAG_PROGRAMS, FLAG_WORLD=FLAG_WORLD)
+
+
+def _launch(kernel, name: str, x: torch.Tensor, out: torch.Tensor | None, peers: PeerBuffers, room: int,
+            room_name: str, block: int, max_programs: int, most_programs: int, num_warps: int | None,
+            pdl: bool | None, **meta) -> torch.Tensor:
+    """The checks and the launch both kernels share: `x` summed into `out` (default: in place),
+    `room` bytes at most, `max_programs` (<= `most_programs`) programs of `block` elements."""
     out = x if out is None else out
     n = x.numel()
     if not (x.is_contiguous() and out.is_contiguous() and out.shape == x.shape):
-        raise ValueError("one_shot_all_reduce needs contiguous x and out of one shape")
-    if n * x.element_size() > peers.capacity:
-        raise ValueError(f"{n * x.element_size()} bytes do not fit the {peers.capacity}-byte peer buffers")
-    block = block or BLOCK
-    max_programs = max_programs or MAX_PROGRAMS
-    if peers.world > FLAG_WORLD or max_programs > FLAG_PROGRAMS:
-        raise ValueError(f"at most {FLAG_WORLD} ranks and {FLAG_PROGRAMS} programs")
+        raise ValueError(f"{name} needs contiguous x and out of one shape")
+    if n * x.element_size() > room:
+        raise ValueError(f"{n * x.element_size()} bytes do not fit the {room}-byte {room_name}")
+    if peers.world > FLAG_WORLD or max_programs > most_programs:
+        raise ValueError(f"at most {FLAG_WORLD} ranks and {most_programs} programs")
     if n == 0:
         return out
     pdl = triton_pdl.enabled(x.device) if pdl is None else pdl
-    grid = (launch_grid(n, block, max_programs),)
-    _one_shot_all_reduce_kernel[grid](
-        x, out, n, peers.ptrs, peers.state, peers.rank,
-        CAPACITY=peers.capacity, WORLD=peers.world, WORLD_P2=triton.next_power_of_2(peers.world), BLOCK=block,
-        FLAG_PROGRAMS=FLAG_PROGRAMS, FLAG_WORLD=FLAG_WORLD, PDL=pdl, num_warps=num_warps or NUM_WARPS,
-        **triton_pdl.launch_options(pdl),
+    kernel[(launch_grid(n, block, max_programs),)](
+        x, out, n, peers.ptrs, peers.state, peers.rank, WORLD=peers.world, BLOCK=block, PDL=pdl,
+        num_warps=num_warps or NUM_WARPS, **meta, **triton_pdl.launch_options(pdl),
     )
     return out
 
@@ -296,25 +302,8 @@ def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | Non
                     num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
     """one_shot_all_reduce's contract (same buffers, same call counter, same bits) for messages
     of up to PUSH_SLOT bytes of fp16 or bf16, by pushing: see the notes above the kernel."""
-    out = x if out is None else out
-    n = x.numel()
-    if not (x.is_contiguous() and out.is_contiguous() and out.shape == x.shape and out.dtype == x.dtype):
-        raise ValueError("push_all_reduce needs contiguous x and out of one shape and dtype")
-    if x.element_size() != 2 or not x.is_floating_point():
-        raise ValueError(f"push_all_reduce sums 16-bit floats, not {x.dtype}")
-    if n * 2 > PUSH_SLOT:
-        raise ValueError(f"{n * 2} bytes do not fit the {PUSH_SLOT}-byte push slots")
-    block = block or PUSH_BLOCK
-    max_programs = max_programs or MAX_PROGRAMS
-    if peers.world > FLAG_WORLD or max_programs > PUSH_MAX_PROGRAMS:
-        raise ValueError(f"at most {FLAG_WORLD} ranks and {PUSH_MAX_PROGRAMS} programs")
-    if n == 0:
-        return out
-    pdl = triton_pdl.enabled(x.device) if pdl is None else pdl
-    grid = (launch_grid(n, block, max_programs),)
-    _push_all_reduce_kernel[grid](
-        x, out, n, peers.ptrs, peers.state, peers.rank,
-        PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, WORLD=peers.world, BLOCK=block,
-        SENTINEL=SENTINEL, PDL=pdl, num_warps=num_warps or NUM_WARPS, **triton_pdl.launch_options(pdl),
-    )
-    return out
+    if x.element_size() != 2 or not x.is_floating_point() or (out is not None and out.dtype != x.dtype):
+        raise ValueError(f"push_all_reduce sums 16-bit floats into their own dtype, not {x.dtype}")
+    return _launch(_push_all_reduce_kernel, "push_all_reduce", x, out, peers, PUSH_SLOT, "push slots",
+                   block or PUSH_BLOCK, max_programs or MAX_PROGRAMS, PUSH_MAX_PROGRAMS, num_warps, pdl,
+                   PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, SENTINEL=SENTINEL)
