@@ -183,6 +183,10 @@ def test_two_gpus_give_the_tokens_and_logits_of_one(tmp_path, family):
     logits of a prefill of every prompt close (cosine >= 0.999 per row), the greedy tokens equal
     over the first 8 of each answer (later ones may part at a near tie: the sums are ordered
     differently)."""
+    import faulthandler
+
+    # A run that hangs says where (with -s): on the H100 pair it gave no verdict within 260 s, 2026-11-27.
+    faulthandler.dump_traceback_later(240)
     folder = _checkpoint(tmp_path, family, hidden=1024, vocab=32000)
     config = load_config(folder)
     whole = load_decoder(config, load_state_dict(folder), torch.device("cuda:0"), torch.float16)
@@ -194,6 +198,7 @@ def test_two_gpus_give_the_tokens_and_logits_of_one(tmp_path, family):
     finally:
         workers.stop()
         model.tp.leave()
+        faulthandler.cancel_dump_traceback_later()
     cos = torch.nn.functional.cosine_similarity(logits_two.float(), logits_one.float(), dim=-1)
     assert cos.min() >= 0.999, cos
     assert [t[:8] for t in tokens_two] == [t[:8] for t in tokens_one]
