@@ -247,7 +247,10 @@ def _launch(kernel, name: str, x: torch.Tensor, out: torch.Tensor | None, peers:
 # * Every rank sums the same values in the same order: the same bits on every rank, the
 #   reference's (all_reduce_sum starts from +0.0, so the sign of a zero part never shows).
 # * No program waits for one that cannot run: a program writes all its tiles before it waits,
-#   and the grid (<= MAX_PROGRAMS) is resident at once.
+#   and the grid (<= PUSH_MAX_PROGRAMS) is resident at once.
+#
+# (Calls are counted over both kernels: one-shot and push calls may alternate on the same
+# buffers, and each argument above holds with k counting either; NCCL calls count for nothing.)
 
 @triton.jit
 def _push_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
