@@ -41,8 +41,8 @@ class _Ids:
         return " ".join(map(str, ids))
 
 
-def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320):
-    cfg = shrunk(name, layers=2, hidden=hidden, heads=8, vocab=vocab)
+def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads: int = 8):
+    cfg = shrunk(name, layers=2, hidden=hidden, heads=heads, vocab=vocab)
     config = transformers.AutoConfig.for_model(**cfg)
     torch.manual_seed(3)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
@@ -77,10 +77,15 @@ def _serve(model, workers=None):
     return [sink.ids[i] for i in range(len(PROMPTS))], logits
 
 
-# separate projections; fused qkv / gate_up; a scaled, tied embedding with sandwich norms and soft-capping
-@pytest.mark.parametrize("family", ["llama-3.1-8b", "phi-3-mini", "gemma-2-9b"])
-def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family):
-    folder = _checkpoint(tmp_path, family)
+# Every family: separate projections (Llama); fused qkv / gate_up (Phi-3); a scaled, tied embedding
+# with sandwich norms and soft-capping (Gemma 2); Q/K/V biases, split with their heads (Qwen2.5,
+# 14 heads: 2 KV heads at its ratio of 7); per-head Q/K norms (Qwen3); local and global layers
+# with windows (Gemma 3); a sliding window (Mistral).
+@pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
+                                           ("qwen2.5-7b", 14), ("qwen3-8b", 8), ("gemma-3-1b", 8),
+                                           ("mistral-7b", 8)])
+def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
+    folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)
     whole = load_decoder(config, load_state_dict(folder), CPU, torch.float32)
     tokens_one, logits_one = _serve(whole)
@@ -107,6 +112,17 @@ def test_heads_that_do_not_divide_fail_at_load_and_say_so():
     state = {}  # never read: the split is checked first
     with pytest.raises(ValueError, match=r"attention heads \(9\) do not divide by tensor_parallel_size 2"):
         load_decoder(cfg, state, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+
+
+def test_a_split_that_cannot_be_made_fails_before_any_rank_starts(tmp_path):
+    """Refused before a process group exists or a worker is spawned: nothing left behind, so the
+    same process can load another model (a group left initialised refused every later one)."""
+    import torch.distributed as dist
+
+    folder = _checkpoint(tmp_path, "qwen2.5-7b")  # 8 heads at its ratio of 7: 1 KV head
+    with pytest.raises(ValueError, match=r"KV heads \(1\) do not divide by tensor_parallel_size 2"):
+        start_ranks(ShardSource(str(folder), load_config(folder), "float32", "cpu", 0), 2)
+    assert not dist.is_initialized()
 
 
 def test_gpt2_refuses_tensor_parallelism():

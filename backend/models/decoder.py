@@ -94,16 +94,10 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     whole sequence are sized by it. `tp` (a TensorParallelGroup): build this rank's share.
     `quantization` ("none" | "fp8", backend/quantization.py): FP8 linears; an FP8 checkpoint
     loads as FP8 whatever it says."""
-    import importlib
-
     from tritonformer.backend import quantization as quant
 
     model_type = config.get("model_type", "llama")
-    if model_type not in DECODER_FAMILIES:
-        raise ValueError(f"unsupported decoder model_type {model_type!r} (supported: {', '.join(DECODER_FAMILIES)})")
-    family = importlib.import_module(f"tritonformer.backend.models.{DECODER_FAMILIES[model_type]}")
-    if hasattr(family, "adapt"):
-        config, state = family.adapt(config, state)
+    family, config, state = _family(config, state)
     family_config = family.from_hf(config)
     if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and not hasattr(family_config, "names"):
         raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the families "
@@ -117,6 +111,37 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     if tp is None:
         model = family.MODEL(family_config, state, device, dtype)
         return quant.quantize_model(model) if quantize else model
-    if not hasattr(family_config, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
-        raise ValueError(f"tensor parallelism is not supported for model_type {model_type!r}")
+    _check_split(config, family_config, tp)
     return family.MODEL(family_config, state, device, dtype, tp=tp)
+
+
+def check_tensor_parallel(config: dict, world: int) -> None:
+    """Raise the load's error now where the checkpoint of `config` cannot split `world` ways:
+    before any rank joins a process group or any worker starts."""
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    family, config, _ = _family(config, {})
+    _check_split(config, family.from_hf(config), TensorParallelGroup(0, world))
+
+
+def _family(config: dict, state: dict):
+    """(the family module of the checkpoint's `model_type`, its config and tensors as the family
+    reads them)."""
+    import importlib
+
+    model_type = config.get("model_type", "llama")
+    if model_type not in DECODER_FAMILIES:
+        raise ValueError(f"unsupported decoder model_type {model_type!r} (supported: {', '.join(DECODER_FAMILIES)})")
+    family = importlib.import_module(f"tritonformer.backend.models.{DECODER_FAMILIES[model_type]}")
+    if hasattr(family, "adapt"):
+        config, state = family.adapt(config, state)
+    return family, config, state
+
+
+def _check_split(config: dict, spec, tp) -> None:
+    """The split a tensor-parallel rank makes of `spec` (the family's config) is possible."""
+    if not hasattr(spec, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
+        raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
+    tp.part(spec.num_heads, "attention heads")
+    tp.part(spec.num_kv_heads, "KV heads")
+    tp.part(spec.intermediate_size, "MLP columns (intermediate_size)")

@@ -243,8 +243,10 @@ class ParallelRunner:
 def start_ranks(source: ShardSource, world: int):
     """Rank 0's share of the model, here, and the workers with theirs. Returns (model, workers);
     the workers wait for `workers.build_runners` (the KV cache is sized on rank 0)."""
+    from tritonformer.backend.models.decoder import check_tensor_parallel
     from tritonformer.backend.parallel.group import free_address
 
+    check_tensor_parallel(source.config, world)  # before a group exists: a refused split leaves nothing behind
     if source.device_type == "cuda" and torch.cuda.device_count() < source.first_device + world:
         raise ValueError(f"tensor_parallel_size {world} needs GPUs {source.first_device} .. "
                          f"{source.first_device + world - 1}; this process sees {torch.cuda.device_count()}")
