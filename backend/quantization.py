@@ -10,10 +10,10 @@ run it):
   one tensor at a time. Embeddings, norms, biases, classification heads and the decoder's
   output head stay 16-bit (the head: `quantize_model(head=True)` to try it), and so do a
   decoder's and a BERT encoder's first and last layers (FP8_KEEP_EDGE_LAYERS; all-MiniLM-L6-v2's
-  embedding cosine 0.99469 -> 0.99708 by keeping them, models/bert.py). Measured on SmolLM2-135M (CPU, fp32
-  activations, tests/data/fp8_eval.txt's perplexity): every layer in FP8 +3.4%, weight-only
-  FP8 alone +2.2% (E4M3's 3 mantissa bits: 2.6% RMS error per weight, whatever the scale);
-  the last layer kept 16-bit +1.7%, the first +3.2%, both +1.4%. On Llama-3.1-8B's shape
+  embedding cosine 0.99469 -> 0.99708 by keeping them, models/bert.py). Measured on
+  SmolLM2-135M (CPU, fp32 activations, tests/data/fp8_eval.txt's perplexity): every layer in
+  FP8 +3.4%, weight-only FP8 alone +2.2% (E4M3's 3 mantissa bits: 2.6% RMS error per weight,
+  whatever the scale); the last layer kept 16-bit +1.7%, the first +3.2%, both +1.4%. On Llama-3.1-8B's shape
   the two are 2/32 of the layer bytes.
 * an FP8 checkpoint, whatever the parameter: the common format of published FP8 Llama / Qwen
   checkpoints, E4M3 weights with a `weight_scale` beside each (per tensor or per output

@@ -157,8 +157,8 @@ def replica_counts(spec: str | None, sizes: list[int], devices: int | None) -> t
 
 
 def kernel_kind(name: str) -> str:
-    """"all_reduce" (NCCL's AllReduce kernels, our one-shot and push kernels), "collective" (NCCL's other
-    kernels: the logits' gather, the sampled ids' broadcast) or "compute"."""
+    """"all_reduce" (NCCL's AllReduce kernels, our one-shot and push kernels), "collective"
+    (NCCL's other kernels: the logits' gather, the sampled ids' broadcast) or "compute"."""
     low = name.lower()
     if "all_reduce" in low or "allreduce" in low:
         return "all_reduce"
@@ -237,7 +237,8 @@ def build(task: dict):
         state = seeded_shard_state(cfg, task["seed"], str(device), task["dtype"])
         model = load_decoder(cfg, state, device, getattr(torch, task["dtype"]), max_len)
     else:
-        source = ShardSource("", cfg, task["dtype"], task["device"], 0, max_len, state_factory=functools.partial(seeded_shard_state, dtype=task["dtype"]),
+        source = ShardSource("", cfg, task["dtype"], task["device"], 0, max_len,
+                             state_factory=functools.partial(seeded_shard_state, dtype=task["dtype"]),
                              factory_args=(cfg, task["seed"]))
         model, workers = start_ranks(source, size)
     try:

@@ -90,7 +90,7 @@ NUM_WARPS = 4
 # written holds SENTINEL in every 16-bit element (the bits of -0.0 in fp16 and in bf16, which
 # no pushed value has: -0.0 is pushed as +0.0, which changes no sum of the reference's).
 PUSH_SLOT = 1 << 20  # (backend/parallel/allreduce.py routes only the smallest messages here: measured)
-PUSH_BYTES = 2 * FLAG_WORLD * PUSH_SLOT
+PUSH_REGIONS_BYTES = 2 * FLAG_WORLD * PUSH_SLOT  # both parities' slots, in every buffer
 SENTINEL = -32768  # 0x8000 as int16
 PUSH_BLOCK = 1024
 PUSH_MAX_PROGRAMS = 128  # all resident at once on any GPU this serves (a waiting program spins)
@@ -99,7 +99,7 @@ PUSH_MAX_PROGRAMS = 128  # all resident at once on any GPU this serves (a waitin
 def buffer_bytes(capacity: int) -> int:
     """Bytes of one rank's symmetric buffer for messages of up to `capacity` bytes (one-shot)
     and up to PUSH_SLOT bytes (push)."""
-    return push_at(capacity) + PUSH_BYTES
+    return push_at(capacity) + PUSH_REGIONS_BYTES
 
 
 def push_at(capacity: int) -> int:

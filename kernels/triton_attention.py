@@ -315,9 +315,10 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
     keys, bf16, H100): at head dim 256 (Gemma) 128x64 blocks, 8 warps, 2 stages, 0.177 against
     0.325 ms for the small tiles (3 stages took 0.205, and 262,144 bytes of shared memory, past
     the H100's 232,448, at a GQA group of 4); at 128 with one query head per KV head (Phi-3,
-    2,000 rows) 64x64, 4 warps, 2 stages, 0.155 against 0.204 ms. Shorter head-dim-256 launches keep the
-    small fp32 tiles (not tuned), and so do all of them before Hopper (`hopper` False), whose
-    shared memory is smaller than the 128x64 tiles' pipeline at head dim 256.
+    2,000 rows) 64x64, 4 warps, 2 stages, 0.155 against 0.204 ms. Shorter head-dim-256
+    launches keep the small fp32 tiles (not tuned), and so do all of them before Hopper
+    (`hopper` False), whose shared memory is smaller than the 128x64 tiles' pipeline at head
+    dim 256.
     """
     if not on_gpu:
         return 16, 16, 4, 1

@@ -151,8 +151,9 @@ class TransformerDecoder(DecoderModel):
         """With `tp`, this rank's share of the model (Megatron-LM's split): its query and KV heads
         of the QKV projection and the matching columns of the output projection, its columns of
         gate/up and rows of down, its rows of the (padded) vocabulary embedding and head (one
-        tensor where they are tied); the norms whole. `config` then describes the share (heads, KV heads and intermediate
-        size divided), which is what the forward, the KV cache and the decode graphs read."""
+        tensor where they are tied); the norms whole. `config` then describes the share (heads,
+        KV heads and intermediate size divided), which is what the forward, the KV cache and the
+        decode graphs read."""
         super().__init__(config, state, device, dtype)
         c, n = config, config.names
         hidden, head = c.hidden_size, c.head_dim
@@ -206,8 +207,9 @@ class TransformerDecoder(DecoderModel):
             self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden))
         else:  # vocabulary-parallel: this rank's rows of the embedding and of the head
             self.vocab_size = c.vocab_size
-            self.embed = self._vocab_rows(state[checked(n.embed, (c.vocab_size, hidden))])
-            self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, (c.vocab_size, hidden))])
+            table = (c.vocab_size, hidden)
+            self.embed = self._vocab_rows(state[checked(n.embed, table)])
+            self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
         self.final_norm = norm(n.final_norm)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.

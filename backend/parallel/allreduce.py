@@ -2,8 +2,9 @@
 
 A decode step all-reduces a few rows of hidden states twice per layer; NCCL spends ~11-16 us
 on each even inside a CUDA graph, our kernels over peer buffers (kernels/triton_allreduce.py:
-push for the smallest, one-shot up to a threshold) a fraction of that. Which one runs is decided per call by
-`route` from the message and the mode, read once from `TRITONFORMER_ALLREDUCE`:
+push for the smallest, one-shot up to a threshold) a fraction of that. Which one runs is
+decided per call by `route` from the message and the mode, read once from
+`TRITONFORMER_ALLREDUCE`:
 
 * `auto` (default): our push kernel (no flags: the data is its own signal) up to PUSH_BYTES,
   our one-shot kernel up to `threshold_bytes(world)`, NCCL above;
@@ -44,7 +45,7 @@ log = logging.getLogger("tritonformer")
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
 MODES = ("auto", "nccl", "oneshot")
 MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
-PUSH_BYTES = 64 * 1024  # `auto`: the push kernel up to this (its slots hold up to 1 MiB: not yet timed there)
+PUSH_BYTES = 64 * 1024  # `auto`: the push kernel up to this (its slots hold 1 MiB: not yet timed past 64 KB)
 
 
 def threshold_bytes(world: int) -> int:
@@ -77,11 +78,11 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
     if mode == "nccl":
         return "nccl", None
     if world > MAX_WORLD:
-        return "nccl", f"{world} ranks (the one-shot kernel serves up to {MAX_WORLD})"
+        return "nccl", f"{world} ranks (our kernels serve up to {MAX_WORLD})"
     if not ready:
         return "nccl", "no peer buffers"
     if dtype not in DTYPES:
-        return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (the one-shot kernel serves fp16 and bf16)"
+        return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (our kernels serve fp16 and bf16)"
     if not contiguous:
         return "nccl", "a non-contiguous tensor"
     if mode == "auto" and nbytes <= PUSH_BYTES:

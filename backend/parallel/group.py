@@ -3,9 +3,9 @@ split): column-parallel QKV and gate/up projections, row-parallel output and dow
 with one all-reduce after each, a vocabulary-parallel embedding (its looked-up rows summed by
 one more all-reduce) and output head (its logits gathered).
 
-Between GPUs the all-reduces go to `allreduce.AllReduce`: our push and one-shot kernels over peer buffers
-for small messages, NCCL above (and as its fallback), both captured in the decode CUDA graphs
-like any kernel; its peer buffers are set up in `join`, on every rank at once, since setting
+Between GPUs the all-reduces go to `allreduce.AllReduce`: our push and one-shot kernels over
+peer buffers for small messages, NCCL above (and as its fallback), all captured in the decode
+CUDA graphs like any kernel; its peer buffers are set up in `join`, on every rank at once, since setting
 them up is collective and a capture cannot contain it. Everything else is NCCL. On the CPU,
 gloo, so the split is testable without a GPU.
 """

@@ -1,11 +1,12 @@
-"""Microseconds per tensor-parallel all-reduce: NCCL against our one-shot kernel (GPUs, 2+).
+"""Microseconds per tensor-parallel all-reduce: NCCL against our one-shot and push kernels (GPUs, 2+).
 
 One process per GPU. For each message size and dtype it times NCCL launched eagerly, NCCL
 captured in a CUDA graph (CALLS all-reduces in one graph, as a decode step holds them), our
 one-shot kernel (kernels/triton_allreduce.py, peer buffers set up as TensorParallelGroup does)
-and our push kernel (messages of up to its PUSH_SLOT) eagerly and in a graph, and torch's symmetric-memory `one_shot_all_reduce` with the copy into
-its buffer (bf16 only in torch 2.11; a dash where it fails). `ours=ref` says whether our sums were
-the reference's bits on rank 0 for random inputs. The whole run is bounded (< 3 minutes):
+and our push kernel (messages of up to its PUSH_SLOT) eagerly and in a graph, and torch's
+symmetric-memory `one_shot_all_reduce` with the copy into its buffer (bf16 only in torch 2.11;
+a dash where it fails). `ours=ref` says whether our sums were the reference's bits on rank 0
+for random inputs. The whole run is bounded (< 3 minutes):
 
     python3 tools/gpu/time_allreduce.py [--gpus 2] [--sizes 8K,16K,64K,256K,512K,1M]
                                         [--block 2048] [--programs 32] [--no-pdl]
