@@ -14,7 +14,8 @@ graphs with the all-reduces captured, rounds of max_decode_steps). `--parts` pic
   engines, each its own process on its own GPU serving 1/N of the requests, started together,
   their tokens summed over the wall time of the slowest;
 - `profile`: torch.profiler over decode iterations at each batch on rank 0: the GPU time per
-  iteration in all-reduce kernels (NCCL's or our own) against all kernels and the whole step;
+  iteration in all-reduce kernels (NCCL's or our own) against all kernels and the whole step,
+  and the kernels taking the most time (TP=1 too, to set each rank's kernels beside one GPU's);
 - `agree`: 32 greedy tokens of 3 fixed prompts at each size against TP=1 (and TP=2): identical
   or where they part, the share of identical tokens, and the largest logit difference of the
   first step (fp16 sums in another order: a near tie may part them later).
@@ -45,11 +46,13 @@ from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly,
 from tritonformer.client.traces import TraceRequest, orca_trace
 
 PARTS = ("steps", "trace", "profile", "agree")
-ALLREDUCE = ("nccl", "oneshot", "auto")
+ALLREDUCE = ("nccl", "oneshot", "push", "auto")
 ALLREDUCE_ENV = "TRITONFORMER_ALLREDUCE"
 TINY = "tiny:"  # `--model tiny:<shape>`: the shape shrunk to 2 layers (model_shapes.shrunk), for CPU runs
 TRACE_MAX_RUNNING = 256  # bench serve-decoder's engine for the trace
 AGREE_TOKENS = 32
+TOP_KERNELS = 10  # the profile part lists this many kernels by time
+NAME_CHARS = 60
 GRACE_S = 30.0  # a configuration's process, its results sent, has this long to leave its group
 
 
@@ -59,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,2", help="tensor-parallel sizes, comma-separated (1, 2, 4, 8)")
     parser.add_argument("--parts", default="steps", help="comma-separated: " + ", ".join(PARTS))
     parser.add_argument("--allreduce", default="auto",
-                        help="all-reduce of the split sizes: nccl, oneshot or auto, or a comma list run one after "
+                        help="all-reduce of the split sizes: nccl, oneshot, push or auto, or a comma list run one after "
                              "the other (set as TRITONFORMER_ALLREDUCE)")
     parser.add_argument("--batches", default="1,64", help="decode batches of the steps and profile parts")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens of every sequence (steps, profile)")
@@ -179,6 +182,19 @@ def collective_times(kernels, iterations: int) -> dict:
     return out
 
 
+def top_kernels(kernels, iterations: int, count: int = TOP_KERNELS) -> list:
+    """The `count` kernels (by name, cut to NAME_CHARS) taking the most GPU time per decode
+    iteration: [name, us per iteration, launches per iteration], most first."""
+    by_name: dict[str, list] = {}
+    for name, us in kernels:
+        total = by_name.setdefault(name[:NAME_CHARS], [0.0, 0])
+        total[0] += us
+        total[1] += 1
+    n = max(iterations, 1)
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:count]
+    return [[name, us / n, launches / n] for name, (us, launches) in ranked]
+
+
 def compare_tokens(a: list[list[int]], b: list[list[int]]) -> dict:
     """Greedy outputs of the same prompts: identical, the first (prompt, token) where they part,
     and the share of positions holding the same token."""
@@ -260,8 +276,8 @@ def release(engine, workers) -> None:
     """Stop the workers and leave the group (the process ends next: that frees the rest)."""
     if workers is not None:
         workers.stop()
-    if engine is not None and getattr(engine.runner.model, "tp", None) is not None:
-        engine.runner.model.tp.leave()
+    if engine is not None:
+        engine.runner.close()  # its graphs, then the group
 
 
 def step_ms(engine, batch: int, context: int, steps: int, vocab: int) -> float:
@@ -314,7 +330,7 @@ def profile_batch(engine, batch: int, context: int, steps: int, vocab: int) -> d
     _drain(engine)
     kernels = [(e.name, e.device_time) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return {"batch": batch, "iterations": iterations, "step_us": wall / iterations * 1e6,
-            **collective_times(kernels, iterations)}
+            **collective_times(kernels, iterations), "top": top_kernels(kernels, iterations)}
 
 
 def trace_share(task: dict, vocab: int) -> list:
@@ -363,7 +379,7 @@ def measure(engine, task: dict, out: dict) -> dict:
     vocab = engine.runner.model.vocab_size
     if "steps" in parts:
         out["steps"] = {b: step_ms(engine, b, task["context"], task["steps"], vocab) for b in task["batches"]}
-    if "profile" in parts and task["device"] == "cuda" and task["size"] > 1:
+    if "profile" in parts and task["device"] == "cuda":
         out["profile"] = [profile_batch(engine, b, task["context"], task["profile_steps"], vocab)
                           for b in task["batches"]]
     if "trace" in parts:
@@ -703,8 +719,12 @@ def tables(results: dict, name: str) -> list[str]:
                          f"{r['all_reduce_us'] / max(r['kernel_us'], 1e-9):.1%} / "
                          f"{r['all_reduce_us'] / r['step_us']:.1%} | "
                          f"{r['collective_us']:.1f} ({r['collective_count']:.1f}) |")
-            if r["all_reduce_count"] == 0:
+            if r["all_reduce_count"] == 0 and r["tp"] > 1:
                 lines.append("(no all-reduce kernel seen: names matched case-insensitively on all_reduce / allreduce)")
+        for r in of("profile"):
+            lines += [f"\nkernels by time per iteration, TP={r['tp']} ({r['allreduce']}), batch {r['batch']}:",
+                      "| kernel | us | launches |", "|---|---:|---:|"]
+            lines += [f"| `{k}` | {us:.1f} | {n:.1f} |" for k, us, n in r.get("top", [])]
     if of("agree"):
         lines += [f"\n## greedy agreement, {name}: {results['agree_tokens']} tokens of 3 prompts, the same weights "
                   "at every size",

@@ -89,11 +89,15 @@ NUM_WARPS = 4
 # The push kernel: each rank's slot in every buffer holds up to PUSH_SLOT bytes; a slot not yet
 # written holds SENTINEL in every 16-bit element (the bits of -0.0 in fp16 and in bf16, which
 # no pushed value has: -0.0 is pushed as +0.0, which changes no sum of the reference's).
-PUSH_SLOT = 1 << 20  # (backend/parallel/allreduce.py routes only the smallest messages here: measured)
+PUSH_SLOT = 2 << 20  # 256 decode rows of hidden 4096 in fp16 (backend/parallel/allreduce.py routes by measure)
 PUSH_REGIONS_BYTES = 2 * FLAG_WORLD * PUSH_SLOT  # both parities' slots, in every buffer
 SENTINEL = -32768  # 0x8000 as int16
+# Push launch shape: PUSH_BLOCK elements per tile, at most PUSH_MAX_PROGRAMS programs (the
+# default and the most: all resident at once on any GPU this serves, and a waiting program
+# spins). On two H100s 128 programs moved 512 KB in 5.0 us where 32 took 9.5 (equal up to
+# 128 KB): tools/gpu/time_allreduce.py --push-programs.
 PUSH_BLOCK = 1024
-PUSH_MAX_PROGRAMS = 128  # all resident at once on any GPU this serves (a waiting program spins)
+PUSH_MAX_PROGRAMS = 128
 
 
 def buffer_bytes(capacity: int) -> int:
@@ -308,5 +312,5 @@ def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | Non
     if x.element_size() != 2 or not x.is_floating_point() or (out is not None and out.dtype != x.dtype):
         raise ValueError(f"push_all_reduce sums 16-bit floats into their own dtype, not {x.dtype}")
     return _launch(_push_all_reduce_kernel, "push_all_reduce", x, out, peers, PUSH_SLOT, "push slots",
-                   block or PUSH_BLOCK, max_programs or MAX_PROGRAMS, PUSH_MAX_PROGRAMS, num_warps, pdl,
+                   block or PUSH_BLOCK, max_programs or PUSH_MAX_PROGRAMS, PUSH_MAX_PROGRAMS, num_warps, pdl,
                    PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, SENTINEL=SENTINEL)

@@ -17,7 +17,8 @@ import traceback
 import pytest
 import torch
 
-from tritonformer.backend.parallel.allreduce import MAX_BYTES, MODE_ENV, PUSH_BYTES, read_mode, route, threshold_bytes
+from tritonformer.backend.parallel.allreduce import (MAX_BYTES, MODE_ENV, PUSH_MAX_BYTES, push_bytes, read_mode,
+                                                     route)
 from tritonformer.kernels.reference import all_reduce_sum
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -56,7 +57,8 @@ def test_mode_comes_from_the_environment_and_is_checked():
     assert read_mode({MODE_ENV: ""}) == "auto"
     assert read_mode({MODE_ENV: "NCCL"}) == "nccl"
     assert read_mode({MODE_ENV: " oneshot "}) == "oneshot"
-    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot"):
+    assert read_mode({MODE_ENV: "push"}) == "push"
+    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot, push"):
         read_mode({MODE_ENV: "fast"})
 
 
@@ -66,17 +68,18 @@ KB = 1024
 @pytest.mark.parametrize("mode, nbytes, dtype, contiguous, world, ready, path, said", [
     ("auto", 8 * KB, F16, True, 2, True, "push", None),
     ("auto", 16 * KB, BF16, True, 8, True, "push", None),
-    ("auto", PUSH_BYTES, F16, True, 2, True, "push", None),
-    ("auto", PUSH_BYTES + 2, F16, True, 2, True, "oneshot", None),  # past the push threshold
-    ("oneshot", 8 * KB, F16, True, 2, True, "oneshot", None),  # forced
-    ("auto", threshold_bytes(2), F16, True, 2, True, "oneshot", None),
-    ("auto", threshold_bytes(4) + 2, F16, True, 4, True, "nccl", None),  # more ranks hand over sooner
-    ("auto", threshold_bytes(4), F16, True, 4, True, "oneshot", None),
-    ("auto", threshold_bytes(2) + 2, F16, True, 2, True, "nccl", None),  # by size: nothing to say
+    ("auto", push_bytes(2), F16, True, 2, True, "push", None),  # 256 rows of hidden 4096
+    ("auto", push_bytes(2) + 2, F16, True, 2, True, "nccl", None),  # by size: nothing to say
+    ("auto", push_bytes(4), F16, True, 4, True, "push", None),
+    ("auto", push_bytes(4) + 2, F16, True, 4, True, "nccl", None),  # more ranks hand over sooner
     ("auto", 4 * MAX_BYTES, F16, True, 2, True, "nccl", None),
-    ("oneshot", MAX_BYTES, F16, True, 2, True, "oneshot", None),  # forced: past the threshold
+    ("oneshot", 8 * KB, F16, True, 2, True, "oneshot", None),  # forced
+    ("oneshot", MAX_BYTES, F16, True, 2, True, "oneshot", None),
     ("oneshot", MAX_BYTES + 2, F16, True, 2, True, "nccl", "bytes"),
     ("nccl", 8 * KB, F16, True, 2, True, "nccl", None),
+    ("push", PUSH_MAX_BYTES, BF16, True, 4, True, "push", None),  # forced: past auto's hand-over at 4 ranks
+    ("push", PUSH_MAX_BYTES + 2, F16, True, 2, True, "nccl", "push slots hold"),
+    ("push", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("auto", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("oneshot", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
     ("auto", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
@@ -91,9 +94,16 @@ def test_route(mode, nbytes, dtype, contiguous, world, ready, path, said):
     assert (why is None) == (said is None) and (said is None or said in why), why
 
 
+def test_push_route_matches_the_kernels_slots():
+    from tritonformer.kernels.triton_allreduce import PUSH_SLOT
+
+    assert PUSH_MAX_BYTES == PUSH_SLOT
+
+
 def test_route_threshold_and_capacity_are_parameters():
     assert route("auto", 128 * KB, F16, True, 2, True, threshold=96 * KB)[0] == "nccl"
-    assert route("auto", 128 * KB, F16, True, 2, True, threshold=128 * KB)[0] == "oneshot"
+    assert route("auto", 128 * KB, F16, True, 2, True, threshold=128 * KB)[0] == "push"
+    assert route("auto", PUSH_MAX_BYTES + 2, F16, True, 2, True, threshold=4 * PUSH_MAX_BYTES)[0] == "nccl"
     assert route("oneshot", 64 * KB, F16, True, 2, True, max_bytes=32 * KB)[0] == "nccl"
 
 
@@ -249,12 +259,6 @@ def test_push_kernel_refuses_what_it_cannot_hold():
         sim.ar.push_all_reduce(torch.zeros(8, dtype=torch.float32), sim.peers)
 
 
-def test_push_threshold_fits_the_kernels_slots():
-    from tritonformer.kernels.triton_allreduce import PUSH_SLOT
-
-    assert PUSH_BYTES <= PUSH_SLOT
-
-
 @interpreted
 def test_kernel_refuses_what_it_cannot_hold():
     sim = _Simulated(2, 1024)
@@ -378,9 +382,9 @@ def _rank_main(rank: int, world: int, address: str, results) -> None:
             wrong += _check_summer(ipc, rank, world, device, "ipc")
         for transport in ("symm_mem", "ipc"):  # auto: the push kernel, on both transports
             push = AllReduce.create(rank, world, device, mode="auto", transports=(transport,))
-            shapes = [shape for shape in SHAPES if shape[0] * shape[1] * 2 <= PUSH_BYTES] + [(16, 4096)]
-            wrong += _check_summer(push, rank, world, device, f"push over {transport}",  # 128 KB: one-shot
-                                   lambda nbytes: "push" if nbytes <= PUSH_BYTES else "oneshot", shapes)
+            # up to 2 MB (256 rows of 4096) at 2 ranks; NCCL's sums past the hand-over are not the reference's bits
+            shapes = [s for s in SHAPES + [(256, 4096)] if s[0] * s[1] * 2 <= push_bytes(world)]
+            wrong += _check_summer(push, rank, world, device, f"push over {transport}", lambda nbytes: "push", shapes)
         results.put((rank, summer.peers.transport, wrong))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, None, [traceback.format_exc()]))

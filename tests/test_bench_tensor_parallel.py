@@ -66,6 +66,13 @@ def test_profiled_kernels_are_counted_by_kind():
                  "collective_count": 2.0}
 
 
+def test_profiled_kernels_are_ranked_by_time_per_iteration():
+    kernels = [("gemv", 3.0), ("attention", 5.0), ("gemv", 4.0), ("x" * 80, 1.0)] * 2
+    top = bench.top_kernels(kernels, 2, count=2)
+    assert top == [["gemv", 7.0, 2.0], ["attention", 5.0, 1.0]]
+    assert bench.top_kernels(kernels, 2)[-1][0] == "x" * bench.NAME_CHARS
+
+
 def test_token_comparison_names_the_first_divergence():
     same = bench.compare_tokens([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]])
     assert same == {"identical": True, "first_divergence": None, "identical_fraction": 1.0}

@@ -13,6 +13,7 @@ all the rounds' samples go to the host in one copy.
 """
 from __future__ import annotations
 
+import gc
 from typing import NamedTuple
 
 import numpy as np
@@ -95,6 +96,19 @@ class DecoderRunner:
             if cuda_graphs:
                 max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
                 self.graphs = DecodeGraphs(model, cache, max_running, max_blocks, self.last_ids)
+
+    def close(self) -> None:
+        """Let go of what outlives requests: the decode graphs, then, for a split model, this
+        rank's process group. In that order: NCCL lets a communicator go only once every CUDA
+        graph that captured one of its collectives is destroyed, and waits for that (unloading
+        a TP=2 model on two H100s hung there while the graphs lived)."""
+        if self.graphs is not None:
+            torch.cuda.synchronize(self.model.device)  # no replay still running
+            self.graphs = None
+            gc.collect()  # graphs held in reference cycles go now, not at some later collection
+        tp = getattr(self.model, "tp", None)
+        if tp is not None:
+            tp.leave()
 
     def warm_up(self) -> None:
         """First-call costs before the model reports READY, not on a request: kernel compilation

@@ -167,4 +167,4 @@ class EngineServer:
         if self.workers is not None:
             self.workers.stop()
             if self.engine is not None and not self._failed:
-                self.engine.runner.model.tp.leave()
+                self.engine.runner.close()

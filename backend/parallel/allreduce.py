@@ -1,18 +1,21 @@
 """The tensor-parallel sum all-reduce on GPUs: our kernels for small messages, NCCL above.
 
-A decode step all-reduces a few rows of hidden states twice per layer; NCCL spends ~11-16 us
-on each even inside a CUDA graph, our kernels over peer buffers (kernels/triton_allreduce.py:
-push for the smallest, one-shot up to a threshold) a fraction of that. Which one runs is
+A decode step all-reduces a few rows of hidden states twice per layer; NCCL spends ~10-34 us
+on each even inside a CUDA graph, our push kernel over peer buffers (kernels/triton_allreduce.py)
+a third of that. Which one runs is
 decided per call by `route` from the message and the mode, read once from
 `TRITONFORMER_ALLREDUCE`:
 
-* `auto` (default): our push kernel (no flags: the data is its own signal) up to PUSH_BYTES,
-  our one-shot kernel up to `threshold_bytes(world)`, NCCL above;
-* `oneshot`: the one-shot kernel wherever it can run (up to MAX_BYTES), for tests and benchmarks;
+* `auto` (default): our push kernel (no flags: the data is its own signal) up to
+  `push_bytes(world)`, NCCL above;
+* `push`: the push kernel wherever it can run (up to PUSH_MAX_BYTES), NCCL above;
+* `oneshot`: our one-shot kernel (a barrier of flags, then every peer's part read) wherever it
+  can run (up to MAX_BYTES), for tests and benchmarks: push beat it at every size;
 * `nccl`: NCCL only (no peer buffers are set up).
 
-Measured on two H100s (tools/gpu/time_allreduce.py, 50 in a CUDA graph): 8 KB in 2.9 us by
-push, 6.1 by one-shot, 11.0 by NCCL; 64 KB in 3.3, 6.3 and 12.2.
+Measured on two H100s (tools/gpu/time_allreduce.py, 50 in a CUDA graph, fp16, 2026-11-27): push
+/ one-shot / NCCL 3.1 / 6.2 / 9.6 us at 8 KB, 3.4 / 6.3 / 9.4 at 64 KB, 5.0 / 13.7 / 14.3 at
+512 KB (batch 64 of hidden 4096), 12.2 / - / 33.9 at 2 MB (batch 256).
 
 NCCL also serves what ours does not: dtypes other than fp16/bf16, non-contiguous tensors,
 messages over MAX_BYTES, more than 8 ranks, GPUs without peer access, and any failure to set
@@ -43,19 +46,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonformer")
 
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
-MODES = ("auto", "nccl", "oneshot")
+MODES = ("auto", "nccl", "oneshot", "push")
 MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
-PUSH_BYTES = 64 * 1024  # `auto`: the push kernel up to this (its slots hold 1 MiB: not yet timed past 64 KB)
+PUSH_MAX_BYTES = 2 << 20  # the push kernel's slots (kernels/triton_allreduce.PUSH_SLOT; a test holds them equal)
 
 
-def threshold_bytes(world: int) -> int:
-    """`auto`: ours up to this, NCCL above. Ours reads every peer's whole message, so its cost
-    grows with the ranks. Measured on H100s with NVLink: alone in a CUDA graph
-    (tools/gpu/time_allreduce.py) 2 ranks 6.0 vs NCCL 11.5 us at 8 KB, 13.4 vs 14.3 at 512 KB,
-    22.3 vs 18.4 at 1 MB; 4 ranks 8.4 vs 14.4 at 8 KB, 14.2 vs 17.8 at 256 KB, 21.7 vs 20.2 at
-    512 KB. Inside the Llama-3.1-8B decode step at batch 64 (512 KB messages) ours lost where
-    alone it had won (TP=2: 5.54 vs 5.38 ms per step), so the hand-over sits a size lower."""
-    return (512 * 1024) // max(world, 1)
+def push_bytes(world: int) -> int:
+    """`auto`: the push kernel up to this, NCCL above. A rank writes its message into each of
+    its world - 1 peers, so the hand-over keeps every rank's outgoing bytes at what two ranks
+    send at PUSH_MAX_BYTES, where push still ran in 12.2 us against NCCL's 33.9 (two H100s).
+    More than two ranks have not been timed with push yet (tools/gpu/time_allreduce.py)."""
+    return PUSH_MAX_BYTES // max(world - 1, 1)
 
 
 MAX_WORLD = 8
@@ -85,12 +86,15 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
         return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (our kernels serve fp16 and bf16)"
     if not contiguous:
         return "nccl", "a non-contiguous tensor"
-    if mode == "auto" and nbytes <= PUSH_BYTES:
-        return "push", None
+    if mode == "auto":
+        limit = min(push_bytes(world) if threshold is None else threshold, PUSH_MAX_BYTES)
+        return ("push" if nbytes <= limit else "nccl"), None
+    if mode == "push":
+        if nbytes <= PUSH_MAX_BYTES:
+            return "push", None
+        return "nccl", f"{nbytes} bytes (push slots hold {PUSH_MAX_BYTES})"
     if nbytes > max_bytes:
-        return "nccl", None if mode == "auto" else f"{nbytes} bytes (peer buffers hold {max_bytes})"
-    if mode == "auto" and nbytes > (threshold_bytes(world) if threshold is None else threshold):
-        return "nccl", None
+        return "nccl", f"{nbytes} bytes (peer buffers hold {max_bytes})"
     return "oneshot", None
 
 

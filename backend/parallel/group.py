@@ -90,4 +90,18 @@ class TensorParallelGroup:
             self.reducer.close()
             self.reducer = None
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _end_process_group()
+
+
+def _end_process_group() -> None:
+    """Tear the process group down without waiting on a peer's work. NCCL lets a communicator
+    go only once every CUDA graph that captured one of its collectives is destroyed (the
+    runner's close() drops its graphs before it calls leave); destroy_process_group also waits
+    for the works it recorded, which graph-captured ones may never report
+    (pytorch/pytorch#115388). Aborting the communicators waits for no work, and leaves the
+    process free to join a group again."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.get_backend() == "nccl" and abort is not None:
+        abort()
+    else:
+        dist.destroy_process_group()

@@ -81,7 +81,7 @@ def worker_main(source: ShardSource, rank: int, world: int, address: str, conn) 
 
     conn = LockedConnection(conn)  # the calls' answers and the heartbeat share it
     start_heartbeat(conn.send)
-    tp = None
+    tp = runner = None
     try:
         model, tp = load_rank(source, rank, world, address)
         conn.send(("loaded", None))
@@ -111,7 +111,9 @@ def worker_main(source: ShardSource, rank: int, world: int, address: str, conn) 
             pass
         raise
     finally:
-        if tp is not None:
+        if runner is not None:
+            runner.close()  # its graphs, then the group
+        elif tp is not None:
             tp.leave()
 
 

@@ -244,7 +244,8 @@ class TritonPythonModel:
             self.engine.stop()  # first: its last iterations still need the workers
             if self.workers is not None:
                 self.workers.stop()
-                self.engine.runner.model.tp.leave()
+                if self.workers.failure is None:  # after one, a collective may never complete: wait for none
+                    self.engine.runner.close()
         self.sink.close()
         self.metrics.close()
 
