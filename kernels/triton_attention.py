@@ -24,7 +24,8 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   long caches, (sequences x Hkv) programs leave most of the GPU idle; then each sequence's
   keys are cut into NUM_SPLITS chunks handled by separate programs, which write a normalised
   partial output and its log-sum-exp to fp32 workspaces, and `_combine_splits_kernel` merges
-  them.
+  them (or, with FUSE_COMBINE, the last program of each group to finish, counted in on an
+  arrival counter, merges its group's: one launch instead of two).
 * Sliding window and soft-capping (Mistral, Qwen2, Gemma 2/3). With `window`, query position p
   sees keys p - window < k <= p; a program starts its key loop at the first block its first
   query can see, so a long context under a short window costs only the window, and with
@@ -48,16 +49,24 @@ past their sequence's end exit at once, so the grid can be sized from the longes
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import reference, triton_pdl
+from tritonformer.kernels import arrival_counters, reference, triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
 _LOG2E = 1.4426950408889634
+# Split keys: the last split's program combines the partials (True) or _combine_splits_kernel
+# does, one launch more per attention (False). At one decode row the attention is launch-bound
+# (two H100s, Llama-3.1-8B at TP=2: attention + combine took as long per step as at TP=1 on
+# twice the heads), so the fused form is the candidate; it stays off until timed on the GPU
+# (tools/gpu/tune_decode_attention.py --fuse-combine; TRITONFORMER_FUSED_COMBINE=1 turns it on
+# for a whole engine, its tensor-parallel workers included, to time a decode step both ways).
+FUSE_COMBINE = os.environ.get("TRITONFORMER_FUSED_COMBINE") == "1"
 
 
 @triton.jit
@@ -143,10 +152,12 @@ def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e, lookahead,
+    Counters,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -259,16 +270,50 @@ def _varlen_attention_kernel(
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if NUM_SPLITS == 1:
-        o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok)
     else:
         # Partial result of this split: its normalised output and log2-sum-exp2 of its scores
         # (-1e30 when it saw no key), in fp32 workspaces laid out [NUM_SPLITS, Tq, H, (BLOCK_D)].
-        part = split * split_stride + q_tok * (GROUP * tl.num_programs(2)) + heads
+        row = q_tok * (GROUP * tl.num_programs(2)) + heads
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), -1.0e30)
-        tl.store(PartialLse + part, lse, mask=offs_q < seqlen_q)
-        tl.store(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok)
+        tl.store(PartialLse + split * split_stride + row, lse, mask=offs_q < seqlen_q)
+        tl.store(PartialOut + (split * split_stride + row)[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok)
+        if FUSE_COMBINE:
+            # The splits of one (query block, sequence, kv head) count in on its counter; the
+            # last to arrive combines all of them (in split order: whoever came last, the same
+            # sums) and resets the counter: no second kernel.
+            tl.debug_barrier()  # every thread's partial is stored before the count says so (release)
+            counter = Counters + (block_m * tl.num_programs(1) + seq) * tl.num_programs(2) + kv_head
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+            if arrived == NUM_SPLITS - 1:
+                whole = _combined(PartialOut, PartialLse, row, split_stride, offs_q < seqlen_q, row_ok, offs_d,
+                                  NUM_SPLITS, BLOCK_M, BLOCK_D)
+                tl.store(o_ptrs, whole.to(Out.dtype.element_ty), mask=row_ok)
+                tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
+def _combined(PartialOut, PartialLse, row, split_stride, q_ok, row_ok, offs_d,
+              NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows `row` of the output from every split's partial output, each weighted by its share
+    of the softmax mass (what _combine_splits_kernel computes, for a program's rows). Loads
+    .cg: from L2, where the other SMs' partials are, never a stale line of this SM's L1."""
+    top = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        lse = tl.load(PartialLse + s * split_stride + row, mask=q_ok, other=-1.0e30, cache_modifier=".cg")
+        top = tl.maximum(top, lse)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        lse = tl.load(PartialLse + s * split_stride + row, mask=q_ok, other=-1.0e30, cache_modifier=".cg")
+        weight = tl.where(lse > -1.0e29, tl.exp2(lse - top), 0.0)
+        part = tl.load(PartialOut + (s * split_stride + row)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok,
+                       other=0.0, cache_modifier=".cg")
+        acc += part * weight[:, None]
+        total += weight
+    return acc / tl.where(total > 0.0, total, 1.0)[:, None]
 
 
 @triton.jit
@@ -489,6 +534,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     else:
         qk_scale, softcap_log2e = float(scale) * _LOG2E, 0.0
     pdl = triton_pdl.enabled(q.device)
+    fuse = splits > 1 and FUSE_COMBINE
+    counters = arrival_counters.zeroed(q.device, m_blocks * num_seqs * num_kv_heads, "attention") if fuse else out
     _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -496,14 +543,15 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
         min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead,
+        counters,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
         HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
-        num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
+        FUSE_COMBINE=fuse, num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
-    if splits > 1:
+    if splits > 1 and not fuse:
         _combine_splits_kernel[(total_q, num_heads)](
             partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_D=block_d, PDL=pdl, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,

@@ -7,6 +7,11 @@ graphs launch it, under every (BLOCK_N, num_warps, num_stages, key splits) in a 
 prints the current configuration next to the best ones:
 
     python3 tools/gpu/tune_decode_attention.py [--contexts 128,512] [--batches 1,64] [--splits 1,2,4]
+        [--models llama-8b,llama-8b-tp2] [--fuse-combine]
+
+With --fuse-combine, each row also times the current configuration with the split keys'
+combine fused into the attention launch (triton_attention.FUSE_COMBINE): one launch per layer
+instead of two wherever the keys are split.
 
 The keys and values come from HBM, as in a model's forward, where the other layers' weights
 and caches pass through L2 between two attention launches: the timed graph cycles through
@@ -25,7 +30,8 @@ from tritonformer.backend.decoder.graphs import key_splits
 from tritonformer.kernels import triton_attention as ta
 from tritonformer.kernels.gpu_info import sm_count
 
-SHAPES = {"gpt2": (12, 12, 64), "llama-1B": (32, 8, 64)}  # query heads, kv heads, head dim
+# query heads, kv heads, head dim (llama-8b-tp2: one rank's share at tensor_parallel_size 2)
+SHAPES = {"gpt2": (12, 12, 64), "llama-1B": (32, 8, 64), "llama-8b": (32, 8, 128), "llama-8b-tp2": (16, 4, 128)}
 PAGE = 16
 
 
@@ -87,13 +93,16 @@ def main() -> int:
     parser.add_argument("--warps", default="2,4")
     parser.add_argument("--stages", default="1,2,3")
     parser.add_argument("--splits", default="", help="key splits tried (default: 1, 2, the current and twice it)")
+    parser.add_argument("--fuse-combine", action="store_true", help="also time the current config, combine fused")
     args = parser.parse_args()
     sms = sm_count(torch.device("cuda"))
     current = ta._launch_config
     print(f"# paged decode attention, {torch.cuda.get_device_name()}, fp16, page {PAGE}, us per launch in a "
           "CUDA graph, keys and values read from HBM (L2 cold)")
-    print("| model | batch | context | current (BLOCK_N, warps, stages, splits) us | best us | best config | 2nd | 3rd |")
-    print("|---|---:|---:|---|---:|---|---|---|")
+    fused_head = " combine fused us |" if args.fuse_combine else ""
+    print("| model | batch | context | current (BLOCK_N, warps, stages, splits) us |" + fused_head
+          + " best us | best config | 2nd | 3rd |")
+    print("|---|---:|---:|---|" + ("---:|" if args.fuse_combine else "") + "---:|---|---|---|")
     for (name, (heads, kv_heads, head_dim)), batch, context in itertools.product(
             [(m, SHAPES[m]) for m in args.models.split(",")], ints(args.batches), ints(args.contexts)):
         sets = cold_input_sets(batch, context, heads, kv_heads, head_dim)
@@ -110,12 +119,19 @@ def main() -> int:
 
         _, bn0, w0, s0 = current(head_dim, torch.float16, heads // kv_heads, True)
         base = graph_us(run(default_splits), calls=2 * len(sets))
+        fused_cell = ""
+        if args.fuse_combine:
+            ta.FUSE_COMBINE = True
+            try:
+                fused_cell = f" {graph_us(run(default_splits), calls=2 * len(sets)):.2f} |"
+            finally:
+                ta.FUSE_COMBINE = False
         splits = ints(args.splits) if args.splits else sorted({1, 2, default_splits, 2 * default_splits})
         candidates = [c for c in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), splits)
                       if c[3] <= 16 and c[0] * c[3] <= context]
         results = sweep_launch_configs(candidates, lambda c: graph_us(run(c[3]), calls=2 * len(sets)),
                                        lambda c: (16, *c[:3]))
-        print(f"| {name} | {batch} | {context} | ({bn0}, {w0}, {s0}, {default_splits}) {base:.2f} | "
+        print(f"| {name} | {batch} | {context} | ({bn0}, {w0}, {s0}, {default_splits}) {base:.2f} |{fused_cell} "
               f"{ranked_cells(results, '.2f')} |", flush=True)
     return 0
 
