@@ -2,9 +2,8 @@
 
 A decode step all-reduces a few rows of hidden states twice per layer; NCCL spends ~10-34 us
 on each even inside a CUDA graph, our push kernel over peer buffers (kernels/triton_allreduce.py)
-a third of that. Which one runs is
-decided per call by `route` from the message and the mode, read once from
-`TRITONFORMER_ALLREDUCE`:
+a third of that. Which one runs is decided per call by `route` from the message and the mode,
+read once from `TRITONFORMER_ALLREDUCE`:
 
 * `auto` (default): our push kernel (no flags: the data is its own signal) up to
   `push_bytes(world)`, NCCL above;
@@ -18,7 +17,7 @@ Measured on two H100s (tools/gpu/time_allreduce.py, 50 in a CUDA graph, fp16, 20
 512 KB (batch 64 of hidden 4096), 12.2 / - / 33.9 at 2 MB (batch 256).
 
 NCCL also serves what ours does not: dtypes other than fp16/bf16, non-contiguous tensors,
-messages over MAX_BYTES, more than 8 ranks, GPUs without peer access, and any failure to set
+larger messages (a prefill's), more than 8 ranks, GPUs without peer access, and any failure to set
 up the peer buffers (logged once, with why). Every rank takes the same decision for the same
 call, so the ranks stay in step.
 
@@ -47,7 +46,7 @@ log = logging.getLogger("tritonformer")
 
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
 MODES = ("auto", "nccl", "oneshot", "push")
-MAX_BYTES = 1 << 20  # ours handles messages up to this (64 rows x 8192 hidden, fp16)
+MAX_BYTES = 1 << 20  # the one-shot kernel's data region (64 rows x 8192 hidden, fp16)
 PUSH_MAX_BYTES = 2 << 20  # the push kernel's slots (kernels/triton_allreduce.PUSH_SLOT; a test holds them equal)
 
 
