@@ -10,7 +10,7 @@ device. Each buffer is laid out as
 
 Two kernels use them: `one_shot_all_reduce` (below: copy in, a barrier of flags, read every
 peer's part) and `push_all_reduce` (at the end of this file: write into every peer's slot,
-no flags at all), for the smallest messages.
+no flags at all), which `auto` uses for every decode-sized message.
 
 and the flags are `[2 parities][FLAG_PROGRAMS][FLAG_WORLD]`: slot (q, b, s) of rank r's buffer
 is where rank s's program b says "arrived" to rank r in a call of parity q.
@@ -227,7 +227,7 @@ def _launch(kernel, name: str, x: torch.Tensor, out: torch.Tensor | None, peers:
     return out
 
 
-# ---- push: the smallest messages, no flags ------------------------------------------------------
+# ---- push: decode-sized messages, no flags -------------------------------------------------------
 #
 # One launch, the same grid on every rank; parity q = calls & 1 as above. Program b, for each of
 # its tiles (b, b + G, ...):

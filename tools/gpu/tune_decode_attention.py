@@ -121,11 +121,11 @@ def main() -> int:
         base = graph_us(run(default_splits), calls=2 * len(sets))
         fused_cell = ""
         if args.fuse_combine:
-            ta.FUSE_COMBINE = True
+            was, ta.FUSE_COMBINE = ta.FUSE_COMBINE, True
             try:
                 fused_cell = f" {graph_us(run(default_splits), calls=2 * len(sets)):.2f} |"
             finally:
-                ta.FUSE_COMBINE = False
+                ta.FUSE_COMBINE = was
         splits = ints(args.splits) if args.splits else sorted({1, 2, default_splits, 2 * default_splits})
         candidates = [c for c in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), splits)
                       if c[3] <= 16 and c[0] * c[3] <= context]
