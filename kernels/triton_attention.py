@@ -24,8 +24,7 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   long caches, (sequences x Hkv) programs leave most of the GPU idle; then each sequence's
   keys are cut into NUM_SPLITS chunks handled by separate programs, which write a normalised
   partial output and its log-sum-exp to fp32 workspaces, and `_combine_splits_kernel` merges
-  them (or, with FUSE_COMBINE, the last program of each group to finish, counted in on an
-  arrival counter, merges its group's: one launch instead of two).
+  them.
 * Sliding window and soft-capping (Mistral, Qwen2, Gemma 2/3). With `window`, query position p
   sees keys p - window < k <= p; a program starts its key loop at the first block its first
   query can see, so a long context under a short window costs only the window, and with
@@ -49,24 +48,16 @@ past their sequence's end exit at once, so the grid can be sized from the longes
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import arrival_counters, reference, triton_pdl
+from tritonformer.kernels import reference, triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
 _LOG2E = 1.4426950408889634
-# Split keys: the last split's program combines the partials (True) or _combine_splits_kernel
-# does, one launch more per attention (False). At one decode row the attention is launch-bound
-# (two H100s, Llama-3.1-8B at TP=2: attention + combine took as long per step as at TP=1 on
-# twice the heads), so the fused form is the candidate; it stays off until timed on the GPU
-# (tools/gpu/tune_decode_attention.py --fuse-combine; TRITONFORMER_FUSED_COMBINE=1 turns it on
-# for a whole engine, its tensor-parallel workers included, to time a decode step both ways).
-FUSE_COMBINE = os.environ.get("TRITONFORMER_FUSED_COMBINE") == "1"
 
 
 @triton.jit
@@ -152,12 +143,10 @@ def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e, lookahead,
-    Counters,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -270,50 +259,16 @@ def _varlen_attention_kernel(
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if NUM_SPLITS == 1:
+        o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok)
     else:
         # Partial result of this split: its normalised output and log2-sum-exp2 of its scores
         # (-1e30 when it saw no key), in fp32 workspaces laid out [NUM_SPLITS, Tq, H, (BLOCK_D)].
-        row = q_tok * (GROUP * tl.num_programs(2)) + heads
+        part = split * split_stride + q_tok * (GROUP * tl.num_programs(2)) + heads
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), -1.0e30)
-        tl.store(PartialLse + split * split_stride + row, lse, mask=offs_q < seqlen_q)
-        tl.store(PartialOut + (split * split_stride + row)[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok)
-        if FUSE_COMBINE:
-            # The splits of one (query block, sequence, kv head) count in on its counter; the
-            # last to arrive combines all of them (in split order: whoever came last, the same
-            # sums) and resets the counter: no second kernel.
-            tl.debug_barrier()  # every thread's partial is stored before the count says so (release)
-            counter = Counters + (block_m * tl.num_programs(1) + seq) * tl.num_programs(2) + kv_head
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
-            if arrived == NUM_SPLITS - 1:
-                whole = _combined(PartialOut, PartialLse, row, split_stride, offs_q < seqlen_q, row_ok, offs_d,
-                                  NUM_SPLITS, BLOCK_M, BLOCK_D)
-                tl.store(o_ptrs, whole.to(Out.dtype.element_ty), mask=row_ok)
-                tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
-def _combined(PartialOut, PartialLse, row, split_stride, q_ok, row_ok, offs_d,
-              NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows `row` of the output from every split's partial output, each weighted by its share
-    of the softmax mass (what _combine_splits_kernel computes, for a program's rows). Loads
-    .cg: from L2, where the other SMs' partials are, never a stale line of this SM's L1."""
-    top = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        lse = tl.load(PartialLse + s * split_stride + row, mask=q_ok, other=-1.0e30, cache_modifier=".cg")
-        top = tl.maximum(top, lse)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        lse = tl.load(PartialLse + s * split_stride + row, mask=q_ok, other=-1.0e30, cache_modifier=".cg")
-        weight = tl.where(lse > -1.0e29, tl.exp2(lse - top), 0.0)
-        part = tl.load(PartialOut + (s * split_stride + row)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok,
-                       other=0.0, cache_modifier=".cg")
-        acc += part * weight[:, None]
-        total += weight
-    return acc / tl.where(total > 0.0, total, 1.0)[:, None]
+        tl.store(PartialLse + part, lse, mask=offs_q < seqlen_q)
+        tl.store(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok)
 
 
 @triton.jit
@@ -354,7 +309,8 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
     Decode launches (at most 16 rows) run fastest with 2 warps and no software pipelining
     (`tools/gpu/tune_decode_attention.py`): 7.6 vs 9.4 us per launch for GPT-2 at batch 64,
     context 128, 6.5 vs 7.5 for the Llama-1B shape; such a program folds in only a few key
-    blocks, so there is nothing for the pipeline stages to overlap.
+    blocks, so there is nothing for the pipeline stages to overlap (head dims up to 64; larger
+    ones take that form where their keys are split: _split_decode_config).
     `head_dim` is the tile's (padded) head dim: 96 and 80 run as 128. A long prompt's prefill
     (`tools/gpu/tune_prefill_attention.py --decoders`, one causal prompt of 2,000 tokens, paged
     keys, bf16, H100): at head dim 256 (Gemma) 128x64 blocks, 8 warps, 2 stages, 0.177 against
@@ -380,6 +336,27 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
     if rows <= 16:  # decode
         return 16, 64, 2, 1
     return min(64, max(16, triton.next_power_of_2(rows))), 64, 4, 3
+
+
+def _split_decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool,
+                         unsplit: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for a decode launch (at most 16 rows) whose keys are
+    split, given `unsplit`, _launch_config's choice for the same launch unsplit.
+
+    Such a launch (a few sequences, batch 1 above all) is latency-bound: each program folds in
+    one or a few key blocks, so what pays is many programs of 64-key blocks with no software
+    pipeline. Measured on an H100 at batch 1 (`tools/gpu/tune_decode_attention.py`: attention
+    plus combine per layer, this configuration with 32 splits against the 32-key blocks, 3
+    stages and 16 splits used before): at 2,048 keys the Llama-3.1-8B TP=2 share 10.4 -> 8.6 us,
+    the 70B shape's TP=4 share 10.1 -> 6.8, Gemma-2-9B (head dim 256; 8 warps, 2 stages before)
+    17.5 -> 12.8; at 8,192 keys Gemma-2-9B 42.0 -> 30.5. The Llama-3.1-8B decode step at
+    context 512: 5.407 -> 5.337 ms. At 512 keys a TP=2 share is about even (6.2 us before, 6.5
+    with 64-key blocks in 16 splits; 32 not timed there). Head dims up to 64 already run 64-key blocks without a
+    pipeline (_launch_config's decode row); fp32 keeps its small tiles.
+    """
+    if on_gpu and dtype != torch.float32 and head_dim >= 128:
+        return 64, 4, 1
+    return unsplit
 
 
 def _num_splits(programs: int, rows: int, keys_per_seq: float, device: torch.device) -> int:
@@ -519,6 +496,9 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     if window is not None:  # a query reads at most `window` keys: split only those
         keys_per_seq = min(keys_per_seq, window)
     splits = num_splits or _num_splits(m_blocks * num_seqs * num_kv_heads, rows, keys_per_seq, q.device)
+    if splits > 1 and rows <= 16:
+        block_n, num_warps, num_stages = _split_decode_config(block_d, q.dtype, q.is_cuda, (block_n, num_warps,
+                                                                                             num_stages))
     total_q = q.shape[0]
     split_stride = total_q * num_heads
     if splits > 1:
@@ -534,8 +514,6 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     else:
         qk_scale, softcap_log2e = float(scale) * _LOG2E, 0.0
     pdl = triton_pdl.enabled(q.device)
-    fuse = splits > 1 and FUSE_COMBINE
-    counters = arrival_counters.zeroed(q.device, m_blocks * num_seqs * num_kv_heads, "attention") if fuse else out
     _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -543,15 +521,14 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
         min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead,
-        counters,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
         HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
-        FUSE_COMBINE=fuse, num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
+        num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
-    if splits > 1 and not fuse:
+    if splits > 1:
         _combine_splits_kernel[(total_q, num_heads)](
             partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_D=block_d, PDL=pdl, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,

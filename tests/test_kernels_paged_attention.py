@@ -167,44 +167,6 @@ def test_kernel_head_dim_96_cache(splits):
     check_kernel([1, 1, 5], [33, 7, 20], 4, 2, 96, 8, torch.float32, seed=16, num_splits=splits, window=11)
 
 
-# The fused combine (the last split's program merges its group's partials): the cases above
-# that split keys, each against the reference and the two-launch form; every arrival counter is
-# back at zero after each launch (the next launch, or a graph replay, counts from it).
-FUSED_CASES = {
-    "fixed splits, empty ones": dict(lq=[1, 1, 1, 1], lk=[40, 3, 0, 18], heads=4, kv_heads=1, head_dim=16,
-                                     block_size=8, seed=5, num_splits=4),
-    "grouped heads": dict(lq=[1, 1, 1], lk=[37, 1, 20], heads=6, kv_heads=2, head_dim=32, block_size=4, seed=3,
-                          num_splits=2),
-    "window": dict(lq=[1, 1, 1, 1], lk=[60, 3, 0, 18], heads=4, kv_heads=1, head_dim=16, block_size=8, seed=13,
-                   num_splits=4, window=24),
-    "head_dim 96, window": dict(lq=[1, 1, 5], lk=[33, 7, 20], heads=4, kv_heads=2, head_dim=96, block_size=8,
-                                seed=16, num_splits=2, window=11),
-    "soft-cap": dict(lq=[1, 1], lk=[30, 9], heads=4, kv_heads=2, head_dim=16, block_size=8, seed=15, num_splits=2,
-                     softcap=2.0),
-}
-
-
-@triton_needed
-@pytest.mark.parametrize("case", list(FUSED_CASES))
-def test_kernel_fused_split_combine(case, monkeypatch):
-    pytest.importorskip("triton")
-    from tritonformer.kernels import arrival_counters, triton_attention
-
-    c = dict(FUSED_CASES[case])
-    lq, lk, seed = c.pop("lq"), c.pop("lk"), c.pop("seed")
-    shape = [c.pop(k) for k in ("heads", "kv_heads", "head_dim", "block_size")]
-    q, kc, vc, bt, cq, sk, *_ = paged_case(lq, lk, *shape, torch.float32, seed)
-    args = (q, kc, vc, bt, cq, sk, True)
-    two_launches = triton_attention.paged_attention(*args, max_seqlen_q=max(lq), **c)
-    monkeypatch.setattr(triton_attention, "FUSE_COMBINE", True)
-    for _ in range(2):  # the second launch counts from the counters the first left
-        fused = triton_attention.paged_attention(*args, max_seqlen_q=max(lq), **c)
-        assert arrival_counters.all_zero()
-        expected = ref.paged_attention(*args, max_seqlen_q=max(lq), window=c.get("window"), softcap=c.get("softcap"))
-        torch.testing.assert_close(fused, expected, atol=TOL[torch.float32][0], rtol=TOL[torch.float32][1])
-        torch.testing.assert_close(fused, two_launches, atol=1e-6, rtol=1e-6)
-
-
 @triton_needed
 def test_kernel_window_softcap_fp16():
     check_kernel([1, 6], [40, 21], 4, 1, 32, 16, torch.float16, seed=17, window=9, softcap=5.0)
@@ -231,14 +193,31 @@ def test_gpu_serving_step(dtype, head_dim, heads, kv_heads):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("splits", [None, 8])
-@pytest.mark.parametrize("fused", [False, True])
-def test_gpu_few_long_decodes(splits, fused, monkeypatch):
-    from tritonformer.kernels import arrival_counters, triton_attention
+@pytest.mark.parametrize("splits", [None, 8, 32])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])  # 96 to 256: split decodes in 64-key blocks
+def test_gpu_few_long_decodes(splits, head_dim):
+    check_kernel([1, 1], [8000, 77], 32, 8, head_dim, 16, torch.float16, seed=8, num_splits=splits)
 
-    monkeypatch.setattr(triton_attention, "FUSE_COMBINE", fused)
-    check_kernel([1, 1], [8000, 77], 32, 8, 64, 16, torch.float16, seed=8, num_splits=splits)
-    assert arrival_counters.all_zero()
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_few_long_decodes_window_softcap():
+    check_kernel([1, 1, 1], [9000, 4100, 5], 16, 8, 256, 16, torch.bfloat16, seed=9, num_splits=32, window=4096,
+                 softcap=50.0)
+
+
+@triton_needed
+@pytest.mark.parametrize("splits", [4, 32])
+def test_kernel_split_decode_in_64_key_blocks(splits, monkeypatch):
+    """The GPU's split-decode configuration (64-key blocks; a sequence shorter than the splits'
+    blocks leaves splits with no key) in the interpreter, where the launch would otherwise keep
+    its small tiles."""
+    pytest.importorskip("triton")
+    from tritonformer.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_split_decode_config", lambda *args: (64, 4, 1))
+    check_kernel([1, 1, 1, 1], [200, 3, 0, 70], 4, 2, 16, 8, torch.float32, seed=20, num_splits=splits)
+    check_kernel([1, 1], [150, 64], 4, 1, 16, 8, torch.float32, seed=21, num_splits=splits, window=40)
 
 
 @pytest.mark.gpu

@@ -7,11 +7,10 @@ graphs launch it, under every (BLOCK_N, num_warps, num_stages, key splits) in a 
 prints the current configuration next to the best ones:
 
     python3 tools/gpu/tune_decode_attention.py [--contexts 128,512] [--batches 1,64] [--splits 1,2,4]
-        [--models llama-8b,llama-8b-tp2] [--fuse-combine]
+        [--models llama-8b,llama-8b-tp2]
 
-With --fuse-combine, each row also times the current configuration with the split keys'
-combine fused into the attention launch (triton_attention.FUSE_COMBINE): one launch per layer
-instead of two wherever the keys are split.
+Split counts past a context's key blocks are tried too: the graphs fix the splits while the
+contexts grow, and a split with no keys exits (what such a launch costs at short contexts).
 
 The keys and values come from HBM, as in a model's forward, where the other layers' weights
 and caches pass through L2 between two attention launches: the timed graph cycles through
@@ -24,14 +23,17 @@ import argparse
 import itertools
 
 import torch
+import triton
 
 from time_small_gemm import graph_us
 from tritonformer.backend.decoder.graphs import key_splits
 from tritonformer.kernels import triton_attention as ta
-from tritonformer.kernels.gpu_info import sm_count
+from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
-# query heads, kv heads, head dim (llama-8b-tp2: one rank's share at tensor_parallel_size 2)
-SHAPES = {"gpt2": (12, 12, 64), "llama-1B": (32, 8, 64), "llama-8b": (32, 8, 128), "llama-8b-tp2": (16, 4, 128)}
+# query heads, kv heads, head dim (llama-8b-tpN: one rank's share at tensor_parallel_size N)
+SHAPES = {"gpt2": (12, 12, 64), "llama-1B": (32, 8, 64), "llama-8b": (32, 8, 128), "llama-8b-tp2": (16, 4, 128),
+          "llama-8b-tp4": (8, 2, 128), "llama-70b-tp2": (32, 4, 128), "llama-70b-tp4": (16, 2, 128),
+          "gemma-2-9b": (16, 8, 256), "phi-3-mini": (32, 32, 96)}
 PAGE = 16
 
 
@@ -61,16 +63,18 @@ def sweep_launch_configs(candidates, timed, launch_config_of) -> list[tuple[floa
     """[(time, candidate)] fastest first: `timed(candidate)` with the attention's launch
     configuration patched to `launch_config_of(candidate)` (BLOCK_M, BLOCK_N, warps, stages).
     A candidate that fails (a tile that does not fit in shared memory) is reported and skipped."""
-    current = ta._launch_config
+    current, current_split = ta._launch_config, ta._split_decode_config
     results = []
     for candidate in candidates:
-        ta._launch_config = lambda *a, c=launch_config_of(candidate): c
+        config = launch_config_of(candidate)
+        ta._launch_config = lambda *a, c=config: c
+        ta._split_decode_config = lambda *a, c=config: c[1:]  # split launches too
         try:
             results.append((timed(candidate), candidate))
         except Exception as e:
             print(f"{candidate} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
         finally:
-            ta._launch_config = current
+            ta._launch_config, ta._split_decode_config = current, current_split
     return sorted(results)
 
 
@@ -93,16 +97,13 @@ def main() -> int:
     parser.add_argument("--warps", default="2,4")
     parser.add_argument("--stages", default="1,2,3")
     parser.add_argument("--splits", default="", help="key splits tried (default: 1, 2, the current and twice it)")
-    parser.add_argument("--fuse-combine", action="store_true", help="also time the current config, combine fused")
     args = parser.parse_args()
     sms = sm_count(torch.device("cuda"))
     current = ta._launch_config
     print(f"# paged decode attention, {torch.cuda.get_device_name()}, fp16, page {PAGE}, us per launch in a "
           "CUDA graph, keys and values read from HBM (L2 cold)")
-    fused_head = " combine fused us |" if args.fuse_combine else ""
-    print("| model | batch | context | current (BLOCK_N, warps, stages, splits) us |" + fused_head
-          + " best us | best config | 2nd | 3rd |")
-    print("|---|---:|---:|---|" + ("---:|" if args.fuse_combine else "") + "---:|---|---|---|")
+    print("| model | batch | context | current (BLOCK_N, warps, stages, splits) us | best us | best config | 2nd | 3rd |")
+    print("|---|---:|---:|---|---:|---|---|---|")
     for (name, (heads, kv_heads, head_dim)), batch, context in itertools.product(
             [(m, SHAPES[m]) for m in args.models.split(",")], ints(args.batches), ints(args.contexts)):
         sets = cold_input_sets(batch, context, heads, kv_heads, head_dim)
@@ -117,21 +118,17 @@ def main() -> int:
                                    num_splits=splits)
             return launch
 
-        _, bn0, w0, s0 = current(head_dim, torch.float16, heads // kv_heads, True)
+        tile_d = triton.next_power_of_2(head_dim)
+        _, bn0, w0, s0 = current(tile_d, torch.float16, heads // kv_heads, True, hopper_or_newer(torch.device("cuda")))
+        if default_splits > 1 and heads // kv_heads <= 16:
+            bn0, w0, s0 = ta._split_decode_config(tile_d, torch.float16, True, (bn0, w0, s0))
         base = graph_us(run(default_splits), calls=2 * len(sets))
-        fused_cell = ""
-        if args.fuse_combine:
-            was, ta.FUSE_COMBINE = ta.FUSE_COMBINE, True
-            try:
-                fused_cell = f" {graph_us(run(default_splits), calls=2 * len(sets)):.2f} |"
-            finally:
-                ta.FUSE_COMBINE = was
         splits = ints(args.splits) if args.splits else sorted({1, 2, default_splits, 2 * default_splits})
         candidates = [c for c in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), splits)
-                      if c[3] <= 16 and c[0] * c[3] <= context]
+                      if c[3] <= 64]
         results = sweep_launch_configs(candidates, lambda c: graph_us(run(c[3]), calls=2 * len(sets)),
                                        lambda c: (16, *c[:3]))
-        print(f"| {name} | {batch} | {context} | ({bn0}, {w0}, {s0}, {default_splits}) {base:.2f} |{fused_cell} "
+        print(f"| {name} | {batch} | {context} | ({bn0}, {w0}, {s0}, {default_splits}) {base:.2f} | "
               f"{ranked_cells(results, '.2f')} |", flush=True)
     return 0
 
