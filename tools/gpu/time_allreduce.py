@@ -233,7 +233,7 @@ def main() -> int:
     pdl = "off" if args.no_pdl else "where the GPU has it"
     print(f"ours: peer buffers over {payload['transport']}, block {args.block or ar.BLOCK}, "
           f"at most {args.programs or ar.MAX_PROGRAMS} programs (push: block {args.push_block or ar.PUSH_BLOCK}, "
-          f"at most {args.push_programs or ar.MAX_PROGRAMS}), PDL {pdl}")
+          f"at most {args.push_programs or ar.PUSH_MAX_PROGRAMS}), PDL {pdl}")
     print(f"us per all-reduce; eager: {CALLS} launched back to back; graph: {CALLS} in one CUDA graph, "
           f"best of {REPLAYS} replays; torch-1shot: symm_mem one_shot_all_reduce with the copy into its buffer")
     cols = ["size", "dtype", "nccl-eager", "nccl-graph", "ours-eager", "ours-graph", "push-eager", "push-graph",
