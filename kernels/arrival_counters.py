@@ -1,9 +1,9 @@
 """Arrival counters for kernels whose last program finishes a reduction the others began.
 
-Split K (triton_small_gemm.py) and split keys (triton_attention.py's fused combine) cut one
-output into parts computed by separate programs; each program stores its part and adds 1 to
-its group's counter, and the one that sees it was last combines the parts and resets the
-counter to 0. So a counter is zero between launches, and the buffers are allocated once, not
+Split K (triton_small_gemm.py) cuts one output into parts computed by separate programs; each
+program stores its part and adds 1 to its group's counter, and the one that sees it was last
+combines the parts and resets the counter to 0. (Split keys in the decode attention tried the
+same and lost to a second small kernel: docs/benchmarks.md, "Decode attention with split keys".) So a counter is zero between launches, and the buffers are allocated once, not
 per launch (a CUDA graph captures their addresses).
 """
 from __future__ import annotations
