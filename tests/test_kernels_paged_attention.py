@@ -218,6 +218,7 @@ def test_kernel_split_decode_in_64_key_blocks(splits, monkeypatch):
     monkeypatch.setattr(triton_attention, "_split_decode_config", lambda *args: (64, 4, 1))
     check_kernel([1, 1, 1, 1], [200, 3, 0, 70], 4, 2, 16, 8, torch.float32, seed=20, num_splits=splits)
     check_kernel([1, 1], [150, 64], 4, 1, 16, 8, torch.float32, seed=21, num_splits=splits, window=40)
+    check_kernel([1, 1], [130, 9], 2, 1, 96, 16, torch.float32, seed=22, num_splits=splits, softcap=30.0)
 
 
 @pytest.mark.gpu
