@@ -16,6 +16,11 @@ graphs with the all-reduces captured, rounds of max_decode_steps). `--parts` pic
 - `profile`: torch.profiler over decode iterations at each batch on rank 0: the GPU time per
   iteration in all-reduce kernels (NCCL's or our own) against all kernels and the whole step,
   and the kernels taking the most time (TP=1 too, to set each rank's kernels beside one GPU's);
+- `prefill`: milliseconds per prefill of `--prefill-tokens` prompt tokens (prompts of
+  `--context` tokens, fresh random ones each time, in one iteration with their first tokens
+  sampled), the prompt tokens per second and the ratio to TP=1; on a GPU also one prefill under
+  torch.profiler: its all-reduce time and the kernels taking the most (a prefill's all-reduces
+  are past the push kernel's sizes and run through NCCL, outside a graph);
 - `agree`: 32 greedy tokens of 3 fixed prompts at each size against TP=1 (and TP=2): identical
   or where they part, the share of identical tokens, and the largest logit difference of the
   first step (fp16 sums in another order: a near tie may part them later).
@@ -45,7 +50,7 @@ from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly,
                                                run_timed, sync, timed_decode_steps)
 from tritonformer.client.traces import TraceRequest, orca_trace
 
-PARTS = ("steps", "trace", "profile", "agree")
+PARTS = ("steps", "trace", "profile", "prefill", "agree")
 ALLREDUCE = ("nccl", "oneshot", "push", "auto")
 ALLREDUCE_ENV = "TRITONFORMER_ALLREDUCE"
 TINY = "tiny:"  # `--model tiny:<shape>`: the shape shrunk to 2 layers (model_shapes.shrunk), for CPU runs
@@ -68,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=512, help="prompt tokens of every sequence (steps, profile)")
     parser.add_argument("--steps", type=int, default=48, help="timed decode iterations")
     parser.add_argument("--profile-steps", type=int, default=24, help="decode iterations under the profiler")
+    parser.add_argument("--prefill-tokens", type=int, default=4096,
+                        help="prompt tokens of one prefill (prefill part; the engine's iteration budget is 4,096)")
+    parser.add_argument("--prefill-repeats", type=int, default=8, help="timed prefills (prefill part)")
     parser.add_argument("--replicas", nargs="?", const="sizes", default=None,
                         help="trace part: also N one-GPU engines, one per GPU; N: each split size (no value) or a "
                              "comma list")
@@ -333,6 +341,46 @@ def profile_batch(engine, batch: int, context: int, steps: int, vocab: int) -> d
             **collective_times(kernels, iterations), "top": top_kernels(kernels, iterations)}
 
 
+def prefill_time(engine, tokens: int, context: int, repeats: int, vocab: int, profile: bool) -> dict:
+    """Milliseconds per prefill of `tokens` prompt tokens: prompts of `context` tokens (fresh
+    random ones each time, so nothing comes from the prefix cache), each asking for one token,
+    so the prefill and its sampling are all there is; the mean of `repeats` after one untimed.
+    With `profile` (a GPU), one more under torch.profiler: its all-reduce time and top kernels."""
+    import numpy as np
+
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+
+    rng = np.random.default_rng(3)
+    per = max(1, min(context, tokens))
+    count = max(1, tokens // per)
+
+    def one() -> int:
+        engine.admit([engine.new_sequence(i, rng.integers(0, min(vocab, 30000), per).tolist(),
+                                          SamplingParams(max_tokens=1, ignore_eos=True), False) for i in range(count)])
+        steps = 0
+        while engine.has_work():
+            engine.step()
+            steps += 1
+        sync(engine)
+        return steps
+
+    one()
+    t0 = time.perf_counter()
+    steps = sum(one() for _ in range(repeats))
+    seconds = (time.perf_counter() - t0) / repeats
+    result = {"tokens": per * count, "prompts": count, "steps_each": steps / repeats, "ms": seconds * 1e3,
+              "tok_per_s": per * count / seconds}
+    if profile:
+        import torch
+
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            one()
+        kernels = [(e.name, e.device_time) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        result.update(collective_times(kernels, 1), top=top_kernels(kernels, 1))
+    _drain(engine)
+    return result
+
+
 def trace_share(task: dict, vocab: int) -> list:
     """The Orca trace, or this replica's share of it (every N-th request)."""
     trace = orca_trace(task["trace_requests"], 0, vocab_size=min(vocab, 30000))
@@ -382,6 +430,9 @@ def measure(engine, task: dict, out: dict) -> dict:
     if "profile" in parts and task["device"] == "cuda":
         out["profile"] = [profile_batch(engine, b, task["context"], task["profile_steps"], vocab)
                           for b in task["batches"]]
+    if "prefill" in parts:
+        out["prefill"] = prefill_time(engine, task["prefill_tokens"], task["context"], task["prefill_repeats"], vocab,
+                                      profile=task["device"] == "cuda")
     if "trace" in parts:
         trace = trace_share(task, vocab)
         warm_trace(engine, trace)
@@ -590,12 +641,13 @@ def _mode(size: int, mode: str | None) -> str:
 
 
 def _task(args, name: str, cfg: dict, size: int, parts: list[str], batches: list[int]) -> dict:
-    max_running = max(batches + ([TRACE_MAX_RUNNING] if "trace" in parts else []))
+    prompts = -(-args.prefill_tokens // max(1, min(args.context, args.prefill_tokens))) if "prefill" in parts else 1
+    max_running = max(batches + [prompts] + ([TRACE_MAX_RUNNING] if "trace" in parts else []))
     return {"name": name, "config": cfg, "size": size, "device": args.device, "dtype": args.dtype, "parts": parts,
             "batches": batches, "context": args.context, "steps": args.steps, "profile_steps": args.profile_steps,
             "kv_fraction": args.kv_fraction, "trace_requests": args.trace_requests, "seed": args.seed,
-            "agree_tokens": args.agree_tokens,
-            "max_running": max_running, "timeout": args.timeout}
+            "agree_tokens": args.agree_tokens, "prefill_tokens": args.prefill_tokens,
+            "prefill_repeats": args.prefill_repeats, "max_running": max_running, "timeout": args.timeout}
 
 
 def _log(message: str) -> None:
@@ -643,6 +695,8 @@ def run_model(ctx, args, name: str, parts: list[str], modes: list[str], sizes: l
                 add({"part": "steps", **common, "batch": batch, "ms": ms, "floor_ms": out.get("floor_ms")})
             for p in out.get("profile", []):
                 add({"part": "profile", **common, **p})
+            if "prefill" in out:
+                add({"part": "prefill", **common, **out["prefill"]})
             if "trace" in out:
                 trace = {k: v for k, v in out["trace"].items() if k != "ttft_ms"}
                 add({"part": "trace", **common, "serving": f"TP={size}", "replicas": 1, "gpus": size, **trace})
@@ -725,6 +779,8 @@ def tables(results: dict, name: str) -> list[str]:
             lines += [f"\nkernels by time per iteration, TP={r['tp']} ({r['allreduce']}), batch {r['batch']}:",
                       "| kernel | us | launches |", "|---|---:|---:|"]
             lines += [f"| `{k}` | {us:.1f} | {n:.1f} |" for k, us, n in r.get("top", [])]
+    if of("prefill"):
+        lines += _prefill_table(name, of("prefill"))
     if of("agree"):
         lines += [f"\n## greedy agreement, {name}: {results['agree_tokens']} tokens of 3 prompts, the same weights "
                   "at every size",
@@ -739,6 +795,28 @@ def tables(results: dict, name: str) -> list[str]:
                          f"{r['max_logit_diff_step0']:.4f} ({r['logit_scale_step0']:.2f}) |")
     for r in of("skipped"):
         lines.append(f"- {name} TP={r['tp']} (all-reduce {r['allreduce']}): {r['why']}")
+    return lines
+
+
+def _prefill_table(name: str, rows: list[dict]) -> list[str]:
+    one = next((r["ms"] for r in rows if r["tp"] == 1), None)
+    first = rows[0]
+    lines = [f"\n## prefill, {name}: {first['prompts']} prompts of {first['tokens'] // first['prompts']} tokens, "
+             f"{first['tokens']} tokens, one token sampled each",
+             "| model | TP | all-reduce | ms per prefill | prompt tok/s | vs TP=1 | steps | all-reduce us (n), profiled "
+             "| share of kernels |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        vs = f"{r['ms'] / one:.2f}x" if one and r["tp"] > 1 else "-"
+        profiled = (f"{r['all_reduce_us']:.0f} ({r['all_reduce_count']:.0f}) | "
+                    f"{r['all_reduce_us'] / max(r['kernel_us'], 1e-9):.1%}") if "kernel_us" in r else "- | -"
+        lines.append(f"| {name} | {r['tp']} | {r['allreduce']} | {r['ms']:.2f} | {r['tok_per_s']:,.0f} | {vs} | "
+                     f"{r['steps_each']:g} | {profiled} |")
+    for r in rows:
+        if r.get("top"):
+            lines += [f"\nkernels by time in one prefill, TP={r['tp']} ({r['allreduce']}):",
+                      "| kernel | us | launches |", "|---|---:|---:|"]
+            lines += [f"| `{k}` | {us:.1f} | {n:.0f} |" for k, us, n in r["top"]]
     return lines
 
 

@@ -73,6 +73,18 @@ def test_profiled_kernels_are_ranked_by_time_per_iteration():
     assert bench.top_kernels(kernels, 2)[-1][0] == "x" * bench.NAME_CHARS
 
 
+def test_prefill_rows_print_their_ratio_to_one_gpu_and_the_profiled_all_reduce_share():
+    common = {"part": "prefill", "model": "m", "tokens": 4096, "prompts": 8, "steps_each": 1.0}
+    rows = [{**common, "tp": 1, "allreduce": "-", "ms": 100.0, "tok_per_s": 40960.0},
+            {**common, "tp": 2, "allreduce": "auto", "ms": 60.0, "tok_per_s": 68267.0, "kernel_us": 50000.0,
+             "all_reduce_us": 5000.0, "all_reduce_count": 65.0, "top": [["ncclDevKernel_AllReduce", 5000.0, 65.0]]}]
+    text = "\n".join(bench.tables({"rows": rows, "context": 512}, "m"))
+    assert "8 prompts of 512 tokens, 4096 tokens" in text
+    assert "| m | 1 | - | 100.00 | 40,960 | - | 1 | - | - |" in text
+    assert "| m | 2 | auto | 60.00 | 68,267 | 0.60x | 1 | 5000 (65) | 10.0% |" in text
+    assert "| `ncclDevKernel_AllReduce` | 5000.0 | 65 |" in text
+
+
 def test_token_comparison_names_the_first_divergence():
     same = bench.compare_tokens([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]])
     assert same == {"identical": True, "first_divergence": None, "identical_fraction": 1.0}
@@ -108,18 +120,23 @@ def test_seeded_weights_are_one_whole_model_whatever_part_is_read():
     torch.testing.assert_close(half, a[embed][:][rows - 8:rows + 8].half(), rtol=0, atol=0)
 
 
-def _task(**overrides) -> dict:
+def _task(parts=("steps",), **overrides) -> dict:
     args = _args("--device", "cpu", "--dtype", "float32", "--model", "tiny:llama-3.1-8b", "--context", "32",
-                 "--steps", "4", "--trace-requests", "4", "--agree-tokens", "8")
-    return {**bench._task(args, args.model, bench.model_config(args.model), 1, ["steps"], [1, 3]), **overrides}
+                 "--steps", "4", "--trace-requests", "4", "--agree-tokens", "8", "--prefill-tokens", "96",
+                 "--prefill-repeats", "2")
+    return {**bench._task(args, args.model, bench.model_config(args.model), 1, list(parts), [1, 3]), **overrides}
 
 
-def test_steps_trace_and_agree_measure_an_engine_in_this_process():
+def test_steps_prefill_trace_and_agree_measure_an_engine_in_this_process():
     """The parts as a configuration's process runs them, here on a one-rank engine."""
-    task = _task(parts=["steps", "trace", "agree"])
+    task = _task(parts=["steps", "prefill", "trace", "agree"])
+    assert task["max_running"] >= 3  # the prefill's 3 prompts run at once
     engine, workers = bench.build(task)
     out = bench.measure(engine, task, {})
     assert workers is None and set(out["steps"]) == {1, 3} and all(ms > 0 for ms in out["steps"].values())
+    prefill = out["prefill"]
+    assert (prefill["tokens"], prefill["prompts"]) == (96, 3) and prefill["ms"] > 0 and prefill["tok_per_s"] > 0
+    assert prefill["steps_each"] >= 1 and "kernel_us" not in prefill  # no profile on the CPU
     assert out["trace"]["requests"] == 4 and out["trace"]["tok_per_s"] > 0 and len(out["trace"]["ttft_ms"]) == 4
     assert [len(t) for t in out["agree"]["tokens"]] == [8, 8, 8]
     assert out["agree"]["logits"].shape == (3, engine.runner.model.vocab_size)
@@ -128,14 +145,14 @@ def test_steps_trace_and_agree_measure_an_engine_in_this_process():
 
 @pytest.mark.slow
 def test_a_small_run_over_gloo_splits_replicates_and_agrees(tmp_path, capsys, monkeypatch):
-    """Trace (beside two replicas) and agree at TP 1 and 2 of a 2-layer Llama in fp32 on the
+    """Trace (beside two replicas), prefill and agree at TP 1 and 2 of a 2-layer Llama in fp32 on the
     CPU, each configuration a process; TP 4 is skipped (2 KV heads). The split model is the
     one-rank model: same tokens, same logits."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the processes run the references, as on a CPU host
     out = tmp_path / "tp.json"
     code = bench.run(_args("--device", "cpu", "--dtype", "float32", "--model", "tiny:llama-3.1-8b", "--sizes", "1,2,4",
-                           "--parts", "trace,agree", "--replicas", "2", "--trace-requests", "2", "--agree-tokens", "8",
-                           "--json", str(out)))
+                           "--parts", "trace,agree,prefill", "--replicas", "2", "--trace-requests", "2",
+                           "--agree-tokens", "8", "--prefill-tokens", "64", "--prefill-repeats", "1", "--json", str(out)))
     assert code == 0
     results = json.loads(out.read_text())
     rows = results["rows"]
@@ -144,6 +161,8 @@ def test_a_small_run_over_gloo_splits_replicates_and_agrees(tmp_path, capsys, mo
     assert trace["TP=2"]["allreduce"] == "auto" and trace["TP=1 x2 replicas"]["gpus"] == 2
     assert all(r["useful_tokens"] == trace["TP=1"]["useful_tokens"] and r["tok_per_s"] > 0 for r in trace.values())
     assert all(r["requests"] == 2 and r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0 for r in trace.values())
+    prefill = {r["tp"]: r for r in rows if r["part"] == "prefill"}
+    assert set(prefill) == {1, 2} and all(r["tokens"] == 64 and r["ms"] > 0 for r in prefill.values())
     (agree,) = [r for r in rows if r["part"] == "agree"]
     assert (agree["tp"], agree["against"], agree["identical"]) == (2, 1, True)
     assert agree["argmax_equal_step0"] and agree["max_logit_diff_step0"] < 1e-4

@@ -7,7 +7,7 @@
 #   PART=2  decode steps on the Llama-3.1-70B shape at TP 2, 4 (8), the Orca trace at each size
 #           that holds it (tokens/s, TTFT p50/p99), the all-reduce time per step from a profile;
 #   PART=3  (optional) the Orca trace on the 8B shape at TP 1, 2, 4 (8) beside as many one-GPU
-#           replicas, and the profile.
+#           replicas, the profile, and one 4,096-token prefill (its all-reduce share).
 # Overrides: SIZES (e.g. SIZES=8 PART=2 when 2,4,8 do not fit in one command), ALLREDUCE,
 # KV_FRACTION, LIMIT (seconds for the whole run, default 570). Outputs under $OUT:
 # tp_scaling_<part>[_<sizes>].log / .json (the sizes named where SIZES is given), tp_scaling_gpus.txt.
@@ -40,7 +40,7 @@ case $PART in
        --allreduce "${ALLREDUCE:-nccl,auto}" --timeout 240 ;;
   2) bench --model llama-3.1-70b --sizes "${SIZES:-$SIZES_70B}" --batches 1,64 --parts steps,trace,profile \
        --allreduce "${ALLREDUCE:-auto}" --kv-fraction "${KV_FRACTION:-0.5}" --timeout 420 ;;
-  3) bench --model llama-3.1-8b --sizes "${SIZES:-$SIZES_8B}" --batches 1,64 --parts trace,profile --replicas \
+  3) bench --model llama-3.1-8b --sizes "${SIZES:-$SIZES_8B}" --batches 1,64 --parts trace,profile,prefill --replicas \
        --allreduce "${ALLREDUCE:-auto}" --timeout 240 ;;
   *) echo "PART must be 1, 2 or 3" >&2; exit 2 ;;
 esac
