@@ -2,9 +2,10 @@
 
 Split K (triton_small_gemm.py) cuts one output into parts computed by separate programs; each
 program stores its part and adds 1 to its group's counter, and the one that sees it was last
-combines the parts and resets the counter to 0. (Split keys in the decode attention tried the
-same and lost to a second small kernel: docs/benchmarks.md, "Decode attention with split keys".) So a counter is zero between launches, and the buffers are allocated once, not
-per launch (a CUDA graph captures their addresses).
+combines the parts and resets the counter to 0. So a counter is zero between launches, and the
+buffers are allocated once, not per launch (a CUDA graph captures their addresses). (The decode
+attention's split keys tried the same and lost to a second small kernel: docs/benchmarks.md,
+"Decode attention with split keys".)
 """
 from __future__ import annotations
 
