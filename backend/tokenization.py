@@ -37,6 +37,11 @@ class TextTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def pair_lengths(self, first: str, seconds: list[str]) -> list[int]:
+        """Tokens of each (first, second) pair as the checkpoint's post-processor joins them (a
+        cross-encoder's input: `[CLS] query [SEP] text [SEP]` for BERT), untruncated."""
+        return [len(e.ids) for e in self._tok.encode_batch([(first, second) for second in seconds])]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 

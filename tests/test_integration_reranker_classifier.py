@@ -224,3 +224,73 @@ def test_cli_rerank_and_classify(served, protocol, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == labels and set(labels) <= set(LABELS.values())
     assert [LABELS[i] for i in probabilities.argmax(1)] == labels
+
+
+# ---- the rerank route of the bundled server's OpenAI-style routes (Cohere / Jina / vLLM format)
+
+@pytest.fixture(scope="module")
+def routes(served):
+    pytest.importorskip("fastapi")
+    from tritonformer.client.openai_routes.runner import OpenAIRoutes
+    from tritonformer.client.server import free_port
+
+    server, _, _ = served
+    running = OpenAIRoutes("127.0.0.1", free_port()).start(server.grpc_url)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _post(routes, path: str, body: dict) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(routes.url.removesuffix("/v1") + path, data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("model", ["reranker", "reranker_xlmr"])
+def test_rerank_route_orders_the_models_own_scores(served, routes, model):
+    server, _, folders = served
+    docs = [d for d in DOCS if len(d) < 200]
+    direct = _rerank(server, "grpc", model, QUERY, docs)
+    status, body = _post(routes, "/v1/rerank", {"model": model, "query": QUERY, "documents": docs})
+    assert status == 200, body
+    assert body["model"] == model and body["id"].startswith("rerank-")
+    results = body["results"]
+    assert [r["index"] for r in results] == sorted(range(len(docs)), key=lambda i: -direct[i])
+    assert [r["relevance_score"] for r in results] == [float(direct[r["index"]]) for r in results]
+    assert all(r["document"] == {"text": docs[r["index"]]} for r in results)
+    tok = transformers.AutoTokenizer.from_pretrained(folders["bert" if model == "reranker" else "xlmr"])
+    assert body["usage"]["total_tokens"] == sum(len(tok(QUERY, d)["input_ids"]) for d in docs)
+    # top_n, documents as objects, no documents back, TEI's raw scores, the /rerank path
+    status, top = _post(routes, "/rerank", {"model": model, "query": QUERY, "top_n": 2, "return_documents": False,
+                                            "raw_scores": True, "documents": [{"text": d} for d in docs]})
+    raw = _rerank(server, "grpc", model, QUERY, docs, {"raw_scores": True})
+    assert status == 200, top
+    assert [(r["index"], r["relevance_score"]) for r in top["results"]] == \
+        [(i, float(raw[i])) for i in sorted(range(len(docs)), key=lambda i: -raw[i])[:2]]
+    assert all("document" not in r for r in top["results"])
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "nope", "query": QUERY, "documents": ["a"]}, 404, ["nope", "reranker"]),
+    ({"model": "classifier", "query": QUERY, "documents": ["a"]}, 404, ["classifier", "reranker"]),
+    ({"model": "reranker", "query": QUERY, "documents": []}, 400, ["documents"]),
+    ({"model": "reranker", "query": QUERY, "documents": ["a"], "top_n": 0}, 400, ["top_n"]),
+    ({"model": "reranker", "query": QUERY, "documents": ["a"], "rank_fields": ["title"]}, 400, ["rank_fields"]),
+    ({"model": "reranker", "query": QUERY, "documents": [{"text": "a", "title": "b"}]}, 400, ["documents"]),
+    ({"model": "reranker", "query": QUERY, "documents": ["a"] * 17}, 400, ["17", "16"]),
+    ({"model": "reranker", "query": QUERY, "documents": ["cat " * 80]}, 400, ["truncate"]),
+])
+def test_rerank_route_errors_are_openai_error_objects(routes, body, status, words):
+    got_status, got = _post(routes, "/v1/rerank", body)
+    assert got_status == status, got
+    assert all(w in got["error"]["message"] for w in words), got["error"]["message"]

@@ -290,6 +290,7 @@ def post(routes, path: str, body: dict, headers: dict | None = None) -> tuple[in
     ("/completions", {"model": "generator", "prompt": "hi", "top_k": -3}, 400, ["top_k"]),
     ("/embeddings", {"model": "embedder", "input": [[1, 2, 3]]}, 400, ["input"]),
     ("/embeddings", {"model": "embedder", "input": "x", "dimensions": 8}, 400, ["dimensions", "384"]),
+    ("/rerank", {"model": "embedder", "query": "q", "documents": ["a"]}, 404, ["embedder", "reranker"]),
 ])
 def test_bad_requests_get_openai_error_objects(routes, path, body, status, words):
     got_status, got = post(routes, path, body)

@@ -1,5 +1,5 @@
 """The FastAPI application: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, and `/health`.
+`/v1/embeddings`, `/v1/rerank` (also `/rerank`), and `/health`.
 
 Requests are checked here before anything reaches Triton: the body (pydantic), the API key,
 the model (one Triton serves, else 404), the chat template; generation.py then sizes
@@ -30,8 +30,9 @@ from tritonformer.client.openai_routes.schemas import (
     CompletionRequest,
     EmbeddingRequest,
     OpenAIError,
+    RerankRequest,
 )
-from tritonformer.client.openai_routes.served_models import EMBEDDER, GENERATOR, ServedModel, served_model
+from tritonformer.client.openai_routes.served_models import EMBEDDER, GENERATOR, RERANKER, ServedModel, served_model
 from tritonformer.client.openai_routes.triton_calls import TritonCalls
 
 T = TypeVar("T")
@@ -320,5 +321,24 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
                  else v.tolist()} for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": model.name,
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+    async def rerank(req: RerankRequest, request: Request):
+        """Scores of the documents for the query from a reranker model, best first (ties in
+        document order), cut to `top_n`; usage counts the (query, document) pairs' tokens
+        before any truncation."""
+        req.refuse_unsupported()
+        model = await request.app.state.models.get(req.model, RERANKER)
+        texts = req.texts()
+        scores = await until_disconnect(request, request.app.state.triton.rerank(model, req.query, texts, req.truncate,
+                                                                                req.raw_scores))
+        order = sorted(range(len(texts)), key=lambda i: -float(scores[i]))[: req.top_n]
+        tokens = sum(await asyncio.to_thread(model.tokenizer.pair_lengths, req.query, texts)) if model.tokenizer else 0
+        results = [{"index": i, "relevance_score": float(scores[i]),
+                    **({"document": {"text": texts[i]}} if req.return_documents else {})} for i in order]
+        return {"id": out.new_id("rerank"), "model": model.name, "results": results,
+                "usage": {"total_tokens": tokens}}
+
+    for path in ("/v1/rerank", "/rerank"):  # vLLM and text-embeddings-inference answer on both
+        app.add_api_route(path, rerank, methods=["POST"], dependencies=authorized)
 
     return app

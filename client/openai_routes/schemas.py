@@ -123,3 +123,30 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
     refuse_unsupported = _Request.refuse_unsupported
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # structured documents (Cohere's rank_fields) are not supported
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """The rerank API of Cohere and Jina as vLLM and Hugging Face's text-embeddings-inference
+    serve it: a query, its candidate documents (strings or `{"text": ...}`), `top_n` and
+    `return_documents`; TEI's `truncate` (cut each document to fit the model) and `raw_scores`
+    (the logit, not its sigmoid) pass through to the reranker model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    query: str
+    documents: list[str | RerankDocument] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = True
+    truncate: bool = False
+    raw_scores: bool = False
+
+    refuse_unsupported = _Request.refuse_unsupported
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]

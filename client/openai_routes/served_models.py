@@ -9,6 +9,7 @@ for the bundled default, a bundled name, or a folder path (`backend/triton/glue.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,20 +23,24 @@ from tritonformer.backend.tokenization import TextTokenizer
 
 GENERATOR = "generator"
 EMBEDDER = "embedder"
+RERANKER = "reranker"
+RERANKER_CHECKPOINT_ENV = "TRITONFORMER_RERANKER_CHECKPOINT"  # what `tritonformer serve --reranker-checkpoint` sets
 
 
 @dataclass(frozen=True)
 class ServedModel:
     """One Triton model as the OpenAI routes use it.
 
-    `kind` is GENERATOR (decoupled, `text_output`) or EMBEDDER (`embedding`); `inputs` are the
-    input names its config declares, so a request only carries the optional inputs the model
-    accepts (the vLLM-format flags need the generator's newer config)."""
+    `kind` is GENERATOR (decoupled, `text_output`), EMBEDDER (`embedding`) or RERANKER (`query`
+    and `texts` in, `scores` out); `inputs` are the input names its config declares, so a request
+    only carries the optional inputs the model accepts (the vLLM-format flags need the
+    generator's newer config). A reranker configured with no checkpoint has no tokenizer (the
+    model itself answers every request with how to configure it)."""
 
     name: str
     kind: str
-    checkpoint: Path
-    tokenizer: TextTokenizer = field(repr=False)
+    checkpoint: Path | None
+    tokenizer: TextTokenizer | None = field(repr=False)
     inputs: frozenset[str]
     outputs: frozenset[str]
     context_length: int = 0  # generator: the longest prompt + output it serves
@@ -50,8 +55,11 @@ def model_kind(config: dict) -> str | None:
     decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
     if decoupled and "text_output" in outputs:
         return GENERATOR
-    if "embedding" in outputs and any(i["name"] == "text_input" for i in config.get("input", [])):
+    inputs = {i["name"] for i in config.get("input", [])}
+    if "embedding" in outputs and "text_input" in inputs:
         return EMBEDDER
+    if "scores" in outputs and {"query", "texts"} <= inputs:
+        return RERANKER
     return None
 
 
@@ -68,6 +76,13 @@ def generator_checkpoint(value: str) -> Path:
 
 def embedder_checkpoint(value: str) -> Path:
     return Path(value) if value else minilm_dir()
+
+
+def reranker_checkpoint(value: str) -> Path | None:
+    """The reranker's folder: its `checkpoint` parameter, else the bundled server's environment
+    variable (as the model itself resolves it), else None (none ships)."""
+    value = value or os.environ.get(RERANKER_CHECKPOINT_ENV, "")
+    return Path(value) if value else None
 
 
 def context_length(hf_config: dict, max_model_len: str) -> int:
@@ -97,5 +112,9 @@ def served_model(name: str, config: dict, created: int) -> ServedModel | None:
             max_prompt_bytes=int(parameter(config, "max_prompt_bytes", "200000")),
             created=created,
         )
+    if kind == RERANKER:
+        checkpoint = reranker_checkpoint(value)
+        tokenizer = TextTokenizer(checkpoint) if checkpoint and (checkpoint / "tokenizer.json").is_file() else None
+        return ServedModel(name, kind, checkpoint, tokenizer, inputs, outputs, created=created)
     checkpoint = embedder_checkpoint(value)
     return ServedModel(name, kind, checkpoint, TextTokenizer(checkpoint), inputs, outputs, created=created)

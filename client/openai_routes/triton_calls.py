@@ -171,6 +171,18 @@ class TritonCalls:
             if not finished:
                 responses.cancel()
 
+    async def rerank(self, model: ServedModel, query: str, texts: list[str], truncate: bool,
+                     raw_scores: bool) -> np.ndarray:
+        """The reranker's `scores` [len(texts)] of `texts` for `query`, exactly as /infer gives them."""
+        tensors = [_tensor("query", np.array([query.encode("utf-8")], dtype=np.object_), "BYTES"),
+                   _tensor("texts", np.array([t.encode("utf-8") for t in texts], dtype=np.object_), "BYTES")]
+        try:
+            result = await self.client.infer(model.name, tensors,
+                                             parameters={"truncate": truncate, "raw_scores": raw_scores})
+        except InferenceServerException as e:
+            raise error_from_triton(str(e.message()), e.status()) from None
+        return result.as_numpy("scores")
+
     async def embed(self, model: ServedModel, texts: list[str]) -> np.ndarray:
         """The embedder's `embedding` [len(texts), hidden] for `texts`, exactly as /infer gives it."""
         data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_)
