@@ -186,6 +186,19 @@ def test_embeddings_equal_infer_float_and_base64(client, triton_server):
     np.testing.assert_array_equal(np.array(one.data[0].embedding, dtype=np.float32), direct[0])
 
 
+def test_embeddings_of_token_ids_equal_those_of_the_texts(client, triton_server, minilm_dir):
+    from tritonformer.backend.tokenization import TextTokenizer
+
+    texts = ["hello world", "a somewhat longer sentence about embeddings"]
+    direct = embed(texts, url=triton_server.http_url)
+    ids = TextTokenizer(minilm_dir).encode_batch(texts)  # with [CLS] and [SEP], as the model adds them to texts
+    many = client.embeddings.create(model="embedder", input=ids, encoding_format="float")
+    np.testing.assert_allclose(np.array([d.embedding for d in many.data], dtype=np.float32), direct, atol=1e-6)
+    assert many.usage.prompt_tokens == sum(map(len, ids))
+    one = client.embeddings.create(model="embedder", input=ids[0], encoding_format="float")
+    np.testing.assert_allclose(np.array(one.data[0].embedding, dtype=np.float32), direct[0], atol=1e-6)
+
+
 def test_embeddings_base64_on_the_wire(routes, triton_server):
     status, body = post(routes, "/embeddings", {"model": "embedder", "input": ["bonjour"],
                                                 "encoding_format": "base64"})
@@ -288,7 +301,8 @@ def post(routes, path: str, body: dict, headers: dict | None = None) -> tuple[in
     ("/completions", {"model": "generator", "prompt": "x" * 200001}, 400, ["200001", "200000"]),
     ("/completions", {"model": "generator", "prompt": [10 ** 9]}, 400, ["prompt"]),
     ("/completions", {"model": "generator", "prompt": "hi", "top_k": -3}, 400, ["top_k"]),
-    ("/embeddings", {"model": "embedder", "input": [[1, 2, 3]]}, 400, ["input"]),
+    ("/embeddings", {"model": "embedder", "input": [[1, 2, 10 ** 9]]}, 400, ["token ids", "30522"]),
+    ("/embeddings", {"model": "embedder", "input": [[1, 2], []]}, 400, ["input"]),
     ("/embeddings", {"model": "embedder", "input": "x", "dimensions": 8}, 400, ["dimensions", "384"]),
     ("/rerank", {"model": "embedder", "query": "q", "documents": ["a"]}, 404, ["embedder", "reranker"]),
 ])

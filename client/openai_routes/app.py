@@ -80,6 +80,23 @@ class ServedModels:
         return model
 
 
+def embedding_inputs(value, vocab_size: int) -> tuple[list[str] | None, list[list[int]] | None]:
+    """(texts, None) or (None, token id sequences) of an embeddings request's `input`: one text,
+    texts, one sequence of token ids, or sequences of them (OpenAI's four forms). Ids are the
+    served checkpoint's own, sent as they are (no special tokens added)."""
+    if isinstance(value, str):
+        return [value], None
+    if value and all(isinstance(t, str) for t in value):
+        return list(value), None
+    sequences = [value] if value and all(isinstance(t, int) for t in value) else value
+    if not sequences or not all(isinstance(s, list) and s and all(isinstance(t, int) for t in s) for s in sequences):
+        raise OpenAIError(400, "input must be a string, a non-empty list of strings, a list of token ids or a "
+                               "list of such lists (none empty)", param="input")
+    if any(not 0 <= t < vocab_size for s in sequences for t in s):
+        raise OpenAIError(400, f"token ids must be in [0, {vocab_size})", param="input")
+    return None, sequences
+
+
 async def encode(model: ServedModel, text: str, add_special_tokens: bool = True) -> list[int]:
     """`text`'s token ids: short texts at once, long ones in a worker thread (off the event loop)."""
     if len(text) <= INLINE_TOKENIZE_CHARS:
@@ -306,15 +323,16 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
     async def embeddings(req: EmbeddingRequest, request: Request):
         req.refuse_unsupported()
         model = await request.app.state.models.get(req.model, EMBEDDER)
-        texts = [req.input] if isinstance(req.input, str) else req.input
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise OpenAIError(400, "input must be a string or a non-empty list of strings (token ids are not "
-                                   "accepted)", param="input")
-        vectors = await until_disconnect(request, request.app.state.triton.embed(model, texts))
+        texts, sequences = embedding_inputs(req.input, model.tokenizer.vocab_size)
+        triton = request.app.state.triton
+        work = triton.embed(model, texts) if texts is not None else triton.embed_ids(model, sequences)
+        vectors = await until_disconnect(request, work)
         if req.dimensions is not None and req.dimensions != vectors.shape[1]:
             raise OpenAIError(400, f"dimensions must be this model's {vectors.shape[1]} (no shortening)",
                               param="dimensions")
-        prompt_tokens = sum(len(ids) for ids in await asyncio.to_thread(model.tokenizer.encode_batch, texts))
+        if texts is not None:
+            sequences = await asyncio.to_thread(model.tokenizer.encode_batch, texts)
+        prompt_tokens = sum(len(ids) for ids in sequences)
         vectors = np.ascontiguousarray(vectors, dtype="<f4")
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.tobytes()).decode() if req.encoding_format == "base64"

@@ -183,6 +183,18 @@ class TritonCalls:
             raise error_from_triton(str(e.message()), e.status()) from None
         return result.as_numpy("scores")
 
+    async def embed_ids(self, model: ServedModel, sequences: list[list[int]]) -> np.ndarray:
+        """The embedder's `embedding` [len(sequences), hidden] of pre-tokenized sequences: the
+        model takes one `input_ids` sequence per request, so one request each, all at once."""
+        async def one(ids: list[int]) -> np.ndarray:
+            try:
+                result = await self.client.infer(model.name, [_tensor("input_ids", np.array(ids, np.int32), "INT32")])
+            except InferenceServerException as e:
+                raise error_from_triton(str(e.message()), e.status()) from None
+            return result.as_numpy("embedding")[0]
+
+        return np.stack(await asyncio.gather(*(one(ids) for ids in sequences)))
+
     async def embed(self, model: ServedModel, texts: list[str]) -> np.ndarray:
         """The embedder's `embedding` [len(texts), hidden] for `texts`, exactly as /infer gives it."""
         data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_)
