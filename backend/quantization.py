@@ -23,9 +23,13 @@ run it):
   checkpoint keeps in 16 bits stay so unless the parameter asks for fp8. Block-wise scales
   (`weight_scale_inv`, DeepSeek's and Qwen3's official FP8 format) are refused, by name.
 
-A GPU of compute capability below 8.9 (no FP8 arithmetic) is a load error for both; so is FP8
-with tensor parallelism (each rank would need its slices of the scales). On the CPU the linear
-ops run their references, which dequantise on every call: for tests.
+With tensor parallelism `quantization: fp8` quantises each rank's own slices after its share is
+built: a column-parallel weight's rows (QKV, gate/up) get the scales TP=1 would give them; a
+row-parallel weight's (output, down) get each its own slice's amax, no coarser than the whole
+row's, and each rank's partial product is dequantised before the all-reduce sums them. An FP8
+checkpoint with tensor parallelism is refused (a rank would need its slices of the stored scales).
+A GPU of compute capability below 8.9 (no FP8 arithmetic) is a load error for both. On the CPU
+the linear ops run their references, which dequantise on every call: for tests.
 """
 from __future__ import annotations
 
@@ -68,9 +72,9 @@ def prepare(state: dict, quantization: str, device: torch.device, dtype: torch.d
     if value == "none" and not stored:
         return state, False
     what = "an FP8 checkpoint" if stored else "quantization fp8"
-    if tensor_parallel:
-        raise ValueError(f"{what} with tensor parallelism is not supported: set tensor_parallel_size to 1, or "
-                         f"serve a 16-bit checkpoint with quantization none")
+    if tensor_parallel and stored:
+        raise ValueError("an FP8 checkpoint with tensor parallelism is not supported: set tensor_parallel_size to 1, "
+                         "or serve the 16-bit checkpoint with quantization fp8 (each rank quantises its slices)")
     fp8.check_device(device)
     if device.type == "cuda" and fp8.scaled_mm_dtype(device, dtype) is None:
         log.warning("this GPU has no row-wise FP8 GEMM in torch %s for %s activations: linears of more than %d rows "
@@ -161,10 +165,3 @@ def load_encoder(hf_config: dict, state: dict, device: torch.device, dtype: torc
     state, quantize = prepare(state, quantization, device, dtype)
     model = build(hf_config, state, device, dtype)
     return quantize_model(model) if quantize else model
-
-
-def refuse_with_tensor_parallel(quantization: str) -> None:
-    """ValueError unless `quantization` is none: a model split over GPUs loads 16-bit only."""
-    if parse(quantization) != "none":
-        raise ValueError("quantization fp8 with tensor parallelism is not supported: set tensor_parallel_size to 1 "
-                         "or quantization to none")

@@ -85,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of the GPU memory free after the weights given to the KV cache")
     parser.add_argument("--seed", type=int, default=0, help="of the random weights")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    parser.add_argument("--quantization", default="none", choices=("none", "fp8"),
+                        help="fp8: FP8 linears, each rank quantising its own slices (the floor counts FP8 bytes)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: ranks over gloo, for testing the benchmark itself")
     parser.add_argument("--timeout", type=float, default=480.0, help="seconds one configuration may take")
@@ -259,11 +261,12 @@ def build(task: dict):
     if size == 1:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         state = seeded_shard_state(cfg, task["seed"], str(device), task["dtype"])
-        model = load_decoder(cfg, state, device, getattr(torch, task["dtype"]), max_len)
+        model = load_decoder(cfg, state, device, getattr(torch, task["dtype"]), max_len,
+                             quantization=task["quantization"])
     else:
         source = ShardSource("", cfg, task["dtype"], task["device"], 0, max_len,
                              state_factory=functools.partial(seeded_shard_state, dtype=task["dtype"]),
-                             factory_args=(cfg, task["seed"]))
+                             factory_args=(cfg, task["seed"]), quantization=task["quantization"])
         model, workers = start_ranks(source, size)
     try:
         if cuda:
@@ -643,7 +646,8 @@ def _mode(size: int, mode: str | None) -> str:
 def _task(args, name: str, cfg: dict, size: int, parts: list[str], batches: list[int]) -> dict:
     prompts = -(-args.prefill_tokens // max(1, min(args.context, args.prefill_tokens))) if "prefill" in parts else 1
     max_running = max(batches + [prompts] + ([TRACE_MAX_RUNNING] if "trace" in parts else []))
-    return {"name": name, "config": cfg, "size": size, "device": args.device, "dtype": args.dtype, "parts": parts,
+    return {"name": name, "config": cfg, "size": size, "device": args.device, "dtype": args.dtype,
+            "quantization": args.quantization, "parts": parts,
             "batches": batches, "context": args.context, "steps": args.steps, "profile_steps": args.profile_steps,
             "kv_fraction": args.kv_fraction, "trace_requests": args.trace_requests, "seed": args.seed,
             "agree_tokens": args.agree_tokens, "prefill_tokens": args.prefill_tokens,
@@ -856,7 +860,8 @@ def header(results: dict) -> str:
     bandwidth = results.get("copy_bandwidth_GBps")
     switch = "" if results.get("allreduce_switch", True) else \
         " (backend/parallel/allreduce.py absent here: the switch changes nothing)"
-    return (f"# bench tensor-parallel on {where}, {results['dtype']}, all-reduce {results['allreduce']} "
+    fp8 = " with FP8 linears" if results.get("quantization") == "fp8" else ""
+    return (f"# bench tensor-parallel on {where}, {results['dtype']}{fp8}, all-reduce {results['allreduce']} "
             f"({ALLREDUCE_ENV}){switch}, KV cache {results['kv_fraction']:g} of free memory, {results['date']}"
             + (f"; floor = one rank's weight bytes / {bandwidth:.0f} GB/s (copy bandwidth)" if bandwidth else ""))
 
@@ -879,6 +884,7 @@ def run(args) -> int:
             return 2
         devices = torch.cuda.device_count()  # (no CUDA context here: the configurations' processes own the GPUs)
     results = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "dtype": args.dtype,
+               "quantization": args.quantization,
                "allreduce": ",".join(modes), "kv_fraction": args.kv_fraction, "context": args.context,
                "trace_requests": args.trace_requests, "agree_tokens": args.agree_tokens, "parts": parts, "notes": [],
                "rows": []}

@@ -22,16 +22,23 @@ def copy_bandwidth() -> float:
 
 
 def read_bytes_per_step(model) -> int:
-    """Bytes of weights one decode step reads: every layer's tensors, the final norm and the
-    output head (an untied input embedding is only gathered, a few rows per step)."""
+    """Bytes of weights one decode step reads: every layer's tensors (FP8 weights: values and
+    scales), the final norm and the output head (an untied input embedding is only gathered, a
+    few rows per step)."""
     import torch
+
+    from tritonformer.kernels.fp8 import Fp8Weight
 
     seen: set[int] = set()
     total = 0
 
     def add(t):
         nonlocal total
-        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+        if isinstance(t, Fp8Weight):
+            if t.data.data_ptr() not in seen:
+                seen.add(t.data.data_ptr())
+                total += t.nbytes()
+        elif isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
 

@@ -143,6 +143,20 @@ def test_steps_prefill_trace_and_agree_measure_an_engine_in_this_process():
     assert not engine.has_work() and not engine.sink.errors
 
 
+def test_fp8_builds_fp8_linears_and_the_floor_counts_their_bytes():
+    from tritonformer.client.gpu_measure import read_bytes_per_step
+    from tritonformer.kernels.fp8 import Fp8Weight
+
+    plain, _ = bench.build(_task())
+    fp8, _ = bench.build(_task(quantization="fp8"))
+    plain, fp8 = plain.runner.model, fp8.runner.model
+    names = type(fp8).LINEAR_WEIGHTS
+    assert all(isinstance(getattr(layer, n), Fp8Weight) for layer in fp8.layers for n in names)
+    sixteen = sum(getattr(layer, n).numel() * getattr(layer, n).element_size() for layer in plain.layers for n in names)
+    eight = sum(getattr(layer, n).nbytes() for layer in fp8.layers for n in names)
+    assert read_bytes_per_step(fp8) == read_bytes_per_step(plain) - sixteen + eight and eight < sixteen / 3
+
+
 @pytest.mark.slow
 def test_a_small_run_over_gloo_splits_replicates_and_agrees(tmp_path, capsys, monkeypatch):
     """Trace (beside two replicas), prefill and agree at TP 1 and 2 of a 2-layer Llama in fp32 on the

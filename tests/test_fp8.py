@@ -412,9 +412,8 @@ def test_bad_values_and_unsupported_combinations_are_load_errors(tmp_path, monke
     gpt2 = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32).to_dict()
     with pytest.raises(ValueError, match="not supported for model_type 'gpt2'"):
         load_decoder(gpt2, {}, CPU, torch.float32, quantization="fp8")
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        quantization.refuse_with_tensor_parallel("fp8")
-    quantization.refuse_with_tensor_parallel("none")
+    kept, quantize = quantization.prepare(state, "fp8", CPU, torch.float32, tensor_parallel=True)
+    assert kept is state and quantize  # quantization fp8 with tensor parallelism: each rank quantises its slices
     fp8_state = {"layers.0.mlp.down_proj.weight": torch.zeros(4, 4).to(fp8.E4M3),
                  "layers.0.mlp.down_proj.weight_scale": torch.ones(())}
     with pytest.raises(ValueError, match="FP8 checkpoint with tensor parallelism"):

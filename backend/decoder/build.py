@@ -61,11 +61,10 @@ def load_model(source: ModelSource):
         torch.cuda.set_device(source.device_index)
     if source.tensor_parallel_size > 1:
         from tritonformer.backend.parallel.workers import ShardSource, start_ranks
-        from tritonformer.backend.quantization import refuse_with_tensor_parallel
+        from tritonformer.backend.quantization import parse
 
-        refuse_with_tensor_parallel(source.quantization)
         shards = ShardSource(str(checkpoint), load_config(checkpoint), source.dtype, source.device_type,
-                             source.device_index, source.max_model_len)
+                             source.device_index, source.max_model_len, quantization=parse(source.quantization))
         return start_ranks(shards, source.tensor_parallel_size)
     device = torch.device("cuda", source.device_index) if source.device_type == "cuda" else torch.device("cpu")
     model = load_decoder(load_config(checkpoint), load_state_dict(checkpoint, allow_pickle=source.allow_pickle),

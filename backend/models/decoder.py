@@ -112,7 +112,8 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
         model = family.MODEL(family_config, state, device, dtype)
         return quant.quantize_model(model) if quantize else model
     _check_split(config, family_config, tp)
-    return family.MODEL(family_config, state, device, dtype, tp=tp)
+    model = family.MODEL(family_config, state, device, dtype, tp=tp)
+    return quant.quantize_model(model) if quantize else model
 
 
 def check_tensor_parallel(config: dict, world: int) -> None:

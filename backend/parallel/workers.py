@@ -48,6 +48,7 @@ class ShardSource:
     # with .shape, [index] and .to()} (benchmarks: random weights made on each rank's GPU).
     state_factory: Callable | None = None
     factory_args: tuple = ()
+    quantization: str = "none"  # none | fp8: each rank quantises its own slices (backend/quantization.py)
 
     def device(self, rank: int) -> torch.device:
         return torch.device(f"cuda:{self.first_device + rank}") if self.device_type == "cuda" else torch.device("cpu")
@@ -64,7 +65,8 @@ def load_rank(source: ShardSource, rank: int, world: int, address: str):
         state = source.state_factory(*source.factory_args, str(device))
     else:
         state = lazy_state_dict(Path(source.checkpoint))
-    model = load_decoder(source.config, state, device, getattr(torch, source.dtype), source.max_model_len, tp=tp)
+    model = load_decoder(source.config, state, device, getattr(torch, source.dtype), source.max_model_len, tp=tp,
+                         quantization=source.quantization)
     return model, tp
 
 

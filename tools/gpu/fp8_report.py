@@ -183,20 +183,10 @@ def minilm_accuracy(folder: Path, dev, dtype=torch.float16) -> None:
 # ---- (b) speed ---------------------------------------------------------------------------------
 
 def read_bytes(model) -> int:
-    """Bytes one decode step reads: every layer's tensors (FP8 weights: values and scales), the
-    final norm and the output head."""
-    from tritonformer.kernels.fp8 import Fp8Weight
+    """Bytes one decode step reads (FP8 weights: values and scales): client/gpu_measure.py's."""
+    from tritonformer.client.gpu_measure import read_bytes_per_step
 
-    total = 0
-    for layer in model.layers:
-        for t in vars(layer).values():
-            if isinstance(t, Fp8Weight):
-                total += t.nbytes()
-            elif isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    head = model.output_head
-    total += model.final_norm.numel() * model.final_norm.element_size()
-    return total + (head.nbytes() if isinstance(head, Fp8Weight) else head.numel() * head.element_size())
+    return read_bytes_per_step(model)
 
 
 def decode_step_ms(model, batch: int, context: int = 128, reps: int = 30) -> float:
