@@ -27,7 +27,9 @@ With tensor parallelism `quantization: fp8` quantises each rank's own slices aft
 built: a column-parallel weight's rows (QKV, gate/up) get the scales TP=1 would give them; a
 row-parallel weight's (output, down) get each its own slice's amax, no coarser than the whole
 row's, and each rank's partial product is dequantised before the all-reduce sums them. An FP8
-checkpoint with tensor parallelism is refused (a rank would need its slices of the stored scales).
+checkpoint splits as stored: each rank reads its slice of the E4M3 values and the scales that
+belong to it (a column-parallel share its rows' per-channel scales, a row-parallel share all of
+them; a per-tensor scale whole), so every rank holds exactly TP=1's values (Fp8Slices).
 A GPU of compute capability below 8.9 (no FP8 arithmetic) is a load error for both. On the CPU
 the linear ops run their references, which dequantise on every call: for tests.
 """
@@ -72,22 +74,49 @@ def prepare(state: dict, quantization: str, device: torch.device, dtype: torch.d
     if value == "none" and not stored:
         return state, False
     what = "an FP8 checkpoint" if stored else "quantization fp8"
-    if tensor_parallel and stored:
-        raise ValueError("an FP8 checkpoint with tensor parallelism is not supported: set tensor_parallel_size to 1, "
-                         "or serve the 16-bit checkpoint with quantization fp8 (each rank quantises its slices)")
     fp8.check_device(device)
     if device.type == "cuda" and fp8.scaled_mm_dtype(device, dtype) is None:
         log.warning("this GPU has no row-wise FP8 GEMM in torch %s for %s activations: linears of more than %d rows "
                     "dequantise their weights (slow)", torch.__version__, dtype, fp8.WEIGHT_ONLY_MAX_ROWS)
     if device.type == "cpu":
         log.warning("%s on the CPU runs the reference ops, which dequantise every weight on every call", what)
-    return (fp8_state(state, dtype) if stored else state), value == "fp8"
+    return (fp8_state(state, dtype, sliced=tensor_parallel) if stored else state), value == "fp8"
 
 
-def fp8_state(state: dict, dtype: torch.dtype) -> dict:
+class Fp8Slices:
+    """An FP8 checkpoint weight that a tensor-parallel rank reads in part: its E4M3 values and
+    `weight_scale` (unread LazyTensors), indexed as the family's build indexes a weight (rows:
+    a column-parallel share, which takes its rows' per-channel scales; rows and columns: a
+    row-parallel share, all of them; a per-tensor scale whole). The slice's `.to(device=...,
+    dtype=...)` is the Fp8Weight, or with `dequantize` (an embedding or head stored in FP8) the
+    16-bit tensor."""
+
+    def __init__(self, data, scale, dtype: torch.dtype, dequantize: bool = False):
+        self.data, self.scale, self.serve_dtype, self.dequantize = data, scale, dtype, dequantize
+        self.shape = tuple(data.shape)
+
+    def __getitem__(self, index) -> "Fp8Slices":
+        rows = index[0] if isinstance(index, tuple) else index
+        scale = _whole(self.scale).to(torch.float32).reshape(-1)
+        return Fp8Slices(self.data[index], scale[rows] if scale.numel() > 1 else scale, self.serve_dtype,
+                         self.dequantize)
+
+    def to(self, device=None, dtype=None):
+        dtype = dtype or self.serve_dtype
+        weight = fp8.from_checkpoint(_whole(self.data).to(device), _whole(self.scale).to(device), dtype)
+        return weight.dequantize(dtype) if self.dequantize else weight
+
+
+def _whole(t) -> torch.Tensor:
+    """A tensor, or all of an unread one (checkpoints.weights.LazyTensor)."""
+    return t if isinstance(t, torch.Tensor) else t.read()
+
+
+def fp8_state(state: dict, dtype: torch.dtype, sliced: bool = False) -> dict:
     """An FP8 checkpoint's tensors with each E4M3 weight and its `weight_scale` as one Fp8Weight
     (on the CPU, serving `dtype`: a model's weight getter moves it), `input_scale`s dropped, and
-    embeddings / output heads stored in FP8 dequantised to `dtype`."""
+    embeddings / output heads stored in FP8 dequantised to `dtype`. With `sliced` (a tensor-
+    parallel rank's unread state) each weight stays unread as Fp8Slices, to be read in part."""
     out = dict(state)
     blockwise = [n for n in out if n.endswith(".weight_scale_inv")]
     if blockwise:
@@ -107,9 +136,14 @@ def fp8_state(state: dict, dtype: torch.dtype) -> dict:
         if data.dtype != fp8.E4M3:
             raise ValueError(f"FP8 checkpoint tensor {name!r} is {data.dtype}: only float8_e4m3fn weights are "
                              f"supported")
+        keep_16_bit = any(part in name for part in _NEVER_FP8)
+        if sliced:
+            out[name] = Fp8Slices(data, out.pop(scale_name), dtype, dequantize=keep_16_bit)
+            continue
         weight = fp8.from_checkpoint(data, out.pop(scale_name), dtype)
-        out[name] = weight.dequantize(dtype) if any(part in name for part in _NEVER_FP8) else weight
-    unscaled = [n for n, t in out.items() if isinstance(t, torch.Tensor) and t.dtype in (fp8.E4M3, torch.float8_e5m2)]
+        out[name] = weight.dequantize(dtype) if keep_16_bit else weight
+    unscaled = [n for n, t in out.items()
+                if not isinstance(t, Fp8Slices) and getattr(t, "dtype", None) in (fp8.E4M3, torch.float8_e5m2)]
     if unscaled:
         raise ValueError(f"FP8 checkpoint tensor {unscaled[0]!r} has no weight_scale beside it")
     return out

@@ -416,8 +416,8 @@ def test_bad_values_and_unsupported_combinations_are_load_errors(tmp_path, monke
     assert kept is state and quantize  # quantization fp8 with tensor parallelism: each rank quantises its slices
     fp8_state = {"layers.0.mlp.down_proj.weight": torch.zeros(4, 4).to(fp8.E4M3),
                  "layers.0.mlp.down_proj.weight_scale": torch.ones(())}
-    with pytest.raises(ValueError, match="FP8 checkpoint with tensor parallelism"):
-        quantization.prepare(fp8_state, "none", CPU, torch.float32, tensor_parallel=True)
+    sliced, _ = quantization.prepare(fp8_state, "none", CPU, torch.float32, tensor_parallel=True)
+    assert isinstance(sliced["layers.0.mlp.down_proj.weight"], quantization.Fp8Slices)  # read in part by each rank
     with pytest.raises(ValueError, match="block-wise"):
         quantization.prepare({"a.weight": torch.zeros(4, 4).to(fp8.E4M3), "a.weight_scale_inv": torch.ones(1, 1)},
                              "none", CPU, torch.float32)

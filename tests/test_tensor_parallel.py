@@ -131,6 +131,36 @@ def test_fp8_ranks_quantise_their_own_slices_as_accurately_as_one_gpu(tmp_path):
     assert 1e-3 < error_one and 0.75 * error_one < error_two < 1.5 * error_one, (error_one, error_two)
 
 
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_an_fp8_checkpoint_splits_as_stored(tmp_path, per_tensor):
+    """An FP8 checkpoint (E4M3 values with per-channel or per-tensor weight_scale) at TP=2: each
+    rank reads its slices of the values and the scales that go with them, so the split model is
+    the one-rank FP8 model: the same tokens, the same logits."""
+    from test_fp8 import _random_llama, _write_fp8_checkpoint
+
+    from tritonformer.kernels.fp8 import Fp8Weight
+
+    config, state = _random_llama(seed=7)
+    folder = tmp_path / "fp8"
+    _write_fp8_checkpoint(folder, config, state, per_tensor)
+    config = load_config(folder)
+    one = load_decoder(config, load_state_dict(folder), CPU, torch.float32)
+    assert isinstance(one.layers[0].o_w, Fp8Weight)
+    tokens_one, logits_one, _ = _serve(one)
+    model, workers = start_ranks(ShardSource(str(folder), config, "float32", "cpu", 0), 2)
+    try:
+        layer, whole = model.layers[0], one.layers[0]
+        assert isinstance(layer.qkv_w, Fp8Weight) and isinstance(layer.down_w, Fp8Weight)
+        assert layer.down_w.data.shape[1] * 2 == whole.down_w.data.shape[1]  # half the columns, every scale
+        torch.testing.assert_close(layer.down_w.scale, whole.down_w.scale, rtol=0, atol=0)
+        tokens_two, logits_two, _ = _serve(model, workers)
+    finally:
+        workers.stop()
+        model.tp.leave()
+    assert tokens_two == tokens_one
+    torch.testing.assert_close(logits_two, logits_one, atol=1e-4, rtol=1e-4)
+
+
 def test_heads_that_do_not_divide_fail_at_load_and_say_so():
     cfg = {**shrunk("llama-3.1-8b", layers=1, hidden=72, heads=9, vocab=64), "num_key_value_heads": 3}  # SmolLM2's
     state = {}  # never read: the split is checked first

@@ -33,20 +33,31 @@ def _ids(value) -> list[int]:
     return list(value) if isinstance(value, list) else ([] if value is None else [value])
 
 
+# safetensors' dtype names -> torch's (what LazyTensor.dtype reports; None for another)
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+           "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
 class LazyTensor:
     """A checkpoint tensor not read yet: its shape, and reads of all of it or of a slice
     (safetensors reads only the bytes asked for). A tensor-parallel rank reads only its share,
     so no process ever holds the whole model."""
 
-    def __init__(self, path: str, name: str, shape: tuple[int, ...]):
-        self.path, self.name, self.shape = path, name, shape
+    def __init__(self, path: str, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None):
+        self.path, self.name, self.shape, self.dtype = path, name, shape, dtype
 
     def __getitem__(self, index) -> torch.Tensor:
         with safe_open(self.path, "pt") as f:
             return f.get_slice(self.name)[index]
 
+    def read(self) -> torch.Tensor:
+        """All of it (a 0-dim tensor too, which a slice cannot index)."""
+        with safe_open(self.path, "pt") as f:
+            return f.get_tensor(self.name)
+
     def to(self, *args, **kwargs) -> torch.Tensor:
-        return self[:].to(*args, **kwargs)
+        return self.read().to(*args, **kwargs)
 
 
 def lazy_state_dict(checkpoint: Path) -> dict[str, LazyTensor]:
@@ -60,7 +71,8 @@ def lazy_state_dict(checkpoint: Path) -> dict[str, LazyTensor]:
     for path in files:
         with safe_open(str(path), "pt") as f:
             for name in f.keys():
-                state[name] = LazyTensor(str(path), name, tuple(f.get_slice(name).get_shape()))
+                part = f.get_slice(name)
+                state[name] = LazyTensor(str(path), name, tuple(part.get_shape()), _DTYPES.get(part.get_dtype()))
     return strip_prefixes_of(state)
 
 

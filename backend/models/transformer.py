@@ -192,7 +192,7 @@ class TransformerDecoder(DecoderModel):
             for size, rows in parts:
                 taken.append(w(name, *shape, rows=slice(start + rows.start, start + rows.stop)))
                 start += size
-            return torch.cat(taken)
+            return cat_rows(taken)  # (FP8 parts: values and scales)
 
         def norm(name: str, size: int = hidden) -> torch.Tensor:
             if not c.norm_offset:
