@@ -294,3 +294,34 @@ def test_rerank_route_errors_are_openai_error_objects(routes, body, status, word
     got_status, got = _post(routes, "/v1/rerank", body)
     assert got_status == status, got
     assert all(w in got["error"]["message"] for w in words), got["error"]["message"]
+
+
+def test_classify_route_gives_the_models_probabilities_and_labels(served, routes):
+    server, _, folders = served
+    texts = DOCS[:3]
+    probabilities, labels = _classify(server, "grpc", "classifier", texts)
+    labels = [x.decode() if isinstance(x, bytes) else x for x in labels]
+    status, body = _post(routes, "/classify", {"model": "classifier", "input": texts})
+    assert status == 200, body
+    assert body["model"] == "classifier" and body["object"] == "list" and body["id"].startswith("classify-")
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    assert [d["label"] for d in body["data"]] == labels
+    assert [d["probs"] for d in body["data"]] == [[float(p) for p in row] for row in probabilities]
+    assert all(d["num_classes"] == 3 for d in body["data"])
+    tok = transformers.AutoTokenizer.from_pretrained(folders["classifier"])
+    assert body["usage"]["prompt_tokens"] == sum(len(tok(t)["input_ids"]) for t in texts)
+    status, one = _post(routes, "/v1/classify", {"model": "classifier", "input": texts[1]})
+    assert status == 200 and one["data"][0]["probs"] == body["data"][1]["probs"]
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "reranker", "input": "a"}, 404, ["reranker", "classifier"]),
+    ({"model": "classifier", "input": []}, 400, ["input"]),
+    ({"model": "classifier", "input": "a", "top_k": 2}, 400, ["top_k"]),
+    ({"model": "classifier", "input": ["cat " * 600]}, 400, ["truncate"]),
+    ({"model": "classifier_unset", "input": "a"}, 503, ["TRITONFORMER_CLASSIFIER_CHECKPOINT"]),
+])
+def test_classify_route_errors(routes, body, status, words):
+    got_status, got = _post(routes, "/classify", body)
+    assert got_status == status, got
+    assert all(w in got["error"]["message"] for w in words), got["error"]["message"]

@@ -1,5 +1,5 @@
 """The FastAPI application: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, `/v1/rerank` (also `/rerank`), and `/health`.
+`/v1/embeddings`, `/v1/rerank` (also `/rerank`), `/classify` (also `/v1/classify`), and `/health`.
 
 Requests are checked here before anything reaches Triton: the body (pydantic), the API key,
 the model (one Triton serves, else 404), the chat template; generation.py then sizes
@@ -27,12 +27,20 @@ from tritonformer.client.openai_routes import responses as out
 from tritonformer.client.openai_routes.generation import Answer, Generation
 from tritonformer.client.openai_routes.schemas import (
     ChatCompletionRequest,
+    ClassifyRequest,
     CompletionRequest,
     EmbeddingRequest,
     OpenAIError,
     RerankRequest,
 )
-from tritonformer.client.openai_routes.served_models import EMBEDDER, GENERATOR, RERANKER, ServedModel, served_model
+from tritonformer.client.openai_routes.served_models import (
+    CLASSIFIER,
+    EMBEDDER,
+    GENERATOR,
+    RERANKER,
+    ServedModel,
+    served_model,
+)
 from tritonformer.client.openai_routes.triton_calls import TritonCalls
 
 T = TypeVar("T")
@@ -358,5 +366,25 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
 
     for path in ("/v1/rerank", "/rerank"):  # vLLM and text-embeddings-inference answer on both
         app.add_api_route(path, rerank, methods=["POST"], dependencies=authorized)
+
+    async def classify(req: ClassifyRequest, request: Request):
+        """Each text's label probabilities and most likely label from a classifier model, as
+        vLLM's /classify answers."""
+        req.refuse_unsupported()
+        model = await request.app.state.models.get(req.model, CLASSIFIER)
+        texts = req.texts()
+        if not texts:
+            raise OpenAIError(400, "input must be a string or a non-empty list of strings", param="input")
+        probabilities, labels = await until_disconnect(request, request.app.state.triton.classify(model, texts,
+                                                                                                  req.truncate))
+        tokens = (sum(map(len, await asyncio.to_thread(model.tokenizer.encode_batch, texts)))
+                  if model.tokenizer else 0)
+        data = [{"index": i, "label": label, "probs": [float(p) for p in row], "num_classes": len(row)}
+                for i, (label, row) in enumerate(zip(labels, probabilities))]
+        return {"id": out.new_id("classify"), "object": "list", "created": out.now(), "model": model.name,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    for path in ("/classify", "/v1/classify"):  # vLLM's path, and under /v1 beside the others
+        app.add_api_route(path, classify, methods=["POST"], dependencies=authorized)
 
     return app

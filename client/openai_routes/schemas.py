@@ -150,3 +150,19 @@ class RerankRequest(BaseModel):
 
     def texts(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class ClassifyRequest(BaseModel):
+    """vLLM's classification API: one text or a list; `truncate` (cut each text to fit the
+    model) passes through to the classifier model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[str]
+    truncate: bool = False
+
+    refuse_unsupported = _Request.refuse_unsupported
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

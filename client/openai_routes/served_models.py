@@ -24,18 +24,21 @@ from tritonformer.backend.tokenization import TextTokenizer
 GENERATOR = "generator"
 EMBEDDER = "embedder"
 RERANKER = "reranker"
-RERANKER_CHECKPOINT_ENV = "TRITONFORMER_RERANKER_CHECKPOINT"  # what `tritonformer serve --reranker-checkpoint` sets
+CLASSIFIER = "classifier"
+# What `tritonformer serve --reranker-checkpoint / --classifier-checkpoint` set (the models read them too).
+CHECKPOINT_ENVS = {RERANKER: "TRITONFORMER_RERANKER_CHECKPOINT", CLASSIFIER: "TRITONFORMER_CLASSIFIER_CHECKPOINT"}
 
 
 @dataclass(frozen=True)
 class ServedModel:
     """One Triton model as the OpenAI routes use it.
 
-    `kind` is GENERATOR (decoupled, `text_output`), EMBEDDER (`embedding`) or RERANKER (`query`
-    and `texts` in, `scores` out); `inputs` are the input names its config declares, so a request
-    only carries the optional inputs the model accepts (the vLLM-format flags need the
-    generator's newer config). A reranker configured with no checkpoint has no tokenizer (the
-    model itself answers every request with how to configure it)."""
+    `kind` is GENERATOR (decoupled, `text_output`), EMBEDDER (`embedding`), RERANKER (`query`
+    and `texts` in, `scores` out) or CLASSIFIER (`probabilities` and `labels` out); `inputs` are
+    the input names its config declares, so a request only carries the optional inputs the model
+    accepts (the vLLM-format flags need the generator's newer config). A reranker or classifier
+    configured with no checkpoint has no tokenizer (the model itself answers every request with
+    how to configure it)."""
 
     name: str
     kind: str
@@ -60,6 +63,8 @@ def model_kind(config: dict) -> str | None:
         return EMBEDDER
     if "scores" in outputs and {"query", "texts"} <= inputs:
         return RERANKER
+    if {"probabilities", "labels"} <= outputs and "text_input" in inputs:
+        return CLASSIFIER
     return None
 
 
@@ -78,10 +83,10 @@ def embedder_checkpoint(value: str) -> Path:
     return Path(value) if value else minilm_dir()
 
 
-def reranker_checkpoint(value: str) -> Path | None:
-    """The reranker's folder: its `checkpoint` parameter, else the bundled server's environment
-    variable (as the model itself resolves it), else None (none ships)."""
-    value = value or os.environ.get(RERANKER_CHECKPOINT_ENV, "")
+def head_checkpoint(kind: str, value: str) -> Path | None:
+    """A reranker's or classifier's folder: its `checkpoint` parameter, else the bundled server's
+    environment variable (as the model itself resolves it), else None (none ships)."""
+    value = value or os.environ.get(CHECKPOINT_ENVS[kind], "")
     return Path(value) if value else None
 
 
@@ -112,8 +117,8 @@ def served_model(name: str, config: dict, created: int) -> ServedModel | None:
             max_prompt_bytes=int(parameter(config, "max_prompt_bytes", "200000")),
             created=created,
         )
-    if kind == RERANKER:
-        checkpoint = reranker_checkpoint(value)
+    if kind in CHECKPOINT_ENVS:
+        checkpoint = head_checkpoint(kind, value)
         tokenizer = TextTokenizer(checkpoint) if checkpoint and (checkpoint / "tokenizer.json").is_file() else None
         return ServedModel(name, kind, checkpoint, tokenizer, inputs, outputs, created=created)
     checkpoint = embedder_checkpoint(value)

@@ -183,6 +183,17 @@ class TritonCalls:
             raise error_from_triton(str(e.message()), e.status()) from None
         return result.as_numpy("scores")
 
+    async def classify(self, model: ServedModel, texts: list[str], truncate: bool) -> tuple[np.ndarray, list[str]]:
+        """The classifier's `probabilities` [len(texts), labels] and each text's `labels` entry."""
+        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_)
+        try:
+            result = await self.client.infer(model.name, [_tensor("text_input", data, "BYTES")],
+                                             parameters={"truncate": truncate})
+        except InferenceServerException as e:
+            raise error_from_triton(str(e.message()), e.status()) from None
+        labels = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in result.as_numpy("labels")]
+        return result.as_numpy("probabilities"), labels
+
     async def embed_ids(self, model: ServedModel, sequences: list[list[int]]) -> np.ndarray:
         """The embedder's `embedding` [len(sequences), hidden] of pre-tokenized sequences: the
         model takes one `input_ids` sequence per request, so one request each, all at once."""
