@@ -97,19 +97,14 @@ class Fp8Slices:
 
     def __getitem__(self, index) -> "Fp8Slices":
         rows = index[0] if isinstance(index, tuple) else index
-        scale = _whole(self.scale).to(torch.float32).reshape(-1)
+        scale = self.scale.to(torch.float32).reshape(-1)  # (a LazyTensor's .to reads it whole)
         return Fp8Slices(self.data[index], scale[rows] if scale.numel() > 1 else scale, self.serve_dtype,
                          self.dequantize)
 
     def to(self, device=None, dtype=None):
         dtype = dtype or self.serve_dtype
-        weight = fp8.from_checkpoint(_whole(self.data).to(device), _whole(self.scale).to(device), dtype)
+        weight = fp8.from_checkpoint(self.data.to(device), self.scale.to(device), dtype)
         return weight.dequantize(dtype) if self.dequantize else weight
-
-
-def _whole(t) -> torch.Tensor:
-    """A tensor, or all of an unread one (checkpoints.weights.LazyTensor)."""
-    return t if isinstance(t, torch.Tensor) else t.read()
 
 
 def fp8_state(state: dict, dtype: torch.dtype, sliced: bool = False) -> dict:

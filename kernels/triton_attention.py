@@ -351,8 +351,8 @@ def _split_decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool,
     the 70B shape's TP=4 share 10.1 -> 6.8, Gemma-2-9B (head dim 256; 8 warps, 2 stages before)
     17.5 -> 12.8; at 8,192 keys Gemma-2-9B 42.0 -> 30.5. The Llama-3.1-8B decode step at
     context 512: 5.407 -> 5.337 ms. At 512 keys a TP=2 share is about even (6.2 us before, 6.5
-    with 64-key blocks in 16 splits; 32 not timed there). Head dims up to 64 already run 64-key blocks without a
-    pipeline (_launch_config's decode row); fp32 keeps its small tiles.
+    with 64-key blocks in 16 splits; 32 not timed there). Head dims up to 64 already run 64-key
+    blocks without a pipeline (_launch_config's decode row); fp32 keeps its small tiles.
     """
     if on_gpu and dtype != torch.float32 and head_dim >= 128:
         return 64, 4, 1
@@ -497,8 +497,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         keys_per_seq = min(keys_per_seq, window)
     splits = num_splits or _num_splits(m_blocks * num_seqs * num_kv_heads, rows, keys_per_seq, q.device)
     if splits > 1 and rows <= 16:
-        block_n, num_warps, num_stages = _split_decode_config(block_d, q.dtype, q.is_cuda, (block_n, num_warps,
-                                                                                             num_stages))
+        unsplit = (block_n, num_warps, num_stages)
+        block_n, num_warps, num_stages = _split_decode_config(block_d, q.dtype, q.is_cuda, unsplit)
     total_q = q.shape[0]
     split_stride = total_q * num_heads
     if splits > 1:

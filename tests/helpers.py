@@ -7,13 +7,18 @@ import contextlib
 
 def http_post(server, path: str, body: dict, timeout: float = 120.0) -> tuple[int, dict | str]:
     """POST JSON to the server's HTTP endpoint; (status, parsed JSON or raw text)."""
+    return post_json(f"http://{server.http_url}{path}", body, timeout=timeout)
+
+
+def post_json(url: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> tuple[int, dict | str]:
+    """POST JSON to `url` (the server's HTTP endpoint, the OpenAI routes); (status, parsed JSON
+    or raw text), an HTTP error's status and body too."""
     import json
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(
-        f"http://{server.http_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             status, raw = resp.status, resp.read().decode()

@@ -243,17 +243,9 @@ def routes(served):
 
 
 def _post(routes, path: str, body: dict) -> tuple[int, dict]:
-    import json
-    import urllib.error
-    import urllib.request
+    from helpers import post_json
 
-    request = urllib.request.Request(routes.url.removesuffix("/v1") + path, data=json.dumps(body).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(routes.url.removesuffix("/v1") + path, body, timeout=60)
 
 
 @pytest.mark.parametrize("model", ["reranker", "reranker_xlmr"])

@@ -14,13 +14,10 @@ from __future__ import annotations
 import base64
 import csv
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from tests.helpers import scrape_metrics, wait_for_metrics  # noqa: E402
+from tests.helpers import post_json, scrape_metrics, wait_for_metrics  # noqa: E402
 from tritonformer.client.calls import embed, generate  # noqa: E402
 from tritonformer.client.openai_routes.runner import OpenAIPortInUse, OpenAIRoutes  # noqa: E402
 from tritonformer.client.server import free_port  # noqa: E402
@@ -277,13 +274,7 @@ def test_logit_bias_forces_a_token(client, hf_tokenizer):
 
 
 def post(routes, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(routes.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(routes.url + path, body, headers, timeout=60)
 
 
 @pytest.mark.parametrize("path, body, status, words", [

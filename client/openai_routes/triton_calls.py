@@ -67,6 +67,11 @@ def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInpu
     return tensor
 
 
+def _texts(name: str, texts: list[str]) -> grpcclient.InferInput:
+    """A BYTES tensor of UTF-8 texts."""
+    return _tensor(name, np.array([t.encode("utf-8") for t in texts], dtype=np.object_), "BYTES")
+
+
 @functools.cache
 def _true(name: str) -> grpcclient.InferInput:
     """A BOOL input holding true, made once: building one costs more than its request does
@@ -171,26 +176,23 @@ class TritonCalls:
             if not finished:
                 responses.cancel()
 
+    async def _infer(self, model: ServedModel, tensors: list, parameters: dict | None = None):
+        """One unary /infer call; a Triton error becomes the OpenAI error for it."""
+        try:
+            return await self.client.infer(model.name, tensors, parameters=parameters)
+        except InferenceServerException as e:
+            raise error_from_triton(str(e.message()), e.status()) from None
+
     async def rerank(self, model: ServedModel, query: str, texts: list[str], truncate: bool,
                      raw_scores: bool) -> np.ndarray:
         """The reranker's `scores` [len(texts)] of `texts` for `query`, exactly as /infer gives them."""
-        tensors = [_tensor("query", np.array([query.encode("utf-8")], dtype=np.object_), "BYTES"),
-                   _tensor("texts", np.array([t.encode("utf-8") for t in texts], dtype=np.object_), "BYTES")]
-        try:
-            result = await self.client.infer(model.name, tensors,
-                                             parameters={"truncate": truncate, "raw_scores": raw_scores})
-        except InferenceServerException as e:
-            raise error_from_triton(str(e.message()), e.status()) from None
+        result = await self._infer(model, [_texts("query", [query]), _texts("texts", texts)],
+                                   {"truncate": truncate, "raw_scores": raw_scores})
         return result.as_numpy("scores")
 
     async def classify(self, model: ServedModel, texts: list[str], truncate: bool) -> tuple[np.ndarray, list[str]]:
         """The classifier's `probabilities` [len(texts), labels] and each text's `labels` entry."""
-        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_)
-        try:
-            result = await self.client.infer(model.name, [_tensor("text_input", data, "BYTES")],
-                                             parameters={"truncate": truncate})
-        except InferenceServerException as e:
-            raise error_from_triton(str(e.message()), e.status()) from None
+        result = await self._infer(model, [_texts("text_input", texts)], {"truncate": truncate})
         labels = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in result.as_numpy("labels")]
         return result.as_numpy("probabilities"), labels
 
@@ -198,19 +200,12 @@ class TritonCalls:
         """The embedder's `embedding` [len(sequences), hidden] of pre-tokenized sequences: the
         model takes one `input_ids` sequence per request, so one request each, all at once."""
         async def one(ids: list[int]) -> np.ndarray:
-            try:
-                result = await self.client.infer(model.name, [_tensor("input_ids", np.array(ids, np.int32), "INT32")])
-            except InferenceServerException as e:
-                raise error_from_triton(str(e.message()), e.status()) from None
+            result = await self._infer(model, [_tensor("input_ids", np.array(ids, np.int32), "INT32")])
             return result.as_numpy("embedding")[0]
 
         return np.stack(await asyncio.gather(*(one(ids) for ids in sequences)))
 
     async def embed(self, model: ServedModel, texts: list[str]) -> np.ndarray:
         """The embedder's `embedding` [len(texts), hidden] for `texts`, exactly as /infer gives it."""
-        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_)
-        try:
-            result = await self.client.infer(model.name, [_tensor("text_input", data, "BYTES")])
-        except InferenceServerException as e:
-            raise error_from_triton(str(e.message()), e.status()) from None
+        result = await self._infer(model, [_texts("text_input", texts)])
         return result.as_numpy("embedding")

@@ -182,13 +182,6 @@ def minilm_accuracy(folder: Path, dev, dtype=torch.float16) -> None:
 
 # ---- (b) speed ---------------------------------------------------------------------------------
 
-def read_bytes(model) -> int:
-    """Bytes one decode step reads (FP8 weights: values and scales): client/gpu_measure.py's."""
-    from tritonformer.client.gpu_measure import read_bytes_per_step
-
-    return read_bytes_per_step(model)
-
-
 def decode_step_ms(model, batch: int, context: int = 128, reps: int = 30) -> float:
     """ms per decode iteration of `batch` sequences at ~`context` keys: the decode graph's
     replays, each one iteration further (the engine's multi-step rounds)."""
@@ -225,18 +218,19 @@ def cuda_ms(fn, reps: int = 20) -> float:
 
 def decoder_speed(dev, bandwidth: float) -> None:
     from tritonformer.backend import quantization
+    from tritonformer.client.gpu_measure import read_bytes_per_step
     from tritonformer.client.model_shapes import random_decoder
     from tritonformer.kernels import fp8
 
     dtype = torch.float16
     model = random_decoder("llama-3.1-8b", dev, dtype, max_model_len=1024)
-    floor16 = read_bytes(model) / bandwidth * 1e3
+    floor16 = read_bytes_per_step(model) / bandwidth * 1e3
     with torch.inference_mode():
         b1_16, b64_16 = decode_step_ms(model, 1), decode_step_ms(model, 64)
         quantization.prepare({}, "fp8", dev, dtype)
         quantization.quantize_model(model)  # in place: each fp16 weight freed as its FP8 copy replaces it
         torch.cuda.empty_cache()
-        floor8 = read_bytes(model) / bandwidth * 1e3
+        floor8 = read_bytes_per_step(model) / bandwidth * 1e3
         b1_8, b64_8 = decode_step_ms(model, 1), decode_step_ms(model, 64)
         saved = fp8.WEIGHT_ONLY_MAX_ROWS
         try:
@@ -246,7 +240,7 @@ def decoder_speed(dev, bandwidth: float) -> None:
             fp8.WEIGHT_ONLY_MAX_ROWS = saved
         quantize_every_layer(model)
         torch.cuda.empty_cache()
-        floor_all = read_bytes(model) / bandwidth * 1e3
+        floor_all = read_bytes_per_step(model) / bandwidth * 1e3
         b1_all = decode_step_ms(model, 1)
     row("llama-3.1-8b decode", f"batch 1 ms (weight-read floor {floor16:.3f} / {floor8:.3f})", f"{b1_16:.3f}",
         f"{b1_8:.3f}", f"{b1_8 / b1_16:.3f}x fp16 (target <= 0.6x); {b1_8 / floor8:.2f}x its floor")
