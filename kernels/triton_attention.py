@@ -339,23 +339,33 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
 
 
 def _split_decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool,
-                         unsplit: tuple[int, int, int]) -> tuple[int, int, int]:
+                         unsplit: tuple[int, int, int], group: int = 2) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) for a decode launch (at most 16 rows) whose keys are
-    split, given `unsplit`, _launch_config's choice for the same launch unsplit.
+    split, given `unsplit`, _launch_config's choice for the same launch unsplit, and the GQA
+    `group` (query heads per KV head).
 
     Such a launch (a few sequences, batch 1 above all) is latency-bound: each program folds in
-    one or a few key blocks, so what pays is many programs of 64-key blocks with no software
+    one or a few key blocks, so what pays is many programs of small key blocks with no software
     pipeline. Measured on an H100 at batch 1 (`tools/gpu/tune_decode_attention.py`: attention
     plus combine per layer, this configuration with 32 splits against the 32-key blocks, 3
     stages and 16 splits used before): at 2,048 keys the Llama-3.1-8B TP=2 share 10.4 -> 8.6 us,
     the 70B shape's TP=4 share 10.1 -> 6.8, Gemma-2-9B (head dim 256; 8 warps, 2 stages before)
     17.5 -> 12.8; at 8,192 keys Gemma-2-9B 42.0 -> 30.5. The Llama-3.1-8B decode step at
-    context 512: 5.407 -> 5.337 ms. At 512 keys a TP=2 share is about even (6.2 us before, 6.5
-    with 64-key blocks in 16 splits; 32 not timed there). Head dims up to 64 already run 64-key
-    blocks without a pipeline (_launch_config's decode row); fp32 keeps its small tiles.
+    context 512: 5.407 -> 5.337 ms. Head dims up to 64 already run 64-key blocks without a
+    pipeline (_launch_config's decode row); fp32 keeps its small tiles.
+
+    Without GQA (group 1: Phi-3's 32 KV heads, which take 16 splits) 32-key blocks, one stage:
+    a program's 16-row tile holds one query row, so a 64-key block is mostly dead work. Phi-3
+    (head dim 96 in a 128 tile), us per layer against 64-key blocks: 6.89 vs 8.15 at 128 keys,
+    8.66 vs 12.23 at 512, 17.63 vs 20.86 at 2,048, 52.42 vs 64.77 at 8,192; its decode step at
+    batch 1, context 128, 3.163 -> 2.938 ms, at 2,048 3.509 -> 3.378 ms. With GQA the same
+    blocks win at short contexts and lose at long ones (Llama-3.1-8B: 6.73 vs 8.53 us at 128
+    keys, 23.46 vs 20.82 at 8,192; its step at context 128 5.340 -> 5.324 ms, at 2,048 5.497
+    -> 5.533), which a CUDA graph captured once cannot choose between: 64 there (H100,
+    2026-11-27, docs/results/decoder-families/2026-11-27/tune_split_block_n.log).
     """
     if on_gpu and dtype != torch.float32 and head_dim >= 128:
-        return 64, 4, 1
+        return (32, 4, 1) if group == 1 else (64, 4, 1)
     return unsplit
 
 
@@ -498,7 +508,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     splits = num_splits or _num_splits(m_blocks * num_seqs * num_kv_heads, rows, keys_per_seq, q.device)
     if splits > 1 and rows <= 16:
         unsplit = (block_n, num_warps, num_stages)
-        block_n, num_warps, num_stages = _split_decode_config(block_d, q.dtype, q.is_cuda, unsplit)
+        block_n, num_warps, num_stages = _split_decode_config(block_d, q.dtype, q.is_cuda, unsplit, group)
     total_q = q.shape[0]
     split_stride = total_q * num_heads
     if splits > 1:

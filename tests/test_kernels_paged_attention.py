@@ -194,9 +194,19 @@ def test_gpu_serving_step(dtype, head_dim, heads, kv_heads):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("splits", [None, 8, 32])
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])  # 96 to 256: split decodes in 64-key blocks
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])  # 96 to 256 with GQA: split decodes in 64-key blocks
 def test_gpu_few_long_decodes(splits, head_dim):
     check_kernel([1, 1], [8000, 77], 32, 8, head_dim, 16, torch.float16, seed=8, num_splits=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("splits", [16, 32])
+@pytest.mark.parametrize("window", [None, 2047])
+def test_gpu_few_long_decodes_without_gqa(splits, window):
+    """Phi-3's 32 KV heads of head dim 96 (group 1): split decodes in 32-key blocks."""
+    check_kernel([1, 1, 1], [8000, 130, 3], 32, 32, 96, 16, torch.bfloat16, seed=10, num_splits=splits,
+                 window=window)
 
 
 @pytest.mark.gpu
@@ -207,18 +217,31 @@ def test_gpu_few_long_decodes_window_softcap():
 
 
 @triton_needed
-@pytest.mark.parametrize("splits", [4, 32])
-def test_kernel_split_decode_in_64_key_blocks(splits, monkeypatch):
-    """The GPU's split-decode configuration (64-key blocks; a sequence shorter than the splits'
-    blocks leaves splits with no key) in the interpreter, where the launch would otherwise keep
-    its small tiles."""
+@pytest.mark.parametrize("block_n,splits", [(64, 4), (64, 32), (32, 16)])
+def test_kernel_split_decode_in_key_blocks_of_the_gpu(block_n, splits, monkeypatch):
+    """The GPU's split-decode configurations (64-key blocks with GQA, 32-key blocks without; a
+    sequence shorter than the splits' blocks leaves splits with no key) in the interpreter,
+    where the launch would otherwise keep its small tiles."""
     pytest.importorskip("triton")
     from tritonformer.kernels import triton_attention
 
-    monkeypatch.setattr(triton_attention, "_split_decode_config", lambda *args: (64, 4, 1))
+    monkeypatch.setattr(triton_attention, "_split_decode_config", lambda *args: (block_n, 4, 1))
     check_kernel([1, 1, 1, 1], [200, 3, 0, 70], 4, 2, 16, 8, torch.float32, seed=20, num_splits=splits)
     check_kernel([1, 1], [150, 64], 4, 1, 16, 8, torch.float32, seed=21, num_splits=splits, window=40)
     check_kernel([1, 1], [130, 9], 2, 1, 96, 16, torch.float32, seed=22, num_splits=splits, softcap=30.0)
+    check_kernel([1, 1], [300, 40], 2, 2, 96, 16, torch.float32, seed=23, num_splits=splits)  # no GQA (Phi-3)
+
+
+def test_split_decode_blocks_follow_the_gqa_group():
+    from tritonformer.kernels.triton_attention import _split_decode_config
+
+    unsplit = (16, 2, 3)
+    assert _split_decode_config(128, torch.bfloat16, True, unsplit, group=1) == (32, 4, 1)
+    assert _split_decode_config(128, torch.float16, True, unsplit, group=4) == (64, 4, 1)
+    assert _split_decode_config(256, torch.bfloat16, True, unsplit, group=2) == (64, 4, 1)
+    assert _split_decode_config(64, torch.float16, True, unsplit, group=1) == unsplit  # the decode row's own
+    assert _split_decode_config(128, torch.float32, True, unsplit, group=1) == unsplit
+    assert _split_decode_config(128, torch.float16, False, unsplit, group=1) == unsplit
 
 
 @pytest.mark.gpu

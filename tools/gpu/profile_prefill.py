@@ -1,6 +1,6 @@
 """Where one long prompt's prefill spends its GPU time, kernel by kernel, per published shape.
 
-    python3 tools/gpu/profile_prefill.py [--models gemma-2-9b,llama-3.1-8b] [--tokens 2000] [--top 15]
+    python3 tools/gpu/profile_prefill.py [--models gemma-2-9b,llama-3.1-8b] [--tokens 2000] [--top 15] [--timeline]
 
 Random weights at each shape (client/model_shapes.py), bf16, the engine as the families benchmark
 builds it (`bench serve-decoder --model`): one prompt of `--tokens` tokens on an idle engine, run
@@ -38,11 +38,51 @@ def first_token(engine, vocab: int, tokens: int, rng) -> float:
     return first_token_ms(engine, rng.integers(0, vocab, tokens).tolist())
 
 
+def timeline(engine, vocab: int, tokens: int, rng, gap_us: float = 20.0) -> None:
+    """Where the wall time outside kernels goes: one more first token under torch.profiler with
+    the host side too. Prints the time before the first kernel and after the last, the GPU's
+    idle gaps of more than `gap_us` between them, and the host calls under those idle times
+    (the profiler's own per-call cost inflates the host side a little)."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        first_token(engine, vocab, tokens, rng)
+    events = prof.events()
+    gpu = sorted((e.time_range.start, e.time_range.end) for e in events
+                 if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    if not gpu or not host:
+        print("(timeline: no events)")
+        return
+    start, end = min(e.time_range.start for e in host), max(max(e.time_range.end for e in host), gpu[-1][1])
+    idle, busy_end = [(start, gpu[0][0])], gpu[0][1]
+    for a, b in gpu[1:]:
+        if a > busy_end + gap_us:
+            idle.append((busy_end, a))
+        busy_end = max(busy_end, b)
+    idle.append((busy_end, end))
+    under = defaultdict(float)
+    for a, b in idle:
+        for e in host:
+            overlap = min(b, e.time_range.end) - max(a, e.time_range.start)
+            if overlap > 0:
+                under[e.name] += overlap
+    between = idle[1:-1]
+    print(f"\ntimeline, {tokens} tokens: {(end - start) / 1e3:.2f} ms profiled; before the first kernel "
+          f"{(idle[0][1] - idle[0][0]) / 1e3:.2f} ms, after the last {(idle[-1][1] - idle[-1][0]) / 1e3:.2f} ms, "
+          f"{len(between)} idle gaps > {gap_us:.0f} us between kernels: {sum(b - a for a, b in between) / 1e3:.2f} ms "
+          f"(largest {max((b - a for a, b in between), default=0) / 1e3:.2f} ms)")
+    print("| host call under the GPU's idle time | ms |")
+    print("|---|---:|")
+    for name, us in sorted(under.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"| {name[:100]} | {us / 1e3:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gemma-2-9b,llama-3.1-8b")
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--timeline", action="store_true", help="also the GPU's idle time and the host calls under it")
     args = ap.parse_args()
 
     from tritonformer.client.bench_serve_decoder import release
@@ -81,6 +121,8 @@ def main() -> None:
         print("|---:|---:|---|")
         for us, count, key in rows[: args.top]:
             print(f"| {us:.0f} | {count} | {key[:110]} |", flush=True)
+        if args.timeline:
+            timeline(engine, vocab, args.tokens, rng)
         release(engine)
         del engine, sink, model
         torch.cuda.empty_cache()

@@ -472,7 +472,8 @@ def attention_rows(model, inp: Inputs, args, clock, families_after) -> tuple[dic
     config = ta._launch_config(block_d, model.dtype, c.num_heads // c.num_kv_heads, True,
                                hopper_or_newer(model.device))
     if current > 1:  # a split decode's blocks, warps and stages are its own
-        config = (config[0], *ta._split_decode_config(block_d, model.dtype, True, config[1:]))
+        config = (config[0], *ta._split_decode_config(block_d, model.dtype, True, config[1:],
+                                                    c.num_heads // c.num_kv_heads))
     print(f"\ndecode attention alone, rows {inp.rows}, context {inp.context}: heads {c.num_heads}/{c.num_kv_heads} x "
           f"{c.head_dim} (tile {block_d}), softcap {c.attn_softcap}, window {layer.window}; launch config "
           f"(BLOCK_M, BLOCK_N, warps, stages) {config}; the decode graphs split keys {current} ways")

@@ -121,7 +121,7 @@ def main() -> int:
         tile_d = triton.next_power_of_2(head_dim)
         _, bn0, w0, s0 = current(tile_d, torch.float16, heads // kv_heads, True, hopper_or_newer(torch.device("cuda")))
         if default_splits > 1 and heads // kv_heads <= 16:
-            bn0, w0, s0 = ta._split_decode_config(tile_d, torch.float16, True, (bn0, w0, s0))
+            bn0, w0, s0 = ta._split_decode_config(tile_d, torch.float16, True, (bn0, w0, s0), heads // kv_heads)
         base = graph_us(run(default_splits), calls=2 * len(sets))
         splits = ints(args.splits) if args.splits else sorted({1, 2, default_splits, 2 * default_splits})
         candidates = [c for c in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), splits)
