@@ -61,6 +61,22 @@ PHI_3_MINI_128K = {
     "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.02 * i for i in range(48)],
                      "long_factor": [1.0 + 0.9 * i for i in range(48)]},
 }
+# Phi-4-mini-instruct: Phi-3's block with GQA (24 / 8 heads of 128), a tied 200k vocabulary, and
+# a partial rotary (partial_rotary_factor 0.75: 96 of 128 dims) under longrope.
+PHI_4_MINI = {
+    "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.75, "sliding_window": 262144, "tie_word_embeddings": True,
+    "bos_token_id": 199999, "eos_token_id": 200020, "pad_token_id": 199999,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [
+        1.0, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649,
+        2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533,
+        5.984965424, 6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651,
+        14.64173252, 16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03,
+        32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16,
+        47.77]},
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -76,6 +92,7 @@ DECODER_SHAPES = {
     "gemma-3-1b": GEMMA_3_1B,
     "phi-3-mini": PHI_3_MINI_4K,
     "phi-3-mini-128k": PHI_3_MINI_128K,
+    "phi-4-mini": PHI_4_MINI,
 }
 
 
@@ -103,8 +120,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["query_pre_attn_scalar"] = 24
     if "rope_scaling" in cfg and cfg["rope_scaling"] and "original_max_position_embeddings" in cfg["rope_scaling"]:
         cfg["rope_scaling"] = {**cfg["rope_scaling"], "original_max_position_embeddings": 64}
-    if name == "phi-3-mini-128k":
-        half = cfg["hidden_size"] // heads // 2
+    if cfg.get("rope_scaling") and "long_factor" in cfg["rope_scaling"]:  # longrope: a factor per frequency
+        half = int(cfg["hidden_size"] // heads * cfg.get("partial_rotary_factor", 1.0)) // 2
         cfg["rope_scaling"] = {**cfg["rope_scaling"], "short_factor": cfg["rope_scaling"]["short_factor"][:half],
                                "long_factor": cfg["rope_scaling"]["long_factor"][:half]}
         cfg["original_max_position_embeddings"] = 64

@@ -137,6 +137,14 @@ def cat_rows(parts: list) -> "torch.Tensor | Fp8Weight":
     return Fp8Weight(torch.cat([p.data for p in fp8]), torch.cat([p.scale for p in fp8]), dtype)
 
 
+def take_rows(weight, rows: torch.Tensor) -> "torch.Tensor | Fp8Weight":
+    """weight[rows] along N, for a tensor or an FP8 weight (its values and their scales)."""
+    if isinstance(weight, Fp8Weight):
+        rows = rows.to(weight.device)
+        return Fp8Weight(weight.data[rows], weight.scale[rows], weight.dtype)
+    return weight[rows.to(weight.device)].contiguous()
+
+
 def check_device(device: torch.device) -> None:
     """RuntimeError unless `device` can run FP8 linears: a CUDA GPU of compute capability >= 8.9
     (Ada, Hopper and newer). The CPU runs the reference (every call dequantises: tests only)."""

@@ -33,6 +33,7 @@ CASES = [
     ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
     ("phi3", "phi-3-mini", {}),
     ("phi3-longrope", "phi-3-mini-128k", {}),
+    ("phi4-mini-partial-rotary", "phi-4-mini", {}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -79,8 +80,10 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-@pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ("qwen3", "gemma2", "gemma3", "phi3")],
-                         ids=["qwen3", "gemma2", "gemma3", "phi3"])
+ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary")
+
+
+@pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
 def test_family_iterations_match_hf_full_forward(case, shape, changes):
     """Sequences join at different iterations, prefill chunks and decodes share iterations, and
     each step's logits equal HF's on the whole sequence so far."""
@@ -122,6 +125,34 @@ def test_longrope_uses_short_factors_inside_and_long_factors_past_the_original_l
     long = rotary(torch.zeros(1), torch.arange(200)[None])  # one past it: HF's long factors
     torch.testing.assert_close(ours[:64, 0], short[0][0, :, : head // 2], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ours[64:200, 0], long[0][0, 64:, : head // 2], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(128, 96), (24, 18), (16, 8), (8, 8)])
+def test_partial_rotary_in_the_kernels_order_is_hf_rotation(head_dim, rotary_dim):
+    """A partial rotary as the kernels run it (whole-head rotation of dims j, j + d/2 under a
+    table padded with cos 1, sin 0, on dims stored in rotary_order) equals HF's rotation of the
+    first rotary_dim dims, dims stored back in HF's order; and dot products are the same in
+    either order."""
+    from tritonformer.backend.models.rope import rotary_order
+    from tritonformer.kernels import reference
+
+    g = torch.Generator().manual_seed(head_dim)
+    x = torch.randn(5, 3, head_dim, generator=g)  # [tokens, heads, head_dim]
+    rope = Rope.from_hf(None, 10000.0, 64)
+    table = rope.cos_sin(64, head_dim, CPU, rotary_dim)[torch.tensor([0, 1, 7, 30, 63])]
+    order = rotary_order(head_dim, rotary_dim)
+    assert sorted(order.tolist()) == list(range(head_dim))
+    ours = reference.apply_rotary(x[..., order], table[:, 0], table[:, 1])
+    back = torch.empty_like(ours)
+    back[..., order] = ours
+    full = rope.cos_sin(64, rotary_dim, CPU)[torch.tensor([0, 1, 7, 30, 63])]
+    cos, sin = (torch.cat([t, t], -1)[:, None] for t in (full[:, 0], full[:, 1]))
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    hf = torch.cat([rot * cos + torch.cat([-rot[..., half:], rot[..., :half]], -1) * sin, rest], -1)
+    torch.testing.assert_close(back, hf, atol=1e-6, rtol=1e-5)
+    y = torch.randn(5, 3, head_dim, generator=g)
+    torch.testing.assert_close((x[..., order] * y[..., order]).sum(-1), (x * y).sum(-1), atol=1e-5, rtol=1e-5)
 
 
 def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones():

@@ -100,6 +100,11 @@ def test_checkpoint_scales_broadcast_and_fused_projections_concatenate():
     assert isinstance(plain, torch.Tensor) and plain.shape == (10, 32)
     moved = a.to(device="cpu", dtype=torch.bfloat16).contiguous()
     assert moved.dtype == torch.bfloat16 and moved.data is a.data and moved.is_contiguous()
+    rows = torch.tensor([3, 0, 2, 1])  # (a partial rotary's reordered Q and K rows)
+    taken = fp8.take_rows(a, rows)
+    assert isinstance(taken, Fp8Weight) and taken.dtype == a.dtype
+    torch.testing.assert_close(taken.dequantize(), a.dequantize()[rows])
+    torch.testing.assert_close(fp8.take_rows(b, rows), b[rows])
 
 
 # ---- the kernels in the interpreter ------------------------------------------------------------

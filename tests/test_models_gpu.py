@@ -270,7 +270,8 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
     assert outputs[1, "mixed"] != outputs[1, "greedy"]  # the sampled rows did sample
 
 
-FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini"]
+FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
+                 "phi-4-mini"]
 
 
 @pytest.mark.parametrize("name", FAMILY_SHAPES)

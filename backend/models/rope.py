@@ -1,7 +1,9 @@
 """Rotary position embeddings: the frequency schedule a checkpoint's config asks for, as tables.
 
-A decoder looks up `[positions, 2, rotary_dim / 2]` (cos and sin side by side) per token, so
+A decoder looks up `[positions, 2, head_dim / 2]` (cos and sin side by side) per token, so
 every variant below is only a different table, computed once at load; no kernel changes with it.
+So is a partial rotary (fewer rotary dims than head dims: Phi-4-mini), with the Q and K dims
+stored in another order at load (`rotary_order`).
 The variants are the published ones (Hugging Face's `rope_scaling` / `rope_parameters` types):
 
 - default:  inv_freq[i] = theta^(-2i/d)
@@ -89,9 +91,16 @@ class Rope:
             mscale=p.get("mscale"), mscale_all_dim=p.get("mscale_all_dim"), **extra,
         )
 
-    def cos_sin(self, positions: int, dim: int, device: torch.device) -> torch.Tensor:
+    def cos_sin(self, positions: int, dim: int, device: torch.device, rotary_dim: int | None = None) -> torch.Tensor:
         """fp32 `[positions, 2, dim // 2]`: cos and sin of every position's angles, times the
-        attention factor where the variant has one."""
+        attention factor where the variant has one. With a partial `rotary_dim` (< dim) the
+        frequencies are those of `rotary_dim` and the table's last (dim - rotary_dim) / 2
+        columns are cos 1, sin 0, which leave their pairs as they are (see rotary_order)."""
+        if rotary_dim is not None and rotary_dim < dim:
+            table = self.cos_sin(positions, rotary_dim, device)
+            rest = torch.zeros(positions, 2, (dim - rotary_dim) // 2, device=device)
+            rest[:, 0] = 1.0
+            return torch.cat([table, rest], dim=2)
         pos = torch.arange(positions, device=device, dtype=torch.float32)
         base = _inv_freq(self.theta, dim, device)
         if self.rope_type == "longrope":
@@ -135,6 +144,28 @@ class Rope:
         if self.rope_type == "longrope" and self.factor > 1.0:
             return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_positions))
         return 1.0
+
+
+def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Partial rotary (Phi-4-mini rotates 96 of its 128 head dims) on kernels that rotate whole
+    heads: the order to store each query and key head's dims in, as indices into Hugging
+    Face's order.
+
+    Hugging Face rotates dims i and i + r/2 of the first r = rotary_dim together (frequency i)
+    and passes dims r.. through; the kernels rotate dims j and j + d/2 (d = head_dim) with
+    table column j. Storing HF dim i at j = i and HF dim i + r/2 at j = i + d/2 (i < r/2)
+    makes the kernels' pairs HF's pairs, and the pass-through dims fill the columns r/2 .. d/2
+    of both halves, whose table entries are cos 1, sin 0 (Rope.cos_sin with rotary_dim). A
+    query and a key stored in one order give the same dot products, so only the Q and K rows
+    of the QKV projection (and their biases and head norms) are reordered at load; V, the
+    cache's values and the output projection keep HF's order."""
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim or head_dim % 2:
+        raise ValueError(f"rotary dims {rotary_dim} of head dim {head_dim}: both must be even, 0 < rotary <= head")
+    half, rot, rest = head_dim // 2, rotary_dim // 2, (head_dim - rotary_dim) // 2
+    first = list(range(rot)) + [rotary_dim + k for k in range(rest)]
+    second = [rot + k for k in range(rot)] + [rotary_dim + rest + k for k in range(rest)]
+    assert len(first) == len(second) == half
+    return torch.tensor(first + second)
 
 
 def _inv_freq(theta: float, dim: int, device) -> torch.Tensor:

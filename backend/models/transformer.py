@@ -15,6 +15,7 @@ and runs it. What differs between the families is data, read here in one place:
     attn_softcap     tanh soft-capping of attention scores (Gemma 2)
     final_softcap    tanh soft-capping of the logits (Gemma 2)
     embed_scale      token embeddings times sqrt(hidden) (Gemma)
+    rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini)
     tie_word_embeddings
 
 One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
@@ -35,9 +36,9 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
-from tritonformer.backend.models.rope import Rope
+from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
-from tritonformer.kernels.fp8 import Fp8Weight, cat_rows
+from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, take_rows
 
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
 
@@ -95,6 +96,7 @@ class DecoderSpec:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     embed_scale: float | None = None
+    rotary_dim: int | None = None  # None: every head dim rotates
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
@@ -115,11 +117,16 @@ def rope_parameters(cfg: dict) -> dict | None:
     return cfg.get("rope_scaling") or cfg.get("rope_parameters")
 
 
-def check_rotary_is_whole(cfg: dict) -> None:
+def rotary_dims(cfg: dict, head_dim: int) -> int | None:
+    """The rotating dims of each head where the config rotates only a part of them
+    (`partial_rotary_factor`, as Hugging Face rounds it), else None."""
     params = rope_parameters(cfg) or {}
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
+    if partial == 1.0:
+        return None
+    dims = int(head_dim * partial)
+    rotary_order(head_dim, dims)  # (an odd or empty share is an error that says so)
+    return dims
 
 
 @dataclass
@@ -213,8 +220,9 @@ class TransformerDecoder(DecoderModel):
         self.final_norm = norm(n.final_norm)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.
-        self.rope_cos_sin = c.rope.cos_sin(c.max_position_embeddings, head, device)
-        self.local_cos_sin = c.local_rope.cos_sin(c.max_position_embeddings, head, device) if c.local_rope else None
+        self.rope_cos_sin = c.rope.cos_sin(c.max_position_embeddings, head, device, c.rotary_dim)
+        self.local_cos_sin = (c.local_rope.cos_sin(c.max_position_embeddings, head, device, c.rotary_dim)
+                              if c.local_rope else None)
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
@@ -236,13 +244,23 @@ class TransformerDecoder(DecoderModel):
             else:
                 gate_up_w = cat_rows([w(p + n.gate + ".weight", inter, hidden, rows=mlp_part),
                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
+            q_norm = norm(p + n.q_norm + ".weight", head) if c.qk_norm else None
+            k_norm = norm(p + n.k_norm + ".weight", head) if c.qk_norm else None
+            if c.rotary_dim is not None and c.rotary_dim < head:  # partial rotary: see rope.rotary_order
+                order = rotary_order(head, c.rotary_dim)
+                rows = qkv_rows_in_rotary_order(order, qkv_w.shape[0], head, tp.world if tp is not None else 1,
+                                                c.num_heads, c.num_kv_heads)
+                qkv_w = take_rows(qkv_w, rows)
+                qkv_b = qkv_b[rows.to(device)] if qkv_b is not None else None
+                q_norm = q_norm[order.to(device)] if q_norm is not None else None
+                k_norm = k_norm[order.to(device)] if k_norm is not None else None
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight"),
                 qkv_w=qkv_w,
                 qkv_b=qkv_b,
-                q_norm=norm(p + n.q_norm + ".weight", head) if c.qk_norm else None,
-                k_norm=norm(p + n.k_norm + ".weight", head) if c.qk_norm else None,
+                q_norm=q_norm,
+                k_norm=k_norm,
                 o_w=w(p + n.o + ".weight", hidden, q_rows, cols=q_part),
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
                 mlp_norm=norm(p + n.mlp_norm + ".weight"),
@@ -347,14 +365,25 @@ class TransformerDecoder(DecoderModel):
         return logits.float() if fp32 else logits
 
 
+def qkv_rows_in_rotary_order(order: torch.Tensor, rows: int, head_dim: int, world: int, heads: int,
+                             kv_heads: int) -> torch.Tensor:
+    """Indices of a (this rank's) fused QKV projection's `rows` that store each query and key
+    head's dims in `order` (rope.rotary_order), the value rows as they are."""
+    q_heads, kv = heads // world, kv_heads // world
+    assert rows == (q_heads + 2 * kv) * head_dim, (rows, q_heads, kv, head_dim)
+    starts = torch.arange(q_heads + kv)[:, None] * head_dim  # the query heads, then the key heads
+    rotated = (starts + order[None, :]).reshape(-1)
+    return torch.cat([rotated, torch.arange((q_heads + kv) * head_dim, rows)])
+
+
 def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool = False, **options) -> DecoderSpec:
     """The options every family reads the same way from a Hugging Face config, plus the
     family's own (`options`, DecoderSpec's fields). `default_theta` / `tie_default` are the
     family's defaults where the config omits rope_theta / tie_word_embeddings."""
-    check_rotary_is_whole(cfg)
     if cfg.get("mlp_bias"):
         raise ValueError("MLP biases (mlp_bias) are not supported")
     heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     max_positions = cfg.get("max_position_embeddings", 2048)
     theta = cfg.get("rope_theta", (rope_parameters(cfg) or {}).get("rope_theta", default_theta))
     fields = dict(
@@ -364,7 +393,8 @@ def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool
         num_layers=cfg["num_hidden_layers"],
         num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        head_dim=head_dim,
+        rotary_dim=rotary_dims(cfg, head_dim),
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope=Rope.from_hf(rope_parameters(cfg), theta, max_positions),
         max_position_embeddings=max_positions,
