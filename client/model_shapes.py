@@ -77,6 +77,14 @@ PHI_4_MINI = {
         32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16,
         47.77]},
 }
+# Granite-3.1-8B-Instruct: Llama's block with muP scalars (embedding, attention, residual, logits).
+GRANITE_3_1_8B = {
+    "model_type": "granite", "vocab_size": 49155, "hidden_size": 4096, "intermediate_size": 12800,
+    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000000.0, "max_position_embeddings": 131072, "embedding_multiplier": 12.0,
+    "attention_multiplier": 0.0078125, "residual_multiplier": 0.22, "logits_scaling": 16.0,
+    "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -93,6 +101,7 @@ DECODER_SHAPES = {
     "phi-3-mini": PHI_3_MINI_4K,
     "phi-3-mini-128k": PHI_3_MINI_128K,
     "phi-4-mini": PHI_4_MINI,
+    "granite-3.1-8b": GRANITE_3_1_8B,
 }
 
 

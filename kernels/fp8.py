@@ -145,6 +145,15 @@ def take_rows(weight, rows: torch.Tensor) -> "torch.Tensor | Fp8Weight":
     return weight[rows.to(weight.device)].contiguous()
 
 
+def scaled(weight, factor: float | None) -> "torch.Tensor | Fp8Weight":
+    """weight * factor (None: as it is), for a tensor (computed in fp32) or an FP8 weight (its scales)."""
+    if factor is None or factor == 1.0:
+        return weight
+    if isinstance(weight, Fp8Weight):
+        return Fp8Weight(weight.data, weight.scale * factor, weight.dtype)
+    return (weight.float() * factor).to(weight.dtype)
+
+
 def check_device(device: torch.device) -> None:
     """RuntimeError unless `device` can run FP8 linears: a CUDA GPU of compute capability >= 8.9
     (Ada, Hopper and newer). The CPU runs the reference (every call dequantises: tests only)."""

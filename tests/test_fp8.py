@@ -105,6 +105,9 @@ def test_checkpoint_scales_broadcast_and_fused_projections_concatenate():
     assert isinstance(taken, Fp8Weight) and taken.dtype == a.dtype
     torch.testing.assert_close(taken.dequantize(), a.dequantize()[rows])
     torch.testing.assert_close(fp8.take_rows(b, rows), b[rows])
+    torch.testing.assert_close(fp8.scaled(a, 0.22).dequantize(), a.dequantize() * 0.22)  # (Granite's muP folds)
+    torch.testing.assert_close(fp8.scaled(b, 0.22), b * 0.22)
+    assert fp8.scaled(a, None) is a and fp8.scaled(b, 1.0) is b
 
 
 # ---- the kernels in the interpreter ------------------------------------------------------------

@@ -27,6 +27,7 @@ FAMILIES = [
     ("gen_gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
     ("gen_phi3", "phi-3-mini", {}),
     ("gen_phi4_mini", "phi-4-mini", {}),
+    ("gen_granite", "granite-3.1-8b", {}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

@@ -82,6 +82,7 @@ DECODER_FAMILIES = {
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",
     "phi3": "phi3",
+    "granite": "granite",
     "gpt2": "gpt2",
 }
 

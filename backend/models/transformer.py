@@ -14,7 +14,10 @@ and runs it. What differs between the families is data, read here in one place:
     attn_scale       query scale (Gemma: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5)
     attn_softcap     tanh soft-capping of attention scores (Gemma 2)
     final_softcap    tanh soft-capping of the logits (Gemma 2)
-    embed_scale      token embeddings times sqrt(hidden) (Gemma)
+    embed_scale      token embeddings times a scalar: sqrt(hidden) (Gemma), embedding_multiplier (Granite)
+    residual_scale   attention and MLP outputs times a scalar before the residual add (Granite),
+                     folded into the output and down projections at load
+    logit_scale      logits times a scalar (Granite: 1 / logits_scaling), folded into the final norm
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini)
     tie_word_embeddings
 
@@ -38,7 +41,7 @@ from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
-from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, take_rows
+from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
 
@@ -97,6 +100,8 @@ class DecoderSpec:
     final_softcap: float | None = None
     embed_scale: float | None = None
     rotary_dim: int | None = None  # None: every head dim rotates
+    residual_scale: float | None = None
+    logit_scale: float | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
@@ -218,6 +223,8 @@ class TransformerDecoder(DecoderModel):
             self.embed = self._vocab_rows(state[checked(n.embed, table)])
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
         self.final_norm = norm(n.final_norm)
+        if c.logit_scale is not None:  # logits = head(norm(x) * w * s): the scale rides on the norm's weight
+            self.final_norm = (self.final_norm.float() * c.logit_scale).to(self.final_norm.dtype)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.
         self.rope_cos_sin = c.rope.cos_sin(c.max_position_embeddings, head, device, c.rotary_dim)
@@ -261,11 +268,11 @@ class TransformerDecoder(DecoderModel):
                 qkv_b=qkv_b,
                 q_norm=q_norm,
                 k_norm=k_norm,
-                o_w=w(p + n.o + ".weight", hidden, q_rows, cols=q_part),
+                o_w=scaled(w(p + n.o + ".weight", hidden, q_rows, cols=q_part), c.residual_scale),
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
                 mlp_norm=norm(p + n.mlp_norm + ".weight"),
                 gate_up_w=gate_up_w,
-                down_w=w(p + n.down + ".weight", hidden, inter, cols=mlp_part),
+                down_w=scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale),
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
                 window=window,
                 local=window is not None and self.local_cos_sin is not None,
