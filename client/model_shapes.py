@@ -85,6 +85,13 @@ GRANITE_3_1_8B = {
     "attention_multiplier": 0.0078125, "residual_multiplier": 0.22, "logits_scaling": 16.0,
     "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
 }
+# SmolLM3-3B: Llama's block with every fourth layer unrotated (NoPE), a tied embedding.
+SMOLLM3_3B = {
+    "model_type": "smollm3", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
+    "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+    "rope_theta": 5000000.0, "max_position_embeddings": 65536, "no_rope_layer_interval": 4,
+    "use_sliding_window": False, "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128012,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -102,6 +109,7 @@ DECODER_SHAPES = {
     "phi-3-mini-128k": PHI_3_MINI_128K,
     "phi-4-mini": PHI_4_MINI,
     "granite-3.1-8b": GRANITE_3_1_8B,
+    "smollm3-3b": SMOLLM3_3B,
 }
 
 
@@ -125,6 +133,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["head_dim"] = 2 * hidden // heads if own or name.startswith("qwen3") else hidden // heads
     if cfg.get("sliding_window") and window and cfg["model_type"] != "qwen2":
         cfg["sliding_window"] = window
+    if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
+        cfg["no_rope_layer_interval"] = min(cfg["no_rope_layer_interval"], layers)
     if "query_pre_attn_scalar" in cfg:
         cfg["query_pre_attn_scalar"] = 24
     if "rope_scaling" in cfg and cfg["rope_scaling"] and "original_max_position_embeddings" in cfg["rope_scaling"]:

@@ -35,15 +35,17 @@ CASES = [
     ("phi3-longrope", "phi-3-mini-128k", {}),
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),
     ("granite", "granite-3.1-8b", {}),
+    ("smollm3-nope", "smollm3-3b", {}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
+    "smollm3": "SmolLM3Config",
 }
 
 
@@ -81,7 +83,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite")
+ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -163,7 +165,7 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
     with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
         load_decoder(cfg, {}, CPU, torch.float32)
     assert set(DECODER_FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite",
-                                     "gpt2"}
+                                     "smollm3", "gpt2"}
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

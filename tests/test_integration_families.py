@@ -28,6 +28,7 @@ FAMILIES = [
     ("gen_phi3", "phi-3-mini", {}),
     ("gen_phi4_mini", "phi-4-mini", {}),
     ("gen_granite", "granite-3.1-8b", {}),
+    ("gen_smollm3", "smollm3-3b", {}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

@@ -83,6 +83,7 @@ DECODER_FAMILIES = {
     "gemma3": "gemma3",
     "phi3": "phi3",
     "granite": "granite",
+    "smollm3": "smollm3",
     "gpt2": "gpt2",
 }
 

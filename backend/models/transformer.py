@@ -11,6 +11,7 @@ and runs it. What differs between the families is data, read here in one place:
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
+    rope_layers      per layer: whether it rotates q and k (SmolLM3's NoPE layers do not)
     attn_scale       query scale (Gemma: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5)
     attn_softcap     tanh soft-capping of attention scores (Gemma 2)
     final_softcap    tanh soft-capping of the logits (Gemma 2)
@@ -95,6 +96,7 @@ class DecoderSpec:
     sandwich_norms: bool = False
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
+    rope_layers: tuple[bool, ...] = ()  # empty: every layer rotates q and k
     attn_scale: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
@@ -111,6 +113,8 @@ class DecoderSpec:
             raise ValueError(f"{self.num_heads} attention heads are not a multiple of {self.num_kv_heads} KV heads")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ValueError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
+        if self.rope_layers and len(self.rope_layers) != self.num_layers:
+            raise ValueError(f"{len(self.rope_layers)} rope layers for {self.num_layers} layers")
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -149,6 +153,7 @@ class _Layer:
     mlp_post_norm: torch.Tensor | None
     window: int | None
     local: bool  # sliding-window layer using the local rope table
+    rotary: bool = True  # False: q and k are not rotated (a NoPE layer)
 
 
 class TransformerDecoder(DecoderModel):
@@ -276,6 +281,7 @@ class TransformerDecoder(DecoderModel):
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
                 window=window,
                 local=window is not None and self.local_cos_sin is not None,
+                rotary=not c.rope_layers or c.rope_layers[i],
             ))
         self.activation = GATED_ACTIVATIONS[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
@@ -331,8 +337,9 @@ class TransformerDecoder(DecoderModel):
         pre = None  # the first layer's input comes normalised from the embedding kernel
         for li, layer in enumerate(self.layers):
             table = local if layer.local else cos_sin
+            cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
             q = kernels.prenorm_qkv_to_cache(
-                x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, table[:, 0], table[:, 1],
+                x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
                 q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
             )
