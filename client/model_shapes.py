@@ -92,6 +92,15 @@ SMOLLM3_3B = {
     "rope_theta": 5000000.0, "max_position_embeddings": 65536, "no_rope_layer_interval": 4,
     "use_sliding_window": False, "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128012,
 }
+# GLM-4-9B-0414: Q/K/V biases, a fused gate/up, a rotary over half of each head in neighbouring
+# pairs, sandwich norms; 2 KV heads.
+GLM_4_9B = {
+    "model_type": "glm4", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+    "partial_rotary_factor": 0.5, "attention_bias": True, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 32768, "tie_word_embeddings": False, "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338],
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -110,6 +119,7 @@ DECODER_SHAPES = {
     "phi-4-mini": PHI_4_MINI,
     "granite-3.1-8b": GRANITE_3_1_8B,
     "smollm3-3b": SMOLLM3_3B,
+    "glm-4-9b": GLM_4_9B,
 }
 
 

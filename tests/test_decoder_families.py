@@ -36,16 +36,19 @@ CASES = [
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),
     ("granite", "granite-3.1-8b", {}),
     ("smollm3-nope", "smollm3-3b", {}),
+    ("glm4", "glm-4-9b", {}),
+    ("glm", "glm-4-9b", {"model_type": "glm"}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+    "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
-    "smollm3": "SmolLM3Config",
+    "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config",
 }
 
 
@@ -83,7 +86,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope")
+ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -130,8 +133,9 @@ def test_longrope_uses_short_factors_inside_and_long_factors_past_the_original_l
     torch.testing.assert_close(ours[64:200, 0], long[0][0, 64:, : head // 2], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim,rotary_dim", [(128, 96), (24, 18), (16, 8), (8, 8)])
-def test_partial_rotary_in_the_kernels_order_is_hf_rotation(head_dim, rotary_dim):
+@pytest.mark.parametrize("head_dim,rotary_dim,interleaved", [(128, 96, False), (24, 18, False), (16, 8, False),
+                                                            (8, 8, False), (128, 64, True), (16, 16, True)])
+def test_partial_rotary_in_the_kernels_order_is_hf_rotation(head_dim, rotary_dim, interleaved):
     """A partial rotary as the kernels run it (whole-head rotation of dims j, j + d/2 under a
     table padded with cos 1, sin 0, on dims stored in rotary_order) equals HF's rotation of the
     first rotary_dim dims, dims stored back in HF's order; and dot products are the same in
@@ -143,16 +147,21 @@ def test_partial_rotary_in_the_kernels_order_is_hf_rotation(head_dim, rotary_dim
     x = torch.randn(5, 3, head_dim, generator=g)  # [tokens, heads, head_dim]
     rope = Rope.from_hf(None, 10000.0, 64)
     table = rope.cos_sin(64, head_dim, CPU, rotary_dim)[torch.tensor([0, 1, 7, 30, 63])]
-    order = rotary_order(head_dim, rotary_dim)
+    order = rotary_order(head_dim, rotary_dim, interleaved)
     assert sorted(order.tolist()) == list(range(head_dim))
     ours = reference.apply_rotary(x[..., order], table[:, 0], table[:, 1])
     back = torch.empty_like(ours)
     back[..., order] = ours
     full = rope.cos_sin(64, rotary_dim, CPU)[torch.tensor([0, 1, 7, 30, 63])]
-    cos, sin = (torch.cat([t, t], -1)[:, None] for t in (full[:, 0], full[:, 1]))
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
     half = rotary_dim // 2
-    hf = torch.cat([rot * cos + torch.cat([-rot[..., half:], rot[..., :half]], -1) * sin, rest], -1)
+    if interleaved:  # GLM: dims 2i, 2i + 1 at frequency i
+        cos, sin = (t.repeat_interleave(2, -1)[:, None] for t in (full[:, 0], full[:, 1]))
+        turned = torch.stack([-rot[..., 1::2], rot[..., 0::2]], -1).flatten(-2)
+    else:  # Llama, Phi: dims i, i + half
+        cos, sin = (torch.cat([t, t], -1)[:, None] for t in (full[:, 0], full[:, 1]))
+        turned = torch.cat([-rot[..., half:], rot[..., :half]], -1)
+    hf = torch.cat([rot * cos + turned * sin, rest], -1)
     torch.testing.assert_close(back, hf, atol=1e-6, rtol=1e-5)
     y = torch.randn(5, 3, head_dim, generator=g)
     torch.testing.assert_close((x[..., order] * y[..., order]).sum(-1), (x * y).sum(-1), atol=1e-5, rtol=1e-5)

@@ -29,6 +29,7 @@ FAMILIES = [
     ("gen_phi4_mini", "phi-4-mini", {}),
     ("gen_granite", "granite-3.1-8b", {}),
     ("gen_smollm3", "smollm3-3b", {}),
+    ("gen_glm4", "glm-4-9b", {}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

@@ -82,11 +82,12 @@ def _serve(model, workers=None):
 # 14 heads: 2 KV heads at its ratio of 7); per-head Q/K norms (Qwen3); local and global layers
 # with windows (Gemma 3); a sliding window (Mistral); a partial rotary, its Q and K dims reordered
 # within each rank's heads (Phi-4-mini); muP scalars folded into each rank's weights (Granite);
-# a layer without rotary (SmolLM3).
+# a layer without rotary (SmolLM3); a rotary of neighbouring pairs over half of each head, 2 KV
+# heads at its ratio of 16 (GLM-4).
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
                                            ("qwen2.5-7b", 14), ("qwen3-8b", 8), ("gemma-3-1b", 8),
                                            ("mistral-7b", 8), ("phi-4-mini", 8), ("granite-3.1-8b", 8),
-                                           ("smollm3-3b", 8)])
+                                           ("smollm3-3b", 8), ("glm-4-9b", 32)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)

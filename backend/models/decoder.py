@@ -84,6 +84,8 @@ DECODER_FAMILIES = {
     "phi3": "phi3",
     "granite": "granite",
     "smollm3": "smollm3",
+    "glm": "glm",
+    "glm4": "glm",
     "gpt2": "gpt2",
 }
 

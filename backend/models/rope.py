@@ -146,7 +146,7 @@ class Rope:
         return 1.0
 
 
-def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+def rotary_order(head_dim: int, rotary_dim: int, interleaved: bool = False) -> torch.Tensor:
     """Partial rotary (Phi-4-mini rotates 96 of its 128 head dims) on kernels that rotate whole
     heads: the order to store each query and key head's dims in, as indices into Hugging
     Face's order.
@@ -158,12 +158,16 @@ def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
     of both halves, whose table entries are cos 1, sin 0 (Rope.cos_sin with rotary_dim). A
     query and a key stored in one order give the same dot products, so only the Q and K rows
     of the QKV projection (and their biases and head norms) are reordered at load; V, the
-    cache's values and the output projection keep HF's order."""
+    cache's values and the output projection keep HF's order.
+
+    `interleaved` (GLM's rotary, GPT-J's layout): HF rotates dims 2i and 2i + 1 together
+    (frequency i); they go to j = i and j = i + d/2 the same way."""
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim or head_dim % 2:
         raise ValueError(f"rotary dims {rotary_dim} of head dim {head_dim}: both must be even, 0 < rotary <= head")
     half, rot, rest = head_dim // 2, rotary_dim // 2, (head_dim - rotary_dim) // 2
-    first = list(range(rot)) + [rotary_dim + k for k in range(rest)]
-    second = [rot + k for k in range(rot)] + [rotary_dim + rest + k for k in range(rest)]
+    pairs = [(2 * i, 2 * i + 1) for i in range(rot)] if interleaved else [(i, rot + i) for i in range(rot)]
+    first = [a for a, _ in pairs] + [rotary_dim + k for k in range(rest)]
+    second = [b for _, b in pairs] + [rotary_dim + rest + k for k in range(rest)]
     assert len(first) == len(second) == half
     return torch.tensor(first + second)
 

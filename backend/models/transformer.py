@@ -19,7 +19,8 @@ and runs it. What differs between the families is data, read here in one place:
     residual_scale   attention and MLP outputs times a scalar before the residual add (Granite),
                      folded into the output and down projections at load
     logit_scale      logits times a scalar (Granite: 1 / logits_scaling), folded into the final norm
-    rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini)
+    rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
+    rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     tie_word_embeddings
 
 One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
@@ -102,6 +103,7 @@ class DecoderSpec:
     final_softcap: float | None = None
     embed_scale: float | None = None
     rotary_dim: int | None = None  # None: every head dim rotates
+    rotary_interleaved: bool = False
     residual_scale: float | None = None
     logit_scale: float | None = None
     names: WeightNames = field(default_factory=WeightNames)
@@ -258,8 +260,8 @@ class TransformerDecoder(DecoderModel):
                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
             q_norm = norm(p + n.q_norm + ".weight", head) if c.qk_norm else None
             k_norm = norm(p + n.k_norm + ".weight", head) if c.qk_norm else None
-            if c.rotary_dim is not None and c.rotary_dim < head:  # partial rotary: see rope.rotary_order
-                order = rotary_order(head, c.rotary_dim)
+            if c.rotary_interleaved or (c.rotary_dim or head) < head:  # see rope.rotary_order
+                order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
                 rows = qkv_rows_in_rotary_order(order, qkv_w.shape[0], head, tp.world if tp is not None else 1,
                                                 c.num_heads, c.num_kv_heads)
                 qkv_w = take_rows(qkv_w, rows)
