@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="",
                         help="comma-separated published shapes (client/model_shapes.py: llama-3.1-8b, qwen2.5-7b, "
                              "qwen3-8b, mistral-7b, gemma-2-9b, gemma-3-1b, phi-3-mini, phi-4-mini, granite-3.1-8b, "
-                             "smollm3-3b, glm-4-9b, ...): random weights at that "
+                             "smollm3-3b, glm-4-9b, gemma-7b, ...): random weights at that "
                              "shape, batch 1 and 64 steps against the weight-read floor, the Orca trace and the time to "
                              "first token of a 2,000-token prompt; instead of the GPT-2 / Llama-1B parts")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))

@@ -40,6 +40,12 @@ GEMMA_2_9B = {
     "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": [1, 107],
 }
+GEMMA_7B = {
+    "model_type": "gemma", "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 8192,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+}
 GEMMA_3_1B = {
     "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,
     "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
@@ -112,6 +118,7 @@ DECODER_SHAPES = {
     "qwen2.5-7b": QWEN2_5_7B,
     "qwen3-8b": QWEN3_8B,
     "mistral-7b": MISTRAL_7B_V0_3,
+    "gemma-7b": GEMMA_7B,
     "gemma-2-9b": GEMMA_2_9B,
     "gemma-3-1b": GEMMA_3_1B,
     "phi-3-mini": PHI_3_MINI_4K,

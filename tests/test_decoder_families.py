@@ -29,6 +29,9 @@ CASES = [
     ("qwen3", "qwen3-8b", {}),
     ("mistral", "mistral-7b", {}),
     ("mistral-windowed", "mistral-7b", {"sliding_window": 8}),
+    ("ministral", "mistral-7b", {"model_type": "ministral", "sliding_window": 8,
+                                 "layer_types": ["sliding_attention", "full_attention"]}),
+    ("gemma", "gemma-7b", {}),
     ("gemma2", "gemma-2-9b", {}),
     ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
     ("phi3", "phi-3-mini", {}),
@@ -41,12 +44,14 @@ CASES = [
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+    "mistral": "MistralForCausalLM", "ministral": "MinistralForCausalLM", "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
+    "ministral": "MinistralConfig", "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config",
 }
@@ -174,7 +179,7 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
     with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
         load_decoder(cfg, {}, CPU, torch.float32)
     assert set(DECODER_FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite",
-                                     "smollm3", "gpt2"}
+                                     "smollm3", "glm", "glm4", "gemma", "ministral", "gpt2"}
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

@@ -30,6 +30,7 @@ FAMILIES = [
     ("gen_granite", "granite-3.1-8b", {}),
     ("gen_smollm3", "smollm3-3b", {}),
     ("gen_glm4", "glm-4-9b", {}),
+    ("gen_gemma", "gemma-7b", {}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

@@ -87,7 +87,8 @@ def _serve(model, workers=None):
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
                                            ("qwen2.5-7b", 14), ("qwen3-8b", 8), ("gemma-3-1b", 8),
                                            ("mistral-7b", 8), ("phi-4-mini", 8), ("granite-3.1-8b", 8),
-                                           ("smollm3-3b", 8), ("glm-4-9b", 32)])
+                                           ("smollm3-3b", 8), ("glm-4-9b", 32),
+                                           ("gemma-7b", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)

@@ -76,8 +76,10 @@ def eos_ids(cfg: dict) -> tuple[int, ...]:
 DECODER_FAMILIES = {
     "llama": "llama",
     "mistral": "mistral",
+    "ministral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",
