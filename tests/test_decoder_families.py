@@ -26,6 +26,7 @@ CASES = [
     ("llama3-rope", "llama-3.1-8b", {}),
     ("qwen2.5", "qwen2.5-7b", {}),
     ("qwen2.5-windowed", "qwen2.5-7b", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
+    ("seed-oss", "qwen2.5-7b", {"model_type": "seed_oss"}),  # (Qwen2's block under another name)
     ("qwen3", "qwen3-8b", {}),
     ("mistral", "mistral-7b", {}),
     ("mistral-windowed", "mistral-7b", {"sliding_window": 8}),
@@ -47,13 +48,13 @@ HF_CLASSES = {
     "mistral": "MistralForCausalLM", "ministral": "MinistralForCausalLM", "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-    "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
+    "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
     "ministral": "MinistralConfig", "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
-    "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config",
+    "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
 }
 
 
@@ -179,7 +180,7 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
     with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
         load_decoder(cfg, {}, CPU, torch.float32)
     assert set(DECODER_FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite",
-                                     "smollm3", "glm", "glm4", "gemma", "ministral", "gpt2"}
+                                     "smollm3", "glm", "glm4", "gemma", "ministral", "seed_oss", "gpt2"}
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

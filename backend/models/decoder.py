@@ -86,6 +86,7 @@ DECODER_FAMILIES = {
     "phi3": "phi3",
     "granite": "granite",
     "smollm3": "smollm3",
+    "seed_oss": "seed_oss",
     "glm": "glm",
     "glm4": "glm",
     "gpt2": "gpt2",
