@@ -13,7 +13,7 @@ import torch
 
 from tritonformer.backend.models.decoder import DECODER_FAMILIES, load_decoder
 from tritonformer.backend.models.rope import Rope
-from tritonformer.client.model_shapes import shrunk
+from tritonformer.client.model_shapes import DECODER_SHAPES, shrunk
 
 from decoder_steps import PagedSteps, check_joining_iterations_match  # noqa: E402  (tests/ helper)
 
@@ -226,3 +226,14 @@ def test_real_gemma3_270m_is_token_identical_to_hf():
     for prompt, tokens in zip(prompts, got):
         assert tokens == _hf_greedy(hf, prompt, 32)
     assert "France" in tokenizer.decode(got[0])  # " the capital of the country of France. It is ..."
+
+
+@pytest.mark.parametrize("name", sorted(DECODER_SHAPES))
+def test_every_published_shape_builds_with_random_weights(name):
+    """What the GPU benchmarks build (model_shapes.random_decoder), shrunk: every tensor the family
+    reads is made, and a prefill gives finite logits."""
+    from tritonformer.client.model_shapes import random_decoder
+
+    model = random_decoder(shrunk(name), CPU, torch.float32)
+    logits = PagedSteps(model, num_blocks=8, block_size=8).step([(0, list(range(3, 20)))])
+    assert logits.shape[-1] == 320 and torch.isfinite(logits).all()

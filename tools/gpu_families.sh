@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The decoder families on one GPU, in one device command of under 10 minutes: each family's GPU
+# check against Hugging Face at its published width (tests/test_models_gpu.py, 8 layers), then the
+# families benchmark (batch-1 and batch-64 steps against the weight-read floor, the Orca trace,
+# the time to first token of 2,000 tokens; `bench serve-decoder --in-process --model ...`).
+#
+#   MODELS=phi-4-mini,granite-3.1-8b bash tools/gpu_families.sh
+#
+# MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
+# TESTS=0 skips the GPU checks, BENCH=0 the benchmark; LIMIT: seconds for the whole run (570).
+# Outputs under $OUT: families_gpu_tests.log, families_bench.log / .json, families_gpus.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tritonformer-gpu-out}
+MODELS=${MODELS:-phi-4-mini,granite-3.1-8b,smollm3-3b,glm-4-9b,gemma-7b}
+LIMIT=${LIMIT:-570}
+START=$(date +%s)
+mkdir -p "$OUT" /tmp/tf
+ln -sfn "$PWD" /tmp/tf/tritonformer          # import tritonformer.* without installing
+export PYTHONPATH=/tmp/tf PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+bash tools/build_native.sh >/dev/null
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/families_gpus.txt"
+left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+if [[ ${TESTS:-1} != 0 ]]; then
+  names=${MODELS//,/ or }
+  timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "published_width and ($names)" \
+    -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"
+fi
+if [[ ${BENCH:-1} != 0 ]]; then
+  timeout -k 20 "$(left)" python3 -m tritonformer.client.cli bench serve-decoder --in-process --skip-hf \
+    --dtype bfloat16 --model "$MODELS" --json "$OUT/families_bench.json" 2>&1 | tee "$OUT/families_bench.log" | grep '^|'
+fi
+echo "families run done in $(( $(date +%s) - START )) s"
