@@ -42,6 +42,7 @@ CASES = [
     ("smollm3-nope", "smollm3-3b", {}),
     ("glm4", "glm-4-9b", {}),
     ("glm", "glm-4-9b", {"model_type": "glm"}),
+    ("ernie4.5", "llama-3.1-8b", {"model_type": "ernie4_5", "rope_scaling": None}),  # (its rotary on Llama's shape)
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -49,12 +50,14 @@ HF_CLASSES = {
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
     "ministral": "MinistralConfig", "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
+    "ernie4_5": "Ernie4_5Config",
 }
 
 
@@ -92,7 +95,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4")
+ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
+                   "ernie4.5")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -180,7 +184,8 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
     with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
         load_decoder(cfg, {}, CPU, torch.float32)
     assert set(DECODER_FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite",
-                                     "smollm3", "glm", "glm4", "gemma", "ministral", "seed_oss", "gpt2"}
+                                     "smollm3", "glm", "glm4", "gemma", "ministral", "seed_oss", "ernie4_5",
+                                     "gpt2"}
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

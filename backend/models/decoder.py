@@ -87,6 +87,7 @@ DECODER_FAMILIES = {
     "granite": "granite",
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
+    "ernie4_5": "ernie4_5",
     "glm": "glm",
     "glm4": "glm",
     "gpt2": "gpt2",
