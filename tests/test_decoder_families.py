@@ -242,3 +242,39 @@ def test_every_published_shape_builds_with_random_weights(name):
     model = random_decoder(shrunk(name), CPU, torch.float32)
     logits = PagedSteps(model, num_blocks=8, block_size=8).step([(0, list(range(3, 20)))])
     assert logits.shape[-1] == 320 and torch.isfinite(logits).all()
+
+
+def _multimodal(kind: str):
+    """A tiny multimodal HF model (random weights) whose text model is a shrunk published shape."""
+    if kind == "mistral3":
+        text = {k: v for k, v in shrunk("mistral-7b").items() if k != "model_type"}
+        vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                  num_attention_heads=2, image_size=32, patch_size=16)
+        cfg = transformers.Mistral3Config(text_config=transformers.MistralConfig(**text), vision_config=vision,
+                                          tie_word_embeddings=False)  # an output head of its own, as published
+        return transformers.Mistral3ForConditionalGeneration(cfg)
+    text = {k: v for k, v in {**shrunk("gemma-3-1b"), "sliding_window_pattern": 2}.items() if k != "model_type"}
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=32, patch_size=16)
+    cfg = transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**text), vision_config=vision,
+                                    mm_tokens_per_image=4)
+    return transformers.Gemma3ForConditionalGeneration(cfg)
+
+
+@pytest.mark.parametrize("kind", ["mistral3", "gemma3"])
+def test_a_multimodal_checkpoint_serves_its_text_model(kind):
+    """Mistral-Small-3.x (mistral3) and Gemma 3 (gemma3) checkpoints: the text model's config and
+    tensors (output head included, wherever the layout keeps it), greedy text as HF's."""
+    torch.manual_seed(4)
+    hf = _multimodal(kind).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    ours = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
+    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 16)

@@ -77,6 +77,7 @@ DECODER_FAMILIES = {
     "llama": "llama",
     "mistral": "mistral",
     "ministral": "mistral",
+    "mistral3": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma": "gemma",

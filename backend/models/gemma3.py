@@ -2,6 +2,7 @@
 attention soft-capping, five sliding-window layers per global one (`sliding_window_pattern`),
 and a rotary base of its own for the local layers (`rope_local_base_freq`)."""
 from tritonformer.backend.models.gemma2 import gemma_options
+from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, layer_windows, spec_from_hf
 
@@ -10,18 +11,7 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """A multimodal Gemma 3 checkpoint (model_type gemma3): its text model's config and tensors."""
     if cfg.get("model_type") != "gemma3":
         return cfg, state
-    if "text_config" not in cfg:
-        raise ValueError("a model_type 'gemma3' checkpoint needs a text_config")
-    text = {**cfg["text_config"], "model_type": "gemma3_text"}
-    for key in ("bos_token_id", "eos_token_id"):
-        text.setdefault(key, cfg.get(key))
-    marker = "language_model."
-    tensors = {}
-    for name, tensor in state.items():
-        if marker in name:
-            rest = name.split(marker, 1)[1]
-            tensors[rest.removeprefix("model.")] = tensor
-    return text, tensors
+    return text_part(cfg, state, "gemma3_text")
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
