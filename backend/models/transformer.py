@@ -237,6 +237,14 @@ class TransformerDecoder(DecoderModel):
         self.rope_cos_sin = c.rope.cos_sin(c.max_position_embeddings, head, device, c.rotary_dim)
         self.local_cos_sin = (c.local_rope.cos_sin(c.max_position_embeddings, head, device, c.rotary_dim)
                               if c.local_rope else None)
+        # A partial or interleaved rotary: every layer's Q and K rows (and q/k norms) in the
+        # kernels' order (rope.rotary_order), the same indices for each layer.
+        order = rows_in_order = None
+        if c.rotary_interleaved or (c.rotary_dim or head) < head:
+            world = tp.world if tp is not None else 1
+            order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
+            rows_in_order = qkv_rows_in_rotary_order(order, head, c.num_heads // world, c.num_kv_heads // world)
+            order, rows_in_order = order.to(device), rows_in_order.to(device)
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
@@ -260,14 +268,11 @@ class TransformerDecoder(DecoderModel):
                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
             q_norm = norm(p + n.q_norm + ".weight", head) if c.qk_norm else None
             k_norm = norm(p + n.k_norm + ".weight", head) if c.qk_norm else None
-            if c.rotary_interleaved or (c.rotary_dim or head) < head:  # see rope.rotary_order
-                order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
-                rows = qkv_rows_in_rotary_order(order, qkv_w.shape[0], head, tp.world if tp is not None else 1,
-                                                c.num_heads, c.num_kv_heads)
-                qkv_w = take_rows(qkv_w, rows)
-                qkv_b = qkv_b[rows.to(device)] if qkv_b is not None else None
-                q_norm = q_norm[order.to(device)] if q_norm is not None else None
-                k_norm = k_norm[order.to(device)] if k_norm is not None else None
+            if order is not None:
+                qkv_w = take_rows(qkv_w, rows_in_order)
+                qkv_b = qkv_b[rows_in_order] if qkv_b is not None else None
+                q_norm = q_norm[order] if q_norm is not None else None
+                k_norm = k_norm[order] if k_norm is not None else None
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight"),
@@ -381,15 +386,13 @@ class TransformerDecoder(DecoderModel):
         return logits.float() if fp32 else logits
 
 
-def qkv_rows_in_rotary_order(order: torch.Tensor, rows: int, head_dim: int, world: int, heads: int,
-                             kv_heads: int) -> torch.Tensor:
-    """Indices of a (this rank's) fused QKV projection's `rows` that store each query and key
-    head's dims in `order` (rope.rotary_order), the value rows as they are."""
-    q_heads, kv = heads // world, kv_heads // world
-    assert rows == (q_heads + 2 * kv) * head_dim, (rows, q_heads, kv, head_dim)
-    starts = torch.arange(q_heads + kv)[:, None] * head_dim  # the query heads, then the key heads
+def qkv_rows_in_rotary_order(order: torch.Tensor, head_dim: int, q_heads: int, kv_heads: int) -> torch.Tensor:
+    """Indices of the rows of a fused QKV projection of `q_heads` query and `kv_heads` key and
+    value heads (this rank's) that store each query and key head's dims in `order`
+    (rope.rotary_order), the value rows as they are."""
+    starts = torch.arange(q_heads + kv_heads)[:, None] * head_dim  # the query heads, then the key heads
     rotated = (starts + order[None, :]).reshape(-1)
-    return torch.cat([rotated, torch.arange((q_heads + kv) * head_dim, rows)])
+    return torch.cat([rotated, torch.arange((q_heads + kv_heads) * head_dim, (q_heads + 2 * kv_heads) * head_dim)])
 
 
 def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool = False, **options) -> DecoderSpec:
