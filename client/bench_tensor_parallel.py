@@ -48,7 +48,7 @@ import traceback
 
 from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly, iterate, prefill_until_decoding,
                                                run_timed, sync, timed_decode_steps)
-from tritonformer.client.traces import TraceRequest, orca_trace
+from tritonformer.client.traces import TraceRequest, orca_trace, warm_up_copy
 
 PARTS = ("steps", "trace", "profile", "prefill", "agree")
 ALLREDUCE = ("nccl", "oneshot", "push", "auto")
@@ -392,10 +392,9 @@ def trace_share(task: dict, vocab: int) -> list:
 
 
 def warm_trace(engine, trace) -> None:
-    """An eighth of the trace untimed, each prompt reversed: the prefill shapes compile, and the
+    """An eighth of the trace untimed (traces.warm_up_copy): the prefill shapes compile, and the
     timed pass finds none of its prompts in the prefix cache."""
-    run_timed(engine, engine.sink, [TraceRequest(r.prompt_ids[::-1], r.max_new_tokens)
-                                    for r in trace[: max(1, len(trace) // 8)]])
+    run_timed(engine, engine.sink, warm_up_copy(trace, 8))
 
 
 def timed_trace(engine, trace) -> dict:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import itertools
 import json
 import math
 import multiprocessing
@@ -79,7 +80,7 @@ import aiohttp
 import numpy as np
 from yarl import URL  # aiohttp's URL type: paths parsed once, not per request
 
-from tritonformer.client.traces import DISTRIBUTIONS, TraceRequest, lengths_for, orca_trace
+from tritonformer.client.traces import DISTRIBUTIONS, TraceRequest, lengths_for, orca_trace, shifted_prompts
 
 __all__ = [
     "Record",
@@ -995,8 +996,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonformer.clie
                   f"U{list(prompt_range)} output U{list(output_range)} tokens (input_ids, greedy, EOS ignored), "
                   f"times from the scheduled arrival, {clientside}")
 
+        points_run = itertools.count()
+
         def point(rate, seed):
-            trace = orca_trace(args.requests, seed, prompt_range, output_range, args.vocab_size)
+            # The n-th point on one server shifts its prompts' token ids by n: the same lengths
+            # and arrivals, but none of the earlier points' prompts, which the server's prefix
+            # cache would hand over already computed.
+            trace = shifted_prompts(orca_trace(args.requests, seed, prompt_range, output_range, args.vocab_size),
+                                    next(points_run), args.vocab_size)
             return run_generate_load(args.url, trace, rate, seed, max_in_flight=args.max_in_flight,
                                      processes=args.processes, warmup=args.warmup, timeout=args.timeout,
                                      model=args.model, unary=args.unary)

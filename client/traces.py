@@ -17,6 +17,8 @@ import numpy as np
 
 __all__ = [
     "TraceRequest",
+    "warm_up_copy",
+    "shifted_prompts",
     "token_high",
     "random_prompts",
     "orca_trace",
@@ -35,6 +37,22 @@ __all__ = [
 class TraceRequest:
     prompt_ids: list[int]
     max_new_tokens: int
+
+
+def warm_up_copy(trace: list[TraceRequest], share: int = 1) -> list[TraceRequest]:
+    """The first 1/`share` of `trace` with every prompt reversed, for an untimed pass before a
+    timed one: the same prompt lengths (so the same prefill shapes compile) but no KV block that
+    the timed pass could find in the prefix cache. A warm-up on the trace itself would hand the
+    timed pass its prompts already computed."""
+    return [TraceRequest(r.prompt_ids[::-1], r.max_new_tokens) for r in trace[: max(1, len(trace) // share)]]
+
+
+def shifted_prompts(trace: list[TraceRequest], shift: int, vocab_size: int) -> list[TraceRequest]:
+    """`trace` with every prompt token id moved up by `shift` (wrapping below token_high): the
+    same lengths, hence the same work, but after `shift` > 0 none of the prompts of the trace
+    as drawn, which a server that already ran it would find in its prefix cache."""
+    high = token_high(vocab_size)
+    return [TraceRequest([(t + shift) % high for t in r.prompt_ids], r.max_new_tokens) for r in trace]
 
 
 def token_high(vocab_size: int) -> int:

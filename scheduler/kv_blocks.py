@@ -141,6 +141,16 @@ class BlockManager:
         self._key_of[block] = key
         return True
 
+    def evict_idle(self) -> int:
+        """Forget every cached block nobody holds (they become plain free blocks); returns how
+        many. Held cached blocks keep their keys. For a measurement that must start with an
+        empty cache on a warm engine (a timed pass after an untimed one of the same prompts)."""
+        count = len(self._idle)
+        while self._idle:
+            self._free.append(self._evict())
+        self.num_evicted -= count  # dropped on request, not evicted for want of blocks
+        return count
+
     def can_take(self, cached: list[int], num_tokens: int) -> bool:
         """Whether a new table holding the cached blocks `cached` could grow to `num_tokens`
         tokens (an idle one among them stops being free once taken)."""

@@ -164,6 +164,21 @@ def test_take_holds_idle_and_held_cached_blocks_and_can_take_counts_the_idle_one
     assert bm.num_used == 0 and bm.num_free == 3 and bm.num_idle == 2
 
 
+def test_evict_idle_forgets_the_idle_cached_blocks_and_keeps_the_held_ones():
+    bm = BlockManager(4, 2)
+    a, b = [], []
+    bm.grow(a, 4)
+    bm.grow(b, 2)
+    bm.cache(a[0], "k0"), bm.cache(a[1], "k1"), bm.cache(b[0], "kb")
+    bm.free(a)  # a's two blocks idle, b's held
+    assert bm.evict_idle() == 2
+    assert bm.lookup("k0") is None and bm.lookup("k1") is None and bm.lookup("kb") == b[0]
+    assert bm.num_idle == 0 and bm.num_free == 3 and bm.num_cached == 1 and bm.num_evicted == 0
+    c = []
+    bm.grow(c, 6)  # the forgotten blocks are plain free ones again
+    assert sorted(c) == [0, 1, 3] and bm.evict_idle() == 0
+
+
 def test_keys_chain_every_token_before_the_block():
     block = 4
     prompt = list(range(10, 22))  # 3 full blocks
