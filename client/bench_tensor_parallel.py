@@ -23,7 +23,11 @@ graphs with the all-reduces captured, rounds of max_decode_steps). `--parts` pic
   are past the push kernel's sizes and run through NCCL, outside a graph);
 - `agree`: 32 greedy tokens of 3 fixed prompts at each size against TP=1 (and TP=2): identical
   or where they part, the share of identical tokens, and the largest logit difference of the
-  first step (fp16 sums in another order: a near tie may part them later).
+  first step (fp16 sums in another order: a near tie may part them later). With
+  `--quantization fp8` each size is also set against TP=1 without FP8 ("TP=1 16-bit", one more
+  configuration): two FP8 models quantise a row-parallel weight in different slices, so they may
+  part from each other; what must hold is that TP=N is no further from the 16-bit model than
+  TP=1 with FP8 is.
 
 Every size (and all-reduce choice, `--allreduce nccl,auto`, set as TRITONFORMER_ALLREDUCE for
 rank 0 and its workers) runs in a process of its own: its GPU memory, NCCL group and worker
@@ -56,6 +60,7 @@ ALLREDUCE_ENV = "TRITONFORMER_ALLREDUCE"
 TINY = "tiny:"  # `--model tiny:<shape>`: the shape shrunk to 2 layers (model_shapes.shrunk), for CPU runs
 TRACE_MAX_RUNNING = 256  # bench serve-decoder's engine for the trace
 AGREE_TOKENS = 32
+SIXTEEN_BIT = "16-bit"  # the agree part's reference without FP8 (--quantization fp8), in the all-reduce column
 TOP_KERNELS = 10  # the profile part lists this many kernels by time
 NAME_CHARS = 60
 GRACE_S = 30.0  # a configuration's process, its results sent, has this long to leave its group
@@ -639,7 +644,7 @@ def run_replicas(ctx, task: dict, count: int):
 
 
 def _mode(size: int, mode: str | None) -> str:
-    return mode if size > 1 and mode else "-"
+    return mode if mode and (size > 1 or mode == SIXTEEN_BIT) else "-"
 
 
 def _task(args, name: str, cfg: dict, size: int, parts: list[str], batches: list[int]) -> dict:
@@ -711,6 +716,15 @@ def run_model(ctx, args, name: str, parts: list[str], modes: list[str], sizes: l
                 print(failed.get("traceback", ""), file=sys.stderr)
                 add({"part": "skipped", **common, "why": f"stopped after {', '.join(p for p in PARTS if p in out)}: "
                                                          f"{why}"})
+    if "agree" in parts and args.quantization != "none" and 1 in runnable:
+        _log(f"{name} TP=1 16-bit (the agree part's reference): starting")
+        task = {**_task(args, name, cfg, 1, ["agree"], batches), "quantization": "none"}
+        kind, out = run_configuration(ctx, task, {})
+        _log(f"{name} TP=1 16-bit: {kind}")
+        if kind == "done":
+            outputs[(1, SIXTEEN_BIT)] = out["agree"]
+        else:
+            add({"part": "skipped", "tp": 1, "allreduce": "-", "why": f"16-bit reference: {out['message']}"})
     for count in counts:
         _log(f"{name}: {count} TP=1 replicas: starting")
         kind, out = run_replicas(ctx, _task(args, name, cfg, 1, ["trace"], [1]), count)
@@ -730,13 +744,17 @@ def agreement(name: str, outputs: dict, results: dict) -> None:
     """Agree rows: each split size against TP=1, and sizes above 2 against TP=2 (same all-reduce)."""
     import numpy as np
 
-    base = outputs.get((1, None))
+    base, sixteen = outputs.get((1, None)), outputs.get((1, SIXTEEN_BIT))
     if base is None:
         results["notes"].append(f"{name}: agree compares with TP=1, which did not run (add 1 to --sizes)")
     for (size, mode), out in outputs.items():
+        if mode == SIXTEEN_BIT:
+            continue
         against = [(1, None, base)] if size > 1 and base is not None else []
         if size > 2 and (2, mode) in outputs:
             against.append((2, mode, outputs[(2, mode)]))
+        if sixteen is not None:
+            against.append((1, SIXTEEN_BIT, sixteen))
         for other, other_mode, ref in against:
             diff = np.abs(out["logits"] - ref["logits"])
             results["rows"].append({

@@ -206,3 +206,22 @@ def test_a_part_that_fails_keeps_what_was_measured_before_it(monkeypatch):
     kind, out = results.get_nowait()
     assert kind == "done" and set(out["steps"]) == {1} and "trace" not in out
     assert out["failed"]["oom"] and "RuntimeError" in out["failed"]["message"]
+
+
+def test_with_fp8_every_size_is_also_set_against_the_16_bit_model():
+    """agreement() with the 16-bit TP=1 reference that --quantization fp8 adds: each FP8 size
+    (TP=1 too) gets a row against it, the reference none of its own."""
+    import numpy as np
+
+    logits = np.array([[0.0, 1.0, 0.5]])
+    outputs = {(1, None): {"tokens": [[1, 2]], "logits": logits},
+               (2, "auto"): {"tokens": [[1, 0]], "logits": logits + [[0.0, 0.0, 0.7]]},
+               (1, bench.SIXTEEN_BIT): {"tokens": [[1, 2]], "logits": logits + 0.25}}
+    results = {"rows": [], "notes": []}
+    bench.agreement("m", outputs, results)
+    got = {(r["tp"], r["against"], r["against_allreduce"]): (r["identical"], r["argmax_equal_step0"],
+                                                           round(r["max_logit_diff_step0"], 4))
+           for r in results["rows"]}
+    assert got == {(2, 1, "-"): (False, False, 0.7), (1, 1, "16-bit"): (True, True, 0.25),
+                   (2, 1, "16-bit"): (False, False, 0.45)}
+    assert "TP=1 (16-bit)" in "\n".join(bench.tables({**results, "context": 1, "agree_tokens": 2}, "m"))
