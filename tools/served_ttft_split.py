@@ -37,7 +37,7 @@ def generator_means(metrics_url: str, model: str = "generator") -> dict[str, tup
 
 def main() -> None:
     from tritonformer.client.loadgen import run_generate_load
-    from tritonformer.client.traces import orca_trace
+    from tritonformer.client.traces import orca_trace, shifted_prompts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="127.0.0.1:8000")
@@ -52,9 +52,11 @@ def main() -> None:
     print("| req/s | tok/s | client TTFT p50 / p99 / mean ms | engine TTFT mean ms | of which queue ms | "
           "outside the engine ms | TPOT p50 ms |")
     print("|---:|---:|---|---:|---:|---:|---:|")
-    for rate in [float(r) for r in args.rates.split(",")]:
+    for point, rate in enumerate(float(r) for r in args.rates.split(",")):
         before = generator_means(args.metrics)
-        result = run_generate_load(args.url, trace, rate, 0, processes=args.processes)
+        # each point its own prompts (token ids shifted by its index): none found in the prefix cache
+        result = run_generate_load(args.url, shifted_prompts(trace, point, args.vocab_size), rate, 0,
+                                   processes=args.processes)
         after = generator_means(args.metrics)
         summary = result["summary"]
         engine = {k: (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1]) * 1e3 for k in after}
