@@ -107,6 +107,20 @@ GLM_4_9B = {
     "max_position_embeddings": 32768, "tie_word_embeddings": False, "pad_token_id": 151329,
     "eos_token_id": [151329, 151336, 151338],
 }
+# Ministral-8B-Instruct-2410 (its hub config says model_type mistral, sliding_window 32,768 on
+# every layer: the same layers under the ministral type, whose default windows every layer).
+MINISTRAL_8B = {
+    "model_type": "ministral", "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 100000000.0, "max_position_embeddings": 32768, "sliding_window": 32768,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+ERNIE_4_5_0_3B = {
+    "model_type": "ernie4_5", "vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072,
+    "num_hidden_layers": 18, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072, "use_bias": False,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -127,6 +141,8 @@ DECODER_SHAPES = {
     "granite-3.1-8b": GRANITE_3_1_8B,
     "smollm3-3b": SMOLLM3_3B,
     "glm-4-9b": GLM_4_9B,
+    "ministral-8b": MINISTRAL_8B,
+    "ernie-4.5-0.3b": ERNIE_4_5_0_3B,
 }
 
 

@@ -30,8 +30,7 @@ CASES = [
     ("qwen3", "qwen3-8b", {}),
     ("mistral", "mistral-7b", {}),
     ("mistral-windowed", "mistral-7b", {"sliding_window": 8}),
-    ("ministral", "mistral-7b", {"model_type": "ministral", "sliding_window": 8,
-                                 "layer_types": ["sliding_attention", "full_attention"]}),
+    ("ministral", "ministral-8b", {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}),
     ("gemma", "gemma-7b", {}),
     ("gemma2", "gemma-2-9b", {}),
     ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
@@ -42,7 +41,7 @@ CASES = [
     ("smollm3-nope", "smollm3-3b", {}),
     ("glm4", "glm-4-9b", {}),
     ("glm", "glm-4-9b", {"model_type": "glm"}),
-    ("ernie4.5", "llama-3.1-8b", {"model_type": "ernie4_5", "rope_scaling": None}),  # (its rotary on Llama's shape)
+    ("ernie4.5", "ernie-4.5-0.3b", {}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",

@@ -272,7 +272,7 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
 
 FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
                  "phi-4-mini", "granite-3.1-8b", "smollm3-3b", "glm-4-9b",
-                 "gemma-7b"]
+                 "gemma-7b", "ministral-8b", "ernie-4.5-0.3b"]
 
 
 @pytest.mark.parametrize("name", FAMILY_SHAPES)
@@ -289,7 +289,7 @@ def test_family_at_its_published_width_matches_hf_on_gpu(name):
     config_class = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
                     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
                     "granite": "GraniteConfig", "smollm3": "SmolLM3Config", "glm4": "Glm4Config",
-                    "gemma": "GemmaConfig"}[model_type]
+                    "gemma": "GemmaConfig", "ministral": "MinistralConfig", "ernie4_5": "Ernie4_5Config"}[model_type]
     hf_class = config_class.replace("TextConfig", "ForCausalLM").replace("Config", "ForCausalLM")
     hf_cfg = getattr(transformers, config_class)(**cfg)
     torch.manual_seed(12)
