@@ -6,7 +6,7 @@
 #
 #   MODELS=phi-4-mini,granite-3.1-8b bash tools/gpu_families.sh
 #
-# MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
+# MODELS: the published shapes (client/model_shapes.py; default: five of the families added last);
 # TESTS=0 skips the GPU checks, BENCH=0 the benchmark; LIMIT: seconds for the whole run (570).
 # Outputs under $OUT: families_gpu_tests.log, families_bench.log / .json, families_gpus.txt.
 set -uo pipefail
