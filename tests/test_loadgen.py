@@ -242,3 +242,25 @@ def test_generate_load_against_real_server(triton_server):
     for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "latency_per_token_p50_ms"):
         assert s[key] > 0, key
     assert s["output_tokens"] == 36 and s["output_tok_per_s"] > 0
+
+
+def test_each_generate_point_on_one_server_sends_prompts_of_its_own(monkeypatch, capsys):
+    """The server keeps a prefix cache: a second point of the same seed's trace would find every
+    prompt computed. The n-th point shifts its token ids by n: the same lengths, other tokens."""
+    sent = []
+
+    def fake_load(url, trace, rate, seed, **kwargs):
+        sent.append(trace)
+        return {"summary": {"offered_rate": rate, "seed": seed, "dispatch_lag_p99_ms": 0.0, "first_error": None,
+                            "ok": len(trace)}}
+
+    monkeypatch.setattr(loadgen, "run_generate_load", fake_load)
+    assert loadgen.main(["generate", "--rates", "8,32,8", "--requests", "6", "--vocab-size", "1000"]) == 0
+    first, second, third = sent
+    assert first == orca_trace(6, 0, (32, 512), (1, 128), 1000)  # the first point: the trace as drawn
+    for later in (second, third):
+        assert [(len(r.prompt_ids), r.max_new_tokens) for r in later] == [(len(r.prompt_ids), r.max_new_tokens)
+                                                                           for r in first]
+    prompts = [{tuple(r.prompt_ids) for r in trace} for trace in sent]
+    assert not (prompts[0] & prompts[1] or prompts[0] & prompts[2] or prompts[1] & prompts[2])
+    capsys.readouterr()
