@@ -643,6 +643,11 @@ def run_replicas(ctx, task: dict, count: int):
         _finish(procs, GRACE_S)
 
 
+def _why_not(out: dict) -> str:
+    """Why a configuration that did not finish did not: out of memory, or its message."""
+    return "does not fit (out of memory)" if out["oom"] else out["message"]
+
+
 def _mode(size: int, mode: str | None) -> str:
     return mode if mode and (size > 1 or mode == SIXTEEN_BIT) else "-"
 
@@ -686,7 +691,7 @@ def run_model(ctx, args, name: str, parts: list[str], modes: list[str], sizes: l
             kind, out = run_configuration(ctx, _task(args, name, cfg, size, parts, batches), env)
             _log(f"{label}: {kind} in {time.monotonic() - t0:.0f} s")
             if kind != "done":
-                why = "does not fit (out of memory)" if out["oom"] else out["message"]
+                why = _why_not(out)
                 if not out["oom"] and out.get("traceback"):
                     print(out["traceback"], file=sys.stderr)
                 add({"part": "skipped", "tp": size, "allreduce": _mode(size, mode), "why": why})
@@ -724,13 +729,13 @@ def run_model(ctx, args, name: str, parts: list[str], modes: list[str], sizes: l
         if kind == "done":
             outputs[(1, SIXTEEN_BIT)] = out["agree"]
         else:
-            add({"part": "skipped", "tp": 1, "allreduce": "-", "why": f"16-bit reference: {out['message']}"})
+            add({"part": "skipped", "tp": 1, "allreduce": "-", "why": f"16-bit reference: {_why_not(out)}"})
     for count in counts:
         _log(f"{name}: {count} TP=1 replicas: starting")
         kind, out = run_replicas(ctx, _task(args, name, cfg, 1, ["trace"], [1]), count)
         _log(f"{name}: {count} TP=1 replicas: {kind}")
         if kind != "done":
-            why = "does not fit (out of memory)" if out["oom"] else out["message"]
+            why = _why_not(out)
             add({"part": "skipped", "tp": 1, "allreduce": "-", "why": f"{count} replicas: {why}"})
             continue
         add({"part": "trace", "tp": 1, "allreduce": "-", "serving": f"TP=1 x{count} replicas", "replicas": count,
@@ -741,7 +746,8 @@ def run_model(ctx, args, name: str, parts: list[str], modes: list[str], sizes: l
 
 
 def agreement(name: str, outputs: dict, results: dict) -> None:
-    """Agree rows: each split size against TP=1, and sizes above 2 against TP=2 (same all-reduce)."""
+    """Agree rows: each split size against TP=1, sizes above 2 against TP=2 (same all-reduce), and
+    with FP8 every size (TP=1 too) against the 16-bit TP=1 reference where it ran."""
     import numpy as np
 
     base, sixteen = outputs.get((1, None)), outputs.get((1, SIXTEEN_BIT))

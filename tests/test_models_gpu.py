@@ -282,19 +282,15 @@ def test_family_at_its_published_width_matches_hf_on_gpu(name):
     fp32 on the same weights, every iteration (prompts in two chunks beside decodes, one long
     enough to cross Gemma 3's 512-token window): at least as close as HF's own bf16 model is,
     less a margin for rounding (cosine 0.002), and never below 0.995."""
+    from test_decoder_families import CONFIG_CLASSES, HF_CLASSES  # the families' HF classes, kept in one place
     from tritonformer.client.model_shapes import DECODER_SHAPES
 
     cfg = {**DECODER_SHAPES[name], "num_hidden_layers": 8}
     model_type = cfg.pop("model_type")
-    config_class = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
-                    "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config",
-                    "granite": "GraniteConfig", "smollm3": "SmolLM3Config", "glm4": "Glm4Config",
-                    "gemma": "GemmaConfig", "ministral": "MinistralConfig", "ernie4_5": "Ernie4_5Config"}[model_type]
-    hf_class = config_class.replace("TextConfig", "ForCausalLM").replace("Config", "ForCausalLM")
-    hf_cfg = getattr(transformers, config_class)(**cfg)
+    hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
     torch.manual_seed(12)
     with torch.device(CUDA):
-        hf = getattr(transformers, hf_class)._from_config(hf_cfg, attn_implementation="eager",
+        hf = getattr(transformers, HF_CLASSES[model_type])._from_config(hf_cfg, attn_implementation="eager",
                                                           dtype=torch.float32).eval()
     state = {k: v.to(torch.bfloat16) for k, v in strip_prefixes_of(hf.state_dict()).items()}
     ours = load_decoder(hf_cfg.to_dict(), state, CUDA, torch.bfloat16)
