@@ -57,6 +57,10 @@ CLI (``python -m tritonformer.client.loadgen``)::
     embed --model hf_embedder --batch-dim ...; generate --model hf_generator --unary ...  # the stock set-ups
     capacity --rates 2000,4000,8000 --seconds 2            # the client's own ceiling
 
+``generate`` sends the n-th point of a sweep (0, 1, ...) the seed's Orca trace with its prompts'
+token ids shifted by n: every point the same lengths, none another point's prompts, which the
+server's prefix cache would otherwise hand over already computed.
+
 Each prints one Markdown table with a row per (rate, seed); ``--csv PREFIX`` writes the raw
 per-request rows (§4.5 rule 7).
 """
