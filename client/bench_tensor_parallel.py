@@ -61,7 +61,7 @@ TINY = "tiny:"  # `--model tiny:<shape>`: the shape shrunk to 2 layers (model_sh
 TRACE_MAX_RUNNING = 256  # bench serve-decoder's engine for the trace
 AGREE_TOKENS = 32
 SIXTEEN_BIT = "16-bit"  # the agree part's reference without FP8 (--quantization fp8), in the all-reduce column
-TOP_KERNELS = 10  # the profile part lists this many kernels by time
+TOP_KERNELS = 20  # the profile part lists this many kernels by time
 NAME_CHARS = 60
 GRACE_S = 30.0  # a configuration's process, its results sent, has this long to leave its group
 

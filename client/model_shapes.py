@@ -180,10 +180,12 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     return cfg
 
 
-def random_decoder(name_or_config, device, dtype, max_model_len: int | None = None, seed: int = 0):
+def random_decoder(name_or_config, device, dtype, max_model_len: int | None = None, seed: int = 0,
+                   quantization: str = "none"):
     """Our decoder at a published shape with random weights, built on `device` directly (a 9B
     model never passes through host memory): weights ~ N(0, 0.02), norm weights ~ N(1, 0.02) as
-    applied (whatever the family's (offset + w) convention). Returns the model."""
+    applied (whatever the family's (offset + w) convention), its linears quantised as the
+    `quantization` parameter says. Returns the model."""
     import torch
 
     from tritonformer.backend.models.decoder import load_decoder
@@ -195,7 +197,7 @@ def random_decoder(name_or_config, device, dtype, max_model_len: int | None = No
     for name, shape in tensor_shapes(spec).items():
         t = torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
         state[name] = t.add_(1.0 - spec.norm_offset) if "norm" in name else t
-    return load_decoder(cfg, state, device, dtype, max_model_len)
+    return load_decoder(cfg, state, device, dtype, max_model_len, quantization=quantization)
 
 
 def _spec(cfg: dict):

@@ -12,6 +12,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     apply_penalties,
     bias_gelu,
     embedding_layer_norm,
+    embedding_part,
     embedding_rms_norm,
     feed_tokens,
     gated_act,

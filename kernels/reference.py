@@ -207,6 +207,19 @@ def embedding_rms_norm(
     return rms_norm(rows, weight, eps)[0], rows
 
 
+def embedding_part(ids: torch.Tensor, table: torch.Tensor, start: int, scale: float | None = None) -> torch.Tensor:
+    """One rank's share of a vocabulary-parallel embedding: row t is table[ids[t] - start] where
+    that id is among the table's rows (ids [start, start + len(table))), else zeros; times
+    `scale` as embedding_rms_norm scales. Summed over the ranks (each id held by one of them,
+    the others adding exact zeros) it is the whole table's rows."""
+    local = ids.long() - start
+    held = (local >= 0) & (local < table.shape[0])
+    rows = torch.where(held[:, None], table[local.clamp(0, table.shape[0] - 1)], 0)
+    if scale is not None:
+        rows = rows * torch.tensor(scale, dtype=table.dtype, device=table.device)
+    return rows
+
+
 def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Row softmax over the last dim of scale * x, fp32 accumulation."""
     return torch.softmax(x.float() * scale, dim=-1).to(x.dtype)

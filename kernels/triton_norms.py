@@ -331,6 +331,43 @@ def embedding_rms_norm(
     return out, rows
 
 
+@triton.jit(do_not_specialize=["n_ids", "start"])  # one compiled kernel whatever the batch and the rank
+def _embedding_part_kernel(ids_ptr, table_ptr, out_ptr, n_ids, n_rows, n_cols, start, scale,
+                           BLOCK: tl.constexpr, PDL: tl.constexpr, SCALE: tl.constexpr):
+    """out[t, cols] = table[ids[t] - start, cols] (times scale) where this table holds that id,
+    zeros otherwise. Grid: (ids, column tiles)."""
+    triton_pdl.wait_for_predecessor(PDL)
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < n_cols
+    local = tl.load(ids_ptr + t).to(tl.int64) - start
+    held = (local >= 0) & (local < n_rows)
+    mask = col_ok & (tl.zeros([BLOCK], tl.int32) + held.to(tl.int32) != 0)  # (a scalar mask broadcast)
+    h = tl.load(table_ptr + tl.where(held, local, 0) * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    h = _scaled_rows(h, scale, out_ptr.dtype.element_ty, SCALE)
+    tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, h.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@register("embedding_part")
+def embedding_part(ids: torch.Tensor, table: torch.Tensor, start: int, scale: float | None = None) -> torch.Tensor:
+    """One rank's share of a vocabulary-parallel embedding in one launch (the reference takes
+    six); see reference.embedding_part."""
+    assert ids.dim() == 1 and table.dim() == 2, "ids must be [T] and table [rows, hidden]"
+    table = _contig(table)
+    n_rows, n_cols = table.shape
+    out = torch.empty((ids.shape[0], n_cols), dtype=table.dtype, device=table.device)
+    if out.numel() == 0:
+        return out
+    scale = None if scale is None else float(torch.tensor(scale, dtype=table.dtype))
+    block = min(triton.next_power_of_2(n_cols), 4096)
+    pdl = triton_pdl.enabled(out.device)
+    _embedding_part_kernel[(ids.shape[0], triton.cdiv(n_cols, block))](
+        _contig(ids), table, out, ids.shape[0], n_rows, n_cols, int(start), 1.0 if scale is None else scale,
+        BLOCK=block, PDL=pdl, SCALE=scale is not None, num_warps=4, **triton_pdl.launch_options(pdl),
+    )
+    return out
+
+
 def _launch_rms_norm(x, residual, weight, eps, out, summed, x_rows, scale=None):
     """Launch _rms_norm_kernel over out's rows; with x_rows, x is a table whose rows they pick
     (times `scale` when given)."""

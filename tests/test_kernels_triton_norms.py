@@ -73,7 +73,8 @@ def long_rows(monkeypatch):
 
 def test_kernels_are_registered_with_the_dispatcher():
     for name, mod in [
-        ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("embedding_rms_norm", tn), ("softmax", tn),
+        ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("embedding_rms_norm", tn), ("embedding_part", tn),
+        ("softmax", tn),
         ("bias_gelu", te), ("silu_and_mul", te), ("gated_act", te), ("apply_rotary", te),
         ("qkv_split", te), ("qkv_split_rotary", te), ("qkv_to_cache", te), ("feed_tokens", te),
     ]:
@@ -257,6 +258,52 @@ def test_embedding_rms_norm_scaled_rows(dtype, chunked, monkeypatch):
         assert torch.equal(got[1], want[1])
         close(got[0], want[0])
     assert not torch.equal(want[1], table[ids])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_embedding_part_is_one_ranks_share(dtype, scaled):
+    """A vocabulary-parallel embedding: each of three ranks' parts (table rows [start, start +
+    rows)) against the reference, rows it does not hold zero, and the parts summed equal to the
+    whole table's (scaled) rows; repeated ids, the first and last id of each part, int32 ids,
+    a row longer than one column tile."""
+    rand = make_rand(seed_of(dtype, scaled, "part"))
+    vocab, hidden, ranks = 30, 72, 3
+    table = rand(vocab, hidden, dtype=dtype, mean=0.5)
+    ids = torch.tensor([0, 9, 10, 19, 20, 29, 5, 5, 17, 28, 3], device=DEVICE)
+    scale = hidden ** 0.5 if scaled else None
+    per_rank, total = vocab // ranks, None
+    for rank in range(ranks):
+        start = rank * per_rank
+        part = table[start:start + per_rank]
+        got = tn.embedding_part(ids.to(torch.int32), part, start, scale)
+        want = ref.embedding_part(ids, part, start, scale)
+        if INTERPRETED and scaled and dtype == torch.bfloat16:  # the interpreter's bf16 cast truncates
+            torch.testing.assert_close(got, want, atol=0, rtol=2.0 ** -7)
+        else:
+            assert torch.equal(got, want)
+        held = (ids >= start) & (ids < start + per_rank)
+        assert torch.all(got[~held] == 0) and torch.all(got[held].abs().sum(1) > 0)
+        total = want.float() if total is None else total + want.float()
+    whole = table[ids] * torch.tensor(scale, dtype=dtype, device=DEVICE) if scaled else table[ids]
+    assert torch.equal(total.to(dtype), whole)
+    with pytest.MonkeyPatch.context() as mp:  # more columns than one tile holds
+        mp.setattr(tn, "triton", _SmallPow2(tn.triton, 32))
+        assert torch.equal(tn.embedding_part(ids, table, 0), table[ids])
+    assert tn.embedding_part(ids[:0], table, 0).shape == (0, hidden)
+
+
+class _SmallPow2:
+    """`triton` with next_power_of_2 capped (a column tile shorter than the row)."""
+
+    def __init__(self, real, cap):
+        self._real, self._cap = real, cap
+
+    def next_power_of_2(self, n):
+        return min(self._real.next_power_of_2(n), self._cap)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),

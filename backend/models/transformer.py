@@ -309,17 +309,11 @@ class TransformerDecoder(DecoderModel):
         return rows
 
     def _parallel_embedding(self, ids: torch.Tensor, norm: torch.Tensor, eps: float):
-        """kernels.embedding_rms_norm over the ranks' rows of the table: each rank looks up the
-        ids it holds (zeros for the rest), one all-reduce sums them (exactly: one rank gives
-        each row), then the scale and the first norm, as the one-GPU kernel computes them."""
-        per_rank = self.embed.shape[0]
-        local = ids - self.tp.rank * per_rank
-        held = (local >= 0) & (local < per_rank)
-        rows = torch.where(held[:, None], self.embed[local.clamp(0, per_rank - 1)], 0)
+        """kernels.embedding_rms_norm over the ranks' rows of the table: each rank looks up (and
+        scales) the ids it holds, zeros for the rest, in one launch; one all-reduce sums them
+        (exactly: one rank gives each row, the others add zeros); then the first norm."""
+        rows = kernels.embedding_part(ids, self.embed, self.tp.rank * self.embed.shape[0], self.config.embed_scale)
         self.tp.all_reduce(rows)
-        scale = self.config.embed_scale
-        if scale is not None:  # the scale rounded to the dtype, the product too (Hugging Face's)
-            rows.mul_(float(torch.tensor(scale, dtype=rows.dtype)))
         return kernels.rms_norm(rows, norm, eps)
 
     @torch.inference_mode()
