@@ -859,6 +859,7 @@ def _trace_table(name: str, rows: list[dict], results: dict) -> list[str]:
         lines.append(f"| {name} | {r['serving']} | {r['allreduce']} | {r['gpus']} | {r['tok_per_s']:,.0f} | "
                      f"{r['tok_per_s'] / r['gpus']:,.0f} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
                      f"{r.get('preemptions', 0)} | {vs} |")
+    lines += _phase_lines(rows, one)
     for r in rows:
         if r["replicas"] > 1:
             continue
@@ -874,6 +875,24 @@ def _trace_table(name: str, rows: list[dict], results: dict) -> list[str]:
             lines.append(f"- TP={r['tp']} ({r['allreduce']}) vs {twin['serving']}: {winner} the tokens/s; TTFT p50 "
                          f"{r['ttft_p50_ms']:.0f} vs {twin['ttft_p50_ms']:.0f} ms, p99 {r['ttft_p99_ms']:.0f} vs "
                          f"{twin['ttft_p99_ms']:.0f} ms")
+    return lines
+
+
+def _phase_lines(rows: list[dict], one: dict | None) -> list[str]:
+    """Each one-engine row's trace time by phase (engine_drive.PhaseClock), against TP=1's."""
+    lines = []
+    for r in rows:
+        phases = r.get("phases")
+        if r["replicas"] > 1 or not phases:
+            continue
+        cells = []
+        for kind, p in phases.items():
+            if not p["launches"]:
+                continue
+            base = (one or {}).get("phases", {}).get(kind)
+            vs = f", {p['seconds'] / base['seconds']:.2f}x TP=1's" if r is not one and base and base["seconds"] else ""
+            cells.append(f"{kind} {p['seconds']:.3f} s in {p['launches']} launches ({p['iterations']} iterations{vs})")
+        lines.append(f"- {r['serving']} ({r['allreduce']}) by phase: " + "; ".join(cells))
     return lines
 
 

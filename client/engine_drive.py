@@ -182,11 +182,55 @@ def run_ours(engine, sink, trace) -> dict:
             "preemptions": engine.scheduler.num_preemptions - preempted_before}
 
 
+PHASES = ("prefill", "round", "single decode", "none")
+
+
+class PhaseClock:
+    """Wall time of `engine.step()` calls by what the scheduler launched in them: "prefill" (an
+    iteration with prompt chunks), "round" (several decode iterations in one launch), "single
+    decode", "none" (nothing scheduled: only results collected). A step's time includes the
+    host waiting for the GPU work of the step before, so the split is approximate where steps
+    overlap; the total is the pass's. Use as a context (it wraps the scheduler's `schedule`)."""
+
+    def __init__(self, engine):
+        self.scheduler = engine.scheduler
+        self.phases = {kind: [0.0, 0, 0] for kind in PHASES}  # seconds, launches, iterations
+        self._last = None
+
+    def __enter__(self) -> "PhaseClock":
+        plain = self.scheduler.schedule
+
+        def schedule():
+            self._last = it = plain()
+            return it
+
+        self.scheduler.schedule = schedule
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.scheduler.schedule
+
+    def step(self, engine) -> None:
+        self._last = None
+        start = time.perf_counter()
+        engine.step()
+        it = self._last
+        kind = "none" if not it else "prefill" if it.prefill else "round" if it.steps > 1 else "single decode"
+        phase = self.phases[kind]
+        phase[0] += time.perf_counter() - start
+        phase[1] += 1
+        phase[2] += it.steps if it else 0
+
+    def as_dict(self) -> dict:
+        return {kind: {"seconds": t, "launches": n, "iterations": its} for kind, (t, n, its) in self.phases.items()}
+
+
 def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
     """The trace through the engine, greedy, EOS ignored: all requests at once (rate 0) or one
     every 1/rate seconds. Time to first token from the engine's own timestamps (a sequence's
     first token reaching the host minus its arrival), useful tokens/s from the first arrival
-    to the last finish, each request's output ids, and the prefix cache's counts."""
+    to the last finish, each request's output ids, the prefix cache's counts, and the steps'
+    time by phase (PhaseClock)."""
     from tritonformer.backend.decoder.sampling_params import SamplingParams
 
     def new(i: int):
@@ -197,24 +241,25 @@ def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
     before = (cache.queries, cache.hits, cache.hit_tokens) if cache is not None else (0, 0, 0)
     sync(engine)
     t0 = time.perf_counter()
-    if rate > 0:
-        seqs, start = [], time.monotonic()
-        while len(seqs) < len(trace) or engine.has_work():
-            due = start + len(seqs) / rate
-            if len(seqs) < len(trace) and time.monotonic() >= due:
-                seq = new(len(seqs))
-                seq.arrival = due  # when it was due, whatever the step in progress then
-                engine.admit([seq])
-                seqs.append(seq)
-            elif engine.has_work():
-                engine.step()
-            else:
-                time.sleep(max(0.0, due - time.monotonic()))
-    else:
-        seqs = [new(i) for i in range(len(trace))]
-        engine.admit(seqs)
-        while engine.has_work():
-            engine.step()
+    with PhaseClock(engine) as clock:
+        if rate > 0:
+            seqs, start = [], time.monotonic()
+            while len(seqs) < len(trace) or engine.has_work():
+                due = start + len(seqs) / rate
+                if len(seqs) < len(trace) and time.monotonic() >= due:
+                    seq = new(len(seqs))
+                    seq.arrival = due  # when it was due, whatever the step in progress then
+                    engine.admit([seq])
+                    seqs.append(seq)
+                elif engine.has_work():
+                    clock.step(engine)
+                else:
+                    time.sleep(max(0.0, due - time.monotonic()))
+        else:
+            seqs = [new(i) for i in range(len(trace))]
+            engine.admit(seqs)
+            while engine.has_work():
+                clock.step(engine)
     sync(engine)
     seconds = time.perf_counter() - t0
     if sink.errors or sink.finished < len(trace):
@@ -227,4 +272,5 @@ def run_timed(engine, sink, trace, rate: float = 0.0) -> dict:
     return {"ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
             "ttft_ms": ttft.tolist(), "useful_tokens": useful,
             "tok_per_s": useful / seconds, "seconds": seconds, "outputs": [list(s.output_ids) for s in seqs],
-            "cache_queries": queries, "cache_hits": hits, "cache_hit_tokens": hit_tokens}
+            "cache_queries": queries, "cache_hits": hits, "cache_hit_tokens": hit_tokens,
+            "phases": clock.as_dict()}

@@ -38,6 +38,13 @@ def test_trace_arriving_at_a_rate_spans_its_arrivals():
     assert result["useful_tokens"] == sum(r.max_new_tokens for r in trace)
     assert result["seconds"] >= 5 / 100.0 and result["tok_per_s"] == result["useful_tokens"] / result["seconds"]
     assert 0 < result["ttft_p50_ms"] <= result["ttft_p99_ms"] and not engine.has_work()
+    # The steps' time by phase: every prompt went through prefill launches, and the phases' time
+    # is the stepping's, within the pass (the waits for arrivals are in none of them).
+    phases = result["phases"]
+    assert phases["prefill"]["launches"] >= 1 and phases["prefill"]["iterations"] == phases["prefill"]["launches"]
+    decoded = sum(phases[k]["iterations"] for k in ("prefill", "round", "single decode"))
+    assert decoded >= max(r.max_new_tokens for r in trace)
+    assert 0 < sum(p["seconds"] for p in phases.values()) <= result["seconds"]
 
 
 def test_step_time_is_measured_on_decoding_sequences():

@@ -225,3 +225,26 @@ def test_with_fp8_every_size_is_also_set_against_the_16_bit_model():
     assert got == {(2, 1, "-"): (False, False, 0.7), (1, 1, "16-bit"): (True, True, 0.25),
                    (2, 1, "16-bit"): (False, False, 0.45)}
     assert "TP=1 (16-bit)" in "\n".join(bench.tables({**results, "context": 1, "agree_tokens": 2}, "m"))
+
+
+def test_trace_rows_split_their_time_by_phase_against_one_gpu():
+    def phases(prefill, rounds):
+        return {"prefill": {"seconds": prefill, "launches": 19, "iterations": 19},
+                "round": {"seconds": rounds, "launches": 30, "iterations": 120},
+                "single decode": {"seconds": 0.0, "launches": 0, "iterations": 0}}
+
+    common = {"part": "trace", "model": "m", "replicas": 1, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0}
+    rows = [{**common, "tp": 1, "allreduce": "-", "serving": "TP=1", "gpus": 1, "tok_per_s": 1000.0,
+             "phases": phases(2.0, 1.0)},
+            {**common, "tp": 2, "allreduce": "auto", "serving": "TP=2", "gpus": 2, "tok_per_s": 1500.0,
+             "phases": phases(1.2, 0.8)},
+            {**common, "tp": 1, "allreduce": "-", "serving": "TP=1 x2 replicas", "replicas": 2, "gpus": 2,
+             "tok_per_s": 1800.0}]
+    lines = bench._trace_table("m", rows, {"trace_requests": 256})
+    by_phase = [line for line in lines if "by phase" in line]
+    assert len(by_phase) == 2  # the replicas' row has no phases of one engine
+    assert by_phase[0] == "- TP=1 (-) by phase: prefill 2.000 s in 19 launches (19 iterations); " \
+                          "round 1.000 s in 30 launches (120 iterations)"
+    assert "prefill 1.200 s in 19 launches (19 iterations, 0.60x TP=1's)" in by_phase[1]
+    assert "round 0.800 s in 30 launches (120 iterations, 0.80x TP=1's)" in by_phase[1]
+    assert "single decode" not in by_phase[1]  # phases without a launch are left out

@@ -10,47 +10,26 @@ tokens-per-second figure; this says which phase a slow pass lost its time in.
 from __future__ import annotations
 
 import argparse
-import collections
 import time
 
 import torch
 
-from tritonformer.client.engine_drive import engine_for, random_engine, run_ours, submit, sync
+from tritonformer.client.engine_drive import PhaseClock, engine_for, random_engine, run_ours, submit, sync
 from tritonformer.client.traces import orca_trace, warm_up_copy
 
 
 def timed_pass(engine, trace) -> tuple[float, dict]:
     """One pass over `trace`: (seconds, {launch kind: [seconds, launches, iterations]})."""
-    scheduler = engine.scheduler
-    plain_schedule = scheduler.schedule
-    last = {}
-
-    def schedule():
-        last["it"] = it = plain_schedule()
-        return it
-
-    scheduler.schedule = schedule
-    scheduler.blocks.evict_idle()  # an earlier pass left the trace's prompts in the prefix cache
-    phases = collections.defaultdict(lambda: [0.0, 0, 0])
+    engine.scheduler.blocks.evict_idle()  # an earlier pass left the trace's prompts in the prefix cache
     submit(engine, trace)
     sync(engine)
     t0 = time.perf_counter()
-    try:
+    with PhaseClock(engine) as clock:
         while engine.has_work():
-            last.pop("it", None)
-            start = time.perf_counter()
-            engine.step()
-            it = last.get("it")
-            kind = "none" if not it else "prefill" if it.prefill else "round" if it.steps > 1 else "single decode"
-            phase = phases[kind]
-            phase[0] += time.perf_counter() - start
-            phase[1] += 1
-            phase[2] += it.steps if it else 0
+            clock.step(engine)
         sync(engine)
-    finally:
-        del scheduler.schedule
     engine.sink.finished = 0
-    return time.perf_counter() - t0, phases
+    return time.perf_counter() - t0, {kind: p for kind, p in clock.phases.items() if p[1]}
 
 
 def main() -> int:
