@@ -32,15 +32,19 @@ def decode_buckets(max_batch: int) -> list[int]:
     return [b for b in sizes if b < max_batch] + [max_batch]
 
 
+# Decode attention programs per SM that key splits aim for (a benchmark comparing sets this).
+FILL = 2
+
+
 def key_splits(batch: int, kv_heads: int, sm_count: int) -> int:
     """Key splits for a decode launch of `batch` sequences: enough programs to fill the GPU
-    twice over (flash-decoding), fixed per bucket because a graph cannot choose at replay.
+    FILL times over (flash-decoding), fixed per bucket because a graph cannot choose at replay.
     At most 32: a split's keys are a share of each sequence's current length, so the long
     contexts that need the most splits get them from the same graph, while at short ones the
     splits past the keys find none and exit (kernels/triton_attention.py, _split_decode_config,
     has the measurements)."""
     splits = 1
-    while splits < 32 and batch * kv_heads * splits < 2 * sm_count:
+    while splits < 32 and batch * kv_heads * splits < FILL * sm_count:
         splits *= 2
     return splits
 

@@ -408,7 +408,7 @@ def kinds_table(name, model, inp, args, bw, props, clock, families_after) -> dic
 
 def step_us(model, inp: Inputs, reps: int) -> float:
     """us per replay of the model's decode graph for inp.rows sequences at inp.context keys."""
-    import torch
+    from ab_decode_step import replay_ms
 
     from tritonformer.backend.decoder.batch import BatchEntry
     from tritonformer.backend.decoder.runner import DecoderRunner
@@ -416,18 +416,7 @@ def step_us(model, inp: Inputs, reps: int) -> float:
     runner = DecoderRunner(model, inp.cache, inp.rows)
     bps = inp.blocks_per_seq
     entries = [BatchEntry([1], inp.context, list(range(b * bps, (b + 1) * bps)), True) for b in range(inp.rows)]
-    replay, _, _ = runner.graphs.load(entries)
-    for _ in range(3):
-        replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(reps):
-        start.record()
-        for _ in range(3):
-            replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / 3)
+    best = replay_ms(runner, entries, reps) * 1e3
     del runner
     return best
 
