@@ -55,7 +55,7 @@ from tritonformer.client.engine_drive import (WARM_STEPS, CountingSink, IdsOnly,
 from tritonformer.client.traces import TraceRequest, orca_trace, warm_up_copy
 
 PARTS = ("steps", "trace", "profile", "prefill", "agree")
-ALLREDUCE = ("nccl", "oneshot", "push", "auto")
+ALLREDUCE = ("nccl", "oneshot", "push", "auto", "fused")
 ALLREDUCE_ENV = "TRITONFORMER_ALLREDUCE"
 TINY = "tiny:"  # `--model tiny:<shape>`: the shape shrunk to 2 layers (model_shapes.shrunk), for CPU runs
 TRACE_MAX_RUNNING = 256  # bench serve-decoder's engine for the trace
@@ -72,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,2", help="tensor-parallel sizes, comma-separated (1, 2, 4, 8)")
     parser.add_argument("--parts", default="steps", help="comma-separated: " + ", ".join(PARTS))
     parser.add_argument("--allreduce", default="auto",
-                        help="all-reduce of the split sizes: nccl, oneshot, push or auto, or a comma list run one after "
-                             "the other (set as TRITONFORMER_ALLREDUCE)")
+                        help="all-reduce of the split sizes: nccl, oneshot, push, auto or fused, or a comma list run one "
+                             "after the other (set as TRITONFORMER_ALLREDUCE)")
     parser.add_argument("--batches", default="1,64", help="decode batches of the steps and profile parts")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens of every sequence (steps, profile)")
     parser.add_argument("--steps", type=int, default=48, help="timed decode iterations")

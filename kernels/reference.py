@@ -592,6 +592,18 @@ def all_reduce_sum(inputs, out: torch.Tensor | None = None) -> torch.Tensor:
     return result if out is None else out.copy_(result)
 
 
+def all_reduce_rms_norm(inputs, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                        x_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sum all-reduce (all_reduce_sum of the ranks' `inputs`) followed by the next linear's
+    PreNorm (RMSNorm with `weight` of the sum, post-normed with `x_norm` first where given, plus
+    `residual`), as the unfused path computes them one after the other. Returns (normalised,
+    the next residual stream), both in the inputs' dtype."""
+    x = all_reduce_sum(inputs)
+    sum_out = torch.empty_like(residual)
+    normed = apply_prenorm(x, PreNorm(weight, None, eps, residual=residual, sum_out=sum_out, x_norm=x_norm), x.dtype)
+    return normed, sum_out
+
+
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token (row) dynamic FP8 quantisation of activations `[M, K]`: (E4M3 values `[M, K]`,
     fp32 scales `[M, 1]`) with scale = max(amax(|row|), fp8.MIN_AMAX) / 448 and values =

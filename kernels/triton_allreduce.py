@@ -180,10 +180,7 @@ def _one_shot_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
             acc += tl.load(src + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=m)
 
-    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if done == programs - 1:
-        tl.store(state_ptr + 1, 0)
-        tl.store(state_ptr, calls + 1)
+    _count_call(state_ptr, calls)
 
 
 def launch_grid(n: int, block: int = BLOCK, max_programs: int = MAX_PROGRAMS) -> int:
@@ -257,6 +254,56 @@ def _launch(kernel, name: str, x: torch.Tensor, out: torch.Tensor | None, peers:
 # buffers, and each argument above holds with k counting either; NCCL calls count for nothing.)
 
 @triton.jit
+def _push_region(ptrs_ptr, state_ptr, PUSH_AT: tl.constexpr, SLOT: tl.constexpr, SLOTS: tl.constexpr):
+    """(calls done, the byte offset of this call's parity of push slots in every buffer)."""
+    calls = tl.load(state_ptr)
+    return calls, PUSH_AT + (calls & 1).to(tl.int64) * (SLOTS * SLOT)
+
+
+@triton.jit
+def _push_out(bits_in, offs, m, ptrs_ptr, region, rank, SLOT: tl.constexpr, WORLD: tl.constexpr,
+              SENTINEL: tl.constexpr):
+    """Step 1 for one tile: its elements (16-bit patterns, -0.0 as +0.0) into slot `rank` of
+    every peer's buffer."""
+    v = tl.load(bits_in + offs, mask=m)
+    v = tl.where(v == SENTINEL, tl.zeros_like(v), v)
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            theirs = (tl.load(ptrs_ptr + p) + region + rank * SLOT).to(tl.pointer_type(tl.int16))
+            tl.store(tl.multiple_of(theirs, 16) + offs, v, mask=m)
+
+
+@triton.jit
+def _push_sum(bits_in, offs, m, mine, rank, dtype, SLOT: tl.constexpr, WORLD: tl.constexpr,
+              SENTINEL: tl.constexpr, BLOCK: tl.constexpr):
+    """Step 2 for one tile: every rank's part in rank order, summed in fp32 (the peers' read
+    from this rank's slots once no element is the SENTINEL, and reset to it)."""
+    own = tl.load(bits_in + offs, mask=m, other=0)
+    own = tl.where(own == SENTINEL, tl.zeros_like(own), own)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in tl.static_range(WORLD):
+        if p == rank:
+            acc += own.to(dtype, bitcast=True).to(tl.float32)
+        else:
+            slot = tl.multiple_of(mine + p * (SLOT // 2), 16) + offs
+            v = tl.load(slot, mask=m, other=0, volatile=True)
+            while tl.max(((v == SENTINEL) & m).to(tl.int32), axis=0) > 0:
+                v = tl.load(slot, mask=m, other=0, volatile=True)
+            tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=m)
+            acc += v.to(dtype, bitcast=True).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _count_call(state_ptr, calls):
+    """Step 3: the last program to finish advances the call counter."""
+    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        tl.store(state_ptr + 1, 0)
+        tl.store(state_ptr, calls + 1)
+
+
+@triton.jit
 def _push_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
                             PUSH_AT: tl.constexpr, SLOT: tl.constexpr, SLOTS: tl.constexpr,
                             WORLD: tl.constexpr, BLOCK: tl.constexpr, SENTINEL: tl.constexpr,
@@ -265,43 +312,20 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles = tl.cdiv(n, BLOCK)
-    calls = tl.load(state_ptr)
-    region = PUSH_AT + (calls & 1).to(tl.int64) * (SLOTS * SLOT)
+    calls, region = _push_region(ptrs_ptr, state_ptr, PUSH_AT, SLOT, SLOTS)
     bits_in = x_ptr.to(tl.pointer_type(tl.int16))
     for t in range(pid, tiles, programs):
         offs = t * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        v = tl.load(bits_in + offs, mask=m)
-        v = tl.where(v == SENTINEL, tl.zeros_like(v), v)
-        for p in tl.static_range(WORLD):
-            if p != rank:
-                theirs = (tl.load(ptrs_ptr + p) + region + rank * SLOT).to(tl.pointer_type(tl.int16))
-                tl.store(tl.multiple_of(theirs, 16) + offs, v, mask=m)
+        _push_out(bits_in, offs, offs < n, ptrs_ptr, region, rank, SLOT, WORLD, SENTINEL)
 
     mine = (tl.load(ptrs_ptr + rank) + region).to(tl.pointer_type(tl.int16))
     dtype = out_ptr.dtype.element_ty
     for t in range(pid, tiles, programs):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
-        own = tl.load(bits_in + offs, mask=m, other=0)
-        own = tl.where(own == SENTINEL, tl.zeros_like(own), own)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            if p == rank:
-                acc += own.to(dtype, bitcast=True).to(tl.float32)
-            else:
-                slot = tl.multiple_of(mine + p * (SLOT // 2), 16) + offs
-                v = tl.load(slot, mask=m, other=0, volatile=True)
-                while tl.max(((v == SENTINEL) & m).to(tl.int32), axis=0) > 0:
-                    v = tl.load(slot, mask=m, other=0, volatile=True)
-                tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=m)
-                acc += v.to(dtype, bitcast=True).to(tl.float32)
+        acc = _push_sum(bits_in, offs, m, mine, rank, dtype, SLOT, WORLD, SENTINEL, BLOCK)
         tl.store(out_ptr + offs, acc.to(dtype), mask=m)
-
-    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if done == programs - 1:
-        tl.store(state_ptr + 1, 0)
-        tl.store(state_ptr, calls + 1)
+    _count_call(state_ptr, calls)
 
 
 def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | None = None, *,
@@ -314,3 +338,78 @@ def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | Non
     return _launch(_push_all_reduce_kernel, "push_all_reduce", x, out, peers, PUSH_SLOT, "push slots",
                    block or PUSH_BLOCK, max_programs or PUSH_MAX_PROGRAMS, PUSH_MAX_PROGRAMS, num_warps, pdl,
                    PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, SENTINEL=SENTINEL)
+
+
+# ---- push, then the residual add and the next RMSNorm (decode rows past the GEMV's) ------------
+#
+# A row-parallel linear's partial rows are summed and, in the same launch, become the next
+# linear's PreNorm'd input: the protocol above with one row per tile (a program owns whole rows,
+# so it can take a row's statistics), then per row: the sum rounded to the dtype (what the plain
+# all-reduce stores), optionally RMS-normalised with `x_norm` and rounded (Gemma's sandwich
+# norm), plus the residual in fp32; that written as the next residual stream (`sum_out`), and
+# RMS-normalised with `weight` into `out`. reference.all_reduce_rms_norm is the contract.
+
+@triton.jit
+def _push_all_reduce_norm_kernel(x_ptr, res_ptr, w_ptr, xn_ptr, out_ptr, sum_ptr, rows, ptrs_ptr, state_ptr, rank,
+                                 eps, HIDDEN: tl.constexpr, PUSH_AT: tl.constexpr, SLOT: tl.constexpr,
+                                 SLOTS: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                                 SENTINEL: tl.constexpr, POST_NORM: tl.constexpr, PDL: tl.constexpr):
+    triton_pdl.wait_for_predecessor(PDL)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    calls, region = _push_region(ptrs_ptr, state_ptr, PUSH_AT, SLOT, SLOTS)
+    bits_in = x_ptr.to(tl.pointer_type(tl.int16))
+    cols = tl.arange(0, BLOCK)
+    m = cols < HIDDEN
+    for r in range(pid, rows, programs):
+        _push_out(bits_in, r * HIDDEN + cols, m, ptrs_ptr, region, rank, SLOT, WORLD, SENTINEL)
+
+    mine = (tl.load(ptrs_ptr + rank) + region).to(tl.pointer_type(tl.int16))
+    dtype = out_ptr.dtype.element_ty
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    xn = w
+    if POST_NORM:
+        xn = tl.load(xn_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    for r in range(pid, rows, programs):
+        offs = r * HIDDEN + cols
+        h = _push_sum(bits_in, offs, m, mine, rank, dtype, SLOT, WORLD, SENTINEL, BLOCK).to(dtype).to(tl.float32)
+        if POST_NORM:
+            h = (h * tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + eps) * xn).to(dtype).to(tl.float32)
+        h += tl.load(res_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(sum_ptr + offs, h.to(dtype), mask=m)
+        y = h * tl.math.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + eps) * w
+        tl.store(out_ptr + offs, y.to(dtype), mask=m)
+    _count_call(state_ptr, calls)
+
+
+NORM_MAX_HIDDEN = 16384  # the longest row one program holds (registers: BLOCK fp32 per row)
+
+
+def push_all_reduce_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                         peers: PeerBuffers, out: torch.Tensor, sum_out: torch.Tensor,
+                         x_norm: torch.Tensor | None = None, *, max_programs: int | None = None,
+                         pdl: bool | None = None) -> torch.Tensor:
+    """Rows `[M, H]` of x summed over the ranks (push_all_reduce's protocol, buffers and counter;
+    x is left as it is), then RMSNorm(sum (+ post-norm) + residual) into `out` and the sum with
+    the residual into `sum_out`: reference.all_reduce_rms_norm. Returns out."""
+    rows, hidden = x.shape
+    for t in (residual, out, sum_out):
+        if t.shape != x.shape or t.dtype != x.dtype or not t.is_contiguous():
+            raise ValueError("push_all_reduce_norm needs residual, out and sum_out shaped and typed as x, contiguous")
+    if x.element_size() != 2 or not x.is_floating_point() or not x.is_contiguous():
+        raise ValueError(f"push_all_reduce_norm sums contiguous 16-bit floats, not {x.dtype}")
+    if x.numel() * 2 > PUSH_SLOT or hidden > NORM_MAX_HIDDEN:
+        raise ValueError(f"{rows} x {hidden} do not fit the push slots ({PUSH_SLOT} bytes) or one program's row")
+    if peers.world > FLAG_WORLD:
+        raise ValueError(f"at most {FLAG_WORLD} ranks")
+    if rows == 0:
+        return out
+    pdl = triton_pdl.enabled(x.device) if pdl is None else pdl
+    block = triton.next_power_of_2(hidden)
+    _push_all_reduce_norm_kernel[(min(rows, max_programs or PUSH_MAX_PROGRAMS),)](
+        x, residual, weight, x_norm if x_norm is not None else weight, out, sum_out, rows, peers.ptrs, peers.state,
+        peers.rank, float(eps), HIDDEN=hidden, PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD,
+        WORLD=peers.world, BLOCK=block, SENTINEL=SENTINEL, POST_NORM=x_norm is not None, PDL=pdl,
+        num_warps=4 if block <= 4096 else 8, **triton_pdl.launch_options(pdl),
+    )
+    return out

@@ -58,7 +58,8 @@ def test_mode_comes_from_the_environment_and_is_checked():
     assert read_mode({MODE_ENV: "NCCL"}) == "nccl"
     assert read_mode({MODE_ENV: " oneshot "}) == "oneshot"
     assert read_mode({MODE_ENV: "push"}) == "push"
-    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot, push"):
+    assert read_mode({MODE_ENV: "fused"}) == "fused"
+    with pytest.raises(ValueError, match="TRITONFORMER_ALLREDUCE='fast': expected one of auto, nccl, oneshot, push, fused"):
         read_mode({MODE_ENV: "fast"})
 
 
@@ -86,6 +87,8 @@ KB = 1024
     ("auto", 8 * KB, F16, True, 16, True, "nccl", "16 ranks"),
     ("oneshot", 8 * KB, F16, True, 16, False, "nccl", "16 ranks"),
     ("auto", 8 * KB, F16, True, 2, False, "nccl", "no peer buffers"),
+    ("fused", push_bytes(2), F16, True, 2, True, "push", None),  # routes as auto
+    ("fused", push_bytes(2) + 2, F16, True, 2, True, "nccl", None),
     ("oneshot", 8 * KB, BF16, True, 4, False, "nccl", "no peer buffers"),
 ])
 def test_route(mode, nbytes, dtype, contiguous, world, ready, path, said):
@@ -98,6 +101,60 @@ def test_push_route_matches_the_kernels_slots():
     from tritonformer.kernels.triton_allreduce import PUSH_SLOT
 
     assert PUSH_MAX_BYTES == PUSH_SLOT
+
+
+def test_fused_norm_starts_where_the_gemv_stops_fusing_it():
+    from tritonformer.backend.parallel.allreduce import FUSED_NORM_MIN_ROWS
+    from tritonformer.kernels import triton_gemv
+
+    assert FUSED_NORM_MIN_ROWS == triton_gemv.MAX_ROWS + 1
+
+
+def _prenorm(x, **kw):
+    from tritonformer.kernels import PreNorm
+
+    fields = dict(bias=None, residual=torch.zeros_like(x), sum_out=torch.empty_like(x))
+    fields.update(kw)
+    return PreNorm(torch.ones(x.shape[1]), eps=1e-6, **fields)
+
+
+@pytest.mark.parametrize("mode, rows, hidden, ready, change, fused", [
+    ("fused", 64, 4096, True, {}, True),
+    ("fused", 3, 4096, True, {}, True),
+    ("fused", 2, 4096, True, {}, False),  # the GEMV's rows: its prologue norms them
+    ("fused", 256, 4096, True, {}, True),  # 2 MB: the push kernel's largest message at 2 ranks
+    ("fused", 257, 4096, True, {}, False),  # past it: NCCL
+    ("fused", 64, 32768, True, {}, False),  # a row longer than one program holds
+    ("fused", 64, 4096, False, {}, False),  # no peer buffers
+    ("auto", 64, 4096, True, {}, False),  # only when asked for
+    ("fused", 64, 4096, True, {"bias": "ln"}, False),  # a LayerNorm prenorm
+    ("fused", 64, 4096, True, {"x_bias": "bias"}, False),
+    ("fused", 64, 4096, True, {"residual": None}, False),
+    ("fused", 64, 4096, True, {"sum_out": "f32"}, False),
+])
+def test_which_all_reduces_fuse_the_next_norm(mode, rows, hidden, ready, change, fused):
+    from tritonformer.backend.parallel.allreduce import AllReduce
+
+    x = torch.zeros(rows, hidden, dtype=F16)
+    kw = {}
+    for key, value in change.items():
+        kw[key] = {"ln": torch.zeros(hidden), "bias": torch.zeros(hidden, dtype=F16), None: None,
+                   "f32": torch.empty(rows, hidden)}[value]
+    reducer = AllReduce(mode, 2, peers=None)
+    reducer.peers = object() if ready else None  # (the decision reads only whether they exist)
+    assert reducer.fuses_norm(x, _prenorm(x, **kw)) is fused
+
+
+def test_without_peer_buffers_the_group_sums_then_leaves_the_norm_to_the_linear():
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    tp = TensorParallelGroup(0, 1)  # (no reducer: dist.all_reduce, here a one-rank gloo-free stand-in)
+    x = torch.ones(4, 8, dtype=F16)
+    pre = _prenorm(x)
+    tp.all_reduce = lambda t: t.mul_(2)
+    got, still = tp.all_reduce_then(x, pre)
+    assert got is x and torch.equal(x, torch.full((4, 8), 2.0, dtype=F16)) and still is pre
+    assert tp.all_reduce_then(x, None)[1] is None
 
 
 def test_route_threshold_and_capacity_are_parameters():
@@ -151,30 +208,51 @@ class _Simulated:
         ar = self.ar
         return self.bufs[rank][ar.push_at(self.cap):].view(torch.int16).view(2, ar.FLAG_WORLD, ar.PUSH_SLOT // 2)
 
-    def push(self, inputs, block, max_programs, in_place=True):
-        """Rank 0's push all-reduce of `inputs` (one per rank): the peers' parts already in its
-        slots (as a peer writes them: -0.0 as +0.0); checks what it leaves behind."""
-        ar, sentinel = self.ar, self.ar.SENTINEL
-        calls = int(self.peers.state[0])
-        q, n = calls & 1, inputs[0].numel()
+    def _pushed_to_us(self, inputs) -> int:
+        """The peers' parts of a push call into rank 0's slots (as a peer writes them: -0.0 as
+        +0.0). Returns the call count before it."""
+        calls, sentinel = int(self.peers.state[0]), self.ar.SENTINEL
         for r in range(1, self.world):
             bits = inputs[r].reshape(-1).view(torch.int16)
-            self.slots(0)[q, r, :n] = torch.where(bits == sentinel, 0, bits)
-        x = inputs[0].clone()
-        out = None if in_place else torch.empty_like(x)
-        got = ar.push_all_reduce(x, self.peers, out, block=block, max_programs=max_programs)
-        assert got is (x if in_place else out)
-        assert _equal_or_truncated(got, inputs)
+            self.slots(0)[calls & 1, r, :inputs[0].numel()] = torch.where(bits == sentinel, 0, bits)
+        return calls
+
+    def _check_push_traces(self, inputs, calls: int) -> None:
+        """What a push call leaves: rank 0's slots read and reset, its part in slot 0 of every
+        peer's region of the call's parity (+0.0 for -0.0), no flag, the counter advanced."""
+        sentinel, q, n = self.ar.SENTINEL, calls & 1, inputs[0].numel()
         assert self.slots(0).eq(sentinel).all()  # every slot read, and reset for the call after next
         mine = inputs[0].reshape(-1).view(torch.int16)
-        for r in range(1, self.world):  # our part, in slot 0 of every peer's region q (+0.0 for -0.0)
+        for r in range(1, self.world):
             s = self.slots(r)
             assert torch.equal(s[q, 0, :n], torch.where(mine == sentinel, 0, mine))
             assert s[q, 0, n:].eq(sentinel).all() and s[1 - q].eq(sentinel).all() and s[q, 1:].eq(sentinel).all()
             s.fill_(sentinel)  # (rank r's kernel would read and reset it)
         assert not self.flags(0).any()
         assert self.peers.state.tolist() == [calls + 1, 0]
+
+    def push(self, inputs, block, max_programs, in_place=True):
+        """Rank 0's push all-reduce of `inputs` (one per rank); checks what it leaves behind."""
+        calls = self._pushed_to_us(inputs)
+        x = inputs[0].clone()
+        out = None if in_place else torch.empty_like(x)
+        got = self.ar.push_all_reduce(x, self.peers, out, block=block, max_programs=max_programs)
+        assert got is (x if in_place else out)
+        assert _equal_or_truncated(got, inputs)
+        self._check_push_traces(inputs, calls)
         return got
+
+    def push_norm(self, inputs, residual, weight, x_norm, max_programs):
+        """Rank 0's push_all_reduce_norm of `inputs` (one per rank); checks what it leaves
+        behind as `push` does. Returns (out, sum_out)."""
+        calls = self._pushed_to_us(inputs)
+        x = inputs[0].clone()
+        out, sum_out = torch.empty_like(x), torch.empty_like(x)
+        got = self.ar.push_all_reduce_norm(x, residual, weight, 1e-6, self.peers, out, sum_out, x_norm,
+                                           max_programs=max_programs)
+        assert got is out and torch.equal(x, inputs[0])  # the input is left as it was
+        self._check_push_traces(inputs, calls)
+        return out, sum_out
 
     def data(self, rank: int, parity: int, dtype, n: int) -> torch.Tensor:
         return self.bufs[rank][parity * self.cap:].view(dtype)[:n]
@@ -248,6 +326,49 @@ def test_push_kernel_sums_what_the_peers_pushed_and_resets_its_slots(world):
             x.view(-1)[5] = -0.0
         sim.push(inputs, block, max_programs, in_place)
         sim.call([(torch.randn(64, generator=g)).to(F16) for _ in range(world)], 64, 1)  # a one-shot between
+
+
+@interpreted
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("post_norm", [False, True])
+def test_push_norm_kernel_is_the_all_reduce_then_the_prenorm(world, post_norm):
+    """The fused push all-reduce + residual + RMSNorm against reference.all_reduce_rms_norm: the
+    next residual stream exactly (fp16: one rounding of the same fp32 sum), the normalised rows
+    within a rounding step; rows spread over fewer programs than rows, a hidden size that is not
+    a power of two, -0.0 parts; a plain push call between (same counter and slots)."""
+    from tritonformer.kernels.reference import all_reduce_rms_norm
+
+    sim = _Simulated(world, 4096)
+    g = torch.Generator().manual_seed(20 + world)
+    for rows, hidden, programs in [(5, 96, 2), (3, 64, 8)]:
+        inputs = [(torch.randn(rows, hidden, generator=g) * 2).to(F16) for _ in range(world)]
+        inputs[0].view(-1)[:2] = -0.0
+        residual = (torch.randn(rows, hidden, generator=g) * 4).to(F16)
+        weight = (1 + 0.1 * torch.randn(hidden, generator=g)).float()  # (fp32, as Gemma keeps 1 + w)
+        x_norm = (1 + 0.1 * torch.randn(hidden, generator=g)).float() if post_norm else None
+        out, sum_out = sim.push_norm(inputs, residual, weight, x_norm, programs)
+        want, want_sum = all_reduce_rms_norm(inputs, residual, weight, 1e-6, x_norm)
+        if post_norm:  # the post-norm's own reduction order may move its rounding by a step
+            torch.testing.assert_close(sum_out, want_sum, atol=4e-3, rtol=2e-3)
+        else:
+            assert torch.equal(sum_out, want_sum)
+        torch.testing.assert_close(out, want, atol=2e-3, rtol=2e-3)
+        sim.push([(torch.randn(40, generator=g)).to(F16) for _ in range(world)], 64, 1)
+
+
+@interpreted
+def test_push_norm_kernel_refuses_what_it_cannot_hold():
+    sim = _Simulated(2, 1024)
+    x = torch.zeros(2, 8, dtype=F16)
+    w = torch.ones(8)
+    with pytest.raises(ValueError, match="shaped and typed"):
+        sim.ar.push_all_reduce_norm(x, torch.zeros(2, 8, dtype=BF16), w, 1e-6, sim.peers, x.clone(), x.clone())
+    with pytest.raises(ValueError, match="16-bit"):
+        y = x.float()
+        sim.ar.push_all_reduce_norm(y, y, w, 1e-6, sim.peers, y.clone(), y.clone())
+    with pytest.raises(ValueError, match="push slots"):
+        big = torch.zeros(2, sim.ar.NORM_MAX_HIDDEN * 2, dtype=F16)
+        sim.ar.push_all_reduce_norm(big, big, torch.ones(big.shape[1]), 1e-6, sim.peers, big.clone(), big.clone())
 
 
 @interpreted
@@ -357,6 +478,68 @@ def _check_summer(summer, rank: int, world: int, device, label: str, path=lambda
     return wrong
 
 
+def _check_fused_norm(rank: int, world: int, device) -> list[str]:
+    """Mode `fused`: the all-reduce with the residual add and the next RMSNorm in one launch,
+    against reference.all_reduce_rms_norm over every rank's rows (the residual the same on
+    every rank, as a replicated residual stream is), eagerly and in a CUDA graph replayed with
+    new inputs, a plain all-reduce on the same buffers between."""
+    import torch.distributed as dist
+
+    from tritonformer.backend.cuda_graphs import capture_graph
+    from tritonformer.backend.parallel.allreduce import AllReduce
+    from tritonformer.kernels import PreNorm
+    from tritonformer.kernels.reference import all_reduce_rms_norm
+
+    fused = AllReduce.create(rank, world, device, mode="fused")
+    wrong = []
+    cases = [((3, 4096), F16, False), ((64, 4096), BF16, False), ((64, 3072), F16, True), ((256, 4096), BF16, False)]
+
+    def make(i, shape, dtype, post):
+        x = _inputs(shape, dtype, rank, 50 + i, device)
+        res = _inputs(shape, dtype, 0, 60 + i, device)
+        w = 1 + 0.1 * _inputs(shape[1:], torch.float32, 0, 70 + i, device)
+        xn = 1 + 0.1 * _inputs(shape[1:], torch.float32, 0, 80 + i, device) if post else None
+        return x, PreNorm(w, None, 1e-6, residual=res, sum_out=torch.empty_like(res), x_norm=xn)
+
+    def check(what, x, pre, out):
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        want, want_sum = all_reduce_rms_norm(parts, pre.residual, pre.weight, pre.eps, pre.x_norm)
+        if pre.x_norm is None and not torch.equal(pre.sum_out, want_sum):
+            wrong.append(f"fused {what}: the residual stream differs from the reference by "
+                         f"{(pre.sum_out.float() - want_sum.float()).abs().max().item():.3g}")
+        tol = 2e-3 if x.dtype == F16 else 1.6e-2
+        err = ((out.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        if err > tol:
+            wrong.append(f"fused {what}: the normalised rows differ from the reference by {err:.3g} of the largest")
+
+    for i, (shape, dtype, post) in enumerate(cases):
+        x, pre = make(i, shape, dtype, post)
+        if not fused.fuses_norm(x, pre):
+            wrong.append(f"fused {shape} {dtype}: not fused")
+            continue
+        check(f"eager {shape} {dtype}", x, pre, fused.all_reduce_norm(x, pre))
+
+    x, pre = make(9, (64, 4096), F16, False)
+    y = _inputs((8, 4096), BF16, rank, 90, device)
+    held = {}
+
+    def step():
+        held["out"] = fused.all_reduce_norm(x, pre)
+        held["y"] = fused(y.clone())
+
+    graph, _ = capture_graph(step)
+    for replay in range(3):
+        x.copy_(_inputs((64, 4096), F16, rank, 100 + replay, device))
+        pre.residual.copy_(_inputs((64, 4096), F16, 0, 110 + replay, device))
+        y.copy_(_inputs((8, 4096), BF16, rank, 120 + replay, device))
+        graph.replay()
+        check(f"graph replay {replay}", x, pre, held["out"])
+        if not torch.equal(held["y"], _expected(y, world)):
+            wrong.append(f"fused: the plain all-reduce after the fused one, replay {replay}")
+    return wrong
+
+
 def _rank_main(rank: int, world: int, address: str, results) -> None:
     """One rank: join (TRITONFORMER_ALLREDUCE=oneshot, the transport the group picks), check
     that, then check a second set-up over CUDA IPC."""
@@ -385,6 +568,7 @@ def _rank_main(rank: int, world: int, address: str, results) -> None:
             # up to 2 MB (256 rows of 4096) at 2 ranks; NCCL's sums past the hand-over are not the reference's bits
             shapes = [s for s in SHAPES + [(256, 4096)] if s[0] * s[1] * 2 <= push_bytes(world)]
             wrong += _check_summer(push, rank, world, device, f"push over {transport}", lambda nbytes: "push", shapes)
+        wrong += _check_fused_norm(rank, world, device)
         results.put((rank, summer.peers.transport, wrong))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, None, [traceback.format_exc()]))

@@ -248,3 +248,9 @@ def test_trace_rows_split_their_time_by_phase_against_one_gpu():
     assert "prefill 1.200 s in 19 launches (19 iterations, 0.60x TP=1's)" in by_phase[1]
     assert "round 0.800 s in 30 launches (120 iterations, 0.80x TP=1's)" in by_phase[1]
     assert "single decode" not in by_phase[1]  # phases without a launch are left out
+
+
+def test_the_benchmark_offers_every_all_reduce_mode():
+    from tritonformer.backend.parallel.allreduce import MODES
+
+    assert set(bench.ALLREDUCE) == set(MODES)

@@ -344,23 +344,23 @@ class TransformerDecoder(DecoderModel):
                 cache.keys(li), cache.values(li), batch.slot_mapping,
                 q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
             )
-            if pre is not None:
-                residual = pre.sum_out
             ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
                                   softcap=c.attn_softcap)
             h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
-            if self.tp is not None:  # each rank's heads' share of the projection, summed
-                self.tp.all_reduce(h)
             mlp_pre = kernels.PreNorm(layer.mlp_norm, None, eps, residual=residual, sum_out=torch.empty_like(residual),
                                       x_norm=layer.attn_post_norm)
+            residual = mlp_pre.sum_out  # the residual stream from here, written by the prenorm
+            if self.tp is not None:  # each rank's heads' share of the projection, summed (and normed where fused)
+                h, mlp_pre = self.tp.all_reduce_then(h, mlp_pre)
             x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
                                    layer.down_w)
-            if self.tp is not None:
-                self.tp.all_reduce(x)
-            residual = mlp_pre.sum_out
+            pre = None
             if li + 1 < len(self.layers):
                 pre = kernels.PreNorm(self.layers[li + 1].attn_norm, None, eps, residual=residual,
                                       sum_out=torch.empty_like(residual), x_norm=layer.mlp_post_norm)
+                residual = pre.sum_out
+            if self.tp is not None:
+                x, pre = self.tp.all_reduce_then(x, pre)
         if not batch.logits_every_row:
             x, residual = x[batch.logits_index], residual[batch.logits_index]
         last = self.layers[-1]

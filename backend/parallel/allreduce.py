@@ -10,7 +10,12 @@ read once from `TRITONFORMER_ALLREDUCE`:
 * `push`: the push kernel wherever it can run (up to PUSH_MAX_BYTES), NCCL above;
 * `oneshot`: our one-shot kernel (a barrier of flags, then every peer's part read) wherever it
   can run (up to MAX_BYTES), for tests and benchmarks: push beat it at every size;
-* `nccl`: NCCL only (no peer buffers are set up).
+* `nccl`: NCCL only (no peer buffers are set up);
+* `fused`: `auto`, and where a row-parallel linear's output feeds a linear whose RMSNorm
+  prenorm runs as a kernel of its own (decode batches past the GEMV's FUSED_NORM_MIN_ROWS - 1
+  rows, within the push kernel's size), one launch sums the rows, adds the residual and
+  normalises them (kernels/triton_allreduce.push_all_reduce_norm; `fuses_norm`). Off by
+  default until measured against `auto` (`tritonformer bench tensor-parallel --allreduce auto,fused`).
 
 Measured on two H100s (tools/gpu/time_allreduce.py, 50 in a CUDA graph, fp16, 2026-11-27): push
 / one-shot / NCCL 3.1 / 6.2 / 9.6 us at 8 KB, 3.4 / 6.3 / 9.4 at 64 KB, 5.0 / 13.7 / 14.3 at
@@ -45,7 +50,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonformer")
 
 MODE_ENV = "TRITONFORMER_ALLREDUCE"
-MODES = ("auto", "nccl", "oneshot", "push")
+MODES = ("auto", "nccl", "oneshot", "push", "fused")
+# `fused`: decode rows from which the norm is fused into the all-reduce; fewer rows run the GEMV,
+# whose prologue fuses it already (kernels/triton_gemv.MAX_ROWS + 1; a test holds them equal).
+FUSED_NORM_MIN_ROWS = 3
 MAX_BYTES = 1 << 20  # the one-shot kernel's data region (64 rows x 8192 hidden, fp16)
 PUSH_MAX_BYTES = 2 << 20  # the push kernel's slots (kernels/triton_allreduce.PUSH_SLOT; a test holds them equal)
 
@@ -85,7 +93,7 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
         return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (our kernels serve fp16 and bf16)"
     if not contiguous:
         return "nccl", "a non-contiguous tensor"
-    if mode == "auto":
+    if mode in ("auto", "fused"):
         limit = min(push_bytes(world) if threshold is None else threshold, PUSH_MAX_BYTES)
         return ("push" if nbytes <= limit else "nccl"), None
     if mode == "push":
@@ -107,9 +115,9 @@ class AllReduce:
         self._told: set[str] = set()
         self._kernels = {}
         if peers is not None:  # (imports Triton: only once peer buffers exist, on a GPU)
-            from tritonformer.kernels.triton_allreduce import one_shot_all_reduce, push_all_reduce
+            from tritonformer.kernels.triton_allreduce import one_shot_all_reduce, push_all_reduce, push_all_reduce_norm
 
-            self._kernels = {"oneshot": one_shot_all_reduce, "push": push_all_reduce}
+            self._kernels = {"oneshot": one_shot_all_reduce, "push": push_all_reduce, "push_norm": push_all_reduce_norm}
 
     @classmethod
     def create(cls, rank: int, world: int, device: torch.device, mode: str | None = None,
@@ -130,6 +138,27 @@ class AllReduce:
             self._told.add(why)
             log.info("all-reduce by NCCL for %s", why)
         return path
+
+    def fuses_norm(self, x: torch.Tensor, prenorm) -> bool:
+        """Whether `all_reduce_norm` serves x and `prenorm` (mode `fused`): rows of x that the
+        push kernel takes, at least FUSED_NORM_MIN_ROWS of them, of at most NORM_MAX_HIDDEN
+        columns, and an RMSNorm prenorm over a residual (no LayerNorm, no bias on x)."""
+        from tritonformer.kernels.triton_allreduce import NORM_MAX_HIDDEN
+
+        p = prenorm
+        return (self.mode == "fused" and self.peers is not None and x.dim() == 2
+                and FUSED_NORM_MIN_ROWS <= x.shape[0] and x.shape[1] <= NORM_MAX_HIDDEN
+                and p.bias is None and p.x_bias is None and p.residual is not None and p.sum_out is not None
+                and p.residual.dtype == p.sum_out.dtype == x.dtype and p.residual.is_contiguous()
+                and p.sum_out.is_contiguous() and self.route(x) == "push")
+
+    def all_reduce_norm(self, x: torch.Tensor, prenorm) -> torch.Tensor:
+        """x summed over the ranks and `prenorm` applied to it in one launch (see fuses_norm):
+        the normalised rows (a new tensor; x is left as this rank's part), prenorm.sum_out
+        written. reference.all_reduce_rms_norm is the contract."""
+        p = prenorm
+        return self._kernels["push_norm"](x, p.residual, p.weight, p.eps, self.peers.buffers, torch.empty_like(x),
+                                          p.sum_out, p.x_norm)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         path = self.route(x)

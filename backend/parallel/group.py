@@ -72,6 +72,15 @@ class TensorParallelGroup:
         dist.all_reduce(x)
         return x
 
+    def all_reduce_then(self, x: torch.Tensor, prenorm):
+        """Sum `x` over the ranks, in place, then `prenorm` (kernels.PreNorm or None), the norm
+        the linear that x feeds applies: returns (x, prenorm) for that linear to apply it, or,
+        where the all-reduce kernel applies it in the same launch (AllReduce.fuses_norm), (the
+        normalised rows, None), prenorm.sum_out written."""
+        if prenorm is not None and self.reducer is not None and self.reducer.fuses_norm(x, prenorm):
+            return self.reducer.all_reduce_norm(x, prenorm), None
+        return self.all_reduce(x), prenorm
+
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
         """`[rows, n]` on every rank -> `[rows, world * n]`, rank r's columns at r * n: the
         vocabulary-parallel head's logits, whole on every rank (each samples the same ids)."""
