@@ -122,6 +122,14 @@ ERNIE_4_5_0_3B = {
     "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
 }
 
+# kyutai/helium-1-preview-2b (the shape transformers' HeliumConfig defaults to).
+HELIUM_1_2B = {
+    "model_type": "helium", "vocab_size": 48000, "hidden_size": 2560, "intermediate_size": 7040,
+    "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128,
+    "rms_norm_eps": 1e-8, "rope_theta": 100000.0, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+}
+
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
                  "num_attention_heads": 64, "num_key_value_heads": 8}
@@ -143,6 +151,7 @@ DECODER_SHAPES = {
     "glm-4-9b": GLM_4_9B,
     "ministral-8b": MINISTRAL_8B,
     "ernie-4.5-0.3b": ERNIE_4_5_0_3B,
+    "helium-1-2b": HELIUM_1_2B,
 }
 
 

@@ -42,6 +42,7 @@ CASES = [
     ("glm4", "glm-4-9b", {}),
     ("glm", "glm-4-9b", {"model_type": "glm"}),
     ("ernie4.5", "ernie-4.5-0.3b", {}),
+    ("helium", "helium-1-2b", {}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -49,14 +50,14 @@ HF_CLASSES = {
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
-    "ernie4_5": "Ernie4_5ForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
     "ministral": "MinistralConfig", "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
-    "ernie4_5": "Ernie4_5Config",
+    "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig",
 }
 
 
@@ -95,7 +96,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5")
+                   "ernie4.5", "helium")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -184,7 +185,7 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
         load_decoder(cfg, {}, CPU, torch.float32)
     assert set(DECODER_FAMILIES) >= {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite",
                                      "smollm3", "glm", "glm4", "gemma", "ministral", "seed_oss", "ernie4_5",
-                                     "gpt2"}
+                                     "helium", "gpt2"}
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

@@ -31,6 +31,7 @@ FAMILIES = [
     ("gen_smollm3", "smollm3-3b", {}),
     ("gen_glm4", "glm-4-9b", {}),
     ("gen_gemma", "gemma-7b", {}),
+    ("gen_helium", "helium-1-2b", {}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

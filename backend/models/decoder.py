@@ -89,6 +89,7 @@ DECODER_FAMILIES = {
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",
+    "helium": "helium",
     "glm": "glm",
     "glm4": "glm",
     "gpt2": "gpt2",
