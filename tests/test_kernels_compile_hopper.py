@@ -1,0 +1,74 @@
+"""Kernels that the CPU runs only in Triton's interpreter also compile for a Hopper GPU (sm_90).
+
+The interpreter accepts code the compiler refuses (a scalar mask on a block load, a type that
+does not broadcast), so a kernel can pass every interpreter test and fail at its first launch on
+the GPU. Here the tensor-parallel and embedding kernels are compiled ahead of time for sm_90, no
+GPU needed (Triton's own PTX assembler), with their launches' constants. The compile runs in a
+child process: in this one the conftest's TRITON_INTERPRET=1 made every kernel an interpreted
+function, which cannot be compiled.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _compile(fn, args: dict, constants: dict) -> str:
+    """PTX of `fn` for `args` (name -> Triton type) and its constexprs, for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {**args, **{name: "constexpr" for name in constants}}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
+                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+def compile_all() -> list[str]:
+    """Compile each kernel; returns one line per kernel variant: its name and whether its PTX
+    waits for its predecessor (PDL) first."""
+    from tritonformer.kernels import triton_allreduce as ar
+    from tritonformer.kernels import triton_norms as tn
+
+    push = dict(PUSH_AT=ar.push_at(ar.region_bytes(1 << 20)), SLOT=ar.PUSH_SLOT, SLOTS=ar.FLAG_WORLD, WORLD=2,
+                SENTINEL=ar.SENTINEL, PDL=True)
+    ptrs = {"ptrs_ptr": "*i64", "state_ptr": "*i32", "rank": "i32"}
+    plain = {"x_ptr": "*fp16", "out_ptr": "*fp16", "n": "i32", **ptrs}
+    fused = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*fp32", "xn_ptr": "*fp32", "out_ptr": "*bf16",
+             "sum_ptr": "*bf16", "rows": "i32", **ptrs, "eps": "fp32"}
+    lookup = {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "n_ids": "i32", "n_rows": "i32",
+              "n_cols": "i32", "start": "i32", "scale": "fp32"}
+    variants = [
+        ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024}),
+        ("one-shot", ar._one_shot_all_reduce_kernel, plain, dict(
+            CAPACITY=ar.region_bytes(1 << 20), WORLD=2, WORLD_P2=2, BLOCK=2048, FLAG_PROGRAMS=ar.FLAG_PROGRAMS,
+            FLAG_WORLD=ar.FLAG_WORLD, PDL=True)),
+        ("push-norm", ar._push_all_reduce_norm_kernel, fused, {**push, "HIDDEN": 3072, "BLOCK": 4096, "POST_NORM": False}),
+        ("push-norm post-norm", ar._push_all_reduce_norm_kernel, fused,
+         {**push, "HIDDEN": 4096, "BLOCK": 4096, "POST_NORM": True}),
+        ("embedding-part", tn._embedding_part_kernel, lookup, dict(BLOCK=4096, PDL=True, SCALE=False)),
+        ("embedding-part scaled", tn._embedding_part_kernel, lookup, dict(BLOCK=4096, PDL=True, SCALE=True)),
+    ]
+    return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
+            for name, fn, args, consts in variants]
+
+
+def test_interpreted_kernels_compile_for_hopper():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
+        assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
+
+
+if __name__ == "__main__":
+    print("\n".join(compile_all()))
