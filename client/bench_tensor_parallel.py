@@ -10,7 +10,8 @@ graphs with the all-reduces captured, rounds of max_decode_steps). `--parts` pic
   bandwidth measured here) and the ratio to the same shape on one GPU where it fits;
 - `trace`: the Orca-style trace (bench_serve_decoder's: 256 requests, prompt U[32,512], output
   U[1,128], seed 0, greedy, EOS ignored), every request submitted at once (saturation: the trace
-  has no arrival times): useful tokens/s and TTFT p50/p99; with `--replicas`, beside N one-GPU
+  has no arrival times): useful tokens/s, TTFT p50/p99 and the steps' time by phase (prefill
+  launches, decode rounds: engine_drive.PhaseClock) against TP=1's; with `--replicas`, beside N one-GPU
   engines, each its own process on its own GPU serving 1/N of the requests, started together,
   their tokens summed over the wall time of the slowest;
 - `profile`: torch.profiler over decode iterations at each batch on rank 0: the GPU time per
