@@ -21,10 +21,11 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 10 / (time.perf_counter() - t0)
 
 
-def read_bytes_per_step(model) -> int:
-    """Bytes of weights one decode step reads: every layer's tensors (FP8 weights: values and
-    scales), the final norm and the output head (an untied input embedding is only gathered, a
-    few rows per step)."""
+def read_bytes_per_step(model, rows: int = 1) -> int:
+    """Bytes of weights one decode step over `rows` sequences reads: every layer's tensors (FP8
+    weights: values and scales; of a mixture-of-experts layer the experts routed to, as many as
+    uniform routing of `rows` tokens reaches: models/moe.MoeLayer.read_bytes), the final norm and
+    the output head (an untied input embedding is only gathered, a few rows per step)."""
     import torch
 
     from tritonformer.kernels.fp8 import Fp8Weight
@@ -44,7 +45,10 @@ def read_bytes_per_step(model) -> int:
 
     for layer in model.layers:
         for value in vars(layer).values():
-            add(value)
+            if hasattr(value, "read_bytes"):  # a MoE layer
+                total += int(value.read_bytes(rows))
+            else:
+                add(value)
     add(model.final_norm)
     add(model.output_head)
     return total
@@ -66,11 +70,13 @@ def matmul_peak_tflops(dtype) -> float:
 
 
 def prefill_flops(model, tokens: int) -> float:
-    """Matmul FLOPs of one causal prefill: 2 per weight per token through the layers and the
-    head (one row of logits), plus QK^T and PV over the causal triangle."""
+    """Matmul FLOPs of one causal prefill: 2 per weight per token through the layers (of a MoE
+    layer, the weights a token is routed through) and the head (one row of logits), plus QK^T and
+    PV over the causal triangle."""
     c = model.config
     layer_weights = sum(t.numel() for layer in model.layers for t in (layer.qkv_w, layer.o_w, layer.gate_up_w,
-                                                                       layer.down_w))
+                                                                       layer.down_w) if t is not None)
+    layer_weights += sum(layer.moe.active_params() for layer in model.layers if getattr(layer, "moe", None))
     attention = 2 * 2 * c.num_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
     return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
 

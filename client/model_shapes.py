@@ -130,6 +130,33 @@ HELIUM_1_2B = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
 }
 
+# Mixture-of-experts shapes. Mixtral-8x7B-Instruct-v0.1: every layer 8 experts, the top 2 per token.
+MIXTRAL_8X7B = {
+    "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": None, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+# Qwen3-30B-A3B: 128 experts of 768 columns, the top 8 per token, renormalised.
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+    "attention_bias": False, "use_sliding_window": False, "tie_word_embeddings": False, "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+# Qwen1.5-MoE-A2.7B (model_type qwen2_moe): 60 experts, the top 4 (not renormalised), and a
+# shared expert of 5,632 columns behind a sigmoid gate.
+QWEN1_5_MOE_A2_7B = {
+    "model_type": "qwen2_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+    "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+    "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 8192, "use_sliding_window": False,
+    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151643,
+}
+
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
                  "num_attention_heads": 64, "num_key_value_heads": 8}
@@ -152,6 +179,9 @@ DECODER_SHAPES = {
     "ministral-8b": MINISTRAL_8B,
     "ernie-4.5-0.3b": ERNIE_4_5_0_3B,
     "helium-1-2b": HELIUM_1_2B,
+    "mixtral-8x7b": MIXTRAL_8X7B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
 }
 
 
@@ -175,6 +205,14 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["head_dim"] = 2 * hidden // heads if own or name.startswith("qwen3") else hidden // heads
     if cfg.get("sliding_window") and window and cfg["model_type"] != "qwen2":
         cfg["sliding_window"] = window
+    if "num_experts_per_tok" in cfg:  # MoE: fewer, narrower experts (each I not a multiple of 64), k kept
+        top_k = cfg["num_experts_per_tok"]
+        experts = "num_local_experts" if "num_local_experts" in cfg else "num_experts"
+        cfg[experts] = min(cfg[experts], max(8, 2 * top_k))
+        if "moe_intermediate_size" in cfg:
+            cfg["moe_intermediate_size"] = hidden + 16
+        if "shared_expert_intermediate_size" in cfg:
+            cfg["shared_expert_intermediate_size"] = hidden + 48
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
         cfg["no_rope_layer_interval"] = min(cfg["no_rope_layer_interval"], layers)
     if "query_pre_attn_scalar" in cfg:
@@ -218,7 +256,10 @@ def _spec(cfg: dict):
 
 
 def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of this DecoderSpec holds, by name (the model prefix stripped)."""
+    """Every tensor a checkpoint of this DecoderSpec holds, by name (the model prefix stripped);
+    a MoE layer's experts stacked (moe.tensor_shapes)."""
+    from tritonformer.backend.models.moe import tensor_shapes as moe_tensor_shapes
+
     n, hidden, head = spec.names, spec.hidden_size, spec.head_dim
     q, kv, inter = spec.num_heads * head, spec.num_kv_heads * head, spec.intermediate_size
     shapes = {n.embed: (spec.vocab_size, hidden), n.final_norm: (hidden,)}
@@ -226,9 +267,14 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         shapes[n.lm_head] = (spec.vocab_size, hidden)
     for i in range(spec.num_layers):
         p = f"layers.{i}."
-        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,), n.o: (hidden, q), n.down: (hidden, inter)}
+        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,), n.o: (hidden, q)}
         layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden), n.v: (kv, hidden)})
-        layer.update({n.gate_up: (2 * inter, hidden)} if n.gate_up else {n.gate: (inter, hidden), n.up: (inter, hidden)})
+        if spec.moe and spec.moe.layers[i]:
+            shapes.update(moe_tensor_shapes(spec.moe, p, hidden))
+        else:
+            layer[n.down] = (hidden, inter)
+            layer.update({n.gate_up: (2 * inter, hidden)} if n.gate_up else {n.gate: (inter, hidden),
+                                                                               n.up: (inter, hidden)})
         if spec.sandwich_norms:
             layer.update({n.attn_post_norm: (hidden,), n.mlp_post_norm: (hidden,)})
         if spec.qk_norm:

@@ -19,6 +19,8 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     gelu_activation,
     linear_act,
     linear_bias_gelu,
+    moe_mlp,
+    moe_route,
     qkv_split,
     qkv_split_rotary,
     qkv_to_cache,

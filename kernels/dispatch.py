@@ -32,7 +32,7 @@ def triton_kernels_enabled() -> bool:
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
-                   "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary")
+                   "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe")
 _loaded = False
 
 
@@ -75,6 +75,8 @@ embedding_part = _dispatched("embedding_part")
 bias_gelu = _dispatched("bias_gelu")
 linear_bias_gelu = _dispatched("linear_bias_gelu")
 linear_act = _dispatched("linear_act")
+moe_route = _dispatched("moe_route")  # (tensor ops: no kernel of its own)
+moe_mlp = _dispatched("moe_mlp")
 silu_and_mul = _dispatched("silu_and_mul")
 gated_act = _dispatched("gated_act")
 feed_tokens = _dispatched("feed_tokens")

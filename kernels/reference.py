@@ -631,3 +631,34 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     q, scale = quantize_rows_fp8(x)
     h = (F.linear(q.float(), w) * scale * weight.scale).to(weight.dtype)
     return h if bias is None else h + bias.to(weight.dtype)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
+              weights_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of a mixture-of-experts layer (Mixtral, Qwen MoE): softmax over the experts'
+    logits `[T, E]` in fp32, the k largest per token, renormalised to sum to 1 where `normalize`
+    (Mixtral; Qwen's `norm_topk_prob`), rounded to `weights_dtype` where given (Qwen's routers
+    round them to the logits' dtype, Mixtral's keep fp32). Returns (weights `[T, k]` fp32,
+    expert ids `[T, k]` int64)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if weights_dtype is not None:
+        weights = weights.to(weights_dtype).float()
+    return weights, ids
+
+
+def moe_mlp(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+            activation: str = "silu_mul") -> torch.Tensor:
+    """A mixture-of-experts MLP over x `[T, H]`: for each token the sum over its k routed experts
+    (`ids` `[T, k]`, `weights` `[T, k]` fp32, see moe_route) of weight * expert(x), an expert e a
+    gated MLP: down[e] @ act(gate_up[e] @ x) with gate_up `[E, 2I, H]` ([gate; up], `activation`
+    as linear_act's gated ones) and down `[E, H, I]`. Each expert runs once over its tokens (as
+    Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
+    for e in ids.unique().tolist():
+        token, slot = torch.where(ids == e)
+        h = linear_act(x[token], gate_up[e], None, activation)
+        out.index_add_(0, token, F.linear(h, down[e]).float() * weights[token, slot, None])
+    return out.to(x.dtype)

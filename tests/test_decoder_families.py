@@ -43,6 +43,10 @@ CASES = [
     ("glm", "glm-4-9b", {"model_type": "glm"}),
     ("ernie4.5", "ernie-4.5-0.3b", {}),
     ("helium", "helium-1-2b", {}),
+    ("mixtral", "mixtral-8x7b", {}),
+    ("qwen3-moe", "qwen3-30b-a3b", {}),
+    ("qwen3-moe-dense-layer", "qwen3-30b-a3b", {"mlp_only_layers": [1], "norm_topk_prob": False}),
+    ("qwen2-moe", "qwen1.5-moe-a2.7b", {}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -50,14 +54,16 @@ HF_CLASSES = {
     "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
-    "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
     "ministral": "MinistralConfig", "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
-    "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig",
+    "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
+    "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig",
 }
 
 
@@ -96,7 +102,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "helium")
+                   "ernie4.5", "helium", "mixtral", "qwen2-moe")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -278,3 +284,65 @@ def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
     for prompt, tokens in zip(prompts, got):
         assert tokens == _hf_greedy(hf, prompt, 16)
+
+
+def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> dict:
+    """transformers' stacked expert tensors (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
+    `mlp.experts.down_proj` `[E, H, I]`) as published checkpoints store them: one tensor per
+    expert and projection, under the block's published name (Mixtral's `block_sparse_moe`)."""
+    gate, up, down = names
+    out = {}
+    for name, t in state.items():
+        layer, _, rest = name.partition(".mlp.")
+        if rest == "experts.gate_up_proj":
+            inter = t.shape[1] // 2
+            for j, w in enumerate(t):
+                out[f"{layer}.{block}.experts.{j}.{gate}.weight"] = w[:inter].clone()
+                out[f"{layer}.{block}.experts.{j}.{up}.weight"] = w[inter:].clone()
+        elif rest == "experts.down_proj":
+            for j, w in enumerate(t):
+                out[f"{layer}.{block}.experts.{j}.{down}.weight"] = w.clone()
+        else:
+            out[f"{layer}.{block}.{rest}" if rest else name] = t
+    return out
+
+
+@pytest.mark.parametrize("case,block,names", [
+    ("mixtral", "block_sparse_moe", ("w1", "w3", "w2")),
+    ("qwen2-moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
+])
+def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, names):
+    """A published MoE checkpoint stores each expert's projections apart; it builds the same
+    model as transformers' stacked tensors."""
+    shape, changes = next((s, c) for name, s, c in CASES if name == case)
+    hf, stacked = _pair(shape, changes)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    published = _published_experts(state, block, names)
+    assert not any("gate_up_proj" in k for k in published) and any(".experts.3." in k for k in published)
+    ours = load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+    prompt = [(0, list(range(3, 40)))]
+    torch.testing.assert_close(PagedSteps(ours, num_blocks=8, block_size=8).step(prompt),
+                               PagedSteps(stacked, num_blocks=8, block_size=8).step(prompt), atol=0, rtol=0)
+    del published[next(k for k in published if k.endswith("experts.5.down_proj.weight") or k.endswith("experts.5.w2.weight"))]
+    with pytest.raises(KeyError, match=r"experts\.5\."):
+        load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+
+
+def test_a_moe_step_reads_the_router_and_k_experts_for_one_token_and_more_for_many():
+    from tritonformer.client.gpu_measure import prefill_flops, read_bytes_per_step
+
+    hf, ours = _pair("qwen3-30b-a3b", {})
+    moe = ours.layers[0].moe
+    experts, inter, hidden = moe.gate_up.shape[0], moe.down.shape[2], moe.down.shape[1]
+    expert = 3 * inter * hidden * 4  # fp32 gate, up and down
+    assert moe.read_bytes(1) == experts * hidden * 4 + moe.top_k * expert
+    assert moe.read_bytes(1) < moe.read_bytes(2) < moe.read_bytes(64) <= experts * hidden * 4 + experts * expert
+    dense = sum(p.numel() * 4 for name, p in hf.named_parameters() if "layers." in name and "mlp" not in name)
+    assert read_bytes_per_step(ours) == len(ours.layers) * moe.read_bytes(1) + dense + ours.output_head.numel() * 4 + (
+        ours.final_norm.numel() * 4)
+    assert prefill_flops(ours, 1) > 2 * len(ours.layers) * (moe.top_k * expert / 4)
+
+
+def test_fp8_is_a_load_error_for_the_moe_families():
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'mixtral'"):
+        load_decoder(shrunk("mixtral-8x7b"), {}, CPU, torch.float32, quantization="fp8")

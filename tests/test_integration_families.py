@@ -32,6 +32,8 @@ FAMILIES = [
     ("gen_glm4", "glm-4-9b", {}),
     ("gen_gemma", "gemma-7b", {}),
     ("gen_helium", "helium-1-2b", {}),
+    ("gen_mixtral", "mixtral-8x7b", {}),
+    ("gen_qwen3_moe", "qwen3-30b-a3b", {}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

@@ -3,7 +3,8 @@
 The interpreter accepts code the compiler refuses (a scalar mask on a block load, a type that
 does not broadcast), so a kernel can pass every interpreter test and fail at its first launch on
 the GPU. Here the tensor-parallel and embedding kernels are compiled ahead of time for sm_90, no
-GPU needed (Triton's own PTX assembler), with their launches' constants. The compile runs in a
+GPU needed (Triton's own PTX assembler), with their launches' constants; so are the mixture-of-experts
+GEMMs, not yet run on a GPU. The compile runs in a
 child process: in this one the conftest's TRITON_INTERPRET=1 made every kernel an interpreted
 function, which cannot be compiled.
 """
@@ -36,6 +37,7 @@ def compile_all() -> list[str]:
     """Compile each kernel; returns one line per kernel variant: its name and whether its PTX
     waits for its predecessor (PDL) first."""
     from tritonformer.kernels import triton_allreduce as ar
+    from tritonformer.kernels import triton_moe as moe
     from tritonformer.kernels import triton_norms as tn
 
     push = dict(PUSH_AT=ar.push_at(ar.region_bytes(1 << 20)), SLOT=ar.PUSH_SLOT, SLOTS=ar.FLAG_WORLD, WORLD=2,
@@ -46,6 +48,10 @@ def compile_all() -> list[str]:
              "sum_ptr": "*bf16", "rows": "i32", **ptrs, "eps": "fp32"}
     lookup = {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "n_ids": "i32", "n_rows": "i32",
               "n_cols": "i32", "start": "i32", "scale": "fp32"}
+    grouped = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "pairs_ptr": "*i32", "experts_ptr": "*i32",
+               "scale_ptr": "*fp32", "num_pairs": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+               "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
+    gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
     variants = [
         ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024}),
         ("one-shot", ar._one_shot_all_reduce_kernel, plain, dict(
@@ -56,6 +62,9 @@ def compile_all() -> list[str]:
          {**push, "HIDDEN": 4096, "BLOCK": 4096, "POST_NORM": True}),
         ("embedding-part", tn._embedding_part_kernel, lookup, dict(BLOCK=4096, PDL=True, SCALE=False)),
         ("embedding-part scaled", tn._embedding_part_kernel, lookup, dict(BLOCK=4096, PDL=True, SCALE=True)),
+        ("moe gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False, **gemm)),
+        ("moe down", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
+         dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, **{**gemm, "BLOCK_M": 64, "BLOCK_N": 128})),
     ]
     return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
             for name, fn, args, consts in variants]
@@ -68,6 +77,7 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
+    assert "moe gate-up: no wait" in lines and "moe down: no wait" in lines, done.stdout  # compiled (no PDL)
 
 
 if __name__ == "__main__":

@@ -78,8 +78,11 @@ DECODER_FAMILIES = {
     "mistral": "mistral",
     "ministral": "mistral",
     "mistral3": "mistral",
+    "mixtral": "mixtral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen2_moe": "qwen2_moe",
+    "qwen3_moe": "qwen3_moe",
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
@@ -109,8 +112,9 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     model_type = config.get("model_type", "llama")
     family, config, state = _family(config, state)
     family_config = family.from_hf(config)
-    if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and not hasattr(family_config, "names"):
-        raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the families "
+    if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and (
+            not hasattr(family_config, "names") or getattr(family_config, "moe", None)):
+        raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the dense families "
                          f"built on the shared decoder, transformer.py)")
     state, quantize = quant.prepare(state, quantization, device, dtype, tensor_parallel=tp is not None)
     if max_model_len is not None:
@@ -156,3 +160,6 @@ def _check_split(config: dict, spec, tp) -> None:
     tp.part(spec.num_heads, "attention heads")
     tp.part(spec.num_kv_heads, "KV heads")
     tp.part(spec.intermediate_size, "MLP columns (intermediate_size)")
+    if spec.moe:
+        tp.part(spec.moe.intermediate_size, "expert columns (moe_intermediate_size)")
+        tp.part(spec.moe.shared_intermediate_size, "shared expert columns")

@@ -21,6 +21,7 @@ and runs it. What differs between the families is data, read here in one place:
     logit_scale      logits times a scalar (Granite: 1 / logits_scaling), folded into the final norm
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
+    moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
     tie_word_embeddings
 
 One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
@@ -41,6 +42,7 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
+from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
 from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
 from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
@@ -106,6 +108,7 @@ class DecoderSpec:
     rotary_interleaved: bool = False
     residual_scale: float | None = None
     logit_scale: float | None = None
+    moe: MoeSpec | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
@@ -117,6 +120,8 @@ class DecoderSpec:
             raise ValueError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if self.rope_layers and len(self.rope_layers) != self.num_layers:
             raise ValueError(f"{len(self.rope_layers)} rope layers for {self.num_layers} layers")
+        if self.moe and len(self.moe.layers) != self.num_layers:
+            raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -150,12 +155,13 @@ class _Layer:
     o_w: torch.Tensor | Fp8Weight
     attn_post_norm: torch.Tensor | None
     mlp_norm: torch.Tensor
-    gate_up_w: torch.Tensor | Fp8Weight
-    down_w: torch.Tensor | Fp8Weight
+    gate_up_w: torch.Tensor | Fp8Weight | None  # None in a MoE layer
+    down_w: torch.Tensor | Fp8Weight | None
     mlp_post_norm: torch.Tensor | None
     window: int | None
     local: bool  # sliding-window layer using the local rope table
     rotary: bool = True  # False: q and k are not rotated (a NoPE layer)
+    moe: MoeLayer | None = None  # the layer's mixture-of-experts MLP, in place of gate_up_w / down_w
 
 
 class TransformerDecoder(DecoderModel):
@@ -179,12 +185,15 @@ class TransformerDecoder(DecoderModel):
         q_rows, kv_rows = c.num_heads * head, c.num_kv_heads * head
         self.tp = tp
         # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
-        q_part = kv_part = mlp_part = None
+        q_part = kv_part = mlp_part = expert_part = shared_part = None
         if tp is not None:
             heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
             q_part = slice(heads.start * head, heads.stop * head)
             kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
             mlp_part = tp.part(c.intermediate_size, "MLP columns (intermediate_size)")
+            if c.moe:
+                expert_part = tp.part(c.moe.intermediate_size, "expert columns (moe_intermediate_size)")
+                shared_part = tp.part(c.moe.shared_intermediate_size, "shared expert columns")
 
         def checked(name: str, shape: tuple[int, ...]) -> str:
             if name not in state:
@@ -261,11 +270,16 @@ class TransformerDecoder(DecoderModel):
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
                                     w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
             inter = c.intermediate_size
-            if n.gate_up:
+            moe = gate_up_w = down_w = None
+            if c.moe and c.moe.layers[i]:
+                moe = load_moe_layer(c.moe, state, p, hidden, device, dtype, expert_part, shared_part)
+            elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
             else:
                 gate_up_w = cat_rows([w(p + n.gate + ".weight", inter, hidden, rows=mlp_part),
                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
+            if moe is None:
+                down_w = scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale)
             q_norm = norm(p + n.q_norm + ".weight", head) if c.qk_norm else None
             k_norm = norm(p + n.k_norm + ".weight", head) if c.qk_norm else None
             if order is not None:
@@ -284,16 +298,18 @@ class TransformerDecoder(DecoderModel):
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
                 mlp_norm=norm(p + n.mlp_norm + ".weight"),
                 gate_up_w=gate_up_w,
-                down_w=scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale),
+                down_w=down_w,
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
                 window=window,
                 local=window is not None and self.local_cos_sin is not None,
                 rotary=not c.rope_layers or c.rope_layers[i],
+                moe=moe,
             ))
         self.activation = GATED_ACTIVATIONS[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
             self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
-                                  intermediate_size=c.intermediate_size // tp.world)
+                                  intermediate_size=c.intermediate_size // tp.world,
+                                  moe=c.moe.split(tp.world) if c.moe else None)
 
     def _vocab_rows(self, weight) -> torch.Tensor:
         """This rank's rows of a `[vocab, hidden]` table (the embedding, the head), read in part:
@@ -352,8 +368,11 @@ class TransformerDecoder(DecoderModel):
             residual = mlp_pre.sum_out  # the residual stream from here, written by the prenorm
             if self.tp is not None:  # each rank's heads' share of the projection, summed (and normed where fused)
                 h, mlp_pre = self.tp.all_reduce_then(h, mlp_pre)
-            x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
-                                   layer.down_w)
+            if layer.moe is None:
+                x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
+                                       layer.down_w)
+            else:  # the router and the experts read the normalised rows
+                x = layer.moe(h if mlp_pre is None else normalised(h, mlp_pre), self.activation)
             pre = None
             if li + 1 < len(self.layers):
                 pre = kernels.PreNorm(self.layers[li + 1].attn_norm, None, eps, residual=residual,
@@ -378,6 +397,14 @@ class TransformerDecoder(DecoderModel):
         logits = super().logits(x, fp32=False)
         logits.div_(cap).tanh_().mul_(cap)
         return logits.float() if fp32 else logits
+
+
+def normalised(x: torch.Tensor, pre: kernels.PreNorm) -> torch.Tensor:
+    """What a PreNorm'd linear would read (reference.apply_prenorm) as rows of their own, the
+    residual sum written to pre.sum_out: a MoE layer's input, which several linears read."""
+    if pre.x_norm is not None:
+        x, _ = kernels.rms_norm(x, pre.x_norm, pre.eps)
+    return kernels.rms_norm(x, pre.weight, pre.eps, pre.residual, pre.sum_out)[0]
 
 
 def qkv_rows_in_rotary_order(order: torch.Tensor, head_dim: int, q_heads: int, kv_heads: int) -> torch.Tensor:

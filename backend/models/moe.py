@@ -1,0 +1,188 @@
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE) for the shared decoder (transformer.py).
+
+In the layers a family names, the MLP is a router and E experts, each a gated MLP of its own
+(`intermediate_size` columns): every token goes to the k experts with the largest softmax
+probability, and the layer's output is their outputs weighted by those probabilities
+(renormalised over the k where the family does). Qwen2-MoE adds a shared expert that every
+token passes through, weighted by sigmoid(shared_gate @ x). The ops: `kernels.moe_route` and
+`kernels.moe_mlp` (a grouped GEMM over the routed rows on a GPU, reference.moe_mlp's loop over the
+experts elsewhere).
+
+Checkpoints store the experts one by one (`experts.{j}.gate_proj.weight`, Mixtral's `w1` / `w3`
+/ `w2`), as published, or stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`
+`[E, H, I]`), as transformers >= 5 keeps them in memory; both load. Under tensor parallelism each
+rank holds its share of every expert's columns (and of the shared expert's), the router whole:
+every rank routes each token the same way, and the all-reduce after the MLP sums the shares.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tritonformer import kernels
+
+
+@dataclass(frozen=True)
+class MoeNames:
+    """Where a layer's MoE block keeps its tensors, relative to `layers.{i}.`: `blocks` lists the
+    block's possible names (Mixtral's published `block_sparse_moe`, transformers' `mlp`), the
+    first one the checkpoint has is used; per-expert projections are
+    `{block}.experts.{j}.{gate|up|down}.weight`."""
+
+    blocks: tuple[str, ...] = ("mlp",)
+    router: str = "gate"
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    shared: str = "shared_expert"
+    shared_gate: str = "shared_expert_gate"
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    normalize: bool  # renormalise the k routing weights to sum to 1
+    round_weights: bool  # routing weights rounded to the activation dtype (Qwen) or kept fp32 (Mixtral)
+    layers: tuple[bool, ...]  # per layer: MoE, or the dense MLP of the decoder's intermediate_size
+    shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE), 0: none
+    names: MoeNames = field(default_factory=MoeNames)
+
+    def __post_init__(self):
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
+
+    def split(self, world: int) -> "MoeSpec":
+        """One tensor-parallel rank's share: its columns of every expert (and shared expert)."""
+        return MoeSpec(self.num_experts, self.top_k, self.intermediate_size // world, self.normalize,
+                       self.round_weights, self.layers, self.shared_intermediate_size // world, self.names)
+
+
+@dataclass
+class MoeLayer:
+    router: torch.Tensor  # [E, H]
+    gate_up: torch.Tensor  # [E, 2I, H]: each expert's [gate; up]
+    down: torch.Tensor  # [E, H, I]
+    top_k: int
+    normalize: bool
+    round_weights: bool
+    shared_gate_up: torch.Tensor | None = None  # [2S, H]
+    shared_down: torch.Tensor | None = None  # [H, S]
+    shared_gate: torch.Tensor | None = None  # [1, H]
+
+    def __call__(self, x: torch.Tensor, activation: str) -> torch.Tensor:
+        """The block's output `[T, H]` for its normalised input x `[T, H]` (`activation`: the
+        gated one, kernels.linear_act's name)."""
+        logits = kernels.linear_act(x, self.router)
+        weights, ids = kernels.moe_route(logits, self.top_k, self.normalize, x.dtype if self.round_weights else None)
+        out = kernels.moe_mlp(x, weights, ids, self.gate_up, self.down, activation)
+        if self.shared_gate_up is not None:
+            shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
+            out = out + torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
+        return out
+
+
+    def expert_bytes(self) -> int:
+        return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
+
+    def shared_params(self) -> int:
+        """The weights every token reads: the router and the shared expert."""
+        shared = (self.shared_gate_up, self.shared_down, self.shared_gate)
+        return self.router.numel() + sum(t.numel() for t in shared if t is not None)
+
+    def read_bytes(self, tokens: int) -> float:
+        """Bytes of weights one step over `tokens` rows reads: the router, the shared expert and the
+        experts routed to, E * (1 - (1 - k / E) ** tokens) of them where routing is uniform (k
+        at one token; nearly all of them at 64 tokens of Qwen3-30B-A3B's 8 of 128: 98%)."""
+        experts = self.gate_up.shape[0]
+        routed = experts * (1 - (1 - self.top_k / experts) ** tokens)
+        return self.shared_params() * self.router.element_size() + routed * self.expert_bytes()
+
+    def active_params(self) -> int:
+        """Weights one token multiplies by (2 FLOPs each): the router, the shared expert and k experts."""
+        return self.shared_params() + self.top_k * (self.gate_up[0].numel() + self.down[0].numel())
+
+
+def load_moe_layer(spec: MoeSpec, state: dict, prefix: str, hidden: int, device: torch.device, dtype: torch.dtype,
+                   part: slice | None = None, shared_part: slice | None = None) -> MoeLayer:
+    """Layer `prefix`'s MoE block from the checkpoint's tensors; `part` / `shared_part`: this
+    tensor-parallel rank's columns of each expert / of the shared expert (None: all)."""
+    n = spec.names
+    block = next((b for b in n.blocks if f"{prefix}{b}.{n.router}.weight" in state), n.blocks[0])
+    base = f"{prefix}{block}."
+    experts, inter = spec.num_experts, spec.intermediate_size
+
+    def read(name: str, shape: tuple[int, ...], index=None) -> torch.Tensor:
+        if name not in state:
+            raise KeyError(f"checkpoint is missing weight {name!r}")
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
+                             f"(hidden {hidden}, {experts} experts of {inter} columns) needs {shape}")
+        t = state[name] if index is None else state[name][index]
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    def gated(weight: str, size: int, rows: slice | None, *lead: int) -> torch.Tensor:
+        """[gate; up] rows of a stacked `[..., 2 * size, H]` tensor, this rank's of each half."""
+        if rows is None:
+            return read(weight, (*lead, 2 * size, hidden))
+        pick = (slice(None),) * len(lead)
+        return torch.cat([read(weight, (*lead, 2 * size, hidden), (*pick, slice(half * size + rows.start,
+                                                                                 half * size + rows.stop)))
+                          for half in (0, 1)], dim=len(lead))
+
+    cols = (slice(None), part or slice(None))
+    if base + "experts.gate_up_proj" in state:  # stacked, as transformers >= 5 holds them
+        gate_up = gated(base + "experts.gate_up_proj", inter, part, experts)
+        down = read(base + "experts.down_proj", (experts, hidden, inter), (slice(None), *cols))
+    else:  # one expert at a time, as published
+        stacked_gate_up, stacked_down = [], []
+        for j in range(experts):
+            e = f"{base}experts.{j}."
+            rows = part or slice(None)
+            stacked_gate_up.append(torch.cat([read(f"{e}{n.gate}.weight", (inter, hidden), rows),
+                                              read(f"{e}{n.up}.weight", (inter, hidden), rows)]))
+            stacked_down.append(read(f"{e}{n.down}.weight", (hidden, inter), cols))
+        gate_up, down = torch.stack(stacked_gate_up), torch.stack(stacked_down)
+    layer = MoeLayer(read(base + n.router + ".weight", (experts, hidden)), gate_up, down, spec.top_k, spec.normalize,
+                     spec.round_weights)
+    if spec.shared_intermediate_size:
+        size, s = spec.shared_intermediate_size, f"{base}{n.shared}."
+        rows = shared_part or slice(None)
+        layer.shared_gate_up = torch.cat([read(s + "gate_proj.weight", (size, hidden), rows),
+                                          read(s + "up_proj.weight", (size, hidden), rows)])
+        layer.shared_down = read(s + "down_proj.weight", (hidden, size), (slice(None), rows))
+        layer.shared_gate = read(f"{base}{n.shared_gate}.weight", (1, hidden))
+    return layer
+
+
+def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of layer `prefix`'s MoE block by name, the experts stacked as transformers >= 5
+    names them (what a random-weight model at a published shape is built from)."""
+    n, e, inter = spec.names, spec.num_experts, spec.intermediate_size
+    base = f"{prefix}{n.blocks[0]}."
+    shapes = {f"{base}{n.router}.weight": (e, hidden), f"{base}experts.gate_up_proj": (e, 2 * inter, hidden),
+              f"{base}experts.down_proj": (e, hidden, inter)}
+    if spec.shared_intermediate_size:
+        size, s = spec.shared_intermediate_size, f"{base}{n.shared}."
+        shapes.update({s + "gate_proj.weight": (size, hidden), s + "up_proj.weight": (size, hidden),
+                       s + "down_proj.weight": (hidden, size), f"{base}{n.shared_gate}.weight": (1, hidden)})
+    return shapes
+
+
+def num_experts(cfg: dict, default: int | None = None) -> int:
+    """The config's expert count: `num_experts` as Qwen's published configs write it,
+    `num_local_experts` as Mixtral's (and transformers' own dicts of either) do."""
+    count = cfg.get("num_experts", cfg.get("num_local_experts", default))
+    if count is None:
+        raise KeyError("a mixture-of-experts config needs num_experts (or num_local_experts)")
+    return count
+
+
+def moe_layers(cfg: dict) -> tuple[bool, ...]:
+    """Qwen MoE's rule for which layers are MoE: every `decoder_sparse_step`-th one (counting from
+    1), but those `mlp_only_layers` lists, and none where there are no experts."""
+    step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or ())
+    return tuple(i not in dense and num_experts(cfg) > 0 and (i + 1) % step == 0
+                 for i in range(cfg["num_hidden_layers"]))

@@ -1,0 +1,108 @@
+"""The mixture-of-experts ops: routing and the expert MLP (`reference.moe_route`, `reference.moe_mlp`)
+against an independent dense formulation, and the grouped-GEMM kernel (kernels/triton_moe.py)
+and its alignment of routed rows against the reference.
+
+Fresh seeded random inputs; without a GPU the kernel runs in Triton's CPU interpreter
+(TRITON_INTERPRET=1, set by conftest.py), so shapes are small.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonformer.kernels import reference as ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rand(*shape, seed, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE, dtype)
+
+
+def _dense_moe(x, router_logits, top_k, normalize, gate_up, down, act):
+    """Every expert on every token in float64, weighted by a dense [T, E] routing matrix that is
+    zero off each token's k largest softmax probabilities."""
+    probs = torch.softmax(router_logits.double(), -1)
+    keep = probs >= probs.topk(top_k, -1).values[:, -1:]
+    route = torch.where(keep, probs, 0)
+    if normalize:
+        route = route / route.sum(-1, keepdim=True)
+    inter = gate_up.shape[1] // 2
+    h = torch.einsum("th,eih->tei", x.double(), gate_up.double())
+    y = torch.einsum("tei,ehi->teh", act(h[..., :inter]) * h[..., inter:], down.double())
+    return (route[..., None] * y).sum(1)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_reference_moe_is_the_dense_weighted_sum_of_the_top_k_experts(normalize):
+    tokens, hidden, inter, experts, top_k = 9, 16, 24, 6, 2
+    x = _rand(tokens, hidden, seed=0)
+    logits = _rand(tokens, experts, seed=1, scale=2.0)
+    gate_up, down = _rand(experts, 2 * inter, hidden, seed=2, scale=0.3), _rand(experts, hidden, inter, seed=3, scale=0.3)
+    weights, ids = ref.moe_route(logits, top_k, normalize)
+    assert ids.shape == (tokens, top_k) and weights.dtype == torch.float32
+    if normalize:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(tokens, device=DEVICE))
+    got = ref.moe_mlp(x, weights, ids, gate_up, down, "silu_mul")
+    torch.testing.assert_close(got.double(), _dense_moe(x, logits, top_k, normalize, gate_up, down, F.silu),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_routing_weights_round_to_the_given_dtype():
+    logits = _rand(5, 8, seed=4)
+    w32, ids32 = ref.moe_route(logits, 3, False)
+    w16, ids16 = ref.moe_route(logits, 3, False, torch.bfloat16)
+    assert torch.equal(ids32, ids16) and w16.dtype == torch.float32
+    assert torch.equal(w16, w32.to(torch.bfloat16).float()) and not torch.equal(w16, w32)
+
+
+triton = pytest.importorskip("triton")
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernel cannot run", allow_module_level=True)
+
+from tritonformer.kernels import dispatch  # noqa: E402
+from tritonformer.kernels.triton_moe import moe_align, moe_mlp  # noqa: E402
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 2, 8, 16), (7, 3, 5, 4), (40, 2, 8, 16), (3, 8, 64, 16)])
+def test_align_puts_every_routed_pair_once_in_a_block_of_its_expert(tokens, top_k, experts, block_m):
+    ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:top_k]
+                       for t in range(tokens)]).to(DEVICE)
+    pairs, owners = moe_align(ids, experts, block_m)
+    n = tokens * top_k
+    assert owners.numel() == -(-n // block_m) + min(experts, n) and pairs.numel() == owners.numel() * block_m
+    flat = ids.reshape(-1).cpu()
+    pairs, owners = pairs.cpu().view(-1, block_m), owners.cpu()
+    real = pairs[pairs < n]
+    assert sorted(real.tolist()) == list(range(n))  # each pair exactly once
+    for block, owner in zip(pairs, owners):
+        inside = block[block < n]
+        if owner < 0:
+            assert inside.numel() == 0
+        else:
+            assert inside.numel() > 0 and (flat[inside.long()] == owner).all()
+    used = owners[owners >= 0]
+    assert torch.equal(used, used.sort().values)  # experts in order, the unused blocks last
+    assert (owners[used.numel():] == -1).all()
+
+
+@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,activation", [
+    (1, 32, 48, 8, 2, "silu_mul"),  # a decode row; I not a multiple of the column tile
+    (6, 64, 40, 4, 2, "gelu_tanh_mul"),
+    (45, 32, 24, 6, 3, "silu_mul"),
+    (140, 16, 16, 8, 2, "silu_mul"),  # > 256 pairs: the prefill's row blocks
+])
+def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activation):
+    x = _rand(tokens, hidden, seed=10)
+    logits = _rand(tokens, experts, seed=11, scale=2.0)
+    gate_up = _rand(experts, 2 * inter, hidden, seed=12, scale=0.2)
+    down = _rand(experts, hidden, inter, seed=13, scale=0.2)
+    weights, ids = ref.moe_route(logits, top_k, True)
+    expected = ref.moe_mlp(x, weights, ids, gate_up, down, activation)
+    got = moe_mlp(x, weights, ids, gate_up, down, activation)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+    if DEVICE == "cuda":  # and the dispatcher picks the kernel there
+        assert dispatch.moe_mlp(x, weights, ids, gate_up, down, activation) is not None
