@@ -153,19 +153,24 @@ def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor, in_prompt
     return logits.copy_(penalized)
 
 
+POOLING_MODES = ("mean", "cls", "last")
+
+
 def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
     """Sentence embeddings `[B, hidden]` fp32 from packed token states `[T, hidden]`: "mean"
-    over each sequence's rows, or "cls" (its first row); with `normalize`, divided by
+    over each sequence's rows, "cls" (its first row) or "last" (its last row: a decoder
+    embedder's, whose last token has attended to every other); with `normalize`, divided by
     max(L2 norm, 1e-12) as F.normalize does. An empty sequence gives a row of zeros."""
-    if mode not in ("mean", "cls"):
+    if mode not in POOLING_MODES:
         raise ValueError(f"unknown pooling mode {mode!r}")
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    if mode == "cls":
+    if mode != "mean":
         lengths = lengths.clamp(max=1)
     # output_size: the row count is known, so no device-to-host sync to count them.
     seq_index = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths,
                                         output_size=int(hidden.shape[0]) if mode == "mean" else None)
-    rows = hidden if mode == "mean" else hidden[cu_seqlens[:-1].long()[lengths > 0]]
+    one_row = cu_seqlens[:-1] if mode == "cls" else cu_seqlens[1:] - 1
+    rows = hidden if mode == "mean" else hidden[one_row.long()[lengths > 0]]
     sums = torch.zeros(len(lengths), hidden.shape[1], device=hidden.device, dtype=torch.float32)
     sums.index_add_(0, seq_index, rows.float())
     out = sums / lengths.clamp(min=1)[:, None].float()

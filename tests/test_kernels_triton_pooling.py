@@ -30,7 +30,7 @@ def test_registered():
 
 
 @pytest.mark.cuda_ok
-@pytest.mark.parametrize("mode", ["mean", "cls"])
+@pytest.mark.parametrize("mode", ["mean", "cls", "last"])
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_matches_reference(mode, normalize, dtype, monkeypatch):
@@ -43,6 +43,12 @@ def test_matches_reference(mode, normalize, dtype, monkeypatch):
     assert got.dtype == torch.float32 and got.shape == (len(lengths), 100)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.all(got[2] == 0)
+    if mode == "last":  # each sequence's last row, independently of the reference
+        ends = cu[1:].long() - 1
+        picked = x[ends].float()
+        if normalize:
+            picked = picked / picked.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(got[[0, 1, 3, 4]], picked[[0, 1, 3, 4]], atol=1e-5, rtol=1e-5)
 
 
 def test_unknown_mode_is_an_error():
@@ -56,6 +62,6 @@ def test_unknown_mode_is_an_error():
 @pytest.mark.parametrize("hidden", [384, 768, 4096])
 def test_gpu_shapes(hidden):
     x, cu = _packed([512, 1, 37, 300, 128] * 13, hidden, torch.float16, seed=hidden)
-    for mode in ("mean", "cls"):
+    for mode in ("mean", "cls", "last"):
         torch.testing.assert_close(tp.pool_sequences(x, cu, mode, True), ref.pool_sequences(x, cu, mode, True),
                                    atol=1e-5, rtol=1e-4)

@@ -142,3 +142,27 @@ def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device
     # entry is one token that samples: logits_index = 0..T-1.
     return DecoderBatch(num_decode=num_decode, prefill_max_q=max((len(e.tokens) for e in prefill), default=0),
                         logits_every_row=len(logits_rows) == len(ids), **fields)
+
+
+def whole_prompts_batch(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, block_size: int,
+                        positions: torch.Tensor | None = None) -> tuple[DecoderBatch, int]:
+    """A DecoderBatch that prefills packed sequences whole (`cu_seqlens` `[B + 1]` on the device)
+    into a scratch cache, built with tensor ops (no host copy of the ids): sequence i's keys go to
+    consecutive blocks from the first after sequence i - 1's, every row's output is wanted.
+    Returns (batch, blocks the cache needs: an upper bound known on the host)."""
+    device, tokens = input_ids.device, input_ids.numel()
+    starts = cu_seqlens[:-1].long()
+    lengths = cu_seqlens[1:].long() - starts
+    blocks = (lengths + block_size - 1) // block_size
+    first_block = torch.cumsum(blocks, 0) - blocks
+    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=tokens)
+    offset = torch.arange(tokens, device=device) - starts[seq]
+    width = max(1, -(-max_seqlen // block_size))
+    num_blocks = -(-tokens // block_size) + lengths.numel()
+    tables = (first_block[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=num_blocks - 1)
+    batch = DecoderBatch(
+        input_ids=input_ids.long(), positions=offset if positions is None else positions.long(),
+        slot_mapping=first_block[seq] * block_size + offset, logits_index=torch.arange(tokens, device=device),
+        num_decode=0, prefill_tables=tables.int(), prefill_seqlens=lengths.int(), prefill_cu_q=cu_seqlens.int(),
+        prefill_max_q=max_seqlen, logits_every_row=True)
+    return batch, num_blocks

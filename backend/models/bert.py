@@ -274,5 +274,6 @@ def pooling_from_checkpoint(checkpoint) -> tuple[str, bool]:
                 cfg_path = folder / m.get("path", "") / "config.json"
                 if cfg_path.is_file():
                     cfg = json.loads(cfg_path.read_text())
-                    mode = "cls" if cfg.get("pooling_mode_cls_token") else "mean"
+                    mode = ("cls" if cfg.get("pooling_mode_cls_token") else
+                            "last" if cfg.get("pooling_mode_lasttoken") else "mean")
     return mode, normalize

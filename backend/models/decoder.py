@@ -110,7 +110,7 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     from tritonformer.backend import quantization as quant
 
     model_type = config.get("model_type", "llama")
-    family, config, state = _family(config, state)
+    family, config, state = decoder_family(config, state)
     family_config = family.from_hf(config)
     if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and (
             not hasattr(family_config, "names") or getattr(family_config, "moe", None)):
@@ -135,11 +135,11 @@ def check_tensor_parallel(config: dict, world: int) -> None:
     before any rank joins a process group or any worker starts."""
     from tritonformer.backend.parallel.group import TensorParallelGroup
 
-    family, config, _ = _family(config, {})
+    family, config, _ = decoder_family(config, {})
     _check_split(config, family.from_hf(config), TensorParallelGroup(0, world))
 
 
-def _family(config: dict, state: dict):
+def decoder_family(config: dict, state: dict):
     """(the family module of the checkpoint's `model_type`, its config and tensors as the family
     reads them)."""
     import importlib

@@ -3,7 +3,8 @@
 The `embedder`, `reranker` and `classifier` models all run one engine over one packed,
 padding-free batch of token sequences; they differ only in what they read off the last hidden
 state (pooled vectors, or the checkpoint's sequence-classification head). A family is one file
-under backend/models/ plus one line in ENCODER_FAMILIES, like the decoder families.
+under backend/models/ plus one line in ENCODER_FAMILIES, like the decoder families; decoder
+families that embed go through decoder_encoder.py.
 
 The contract a family's model class satisfies (`Encoder` below, written for implementers):
 
@@ -97,6 +98,8 @@ ENCODER_FAMILIES = {
     "xlm-roberta": "bert",
     "camembert": "bert",
     "modernbert": "modernbert",
+    # Decoders that embed or score (Qwen3-Embedding, gte-Qwen2, e5-mistral, decoder rerankers).
+    **{t: "decoder_encoder" for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")},
 }
 
 

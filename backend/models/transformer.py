@@ -335,7 +335,13 @@ class TransformerDecoder(DecoderModel):
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
         """One iteration over the batch's packed tokens; returns `[S, vocab]` logits of the rows
-        in `batch.logits_index` (fp32, or with `fp32_logits=False` the projection's own dtype).
+        in `batch.logits_index` (fp32, or with `fp32_logits=False` the projection's own dtype)."""
+        return self.logits(self.hidden_states(batch, cache), fp32_logits)
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+        """`forward` up to the output head: the final norm's rows `[S, hidden]` for the rows in
+        `batch.logits_index` (what a decoder embedder pools, models/decoder_encoder.py).
 
         Each layer's residual add and norm before its QKV projection and its MLP are those
         linears' PreNorms (kernels.PreNorm, with the sandwich norm of the block before folded in
@@ -386,7 +392,7 @@ class TransformerDecoder(DecoderModel):
         if last.mlp_post_norm is not None:
             x, _ = kernels.rms_norm(x, last.mlp_post_norm, eps)
         x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
-        return self.logits(x, fp32_logits)
+        return x
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *

@@ -128,7 +128,7 @@ class EncoderTritonModel:
         """The engine's settings, from config.pbtxt."""
         extra = {}
         if "pooling" in self.PARAMETERS:
-            extra = {"pooling": p.choice("pooling", ("auto", "mean", "cls")),
+            extra = {"pooling": p.choice("pooling", ("auto", "mean", "cls", "last")),
                      "normalize": p.choice("normalize", ("auto", "true", "false"))}
         return EncoderSpec(
             self.KIND, str(checkpoint), str(device), str(dtype).removeprefix("torch."), p.str("quantization"),

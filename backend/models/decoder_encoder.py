@@ -1,0 +1,96 @@
+"""Embedders and classifiers built on a decoder family: Qwen3-Embedding, gte-Qwen2, e5-mistral;
+Qwen2 / Qwen3 / Llama / Mistral / Gemma `*ForSequenceClassification` cross-encoders.
+
+The encoder contract (models/encoder.py) over the shared decoder (transformer.py): each packed
+sequence is a prompt that the decoder prefills whole, causal attention and all, into a scratch
+paged KV cache that nothing reads after the forward (the generator's prefill path, so every
+decoder family's features come along). The result is the final norm's rows, Hugging Face's
+`*Model` last_hidden_state. Such embedders pool each sequence's last token (sentence-transformers'
+`pooling_mode_lasttoken`: kernels.pool_sequences "last"); a classification head (`score`, a
+linear without bias) reads the last token too, as `*ForSequenceClassification` does for
+sequences without padding.
+
+Not captured in CUDA graphs (the scratch cache grows with the largest batch seen).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tritonformer import kernels
+from tritonformer.backend.decoder.batch import whole_prompts_batch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.encoder.activation_arena import UsageRecord
+from tritonformer.backend.models.decoder import decoder_family
+from tritonformer.backend.models.encoder import ClassifierLabels
+from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder
+
+BLOCK_SIZE = 16  # the scratch cache's block: the paged attention kernels' smallest
+
+
+@dataclass(frozen=True)
+class DecoderEncoderConfig:
+    decoder: DecoderSpec
+    vocab_size: int
+    hidden_size: int
+    max_tokens_per_sequence: int
+    position_offset: int = 0
+
+
+def from_hf(cfg: dict) -> DecoderEncoderConfig:
+    if cfg.get("use_bidirectional_attention"):  # (EmbeddingGemma: its attention is not causal)
+        raise ValueError(f"model_type {cfg.get('model_type')!r} with bidirectional attention is not supported as an "
+                         f"encoder (decoder-based encoders here attend causally)")
+    family, cfg, _ = decoder_family(cfg, {})
+    spec = family.from_hf(cfg)
+    if not isinstance(spec, DecoderSpec):
+        raise ValueError(f"model_type {cfg.get('model_type')!r} does not embed (the decoder families built on "
+                         f"the shared decoder do)")
+    return DecoderEncoderConfig(spec, spec.vocab_size, spec.hidden_size, spec.max_position_embeddings)
+
+
+class DecoderEncoder:
+    CUDA_GRAPHS = False
+
+    def __init__(self, config: DecoderEncoderConfig, state: dict, device: torch.device, dtype: torch.dtype,
+                 labels: ClassifierLabels | None = None):
+        self.config, self.device, self.dtype, self.labels = config, device, dtype, labels
+        self.decoder = TransformerDecoder(config.decoder, state, device, dtype)
+        self.score = None
+        if labels is not None:
+            if "score.weight" not in state:
+                raise KeyError("checkpoint is missing weight 'score.weight' (the classification head)")
+            self.score = self.decoder.weight("score.weight")
+            if tuple(self.score.shape) != (labels.num_labels, config.hidden_size):
+                raise ValueError(f"checkpoint tensor 'score.weight' has shape {tuple(self.score.shape)}, but the "
+                                 f"config needs ({labels.num_labels}, {config.hidden_size})")
+        self._cache: PagedKVCache | None = None
+
+    def _scratch(self, blocks: int) -> PagedKVCache:
+        if self._cache is None or self._cache.num_blocks < blocks:
+            self._cache = None  # (the old one freed before the larger one is made)
+            self._cache = self.decoder.new_kv_cache(blocks, BLOCK_SIZE)
+        return self._cache
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None,
+                positions: torch.Tensor | None = None, arena=None, token_type_ids: torch.Tensor | None = None):
+        if token_type_ids is not None and bool((token_type_ids != 0).any()):
+            raise ValueError("a decoder-based encoder has one token type: send the pair as one text")
+        if max_seqlen is None:
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+        if input_ids.numel() == 0:
+            return torch.empty(0, self.config.hidden_size, device=self.device, dtype=self.dtype)
+        batch, blocks = whole_prompts_batch(input_ids, cu_seqlens, max_seqlen, BLOCK_SIZE, positions)
+        return self.decoder.hidden_states(batch, self._scratch(blocks))
+
+    def usage_records(self, total_tokens: int) -> list[UsageRecord]:
+        return []  # (its intermediates are the decoder's own allocations, not the arena's)
+
+    def classify(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        last = hidden.index_select(0, (cu_seqlens[1:] - 1).long())
+        return kernels.linear_act(last, self.score).float()
+
+
+MODEL = DecoderEncoder
