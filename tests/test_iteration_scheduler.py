@@ -20,6 +20,7 @@ class FakeSeq:
     generated: int = 0
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
+    one_step: bool = False  # (a structured output's sequence: no rounds of several iterations)
 
     @property
     def num_tokens(self) -> int:
@@ -340,6 +341,14 @@ def test_a_waiting_request_or_short_pool_keeps_rounds_to_one_iteration():
     _decoding(tight, [c])
     it = tight.schedule()
     assert it.steps == 1 and not it.preempted and tight.blocks.num_free == 0
+
+
+def test_a_sequence_sampling_under_a_grammar_keeps_rounds_to_one_iteration():
+    sched = IterationScheduler(BlockManager(64, 4), max_running=4, max_tokens_per_iteration=64, max_decode_steps=4)
+    a, b = FakeSeq(0, prompt=5, target=20), FakeSeq(1, prompt=3, target=20, one_step=True)
+    _decoding(sched, [a, b])
+    it = sched.schedule()
+    assert it.steps == 1 and all(e.steps == 1 for e in it.decode)
 
 
 @pytest.mark.parametrize(

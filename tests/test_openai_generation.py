@@ -60,10 +60,31 @@ def test_only_the_keys_a_request_sets_reach_the_generator():
         "repetition_penalty": 1.1, "ignore_eos": True, "stop_token_ids": [7]}
 
 
+def test_structured_outputs_reach_the_generator_as_its_structured_outputs():
+    hi = [{"role": "user", "content": "hi"}]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = [({"response_format": {"type": "json_object"}}, {"json_object": True}),
+             ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}},
+              {"json": schema}),
+             ({"response_format": {"type": "text"}}, None),
+             ({"guided_regex": "[a-z]+"}, {"regex": "[a-z]+"}), ({"guided_choice": ["a", "b"]}, {"choice": ["a", "b"]}),
+             ({"structured_outputs": {"grammar": "root ::= \"x\""}}, {"grammar": "root ::= \"x\""})]
+    for fields, expected in cases:
+        req = ChatCompletionRequest(model="generator", messages=hi, **fields)
+        req.refuse_unsupported()
+        assert sampling_parameters(req, 7, None).get("structured_outputs") == expected, fields
+    both = ChatCompletionRequest(model="generator", messages=hi, guided_regex="a", response_format={"type": "json_object"})
+    with pytest.raises(OpenAIError, match="one structured output"):
+        sampling_parameters(both, 7, None)
+    no_schema = ChatCompletionRequest(model="generator", messages=hi, response_format={"type": "json_schema"})
+    with pytest.raises(OpenAIError, match="json_schema.schema"):
+        sampling_parameters(no_schema, 7, None)
+
+
 def test_unimplemented_fields_are_refused_by_name():
     req = ChatCompletionRequest(model="generator", messages=[{"role": "user", "content": "hi"}],
-                                response_format={"type": "json_object"})
-    with pytest.raises(OpenAIError, match="response_format"):
+                                tools=[{"type": "function"}])
+    with pytest.raises(OpenAIError, match="tools"):
         req.refuse_unsupported()
     ChatCompletionRequest(model="generator", messages=[{"role": "user", "content": "hi"}],
                           tools=None).refuse_unsupported()  # null: not set

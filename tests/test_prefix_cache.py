@@ -31,6 +31,7 @@ class FakeSeq:
     generated: int = 0
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
+    one_step: bool = False  # (a structured output's sequence: no rounds of several iterations)
 
     @property
     def num_tokens(self) -> int:

@@ -36,6 +36,8 @@ from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.responses import ResponseSink
 from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.decoder.sampling import Sampler, sample_seed
+from tritonformer.backend.decoder.structured import Grammars
+from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.scheduler.iteration import Iteration, IterationScheduler
 
@@ -102,6 +104,12 @@ class Sequence:
     num_resolved: int = 0  # output_ids[:num_resolved] are real tokens; the rest are reserved
     token_limit: int = 0  # prompt + max_output: the most tokens it will hold (the scheduler's)
 
+    @property
+    def one_step(self) -> bool:
+        """Its next sample needs its last token on the host (a structured output's grammar):
+        no round of several iterations, no launch ahead of its previous token (the scheduler's)."""
+        return self.params.structured is not None
+
     def __post_init__(self) -> None:
         self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
         self.num_resolved = len(self.output_ids)
@@ -167,7 +175,8 @@ class GeneratorEngine(EngineLoop):
         self.tokenizer = tokenizer
         self.sink = sink
         self.scheduler = scheduler
-        self.sampler = Sampler(self.config.eos_token_ids)
+        self.sampler = Sampler(self.config.eos_token_ids, grammars=lambda: Grammars(
+            tokenizer.backend, runner.model.vocab_size, self.config.eos_token_ids))
         self.cancel_check_interval_s = cancel_check_interval_s
         # Stream a response every `stream_interval` tokens (the last always goes at once):
         # fewer, larger responses when each send's IPC cost matters more than smoothness.
@@ -201,9 +210,15 @@ class GeneratorEngine(EngineLoop):
     # ---- EngineLoop ---------------------------------------------------------------------
     def admit(self, items: list[Sequence]) -> None:
         for seq in items:
+            try:  # (a structured output's grammar compiles here: a bad one fails this request only)
+                for s in (seq, *seq.forks):
+                    self.sampler.register(s.key, s.params, s.prompt_ids)
+            except InvalidRequest as e:
+                for s in (seq, *seq.forks):
+                    self.sampler.release(s.key)
+                self.reject(seq, e)
+                continue
             self.scheduler.add(seq)
-            for s in (seq, *seq.forks):
-                self.sampler.register(s.key, s.params, s.prompt_ids)
             if seq.forks:
                 self.scheduler.add_forks(seq, seq.forks, len(seq.prompt_ids))
 
@@ -225,8 +240,13 @@ class GeneratorEngine(EngineLoop):
         self.report_occupancy()
 
     def step(self) -> None:
-        """Launch the next iteration, then finish the one before it (see the module docstring)."""
+        """Launch the next iteration, then finish the one before it (see the module docstring);
+        finish it first, before scheduling, while any sequence samples under a grammar, whose
+        mask needs its previous token on the host (structured.py)."""
         self._drop_cancelled()
+        if self._launched is not None and self.sampler.constrained:
+            previous, self._launched = self._launched, None
+            self._complete(previous)
         it = self.scheduler.schedule()
         previous, self._launched = self._launched, (self._launch(it) if it else None)
         if previous is not None:
@@ -326,6 +346,8 @@ class GeneratorEngine(EngineLoop):
             seq.first_token_at = time.monotonic()
         seq.resolve(index, token)
         p = seq.params
+        if p.structured is not None:
+            self.sampler.accept(seq.key, token)
         if p.logprobs is not None:
             seq.logprobs.append(self.sampler.take_logprobs(seq.key, p.logprobs))
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):

@@ -1,8 +1,10 @@
 """Token sampling for a batch of sequences: greedy, temperature, top-k and top-p, with per-sequence
 seeds; the logit processing users ask for (logit_bias, min_tokens, repetition / frequency /
-presence penalties); and the log-probabilities of the picked and the top tokens."""
+presence penalties, a structured output's grammar); and the log-probabilities of the picked and the
+top tokens."""
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -12,6 +14,9 @@ import torch
 from tritonformer import kernels
 from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.device import to_device_async
+from tritonformer.backend.errors import InvalidRequest
+
+log = logging.getLogger("tritonformer")
 
 
 # ---- counter-based randomness ---------------------------------------------------------------
@@ -167,10 +172,18 @@ class Sampler:
     one drawn at its first sample) and a step counter, and its noise is a hash of (seed, step,
     token id). The same seed and prompt give the same samples alone or batched with anything.
     The step counter is also the number of tokens it generated (for min_tokens).
+
+    A structured output's sequence (params.structured) holds a grammar matcher: its row is masked
+    to the tokens the matcher allows, and the engine hands each of its tokens back (`accept`)
+    before it samples the next one. `grammars` (a callable returning structured.Grammars) is
+    called at the first such sequence.
     """
 
-    def __init__(self, eos_token_ids: tuple[int, ...] | list[int] = ()):
+    def __init__(self, eos_token_ids: tuple[int, ...] | list[int] = (), grammars=None):
         self.eos_token_ids = tuple(eos_token_ids)  # masked, with stop_token_ids, until min_tokens
+        self._grammar_source = grammars
+        self._grammars = None
+        self._matchers: dict[int, object] = {}  # key -> its structured output's matcher
         self._state: dict[int, list[int]] = {}  # key -> [seed, tokens sampled so far]
         self._prompts: dict[int, list[int]] = {}  # key -> prompt ids (repetition penalty only)
         self._penalties = _PenaltyState()
@@ -181,6 +194,23 @@ class Sampler:
         repetition penalty). Nothing to do for most sequences."""
         if params.repetition_penalty != 1.0:
             self._prompts[key] = prompt_ids
+        if params.structured is not None:  # (an InvalidRequest here: the engine refuses the request)
+            if self._grammars is None:
+                if self._grammar_source is None:
+                    raise InvalidRequest("structured outputs are not available for this model")
+                self._grammars = self._grammar_source()
+            self._matchers[key] = self._grammars.matcher(params.structured)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether any registered sequence samples under a grammar."""
+        return bool(self._matchers)
+
+    def accept(self, key: int, token: int) -> None:
+        """A structured sequence's sampled token reached the host: advance its matcher."""
+        matcher = self._matchers.get(key)
+        if matcher is not None and not matcher.is_terminated() and not matcher.accept_token(token):
+            log.warning("structured output: token %d was not accepted by the grammar of sequence %d", token, key)
 
     def release(self, key: int) -> None:
         """Forget a finished sequence's seed, step counter, token counts and log-probabilities."""
@@ -188,6 +218,7 @@ class Sampler:
         self._prompts.pop(key, None)
         self._penalties.release(key)
         self._logprobs.pop(key, None)
+        self._matchers.pop(key, None)
 
     def take_logprobs(self, key: int, k: int) -> dict[int, tuple[float, int]]:
         """The log-probabilities of `key`'s oldest sampled token not yet taken (the engine takes
@@ -296,6 +327,12 @@ class Sampler:
         if mask_rows:
             where = to_device_async(torch.tensor([mask_rows, mask_ids], dtype=torch.int64), device)
             x.index_put_((where[0], where[1]), torch.full((), float("-inf"), device=device))
+        grammar_rows = [r for r, p in enumerate(sp) if p.structured is not None]
+        if grammar_rows:  # the tokens each one's grammar allows next (the mask is made on the host)
+            allowed = self._grammars.allowed([self._matchers[keys[r]] for r in grammar_rows])[:, :vocab]
+            rows = to_device_async(torch.tensor(grammar_rows, dtype=torch.int64), device)
+            part = x.index_select(0, rows).masked_fill_(~to_device_async(allowed, device), float("-inf"))
+            x.index_copy_(0, rows, part)
         penalized = [r for r, p in enumerate(sp) if p.penalized]
         if penalized:
             state = self._penalties

@@ -3,7 +3,7 @@
 The keys are vLLM's `SamplingParams` names, so the JSON that Triton's OpenAI frontend builds with
 `--backend vllm` (every OpenAI field with its default: `n`, `best_of`, `frequency_penalty`,
 `presence_penalty`, `ignore_eos`, `temperature`, `top_p`, `max_tokens`; `min_tokens`, `seed`,
-`stop`, `logit_bias`, `logprobs` when set) parses as it is. A key we know but do not implement
+`stop`, `logit_bias`, `logprobs`, `structured_outputs` / `guided_decoding` when set) parses as it is. A key we know but do not implement
 is accepted at its neutral value and refused, with its name, at any other: a request never
 silently gets less than it asked for.
 """
@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from tritonformer.backend.decoder.structured import StructuredSpec, parse_structured
 from tritonformer.backend.errors import InvalidRequest
 
 MAX_N = 16  # samples per request (n): each is a sequence of its own in the running batch
@@ -38,6 +39,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens were generated
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     logprobs: int | None = None  # top tokens' log-probabilities per output token (None = off)
+    structured: StructuredSpec | None = None  # the text held to a JSON schema, regex, ... (structured.py)
 
     @property
     def penalized(self) -> bool:
@@ -46,8 +48,9 @@ class SamplingParams:
 
     @property
     def processed(self) -> bool:
-        """Whether the logits change before the pick (penalties, bias, min_tokens masking)."""
-        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
+        """Whether the logits change before the pick (penalties, bias, min_tokens masking, a
+        structured output's grammar)."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0 or self.structured is not None
 
     @property
     def argmax(self) -> bool:
@@ -78,13 +81,12 @@ _NEUTRAL_ONLY = {
     "bad_words": ((None, []), "bad_words is not implemented"),
     "allowed_token_ids": ((None,), "allowed_token_ids is not implemented"),
     "lora_name": ((None,), "LoRA adapters are not supported by this model"),
-    "guided_decoding": ((None,), "guided decoding (tools, JSON schemas) is not implemented"),
-    "structured_outputs": ((None,), "structured outputs (tools, JSON schemas) is not implemented"),
     "top_logprobs": ((None,), "top_logprobs: send the number of top tokens as logprobs"),
 }
 
-_FIELDS = set(SamplingParams.__dataclass_fields__)
-KNOWN_KEYS = frozenset(_FIELDS | set(_NEUTRAL_ONLY))
+_FIELDS = set(SamplingParams.__dataclass_fields__) - {"structured"}
+STRUCTURED_KEYS = ("structured_outputs", "guided_decoding")  # vLLM's names, newer and older
+KNOWN_KEYS = frozenset(_FIELDS | set(_NEUTRAL_ONLY) | set(STRUCTURED_KEYS))
 
 
 def _is_int(v) -> bool:
@@ -209,6 +211,11 @@ def parse_sampling_parameters(raw: str | None, max_tokens_limit: int, vocab_size
         if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
             raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top tokens per position), got {v!r}")
         params.logprobs = v
+    given = [k for k in STRUCTURED_KEYS if k in obj]
+    if len(given) > 1:
+        raise InvalidRequest(f"send one of {' / '.join(STRUCTURED_KEYS)}, not both")
+    if given:
+        params.structured = parse_structured(obj[given[0]], given[0])
     return params
 
 

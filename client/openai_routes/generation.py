@@ -66,6 +66,9 @@ def sampling_parameters(req: ChatCompletionRequest | CompletionRequest, max_toke
         value = getattr(req, key)
         if value is not None:
             params[key] = value
+    structured = req.structured()
+    if structured is not None:
+        params["structured_outputs"] = structured
     return params
 
 

@@ -2,8 +2,10 @@
 
 Fields follow OpenAI's API reference; the sampling extras vLLM's OpenAI server also accepts
 (`top_k`, `min_tokens`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`) pass through to the
-generator. Any other field a client sets (tools, response_format, ...) is refused with a 400
-naming it, never silently ignored: a user who asked for JSON mode must not get free text.
+generator, and so do structured outputs: OpenAI's `response_format` (JSON mode, a JSON schema)
+and vLLM's `structured_outputs` / `guided_json` / `guided_regex` / `guided_choice` /
+`guided_grammar`. Any other field a client sets (tools, ...) is refused with a 400 naming it,
+never silently ignored.
 """
 from __future__ import annotations
 
@@ -31,6 +33,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Request(BaseModel):
     # Unknown fields are kept (not dropped) so that refuse_unsupported() can name them.
     model_config = ConfigDict(extra="allow")
@@ -55,6 +69,34 @@ class _Request(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    # structured outputs: OpenAI's, and vLLM's newer and older names
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured(self) -> dict | None:
+        """The generator's `structured_outputs` for what the request asks, or None; more than
+        one way of asking is a 400."""
+        asked = {}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked["response_format"] = {"json_object": True}
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise OpenAIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+            asked["response_format"] = {"json": fmt.json_schema.schema_}
+        if self.structured_outputs:
+            asked["structured_outputs"] = self.structured_outputs
+        for key, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, key) is not None:
+                asked[key] = {kind: getattr(self, key)}
+        if len(asked) > 1:
+            raise OpenAIError(400, f"ask for one structured output, not {sorted(asked)}", param=sorted(asked)[1])
+        return next(iter(asked.values()), None)
 
     def refuse_unsupported(self) -> None:
         """400 for any field set that these routes do not implement (kept by extra="allow")."""

@@ -1,0 +1,132 @@
+"""Structured outputs: the generated text held to a JSON schema, any JSON object, a regular
+expression, one of a list of choices, or an EBNF grammar (vLLM's `structured_outputs` /
+`guided_decoding`, OpenAI's `response_format`).
+
+A grammar engine (xgrammar) compiles the constraint against the checkpoint's vocabulary once
+(compiled grammars are cached by the compiler); each constrained sequence holds a matcher, the
+parser state of its text so far. Before each sample the matcher says which tokens may come next
+(a bitmask over the vocabulary: a token that cannot continue a valid text, or ends it early, is
+masked to -inf); each sampled token advances it. When the text is complete only the model's end
+tokens remain. JSON comes compact (no free whitespace between tokens: a model cannot loop in it). Masks are made on the host per sequence, so a constrained sequence's next sample
+waits for its previous token on the host (the engine does not run ahead of it, and decodes it one
+iteration per round).
+
+xgrammar is imported when the first constrained request arrives: without it such requests are
+answered with an error that says so; everything else runs as before.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from tritonformer.backend.errors import InvalidRequest
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredSpec:
+    kind: str  # one of KINDS
+    value: str = ""  # the JSON schema (serialised), the regex or the grammar; the choices as a JSON list
+
+    def describe(self) -> str:
+        return self.kind if self.kind == "json_object" else f"{self.kind} {self.value[:80]!r}"
+
+
+def parse_structured(raw, key: str) -> StructuredSpec | None:
+    """vLLM's `structured_outputs` (or older `guided_decoding`) dict: exactly one of `json` (a
+    schema, as an object or its JSON text), `json_object` (true: any JSON object), `regex`,
+    `choice` (a list of strings) or `grammar` (EBNF, GBNF style); None or {} for none."""
+    if raw is None or raw == {}:
+        return None
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"{key} must be an object with one of {', '.join(KINDS)}")
+    given = {k: v for k, v in raw.items() if v not in (None, False)}
+    unknown = sorted(set(given) - set(KINDS) - {"disable_fallback", "disable_any_whitespace", "whitespace_pattern"})
+    if unknown:
+        raise InvalidRequest(f"{key}: unsupported key(s) {unknown} (supported: {', '.join(KINDS)})")
+    kinds = [k for k in KINDS if k in given]
+    if len(kinds) != 1:
+        raise InvalidRequest(f"{key} needs exactly one of {', '.join(KINDS)}, got {kinds or 'none'}")
+    kind, value = kinds[0], given[kinds[0]]
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise InvalidRequest(f"{key}.json is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise InvalidRequest(f"{key}.json must be a JSON schema (an object)")
+        return StructuredSpec("json", json.dumps(value, sort_keys=True))
+    if kind == "json_object":
+        if value is not True:
+            raise InvalidRequest(f"{key}.json_object must be true")
+        return StructuredSpec("json_object")
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequest(f"{key}.choice must be a non-empty list of non-empty strings")
+        return StructuredSpec("choice", json.dumps(value))
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{key}.{kind} must be a non-empty string")
+    return StructuredSpec(kind, value)
+
+
+class Grammars:
+    """The checkpoint's vocabulary as xgrammar sees it and a compiler with its cache: matchers
+    for specs. `tokenizer` is a tokenizers.Tokenizer; `vocab_size` the model's (the logits'
+    width, which may exceed the tokenizer's); `stop_ids` the tokens that end a complete text."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]):
+        try:
+            import xgrammar as xgr
+            from transformers import PreTrainedTokenizerFast
+        except ImportError as e:
+            raise InvalidRequest(f"structured outputs need the xgrammar package ({e}); pip install xgrammar") from None
+        self._xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(tokenizer_object=tokenizer),
+                                                  vocab_size=vocab_size, stop_token_ids=list(stop_ids) or None)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self._lock = threading.Lock()
+
+    def matcher(self, spec: StructuredSpec):
+        with self._lock:
+            try:
+                compiled = self._compile(spec)
+            except Exception as e:  # (xgrammar reports a bad schema, regex or grammar as it finds it)
+                raise InvalidRequest(f"structured output {spec.describe()} does not compile: {e}") from None
+        return self._xgr.GrammarMatcher(compiled)
+
+    def _compile(self, spec: StructuredSpec):
+        c = self._compiler
+        if spec.kind == "json":  # compact: no runs of free whitespace for a model to loop in
+            return c.compile_json_schema(spec.value, any_whitespace=False)
+        if spec.kind == "json_object":
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if spec.kind == "regex":
+            return c.compile_regex(spec.value)
+        if spec.kind == "choice":
+            return c.compile_regex("|".join(_regex_literal(s) for s in json.loads(spec.value)))
+        return c.compile_grammar(spec.value)
+
+    def allowed(self, matchers: list) -> torch.Tensor:
+        """`[len(matchers), vocab]` bool: the tokens each matcher accepts next."""
+        bits = self._xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        for i, m in enumerate(matchers):
+            m.fill_next_token_bitmask(bits, i)
+        return unpack_bitmask(bits, self.vocab_size)
+
+
+def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """xgrammar's int32 bitmask `[rows, ceil(vocab / 32)]` (bit j of word w: token 32 w + j) as
+    bool `[rows, vocab]`."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    return ((bits[:, :, None] >> shifts) & 1).reshape(bits.shape[0], -1)[:, :vocab].bool()
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally in xgrammar's regex syntax."""
+    return "".join("\\" + ch if ch in ".^$*+?()[]{}|\\" else ch for ch in text)
