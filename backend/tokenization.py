@@ -59,13 +59,17 @@ class TextTokenizer:
         `add_special_tokens=False`, as Hugging Face's tokenizing apply_chat_template does."""
         return self.render_chat([{"role": "user", "content": user_text}])
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """Render a whole conversation (`{"role", "content"}` dicts, as OpenAI's chat API sends
-        them) with the chat template, ready for the assistant's reply; encode it as above."""
+        them; tool calls and answers as Hugging Face's templates take them) with the chat
+        template, ready for the assistant's reply; encode it as above. `tools`: OpenAI's tool
+        definitions, the template's `tools` variable (None: not defined, as HF leaves it)."""
         if not self.chat_template:
             raise ValueError("this checkpoint has no chat template; send apply_chat_template=false")
+        extra = {"tools": tools} if tools else {}
         return _render_chat_template(
             self.chat_template,
+            **extra,
             messages=messages,
             bos_token=_token_str(self.config.get("bos_token")),
             eos_token=_token_str(self.config.get("eos_token")),

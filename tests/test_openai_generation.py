@@ -83,8 +83,8 @@ def test_structured_outputs_reach_the_generator_as_its_structured_outputs():
 
 def test_unimplemented_fields_are_refused_by_name():
     req = ChatCompletionRequest(model="generator", messages=[{"role": "user", "content": "hi"}],
-                                tools=[{"type": "function"}])
-    with pytest.raises(OpenAIError, match="tools"):
+                                modalities=["audio"])
+    with pytest.raises(OpenAIError, match="modalities"):
         req.refuse_unsupported()
     ChatCompletionRequest(model="generator", messages=[{"role": "user", "content": "hi"}],
-                          tools=None).refuse_unsupported()  # null: not set
+                          modalities=None).refuse_unsupported()  # null: not set

@@ -41,6 +41,7 @@ from tritonformer.client.openai_routes.served_models import (
     ServedModel,
     served_model,
 )
+from tritonformer.client.openai_routes.tools import ToolUse
 from tritonformer.client.openai_routes.triton_calls import TritonCalls
 
 T = TypeVar("T")
@@ -278,9 +279,9 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
     # ---- generation
 
     async def answer(request: Request, req, model: ServedModel, generations: list[Generation], shape,
-                     top_logprobs: int | None):
+                     top_logprobs: int | None, tools: ToolUse | None = None):
         result = Answer(request.app.state.triton, model, generations, shape, top_logprobs,
-                        lambda work: until_disconnect(request, work))
+                        lambda work: until_disconnect(request, work), tools)
         if not req.stream:
             return await result.whole()
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -290,15 +291,19 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         req.refuse_unsupported()
         model = await request.app.state.models.get(req.model, GENERATOR)
+        tools = ToolUse(req.tools, req.tool_choice, model.tokenizer.chat_template, req.model)
+        if tools.structured is not None:  # a forced call: the reply is constrained to one
+            req._also_structured = {"tool_choice": tools.structured}
         try:
-            text = model.tokenizer.render_chat(req.conversation())
+            text = model.tokenizer.render_chat(req.conversation(), tools=req.tools)
         except Exception as e:
             raise OpenAIError(400, f"cannot apply the model's chat template: {e}", param="messages") from None
         check_prompt_bytes(model, text, "messages")
         # The template wrote its own special tokens (a BOS, say): add none (as HF tokenizes chats).
         prompt_ids = await encode(model, text, False)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        return await answer(request, req, model, [Generation(model, req, prompt_ids, 0, top)], out.ChatShape, top)
+        return await answer(request, req, model, [Generation(model, req, prompt_ids, 0, top)], out.ChatShape, top,
+                            tools if tools.active else None)
 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(req: CompletionRequest, request: Request):

@@ -123,11 +123,13 @@ class Answer:
     """The OpenAI answer to one chat (`shape` ChatShape) or completions (CompletionShape) request.
 
     `guard(work)` runs an awaitable until the HTTP client hangs up (then cancels it): the
-    routes pass their disconnect watcher."""
+    routes pass their disconnect watcher. `tools` (a chat request's tools.ToolUse): each reply is
+    read for tool calls, and a streamed one is sent whole at its end."""
 
     def __init__(self, triton: TritonCalls, model: ServedModel, generations: list[Generation], shape,
-                 top_logprobs: int | None, guard: Callable[[Awaitable[T]], Awaitable[T]]) -> None:
+                 top_logprobs: int | None, guard: Callable[[Awaitable[T]], Awaitable[T]], tools=None) -> None:
         self.model, self.generations, self.shape, self.guard = model, generations, shape, guard
+        self.tools = tools
         self.logprobs = top_logprobs is not None
         self.top_n = top_logprobs or 0
         self.id, self.created = out.new_id(shape.id_prefix), out.now()
@@ -146,28 +148,56 @@ class Answer:
         return out.usage(sum(g.counter.prompt_tokens for g in self.generations),
                          sum(g.counter.completion_tokens for g in self.generations))
 
+    async def _collect(self) -> dict[int, tuple[out.Choice, Generation]]:
+        choices: dict[int, tuple[out.Choice, Generation]] = {}
+        async for generation, piece in self.pieces:
+            index = generation.first_index + piece.index
+            if index not in choices:
+                choices[index] = (out.Choice(text=generation.echo), generation)
+            choices[index][0].add(piece, self._tokens(piece) or [])
+        return choices
+
+    def _choices(self, choices: dict[int, tuple[out.Choice, Generation]]) -> list[dict]:
+        answered = []
+        for i, (c, g) in sorted(choices.items()):
+            choice = self.shape.whole_choice(i, c, self.logprobs, g.echo)
+            if self.tools is not None:
+                choice["message"], calls = self.tools.message(c.text)
+                if calls:
+                    choice["finish_reason"] = "tool_calls"
+            answered.append(choice)
+        return answered
+
     async def whole(self) -> dict:
         """The non-streamed answer: every choice's pieces joined."""
-        choices: dict[int, tuple[out.Choice, Generation]] = {}
-
-        async def collect() -> None:
-            async for generation, piece in self.pieces:
-                index = generation.first_index + piece.index
-                if index not in choices:
-                    choices[index] = (out.Choice(text=generation.echo), generation)
-                choices[index][0].add(piece, self._tokens(piece) or [])
-
-        await self.guard(collect())
+        choices = await self.guard(self._collect())
         return {"id": self.id, "object": self.shape.whole_object, "created": self.created,
-                "model": self.model.name,
-                "choices": [self.shape.whole_choice(i, c, self.logprobs, g.echo)
-                            for i, (c, g) in sorted(choices.items())],
-                "usage": self._usage()}
+                "model": self.model.name, "choices": self._choices(choices), "usage": self._usage()}
 
     async def events(self, include_usage: bool) -> AsyncIterator[bytes]:
-        """The streamed answer; await it up to its first piece (see the module docstring)."""
+        """The streamed answer; await it up to its first piece (see the module docstring). With
+        tools, each choice whole in one chunk once it is complete."""
+        if self.tools is not None:
+            return self._whole_as_events(await self.guard(self._collect()), include_usage)
         first = await self.guard(anext(self.pieces, None))
         return self._events(first, include_usage)
+
+    async def _whole_as_events(self, choices, include_usage: bool) -> AsyncIterator[bytes]:
+        try:
+            for choice in self._choices(choices):
+                message, finish = choice.pop("message"), choice.pop("finish_reason")
+                delta = {k: v for k, v in message.items() if v is not None}
+                for n, call in enumerate(delta.get("tool_calls", ())):
+                    call["index"] = n
+                yield self._chunk([{**choice, "delta": delta, "finish_reason": None}], include_usage)
+                yield self._chunk([{"index": choice["index"], "delta": {}, "logprobs": None,
+                                    "finish_reason": finish}], include_usage)
+            if include_usage:
+                yield out.sse({"id": self.id, "object": self.shape.chunk_object, "created": self.created,
+                               "model": self.model.name, "choices": [], "usage": self._usage()})
+        finally:
+            await self.pieces.aclose()
+        yield out.sse("[DONE]")
 
     def _chunk(self, choices: list[dict], include_usage: bool) -> bytes:
         body = {"id": self.id, "object": self.shape.chunk_object, "created": self.created,

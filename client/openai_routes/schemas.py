@@ -4,14 +4,15 @@ Fields follow OpenAI's API reference; the sampling extras vLLM's OpenAI server a
 (`top_k`, `min_tokens`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`) pass through to the
 generator, and so do structured outputs: OpenAI's `response_format` (JSON mode, a JSON schema)
 and vLLM's `structured_outputs` / `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar`. Any other field a client sets (tools, ...) is refused with a 400 naming it,
-never silently ignored.
+`guided_grammar`; chat requests take `tools` and `tool_choice` (tools.py). Any other field a
+client sets (images, ...) is refused with a 400 naming it, never silently ignored.
 """
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 # Sampling extras (vLLM's names) forwarded as they are to the generator's sampling_parameters.
 SAMPLING_EXTRAS = ("top_k", "min_tokens", "repetition_penalty", "ignore_eos", "stop_token_ids")
@@ -76,11 +77,13 @@ class _Request(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # a constraint the route adds (a forced tool call: tools.py), as {what asked it: constraint}
+    _also_structured: dict = PrivateAttr(default_factory=dict)
 
     def structured(self) -> dict | None:
         """The generator's `structured_outputs` for what the request asks, or None; more than
         one way of asking is a 400."""
-        asked = {}
+        asked = dict(self._also_structured)
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_object":
             asked["response_format"] = {"json_object": True}
@@ -112,11 +115,37 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
+
+    def for_template(self) -> dict:
+        """The message as chat templates take it (Hugging Face's convention: `developer` is the
+        newer `system`; a call's arguments as an object)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
 
     def text(self) -> str:
         """The message's text: a string, or its text parts joined (other parts are refused)."""
@@ -136,13 +165,16 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None  # accepted: a reply may hold several calls either way
 
     def output_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def conversation(self) -> list[dict]:
-        """The messages as the chat template wants them (`developer` is the newer `system`)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        """The messages as the chat template wants them (ChatMessage.for_template)."""
+        return [m.for_template() for m in self.messages]
 
 
 class CompletionRequest(_Request):
@@ -208,3 +240,10 @@ class ClassifyRequest(BaseModel):
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
