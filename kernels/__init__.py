@@ -20,7 +20,6 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     linear_act,
     linear_bias_gelu,
     moe_mlp,
-    moe_route,
     qkv_split,
     qkv_split_rotary,
     qkv_to_cache,

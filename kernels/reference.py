@@ -654,13 +654,15 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     return weights, ids
 
 
-def moe_mlp(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-            activation: str = "silu_mul") -> torch.Tensor:
-    """A mixture-of-experts MLP over x `[T, H]`: for each token the sum over its k routed experts
-    (`ids` `[T, k]`, `weights` `[T, k]` fp32, see moe_route) of weight * expert(x), an expert e a
-    gated MLP: down[e] @ act(gate_up[e] @ x) with gate_up `[E, 2I, H]` ([gate; up], `activation`
-    as linear_act's gated ones) and down `[E, H, I]`. Each expert runs once over its tokens (as
-    Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""
+def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
+            normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
+    """A mixture-of-experts MLP over x `[T, H]`: each token routed by its `router_logits` `[T, E]`
+    (moe_route: top_k, normalize, weights_dtype), then the sum over its k experts of weight *
+    expert(x), an expert e a gated MLP: down[e] @ act(gate_up[e] @ x) with gate_up `[E, 2I, H]`
+    ([gate; up], `activation` as linear_act's gated ones) and down `[E, H, I]`. Each expert runs
+    once over its tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and
+    rounded once."""
+    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)

@@ -1,8 +1,12 @@
 """A mixture-of-experts MLP (Mixtral, Qwen MoE) as two grouped GEMMs over the routed rows.
 
-Every (token, slot) pair of the top-k routing goes to one expert. `moe_align` sorts the pairs by
-expert into blocks of BLOCK_M rows, each block one expert's (padded with a sentinel row), using
-tensor ops only: no host sync, so a decode step with its MoE layers is captured in a CUDA graph.
+Every (token, slot) pair of the top-k routing goes to one expert. The pairs are sorted by expert
+into blocks of BLOCK_M rows, each block one expert's (padded with a sentinel row), with no host
+sync, so a decode step with its MoE layers is captured in a CUDA graph: for a decode step's few
+tokens one program does the routing (softmax, top k, renormalisation) and the sort
+(`_route_align_kernel`: one launch where tensor ops took about twenty, each a few microseconds of
+a step that reads a few hundred microseconds of weights per layer); for more tokens, tensor ops
+(`reference.moe_route`, `moe_align`).
 `_moe_gemm` then runs one program per (block, column tile): it gathers its block's input rows,
 reads its expert's weight tile once and writes each pair's output row. The first GEMM applies
 the gated activation to [gate | up] (both halves' tiles in one program), the second multiplies
@@ -17,8 +21,17 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonformer.kernels import reference
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act
+
+FUSED_MAX_TOKENS = 64  # route and sort in one program up to this many tokens (a decode step's)
+FUSED_MAX_EXPERTS = 256
+
+
+def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """Blocks the sorted pairs can need: each expert's run rounds up to a whole block."""
+    return -(-pairs // block_m) + min(num_experts, pairs)
 
 
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,16 +45,97 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     blocks = (counts + block_m - 1) // block_m
     block_end = torch.cumsum(blocks, 0)
-    max_blocks = -(-pairs // block_m) + min(num_experts, pairs)
+    n_blocks = max_blocks(pairs, num_experts, block_m)
     order = torch.sort(flat, stable=True).indices  # the pairs, expert by expert, in pair order inside one
     expert = flat[order]
     rank = torch.arange(pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[expert]
     dest = (block_end - blocks)[expert] * block_m + rank
-    sorted_pairs = torch.full((max_blocks * block_m,), pairs, dtype=torch.int32, device=ids.device)
+    sorted_pairs = torch.full((n_blocks * block_m,), pairs, dtype=torch.int32, device=ids.device)
     sorted_pairs.scatter_(0, dest, order.to(torch.int32))
-    owner = torch.searchsorted(block_end, torch.arange(max_blocks, device=ids.device), right=True)
+    owner = torch.searchsorted(block_end, torch.arange(n_blocks, device=ids.device), right=True)
     experts = torch.where(owner < num_experts, owner, -1).to(torch.int32)
     return sorted_pairs, experts
+
+
+@triton.jit
+def _route_align_kernel(
+    logits_ptr, weights_ptr, pairs_ptr, experts_ptr, scratch_ptr,
+    T, E, stride_l, max_rows, n_blocks,
+    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
+    T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
+):
+    """One program: reference.moe_route of the `[T, E]` logits (weights `[T, TOP_K]` fp32 out),
+    then moe_align of the routed pairs (pairs and experts out, as moe_align returns them).
+    `scratch_ptr`: 4 * E_P2 int32 of memory for the per-expert starts."""
+    P2: tl.constexpr = T_P2 * K_P2  # pair slots: pair p = t * TOP_K + j lives in slot t * K_P2 + j
+    rows = tl.arange(0, T_P2)
+    cols = tl.arange(0, E_P2)
+    row_ok = rows < T
+    logits = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
+                     mask=row_ok[:, None] & (cols < E)[None, :], other=float("-inf")).to(tl.float32)
+    logits = tl.where(row_ok[:, None], logits, 0.0)  # (rows past T: finite, never stored)
+    row_max = tl.max(logits, axis=1)
+    row_sum = tl.sum(tl.exp(logits - row_max[:, None]), axis=1)
+    slots = tl.arange(0, K_P2)
+    weights = tl.zeros((T_P2, K_P2), dtype=tl.float32)
+    ids = tl.zeros((T_P2, K_P2), dtype=tl.int32)
+    left = logits
+    for j in tl.static_range(TOP_K):  # the k largest, one at a time (first index on ties)
+        best = tl.max(left, axis=1)
+        pick = tl.min(tl.where(left == best[:, None], cols[None, :], E_P2), axis=1)
+        weights = tl.where(slots[None, :] == j, (tl.exp(best - row_max) / row_sum)[:, None], weights)
+        ids = tl.where(slots[None, :] == j, pick[:, None], ids)
+        left = tl.where(cols[None, :] == pick[:, None], float("-inf"), left)
+    if NORMALIZE:
+        weights = weights / tl.sum(weights, axis=1)[:, None]
+    if ROUND:
+        weights = weights.to(logits_ptr.dtype.element_ty).to(tl.float32)
+    slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
+    tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
+
+    # Sort the pairs by expert (then pair): keys expert * P2 + pair, the empty slots last.
+    pair = rows[:, None] * TOP_K + slots[None, :]
+    keys = tl.reshape(tl.where(slot_ok, ids * P2 + pair, E_P2 * P2), [P2])
+    keys = tl.sort(keys)
+    counts = tl.histogram(tl.reshape(tl.where(slot_ok, ids, E_P2), [P2]), 2 * E_P2)  # (bin E_P2: empty slots)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, 0)
+    bins = tl.arange(0, 2 * E_P2)
+    tl.store(scratch_ptr + bins, tl.cumsum(counts, 0) - counts)  # each expert's first sorted position
+    tl.store(scratch_ptr + 2 * E_P2 + bins, block_end - blocks)  # and first block
+    for r0 in range(0, max_rows, 1024):  # every row a sentinel, then the pairs over them
+        r = r0 + tl.arange(0, 1024)
+        tl.store(pairs_ptr + r, T * TOP_K, mask=r < max_rows)
+    tl.debug_barrier()
+    ok = keys < E_P2 * P2
+    expert = keys // P2
+    first = tl.load(scratch_ptr + expert, mask=ok, other=0)
+    first_block = tl.load(scratch_ptr + 2 * E_P2 + expert, mask=ok, other=0)
+    dest = first_block * BLOCK_M + tl.arange(0, P2) - first
+    tl.store(pairs_ptr + dest, keys % P2, mask=ok)
+    for b0 in range(0, n_blocks, 64):  # each block's expert: how many experts' runs end at or before it
+        b = b0 + tl.arange(0, 64)
+        owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        tl.store(experts_ptr + b, tl.where(owner < E, owner, -1), mask=b < n_blocks)
+
+
+def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, round_weights: bool,
+                block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weights `[T, k]` fp32, pairs, experts): reference.moe_route then moe_align, one launch
+    (T <= FUSED_MAX_TOKENS, E <= FUSED_MAX_EXPERTS)."""
+    tokens, experts = router_logits.shape
+    device = router_logits.device
+    n_blocks = max_blocks(tokens * top_k, experts, block_m)
+    weights = torch.empty(tokens, top_k, device=device, dtype=torch.float32)
+    pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
+    owners = torch.empty(n_blocks, device=device, dtype=torch.int32)
+    e_p2 = triton.next_power_of_2(experts)
+    scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
+    _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
+                              router_logits.stride(0), pairs.numel(), n_blocks, TOP_K=top_k, NORMALIZE=normalize,
+                              ROUND=round_weights, BLOCK_M=block_m, T_P2=triton.next_power_of_2(tokens),
+                              K_P2=triton.next_power_of_2(top_k), E_P2=e_p2, num_warps=4)
+    return weights, pairs, owners
 
 
 @triton.jit
@@ -99,12 +193,18 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
 
 
 @register("moe_mlp")
-def moe_mlp(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-            activation: str = "silu_mul") -> torch.Tensor:
-    tokens, top_k = ids.shape
+def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
+            normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
+    tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     block_m = 16 if pairs <= 256 else 64  # a decode step's few rows per expert; a prefill's many
-    sorted_pairs, experts = moe_align(ids, gate_up.shape[0], block_m)
+    rounded = weights_dtype is not None
+    fused = tokens <= FUSED_MAX_TOKENS and num_experts <= FUSED_MAX_EXPERTS
+    if fused and (not rounded or weights_dtype == router_logits.dtype):  # (the kernel rounds to the logits' dtype)
+        weights, sorted_pairs, experts = route_align(router_logits.contiguous(), top_k, normalize, rounded, block_m)
+    else:
+        weights, ids = reference.moe_route(router_logits, top_k, normalize, weights_dtype)
+        sorted_pairs, experts = moe_align(ids, num_experts, block_m)
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, block_m)

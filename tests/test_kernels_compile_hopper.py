@@ -52,6 +52,8 @@ def compile_all() -> list[str]:
                "scale_ptr": "*fp32", "num_pairs": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
                "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
     gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
+    route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
+             "scratch_ptr": "*i32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32", "n_blocks": "i32"}
     variants = [
         ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024}),
         ("one-shot", ar._one_shot_all_reduce_kernel, plain, dict(
@@ -65,6 +67,8 @@ def compile_all() -> list[str]:
         ("moe gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False, **gemm)),
         ("moe down", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, **{**gemm, "BLOCK_M": 64, "BLOCK_N": 128})),
+        ("moe route-align", moe._route_align_kernel, route, dict(
+            TOP_K=8, NORMALIZE=True, ROUND=True, BLOCK_M=16, T_P2=64, K_P2=8, E_P2=128)),
     ]
     return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
             for name, fn, args, consts in variants]
@@ -77,7 +81,8 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
-    assert "moe gate-up: no wait" in lines and "moe down: no wait" in lines, done.stdout  # compiled (no PDL)
+    for name in ("moe gate-up", "moe down", "moe route-align"):
+        assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
 
 
 if __name__ == "__main__":

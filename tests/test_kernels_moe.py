@@ -46,7 +46,7 @@ def test_reference_moe_is_the_dense_weighted_sum_of_the_top_k_experts(normalize)
     assert ids.shape == (tokens, top_k) and weights.dtype == torch.float32
     if normalize:
         torch.testing.assert_close(weights.sum(-1), torch.ones(tokens, device=DEVICE))
-    got = ref.moe_mlp(x, weights, ids, gate_up, down, "silu_mul")
+    got = ref.moe_mlp(x, logits, gate_up, down, top_k, normalize, None, "silu_mul")
     torch.testing.assert_close(got.double(), _dense_moe(x, logits, top_k, normalize, gate_up, down, F.silu),
                                atol=1e-5, rtol=1e-5)
 
@@ -64,7 +64,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernel cannot run", allow_module_level=True)
 
 from tritonformer.kernels import dispatch  # noqa: E402
-from tritonformer.kernels.triton_moe import moe_align, moe_mlp  # noqa: E402
+from tritonformer.kernels.triton_moe import moe_align, moe_mlp, route_align  # noqa: E402
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 2, 8, 16), (7, 3, 5, 4), (40, 2, 8, 16), (3, 8, 64, 16)])
@@ -100,9 +100,28 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
     logits = _rand(tokens, experts, seed=11, scale=2.0)
     gate_up = _rand(experts, 2 * inter, hidden, seed=12, scale=0.2)
     down = _rand(experts, hidden, inter, seed=13, scale=0.2)
-    weights, ids = ref.moe_route(logits, top_k, True)
-    expected = ref.moe_mlp(x, weights, ids, gate_up, down, activation)
-    got = moe_mlp(x, weights, ids, gate_up, down, activation)
+    expected = ref.moe_mlp(x, logits, gate_up, down, top_k, True, None, activation)
+    got = moe_mlp(x, logits, gate_up, down, top_k, True, None, activation)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
     if DEVICE == "cuda":  # and the dispatcher picks the kernel there
-        assert dispatch.moe_mlp(x, weights, ids, gate_up, down, activation) is not None
+        assert dispatch._KERNELS["moe_mlp"] is moe_mlp
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,normalize,block_m", [
+    (1, 8, 2, True, 16), (3, 128, 8, True, 16), (5, 60, 4, False, 16), (64, 16, 8, True, 64), (17, 6, 1, False, 4)])
+def test_one_program_routes_and_sorts_as_the_tensor_ops_do(tokens, experts, top_k, normalize, block_m):
+    logits = _rand(tokens, experts, seed=tokens + experts, scale=2.0)
+    weights, pairs, owners = route_align(logits, top_k, normalize, False, block_m)
+    expected_weights, ids = ref.moe_route(logits, top_k, normalize)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+    expected_pairs, expected_owners = moe_align(ids, experts, block_m)
+    assert torch.equal(pairs, expected_pairs) and torch.equal(owners, expected_owners)
+
+
+def test_one_program_rounds_the_weights_to_the_logits_dtype():
+    logits = _rand(4, 16, seed=3, scale=2.0, dtype=torch.bfloat16)
+    weights, _, _ = route_align(logits, 4, False, True, 16)
+    expected, _ = ref.moe_route(logits, 4, False, torch.bfloat16)
+    assert torch.equal(weights, weights.to(torch.bfloat16).float())  # bf16 values
+    # within one bf16 step (Triton's interpreter converts by truncation, the GPU rounds to nearest)
+    torch.testing.assert_close(weights, expected, atol=0, rtol=2 ** -7)

@@ -4,9 +4,9 @@ In the layers a family names, the MLP is a router and E experts, each a gated ML
 (`intermediate_size` columns): every token goes to the k experts with the largest softmax
 probability, and the layer's output is their outputs weighted by those probabilities
 (renormalised over the k where the family does). Qwen2-MoE adds a shared expert that every
-token passes through, weighted by sigmoid(shared_gate @ x). The ops: `kernels.moe_route` and
-`kernels.moe_mlp` (a grouped GEMM over the routed rows on a GPU, reference.moe_mlp's loop over the
-experts elsewhere).
+token passes through, weighted by sigmoid(shared_gate @ x). The op: `kernels.moe_mlp` (routing
+and grouped GEMMs over the routed rows on a GPU, kernels/triton_moe.py; reference.moe_mlp's loop
+over the experts elsewhere).
 
 Checkpoints store the experts one by one (`experts.{j}.gate_proj.weight`, Mixtral's `w1` / `w3`
 / `w2`), as published, or stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`
@@ -76,8 +76,8 @@ class MoeLayer:
         """The block's output `[T, H]` for its normalised input x `[T, H]` (`activation`: the
         gated one, kernels.linear_act's name)."""
         logits = kernels.linear_act(x, self.router)
-        weights, ids = kernels.moe_route(logits, self.top_k, self.normalize, x.dtype if self.round_weights else None)
-        out = kernels.moe_mlp(x, weights, ids, self.gate_up, self.down, activation)
+        out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
+                              x.dtype if self.round_weights else None, activation)
         if self.shared_gate_up is not None:
             shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
             out = out + torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
