@@ -48,6 +48,14 @@ def test_the_request_names_one_constraint():
             parse(bad)
 
 
+def test_bitmask_unpacks_bit_j_of_word_w_as_token_32w_plus_j():
+    from tritonformer.backend.decoder.structured import unpack_bitmask
+
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (3, 10), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    expected = torch.tensor([[(int(bits[r, t // 32]) >> (t % 32)) & 1 for t in range(300)] for r in range(3)]).bool()
+    assert torch.equal(unpack_bitmask(bits, 300), expected)
+
+
 @pytest.fixture(scope="module")
 def grammars(smollm2_dir):
     from tritonformer.backend.decoder.structured import Grammars

@@ -20,6 +20,7 @@ import json
 import threading
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tritonformer.backend.errors import InvalidRequest
@@ -122,9 +123,11 @@ class Grammars:
 
 def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     """xgrammar's int32 bitmask `[rows, ceil(vocab / 32)]` (bit j of word w: token 32 w + j) as
-    bool `[rows, vocab]`."""
-    shifts = torch.arange(32, dtype=torch.int32)
-    return ((bits[:, :, None] >> shifts) & 1).reshape(bits.shape[0], -1)[:, :vocab].bool()
+    bool `[rows, vocab]` (numpy's unpackbits over the little-endian bytes: ~10 us a row of 49k
+    tokens on the host, where shifting in torch took ~90)."""
+    rows = bits.shape[0]
+    flat = np.unpackbits(bits.numpy().view(np.uint8).reshape(rows, -1), axis=1, bitorder="little")
+    return torch.from_numpy(flat[:, :vocab].view(np.bool_))
 
 
 def _regex_literal(text: str) -> str:
