@@ -669,3 +669,39 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
         h = linear_act(x[token], gate_up[e], None, activation)
         out.index_add_(0, token, F.linear(h, down[e]).float() * weights[token, slot, None])
     return out.to(x.dtype)
+
+
+def moe_max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """Blocks the sorted pairs can need: each expert's run rounds up to a whole block."""
+    return -(-pairs // block_m) + min(num_experts, pairs)
+
+
+def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routed pairs of `ids` ([T, k] expert ids; pair p = t * k + slot) grouped by expert:
+    (pairs [blocks * block_m]: pair ids, expert by expert, each expert's run padded to a
+    multiple of block_m with the sentinel T * k; experts [blocks]: each block's expert, -1 for
+    the unused blocks at the end). `blocks` is an upper bound fixed by the shape
+    (ceil(T * k / block_m) + min(E, T * k)), so nothing here waits for the GPU."""
+    flat = ids.reshape(-1).long()
+    pairs = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks, 0)
+    n_blocks = moe_max_blocks(pairs, num_experts, block_m)
+    order = torch.sort(flat, stable=True).indices  # the pairs, expert by expert, in pair order inside one
+    expert = flat[order]
+    rank = torch.arange(pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[expert]
+    dest = (block_end - blocks)[expert] * block_m + rank
+    sorted_pairs = torch.full((n_blocks * block_m,), pairs, dtype=torch.int32, device=ids.device)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    owner = torch.searchsorted(block_end, torch.arange(n_blocks, device=ids.device), right=True)
+    experts = torch.where(owner < num_experts, owner, -1).to(torch.int32)
+    return sorted_pairs, experts
+
+
+def moe_route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
+                    block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe_route, then moe_align of its ids: (weights `[T, k]` fp32, pairs, experts), what the
+    expert GEMMs read (kernels/triton_moe.py)."""
+    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype)
+    return (weights, *moe_align(ids, router_logits.shape[1], block_m))

@@ -6,7 +6,7 @@ sync, so a decode step with its MoE layers is captured in a CUDA graph: for a de
 tokens one program does the routing (softmax, top k, renormalisation) and the sort
 (`_route_align_kernel`: one launch where tensor ops took about twenty, each a few microseconds of
 a step that reads a few hundred microseconds of weights per layer); for more tokens, tensor ops
-(`reference.moe_route`, `moe_align`).
+(`reference.moe_route_align`).
 `_moe_gemm` then runs one program per (block, column tile): it gathers its block's input rows,
 reads its expert's weight tile once and writes each pair's output row. The first GEMM applies
 the gated activation to [gate | up] (both halves' tiles in one program), the second multiplies
@@ -27,34 +27,6 @@ from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act
 
 FUSED_MAX_TOKENS = 64  # route and sort in one program up to this many tokens (a decode step's)
 FUSED_MAX_EXPERTS = 256
-
-
-def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
-    """Blocks the sorted pairs can need: each expert's run rounds up to a whole block."""
-    return -(-pairs // block_m) + min(num_experts, pairs)
-
-
-def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The routed pairs of `ids` ([T, k] expert ids; pair p = t * k + slot) grouped by expert:
-    (pairs [blocks * block_m]: pair ids, expert by expert, each expert's run padded to a
-    multiple of block_m with the sentinel T * k; experts [blocks]: each block's expert, -1 for
-    the unused blocks at the end). `blocks` is an upper bound fixed by the shape
-    (ceil(T * k / block_m) + min(E, T * k)), so nothing here waits for the GPU."""
-    flat = ids.reshape(-1).long()
-    pairs = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
-    blocks = (counts + block_m - 1) // block_m
-    block_end = torch.cumsum(blocks, 0)
-    n_blocks = max_blocks(pairs, num_experts, block_m)
-    order = torch.sort(flat, stable=True).indices  # the pairs, expert by expert, in pair order inside one
-    expert = flat[order]
-    rank = torch.arange(pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[expert]
-    dest = (block_end - blocks)[expert] * block_m + rank
-    sorted_pairs = torch.full((n_blocks * block_m,), pairs, dtype=torch.int32, device=ids.device)
-    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
-    owner = torch.searchsorted(block_end, torch.arange(n_blocks, device=ids.device), right=True)
-    experts = torch.where(owner < num_experts, owner, -1).to(torch.int32)
-    return sorted_pairs, experts
 
 
 @triton.jit
@@ -119,13 +91,17 @@ def _route_align_kernel(
         tl.store(experts_ptr + b, tl.where(owner < E, owner, -1), mask=b < n_blocks)
 
 
-def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, round_weights: bool,
+def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                 block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weights `[T, k]` fp32, pairs, experts): reference.moe_route then moe_align, one launch
-    (T <= FUSED_MAX_TOKENS, E <= FUSED_MAX_EXPERTS)."""
+    """reference.moe_route_align (same contract) in one launch where T <= FUSED_MAX_TOKENS,
+    E <= FUSED_MAX_EXPERTS and the weights round (if at all) to the logits' dtype; the
+    reference otherwise."""
     tokens, experts = router_logits.shape
+    if tokens > FUSED_MAX_TOKENS or experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
+        return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m)
+    router_logits = router_logits.contiguous()
     device = router_logits.device
-    n_blocks = max_blocks(tokens * top_k, experts, block_m)
+    n_blocks = reference.moe_max_blocks(tokens * top_k, experts, block_m)
     weights = torch.empty(tokens, top_k, device=device, dtype=torch.float32)
     pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
     owners = torch.empty(n_blocks, device=device, dtype=torch.int32)
@@ -133,7 +109,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, round_
     scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
     _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
                               router_logits.stride(0), pairs.numel(), n_blocks, TOP_K=top_k, NORMALIZE=normalize,
-                              ROUND=round_weights, BLOCK_M=block_m, T_P2=triton.next_power_of_2(tokens),
+                              ROUND=weights_dtype is not None, BLOCK_M=block_m, T_P2=triton.next_power_of_2(tokens),
                               K_P2=triton.next_power_of_2(top_k), E_P2=e_p2, num_warps=4)
     return weights, pairs, owners
 
@@ -198,13 +174,7 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     block_m = 16 if pairs <= 256 else 64  # a decode step's few rows per expert; a prefill's many
-    rounded = weights_dtype is not None
-    fused = tokens <= FUSED_MAX_TOKENS and num_experts <= FUSED_MAX_EXPERTS
-    if fused and (not rounded or weights_dtype == router_logits.dtype):  # (the kernel rounds to the logits' dtype)
-        weights, sorted_pairs, experts = route_align(router_logits.contiguous(), top_k, normalize, rounded, block_m)
-    else:
-        weights, ids = reference.moe_route(router_logits, top_k, normalize, weights_dtype)
-        sorted_pairs, experts = moe_align(ids, num_experts, block_m)
+    weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, block_m)
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, block_m)

@@ -1,6 +1,7 @@
 """The mixture-of-experts ops: routing and the expert MLP (`reference.moe_route`, `reference.moe_mlp`)
-against an independent dense formulation, and the grouped-GEMM kernel (kernels/triton_moe.py)
-and its alignment of routed rows against the reference.
+against an independent dense formulation, the sort of routed rows (`reference.moe_align`) against
+what it must hold, and the kernels (kernels/triton_moe.py: routing and sort in one program, the
+grouped GEMMs) against the references.
 
 Fresh seeded random inputs; without a GPU the kernel runs in Triton's CPU interpreter
 (TRITON_INTERPRET=1, set by conftest.py), so shapes are small.
@@ -64,7 +65,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernel cannot run", allow_module_level=True)
 
 from tritonformer.kernels import dispatch  # noqa: E402
-from tritonformer.kernels.triton_moe import moe_align, moe_mlp, route_align  # noqa: E402
+from tritonformer.kernels.reference import moe_align  # noqa: E402
+from tritonformer.kernels.triton_moe import moe_mlp, route_align  # noqa: E402
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 2, 8, 16), (7, 3, 5, 4), (40, 2, 8, 16), (3, 8, 64, 16)])
@@ -111,16 +113,15 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
     (1, 8, 2, True, 16), (3, 128, 8, True, 16), (5, 60, 4, False, 16), (64, 16, 8, True, 64), (17, 6, 1, False, 4)])
 def test_one_program_routes_and_sorts_as_the_tensor_ops_do(tokens, experts, top_k, normalize, block_m):
     logits = _rand(tokens, experts, seed=tokens + experts, scale=2.0)
-    weights, pairs, owners = route_align(logits, top_k, normalize, False, block_m)
-    expected_weights, ids = ref.moe_route(logits, top_k, normalize)
+    weights, pairs, owners = route_align(logits, top_k, normalize, None, block_m)
+    expected_weights, expected_pairs, expected_owners = ref.moe_route_align(logits, top_k, normalize, None, block_m)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
-    expected_pairs, expected_owners = moe_align(ids, experts, block_m)
     assert torch.equal(pairs, expected_pairs) and torch.equal(owners, expected_owners)
 
 
 def test_one_program_rounds_the_weights_to_the_logits_dtype():
     logits = _rand(4, 16, seed=3, scale=2.0, dtype=torch.bfloat16)
-    weights, _, _ = route_align(logits, 4, False, True, 16)
+    weights, _, _ = route_align(logits, 4, False, torch.bfloat16, 16)
     expected, _ = ref.moe_route(logits, 4, False, torch.bfloat16)
     assert torch.equal(weights, weights.to(torch.bfloat16).float())  # bf16 values
     # within one bf16 step (Triton's interpreter converts by truncation, the GPU rounds to nearest)
