@@ -186,11 +186,12 @@ def linear_bytes(model) -> int:
     return total
 
 
-def load_encoder(hf_config: dict, state: dict, device: torch.device, dtype: torch.dtype, quantization: str = "none"):
+def load_encoder(hf_config: dict, state: dict, device: torch.device, dtype: torch.dtype, quantization: str = "none",
+                 score_token_ids: tuple[int, ...] = ()):
     """models.encoder.load_encoder with the parameter `quantization` (and FP8 checkpoints)
     applied: what the encoder models, tests and tools build an encoder with."""
     from tritonformer.backend.models.encoder import load_encoder as build
 
     state, quantize = prepare(state, quantization, device, dtype)
-    model = build(hf_config, state, device, dtype)
+    model = build(hf_config, state, device, dtype, score_token_ids)
     return quantize_model(model) if quantize else model

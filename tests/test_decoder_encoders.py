@@ -84,6 +84,42 @@ def test_sequence_classification_scores_equal_hf(shape, labels):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
 
 
+def test_a_causal_lm_scores_by_its_next_token_logits():
+    """score_tokens: a one-label head of output-head rows, Qwen3-Reranker's logit(yes) - logit(no)
+    (tied embedding: Qwen3-0.6B's), or one token's logit (an untied head)."""
+    for shape, tied in (("qwen3-8b", True), ("llama-3.1-8b", False)):
+        hf = _hf(shape, {}, head="ForCausalLM", tie_word_embeddings=tied)
+        config = {**hf.config.to_dict(), "architectures": [type(hf).__name__]}
+        seqs, ids, cu = _packed([6, 21, 3], seed=4)
+        with torch.no_grad():
+            last = torch.stack([hf(input_ids=s[None]).logits[0, -1] for s in seqs])
+        two = load_encoder(config, _state(hf), CPU, torch.float32, (17, 42))
+        assert two.labels.num_labels == 1
+        torch.testing.assert_close(two.classify(two.forward(ids, cu), cu)[:, 0], last[:, 42] - last[:, 17],
+                                   atol=2e-5, rtol=1e-4)
+        one = load_encoder(config, _state(hf), CPU, torch.float32, (42,))
+        torch.testing.assert_close(one.classify(one.forward(ids, cu), cu)[:, 0], last[:, 42], atol=2e-5, rtol=1e-4)
+
+
+def test_score_tokens_are_single_tokens_of_a_decoder(smollm2_dir):
+    from tritonformer.backend.encoder.build import score_token_ids
+    from tritonformer.backend.tokenization import TextTokenizer
+
+    tokenizer = TextTokenizer(smollm2_dir)
+    no, yes = score_token_ids(tokenizer, "no, yes")
+    assert tokenizer.decode([no]) == "no" and tokenizer.decode([yes]) == "yes"
+    assert score_token_ids(tokenizer, "") == ()
+    with pytest.raises(ValueError, match="not one"):
+        score_token_ids(tokenizer, "no,incomprehensibilities")
+    with pytest.raises(ValueError, match="3 tokens"):
+        score_token_ids(tokenizer, "a,b,c")
+    from test_encoder_heads_vs_hf import minilm_reranker_config
+
+    bert = transformers.BertForSequenceClassification(minilm_reranker_config()).eval()
+    with pytest.raises(ValueError, match="needs a decoder checkpoint"):
+        load_encoder({**bert.config.to_dict(), "model_type": "bert"}, bert.state_dict(), CPU, torch.float32, (1, 2))
+
+
 def test_what_cannot_be_an_encoder_is_refused():
     hf = _hf("qwen3-8b", {}, head="ForSequenceClassification", num_labels=2, pad_token_id=0)
     config = {**hf.config.to_dict(), "architectures": ["Qwen3ForSequenceClassification"]}
@@ -126,20 +162,24 @@ def decoder_encoders_served(tmp_path_factory, smollm2_dir):
     embedder = _hf("qwen3-8b", {}, seed=21, vocab_size=vocab)
     reranker = _hf("qwen3-8b", {}, head="ForSequenceClassification", seed=22, vocab_size=vocab, num_labels=1,
                    pad_token_id=0)
+    lm = _hf("qwen3-8b", {}, head="ForCausalLM", seed=23, vocab_size=vocab, tie_word_embeddings=True)
     folders = {"embedder": _folder(embedder, root / "embedder", smollm2_dir, pooling="last"),
-               "reranker": _folder(reranker, root / "reranker", smollm2_dir)}
+               "reranker": _folder(reranker, root / "reranker", smollm2_dir),
+               "lm": _folder(lm, root / "lm", smollm2_dir)}
     repo = root / "repository"
     copy_model(REPO / "model_repository" / "embedder", repo / "embedder_qwen3", {"checkpoint": str(folders["embedder"])})
     copy_model(REPO / "model_repository" / "reranker", repo / "reranker_qwen3", {"checkpoint": str(folders["reranker"])})
-    with serving(repo, ["embedder_qwen3", "reranker_qwen3"], timeout=600) as server:
-        yield server, embedder, reranker, folders
+    copy_model(REPO / "model_repository" / "reranker", repo / "reranker_lm",
+               {"checkpoint": str(folders["lm"]), "score_tokens": "no,yes"})
+    with serving(repo, ["embedder_qwen3", "reranker_qwen3", "reranker_lm"], timeout=600) as server:
+        yield server, embedder, reranker, lm, folders
 
 
 @pytest.mark.server
 def test_served_qwen3_embeddings_and_rerank_scores_equal_hf(decoder_encoders_served):
     import tritonclient.http as client
 
-    server, embedder, reranker, folders = decoder_encoders_served
+    server, embedder, reranker, lm, folders = decoder_encoders_served
     tok = transformers.AutoTokenizer.from_pretrained(folders["embedder"])
     with client.InferenceServerClient(server.http_url) as c:
         t = client.InferInput("text_input", [len(TEXTS)], "BYTES")
@@ -151,9 +191,15 @@ def test_served_qwen3_embeddings_and_rerank_scores_equal_hf(decoder_encoders_ser
             t.set_data_from_numpy(np.array([v.encode() for v in values], dtype=object))
             tensors.append(t)
         scores = c.infer("reranker_qwen3", tensors).as_numpy("scores")
+        lm_scores = c.infer("reranker_lm", tensors).as_numpy("scores")
     with torch.no_grad():
         expected = torch.stack([embedder(**tok(x, return_tensors="pt")).last_hidden_state[0, -1] for x in TEXTS])
         expected_scores = torch.stack([reranker(**tok(TEXTS[0], x, return_tensors="pt")).logits[0, 0]
                                        for x in TEXTS[1:]])
     np.testing.assert_allclose(got, F.normalize(expected, dim=-1).numpy(), atol=1e-4, rtol=1e-3)
     np.testing.assert_allclose(scores.reshape(-1), torch.sigmoid(expected_scores).numpy(), atol=1e-4, rtol=1e-3)
+    no, yes = (tok.convert_tokens_to_ids(t) for t in ("no", "yes"))
+    with torch.no_grad():  # Qwen3-Reranker's score: P(yes) of the two next tokens
+        last = torch.stack([lm(**tok(TEXTS[0], x, return_tensors="pt")).logits[0, -1] for x in TEXTS[1:]])
+    expected_lm = torch.softmax(last[:, [no, yes]], dim=-1)[:, 1]
+    np.testing.assert_allclose(lm_scores.reshape(-1), expected_lm.numpy(), atol=1e-4, rtol=1e-3)

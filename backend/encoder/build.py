@@ -26,6 +26,19 @@ log = logging.getLogger("tritonformer")
 KINDS = ("embedder", "reranker", "classifier")
 
 
+def score_token_ids(tokenizer, score_tokens: str) -> tuple[int, ...]:
+    """The ids of `score_tokens` ("no,yes": comma-separated, each one token of the vocabulary)."""
+    ids = []
+    for text in filter(None, (t.strip() for t in score_tokens.split(","))):
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ValueError(f"score_tokens: {text!r} is {len(encoded)} tokens of this vocabulary, not one")
+        ids.append(encoded[0])
+    if len(ids) > 2:
+        raise ValueError(f"score_tokens names {len(ids)} tokens: one (its logit) or two (no, yes: their difference)")
+    return tuple(ids)
+
+
 def head_rows(rows: np.ndarray) -> dict:
     """A request's head rows as they leave the engine process: the stub that holds the request
     turns them into its response (its `outputs` function)."""
@@ -54,7 +67,8 @@ class EncoderSpec:
     dtype: str  # a torch dtype's name: "float16"
     quantization: str = "none"
     allow_pickle: bool = False
-    pooling: str = "auto"  # the embedder's: auto (from the checkpoint) | mean | cls
+    pooling: str = "auto"  # the embedder's: auto (from the checkpoint) | mean | cls | last
+    score_tokens: str = ""  # the reranker's: a decoder's next-token logits as its score ("no,yes"), see models/encoder.py
     normalize: str = "auto"  # the embedder's: auto | true | false
     max_batch_sequences: int = 256
     max_batch_tokens: int = 16384
@@ -87,9 +101,9 @@ class EncoderSpec:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         checkpoint = Path(self.checkpoint)
-        model = load_encoder(load_config(checkpoint), load_state_dict(checkpoint, allow_pickle=self.allow_pickle),
-                             device, dtype, self.quantization)
         tokenizer = TextTokenizer(checkpoint)
+        model = load_encoder(load_config(checkpoint), load_state_dict(checkpoint, allow_pickle=self.allow_pickle),
+                             device, dtype, self.quantization, score_token_ids(tokenizer, self.score_tokens))
         max_tokens = min(model.config.max_tokens_per_sequence, tokenizer.config.get("model_max_length", 10**9))
         token_types = self.kind == "reranker" and getattr(model.config, "type_vocab_size", 1) > 1
         engine = EncoderEngine(

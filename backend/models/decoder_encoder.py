@@ -50,6 +50,20 @@ def from_hf(cfg: dict) -> DecoderEncoderConfig:
     return DecoderEncoderConfig(spec, spec.vocab_size, spec.hidden_size, spec.max_position_embeddings)
 
 
+def token_score_state(cfg: dict, state: dict, token_ids: tuple[int, ...]) -> dict:
+    """`state` with a one-label `score.weight` made of the output head's rows (the input embedding
+    where they are tied): row a, or row b minus row a for (a, b), so that score @ h is the next
+    token's logit, or logit(b) - logit(a) (models/encoder.load_encoder)."""
+    spec = from_hf(cfg).decoder
+    head_name = spec.names.embed if spec.tie_word_embeddings or spec.names.lm_head not in state else spec.names.lm_head
+    if head_name not in state:
+        raise KeyError(f"checkpoint is missing weight {head_name!r} (score_tokens reads the output head)")
+    head = state[head_name]
+    rows = [head[t : t + 1].float() for t in token_ids]
+    score = rows[0] if len(rows) == 1 else rows[1] - rows[0]
+    return {**state, "score.weight": score}
+
+
 class DecoderEncoder:
     CUDA_GRAPHS = False
 

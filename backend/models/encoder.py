@@ -108,14 +108,24 @@ def has_classification_head(hf_config: dict) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in hf_config.get("architectures") or ())
 
 
-def load_encoder(hf_config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> Encoder:
+def load_encoder(hf_config: dict, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 score_token_ids: tuple[int, ...] = ()) -> Encoder:
     """The encoder family named by the checkpoint's `model_type`, built on `device` in `dtype`,
     with its classification head when config.json names a `*ForSequenceClassification` class.
     `state` holds the checkpoint's tensors with the head class's prefix (`bert.`, `roberta.`,
-    `model.`) stripped, as checkpoints.weights.load_state_dict returns them."""
+    `model.`) stripped, as checkpoints.weights.load_state_dict returns them.
+
+    `score_token_ids` (a decoder checkpoint's, the reranker's `score_tokens`): a one-label head
+    made of the output head's rows, the logit of one token or the difference of two ("no",
+    "yes": sigmoid of it is P(yes) against P(no), a causal-LM reranker's score: Qwen3-Reranker)."""
     model_type = hf_config.get("model_type", "bert")
     if model_type not in ENCODER_FAMILIES:
         raise ValueError(f"unsupported encoder model_type {model_type!r} (supported: {', '.join(ENCODER_FAMILIES)})")
     family = importlib.import_module(f"tritonformer.backend.models.{ENCODER_FAMILIES[model_type]}")
     labels = ClassifierLabels.from_hf(hf_config) if has_classification_head(hf_config) else None
+    if score_token_ids:
+        if not hasattr(family, "token_score_state"):
+            raise ValueError(f"score_tokens needs a decoder checkpoint (model_type {model_type!r} has no next-token "
+                             f"logits)")
+        state, labels = family.token_score_state(hf_config, state, score_token_ids), ClassifierLabels(("score",), False)
     return family.MODEL(family.from_hf(hf_config), state, device, dtype, labels)

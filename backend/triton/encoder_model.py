@@ -127,9 +127,11 @@ class EncoderTritonModel:
     def spec(self, p, checkpoint: Path, device, dtype) -> EncoderSpec:
         """The engine's settings, from config.pbtxt."""
         extra = {}
+        if "score_tokens" in self.PARAMETERS:
+            extra["score_tokens"] = p.str("score_tokens")
         if "pooling" in self.PARAMETERS:
-            extra = {"pooling": p.choice("pooling", ("auto", "mean", "cls", "last")),
-                     "normalize": p.choice("normalize", ("auto", "true", "false"))}
+            extra.update(pooling=p.choice("pooling", ("auto", "mean", "cls", "last")),
+                         normalize=p.choice("normalize", ("auto", "true", "false")))
         return EncoderSpec(
             self.KIND, str(checkpoint), str(device), str(dtype).removeprefix("torch."), p.str("quantization"),
             p.choice("allow_pickle_checkpoint", ("true", "false")) == "true",

@@ -21,7 +21,8 @@ CHECKPOINT_ENV = "TRITONFORMER_RERANKER_CHECKPOINT"
 
 class TritonPythonModel(EncoderTritonModel):
     KIND = "reranker"
-    PARAMETERS = {**ENCODER_PARAMETERS, "max_texts_per_request": "256"}
+    # score_tokens: a causal LM's next-token logits as the score ("no,yes": Qwen3-Reranker's).
+    PARAMETERS = {**ENCODER_PARAMETERS, "max_texts_per_request": "256", "score_tokens": ""}
     CHECKPOINT_ENV = CHECKPOINT_ENV
 
     def not_configured_message(self) -> str:
