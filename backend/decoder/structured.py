@@ -127,7 +127,7 @@ def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     tokens on the host, where shifting in torch took ~90)."""
     rows = bits.shape[0]
     flat = np.unpackbits(bits.numpy().view(np.uint8).reshape(rows, -1), axis=1, bitorder="little")
-    return torch.from_numpy(flat[:, :vocab].view(np.bool_))
+    return torch.from_numpy(np.ascontiguousarray(flat[:, :vocab]).view(np.bool_))
 
 
 def _regex_literal(text: str) -> str:
