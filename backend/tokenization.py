@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 class TextTokenizer:
     def __init__(self, checkpoint: Path):
         checkpoint = Path(checkpoint)
+        self.checkpoint = checkpoint
         path = checkpoint / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint folder {checkpoint} has no tokenizer.json")

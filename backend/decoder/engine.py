@@ -36,7 +36,7 @@ from tritonformer.backend.engine_loop import EngineLoop, log
 from tritonformer.backend.responses import ResponseSink
 from tritonformer.backend.decoder.sampling_params import SamplingParams
 from tritonformer.backend.decoder.sampling import Sampler, sample_seed
-from tritonformer.backend.decoder.structured import Grammars
+from tritonformer.backend.decoder.structured import prepare_grammars
 from tritonformer.backend.errors import InvalidRequest
 from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.scheduler.iteration import Iteration, IterationScheduler
@@ -175,8 +175,8 @@ class GeneratorEngine(EngineLoop):
         self.tokenizer = tokenizer
         self.sink = sink
         self.scheduler = scheduler
-        self.sampler = Sampler(self.config.eos_token_ids, grammars=lambda: Grammars(
-            tokenizer.backend, runner.model.vocab_size, self.config.eos_token_ids))
+        self.sampler = Sampler(self.config.eos_token_ids, grammars=prepare_grammars(
+            tokenizer, runner.model.vocab_size, tuple(self.config.eos_token_ids)))
         self.cancel_check_interval_s = cancel_check_interval_s
         # Stream a response every `stream_interval` tokens (the last always goes at once):
         # fewer, larger responses when each send's IPC cost matters more than smoothness.

@@ -11,8 +11,10 @@ tokens remain. JSON comes compact (no free whitespace between tokens: a model ca
 waits for its previous token on the host (the engine does not run ahead of it, and decodes it one
 iteration per round).
 
-xgrammar is imported when the first constrained request arrives: without it such requests are
-answered with an error that says so; everything else runs as before.
+The grammar engine is made ready on a thread of its own when the engine starts
+(`prepare_grammars`: importing xgrammar and reading a 150k-token vocabulary take seconds, which
+must not stall the engine's thread at the first constrained request); without xgrammar such
+requests are answered with an error that says so, and everything else runs as before.
 """
 from __future__ import annotations
 
@@ -119,6 +121,52 @@ class Grammars:
         for i, m in enumerate(matchers):
             m.fill_next_token_bitmask(bits, i)
         return unpack_bitmask(bits, self.vocab_size)
+
+
+class PreparedGrammars:
+    """Grammars being built on a background thread; calling it waits for them (or raises what
+    building them raised, an InvalidRequest without xgrammar)."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]):
+        self._done = threading.Event()
+        self._grammars: Grammars | None = None
+        self._error: Exception | None = None
+        threading.Thread(target=self._build, args=(tokenizer, vocab_size, stop_ids), daemon=True,
+                         name="tritonformer-grammars").start()
+
+    def _build(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> None:
+        try:
+            self._grammars = Grammars(tokenizer, vocab_size, stop_ids)
+        except Exception as e:  # noqa: BLE001 - raised again to each request that needs them
+            self._error = e
+        finally:
+            self._done.set()
+
+    def __call__(self) -> Grammars:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._grammars
+
+
+def _unavailable() -> Grammars:
+    raise InvalidRequest("structured outputs need the checkpoint's tokenizer.json")
+
+
+_prepared: dict[tuple, PreparedGrammars] = {}
+_prepared_lock = threading.Lock()
+
+
+def prepare_grammars(tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> PreparedGrammars:
+    """The Grammars of a TextTokenizer's vocabulary, started now (one per checkpoint, vocabulary
+    size and end tokens in a process: engines rebuilt on one checkpoint share them)."""
+    if getattr(tokenizer, "backend", None) is None:  # (a stand-in tokenizer without a vocabulary)
+        return _unavailable
+    key = (str(getattr(tokenizer, "checkpoint", id(tokenizer))), vocab_size, tuple(stop_ids))
+    with _prepared_lock:
+        if key not in _prepared:
+            _prepared[key] = PreparedGrammars(tokenizer.backend, vocab_size, tuple(stop_ids))
+        return _prepared[key]
 
 
 def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
