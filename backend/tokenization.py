@@ -60,7 +60,8 @@ class TextTokenizer:
         `add_special_tokens=False`, as Hugging Face's tokenizing apply_chat_template does."""
         return self.render_chat([{"role": "user", "content": user_text}])
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> str:
         """Render a whole conversation (`{"role", "content"}` dicts, as OpenAI's chat API sends
         them; tool calls and answers as Hugging Face's templates take them) with the chat
         template, ready for the assistant's reply; encode it as above. `tools`: OpenAI's tool
@@ -71,6 +72,7 @@ class TextTokenizer:
         return _render_chat_template(
             self.chat_template,
             **extra,
+            add_generation_prompt=add_generation_prompt,
             messages=messages,
             bos_token=_token_str(self.config.get("bos_token")),
             eos_token=_token_str(self.config.get("eos_token")),
@@ -107,4 +109,4 @@ def _render_chat_template(template: str, **context) -> str:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: date.today().strftime(fmt)
-    return env.from_string(template).render(add_generation_prompt=True, **context)
+    return env.from_string(template).render(**{"add_generation_prompt": True, **context})

@@ -270,6 +270,34 @@ def test_logit_bias_forces_a_token(client, hf_tokenizer):
     assert answer.choices[0].text == hf_tokenizer.decode([token]) * 4
 
 
+# ------------------------------------------------------------------ tokenize / detokenize
+
+
+def test_tokenize_and_detokenize_are_the_models_tokenizer(routes, hf_tokenizer):
+    """vLLM's /tokenize and /detokenize: HF's ids of a prompt and of a chat, and back."""
+    status, body = post(routes, "/tokenize", {"model": "generator", "prompt": "Hello world, naïve café",
+                                              "return_token_strs": True})
+    assert status == 200, body
+    assert body["tokens"] == hf_tokenizer("Hello world, naïve café")["input_ids"] and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 8192 and "".join(body["token_strs"]) == "Hello world, naïve café"
+    status, chat = post_json(routes.url.removesuffix("/v1") + "/tokenize", {"model": "generator", "messages": QUESTION},
+                             None, timeout=60)  # (vLLM's path, at the root)
+    assert status == 200 and chat["tokens"] == hf_chat_ids(hf_tokenizer, QUESTION)
+    status, bare = post(routes, "/tokenize", {"model": "generator", "messages": QUESTION,
+                                                 "add_generation_prompt": False})
+    assert status == 200 and bare["tokens"] == list(hf_tokenizer.apply_chat_template(
+        QUESTION, add_generation_prompt=False, tokenize=True, return_dict=True)["input_ids"])
+    status, back = post(routes, "/detokenize", {"model": "generator", "tokens": chat["tokens"]})
+    assert status == 200 and back["prompt"] == hf_tokenizer.decode(chat["tokens"])
+    status, embedder = post(routes, "/tokenize", {"model": "embedder", "prompt": "hi"})  # any served model
+    assert status == 200 and embedder["tokens"][0] == 101, embedder  # MiniLM's [CLS]
+    for path, body, words in [("/tokenize", {"model": "generator"}, "one of prompt or messages"),
+                              ("/detokenize", {"model": "generator", "tokens": [10 ** 9]}, "tokens must be ids"),
+                              ("/tokenize", {"model": "nope", "prompt": "x"}, "nope")]:
+        status, got = post(routes, path, body)
+        assert status in (400, 404) and words in got["error"]["message"], got
+
+
 # ------------------------------------------------------------------ errors
 
 

@@ -30,8 +30,10 @@ from tritonformer.client.openai_routes.schemas import (
     ClassifyRequest,
     CompletionRequest,
     EmbeddingRequest,
+    DetokenizeRequest,
     OpenAIError,
     RerankRequest,
+    TokenizeRequest,
 )
 from tritonformer.client.openai_routes.served_models import (
     CLASSIFIER,
@@ -52,6 +54,9 @@ _REFRESH_INTERVAL_S = 1.0
 # Prompts up to this many characters are tokenized on the event loop: at most ~0.7 ms, about
 # what handing them to a worker thread and back costs at low load. Longer ones go to a thread.
 INLINE_TOKENIZE_CHARS = 1024
+
+
+MAX_TOKENIZE_BYTES = 1_000_000  # /tokenize of an encoder model's text
 
 
 class ServedModels:
@@ -77,15 +82,18 @@ class ServedModels:
             self.models = {name: model for name, model in found.items() if model is not None}
             self._refreshed_at = time.monotonic()
 
-    async def get(self, name: str, kind: str) -> ServedModel:
+    async def get(self, name: str, kind: str | None) -> ServedModel:
+        """The served model `name` of `kind` (None: of any kind), else a 404 naming the served ones."""
         model = self.models.get(name)
         if model is None:
             await self.refresh()
             model = self.models.get(name)
-        if model is None or model.kind != kind:
-            served = ", ".join(sorted(m.name for m in self.models.values() if m.kind == kind)) or "none"
-            raise OpenAIError(404, f"The model {name!r} does not exist or is not a {kind} model; "
-                                   f"served {kind} models: {served}", param="model", code="model_not_found")
+        if model is None or kind not in (None, model.kind):
+            served = ", ".join(sorted(m.name for m in self.models.values() if kind in (None, m.kind))) or "none"
+            what = f"a {kind} model" if kind else "served"
+            raise OpenAIError(404, f"The model {name!r} does not exist or is not {what}; "
+                                   f"served{'' if kind is None else ' ' + kind} models: {served}", param="model",
+                              code="model_not_found")
         return model
 
 
@@ -391,5 +399,48 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
 
     for path in ("/classify", "/v1/classify"):  # vLLM's path, and under /v1 beside the others
         app.add_api_route(path, classify, methods=["POST"], dependencies=authorized)
+
+    async def tokenize(req: TokenizeRequest, request: Request):
+        """vLLM's /tokenize: a prompt's token ids (or a chat's, rendered with the model's chat
+        template), as the served model's tokenizer makes them."""
+        req.refuse_unsupported()
+        model = await request.app.state.models.get(req.model, None)
+        if model.tokenizer is None:
+            raise OpenAIError(400, f"model {req.model!r} has no tokenizer here", param="model")
+        if (req.prompt is None) == (req.messages is None):
+            raise OpenAIError(400, "send one of prompt or messages", param="prompt")
+        if req.messages is not None:
+            try:
+                text = model.tokenizer.render_chat([m.for_template() for m in req.messages],
+                                                   add_generation_prompt=req.add_generation_prompt is not False)
+            except Exception as e:
+                raise OpenAIError(400, f"cannot apply the model's chat template: {e}", param="messages") from None
+            special = bool(req.add_special_tokens)  # (a rendered chat has its own: none added by default)
+        else:
+            text, special = req.prompt, req.add_special_tokens is not False
+        if model.kind == GENERATOR:  # its prompt limit; an encoder's texts: a fixed one
+            check_prompt_bytes(model, text, "prompt")
+        elif len(text.encode()) > MAX_TOKENIZE_BYTES:
+            raise OpenAIError(400, f"the prompt is over {MAX_TOKENIZE_BYTES} bytes", param="prompt")
+        ids = await asyncio.to_thread(model.tokenizer.encode, text, special)
+        body = {"count": len(ids), "max_model_len": model.context_length or None, "tokens": ids}
+        if req.return_token_strs:
+            body["token_strs"] = [model.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+        return body
+
+    async def detokenize(req: DetokenizeRequest, request: Request):
+        """vLLM's /detokenize: the text of token ids (special tokens kept)."""
+        req.refuse_unsupported()
+        model = await request.app.state.models.get(req.model, None)
+        if model.tokenizer is None:
+            raise OpenAIError(400, f"model {req.model!r} has no tokenizer here", param="model")
+        if not all(0 <= t < model.tokenizer.vocab_size for t in req.tokens):
+            raise OpenAIError(400, f"tokens must be ids in [0, {model.tokenizer.vocab_size})", param="tokens")
+        return {"prompt": model.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    for path in ("/tokenize", "/v1/tokenize"):
+        app.add_api_route(path, tokenize, methods=["POST"], dependencies=authorized)
+    for path in ("/detokenize", "/v1/detokenize"):
+        app.add_api_route(path, detokenize, methods=["POST"], dependencies=authorized)
 
     return app

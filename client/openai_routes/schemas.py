@@ -199,6 +199,29 @@ class EmbeddingRequest(BaseModel):
     refuse_unsupported = _Request.refuse_unsupported
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize body: a `prompt` (special tokens added unless add_special_tokens is false)
+    or chat `messages` (rendered for the reply; none added unless asked)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None  # default true: rendered for the reply
+    return_token_strs: bool = False
+
+    refuse_unsupported = _Request.refuse_unsupported
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    tokens: list[int]
+
+    refuse_unsupported = _Request.refuse_unsupported
+
+
 class RerankDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")  # structured documents (Cohere's rank_fields) are not supported
     text: str
