@@ -43,6 +43,7 @@ from tritonformer.client.openai_routes.served_models import (
     ServedModel,
     served_model,
 )
+from tritonformer.client.openai_routes.responses_api import ResponseShape, ResponsesRequest
 from tritonformer.client.openai_routes.tools import ToolUse
 from tritonformer.client.openai_routes.triton_calls import TritonCalls
 
@@ -287,16 +288,16 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
     # ---- generation
 
     async def answer(request: Request, req, model: ServedModel, generations: list[Generation], shape,
-                     top_logprobs: int | None, tools: ToolUse | None = None):
+                     top_logprobs: int | None):
         result = Answer(request.app.state.triton, model, generations, shape, top_logprobs,
-                        lambda work: until_disconnect(request, work), tools)
+                        lambda work: until_disconnect(request, work))
         if not req.stream:
             return await result.whole()
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStream(await result.events(include_usage))
 
-    @app.post("/v1/chat/completions", dependencies=authorized)
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
+    async def chat_answer(req: ChatCompletionRequest, request: Request) -> Answer:
+        """The Answer to a chat request (what /v1/chat/completions and /v1/responses send)."""
         req.refuse_unsupported()
         model = await request.app.state.models.get(req.model, GENERATOR)
         tools = ToolUse(req.tools, req.tool_choice, model.tokenizer.chat_template, req.model)
@@ -310,8 +311,24 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
         # The template wrote its own special tokens (a BOS, say): add none (as HF tokenizes chats).
         prompt_ids = await encode(model, text, False)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        return await answer(request, req, model, [Generation(model, req, prompt_ids, 0, top)], out.ChatShape, top,
-                            tools if tools.active else None)
+        return Answer(request.app.state.triton, model, [Generation(model, req, prompt_ids, 0, top)], out.ChatShape,
+                      top, lambda work: until_disconnect(request, work), tools if tools.active else None)
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        result = await chat_answer(req, request)
+        if not req.stream:
+            return await result.whole()
+        return EventStream(await result.events(bool(req.stream_options and req.stream_options.include_usage)))
+
+    @app.post("/v1/responses", dependencies=authorized)
+    async def responses(req: ResponsesRequest, request: Request):
+        req.refuse_unsupported()
+        shape = ResponseShape(req)
+        result = await chat_answer(req.chat(), request)
+        if not req.stream:
+            return shape.whole(await result.whole())
+        return EventStream(shape.events(await result.events(include_usage=True)))
 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(req: CompletionRequest, request: Request):
