@@ -34,6 +34,9 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 # Models that ship without a checkpoint -> the environment variable their config.pbtxt falls back
 # to (the server's environment reaches the models).
 CHECKPOINT_ENVS = {"reranker": "TRITONFORMER_RERANKER_CHECKPOINT", "classifier": "TRITONFORMER_CLASSIFIER_CHECKPOINT"}
+# The reranker's `score_tokens` for that checkpoint (a causal-LM reranker's, e.g. "no,yes";
+# backend/encoder/build.py reads it).
+SCORE_TOKENS_ENV = "TRITONFORMER_RERANKER_SCORE_TOKENS"
 
 
 def _port_type(env: str) -> Callable[[str], int]:
@@ -93,6 +96,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"checkpoint folder of the {model} model, which ships without one (default: ${env}; "
             f"without either the {model} answers every request with how to name one)",
         )
+    parser.add_argument(
+        "--reranker-score-tokens",
+        default=None,
+        help=f"the --reranker-checkpoint's score from its next-token logits, e.g. \"no,yes\" for Qwen3-Reranker "
+        f"(the reranker's score_tokens parameter; default: ${SCORE_TOKENS_ENV})",
+    )
     parser.add_argument(
         "--openai-port",
         type=_port_type(OPENAI_PORT_ENV),
@@ -195,6 +204,8 @@ def run_serve(args: argparse.Namespace) -> int:
                 _say(f"error: --{model}-checkpoint {folder} is not a checkpoint folder (no config.json)")
                 return 2
             os.environ[env] = str(folder.resolve())  # inherited by tritonserver and its model stubs
+    if args.reranker_score_tokens is not None:
+        os.environ[SCORE_TOKENS_ENV] = args.reranker_score_tokens
 
     routes = None
     if not args.no_openai:

@@ -26,6 +26,17 @@ log = logging.getLogger("tritonformer")
 KINDS = ("embedder", "reranker", "classifier")
 
 
+RERANKER_SCORE_TOKENS_ENV = "TRITONFORMER_RERANKER_SCORE_TOKENS"  # `tritonformer serve --reranker-score-tokens`
+
+
+def reranker_score_tokens(parameter: str, checkpoint_parameter: str) -> str:
+    """The reranker's score_tokens: its parameter; where both it and the `checkpoint` parameter
+    are empty (the checkpoint the environment names), the environment's."""
+    if parameter or checkpoint_parameter:
+        return parameter
+    return os.environ.get(RERANKER_SCORE_TOKENS_ENV, "").strip()
+
+
 def score_token_ids(tokenizer, score_tokens: str) -> tuple[int, ...]:
     """The ids of `score_tokens` ("no,yes": comma-separated, each one token of the vocabulary)."""
     ids = []

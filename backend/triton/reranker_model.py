@@ -8,6 +8,9 @@ the last score is back (engine.SplitRequest).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from tritonformer.backend.encoder.build import reranker_score_tokens
 from tritonformer.backend.encoder.engine import SplitRequest
 from tritonformer.backend.encoder.heads import relevance_outputs
 from tritonformer.backend.errors import InvalidRequest
@@ -29,6 +32,12 @@ class TritonPythonModel(EncoderTritonModel):
         return (f"the {self.name} model has no checkpoint: set its config.pbtxt parameter \"checkpoint\" to a "
                 f"cross-encoder folder (*ForSequenceClassification with one label), or start the bundled server "
                 f"with `tritonformer serve --reranker-checkpoint DIR` (environment variable {CHECKPOINT_ENV})")
+
+    def spec(self, p, checkpoint, device, dtype):
+        """The encoder's settings; the checkpoint named by the environment (`tritonformer serve
+        --reranker-checkpoint`) takes its score_tokens from there too."""
+        spec = super().spec(p, checkpoint, device, dtype)
+        return replace(spec, score_tokens=reranker_score_tokens(spec.score_tokens, p.str("checkpoint")))
 
     def configure(self, p, checkpoint, info) -> None:
         self.pairs = PairTokenizer(checkpoint, self.max_tokens)
