@@ -58,7 +58,8 @@ class DecoderWork(Protocol):
     # never computed (nothing follows it). Bounds how many iterations of a round it takes.
     token_limit: int
     prompt_ids: list[int]  # read only with prefix caching: its full blocks are what is matched and cached
-    one_step: bool  # its next sample needs its previous token on the host: never in a round of several
+    one_step: bool  # its next sample needs its previous token on the host: never in a round of several,
+    host_pending: bool  # and (read only where one_step) not scheduled while that token is on its way
 
 
 class SequenceTooLong(OutOfBlocks):
@@ -205,6 +206,8 @@ class IterationScheduler:
         for seq in self.running:
             if budget <= 0:
                 break
+            if seq.one_step and seq.host_pending:  # (its sample's mask waits for its last token)
+                continue
             computed = seq.num_computed
             num_new = seq.num_tokens - computed
             if num_new > budget:

@@ -21,6 +21,7 @@ class FakeSeq:
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     one_step: bool = False  # (a structured output's sequence: no rounds of several iterations)
+    host_pending: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -343,12 +344,16 @@ def test_a_waiting_request_or_short_pool_keeps_rounds_to_one_iteration():
     assert it.steps == 1 and not it.preempted and tight.blocks.num_free == 0
 
 
-def test_a_sequence_sampling_under_a_grammar_keeps_rounds_to_one_iteration():
+def test_a_sequence_sampling_under_a_grammar_keeps_rounds_to_one_iteration_and_waits_for_its_token():
     sched = IterationScheduler(BlockManager(64, 4), max_running=4, max_tokens_per_iteration=64, max_decode_steps=4)
     a, b = FakeSeq(0, prompt=5, target=20), FakeSeq(1, prompt=3, target=20, one_step=True)
     _decoding(sched, [a, b])
     it = sched.schedule()
     assert it.steps == 1 and all(e.steps == 1 for e in it.decode)
+    sched.commit(it)
+    b.host_pending = True  # its token of that iteration is still on its way: it sits this one out
+    a.generated += 1
+    assert [e.seq for e in sched.schedule().decode] == [a]
 
 
 @pytest.mark.parametrize(

@@ -104,11 +104,14 @@ class Sequence:
     num_resolved: int = 0  # output_ids[:num_resolved] are real tokens; the rest are reserved
     token_limit: int = 0  # prompt + max_output: the most tokens it will hold (the scheduler's)
 
+    # Its next sample needs its last token on the host (a structured output's grammar): no round
+    # of several iterations, and no iteration while that token is on its way (the scheduler's).
+    one_step: bool = False
+
     @property
-    def one_step(self) -> bool:
-        """Its next sample needs its last token on the host (a structured output's grammar):
-        no round of several iterations, no launch ahead of its previous token (the scheduler's)."""
-        return self.params.structured is not None
+    def host_pending(self) -> bool:
+        """A sampled token of it has not reached the host yet."""
+        return self.num_resolved < len(self.output_ids)
 
     def __post_init__(self) -> None:
         self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
@@ -197,7 +200,8 @@ class GeneratorEngine(EngineLoop):
         def sample(index: int) -> Sequence:
             p = params if index == 0 or params.seed is None else replace(params, seed=sample_seed(params.seed, index))
             return Sequence(handle, prompt_ids, p, stream, IncrementalDetokenizer(self.tokenizer, p.stop),
-                            max_output=max_output, options=options, index=index)
+                            max_output=max_output, options=options, index=index,
+                            one_step=p.structured is not None)
 
         first = sample(0)
         if params.n > 1:
@@ -240,13 +244,10 @@ class GeneratorEngine(EngineLoop):
         self.report_occupancy()
 
     def step(self) -> None:
-        """Launch the next iteration, then finish the one before it (see the module docstring);
-        finish it first, before scheduling, while any sequence samples under a grammar, whose
-        mask needs its previous token on the host (structured.py)."""
+        """Launch the next iteration, then finish the one before it (see the module docstring).
+        A sequence sampling under a grammar sits out an iteration while its last token is on its
+        way to the host (its mask needs it: structured.py); the others run ahead as always."""
         self._drop_cancelled()
-        if self._launched is not None and self.sampler.constrained:
-            previous, self._launched = self._launched, None
-            self._complete(previous)
         it = self.scheduler.schedule()
         previous, self._launched = self._launched, (self._launch(it) if it else None)
         if previous is not None:

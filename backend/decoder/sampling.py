@@ -201,11 +201,6 @@ class Sampler:
                 self._grammars = self._grammar_source()
             self._matchers[key] = self._grammars.matcher(params.structured)
 
-    @property
-    def constrained(self) -> bool:
-        """Whether any registered sequence samples under a grammar."""
-        return bool(self._matchers)
-
     def accept(self, key: int, token: int) -> None:
         """A structured sequence's sampled token reached the host: advance its matcher."""
         matcher = self._matchers.get(key)

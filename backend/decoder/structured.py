@@ -8,8 +8,8 @@ parser state of its text so far. Before each sample the matcher says which token
 (a bitmask over the vocabulary: a token that cannot continue a valid text, or ends it early, is
 masked to -inf); each sampled token advances it. When the text is complete only the model's end
 tokens remain. JSON comes compact (no free whitespace between tokens: a model cannot loop in it). Masks are made on the host per sequence, so a constrained sequence's next sample
-waits for its previous token on the host (the engine does not run ahead of it, and decodes it one
-iteration per round).
+waits for its previous token on the host: it sits out the iteration during which that token is on
+its way (the scheduler skips it; the others run ahead as always) and takes no rounds of several.
 
 The grammar engine is made ready on a thread of its own when the engine starts
 (`prepare_grammars`: importing xgrammar and reading a 150k-token vocabulary take seconds, which
