@@ -6,13 +6,14 @@
 #
 #   MODELS=phi-4-mini,granite-3.1-8b bash tools/gpu_families.sh
 #
-# MODELS: the published shapes (client/model_shapes.py; default: five of the families added last);
+# MODELS: the published shapes (client/model_shapes.py; default: the families not yet GPU-checked);
 # TESTS=0 skips the GPU checks, BENCH=0 the benchmark; LIMIT: seconds for the whole run (570).
-# Outputs under $OUT: families_gpu_tests.log, families_bench.log / .json, families_gpus.txt.
+# Outputs under $OUT: families_kernel_tests.log, families_gpu_tests.log, families_bench.log / .json,
+# families_gpus.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-phi-4-mini,granite-3.1-8b,smollm3-3b,glm-4-9b,gemma-7b}
+MODELS=${MODELS:-helium-1-2b,qwen3-30b-a3b,qwen1.5-moe-a2.7b}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf
@@ -22,6 +23,9 @@ bash tools/build_native.sh >/dev/null
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/families_gpus.txt"
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 if [[ ${TESTS:-1} != 0 ]]; then
+  # The kernels only the newest families use, on the GPU against their references first.
+  timeout -k 10 120 python3 -m pytest -q tests/test_kernels_moe.py -p no:cacheprovider 2>&1 | tail -5 \
+    | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
   timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "published_width and ($names)" \
     -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"
