@@ -178,8 +178,9 @@ class GeneratorEngine(EngineLoop):
         self.tokenizer = tokenizer
         self.sink = sink
         self.scheduler = scheduler
-        self.sampler = Sampler(self.config.eos_token_ids, grammars=prepare_grammars(
-            tokenizer, runner.model.vocab_size, tuple(self.config.eos_token_ids)))
+        self.grammars = prepare_grammars(tokenizer, runner.model.vocab_size, tuple(self.config.eos_token_ids))
+        self.sampler = Sampler(self.config.eos_token_ids, grammars=self.grammars)
+        self._awaiting_grammars: list[Sequence] = []  # constrained requests, until the grammar engine is up
         self.cancel_check_interval_s = cancel_check_interval_s
         # Stream a response every `stream_interval` tokens (the last always goes at once):
         # fewer, larger responses when each send's IPC cost matters more than smoothness.
@@ -214,6 +215,10 @@ class GeneratorEngine(EngineLoop):
     # ---- EngineLoop ---------------------------------------------------------------------
     def admit(self, items: list[Sequence]) -> None:
         for seq in items:
+            if seq.one_step and not self.grammars.wait(0):  # (its grammar needs the engine built first)
+                self.grammars.start()
+                self._awaiting_grammars.append(seq)
+                continue
             try:  # (a structured output's grammar compiles here: a bad one fails this request only)
                 for s in (seq, *seq.forks):
                     self.sampler.register(s.key, s.params, s.prompt_ids)
@@ -227,10 +232,10 @@ class GeneratorEngine(EngineLoop):
                 self.scheduler.add_forks(seq, seq.forks, len(seq.prompt_ids))
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self._launched is not None
+        return self.scheduler.has_work() or self._launched is not None or bool(self._awaiting_grammars)
 
     def num_queued(self) -> int:
-        return len(self.scheduler.waiting) + len(self.scheduler.running)
+        return len(self.scheduler.waiting) + len(self.scheduler.running) + len(self._awaiting_grammars)
 
     def reject(self, item: Sequence, error: Exception) -> None:
         self._send_error(item, error)
@@ -240,6 +245,9 @@ class GeneratorEngine(EngineLoop):
             for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self._release(seq)
                 self._send_error(seq, error)
+        for seq in self._awaiting_grammars:
+            self._send_error(seq, error)
+        self._awaiting_grammars = []
         self._launched = None
         self.report_occupancy()
 
@@ -248,6 +256,11 @@ class GeneratorEngine(EngineLoop):
         A sequence sampling under a grammar sits out an iteration while its last token is on its
         way to the host (its mask needs it: structured.py); the others run ahead as always."""
         self._drop_cancelled()
+        if self._awaiting_grammars:
+            idle = not self.scheduler.has_work() and self._launched is None
+            if self.grammars.wait(0.05 if idle else 0):
+                waited, self._awaiting_grammars = self._awaiting_grammars, []
+                self.admit(waited)
         it = self.scheduler.schedule()
         previous, self._launched = self._launched, (self._launch(it) if it else None)
         if previous is not None:

@@ -11,9 +11,9 @@ tokens remain. JSON comes compact (no free whitespace between tokens: a model ca
 waits for its previous token on the host: it sits out the iteration during which that token is on
 its way (the scheduler skips it; the others run ahead as always) and takes no rounds of several.
 
-The grammar engine is made ready on a thread of its own when the engine starts
-(`prepare_grammars`: importing xgrammar and reading a 150k-token vocabulary take seconds, which
-must not stall the engine's thread at the first constrained request); without xgrammar such
+The grammar engine is made ready on a thread of its own when the first constrained request
+arrives (`prepare_grammars`: importing xgrammar and reading a 150k-token vocabulary take seconds);
+that request waits aside meanwhile, and the engine runs the others. Without xgrammar such
 requests are answered with an error that says so, and everything else runs as before.
 """
 from __future__ import annotations
@@ -124,33 +124,54 @@ class Grammars:
 
 
 class PreparedGrammars:
-    """Grammars being built on a background thread; calling it waits for them (or raises what
-    building them raised, an InvalidRequest without xgrammar)."""
+    """Grammars built on a background thread, started by the first constrained request (`start`):
+    importing xgrammar and reading a 150k-token vocabulary take seconds, which must neither stall
+    the engine's thread nor be paid by a server that never constrains anything. Calling it
+    starts, waits and returns them (or raises what building them raised: an InvalidRequest
+    without xgrammar)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]):
+        self._args = (tokenizer, vocab_size, stop_ids)
         self._done = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
         self._grammars: Grammars | None = None
         self._error: Exception | None = None
-        threading.Thread(target=self._build, args=(tokenizer, vocab_size, stop_ids), daemon=True,
-                         name="tritonformer-grammars").start()
 
-    def _build(self, tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> None:
+    def start(self) -> None:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._build, daemon=True, name="tritonformer-grammars").start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether they are built (or failed to be), waiting up to `timeout` seconds."""
+        return self._done.wait(timeout)
+
+    def _build(self) -> None:
         try:
-            self._grammars = Grammars(tokenizer, vocab_size, stop_ids)
+            self._grammars = Grammars(*self._args)
         except Exception as e:  # noqa: BLE001 - raised again to each request that needs them
             self._error = e
         finally:
             self._done.set()
 
     def __call__(self) -> Grammars:
+        self.start()
         self._done.wait()
         if self._error is not None:
             raise self._error
         return self._grammars
 
 
-def _unavailable() -> Grammars:
-    raise InvalidRequest("structured outputs need the checkpoint's tokenizer.json")
+class _Unavailable(PreparedGrammars):
+    """A stand-in tokenizer's (no vocabulary): every constrained request is refused."""
+
+    def __init__(self):
+        super().__init__(None, 0, ())
+        self._error = InvalidRequest("structured outputs need the checkpoint's tokenizer.json")
+        self._started = True
+        self._done.set()
 
 
 _prepared: dict[tuple, PreparedGrammars] = {}
@@ -158,10 +179,10 @@ _prepared_lock = threading.Lock()
 
 
 def prepare_grammars(tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> PreparedGrammars:
-    """The Grammars of a TextTokenizer's vocabulary, started now (one per checkpoint, vocabulary
-    size and end tokens in a process: engines rebuilt on one checkpoint share them)."""
-    if getattr(tokenizer, "backend", None) is None:  # (a stand-in tokenizer without a vocabulary)
-        return _unavailable
+    """The (not yet started) Grammars of a TextTokenizer's vocabulary: one per checkpoint,
+    vocabulary size and end tokens in a process, so engines rebuilt on one checkpoint share them."""
+    if getattr(tokenizer, "backend", None) is None:
+        return _Unavailable()
     key = (str(getattr(tokenizer, "checkpoint", id(tokenizer))), vocab_size, tuple(stop_ids))
     with _prepared_lock:
         if key not in _prepared:
