@@ -16,6 +16,7 @@ every rank routes each token the same way, and the all-reduce after the MLP sums
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,7 +84,6 @@ class MoeLayer:
             out = out + torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
         return out
 
-
     def expert_bytes(self) -> int:
         return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
 
@@ -105,23 +105,16 @@ class MoeLayer:
         return self.shared_params() + self.top_k * (self.gate_up[0].numel() + self.down[0].numel())
 
 
-def load_moe_layer(spec: MoeSpec, state: dict, prefix: str, hidden: int, device: torch.device, dtype: torch.dtype,
+def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor], prefix: str, hidden: int,
                    part: slice | None = None, shared_part: slice | None = None) -> MoeLayer:
-    """Layer `prefix`'s MoE block from the checkpoint's tensors; `part` / `shared_part`: this
+    """Layer `prefix`'s MoE block from the checkpoint's tensors (`state`, to see which names it
+    has), each read by `read(name, shape, index=None)` (the decoder's: the shape checked, the
+    `index` part only, on the model's device and dtype); `part` / `shared_part`: this
     tensor-parallel rank's columns of each expert / of the shared expert (None: all)."""
     n = spec.names
     block = next((b for b in n.blocks if f"{prefix}{b}.{n.router}.weight" in state), n.blocks[0])
     base = f"{prefix}{block}."
     experts, inter = spec.num_experts, spec.intermediate_size
-
-    def read(name: str, shape: tuple[int, ...], index=None) -> torch.Tensor:
-        if name not in state:
-            raise KeyError(f"checkpoint is missing weight {name!r}")
-        if tuple(state[name].shape) != shape:
-            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
-                             f"(hidden {hidden}, {experts} experts of {inter} columns) needs {shape}")
-        t = state[name] if index is None else state[name][index]
-        return t.to(device=device, dtype=dtype).contiguous()
 
     def gated(weight: str, size: int, rows: slice | None, *lead: int) -> torch.Tensor:
         """[gate; up] rows of a stacked `[..., 2 * size, H]` tensor, this rank's of each half."""

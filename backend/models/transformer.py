@@ -195,21 +195,29 @@ class TransformerDecoder(DecoderModel):
                 expert_part = tp.part(c.moe.intermediate_size, "expert columns (moe_intermediate_size)")
                 shared_part = tp.part(c.moe.shared_intermediate_size, "shared expert columns")
 
+        experts = f", {c.moe.num_experts} experts of {c.moe.intermediate_size}" if c.moe else ""
+
         def checked(name: str, shape: tuple[int, ...]) -> str:
             if name not in state:
                 raise KeyError(f"checkpoint is missing weight {name!r}")
             if tuple(state[name].shape) != shape:
                 raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
                                  f"(hidden {hidden}, heads {c.num_heads}/{c.num_kv_heads} x {head}, intermediate "
-                                 f"{c.intermediate_size}, vocab {c.vocab_size}) needs {shape}")
+                                 f"{c.intermediate_size}{experts}, vocab {c.vocab_size}) needs {shape}")
             return name
 
-        def w(name: str, *shape: int, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
-            """The tensor, or its `rows` / `cols` only (read from the checkpoint as such)."""
-            if rows is None and cols is None:
+        def read(name: str, shape: tuple[int, ...], index: tuple | None = None) -> torch.Tensor:
+            """The tensor `name` (its shape checked), or its `index` part only (read from the
+            checkpoint as such), on the device in the model's dtype."""
+            if index is None:
                 return self.weight(checked(name, shape))
-            index = (rows or slice(None),) if cols is None else (rows or slice(None), cols)
             return state[checked(name, shape)][index].to(device=device, dtype=dtype).contiguous()
+
+        def w(name: str, *shape: int, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+            """The tensor, or its `rows` / `cols` only."""
+            if rows is None and cols is None:
+                return read(name, shape)
+            return read(name, shape, (rows or slice(None),) if cols is None else (rows or slice(None), cols))
 
         def fused(name: str, parts: list[tuple[int, slice | None]], *shape: int) -> torch.Tensor:
             """A fused projection `name` of stacked parts (each: its row count, this rank's rows of
@@ -272,7 +280,7 @@ class TransformerDecoder(DecoderModel):
             inter = c.intermediate_size
             moe = gate_up_w = down_w = None
             if c.moe and c.moe.layers[i]:
-                moe = load_moe_layer(c.moe, state, p, hidden, device, dtype, expert_part, shared_part)
+                moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part)
             elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
             else:
