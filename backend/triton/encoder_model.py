@@ -25,6 +25,7 @@ from tritonformer.backend.tokenization import TextTokenizer
 from tritonformer.backend.triton.glue import TritonSink, load_settings, reject, setup_logging, uses_triton_batching
 from tritonformer.backend.triton.metrics import EmbedderMetrics
 from tritonformer.backend.triton.params import ModelParameters
+from tritonformer.kernels.reference import POOLING_MODES
 from tritonformer.scheduler.dp_batcher import OBJECTIVES, TriggerPolicy
 
 log = logging.getLogger("tritonformer")
@@ -130,7 +131,7 @@ class EncoderTritonModel:
         if "score_tokens" in self.PARAMETERS:
             extra["score_tokens"] = p.str("score_tokens")
         if "pooling" in self.PARAMETERS:
-            extra.update(pooling=p.choice("pooling", ("auto", "mean", "cls", "last")),
+            extra.update(pooling=p.choice("pooling", ("auto", *POOLING_MODES)),
                          normalize=p.choice("normalize", ("auto", "true", "false")))
         return EncoderSpec(
             self.KIND, str(checkpoint), str(device), str(dtype).removeprefix("torch."), p.str("quantization"),

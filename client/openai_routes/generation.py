@@ -193,11 +193,15 @@ class Answer:
                 yield self._chunk([{"index": choice["index"], "delta": {}, "logprobs": None,
                                     "finish_reason": finish}], include_usage)
             if include_usage:
-                yield out.sse({"id": self.id, "object": self.shape.chunk_object, "created": self.created,
-                               "model": self.model.name, "choices": [], "usage": self._usage()})
+                yield self._usage_chunk()
         finally:
             await self.pieces.aclose()
         yield out.sse("[DONE]")
+
+    def _usage_chunk(self) -> bytes:
+        """The last chunk of a stream with `include_usage`: no choices, the usage."""
+        return out.sse({"id": self.id, "object": self.shape.chunk_object, "created": self.created,
+                        "model": self.model.name, "choices": [], "usage": self._usage()})
 
     def _chunk(self, choices: list[dict], include_usage: bool) -> bytes:
         body = {"id": self.id, "object": self.shape.chunk_object, "created": self.created,
@@ -225,8 +229,7 @@ class Answer:
                     offsets[index] += len(piece.text)
                 item = await anext(self.pieces, None)
             if include_usage:
-                yield out.sse({"id": self.id, "object": self.shape.chunk_object, "created": self.created,
-                               "model": self.model.name, "choices": [], "usage": self._usage()})
+                yield self._usage_chunk()
         except OpenAIError as e:  # after the status line: OpenAI's clients read an error event
             yield out.sse(e.body())
         finally:
