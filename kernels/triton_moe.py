@@ -119,7 +119,7 @@ def _moe_gemm(
     x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, scale_ptr,
     num_pairs, N, K, stride_xm, stride_we, stride_wn, stride_om,
     X_PER_PAIR: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """out[p, n] = act(x[row(p)] @ w[e]^T)[n] (times scale[p] where SCALED) for the pairs p of
     this block, all routed to expert e. row(p) = p // X_PER_PAIR (the token, k for the first
@@ -144,11 +144,11 @@ def _moe_gemm(
         a = tl.load(x_ptr + row[:, None].to(tl.int64) * stride_xm + k[None, :], mask=valid[:, None] & k_ok[None, :],
                     other=0.0)
         b = tl.load(w_base + n[None, :] * stride_wn + k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision=PRECISION)
         if GATED:
             b_up = tl.load(w_base + (n[None, :] + N) * stride_wn + k[:, None], mask=n_ok[None, :] & k_ok[:, None],
                            other=0.0)
-            acc_b += tl.dot(a, b_up)
+            acc_b += tl.dot(a, b_up, input_precision=PRECISION)
     acc = apply_act(acc, acc_b, ACT)
     if SCALED:
         acc = acc * tl.load(scale_ptr + pair, mask=valid, other=0.0)[:, None]
@@ -164,7 +164,8 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
     _moe_gemm[grid](x, w, out, pairs, experts, scale if scale is not None else out,
                     out.shape[0], n, x.shape[1], x.stride(0), w.stride(0), w.stride(1), out.stride(0),
                     X_PER_PAIR=x_per_pair, ACT=ACT_CODE[activation], GATED=gated, SCALED=scale is not None,
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, num_warps=4)
+                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, num_warps=4,
+                    PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # (fp32 in, fp32 products)
     return out
 
 

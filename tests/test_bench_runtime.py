@@ -122,3 +122,19 @@ def test_shapes_parse_up_to_8192():
     assert bench.parse_shapes("8x8192,1x32") == [(8, 8192), (1, 32)]
     with pytest.raises(Exception):
         bench.parse_shapes("1x9000")
+
+
+def test_qwen3_embedding_baseline_dispatches_sdpa_and_ours_matches_it():
+    """`--model qwen3-embedding-0.6b`: a decoder family as the embedder against HF's Qwen3Model
+    (two layers, a shrunk vocabulary, on the CPU): one SDPA call per layer, and ours (causal
+    attention over the packed batch) computes the same hidden states for every row."""
+    hf, config = bench.build_family_baseline("qwen3-embedding-0.6b", layers=2, overrides={"vocab_size": 2048})
+    results = bench.verify_dispatch({"hf_sdpa": hf}, _ids())
+    assert results["hf_sdpa"]["ok"] and results["hf_sdpa"]["sdpa_calls"] == 2
+    ours = bench.build_ours("qwen3-embedding-0.6b", hf, torch.device("cpu"), torch.float32)
+    assert not ours.CUDA_GRAPHS
+    ids = torch.randint(3, 2048, (2, 40), generator=torch.Generator().manual_seed(1))
+    cu = torch.tensor([0, 40, 80], dtype=torch.int32)
+    with torch.inference_mode():
+        ref = hf(input_ids=ids).last_hidden_state
+    assert bench._min_cosine(ours.forward(ids.reshape(-1), cu, 40), ref) >= 0.999

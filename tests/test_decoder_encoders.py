@@ -71,6 +71,28 @@ def test_last_token_embeddings_equal_hf_last_hidden_state(shape, changes):
     torch.testing.assert_close(hidden[cu[3]:cu[4]], whole, atol=2e-5, rtol=1e-4)
 
 
+def test_graph_buckets_padding_and_empty_sequences_leave_the_rows_unchanged():
+    """The CUDA-graph path's static shapes (backend/cuda_graphs.py, run eagerly here): a padding
+    sequence over the bucket's unused tokens and empty sequences after it change no real row,
+    and the scratch cache, once made, stays where it is while a larger batch gets its own."""
+    from tritonformer.backend.cuda_graphs import EncoderGraphs
+
+    hf = _hf("gemma-2-9b", {"sliding_window": 8})
+    ours = load_encoder(hf.config.to_dict(), _state(hf), CPU, torch.float32)
+    assert ours.CUDA_GRAPHS
+    lengths = [5, 29, 1]
+    seqs, ids, cu = _packed(lengths, seed=7)
+    eager = ours.forward(ids, cu)
+    graphs = EncoderGraphs(ours, capture=False)
+    assert graphs.bucket(sum(lengths), len(lengths)) == (64, 4)
+    torch.testing.assert_close(graphs.forward(ids, lengths), eager, atol=1e-5, rtol=1e-5)
+    kept = ours._cache
+    _, more, more_cu = _packed([90, 70], seed=8)
+    ours.forward(more, more_cu)
+    assert ours._cache is kept  # (captured graphs hold its address)
+    torch.testing.assert_close(graphs.forward(ids, lengths), eager, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("shape,labels", [("qwen3-8b", 1), ("llama-3.1-8b", 3)])
 def test_sequence_classification_scores_equal_hf(shape, labels):
     hf = _hf(shape, {}, head="ForSequenceClassification", num_labels=labels, pad_token_id=0)

@@ -51,7 +51,7 @@ def compile_all() -> list[str]:
     grouped = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "pairs_ptr": "*i32", "experts_ptr": "*i32",
                "scale_ptr": "*fp32", "num_pairs": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
                "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
-    gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
+    gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, PRECISION="tf32")
     route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
              "scratch_ptr": "*i32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32", "n_blocks": "i32"}
     variants = [

@@ -10,7 +10,9 @@ decoder family's features come along). The result is the final norm's rows, Hugg
 linear without bias) reads the last token too, as `*ForSequenceClassification` does for
 sequences without padding.
 
-Not captured in CUDA graphs (the scratch cache grows with the largest batch seen).
+Small batches replay CUDA graphs like every encoder's (backend/cuda_graphs.py): on a GPU the
+scratch cache is made once, large enough for the largest graph bucket, so that no later batch
+moves it under a captured graph; a batch larger than that gets a cache of its own for its forward.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tritonformer import kernels
+from tritonformer.backend.cuda_graphs import SEQUENCE_BUCKETS, TOKEN_BUCKETS
 from tritonformer.backend.decoder.batch import whole_prompts_batch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.encoder.activation_arena import UsageRecord
@@ -27,6 +30,9 @@ from tritonformer.backend.models.encoder import ClassifierLabels
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder
 
 BLOCK_SIZE = 16  # the scratch cache's block: the paged attention kernels' smallest
+# The blocks whole_prompts_batch asks for at the largest graph bucket: its tokens' blocks plus
+# one partly filled block per sequence.
+GRAPH_BLOCKS = TOKEN_BUCKETS[-1] // BLOCK_SIZE + SEQUENCE_BUCKETS[-1]
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ def token_score_state(cfg: dict, state: dict, token_ids: tuple[int, ...]) -> dic
 
 
 class DecoderEncoder:
-    CUDA_GRAPHS = False
+    CUDA_GRAPHS = True
 
     def __init__(self, config: DecoderEncoderConfig, state: dict, device: torch.device, dtype: torch.dtype,
                  labels: ClassifierLabels | None = None):
@@ -82,10 +88,15 @@ class DecoderEncoder:
         self._cache: PagedKVCache | None = None
 
     def _scratch(self, blocks: int) -> PagedKVCache:
-        if self._cache is None or self._cache.num_blocks < blocks:
-            self._cache = None  # (the old one freed before the larger one is made)
-            self._cache = self.decoder.new_kv_cache(blocks, BLOCK_SIZE)
-        return self._cache
+        """The kept scratch cache when it holds `blocks`, else one for this forward alone. The
+        kept one never moves once made (captured graphs hold its address); on a GPU it is made
+        for the largest graph bucket at once, on the CPU (no graphs) as large as the first batch."""
+        if self._cache is None:
+            floor = GRAPH_BLOCKS if self.device.type == "cuda" else 0
+            self._cache = self.decoder.new_kv_cache(max(blocks, floor), BLOCK_SIZE)
+        if self._cache.num_blocks >= blocks:
+            return self._cache
+        return self.decoder.new_kv_cache(blocks, BLOCK_SIZE)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None,
