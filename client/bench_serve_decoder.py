@@ -30,7 +30,8 @@ import numpy as np
 
 from tritonformer.client.engine_drive import (WARM_STEPS, engine_for, forward_ms, our_engine, run_ours, run_timed,
                                                submit, sync, timed_decode_steps)
-from tritonformer.client.gpu_measure import copy_bandwidth, matmul_peak_tflops, prefill_flops, read_bytes_per_step
+from tritonformer.client.gpu_measure import (all_weight_bytes, copy_bandwidth, matmul_peak_tflops, prefill_flops,
+                                             read_bytes_per_step)
 from tritonformer.client.traces import fixed_trace, orca_trace, shared_prefix_trace, warm_up_copy
 
 
@@ -184,8 +185,7 @@ def run_families(args, names: list[str], dev, dtype, bandwidth: float, results: 
                                   max_decode_steps=args.max_decode_steps)
         vocab = model.vocab_size
         read = read_bytes_per_step(model)
-        every = read + (0 if model.output_head.data_ptr() == model.embed.data_ptr()
-                        else model.embed.numel() * model.embed.element_size())
+        every = all_weight_bytes(model)
         context = 128 + WARM_STEPS + 32  # our_step_ms's mean context over the timed steps
         kv64 = 64 * context * model.kv_bytes_per_token()
         read64 = read_bytes_per_step(model, 64)  # (a MoE model's 64 rows reach more experts than one does)

@@ -21,11 +21,12 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 10 / (time.perf_counter() - t0)
 
 
-def read_bytes_per_step(model, rows: int = 1) -> int:
+def read_bytes_per_step(model, rows: int | None = 1) -> int:
     """Bytes of weights one decode step over `rows` sequences reads: every layer's tensors (FP8
     weights: values and scales; of a mixture-of-experts layer the experts routed to, as many as
-    uniform routing of `rows` tokens reaches: models/moe.MoeLayer.read_bytes), the final norm and
-    the output head (an untied input embedding is only gathered, a few rows per step)."""
+    uniform routing of `rows` tokens reaches: models/moe.MoeLayer.read_bytes; rows None: all of
+    them), the final norm and the output head (an untied input embedding is only gathered, a
+    few rows per step)."""
     import torch
 
     from tritonformer.kernels.fp8 import Fp8Weight
@@ -52,6 +53,13 @@ def read_bytes_per_step(model, rows: int = 1) -> int:
     add(model.final_norm)
     add(model.output_head)
     return total
+
+
+def all_weight_bytes(model) -> int:
+    """Every weight byte: every layer's tensors, all of a MoE layer's experts, the final norm, the
+    output head and an untied input embedding."""
+    untied = model.output_head.data_ptr() != model.embed.data_ptr()
+    return read_bytes_per_step(model, None) + (model.embed.numel() * model.embed.element_size() if untied else 0)
 
 
 def matmul_peak_tflops(dtype) -> float:

@@ -156,16 +156,21 @@ def _moe_gemm(
              mask=valid[:, None] & n_ok[None, :])
 
 
-def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str, block_m: int):
+def gemm_config(pairs: int, gated: bool) -> dict:
+    """Tile and launch settings of `_moe_gemm` for a step of `pairs` routed rows."""
+    return {"BLOCK_M": 16 if pairs <= 256 else 64,  # a decode step's few rows per expert; a prefill's many
+            "BLOCK_N": 64 if gated else 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+
+
+def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str, config: dict):
     n = out.shape[1]
     gated = activation != "none"
-    block_n = 64 if gated else 128
-    grid = (experts.numel(), triton.cdiv(n, block_n))
+    grid = (experts.numel(), triton.cdiv(n, config["BLOCK_N"]))
     _moe_gemm[grid](x, w, out, pairs, experts, scale if scale is not None else out,
                     out.shape[0], n, x.shape[1], x.stride(0), w.stride(0), w.stride(1), out.stride(0),
                     X_PER_PAIR=x_per_pair, ACT=ACT_CODE[activation], GATED=gated, SCALED=scale is not None,
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, num_warps=4,
-                    PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # (fp32 in, fp32 products)
+                    PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 in, fp32 products)
+                    **config)
     return out
 
 
@@ -174,11 +179,12 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
-    block_m = 16 if pairs <= 256 else 64  # a decode step's few rows per expert; a prefill's many
-    weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, block_m)
+    first, second = gemm_config(pairs, True), gemm_config(pairs, False)
+    assert first["BLOCK_M"] == second["BLOCK_M"]  # (one sort of the pairs serves both GEMMs)
+    weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, first["BLOCK_M"])
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
-    _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, block_m)
+    _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first)
     rows = torch.empty(pairs, down.shape[1], device=x.device, dtype=torch.float32)
-    _grouped(inner, down, rows, sorted_pairs, experts, weights.reshape(-1).float().contiguous(), 1, "none", block_m)
+    _grouped(inner, down, rows, sorted_pairs, experts, weights.reshape(-1).float().contiguous(), 1, "none", second)
     return rows.view(tokens, top_k, -1).sum(1).to(x.dtype)

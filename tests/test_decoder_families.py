@@ -329,7 +329,7 @@ def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, 
 
 
 def test_a_moe_step_reads_the_router_and_k_experts_for_one_token_and_more_for_many():
-    from tritonformer.client.gpu_measure import prefill_flops, read_bytes_per_step
+    from tritonformer.client.gpu_measure import all_weight_bytes, prefill_flops, read_bytes_per_step
 
     hf, ours = _pair("qwen3-30b-a3b", {})
     moe = ours.layers[0].moe
@@ -340,6 +340,7 @@ def test_a_moe_step_reads_the_router_and_k_experts_for_one_token_and_more_for_ma
     dense = sum(p.numel() * 4 for name, p in hf.named_parameters() if "layers." in name and "mlp" not in name)
     assert read_bytes_per_step(ours) == len(ours.layers) * moe.read_bytes(1) + dense + ours.output_head.numel() * 4 + (
         ours.final_norm.numel() * 4)
+    assert all_weight_bytes(ours) == sum(p.numel() * 4 for p in hf.parameters())  # (every expert, the input embedding)
     assert prefill_flops(ours, 1) > 2 * len(ours.layers) * (moe.top_k * expert / 4)
 
 

@@ -92,12 +92,13 @@ class MoeLayer:
         shared = (self.shared_gate_up, self.shared_down, self.shared_gate)
         return self.router.numel() + sum(t.numel() for t in shared if t is not None)
 
-    def read_bytes(self, tokens: int) -> float:
+    def read_bytes(self, tokens: int | None) -> float:
         """Bytes of weights one step over `tokens` rows reads: the router, the shared expert and the
         experts routed to, E * (1 - (1 - k / E) ** tokens) of them where routing is uniform (k
-        at one token; nearly all of them at 64 tokens of Qwen3-30B-A3B's 8 of 128: 98%)."""
+        at one token; nearly all of them at 64 tokens of Qwen3-30B-A3B's 8 of 128: 98%).
+        None: every expert (the layer's whole size)."""
         experts = self.gate_up.shape[0]
-        routed = experts * (1 - (1 - self.top_k / experts) ** tokens)
+        routed = experts if tokens is None else experts * (1 - (1 - self.top_k / experts) ** tokens)
         return self.shared_params() * self.router.element_size() + routed * self.expert_bytes()
 
     def active_params(self) -> int:
