@@ -69,6 +69,10 @@ def compile_all() -> list[str]:
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, **{**gemm, "BLOCK_M": 64, "BLOCK_N": 128})),
         ("moe route-align", moe._route_align_kernel, route, dict(
             TOP_K=8, NORMALIZE=True, ROUND=True, BLOCK_M=16, T_P2=64, K_P2=8, E_P2=128)),
+        ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
+                                                             **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128})),
+        ("moe sum-pairs", moe._sum_pairs_kernel, {"rows_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"},
+         dict(TOP_K=8, BLOCK=1024)),
     ]
     return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
             for name, fn, args, consts in variants]
@@ -81,7 +85,7 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
-    for name in ("moe gate-up", "moe down", "moe route-align"):
+    for name in ("moe gate-up", "moe down", "moe route-align", "moe prefill gate-up", "moe sum-pairs"):
         assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
 
 

@@ -96,6 +96,7 @@ def test_align_puts_every_routed_pair_once_in_a_block_of_its_expert(tokens, top_
     (6, 64, 40, 4, 2, "gelu_tanh_mul"),
     (45, 32, 24, 6, 3, "silu_mul"),
     (140, 16, 16, 8, 2, "silu_mul"),  # > 256 pairs: the prefill's row blocks
+    (300, 16, 24, 4, 2, "silu_mul"),  # >= 64 pairs per expert: a long prefill's 128-row tiles
 ])
 def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activation):
     x = _rand(tokens, hidden, seed=10)

@@ -63,13 +63,13 @@ def main() -> int:
             routed = experts * (1 - (1 - top_k / experts) ** tokens)
             inner = torch.empty(pairs, inter, device=dev, dtype=dtype)
             rows = torch.empty(pairs, hidden, device=dev, dtype=torch.float32)
-            current = moe.gemm_config(pairs, True)
+            current = moe.gemm_config(pairs, experts, True)
             grid = DECODE_GRID if current["BLOCK_M"] == 16 else PREFILL_GRID
             for gemm, share in (("gate-up", 2 / 3), ("down", 1 / 3)):
                 floor = max(routed * expert_bytes * share / bandwidth, 2 * pairs * hidden * inter * (3 * share)
                             / (peak * 1e12)) * 1e6
                 times = {}
-                for config in [moe.gemm_config(pairs, gemm == "gate-up")] + grid:
+                for config in [moe.gemm_config(pairs, experts, gemm == "gate-up")] + grid:
                     key = tuple(sorted(config.items()))
                     if key in times:
                         continue
@@ -85,7 +85,7 @@ def main() -> int:
                         times[key] = graph_us(run)
                     except Exception as e:  # (a setting past the shared memory: skip it)
                         print(f"  {name} {tokens} {gemm} {config}: {type(e).__name__}", file=sys.stderr)
-                now = times[tuple(sorted(moe.gemm_config(pairs, gemm == "gate-up").items()))]
+                now = times[tuple(sorted(moe.gemm_config(pairs, experts, gemm == "gate-up").items()))]
                 best_key = min(times, key=times.get)
                 best = " ".join(f"{k.removeprefix('BLOCK_').lower()}={v}" for k, v in best_key)
                 print(f"| {name} | {tokens} | {gemm} | {now:.1f} | {times[best_key]:.1f} | {best} | {floor:.1f} "
