@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true", help="also the GPU's idle time and the host calls under it")
     args = ap.parse_args()
 
-    from tritonformer.client.bench_serve_decoder import release
+    from tritonformer.client.bench_serve_decoder import free_gpu_memory, release
     from tritonformer.client.engine_drive import engine_for
     from tritonformer.client.gpu_measure import matmul_peak_tflops, prefill_flops
     from tritonformer.client.model_shapes import random_decoder
@@ -125,7 +125,7 @@ def main() -> None:
             timeline(engine, vocab, args.tokens, rng)
         release(engine)
         del engine, sink, model
-        torch.cuda.empty_cache()
+        free_gpu_memory()
 
 
 if __name__ == "__main__":
