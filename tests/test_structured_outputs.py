@@ -36,6 +36,8 @@ def test_the_request_names_one_constraint():
     assert parse({"structured_outputs": {"choice": ["a", "b"]}}).structured.value == '["a", "b"]'
     assert parse({"structured_outputs": {"regex": "[0-9]+"}}).structured == StructuredSpec("regex", "[0-9]+")
     assert parse({"structured_outputs": None}).structured is None
+    assert parse({"structured_outputs": {"regex": "x", "disable_any_whitespace": True, "disable_fallback": True}}
+                 ).structured == StructuredSpec("regex", "x")  # (both hold here anyway)
     p = parse({"structured_outputs": {"regex": "x"}})
     assert p.processed and not p.greedy  # never the decode graph's own argmax
     for bad, message in [({"structured_outputs": {"json": SCHEMA, "regex": "x"}}, "exactly one"),
@@ -43,6 +45,7 @@ def test_the_request_names_one_constraint():
                          ({"structured_outputs": {"json": "{not json"}}, "not valid JSON"),
                          ({"structured_outputs": {"choice": []}}, "non-empty list"),
                          ({"structured_outputs": "x"}, "must be an object"),
+                         ({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": " ?"}}, "whitespace_pattern"),
                          ({"structured_outputs": {"regex": "x"}, "guided_decoding": {"regex": "y"}}, "not both")]:
         with pytest.raises(InvalidRequest, match=message):
             parse(bad)

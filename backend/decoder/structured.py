@@ -42,13 +42,18 @@ class StructuredSpec:
 def parse_structured(raw, key: str) -> StructuredSpec | None:
     """vLLM's `structured_outputs` (or older `guided_decoding`) dict: exactly one of `json` (a
     schema, as an object or its JSON text), `json_object` (true: any JSON object), `regex`,
-    `choice` (a list of strings) or `grammar` (EBNF, GBNF style); None or {} for none."""
+    `choice` (a list of strings) or `grammar` (EBNF, GBNF style); None or {} for none.
+    `disable_fallback` and `disable_any_whitespace` are accepted and hold anyway (there is no
+    other backend to fall back to; JSON comes compact); `whitespace_pattern` is refused."""
     if raw is None or raw == {}:
         return None
     if not isinstance(raw, dict):
         raise InvalidRequest(f"{key} must be an object with one of {', '.join(KINDS)}")
     given = {k: v for k, v in raw.items() if v not in (None, False)}
-    unknown = sorted(set(given) - set(KINDS) - {"disable_fallback", "disable_any_whitespace", "whitespace_pattern"})
+    if "whitespace_pattern" in given:
+        raise InvalidRequest(f"{key}.whitespace_pattern is not supported (JSON is generated compact, with no "
+                             f"whitespace between its tokens)")
+    unknown = sorted(set(given) - set(KINDS) - {"disable_fallback", "disable_any_whitespace"})
     if unknown:
         raise InvalidRequest(f"{key}: unsupported key(s) {unknown} (supported: {', '.join(KINDS)})")
     kinds = [k for k in KINDS if k in given]
