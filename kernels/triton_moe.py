@@ -5,8 +5,11 @@ into blocks of BLOCK_M rows, each block one expert's (padded with a sentinel row
 sync, so a decode step with its MoE layers is captured in a CUDA graph: for a decode step's few
 tokens one program does the routing (softmax, top k, renormalisation) and the sort
 (`_route_align_kernel`: one launch where tensor ops took about twenty, each a few microseconds of
-a step that reads a few hundred microseconds of weights per layer); for more tokens, tensor ops
-(`reference.moe_route_align`).
+a step that reads a few hundred microseconds of weights per layer); for more tokens (a prefill's)
+three launches where tensor ops took about thirty-five: each program routes a chunk of tokens and
+counts its pairs per expert, one program turns the counts into each chunk's offsets in each
+expert's run, and each chunk's pairs, sorted in their program, are written there (the pairs in
+pair order inside each expert, as `reference.moe_align` orders them).
 `_moe_gemm` then runs one program per (block, column tile): it gathers its block's input rows,
 reads its expert's weight tile once and writes each pair's output row. The first GEMM applies
 the gated activation to [gate | up] (both halves' tiles in one program), the second multiplies
@@ -27,7 +30,44 @@ from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act
 
 FUSED_MAX_TOKENS = 64  # route and sort in one program up to this many tokens (a decode step's)
+CHUNK_TOKENS = 16  # past that, tokens per program of the routing and of the scatter
 FUSED_MAX_EXPERTS = 256
+
+
+@triton.jit
+def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
+                 ROUND: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr):
+    """reference.moe_route of the logits' `rows`: (weights, expert ids), both [len(rows), K_P2]."""
+    cols = tl.arange(0, E_P2)
+    logits = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
+                     mask=row_ok[:, None] & (cols < E)[None, :], other=float("-inf")).to(tl.float32)
+    logits = tl.where(row_ok[:, None], logits, 0.0)  # (rows past T: finite, never stored)
+    row_max = tl.max(logits, axis=1)
+    row_sum = tl.sum(tl.exp(logits - row_max[:, None]), axis=1)
+    slots = tl.arange(0, K_P2)
+    weights = tl.zeros((rows.shape[0], K_P2), dtype=tl.float32)
+    ids = tl.zeros((rows.shape[0], K_P2), dtype=tl.int32)
+    left = logits
+    for j in tl.static_range(TOP_K):  # the k largest, one at a time (first index on ties)
+        best = tl.max(left, axis=1)
+        pick = tl.min(tl.where(left == best[:, None], cols[None, :], E_P2), axis=1)
+        weights = tl.where(slots[None, :] == j, (tl.exp(best - row_max) / row_sum)[:, None], weights)
+        ids = tl.where(slots[None, :] == j, pick[:, None], ids)
+        left = tl.where(cols[None, :] == pick[:, None], float("-inf"), left)
+    if NORMALIZE:
+        weights = weights / tl.sum(weights, axis=1)[:, None]
+    if ROUND:
+        weights = weights.to(logits_ptr.dtype.element_ty).to(tl.float32)
+    return weights, ids
+
+
+@triton.jit
+def _store_owners(experts_ptr, block_end, E, n_blocks):
+    """Each block's expert (-1 past the last run): how many experts' runs end at or before it."""
+    for b0 in range(0, n_blocks, 64):
+        b = b0 + tl.arange(0, 64)
+        owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        tl.store(experts_ptr + b, tl.where(owner < E, owner, -1), mask=b < n_blocks)
 
 
 @triton.jit
@@ -42,27 +82,9 @@ def _route_align_kernel(
     `scratch_ptr`: 4 * E_P2 int32 of memory for the per-expert starts."""
     P2: tl.constexpr = T_P2 * K_P2  # pair slots: pair p = t * TOP_K + j lives in slot t * K_P2 + j
     rows = tl.arange(0, T_P2)
-    cols = tl.arange(0, E_P2)
     row_ok = rows < T
-    logits = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
-                     mask=row_ok[:, None] & (cols < E)[None, :], other=float("-inf")).to(tl.float32)
-    logits = tl.where(row_ok[:, None], logits, 0.0)  # (rows past T: finite, never stored)
-    row_max = tl.max(logits, axis=1)
-    row_sum = tl.sum(tl.exp(logits - row_max[:, None]), axis=1)
+    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K, NORMALIZE, ROUND, K_P2, E_P2)
     slots = tl.arange(0, K_P2)
-    weights = tl.zeros((T_P2, K_P2), dtype=tl.float32)
-    ids = tl.zeros((T_P2, K_P2), dtype=tl.int32)
-    left = logits
-    for j in tl.static_range(TOP_K):  # the k largest, one at a time (first index on ties)
-        best = tl.max(left, axis=1)
-        pick = tl.min(tl.where(left == best[:, None], cols[None, :], E_P2), axis=1)
-        weights = tl.where(slots[None, :] == j, (tl.exp(best - row_max) / row_sum)[:, None], weights)
-        ids = tl.where(slots[None, :] == j, pick[:, None], ids)
-        left = tl.where(cols[None, :] == pick[:, None], float("-inf"), left)
-    if NORMALIZE:
-        weights = weights / tl.sum(weights, axis=1)[:, None]
-    if ROUND:
-        weights = weights.to(logits_ptr.dtype.element_ty).to(tl.float32)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
 
@@ -86,19 +108,88 @@ def _route_align_kernel(
     first_block = tl.load(scratch_ptr + 2 * E_P2 + expert, mask=ok, other=0)
     dest = first_block * BLOCK_M + tl.arange(0, P2) - first
     tl.store(pairs_ptr + dest, keys % P2, mask=ok)
-    for b0 in range(0, n_blocks, 64):  # each block's expert: how many experts' runs end at or before it
-        b = b0 + tl.arange(0, 64)
-        owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
-        tl.store(experts_ptr + b, tl.where(owner < E, owner, -1), mask=b < n_blocks)
+    _store_owners(experts_ptr, block_end, E, n_blocks)
+
+
+@triton.jit
+def _route_chunk_kernel(
+    logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, T, E, stride_l, max_rows,
+    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
+    K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr,
+):
+    """Many tokens, step 1 of 3; one program per CHUNK tokens: their routing (weights and ids
+    out), how many of their pairs go to each expert (counts `[chunks, E_P2]`), and FILL rows of
+    the sorted pairs set to the sentinel."""
+    c = tl.program_id(0)
+    rows = c * CHUNK + tl.arange(0, CHUNK)
+    row_ok = rows < T
+    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K, NORMALIZE, ROUND, K_P2, E_P2)
+    slots = tl.arange(0, K_P2)
+    slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
+    tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
+    tl.store(ids_ptr + rows[:, None] * TOP_K + slots[None, :], ids, mask=slot_ok)
+    counts = tl.histogram(tl.reshape(tl.where(slot_ok, ids, E_P2), [CHUNK * K_P2]), 2 * E_P2)
+    bins = tl.arange(0, 2 * E_P2)
+    tl.store(counts_ptr + c * E_P2 + bins, counts, mask=bins < E_P2)
+    r = c * FILL + tl.arange(0, FILL)
+    tl.store(pairs_ptr + r, T * TOP_K, mask=r < max_rows)
+
+
+@triton.jit
+def _align_offsets_kernel(counts_ptr, offsets_ptr, experts_ptr, chunks, E, n_blocks,
+                          BLOCK_M: tl.constexpr, E_P2: tl.constexpr, ROWS: tl.constexpr):
+    """Many tokens, step 2 of 3; one program: each expert's run of blocks (experts out, as
+    moe_align returns them) and where each chunk's pairs of each expert start in it
+    (offsets `[chunks, E_P2]`: the run's first row plus the earlier chunks' pairs)."""
+    cols = tl.arange(0, E_P2)
+    total = tl.zeros((E_P2,), dtype=tl.int32)
+    for c0 in range(0, chunks, ROWS):
+        c = c0 + tl.arange(0, ROWS)
+        total += tl.sum(tl.load(counts_ptr + c[:, None] * E_P2 + cols[None, :], mask=(c < chunks)[:, None], other=0),
+                        axis=0)
+    blocks = (total + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, 0)
+    running = (block_end - blocks) * BLOCK_M
+    for c0 in range(0, chunks, ROWS):
+        c = c0 + tl.arange(0, ROWS)
+        ok = (c < chunks)[:, None]
+        counts = tl.load(counts_ptr + c[:, None] * E_P2 + cols[None, :], mask=ok, other=0)
+        tl.store(offsets_ptr + c[:, None] * E_P2 + cols[None, :], running[None, :] + tl.cumsum(counts, 0) - counts,
+                 mask=ok)
+        running += tl.sum(counts, axis=0)
+    _store_owners(experts_ptr, block_end, E, n_blocks)
+
+
+@triton.jit
+def _scatter_chunk_kernel(ids_ptr, offsets_ptr, pairs_ptr, T, TOP_K: tl.constexpr, CHUNK: tl.constexpr,
+                          K_P2: tl.constexpr, E_P2: tl.constexpr):
+    """Many tokens, step 3 of 3; one program per chunk: its pairs sorted by expert (then pair),
+    each written at its expert's offset for this chunk plus its rank among them."""
+    P2: tl.constexpr = CHUNK * K_P2
+    c = tl.program_id(0)
+    rows = c * CHUNK + tl.arange(0, CHUNK)
+    slots = tl.arange(0, K_P2)
+    slot_ok = (rows < T)[:, None] & (slots < TOP_K)[None, :]
+    ids = tl.load(ids_ptr + rows[:, None] * TOP_K + slots[None, :], mask=slot_ok, other=0)
+    local = tl.arange(0, CHUNK)[:, None] * TOP_K + slots[None, :]
+    keys = tl.sort(tl.reshape(tl.where(slot_ok, ids * P2 + local, E_P2 * P2), [P2]))
+    counts = tl.histogram(tl.reshape(tl.where(slot_ok, ids, E_P2), [P2]), 2 * E_P2)
+    ok = keys < E_P2 * P2
+    expert = keys // P2
+    # rank among this chunk's pairs of the same expert = sorted position - pairs of smaller experts
+    before = tl.gather(tl.cumsum(counts, 0) - counts, expert, 0)
+    start = tl.load(offsets_ptr + c * E_P2 + expert, mask=ok, other=0)
+    tl.store(pairs_ptr + start + tl.arange(0, P2) - before, c * CHUNK * TOP_K + keys % P2, mask=ok)
 
 
 def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                 block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """reference.moe_route_align (same contract) in one launch where T <= FUSED_MAX_TOKENS,
-    E <= FUSED_MAX_EXPERTS and the weights round (if at all) to the logits' dtype; the
-    reference otherwise."""
+    """reference.moe_route_align (same contract, the same pairs in the same order): in one launch
+    where T <= FUSED_MAX_TOKENS, in three for more tokens (route and count per chunk of tokens,
+    the offsets, the scatter), where E <= FUSED_MAX_EXPERTS and the weights round (if at all) to
+    the logits' dtype; the reference otherwise."""
     tokens, experts = router_logits.shape
-    if tokens > FUSED_MAX_TOKENS or experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
+    if experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
         return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m)
     router_logits = router_logits.contiguous()
     device = router_logits.device
@@ -106,12 +197,26 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     weights = torch.empty(tokens, top_k, device=device, dtype=torch.float32)
     pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
     owners = torch.empty(n_blocks, device=device, dtype=torch.int32)
-    e_p2 = triton.next_power_of_2(experts)
-    scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
-    _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
-                              router_logits.stride(0), pairs.numel(), n_blocks, TOP_K=top_k, NORMALIZE=normalize,
-                              ROUND=weights_dtype is not None, BLOCK_M=block_m, T_P2=triton.next_power_of_2(tokens),
-                              K_P2=triton.next_power_of_2(top_k), E_P2=e_p2, num_warps=4)
+    e_p2, k_p2 = triton.next_power_of_2(experts), triton.next_power_of_2(top_k)
+    common = dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None, K_P2=k_p2, E_P2=e_p2)
+    if tokens <= FUSED_MAX_TOKENS:
+        scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
+        _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
+                                  router_logits.stride(0), pairs.numel(), n_blocks, BLOCK_M=block_m,
+                                  T_P2=triton.next_power_of_2(tokens), num_warps=4, **common)
+        return weights, pairs, owners
+    chunks = triton.cdiv(tokens, CHUNK_TOKENS)
+    ids = torch.empty(tokens * top_k, device=device, dtype=torch.int32)
+    counts = torch.empty(chunks, e_p2, device=device, dtype=torch.int32)
+    offsets = torch.empty_like(counts)
+    fill = triton.next_power_of_2(triton.cdiv(pairs.numel(), chunks))
+    _route_chunk_kernel[(chunks,)](router_logits, weights, ids, counts, pairs, tokens, experts,
+                                   router_logits.stride(0), pairs.numel(), CHUNK=CHUNK_TOKENS, FILL=fill,
+                                   num_warps=4, **common)
+    _align_offsets_kernel[(1,)](counts, offsets, owners, chunks, experts, n_blocks, BLOCK_M=block_m, E_P2=e_p2,
+                                ROWS=16, num_warps=4)
+    _scatter_chunk_kernel[(chunks,)](ids, offsets, pairs, tokens, TOP_K=top_k, CHUNK=CHUNK_TOKENS, K_P2=k_p2,
+                                     E_P2=e_p2, num_warps=4)
     return weights, pairs, owners
 
 

@@ -71,6 +71,16 @@ def compile_all() -> list[str]:
             TOP_K=8, NORMALIZE=True, ROUND=True, BLOCK_M=16, T_P2=64, K_P2=8, E_P2=128)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
                                                              **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128})),
+        ("moe route-chunk", moe._route_chunk_kernel,
+         {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
+          "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32"},
+         dict(TOP_K=8, NORMALIZE=True, ROUND=True, CHUNK=16, K_P2=8, E_P2=128, FILL=256)),
+        ("moe align-offsets", moe._align_offsets_kernel,
+         {"counts_ptr": "*i32", "offsets_ptr": "*i32", "experts_ptr": "*i32", "chunks": "i32", "E": "i32",
+          "n_blocks": "i32"}, dict(BLOCK_M=64, E_P2=128, ROWS=16)),
+        ("moe scatter-chunk", moe._scatter_chunk_kernel,
+         {"ids_ptr": "*i32", "offsets_ptr": "*i32", "pairs_ptr": "*i32", "T": "i32"},
+         dict(TOP_K=8, CHUNK=16, K_P2=8, E_P2=128)),
         ("moe sum-pairs", moe._sum_pairs_kernel, {"rows_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"},
          dict(TOP_K=8, BLOCK=1024)),
     ]
@@ -85,7 +95,8 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
-    for name in ("moe gate-up", "moe down", "moe route-align", "moe prefill gate-up", "moe sum-pairs"):
+    for name in ("moe gate-up", "moe down", "moe route-align", "moe prefill gate-up", "moe sum-pairs",
+                 "moe route-chunk", "moe align-offsets", "moe scatter-chunk"):
         assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
 
 
