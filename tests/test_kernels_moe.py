@@ -91,6 +91,13 @@ def test_align_puts_every_routed_pair_once_in_a_block_of_its_expert(tokens, top_
     assert (owners[used.numel():] == -1).all()
 
 
+def _moe_inputs(tokens, hidden, inter, experts, seed):
+    """x, router logits, [gate; up] and down weights of a MoE layer, fresh from `seed`."""
+    return (_rand(tokens, hidden, seed=seed), _rand(tokens, experts, seed=seed + 1, scale=2.0),
+            _rand(experts, 2 * inter, hidden, seed=seed + 2, scale=0.2),
+            _rand(experts, hidden, inter, seed=seed + 3, scale=0.2))
+
+
 @pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,activation", [
     (1, 32, 48, 8, 2, "silu_mul"),  # a decode row; I not a multiple of the column tile
     (6, 64, 40, 4, 2, "gelu_tanh_mul"),
@@ -99,10 +106,7 @@ def test_align_puts_every_routed_pair_once_in_a_block_of_its_expert(tokens, top_
     (300, 16, 24, 4, 2, "silu_mul"),  # >= 64 pairs per expert: a long prefill's 128-row tiles
 ])
 def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activation):
-    x = _rand(tokens, hidden, seed=10)
-    logits = _rand(tokens, experts, seed=11, scale=2.0)
-    gate_up = _rand(experts, 2 * inter, hidden, seed=12, scale=0.2)
-    down = _rand(experts, hidden, inter, seed=13, scale=0.2)
+    x, logits, gate_up, down = _moe_inputs(tokens, hidden, inter, experts, seed=10)
     expected = ref.moe_mlp(x, logits, gate_up, down, top_k, True, None, activation)
     got = moe_mlp(x, logits, gate_up, down, top_k, True, None, activation)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
@@ -117,10 +121,7 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
 ])
 def test_the_few_token_path_matches_the_reference(tokens, hidden, inter, experts, top_k, normalize, activation):
     """Routing inside the gate-up programs, the k pairs summed inside the down programs."""
-    x = _rand(tokens, hidden, seed=20)
-    logits = _rand(tokens, experts, seed=21, scale=2.0)
-    gate_up = _rand(experts, 2 * inter, hidden, seed=22, scale=0.2)
-    down = _rand(experts, hidden, inter, seed=23, scale=0.2)
+    x, logits, gate_up, down = _moe_inputs(tokens, hidden, inter, experts, seed=20)
     expected = ref.moe_mlp(x, logits, gate_up, down, top_k, normalize, None, activation)
     got = _moe_decode(x, logits, gate_up, down, top_k, normalize, None, activation)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)

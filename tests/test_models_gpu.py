@@ -277,6 +277,21 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 LAYERS = {"mixtral-8x7b": 2}
 
 
+def _hf_at_published_width(cfg: dict, classes: dict, seed: int):
+    """HF's model of `classes[model_type]` for the config dict `cfg`, random weights drawn with
+    `seed` on the GPU in fp32 (eager attention), and its tensors in bf16 (the prefix stripped)."""
+    from test_decoder_families import CONFIG_CLASSES
+
+    cfg = dict(cfg)
+    model_type = cfg.pop("model_type")
+    hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
+    torch.manual_seed(seed)
+    with torch.device(CUDA):
+        hf = getattr(transformers, classes[model_type])._from_config(hf_cfg, attn_implementation="eager",
+                                                                     dtype=torch.float32).eval()
+    return hf, {k: v.to(torch.bfloat16) for k, v in strip_prefixes_of(hf.state_dict()).items()}
+
+
 @pytest.mark.parametrize("name", FAMILY_SHAPES)
 def test_family_at_its_published_width_matches_hf_on_gpu(name):
     """Each family at its published width, heads and vocabulary (8 of its layers, or LAYERS', for time: the
@@ -284,18 +299,12 @@ def test_family_at_its_published_width_matches_hf_on_gpu(name):
     fp32 on the same weights, every iteration (prompts in two chunks beside decodes, one long
     enough to cross Gemma 3's 512-token window): at least as close as HF's own bf16 model is,
     less a margin for rounding (cosine 0.002), and never below 0.995."""
-    from test_decoder_families import CONFIG_CLASSES, HF_CLASSES  # the families' HF classes, kept in one place
+    from test_decoder_families import HF_CLASSES  # the families' HF classes, kept in one place
     from tritonformer.client.model_shapes import DECODER_SHAPES
 
     cfg = {**DECODER_SHAPES[name], "num_hidden_layers": LAYERS.get(name, 8)}
-    model_type = cfg.pop("model_type")
-    hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
-    torch.manual_seed(12)
-    with torch.device(CUDA):
-        hf = getattr(transformers, HF_CLASSES[model_type])._from_config(hf_cfg, attn_implementation="eager",
-                                                          dtype=torch.float32).eval()
-    state = {k: v.to(torch.bfloat16) for k, v in strip_prefixes_of(hf.state_dict()).items()}
-    ours = load_decoder(hf_cfg.to_dict(), state, CUDA, torch.bfloat16)
+    hf, state = _hf_at_published_width(cfg, HF_CLASSES, seed=12)
+    ours = load_decoder(hf.config.to_dict(), state, CUDA, torch.bfloat16)
     hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
     gen = torch.Generator().manual_seed(13)
     vocab = min(cfg["vocab_size"], 32000)
@@ -325,21 +334,14 @@ def test_decoder_family_as_an_encoder_matches_hf_on_gpu(name):
     past Gemma 2's window when shrunk to 64, against HF's `*Model` last_hidden_state of each
     sequence alone in fp32; then its CUDA graphs against its eager forward."""
     from test_decoder_encoders import BASE_CLASSES
-    from test_decoder_families import CONFIG_CLASSES
     from tritonformer.backend.models.encoder import load_encoder
     from tritonformer.client.model_shapes import DECODER_SHAPES
 
     cfg = {**DECODER_SHAPES[name], "num_hidden_layers": 4}
     if "sliding_window" in cfg:
         cfg["sliding_window"] = 64
-    model_type = cfg.pop("model_type")
-    hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
-    torch.manual_seed(3)
-    with torch.device(CUDA):
-        hf = getattr(transformers, BASE_CLASSES[model_type])._from_config(hf_cfg, attn_implementation="eager",
-                                                                            dtype=torch.float32).eval()
-    state = {k: v.to(torch.bfloat16) for k, v in strip_prefixes_of(hf.state_dict()).items()}
-    ours = load_encoder(hf_cfg.to_dict(), state, CUDA, torch.bfloat16)
+    hf, state = _hf_at_published_width(cfg, BASE_CLASSES, seed=3)
+    ours = load_encoder(hf.config.to_dict(), state, CUDA, torch.bfloat16)
     _check_encoder(hf, ours, [1, 9, 300, 130, 77], min(cfg["vocab_size"], 32000), cos=0.995)
     # and its CUDA graphs (a padding sequence, empty ones) replay what it computes eagerly
     from tritonformer.backend.cuda_graphs import EncoderGraphs
