@@ -132,7 +132,6 @@ def test_qwen3_embedding_baseline_dispatches_sdpa_and_ours_matches_it():
     results = bench.verify_dispatch({"hf_sdpa": hf}, _ids())
     assert results["hf_sdpa"]["ok"] and results["hf_sdpa"]["sdpa_calls"] == 2
     ours = bench.build_ours("qwen3-embedding-0.6b", hf, torch.device("cpu"), torch.float32)
-    assert not ours.CUDA_GRAPHS
     ids = torch.randint(3, 2048, (2, 40), generator=torch.Generator().manual_seed(1))
     cu = torch.tensor([0, 40, 80], dtype=torch.int32)
     with torch.inference_mode():
