@@ -272,6 +272,30 @@ def test_rerank_route_orders_the_models_own_scores(served, routes, model):
     assert all("document" not in r for r in top["results"])
 
 
+def test_score_route_gives_each_pair_the_models_own_score(served, routes):
+    """vLLM's /score: one text_1 against each text_2, or pairs of two lists (grouped by text_1
+    into rerank calls here), in request order; usage counts every pair's tokens."""
+    server, _, folders = served
+    docs = [d for d in DOCS if len(d) < 200][:3]
+    direct = _rerank(server, "grpc", "reranker", QUERY, docs)
+    status, body = _post(routes, "/score", {"model": "reranker", "text_1": QUERY, "text_2": docs})
+    assert status == 200, body
+    assert body["object"] == "list" and body["id"].startswith("score-") and body["model"] == "reranker"
+    assert [(d["index"], d["object"], d["score"]) for d in body["data"]] == \
+        [(i, "score", float(v)) for i, v in enumerate(direct)]
+    tok = transformers.AutoTokenizer.from_pretrained(folders["bert"])
+    assert body["usage"]["total_tokens"] == sum(len(tok(QUERY, d)["input_ids"]) for d in docs)
+    other = "which animal purrs"
+    second = _rerank(server, "grpc", "reranker", other, docs[1:2])
+    status, paired = _post(routes, "/v1/score", {"model": "reranker", "text_1": [QUERY, other, QUERY],
+                                                 "text_2": [docs[0], docs[1], docs[2]], "raw_scores": False})
+    assert status == 200, paired
+    assert [d["score"] for d in paired["data"]] == pytest.approx(  # (other batches: rounding may differ)
+        [float(direct[0]), float(second[0]), float(direct[2])], rel=1e-5)
+    status, error = _post(routes, "/score", {"model": "reranker", "text_1": [QUERY, other], "text_2": docs})
+    assert status == 400 and "text_1 has 2 texts and text_2 3" in error["error"]["message"]
+
+
 @pytest.mark.parametrize("body, status, words", [
     ({"model": "nope", "query": QUERY, "documents": ["a"]}, 404, ["nope", "reranker"]),
     ({"model": "classifier", "query": QUERY, "documents": ["a"]}, 404, ["classifier", "reranker"]),

@@ -1,5 +1,6 @@
 """The FastAPI application: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, `/v1/rerank` (also `/rerank`), `/classify` (also `/v1/classify`), and `/health`.
+`/v1/embeddings`, `/v1/rerank` (also `/rerank`), `/score` (also `/v1/score`), `/classify` (also
+`/v1/classify`), and `/health`.
 
 Requests are checked here before anything reaches Triton: the body (pydantic), the API key,
 the model (one Triton serves, else 404), the chat template; generation.py then sizes
@@ -33,6 +34,7 @@ from tritonformer.client.openai_routes.schemas import (
     DetokenizeRequest,
     OpenAIError,
     RerankRequest,
+    ScoreRequest,
     TokenizeRequest,
 )
 from tritonformer.client.openai_routes.served_models import (
@@ -396,6 +398,36 @@ def create_app(grpc_url: str, api_key: str | None = None) -> FastAPI:
 
     for path in ("/v1/rerank", "/rerank"):  # vLLM and text-embeddings-inference answer on both
         app.add_api_route(path, rerank, methods=["POST"], dependencies=authorized)
+
+    async def score(req: ScoreRequest, request: Request):
+        """vLLM's /score from a reranker model: each (text_1, text_2) pair's score in request
+        order; the pairs of one text_1 go to the model as one rerank call."""
+        req.refuse_unsupported()
+        try:
+            pairs = req.pairs()
+        except ValueError as e:
+            raise OpenAIError(400, str(e), param="text_2") from None
+        model = await request.app.state.models.get(req.model, RERANKER)
+        by_query: dict[str, list[int]] = {}
+        for i, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(i)
+        calls = [request.app.state.triton.rerank(model, query, [pairs[i][1] for i in rows], req.truncate,
+                                                 req.raw_scores) for query, rows in by_query.items()]
+        answers = await until_disconnect(request, asyncio.gather(*calls))
+        scores = [0.0] * len(pairs)
+        for rows, values in zip(by_query.values(), answers):
+            for i, value in zip(rows, values):
+                scores[i] = float(value)
+        tokens = 0
+        if model.tokenizer:
+            for query, rows in by_query.items():
+                tokens += sum(await asyncio.to_thread(model.tokenizer.pair_lengths, query, [pairs[i][1] for i in rows]))
+        return {"id": out.new_id("score"), "object": "list", "created": out.now(), "model": model.name,
+                "data": [{"index": i, "object": "score", "score": v} for i, v in enumerate(scores)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    for path in ("/score", "/v1/score"):  # vLLM's path, and under /v1 beside the others
+        app.add_api_route(path, score, methods=["POST"], dependencies=authorized)
 
     async def classify(req: ClassifyRequest, request: Request):
         """Each text's label probabilities and most likely label from a classifier model, as

@@ -249,6 +249,34 @@ class RerankRequest(BaseModel):
         return [d if isinstance(d, str) else d.text for d in self.documents]
 
 
+class ScoreRequest(BaseModel):
+    """vLLM's score API for cross-encoders: `text_1` one text scored against each of `text_2`, or
+    two lists of one length scored pair by pair; `truncate` and `raw_scores` as for rerank."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    text_1: str | list[str]
+    text_2: str | list[str]
+    truncate: bool = False
+    raw_scores: bool = False
+
+    refuse_unsupported = _Request.refuse_unsupported
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (query, text) pairs in answer order; a ValueError names what does not pair up."""
+        first = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
+        second = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
+        if not first or not second:
+            raise ValueError("text_1 and text_2 must not be empty")
+        if len(first) == 1:
+            return [(first[0], t) for t in second]
+        if len(first) != len(second):
+            raise ValueError(f"text_1 has {len(first)} texts and text_2 {len(second)}: send one text_1, or as many "
+                             f"as text_2")
+        return list(zip(first, second))
+
+
 class ClassifyRequest(BaseModel):
     """vLLM's classification API: one text or a list; `truncate` (cut each text to fit the
     model) passes through to the classifier model."""
