@@ -7,9 +7,11 @@
 #   MODELS=phi-4-mini,granite-3.1-8b bash tools/gpu_families.sh
 #
 # MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
-# TESTS=0 skips the GPU checks, BENCH=0 the benchmark; LIMIT: seconds for the whole run (570).
-# Outputs under $OUT: families_kernel_tests.log, families_gpu_tests.log, families_bench.log / .json,
-# families_gpus.txt.
+# TESTS=0 skips the GPU checks, BENCH=0 the benchmark, TUNE=0 the MoE GEMM timings (tools/gpu/tune_moe_gemm.py:
+# both MoE paths at 1 and 2 tokens, the tile sweep at 2,000; run when MODELS holds a MoE shape);
+# LIMIT: seconds for the whole run (570).
+# Outputs under $OUT: families_kernel_tests.log, families_gpu_tests.log, families_moe_tune.md,
+# families_bench.log / .json, families_gpus.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
@@ -29,6 +31,12 @@ if [[ ${TESTS:-1} != 0 ]]; then
   names=${MODELS//,/ or }
   timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "published_width and ($names)" \
     -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"
+fi
+moe=$(python3 -c "from tritonformer.client.model_shapes import DECODER_SHAPES as s; import sys
+print(','.join(m for m in sys.argv[1].split(',') if 'num_experts_per_tok' in s[m]))" "$MODELS")
+if [[ ${TUNE:-1} != 0 && -n $moe ]]; then
+  timeout -k 10 "$(( $(left) / 4 ))" python3 tools/gpu/tune_moe_gemm.py --models "$moe" --tokens 1,2,2000 \
+    2>/dev/null | tee "$OUT/families_moe_tune.md"
 fi
 if [[ ${BENCH:-1} != 0 ]]; then
   timeout -k 20 "$(left)" python3 -m tritonformer.client.cli bench serve-decoder --in-process --skip-hf \
