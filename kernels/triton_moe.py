@@ -65,6 +65,15 @@ def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K: tl.constexpr, NOR
 
 
 @triton.jit
+def _sort_by_expert(ids, pair, slot_ok, P2: tl.constexpr, E_P2: tl.constexpr):
+    """The pair slots `[rows, K_P2]` (expert `ids`, pair number `pair` < P2) sorted by expert,
+    then pair: keys expert * P2 + pair, the empty slots last (key E_P2 * P2); and how many pairs
+    each expert has (a histogram of 2 * E_P2 bins, bin E_P2 counting the empty slots)."""
+    keys = tl.sort(tl.reshape(tl.where(slot_ok, ids * P2 + pair, E_P2 * P2), [P2]))
+    return keys, tl.histogram(tl.reshape(tl.where(slot_ok, ids, E_P2), [P2]), 2 * E_P2)
+
+
+@triton.jit
 def _store_owners(experts_ptr, block_end, E, n_blocks):
     """Each block's expert (-1 past the last run): how many experts' runs end at or before it."""
     for b0 in range(0, n_blocks, 64):
@@ -91,11 +100,8 @@ def _route_align_kernel(
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
 
-    # Sort the pairs by expert (then pair): keys expert * P2 + pair, the empty slots last.
-    pair = rows[:, None] * TOP_K + slots[None, :]
-    keys = tl.reshape(tl.where(slot_ok, ids * P2 + pair, E_P2 * P2), [P2])
-    keys = tl.sort(keys)
-    counts = tl.histogram(tl.reshape(tl.where(slot_ok, ids, E_P2), [P2]), 2 * E_P2)  # (bin E_P2: empty slots)
+    # The pairs sorted by expert (then pair), and each expert's count.
+    keys, counts = _sort_by_expert(ids, rows[:, None] * TOP_K + slots[None, :], slot_ok, P2, E_P2)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     block_end = tl.cumsum(blocks, 0)
     bins = tl.arange(0, 2 * E_P2)
@@ -174,15 +180,24 @@ def _scatter_chunk_kernel(ids_ptr, offsets_ptr, pairs_ptr, T, TOP_K: tl.constexp
     slots = tl.arange(0, K_P2)
     slot_ok = (rows < T)[:, None] & (slots < TOP_K)[None, :]
     ids = tl.load(ids_ptr + rows[:, None] * TOP_K + slots[None, :], mask=slot_ok, other=0)
-    local = tl.arange(0, CHUNK)[:, None] * TOP_K + slots[None, :]
-    keys = tl.sort(tl.reshape(tl.where(slot_ok, ids * P2 + local, E_P2 * P2), [P2]))
-    counts = tl.histogram(tl.reshape(tl.where(slot_ok, ids, E_P2), [P2]), 2 * E_P2)
+    keys, counts = _sort_by_expert(ids, tl.arange(0, CHUNK)[:, None] * TOP_K + slots[None, :], slot_ok, P2, E_P2)
     ok = keys < E_P2 * P2
     expert = keys // P2
     # rank among this chunk's pairs of the same expert = sorted position - pairs of smaller experts
     before = tl.gather(tl.cumsum(counts, 0) - counts, expert, 0)
     start = tl.load(offsets_ptr + c * E_P2 + expert, mask=ok, other=0)
     tl.store(pairs_ptr + start + tl.arange(0, P2) - before, c * CHUNK * TOP_K + keys % P2, mask=ok)
+
+
+def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool,
+                       weights_dtype: torch.dtype | None) -> dict | None:
+    """The routing kernels' constexprs (`_route_top_k`'s), or None where they cannot route: more
+    than FUSED_MAX_EXPERTS experts, or weights rounded to a dtype other than the logits'."""
+    experts = router_logits.shape[1]
+    if experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
+        return None
+    return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None,
+                K_P2=triton.next_power_of_2(top_k), E_P2=triton.next_power_of_2(experts))
 
 
 def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
@@ -192,7 +207,8 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     the offsets, the scatter), where E <= FUSED_MAX_EXPERTS and the weights round (if at all) to
     the logits' dtype; the reference otherwise."""
     tokens, experts = router_logits.shape
-    if experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
+    common = _routing_constants(router_logits, top_k, normalize, weights_dtype)
+    if common is None:
         return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m)
     router_logits = router_logits.contiguous()
     device = router_logits.device
@@ -200,8 +216,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     weights = torch.empty(tokens, top_k, device=device, dtype=torch.float32)
     pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
     owners = torch.empty(n_blocks, device=device, dtype=torch.int32)
-    e_p2, k_p2 = triton.next_power_of_2(experts), triton.next_power_of_2(top_k)
-    common = dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None, K_P2=k_p2, E_P2=e_p2)
+    e_p2, k_p2 = common["E_P2"], common["K_P2"]
     if tokens <= FUSED_MAX_TOKENS:
         scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
         _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
@@ -384,6 +399,8 @@ def decode_path(tokens: int, num_experts: int, top_k: int) -> bool:
 
 def _moe_decode(x, router_logits, gate_up, down, top_k, normalize, weights_dtype, activation):
     tokens, experts = router_logits.shape
+    routing = _routing_constants(router_logits, top_k, normalize, weights_dtype)
+    assert routing is not None, "the few-token path routes in its kernel (moe_mlp checks _routing_constants)"
     pairs, inter, hidden = tokens * top_k, gate_up.shape[1] // 2, down.shape[1]
     x, router_logits = x.contiguous(), router_logits.contiguous()
     inner = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
@@ -391,9 +408,8 @@ def _moe_decode(x, router_logits, gate_up, down, top_k, normalize, weights_dtype
     pair_e = torch.empty(pairs, device=x.device, dtype=torch.int32)
     _decode_gate_up_kernel[(pairs, triton.cdiv(inter, 64))](
         x, router_logits, gate_up, inner, pair_w, pair_e, experts, inter, hidden, x.stride(0), router_logits.stride(0),
-        gate_up.stride(0), gate_up.stride(1), inner.stride(0), TOP_K=top_k, NORMALIZE=normalize,
-        ROUND=weights_dtype is not None, K_P2=triton.next_power_of_2(top_k), E_P2=triton.next_power_of_2(experts),
-        ACT=ACT_CODE[activation], BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+        gate_up.stride(0), gate_up.stride(1), inner.stride(0), ACT=ACT_CODE[activation], BLOCK_N=64, BLOCK_K=128,
+        num_warps=4, num_stages=4, **routing)
     out = torch.empty(tokens, hidden, device=x.device, dtype=x.dtype)
     block_n = max(16, min(128, triton.next_power_of_2(hidden // 128 + 1) // 2))  # ~128 programs a token
     _decode_down_kernel[(tokens, triton.cdiv(hidden, block_n))](
@@ -406,8 +422,8 @@ def _moe_decode(x, router_logits, gate_up, down, top_k, normalize, weights_dtype
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
     tokens, num_experts = router_logits.shape
-    if (decode_path(tokens, num_experts, top_k) and num_experts <= FUSED_MAX_EXPERTS
-            and weights_dtype in (None, router_logits.dtype)):
+    if (decode_path(tokens, num_experts, top_k)
+            and _routing_constants(router_logits, top_k, normalize, weights_dtype) is not None):
         return _moe_decode(x, router_logits, gate_up, down, top_k, normalize, weights_dtype, activation)
     return moe_grouped(x, router_logits, gate_up, down, top_k, normalize, weights_dtype, activation)
 
