@@ -63,7 +63,7 @@ XLM_ROBERTA_LARGE = {
     "type_vocab_size": 1, "layer_norm_eps": 1e-05, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
 }
 # Qwen/Qwen3-Embedding-0.6B: a decoder family as the embedder (backend/models/decoder_encoder.py:
-# causal attention over the packed batch, no CUDA graphs), against HF's Qwen3Model.
+# causal attention over the packed batch), against HF's Qwen3Model.
 QWEN3_EMBEDDING_0_6B = {
     "model_type": "qwen3", "vocab_size": 151669, "hidden_size": 1024, "intermediate_size": 3072,
     "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
@@ -398,14 +398,12 @@ def run_family(args) -> int:
     hf, config = build_family_baseline(args.model, args.layers)
     hf = to_half_keeping_rotary_fp32(hf, dev)
     ours = build_ours(args.model, hf, dev, torch.float16)
-    graphs = EncoderGraphs(ours) if getattr(ours, "CUDA_GRAPHS", True) else None  # (as the engine decides)
-    arena = ActivationArena(dev)
+    graphs, arena = EncoderGraphs(ours), ActivationArena(dev)
     meta = {"gpu": torch.cuda.get_device_name(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command_line(), "git_commit": git_commit(), "torch": torch.__version__,
             "transformers": transformers.__version__, "model": args.model, "layers": config["num_hidden_layers"],
-            "dtype": "float16", "compile_mode": args.compile_mode, "iters": args.iters,
-            "ours_cuda_graphs": graphs is not None}
+            "dtype": "float16", "compile_mode": args.compile_mode, "iters": args.iters}
     try:
         meta["attention_dispatch"] = verify_dispatch({"hf_sdpa": hf}, torch.randint(1000, 20000, (2, 16), device=dev))
     except RuntimeError as e:
@@ -422,7 +420,7 @@ def run_family(args) -> int:
             cosine = _min_cosine(ours.forward(flat, cu, s, arena=arena), reference)
             t_sdpa = _time_ms(lambda: hf(input_ids=ids), args.iters)
             t_ours = t_ours_eager = _time_ms(lambda: ours.forward(flat, cu, s, arena=arena), args.iters)
-            graph_fits = graphs is not None and graphs.bucket(b * s, b) is not None
+            graph_fits = graphs.bucket(b * s, b) is not None
             if graph_fits:
                 t_ours = min(t_ours, _time_ms(lambda: graphs.forward(flat, [s] * b), args.iters))
             mode = compile_mode_for(args.compile_mode, graph_fits)
@@ -450,9 +448,7 @@ def print_family_table(meta: dict, rows: list[dict]) -> None:
     print(f"torch {meta['torch']}, transformers {meta['transformers']}; random {meta['model']} weights, "
           f"{meta['layers']} layers, fp16")
     print(f"attention dispatch (checked before timing): {format_dispatch(meta['attention_dispatch'])}")
-    print("ours: packed, Triton kernels, activation arena; " + (
-        "a CUDA-graph replay where a bucket fits (<= 8192 tokens)" if meta.get("ours_cuda_graphs", True)
-        else "no CUDA graphs (a decoder as the embedder: its paged scratch cache is sized per batch)"))
+    print("ours: packed, Triton kernels, activation arena; a CUDA-graph replay where a bucket fits (<= 8192 tokens)")
     print("compiled: HF SDPA under torch.compile, once per shape, warm-up untimed; "
           f"--compile-mode {meta['compile_mode']}")
     print("vs X: X ms / ours ms (> 1: ours faster); target: ours vs HF SDPA, as set for these encoders")
@@ -533,7 +529,7 @@ def run(args) -> int:
             t_eager = _time_ms(lambda: hf_eager(input_ids=ids), args.iters)
             t_sdpa = _time_ms(lambda: hf_sdpa(input_ids=ids), args.iters)
             t_ours = t_ours_eager = _time_ms(lambda: ours.forward(flat, cu, mx, arena=arena), args.iters)
-            graph_fits = graphs is not None and graphs.bucket(b * s, b) is not None
+            graph_fits = graphs.bucket(b * s, b) is not None
             if graph_fits:  # small shapes: replay a captured CUDA graph
                 t_ours = min(t_ours, _time_ms(lambda: graphs.forward(flat, [s] * b), args.iters))
             # The same SDPA model compiled for this shape alone; warm-up outside the timed region.

@@ -185,7 +185,7 @@ class EncoderEngine(EngineLoop):
         # Small batches replay captured CUDA graphs (launch-bound otherwise); GPU only.
         self.token_types = token_types
         self.graphs = (EncoderGraphs(model, token_types=token_types)
-                       if cuda_graphs and model.device.type == "cuda" and getattr(model, "CUDA_GRAPHS", True) else None)
+                       if cuda_graphs and model.device.type == "cuda" else None)
         # Larger ones run eagerly with their intermediates in the length-aware arena.
         self.arena = arena
         self.model = model

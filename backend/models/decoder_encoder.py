@@ -71,8 +71,6 @@ def token_score_state(cfg: dict, state: dict, token_ids: tuple[int, ...]) -> dic
 
 
 class DecoderEncoder:
-    CUDA_GRAPHS = True
-
     def __init__(self, config: DecoderEncoderConfig, state: dict, device: torch.device, dtype: torch.dtype,
                  labels: ClassifierLabels | None = None):
         self.config, self.device, self.dtype, self.labels = config, device, dtype, labels
