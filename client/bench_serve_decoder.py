@@ -131,6 +131,7 @@ def compare_prefix_caching(model, args, shared: list, warm: list, orca: list, re
         out[caching]["orca"]["cache_hits"] = (cache.hits if cache is not None else 0) - hits_before
         release(engine)
         del engine, sink
+        free_gpu_memory()
     off, on = out[False], out[True]
     same = sum(a == b for a, b in zip(off["shared"]["outputs"], on["shared"]["outputs"]))
     summary = {"ttft_p50_ratio": on["shared"]["ttft_p50_ms"] / off["shared"]["ttft_p50_ms"],
@@ -231,22 +232,18 @@ def run_prefix_part(args, name: str, hf_model, dev, dtype, results: dict) -> Non
 
 
 def release(engine) -> None:
-    """Give an engine's GPU memory back before the next model is built: the warm-up froze every
-    object then alive out of the collector's reach (freeze_startup_objects), and an engine's
-    reference cycles hold its weights and KV cache until they are collected."""
+    """Make an engine's GPU memory collectable: its graphs go, and the objects the warm-up froze
+    out of the collector's reach (freeze_startup_objects) are thawed. The caller then drops its
+    own references (the engine, its model) and calls free_gpu_memory."""
     import gc
-
-    import torch
 
     engine.runner.graphs = None
     gc.unfreeze()
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def free_gpu_memory() -> None:
     """After the caller's last references to a released engine and its model are gone: collect
-    the cycles that still hold the model's tensors and hand the memory back."""
+    the reference cycles that still hold its weights and KV cache and hand the memory back."""
     import gc
 
     import torch
