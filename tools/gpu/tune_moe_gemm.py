@@ -71,13 +71,13 @@ def main() -> int:
                       f"| | | {floor:.1f} | {few / floor:.2f}x ({sorted_ / floor:.2f}x) | |", flush=True)
             inner = torch.empty(pairs, inter, device=dev, dtype=dtype)
             rows = torch.empty(pairs, hidden, device=dev, dtype=torch.float32)
-            current = moe.gemm_config(pairs, experts, True)
-            grid = DECODE_GRID if current["BLOCK_M"] == 16 else PREFILL_GRID
             for gemm, share in (("gate-up", 2 / 3), ("down", 1 / 3)):
+                current = moe.gemm_config(pairs, experts, gemm == "gate-up")
+                grid = DECODE_GRID if current["BLOCK_M"] == 16 else PREFILL_GRID
                 floor = max(routed * expert_bytes * share / bandwidth, 2 * pairs * hidden * inter * (3 * share)
                             / (peak * 1e12)) * 1e6
                 times = {}
-                for config in [moe.gemm_config(pairs, experts, gemm == "gate-up")] + grid:
+                for config in [current] + grid:
                     key = tuple(sorted(config.items()))
                     if key in times:
                         continue
@@ -93,7 +93,7 @@ def main() -> int:
                         times[key] = graph_us(run)
                     except Exception as e:  # (a setting past the shared memory: skip it)
                         print(f"  {name} {tokens} {gemm} {config}: {type(e).__name__}", file=sys.stderr)
-                now = times[tuple(sorted(moe.gemm_config(pairs, experts, gemm == "gate-up").items()))]
+                now = times[tuple(sorted(current.items()))]
                 best_key = min(times, key=times.get)
                 best = " ".join(f"{k.removeprefix('BLOCK_').lower()}={v}" for k, v in best_key)
                 print(f"| {name} | {tokens} | {gemm} | {now:.1f} | {times[best_key]:.1f} | {best} | {floor:.1f} "
