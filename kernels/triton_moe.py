@@ -17,10 +17,10 @@ each pair's row by its routing weight; the k rows of a token are summed in fp32 
 (`_sum_pairs_kernel`: one launch where a reduction and a cast took two).
 
 At decode (a few tokens) a block holds one row or few: each selected expert's weights are read
-once per step, which is what bounds a small batch. For one token (or two of many experts) even
-the sort is overhead: `_decode_gate_up_kernel` routes inside every (pair, column tile) program
-and `_decode_down_kernel` sums a token's k pairs inside its programs, two launches where the
-sorted path takes four (`decode_path` decides). Semantics: `reference.moe_mlp`.
+once per step, which is what bounds a small batch. Tried and removed: for one token, routing
+inside GEMV-style gate-up programs and the k-pair sum inside the down programs (two launches
+instead of four) took 42.6 us a Qwen3-30B-A3B layer at its best setting against these four
+launches' 32.2 (H200; docs/benchmarks.md, "Mixture of experts"). Semantics: `reference.moe_mlp`.
 """
 from __future__ import annotations
 
@@ -323,113 +323,11 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
     return out
 
 
-@triton.jit
-def _decode_gate_up_kernel(
-    x_ptr, logits_ptr, w_ptr, inner_ptr, pair_w_ptr, pair_e_ptr,
-    E, N, K, stride_xm, stride_l, stride_we, stride_wn, stride_im,
-    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
-    ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """A few tokens, step 1 of 2; one program per (pair, column tile): the pair's token routed
-    here (every program of the pair alike: no sort, no launch for it), then act(x @ w[e]^T) for
-    its columns of expert e's [gate; up] (a GEMV: one row). The first column tile's program
-    stores the pair's expert and weight for step 2. Grid: (T * TOP_K, column tiles)."""
-    p = tl.program_id(0)
-    t = p // TOP_K
-    r = tl.arange(0, 2)  # (the routing helper's rows: the token, and one masked off)
-    weights, ids = _route_top_k(logits_ptr, stride_l, t + r, r == 0, E, TOP_K, NORMALIZE, ROUND, K_P2, E_P2)
-    mine = (r[:, None] == 0) & (tl.arange(0, K_P2)[None, :] == p % TOP_K)
-    e = tl.sum(tl.sum(tl.where(mine, ids, 0), axis=1), axis=0)
-    if tl.program_id(1) == 0:
-        tl.store(pair_e_ptr + p, e)
-        tl.store(pair_w_ptr + p, tl.sum(tl.sum(tl.where(mine, weights, 0.0), axis=1), axis=0))
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    w_base = w_ptr + e.to(tl.int64) * stride_we
-    gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        a = tl.load(x_ptr + t * stride_xm + k, mask=k_ok, other=0.0).to(tl.float32)
-        tile = n_ok[:, None] & k_ok[None, :]
-        g = tl.load(w_base + n[:, None] * stride_wn + k[None, :], mask=tile, other=0.0)
-        u = tl.load(w_base + (n[:, None] + N) * stride_wn + k[None, :], mask=tile, other=0.0)
-        gate += tl.sum(g.to(tl.float32) * a[None, :], axis=1)
-        up += tl.sum(u.to(tl.float32) * a[None, :], axis=1)
-    out = apply_act(gate, up, ACT)
-    tl.store(inner_ptr + p * stride_im + n, out.to(inner_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def _decode_down_kernel(
-    inner_ptr, w_ptr, pair_w_ptr, pair_e_ptr, out_ptr, N, K, stride_im, stride_we, stride_wn, stride_om,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """A few tokens, step 2 of 2; one program per (token, column tile): the sum over the token's
-    k pairs of weight * (inner row @ down[e]^T) for its columns, in fp32, rounded once (no
-    per-pair rows in memory, no launch for the sum). Grid: (T, column tiles)."""
-    t = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        p = t * TOP_K + j
-        e = tl.load(pair_e_ptr + p)
-        w_base = w_ptr + e.to(tl.int64) * stride_we
-        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < K
-            a = tl.load(inner_ptr + p * stride_im + k, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_base + n[:, None] * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            part += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        acc += tl.load(pair_w_ptr + p) * part
-    tl.store(out_ptr + t * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
-
-
-def decode_path(tokens: int, num_experts: int, top_k: int) -> bool:
-    """Whether `moe_mlp` takes the two-launch path of a few tokens: each pair reads its expert's
-    weights on its own, so only while the pairs' experts repeat little (at most 5% more reads
-    than the distinct experts uniform routing reaches: one token always; Qwen3-30B-A3B's 8 of
-    128 up to two)."""
-    distinct = num_experts * (1 - (1 - top_k / num_experts) ** tokens)
-    return tokens * top_k <= 1.05 * distinct
-
-
-def _moe_decode(x, router_logits, gate_up, down, top_k, normalize, weights_dtype, activation):
-    tokens, experts = router_logits.shape
-    routing = _routing_constants(router_logits, top_k, normalize, weights_dtype)
-    assert routing is not None, "the few-token path routes in its kernel (moe_mlp checks _routing_constants)"
-    pairs, inter, hidden = tokens * top_k, gate_up.shape[1] // 2, down.shape[1]
-    x, router_logits = x.contiguous(), router_logits.contiguous()
-    inner = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
-    pair_w = torch.empty(pairs, device=x.device, dtype=torch.float32)
-    pair_e = torch.empty(pairs, device=x.device, dtype=torch.int32)
-    _decode_gate_up_kernel[(pairs, triton.cdiv(inter, 64))](
-        x, router_logits, gate_up, inner, pair_w, pair_e, experts, inter, hidden, x.stride(0), router_logits.stride(0),
-        gate_up.stride(0), gate_up.stride(1), inner.stride(0), ACT=ACT_CODE[activation], BLOCK_N=64, BLOCK_K=128,
-        num_warps=4, num_stages=4, **routing)
-    out = torch.empty(tokens, hidden, device=x.device, dtype=x.dtype)
-    block_n = max(16, min(128, triton.next_power_of_2(hidden // 128 + 1) // 2))  # ~128 programs a token
-    _decode_down_kernel[(tokens, triton.cdiv(hidden, block_n))](
-        inner, down, pair_w, pair_e, out, hidden, inter, inner.stride(0), down.stride(0), down.stride(1), out.stride(0),
-        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=4)
-    return out
-
-
 @register("moe_mlp")
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
-    tokens, num_experts = router_logits.shape
-    if (decode_path(tokens, num_experts, top_k)
-            and _routing_constants(router_logits, top_k, normalize, weights_dtype) is not None):
-        return _moe_decode(x, router_logits, gate_up, down, top_k, normalize, weights_dtype, activation)
-    return moe_grouped(x, router_logits, gate_up, down, top_k, normalize, weights_dtype, activation)
-
-
-def moe_grouped(x, router_logits, gate_up, down, top_k, normalize, weights_dtype=None, activation="silu_mul"):
-    """moe_mlp over the pairs sorted by expert: route_align, the two grouped GEMMs, the k-row sum."""
+    """reference.moe_mlp over the pairs sorted by expert: route_align, the two grouped GEMMs, the
+    k-row sum (four launches at any token count)."""
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     first, second = gemm_config(pairs, num_experts, True), gemm_config(pairs, num_experts, False)

@@ -81,15 +81,6 @@ def compile_all() -> list[str]:
         ("moe scatter-chunk", moe._scatter_chunk_kernel,
          {"ids_ptr": "*i32", "offsets_ptr": "*i32", "pairs_ptr": "*i32", "T": "i32"},
          dict(TOP_K=8, CHUNK=16, K_P2=8, E_P2=128)),
-        ("moe decode gate-up", moe._decode_gate_up_kernel,
-         {"x_ptr": "*bf16", "logits_ptr": "*bf16", "w_ptr": "*bf16", "inner_ptr": "*bf16", "pair_w_ptr": "*fp32",
-          "pair_e_ptr": "*i32", "E": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_l": "i32",
-          "stride_we": "i32", "stride_wn": "i32", "stride_im": "i32"},
-         dict(TOP_K=8, NORMALIZE=True, ROUND=True, K_P2=8, E_P2=128, ACT=3, BLOCK_N=64, BLOCK_K=128)),
-        ("moe decode down", moe._decode_down_kernel,
-         {"inner_ptr": "*bf16", "w_ptr": "*bf16", "pair_w_ptr": "*fp32", "pair_e_ptr": "*i32", "out_ptr": "*bf16",
-          "N": "i32", "K": "i32", "stride_im": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"},
-         dict(TOP_K=8, BLOCK_N=16, BLOCK_K=128)),
         ("moe sum-pairs", moe._sum_pairs_kernel, {"rows_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"},
          dict(TOP_K=8, BLOCK=1024)),
     ]
@@ -105,8 +96,7 @@ def test_interpreted_kernels_compile_for_hopper():
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     for name in ("moe gate-up", "moe down", "moe route-align", "moe prefill gate-up", "moe sum-pairs",
-                 "moe route-chunk", "moe align-offsets", "moe scatter-chunk", "moe decode gate-up",
-                 "moe decode down"):
+                 "moe route-chunk", "moe align-offsets", "moe scatter-chunk"):
         assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
 
 

@@ -66,7 +66,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 from tritonformer.kernels import dispatch  # noqa: E402
 from tritonformer.kernels.reference import moe_align  # noqa: E402
-from tritonformer.kernels.triton_moe import _moe_decode, decode_path, moe_mlp, route_align  # noqa: E402
+from tritonformer.kernels.triton_moe import moe_mlp, route_align  # noqa: E402
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 2, 8, 16), (7, 3, 5, 4), (40, 2, 8, 16), (3, 8, 64, 16)])
@@ -112,24 +112,6 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
     if DEVICE == "cuda":  # and the dispatcher picks the kernel there
         assert dispatch._KERNELS["moe_mlp"] is moe_mlp
-
-
-@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,normalize,activation", [
-    (1, 160, 200, 8, 2, True, "silu_mul"),  # K loops of two tiles, column tiles past the edge
-    (2, 64, 48, 64, 8, True, "silu_mul"),
-    (3, 32, 24, 6, 3, False, "gelu_tanh_mul"),  # (experts repeating across tokens: still right)
-])
-def test_the_few_token_path_matches_the_reference(tokens, hidden, inter, experts, top_k, normalize, activation):
-    """Routing inside the gate-up programs, the k pairs summed inside the down programs."""
-    x, logits, gate_up, down = _moe_inputs(tokens, hidden, inter, experts, seed=20)
-    expected = ref.moe_mlp(x, logits, gate_up, down, top_k, normalize, None, activation)
-    got = _moe_decode(x, logits, gate_up, down, top_k, normalize, None, activation)
-    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
-
-
-def test_the_few_token_path_is_taken_while_experts_repeat_little():
-    assert decode_path(1, 8, 2) and decode_path(1, 128, 8) and decode_path(2, 128, 8)
-    assert not decode_path(2, 8, 2) and not decode_path(3, 128, 8) and not decode_path(64, 128, 8)
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,normalize,block_m", [

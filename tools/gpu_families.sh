@@ -8,7 +8,7 @@
 #
 # MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
 # TESTS=0 skips the GPU checks, BENCH=0 the benchmark, TUNE=0 the MoE GEMM timings (tools/gpu/tune_moe_gemm.py:
-# both MoE paths at 1 and 2 tokens, the tile sweep at 2,000; run when MODELS holds a MoE shape);
+# the tile sweep at 1, 2 and 2,000 tokens; run when MODELS holds a MoE shape);
 # LIMIT: seconds for the whole run (570).
 # Outputs under $OUT: families_kernel_tests.log, families_gpu_tests.log, families_moe_tune.md,
 # families_bench.log / .json, families_gpus.txt.

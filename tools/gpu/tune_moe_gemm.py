@@ -5,8 +5,7 @@ with its activation, down with the routing weights) is timed inside a CUDA graph
 step replays it, for every setting of the grid; printed: the current setting
 (`triton_moe.gemm_config`), the best one, and the floor (the routed experts' bytes at the copy
 bandwidth, or the FLOPs at the matmul peak, whichever is longer), to choose `gemm_config` from data.
-Where `decode_path` sends a token count to the two-launch path, the whole MLP is also timed both
-ways (that path; the sorted one: routing and sort, both GEMMs, the k-row sum):
+Run:
 
     python3 tools/gpu/tune_moe_gemm.py [--models qwen3-30b-a3b,mixtral-8x7b] [--tokens 1,16,64,2000]
 """
@@ -63,12 +62,6 @@ def main() -> int:
             x = torch.randn(tokens, hidden, device=dev, dtype=dtype)
             logits = torch.randn(tokens, experts, device=dev, dtype=torch.float32)
             routed = experts * (1 - (1 - top_k / experts) ** tokens)
-            if moe.decode_path(tokens, experts, top_k):
-                few = graph_us(lambda: moe._moe_decode(x, logits, gate_up, down, top_k, True, None, "silu_mul"))
-                sorted_ = graph_us(lambda: moe.moe_grouped(x, logits, gate_up, down, top_k, True, None, "silu_mul"))
-                floor = routed * expert_bytes / bandwidth * 1e6
-                print(f"| {name} | {tokens} | whole MLP, the few-token path (sorted path) | {few:.1f} ({sorted_:.1f}) "
-                      f"| | | {floor:.1f} | {few / floor:.2f}x ({sorted_ / floor:.2f}x) | |", flush=True)
             inner = torch.empty(pairs, inter, device=dev, dtype=dtype)
             rows = torch.empty(pairs, hidden, device=dev, dtype=torch.float32)
             for gemm, share in (("gate-up", 2 / 3), ("down", 1 / 3)):
