@@ -156,6 +156,15 @@ QWEN1_5_MOE_A2_7B = {
     "rope_theta": 1000000.0, "max_position_embeddings": 8192, "use_sliding_window": False,
     "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151643,
 }
+# Granite-3.1-3B-A800M (model_type granitemoe): Granite's block and muP scalars, 40 experts of 512
+# columns in every layer, the top 8 (a softmax over their logits); head_dim 64.
+GRANITE_3_1_3B_A800M = {
+    "model_type": "granitemoe", "vocab_size": 49155, "hidden_size": 1536, "intermediate_size": 512,
+    "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "num_local_experts": 40,
+    "num_experts_per_tok": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "max_position_embeddings": 131072,
+    "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+    "logits_scaling": 6.0, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -182,6 +191,7 @@ DECODER_SHAPES = {
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
+    "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
 }
 
 

@@ -47,6 +47,8 @@ CASES = [
     ("qwen3-moe", "qwen3-30b-a3b", {}),
     ("qwen3-moe-dense-layer", "qwen3-30b-a3b", {"mlp_only_layers": [1], "norm_topk_prob": False}),
     ("qwen2-moe", "qwen1.5-moe-a2.7b", {}),
+    ("granite-moe", "granite-3.1-3b-a800m", {}),
+    ("granite-moe-shared", "granite-3.1-3b-a800m", {"model_type": "granitemoeshared", "shared_intermediate_size": 80}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -55,7 +57,8 @@ HF_CLASSES = {
     "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
+    "granitemoeshared": "GraniteMoeSharedForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
@@ -63,7 +66,8 @@ CONFIG_CLASSES = {
     "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
-    "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig",
+    "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
+    "granitemoeshared": "GraniteMoeSharedConfig",
 }
 
 
@@ -102,7 +106,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "helium", "mixtral", "qwen2-moe")
+                   "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -326,6 +330,25 @@ def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, 
     del published[next(k for k in published if k.endswith("experts.5.down_proj.weight") or k.endswith("experts.5.w2.weight"))]
     with pytest.raises(KeyError, match=r"experts\.5\."):
         load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+
+
+def test_granite_moe_loads_under_its_published_names():
+    """Granite MoE's published checkpoints keep the experts stacked as `input_linear` /
+    `output_linear` and the router as `router.layer` (the shared MLP's names are the same in
+    memory and on disk): the same model as transformers' names."""
+    shape, changes = next((s, c) for name, s, c in CASES if name == "granite-moe-shared")
+    hf, ours_hf_names = _pair(shape, changes)
+    renamed = {"experts.gate_up_proj": "input_linear.weight", "experts.down_proj": "output_linear.weight",
+               "router.weight": "router.layer.weight"}
+    published = {}
+    for name, t in ((k.removeprefix("model."), v) for k, v in hf.state_dict().items()):
+        head, _, rest = name.partition(".block_sparse_moe.")
+        published[f"{head}.block_sparse_moe.{renamed[rest]}" if rest else name] = t
+    assert any(k.endswith("block_sparse_moe.router.layer.weight") for k in published)
+    ours = load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+    prompt = [(0, list(range(3, 40)))]
+    torch.testing.assert_close(PagedSteps(ours, num_blocks=8, block_size=8).step(prompt),
+                               PagedSteps(ours_hf_names, num_blocks=8, block_size=8).step(prompt), atol=0, rtol=0)
 
 
 def test_a_moe_step_reads_the_router_and_k_experts_for_one_token_and_more_for_many():

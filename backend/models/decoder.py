@@ -89,6 +89,8 @@ DECODER_FAMILIES = {
     "gemma3": "gemma3",
     "phi3": "phi3",
     "granite": "granite",
+    "granitemoe": "granitemoe",
+    "granitemoeshared": "granitemoe",
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",

@@ -6,10 +6,11 @@ last two are folded into weights at load (the output and down projections, the f
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf
 
 
-def from_hf(cfg: dict) -> DecoderSpec:
+def from_hf(cfg: dict, **options) -> DecoderSpec:
+    """`options`: more DecoderSpec fields (granitemoe.py's experts)."""
     if cfg.get("attention_bias"):
         raise ValueError("Granite with attention_bias is not supported")
-    return spec_from_hf(cfg,
+    return spec_from_hf(cfg, **options,
                         embed_scale=float(cfg.get("embedding_multiplier", 1.0)),
                         attn_scale=float(cfg.get("attention_multiplier", 1.0)),
                         residual_scale=float(cfg.get("residual_multiplier", 1.0)),

@@ -1,16 +1,17 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE) for the shared decoder (transformer.py).
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE) for the shared decoder (transformer.py).
 
 In the layers a family names, the MLP is a router and E experts, each a gated MLP of its own
 (`intermediate_size` columns): every token goes to the k experts with the largest softmax
 probability, and the layer's output is their outputs weighted by those probabilities
 (renormalised over the k where the family does). Qwen2-MoE adds a shared expert that every
-token passes through, weighted by sigmoid(shared_gate @ x). The op: `kernels.moe_mlp` (routing
-and grouped GEMMs over the routed rows on a GPU, kernels/triton_moe.py; reference.moe_mlp's loop
-over the experts elsewhere).
+token passes through, weighted by sigmoid(shared_gate @ x); Granite's shared MLP is added as it
+is. The op: `kernels.moe_mlp` (routing and grouped GEMMs over the routed rows on a GPU,
+kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
 
 Checkpoints store the experts one by one (`experts.{j}.gate_proj.weight`, Mixtral's `w1` / `w3`
 / `w2`), as published, or stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`
-`[E, H, I]`), as transformers >= 5 keeps them in memory; both load. Under tensor parallelism each
+`[E, H, I]`), as transformers >= 5 keeps them in memory, or stacked under the family's published
+names (Granite's `input_linear` / `output_linear`); all load. Under tensor parallelism each
 rank holds its share of every expert's columns (and of the shared expert's), the router whole:
 every rank routes each token the same way, and the all-reduce after the MLP sums the shares.
 """
@@ -22,22 +23,29 @@ from dataclasses import dataclass, field
 import torch
 
 from tritonformer import kernels
+from tritonformer.kernels.fp8 import scaled
 
 
 @dataclass(frozen=True)
 class MoeNames:
     """Where a layer's MoE block keeps its tensors, relative to `layers.{i}.`: `blocks` lists the
-    block's possible names (Mixtral's published `block_sparse_moe`, transformers' `mlp`), the
-    first one the checkpoint has is used; per-expert projections are
-    `{block}.experts.{j}.{gate|up|down}.weight`."""
+    block's possible names (Mixtral's published `block_sparse_moe`, transformers' `mlp`) and
+    `routers` the router's inside it (Granite's published `router.layer`, transformers'
+    `router`): the first one the checkpoint has is used. Per-expert projections are
+    `{block}.experts.{j}.{gate|up|down}.weight`; `stacked` lists the names of ([gate; up], down)
+    with the experts stacked. The shared expert (relative to the layer): `shared`, with
+    `gate_proj` / `up_proj` / `down_proj` inside or, where `shared_fused` names them, one
+    [gate; up] projection and the down one; `shared_gate` its sigmoid gate (None: none)."""
 
     blocks: tuple[str, ...] = ("mlp",)
-    router: str = "gate"
+    routers: tuple[str, ...] = ("gate",)
     gate: str = "gate_proj"
     up: str = "up_proj"
     down: str = "down_proj"
-    shared: str = "shared_expert"
-    shared_gate: str = "shared_expert_gate"
+    stacked: tuple[tuple[str, str], ...] = (("experts.gate_up_proj", "experts.down_proj"),)
+    shared: str = "mlp.shared_expert"
+    shared_gate: str | None = "mlp.shared_expert_gate"
+    shared_fused: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class MoeSpec:
     normalize: bool  # renormalise the k routing weights to sum to 1
     round_weights: bool  # routing weights rounded to the activation dtype (Qwen) or kept fp32 (Mixtral)
     layers: tuple[bool, ...]  # per layer: MoE, or the dense MLP of the decoder's intermediate_size
-    shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE), 0: none
+    shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE, Granite), 0: none
     names: MoeNames = field(default_factory=MoeNames)
 
     def __post_init__(self):
@@ -71,7 +79,7 @@ class MoeLayer:
     round_weights: bool
     shared_gate_up: torch.Tensor | None = None  # [2S, H]
     shared_down: torch.Tensor | None = None  # [H, S]
-    shared_gate: torch.Tensor | None = None  # [1, H]
+    shared_gate: torch.Tensor | None = None  # [1, H]; None: the shared expert's output added as it is
 
     def __call__(self, x: torch.Tensor, activation: str) -> torch.Tensor:
         """The block's output `[T, H]` for its normalised input x `[T, H]` (`activation`: the
@@ -81,8 +89,17 @@ class MoeLayer:
                               x.dtype if self.round_weights else None, activation)
         if self.shared_gate_up is not None:
             shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
-            out = out + torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
+            out = out + shared
         return out
+
+    def scale_output(self, factor: float | None) -> None:
+        """The block's output times `factor` (Granite's residual multiplier), folded into the
+        experts' and the shared expert's down projections (a linear map: the sum scales too)."""
+        self.down = scaled(self.down, factor)
+        if self.shared_down is not None:
+            self.shared_down = scaled(self.shared_down, factor)
 
     def expert_bytes(self) -> int:
         return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
@@ -113,8 +130,9 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     `index` part only, on the model's device and dtype); `part` / `shared_part`: this
     tensor-parallel rank's columns of each expert / of the shared expert (None: all)."""
     n = spec.names
-    block = next((b for b in n.blocks if f"{prefix}{b}.{n.router}.weight" in state), n.blocks[0])
+    block = next((b for b in n.blocks if any(f"{prefix}{b}.{r}.weight" in state for r in n.routers)), n.blocks[0])
     base = f"{prefix}{block}."
+    router = next((r for r in n.routers if f"{base}{r}.weight" in state), n.routers[0])
     experts, inter = spec.num_experts, spec.intermediate_size
 
     def gated(weight: str, size: int, rows: slice | None, *lead: int) -> torch.Tensor:
@@ -127,9 +145,10 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
                           for half in (0, 1)], dim=len(lead))
 
     cols = (slice(None), part or slice(None))
-    if base + "experts.gate_up_proj" in state:  # stacked, as transformers >= 5 holds them
-        gate_up = gated(base + "experts.gate_up_proj", inter, part, experts)
-        down = read(base + "experts.down_proj", (experts, hidden, inter), (slice(None), *cols))
+    stacked = next(((base + g, base + d) for g, d in n.stacked if _weight(base + g, state) in state), None)
+    if stacked is not None:  # stacked, as transformers >= 5 holds them or a family publishes them
+        gate_up = gated(_weight(stacked[0], state), inter, part, experts)
+        down = read(_weight(stacked[1], state), (experts, hidden, inter), (slice(None), *cols))
     else:  # one expert at a time, as published
         stacked_gate_up, stacked_down = [], []
         for j in range(experts):
@@ -139,16 +158,26 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
                                               read(f"{e}{n.up}.weight", (inter, hidden), rows)]))
             stacked_down.append(read(f"{e}{n.down}.weight", (hidden, inter), cols))
         gate_up, down = torch.stack(stacked_gate_up), torch.stack(stacked_down)
-    layer = MoeLayer(read(base + n.router + ".weight", (experts, hidden)), gate_up, down, spec.top_k, spec.normalize,
+    layer = MoeLayer(read(f"{base}{router}.weight", (experts, hidden)), gate_up, down, spec.top_k, spec.normalize,
                      spec.round_weights)
     if spec.shared_intermediate_size:
-        size, s = spec.shared_intermediate_size, f"{base}{n.shared}."
+        size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
         rows = shared_part or slice(None)
-        layer.shared_gate_up = torch.cat([read(s + "gate_proj.weight", (size, hidden), rows),
-                                          read(s + "up_proj.weight", (size, hidden), rows)])
-        layer.shared_down = read(s + "down_proj.weight", (hidden, size), (slice(None), rows))
-        layer.shared_gate = read(f"{base}{n.shared_gate}.weight", (1, hidden))
+        if n.shared_fused:
+            layer.shared_gate_up = gated(s + n.shared_fused[0] + ".weight", size, shared_part)
+            layer.shared_down = read(s + n.shared_fused[1] + ".weight", (hidden, size), (slice(None), rows))
+        else:
+            layer.shared_gate_up = torch.cat([read(s + "gate_proj.weight", (size, hidden), rows),
+                                              read(s + "up_proj.weight", (size, hidden), rows)])
+            layer.shared_down = read(s + "down_proj.weight", (hidden, size), (slice(None), rows))
+        if n.shared_gate:
+            layer.shared_gate = read(f"{prefix}{n.shared_gate}.weight", (1, hidden))
     return layer
+
+
+def _weight(name: str, state: dict) -> str:
+    """A stacked tensor's key: transformers' bare parameter name, or a published `.weight` one."""
+    return name if name in state else name + ".weight"
 
 
 def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
@@ -156,12 +185,19 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
     names them (what a random-weight model at a published shape is built from)."""
     n, e, inter = spec.names, spec.num_experts, spec.intermediate_size
     base = f"{prefix}{n.blocks[0]}."
-    shapes = {f"{base}{n.router}.weight": (e, hidden), f"{base}experts.gate_up_proj": (e, 2 * inter, hidden),
-              f"{base}experts.down_proj": (e, hidden, inter)}
+    gate_up, down = n.stacked[0]
+    shapes = {f"{base}{n.routers[0]}.weight": (e, hidden), base + gate_up: (e, 2 * inter, hidden),
+              base + down: (e, hidden, inter)}
     if spec.shared_intermediate_size:
-        size, s = spec.shared_intermediate_size, f"{base}{n.shared}."
-        shapes.update({s + "gate_proj.weight": (size, hidden), s + "up_proj.weight": (size, hidden),
-                       s + "down_proj.weight": (hidden, size), f"{base}{n.shared_gate}.weight": (1, hidden)})
+        size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
+        if n.shared_fused:
+            shapes.update({f"{s}{n.shared_fused[0]}.weight": (2 * size, hidden),
+                           f"{s}{n.shared_fused[1]}.weight": (hidden, size)})
+        else:
+            shapes.update({s + "gate_proj.weight": (size, hidden), s + "up_proj.weight": (size, hidden),
+                           s + "down_proj.weight": (hidden, size)})
+        if n.shared_gate:
+            shapes[f"{prefix}{n.shared_gate}.weight"] = (1, hidden)
     return shapes
 
 

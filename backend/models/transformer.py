@@ -281,6 +281,7 @@ class TransformerDecoder(DecoderModel):
             moe = gate_up_w = down_w = None
             if c.moe and c.moe.layers[i]:
                 moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part)
+                moe.scale_output(c.residual_scale)
             elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
             else:
