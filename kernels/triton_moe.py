@@ -32,7 +32,12 @@ from tritonformer.kernels import reference
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act
 
-FUSED_MAX_TOKENS = 64  # route and sort in one program up to this many tokens (a decode step's)
+# Route and sort in one program up to this many pairs (tokens x top k), in three launches past it.
+# H200, us per call in a CUDA graph (tools/gpu/tune_moe_gemm.py --routing), one program against
+# three: Granite-3B-A800M (40 experts, k 8) 7.7 / 11.1 at 8 tokens, 11.2 / 11.1 at 16, 56.6 /
+# 12.4 at 64; Qwen3-30B-A3B (128, k 8) 8.0 / 10.4, 10.9 / 11.9, 47.0 / 12.4; Mixtral (8, k 2)
+# 3.6 / 4.7 at 64 tokens (128 pairs). The one program sorts every pair itself.
+FUSED_MAX_PAIRS = 128
 CHUNK_TOKENS = 16  # past that, tokens per program of the routing and of the scatter
 FUSED_MAX_EXPERTS = 256
 
@@ -203,7 +208,7 @@ def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool,
 def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                 block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reference.moe_route_align (same contract, the same pairs in the same order): in one launch
-    where T <= FUSED_MAX_TOKENS, in three for more tokens (route and count per chunk of tokens,
+    where T * top_k <= FUSED_MAX_PAIRS, in three past it (route and count per chunk of tokens,
     the offsets, the scatter), where E <= FUSED_MAX_EXPERTS and the weights round (if at all) to
     the logits' dtype; the reference otherwise."""
     tokens, experts = router_logits.shape
@@ -217,7 +222,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
     owners = torch.empty(n_blocks, device=device, dtype=torch.int32)
     e_p2, k_p2 = common["E_P2"], common["K_P2"]
-    if tokens <= FUSED_MAX_TOKENS:
+    if tokens * top_k <= FUSED_MAX_PAIRS:
         scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
         _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
                                   router_logits.stride(0), pairs.numel(), n_blocks, BLOCK_M=block_m,

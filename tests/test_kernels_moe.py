@@ -115,9 +115,9 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,normalize,block_m", [
-    (1, 8, 2, True, 16), (3, 128, 8, True, 16), (5, 60, 4, False, 16), (64, 16, 8, True, 64), (17, 6, 1, False, 4),
-    # past FUSED_MAX_TOKENS: chunks of tokens (one partly filled), the offsets, the scatter
-    (65, 8, 2, True, 64), (100, 60, 4, False, 16), (203, 128, 8, True, 128), (90, 3, 1, False, 16),
+    (1, 8, 2, True, 16), (3, 128, 8, True, 16), (5, 60, 4, False, 16), (17, 6, 1, False, 4), (90, 3, 1, False, 16),
+    # past FUSED_MAX_PAIRS: chunks of tokens (one partly filled), the offsets, the scatter
+    (64, 16, 8, True, 64), (65, 8, 2, True, 64), (100, 60, 4, False, 16), (203, 128, 8, True, 128),
     (300, 16, 4, True, 64)])  # (more chunks than the offsets program reads at once)
 def test_the_kernels_route_and_sort_as_the_tensor_ops_do(tokens, experts, top_k, normalize, block_m):
     logits = _rand(tokens, experts, seed=tokens + experts, scale=2.0)

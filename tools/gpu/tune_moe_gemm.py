@@ -8,6 +8,9 @@ bandwidth, or the FLOPs at the matmul peak, whichever is longer), to choose `gem
 Run:
 
     python3 tools/gpu/tune_moe_gemm.py [--models qwen3-30b-a3b,mixtral-8x7b] [--tokens 1,16,64,2000]
+
+With --routing, instead: the routing and sort (`route_align`) at each token count both ways, in one
+program (up to FUSED_MAX_PAIRS) and in the chunked three launches, to choose that threshold.
 """
 from __future__ import annotations
 
@@ -40,11 +43,35 @@ def moe_shape(name: str) -> tuple[int, int, int, int]:
     return c["hidden_size"], inter, experts, top_k
 
 
+def routing(models: list[str], token_counts: list[int]) -> int:
+    """route_align's us per call in a CUDA graph: one program against the three chunked launches."""
+    print(f"# MoE routing and sort, {torch.cuda.get_device_name()}, us per call inside a CUDA graph "
+          f"(one program up to FUSED_MAX_PAIRS = {moe.FUSED_MAX_PAIRS} now)")
+    print("| model | tokens | one program us | three launches us |")
+    print("|---|---:|---:|---:|")
+    fused_max = moe.FUSED_MAX_PAIRS
+    for name in models:
+        _, _, experts, top_k = moe_shape(name)
+        block_m = moe.gemm_config(top_k, experts, True)["BLOCK_M"]
+        for tokens in token_counts:
+            logits = torch.randn(tokens, experts, device="cuda", dtype=torch.bfloat16)
+            times = []
+            for fused in (True, False):
+                moe.FUSED_MAX_PAIRS = tokens * top_k if fused else 0
+                times.append(graph_us(lambda: moe.route_align(logits, top_k, True, torch.bfloat16, block_m)))
+            moe.FUSED_MAX_PAIRS = fused_max
+            print(f"| {name} | {tokens} | {times[0]:.1f} | {times[1]:.1f} |", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
     ap.add_argument("--tokens", default="1,16,64,2000")
+    ap.add_argument("--routing", action="store_true", help="time route_align's two forms instead")
     args = ap.parse_args()
+    if args.routing:
+        return routing(args.models.split(","), [int(t) for t in args.tokens.split(",")])
     dev, dtype = torch.device("cuda"), torch.bfloat16
     bandwidth, peak = copy_bandwidth(), matmul_peak_tflops(dtype)
     print(f"# MoE grouped GEMMs, {torch.cuda.get_device_name()}, bf16, us per call inside a CUDA graph "
