@@ -165,6 +165,18 @@ GRANITE_3_1_3B_A800M = {
     "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
     "logits_scaling": 6.0, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
 }
+# GLM-4.5-Air (model_type glm4_moe, 106B in all, 12B active): 128 experts of 1,408 columns, the
+# top 8 by sigmoid score plus a learnt bias, one shared expert, the first layer dense; 96 query
+# heads of 128 over a hidden size of 4,096; a rotary over half of each head.
+GLM_4_5_AIR = {
+    "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8,
+    "head_dim": 128, "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+    "use_qk_norm": False, "attention_bias": True, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    "bos_token_id": None, "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -192,6 +204,7 @@ DECODER_SHAPES = {
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
+    "glm-4.5-air": GLM_4_5_AIR,
 }
 
 
@@ -217,7 +230,7 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["sliding_window"] = window
     if "num_experts_per_tok" in cfg:  # MoE: fewer, narrower experts (each I not a multiple of 64), k kept
         top_k = cfg["num_experts_per_tok"]
-        experts = "num_local_experts" if "num_local_experts" in cfg else "num_experts"
+        experts = next(k for k in ("num_local_experts", "n_routed_experts", "num_experts") if k in cfg)
         cfg[experts] = min(cfg[experts], max(8, 2 * top_k))
         if "moe_intermediate_size" in cfg:
             cfg["moe_intermediate_size"] = hidden + 16

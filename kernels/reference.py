@@ -638,31 +638,54 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     return h if bias is None else h + bias.to(weight.dtype)
 
 
+MOE_SCORINGS = ("softmax", "sigmoid")
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
-              weights_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing of a mixture-of-experts layer (Mixtral, Qwen MoE): softmax over the experts'
-    logits `[T, E]` in fp32, the k largest per token, renormalised to sum to 1 where `normalize`
-    (Mixtral; Qwen's `norm_topk_prob`), rounded to `weights_dtype` where given (Qwen's routers
-    round them to the logits' dtype, Mixtral's keep fp32). Returns (weights `[T, k]` fp32,
-    expert ids `[T, k]` int64)."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+              weights_dtype: torch.dtype | None = None, scoring: str = "softmax",
+              score_bias: torch.Tensor | None = None, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of a mixture-of-experts layer over the experts' logits `[T, E]`, in fp32.
+    Returns (weights `[T, k]` fp32, expert ids `[T, k]` int64).
+
+    `softmax` (Mixtral, Qwen MoE, Granite MoE): the k largest probabilities, renormalised to sum
+    to 1 where `normalize` (Mixtral; Qwen's `norm_topk_prob`). `sigmoid` (GLM-4.5, DeepSeek-V3's
+    scoring): each expert's score is sigmoid(logit); the k experts of the largest score +
+    `score_bias` (`[E]`, the checkpoint's `e_score_correction_bias`; it only chooses) are taken
+    with their scores as weights, renormalised where `normalize` (over their sum + 1e-20).
+    Either way the weights are then multiplied by `scale` (`routed_scaling_factor`) and rounded
+    to `weights_dtype` where given (Qwen's and Granite's routers round them to the logits'
+    dtype, Mixtral's keep fp32)."""
+    logits = router_logits.float()
+    if scoring == "softmax":
+        weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+        if normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    elif scoring == "sigmoid":
+        scores = torch.sigmoid(logits)
+        choice = scores if score_bias is None else scores + score_bias.float()
+        ids = torch.topk(choice, top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if normalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    else:
+        raise ValueError(f"unknown MoE scoring {scoring!r} (supported: {', '.join(MOE_SCORINGS)})")
+    if scale != 1.0:
+        weights = weights * scale
     if weights_dtype is not None:
         weights = weights.to(weights_dtype).float()
     return weights, ids
 
 
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
-            normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
+            normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
+            scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
     """A mixture-of-experts MLP over x `[T, H]`: each token routed by its `router_logits` `[T, E]`
-    (moe_route: top_k, normalize, weights_dtype), then the sum over its k experts of weight *
-    expert(x), an expert e a gated MLP: down[e] @ act(gate_up[e] @ x) with gate_up `[E, 2I, H]`
-    ([gate; up], `activation` as linear_act's gated ones) and down `[E, H, I]`. Each expert runs
-    once over its tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and
-    rounded once."""
-    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype)
+    (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale), then the sum over
+    its k experts of weight * expert(x), an expert e a gated MLP: down[e] @ act(gate_up[e] @ x)
+    with gate_up `[E, 2I, H]` ([gate; up], `activation` as linear_act's gated ones) and down
+    `[E, H, I]`. Each expert runs once over its tokens (as Hugging Face's loop does); the
+    weighted rows are summed in fp32 and rounded once."""
+    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)
@@ -700,8 +723,9 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
 
 
 def moe_route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
-                    block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    block_m: int, scoring: str = "softmax", score_bias: torch.Tensor | None = None,
+                    scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_route, then moe_align of its ids: (weights `[T, k]` fp32, pairs, experts), what the
     expert GEMMs read (kernels/triton_moe.py)."""
-    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype)
+    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale)
     return (weights, *moe_align(ids, router_logits.shape[1], block_m))

@@ -43,27 +43,44 @@ FUSED_MAX_EXPERTS = 256
 
 
 @triton.jit
-def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
-                 ROUND: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr):
-    """reference.moe_route of the logits' `rows`: (weights, expert ids), both [len(rows), K_P2]."""
+def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
+                 ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, K_P2: tl.constexpr,
+                 E_P2: tl.constexpr):
+    """reference.moe_route of the logits' `rows`: (weights, expert ids), both [len(rows), K_P2].
+    Softmax scoring, or with SIGMOID each expert's sigmoid(logit), chosen by that plus the
+    `bias_ptr` vector (HAS_BIAS); the weights times `scale`."""
     cols = tl.arange(0, E_P2)
+    col_ok = (cols < E)[None, :]
     logits = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
-                     mask=row_ok[:, None] & (cols < E)[None, :], other=float("-inf")).to(tl.float32)
+                     mask=row_ok[:, None] & col_ok, other=float("-inf")).to(tl.float32)
     logits = tl.where(row_ok[:, None], logits, 0.0)  # (rows past T: finite, never stored)
-    row_max = tl.max(logits, axis=1)
-    row_sum = tl.sum(tl.exp(logits - row_max[:, None]), axis=1)
+    if SIGMOID:
+        scores = 1.0 / (1.0 + tl.exp(-logits))  # 0 past E
+        left = scores
+        if HAS_BIAS:
+            left += tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
+        left = tl.where(col_ok, left, float("-inf"))
+    else:
+        row_max = tl.max(logits, axis=1)
+        scores = tl.exp(logits - row_max[:, None])
+        scores = scores / tl.sum(scores, axis=1)[:, None]
+        left = logits
     slots = tl.arange(0, K_P2)
     weights = tl.zeros((rows.shape[0], K_P2), dtype=tl.float32)
     ids = tl.zeros((rows.shape[0], K_P2), dtype=tl.int32)
-    left = logits
     for j in tl.static_range(TOP_K):  # the k largest, one at a time (first index on ties)
         best = tl.max(left, axis=1)
         pick = tl.min(tl.where(left == best[:, None], cols[None, :], E_P2), axis=1)
-        weights = tl.where(slots[None, :] == j, (tl.exp(best - row_max) / row_sum)[:, None], weights)
+        chosen = cols[None, :] == pick[:, None]
+        weights = tl.where(slots[None, :] == j, tl.sum(tl.where(chosen, scores, 0.0), axis=1)[:, None], weights)
         ids = tl.where(slots[None, :] == j, pick[:, None], ids)
-        left = tl.where(cols[None, :] == pick[:, None], float("-inf"), left)
+        left = tl.where(chosen, float("-inf"), left)
     if NORMALIZE:
-        weights = weights / tl.sum(weights, axis=1)[:, None]
+        if SIGMOID:
+            weights = weights / (tl.sum(weights, axis=1)[:, None] + 1e-20)
+        else:
+            weights = weights / tl.sum(weights, axis=1)[:, None]
+    weights = weights * scale
     if ROUND:
         weights = weights.to(logits_ptr.dtype.element_ty).to(tl.float32)
     return weights, ids
@@ -89,10 +106,10 @@ def _store_owners(experts_ptr, block_end, E, n_blocks):
 
 @triton.jit
 def _route_align_kernel(
-    logits_ptr, weights_ptr, pairs_ptr, experts_ptr, scratch_ptr,
+    logits_ptr, weights_ptr, pairs_ptr, experts_ptr, scratch_ptr, bias_ptr, scale,
     T, E, stride_l, max_rows, n_blocks,
-    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
-    T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
+    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
 ):
     """One program: reference.moe_route of the `[T, E]` logits (weights `[T, TOP_K]` fp32 out),
     then moe_align of the routed pairs (pairs and experts out, as moe_align returns them).
@@ -100,7 +117,8 @@ def _route_align_kernel(
     P2: tl.constexpr = T_P2 * K_P2  # pair slots: pair p = t * TOP_K + j lives in slot t * K_P2 + j
     rows = tl.arange(0, T_P2)
     row_ok = rows < T
-    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K, NORMALIZE, ROUND, K_P2, E_P2)
+    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K, NORMALIZE, ROUND,
+                                SIGMOID, HAS_BIAS, K_P2, E_P2)
     slots = tl.arange(0, K_P2)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
@@ -127,9 +145,9 @@ def _route_align_kernel(
 
 @triton.jit
 def _route_chunk_kernel(
-    logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, T, E, stride_l, max_rows,
-    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
-    K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr,
+    logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, bias_ptr, scale, T, E, stride_l, max_rows,
+    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CHUNK: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr,
 ):
     """Many tokens, step 1 of 3; one program per CHUNK tokens: their routing (weights and ids
     out), how many of their pairs go to each expert (counts `[chunks, E_P2]`), and FILL rows of
@@ -137,7 +155,8 @@ def _route_chunk_kernel(
     c = tl.program_id(0)
     rows = c * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < T
-    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, TOP_K, NORMALIZE, ROUND, K_P2, E_P2)
+    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K, NORMALIZE, ROUND,
+                                SIGMOID, HAS_BIAS, K_P2, E_P2)
     slots = tl.arange(0, K_P2)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
@@ -194,29 +213,35 @@ def _scatter_chunk_kernel(ids_ptr, offsets_ptr, pairs_ptr, T, TOP_K: tl.constexp
     tl.store(pairs_ptr + start + tl.arange(0, P2) - before, c * CHUNK * TOP_K + keys % P2, mask=ok)
 
 
-def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool,
-                       weights_dtype: torch.dtype | None) -> dict | None:
+def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
+                       scoring: str = "softmax", score_bias: torch.Tensor | None = None) -> dict | None:
     """The routing kernels' constexprs (`_route_top_k`'s), or None where they cannot route: more
     than FUSED_MAX_EXPERTS experts, or weights rounded to a dtype other than the logits'."""
     experts = router_logits.shape[1]
     if experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
         return None
-    return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None,
-                K_P2=triton.next_power_of_2(top_k), E_P2=triton.next_power_of_2(experts))
+    if scoring not in reference.MOE_SCORINGS:
+        raise ValueError(f"unknown MoE scoring {scoring!r} (supported: {', '.join(reference.MOE_SCORINGS)})")
+    return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None, SIGMOID=scoring == "sigmoid",
+                HAS_BIAS=score_bias is not None, K_P2=triton.next_power_of_2(top_k),
+                E_P2=triton.next_power_of_2(experts))
 
 
 def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
-                block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                block_m: int, scoring: str = "softmax", score_bias: torch.Tensor | None = None,
+                scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reference.moe_route_align (same contract, the same pairs in the same order): in one launch
     where T * top_k <= FUSED_MAX_PAIRS, in three past it (route and count per chunk of tokens,
     the offsets, the scatter), where E <= FUSED_MAX_EXPERTS and the weights round (if at all) to
     the logits' dtype; the reference otherwise."""
     tokens, experts = router_logits.shape
-    common = _routing_constants(router_logits, top_k, normalize, weights_dtype)
+    common = _routing_constants(router_logits, top_k, normalize, weights_dtype, scoring, score_bias)
     if common is None:
-        return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m)
+        return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m, scoring, score_bias,
+                                         scale)
     router_logits = router_logits.contiguous()
     device = router_logits.device
+    bias = score_bias.float().contiguous() if score_bias is not None else router_logits  # (unused without HAS_BIAS)
     n_blocks = reference.moe_max_blocks(tokens * top_k, experts, block_m)
     weights = torch.empty(tokens, top_k, device=device, dtype=torch.float32)
     pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
@@ -224,7 +249,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     e_p2, k_p2 = common["E_P2"], common["K_P2"]
     if tokens * top_k <= FUSED_MAX_PAIRS:
         scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
-        _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, tokens, experts,
+        _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, bias, float(scale), tokens, experts,
                                   router_logits.stride(0), pairs.numel(), n_blocks, BLOCK_M=block_m,
                                   T_P2=triton.next_power_of_2(tokens), num_warps=4, **common)
         return weights, pairs, owners
@@ -233,7 +258,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     counts = torch.empty(chunks, e_p2, device=device, dtype=torch.int32)
     offsets = torch.empty_like(counts)
     fill = triton.next_power_of_2(triton.cdiv(pairs.numel(), chunks))
-    _route_chunk_kernel[(chunks,)](router_logits, weights, ids, counts, pairs, tokens, experts,
+    _route_chunk_kernel[(chunks,)](router_logits, weights, ids, counts, pairs, bias, float(scale), tokens, experts,
                                    router_logits.stride(0), pairs.numel(), CHUNK=CHUNK_TOKENS, FILL=fill,
                                    num_warps=4, **common)
     _align_offsets_kernel[(1,)](counts, offsets, owners, chunks, experts, n_blocks, BLOCK_M=block_m, E_P2=e_p2,
@@ -330,14 +355,16 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
 
 @register("moe_mlp")
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
-            normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul") -> torch.Tensor:
+            normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
+            scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
     """reference.moe_mlp over the pairs sorted by expert: route_align, the two grouped GEMMs, the
     k-row sum (four launches at any token count)."""
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     first, second = gemm_config(pairs, num_experts, True), gemm_config(pairs, num_experts, False)
     assert first["BLOCK_M"] == second["BLOCK_M"]  # (one sort of the pairs serves both GEMMs)
-    weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, first["BLOCK_M"])
+    weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, first["BLOCK_M"],
+                                                 scoring, score_bias, scale)
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first)

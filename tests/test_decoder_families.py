@@ -49,6 +49,9 @@ CASES = [
     ("qwen2-moe", "qwen1.5-moe-a2.7b", {}),
     ("granite-moe", "granite-3.1-3b-a800m", {}),
     ("granite-moe-shared", "granite-3.1-3b-a800m", {"model_type": "granitemoeshared", "shared_intermediate_size": 80}),
+    ("glm4-moe", "glm-4.5-air", {}),
+    ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
+     {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -58,7 +61,7 @@ HF_CLASSES = {
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-    "granitemoeshared": "GraniteMoeSharedForCausalLM",
+    "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
@@ -67,7 +70,7 @@ CONFIG_CLASSES = {
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
-    "granitemoeshared": "GraniteMoeSharedConfig",
+    "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig",
 }
 
 
@@ -82,6 +85,9 @@ def _pair(shape: str, changes: dict, seed: int = 0):
         for name, p in hf.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+        for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
+            if name.endswith("e_score_correction_bias"):
+                b.add_(torch.randn_like(b) * 0.1)
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
     return hf, load_decoder(hf_cfg.to_dict(), state, CPU, torch.float32)
 
@@ -106,7 +112,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared")
+                   "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)

@@ -53,7 +53,8 @@ def compile_all() -> list[str]:
                "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
     gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, PRECISION="tf32")
     route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
-             "scratch_ptr": "*i32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32", "n_blocks": "i32"}
+             "scratch_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
+             "max_rows": "i32", "n_blocks": "i32"}
     variants = [
         ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024}),
         ("one-shot", ar._one_shot_all_reduce_kernel, plain, dict(
@@ -68,13 +69,16 @@ def compile_all() -> list[str]:
         ("moe down", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, **{**gemm, "BLOCK_M": 64, "BLOCK_N": 128})),
         ("moe route-align", moe._route_align_kernel, route, dict(
-            TOP_K=8, NORMALIZE=True, ROUND=True, BLOCK_M=16, T_P2=64, K_P2=8, E_P2=128)),
+            TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128)),
+        ("moe route-align sigmoid", moe._route_align_kernel, route, dict(
+            TOP_K=8, NORMALIZE=True, ROUND=False, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
                                                              **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128})),
         ("moe route-chunk", moe._route_chunk_kernel,
          {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
-          "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32"},
-         dict(TOP_K=8, NORMALIZE=True, ROUND=True, CHUNK=16, K_P2=8, E_P2=128, FILL=256)),
+          "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32"},
+         dict(TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=128,
+              FILL=256)),
         ("moe align-offsets", moe._align_offsets_kernel,
          {"counts_ptr": "*i32", "offsets_ptr": "*i32", "experts_ptr": "*i32", "chunks": "i32", "E": "i32",
           "n_blocks": "i32"}, dict(BLOCK_M=64, E_P2=128, ROWS=16)),
@@ -95,7 +99,8 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
-    for name in ("moe gate-up", "moe down", "moe route-align", "moe prefill gate-up", "moe sum-pairs",
+    for name in ("moe gate-up", "moe down", "moe route-align", "moe route-align sigmoid", "moe prefill gate-up",
+                 "moe sum-pairs",
                  "moe route-chunk", "moe align-offsets", "moe scatter-chunk"):
         assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
 

@@ -60,6 +60,24 @@ def test_routing_weights_round_to_the_given_dtype():
     assert torch.equal(w16, w32.to(torch.bfloat16).float()) and not torch.equal(w16, w32)
 
 
+def test_sigmoid_routing_chooses_by_score_plus_bias_and_weighs_by_the_score():
+    """GLM-4.5's (DeepSeek-V3's) routing, token by token in float64: sigmoid scores; the k experts
+    of the largest score + bias; their scores (not score + bias) renormalised, times the scale."""
+    tokens, experts, top_k, scale = 7, 12, 3, 2.5
+    logits = _rand(tokens, experts, seed=5, scale=2.0)
+    bias = _rand(experts, seed=6, scale=0.5)
+    weights, ids = ref.moe_route(logits, top_k, True, None, "sigmoid", bias, scale)
+    for t in range(tokens):
+        scores = torch.sigmoid(logits[t].double())
+        chosen = sorted((scores + bias.double()).argsort(descending=True)[:top_k].tolist())
+        assert sorted(ids[t].tolist()) == chosen
+        expected = scores[ids[t]] / scores[ids[t]].sum() * scale
+        torch.testing.assert_close(weights[t].double(), expected, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(ids, ref.moe_route(logits, top_k, True, None, "sigmoid")[1])  # the bias did choose
+    with pytest.raises(ValueError, match="scoring"):
+        ref.moe_route(logits, top_k, True, None, "relu")
+
+
 triton = pytest.importorskip("triton")
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernel cannot run", allow_module_level=True)
@@ -114,6 +132,14 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
         assert dispatch._KERNELS["moe_mlp"] is moe_mlp
 
 
+def test_kernel_with_sigmoid_routing_matches_reference():
+    x, logits, gate_up, down = _moe_inputs(5, 32, 24, 16, seed=30)
+    bias = _rand(16, seed=34, scale=0.5)
+    expected = ref.moe_mlp(x, logits, gate_up, down, 4, True, None, "silu_mul", "sigmoid", bias, 2.5)
+    got = moe_mlp(x, logits, gate_up, down, 4, True, None, "silu_mul", "sigmoid", bias, 2.5)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
 @pytest.mark.parametrize("tokens,experts,top_k,normalize,block_m", [
     (1, 8, 2, True, 16), (3, 128, 8, True, 16), (5, 60, 4, False, 16), (17, 6, 1, False, 4), (90, 3, 1, False, 16),
     # past FUSED_MAX_PAIRS: chunks of tokens (one partly filled), the offsets, the scatter
@@ -125,6 +151,17 @@ def test_the_kernels_route_and_sort_as_the_tensor_ops_do(tokens, experts, top_k,
     expected_weights, expected_pairs, expected_owners = ref.moe_route_align(logits, top_k, normalize, None, block_m)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
     assert torch.equal(pairs, expected_pairs) and torch.equal(owners, expected_owners)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,normalize", [(3, 16, 4, True), (9, 40, 8, False), (70, 24, 4, True)])
+def test_the_kernels_route_by_sigmoid_scores_and_a_bias_as_the_reference(tokens, experts, top_k, normalize):
+    """GLM-4.5's routing in one program (up to 128 pairs) and in the chunked launches (past it)."""
+    logits = _rand(tokens, experts, seed=tokens, scale=2.0)
+    bias = _rand(experts, seed=tokens + 1, scale=0.5)
+    got = route_align(logits, top_k, normalize, None, 16, "sigmoid", bias, 2.5)
+    expected = ref.moe_route_align(logits, top_k, normalize, None, 16, "sigmoid", bias, 2.5)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5)
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
 
 
 def test_one_program_rounds_the_weights_to_the_logits_dtype():

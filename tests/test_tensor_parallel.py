@@ -84,13 +84,13 @@ def _serve(model, workers=None):
 # within each rank's heads (Phi-4-mini); muP scalars folded into each rank's weights (Granite);
 # a layer without rotary (SmolLM3); a rotary of neighbouring pairs over half of each head, 2 KV
 # heads at its ratio of 16 (GLM-4); mixture-of-experts layers, each rank with its columns of every
-# expert (Mixtral, Granite MoE) and of the shared expert (Qwen2-MoE).
+# expert (Mixtral, Granite MoE, GLM-4.5: its router's bias whole) and of the shared expert (Qwen2-MoE).
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
                                            ("qwen2.5-7b", 14), ("qwen3-8b", 8), ("gemma-3-1b", 8),
                                            ("mistral-7b", 8), ("phi-4-mini", 8), ("granite-3.1-8b", 8),
                                            ("smollm3-3b", 8), ("glm-4-9b", 32),
                                            ("gemma-7b", 8), ("mixtral-8x7b", 8), ("qwen1.5-moe-a2.7b", 8),
-                                           ("granite-3.1-3b-a800m", 8)])
+                                           ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)

@@ -97,6 +97,7 @@ DECODER_FAMILIES = {
     "helium": "helium",
     "glm": "glm",
     "glm4": "glm",
+    "glm4_moe": "glm4_moe",
     "gpt2": "gpt2",
 }
 

@@ -1,11 +1,14 @@
-"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE) for the shared decoder (transformer.py).
+"""Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE, GLM-4.5) for the shared decoder
+(transformer.py).
 
 In the layers a family names, the MLP is a router and E experts, each a gated MLP of its own
 (`intermediate_size` columns): every token goes to the k experts with the largest softmax
 probability, and the layer's output is their outputs weighted by those probabilities
-(renormalised over the k where the family does). Qwen2-MoE adds a shared expert that every
-token passes through, weighted by sigmoid(shared_gate @ x); Granite's shared MLP is added as it
-is. The op: `kernels.moe_mlp` (routing and grouped GEMMs over the routed rows on a GPU,
+(renormalised over the k where the family does). GLM-4.5 scores each expert by
+sigmoid(logit) instead, chooses by that plus a learnt bias, and scales the weights
+(reference.moe_route's `sigmoid`). Qwen2-MoE adds a shared expert that every token passes
+through, weighted by sigmoid(shared_gate @ x); Granite's and GLM's shared experts are added as
+they are. The op: `kernels.moe_mlp` (routing and grouped GEMMs over the routed rows on a GPU,
 kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
 
 Checkpoints store the experts one by one (`experts.{j}.gate_proj.weight`, Mixtral's `w1` / `w3`
@@ -18,7 +21,7 @@ every rank routes each token the same way, and the all-reduce after the MLP sums
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -35,7 +38,8 @@ class MoeNames:
     `{block}.experts.{j}.{gate|up|down}.weight`; `stacked` lists the names of ([gate; up], down)
     with the experts stacked. The shared expert (relative to the layer): `shared`, with
     `gate_proj` / `up_proj` / `down_proj` inside or, where `shared_fused` names them, one
-    [gate; up] projection and the down one; `shared_gate` its sigmoid gate (None: none)."""
+    [gate; up] projection and the down one; `shared_gate` its sigmoid gate (None: none).
+    `score_bias`: the router's bias of sigmoid scoring, beside its weight."""
 
     blocks: tuple[str, ...] = ("mlp",)
     routers: tuple[str, ...] = ("gate",)
@@ -46,6 +50,7 @@ class MoeNames:
     shared: str = "mlp.shared_expert"
     shared_gate: str | None = "mlp.shared_expert_gate"
     shared_fused: tuple[str, str] | None = None
+    score_bias: str = "e_score_correction_bias"
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,12 @@ class MoeSpec:
     normalize: bool  # renormalise the k routing weights to sum to 1
     round_weights: bool  # routing weights rounded to the activation dtype (Qwen) or kept fp32 (Mixtral)
     layers: tuple[bool, ...]  # per layer: MoE, or the dense MLP of the decoder's intermediate_size
-    shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE, Granite), 0: none
+    shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE, Granite, GLM), 0: none
     names: MoeNames = field(default_factory=MoeNames)
+    scoring: str = "softmax"  # or "sigmoid" (GLM-4.5): reference.moe_route
+    score_bias: bool = False  # sigmoid scoring's bias (the checkpoint's e_score_correction_bias)
+    scale: float = 1.0  # the routing weights times this (routed_scaling_factor)
+    router_fp32: bool = False  # the router's logits from fp32 x and weights (GLM-4.5's router casts both)
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
@@ -65,13 +74,13 @@ class MoeSpec:
 
     def split(self, world: int) -> "MoeSpec":
         """One tensor-parallel rank's share: its columns of every expert (and shared expert)."""
-        return MoeSpec(self.num_experts, self.top_k, self.intermediate_size // world, self.normalize,
-                       self.round_weights, self.layers, self.shared_intermediate_size // world, self.names)
+        return replace(self, intermediate_size=self.intermediate_size // world,
+                       shared_intermediate_size=self.shared_intermediate_size // world)
 
 
 @dataclass
 class MoeLayer:
-    router: torch.Tensor  # [E, H]
+    router: torch.Tensor  # [E, H] (fp32 where the family routes from fp32 logits)
     gate_up: torch.Tensor  # [E, 2I, H]: each expert's [gate; up]
     down: torch.Tensor  # [E, H, I]
     top_k: int
@@ -80,13 +89,20 @@ class MoeLayer:
     shared_gate_up: torch.Tensor | None = None  # [2S, H]
     shared_down: torch.Tensor | None = None  # [H, S]
     shared_gate: torch.Tensor | None = None  # [1, H]; None: the shared expert's output added as it is
+    scoring: str = "softmax"
+    score_bias: torch.Tensor | None = None  # [E] fp32
+    scale: float = 1.0
 
     def __call__(self, x: torch.Tensor, activation: str) -> torch.Tensor:
         """The block's output `[T, H]` for its normalised input x `[T, H]` (`activation`: the
         gated one, kernels.linear_act's name)."""
-        logits = kernels.linear_act(x, self.router)
+        if self.router.dtype == torch.float32 and x.dtype != torch.float32:
+            logits = torch.nn.functional.linear(x.float(), self.router)
+        else:
+            logits = kernels.linear_act(x, self.router)
         out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
-                              x.dtype if self.round_weights else None, activation)
+                              x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
+                              self.scale)
         if self.shared_gate_up is not None:
             shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
             if self.shared_gate is not None:
@@ -116,7 +132,9 @@ class MoeLayer:
         None: every expert (the layer's whole size)."""
         experts = self.gate_up.shape[0]
         routed = experts if tokens is None else experts * (1 - (1 - self.top_k / experts) ** tokens)
-        return self.shared_params() * self.router.element_size() + routed * self.expert_bytes()
+        shared = self.shared_params() - self.router.numel()
+        return (self.router.numel() * self.router.element_size() + shared * self.gate_up.element_size()
+                + routed * self.expert_bytes())
 
     def active_params(self) -> int:
         """Weights one token multiplies by (2 FLOPs each): the router, the shared expert and k experts."""
@@ -158,8 +176,11 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
                                               read(f"{e}{n.up}.weight", (inter, hidden), rows)]))
             stacked_down.append(read(f"{e}{n.down}.weight", (hidden, inter), cols))
         gate_up, down = torch.stack(stacked_gate_up), torch.stack(stacked_down)
-    layer = MoeLayer(read(f"{base}{router}.weight", (experts, hidden)), gate_up, down, spec.top_k, spec.normalize,
-                     spec.round_weights)
+    router_weight = read(f"{base}{router}.weight", (experts, hidden))
+    layer = MoeLayer(router_weight.float() if spec.router_fp32 else router_weight, gate_up, down, spec.top_k,
+                     spec.normalize, spec.round_weights, scoring=spec.scoring, scale=spec.scale)
+    if spec.score_bias:
+        layer.score_bias = read(f"{base}{router}.{n.score_bias}", (experts,)).float()
     if spec.shared_intermediate_size:
         size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
         rows = shared_part or slice(None)
@@ -188,6 +209,8 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
     gate_up, down = n.stacked[0]
     shapes = {f"{base}{n.routers[0]}.weight": (e, hidden), base + gate_up: (e, 2 * inter, hidden),
               base + down: (e, hidden, inter)}
+    if spec.score_bias:
+        shapes[f"{base}{n.routers[0]}.{n.score_bias}"] = (e,)
     if spec.shared_intermediate_size:
         size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
         if n.shared_fused:
@@ -203,8 +226,9 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
 
 def num_experts(cfg: dict, default: int | None = None) -> int:
     """The config's expert count: `num_experts` as Qwen's published configs write it,
-    `num_local_experts` as Mixtral's (and transformers' own dicts of either) do."""
-    count = cfg.get("num_experts", cfg.get("num_local_experts", default))
+    `num_local_experts` as Mixtral's (and transformers' own dicts of either) do, `n_routed_experts`
+    as GLM's."""
+    count = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts", default)))
     if count is None:
         raise KeyError("a mixture-of-experts config needs num_experts (or num_local_experts)")
     return count
