@@ -177,6 +177,14 @@ GLM_4_5_AIR = {
     "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
     "bos_token_id": None, "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
 }
+# OLMo-2-1124-7B (model_type olmo2): Llama's sizes with the norms after attention and the MLP,
+# and q / k norms over all heads.
+OLMO_2_7B = {
+    "model_type": "olmo2", "vocab_size": 100352, "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-6,
+    "rope_theta": 500000.0, "max_position_embeddings": 4096, "attention_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": None, "eos_token_id": 100257, "pad_token_id": 100277,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -205,6 +213,7 @@ DECODER_SHAPES = {
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "glm-4.5-air": GLM_4_5_AIR,
+    "olmo-2-7b": OLMO_2_7B,
 }
 
 
@@ -290,7 +299,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         shapes[n.lm_head] = (spec.vocab_size, hidden)
     for i in range(spec.num_layers):
         p = f"layers.{i}."
-        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,), n.o: (hidden, q)}
+        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.pre_norms else {}
+        layer[n.o] = (hidden, q)
         layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden), n.v: (kv, hidden)})
         if spec.moe and spec.moe.layers[i]:
             shapes.update(moe_tensor_shapes(spec.moe, p, hidden))
@@ -301,7 +311,7 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         if spec.sandwich_norms:
             layer.update({n.attn_post_norm: (hidden,), n.mlp_post_norm: (hidden,)})
         if spec.qk_norm:
-            layer.update({n.q_norm: (head,), n.k_norm: (head,)})
+            layer.update({n.q_norm: (q,), n.k_norm: (kv,)} if spec.qk_norm_full else {n.q_norm: (head,), n.k_norm: (head,)})
         shapes.update({p + name + ".weight": shape for name, shape in layer.items()})
         if spec.qkv_bias:
             shapes.update({p + n.q + ".bias": (q,), p + n.k + ".bias": (kv,), p + n.v + ".bias": (kv,)} if not n.qkv

@@ -52,6 +52,12 @@ CASES = [
     ("glm4-moe", "glm-4.5-air", {}),
     ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
+    ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
+    # EXAONE 4 on OLMo 2's sizes: its per-head q/k norms, a local layer and a NoPE global one
+    ("exaone4-hybrid", "olmo-2-7b", {"model_type": "exaone4", "num_key_value_heads": 2, "sliding_window": 8,
+                                     "sliding_window_pattern": 2}),
+    ("exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": None, "tie_word_embeddings": True,
+                              "layer_types": ["full_attention"] * 2}),
 ]
 HF_CLASSES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -61,7 +67,8 @@ HF_CLASSES = {
     "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-    "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+    "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
@@ -70,7 +77,8 @@ CONFIG_CLASSES = {
     "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
-    "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig",
+    "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
+    "exaone4": "Exaone4Config",
 }
 
 
@@ -112,7 +120,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe")
+                   "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
+                   "exaone4-hybrid")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -336,6 +345,17 @@ def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, 
     del published[next(k for k in published if k.endswith("experts.5.down_proj.weight") or k.endswith("experts.5.w2.weight"))]
     with pytest.raises(KeyError, match=r"experts\.5\."):
         load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+
+
+def test_exaone4_reads_its_window_pattern_as_published():
+    """EXAONE-4.0-32B's config.json names the pattern "LLLG" (three local layers, one global); an
+    int n makes every n-th layer global, as transformers' config computes it."""
+    from tritonformer.backend.models.exaone4 import sliding_layers
+
+    assert sliding_layers({"sliding_window_pattern": "LLLG", "num_hidden_layers": 6}) == [True] * 3 + [False, True, True]
+    assert sliding_layers({"sliding_window_pattern": 4, "num_hidden_layers": 6}) == [True] * 3 + [False, True, True]
+    cfg = transformers.Exaone4Config(num_hidden_layers=6, sliding_window=8, sliding_window_pattern=4)
+    assert sliding_layers(cfg.to_dict()) == [t == "sliding_attention" for t in cfg.layer_types]
 
 
 def test_granite_moe_loads_under_its_published_names():

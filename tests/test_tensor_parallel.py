@@ -41,8 +41,8 @@ class _Ids:
         return " ".join(map(str, ids))
 
 
-def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads: int = 8):
-    cfg = shrunk(name, layers=2, hidden=hidden, heads=heads, vocab=vocab)
+def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads: int = 8, changes: dict | None = None):
+    cfg = {**shrunk(name, layers=2, hidden=hidden, heads=heads, vocab=vocab), **(changes or {})}
     config = transformers.AutoConfig.for_model(**cfg)
     torch.manual_seed(3)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
@@ -84,15 +84,22 @@ def _serve(model, workers=None):
 # within each rank's heads (Phi-4-mini); muP scalars folded into each rank's weights (Granite);
 # a layer without rotary (SmolLM3); a rotary of neighbouring pairs over half of each head, 2 KV
 # heads at its ratio of 16 (GLM-4); mixture-of-experts layers, each rank with its columns of every
-# expert (Mixtral, Granite MoE, GLM-4.5: its router's bias whole) and of the shared expert (Qwen2-MoE).
+# expert (Mixtral, Granite MoE, GLM-4.5: its router's bias whole) and of the shared expert (Qwen2-MoE);
+# norms only after attention and the MLP, a local and a NoPE global layer (EXAONE 4 on OLMo 2's sizes).
+EXAONE4 = {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2}
+
+
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
                                            ("qwen2.5-7b", 14), ("qwen3-8b", 8), ("gemma-3-1b", 8),
                                            ("mistral-7b", 8), ("phi-4-mini", 8), ("granite-3.1-8b", 8),
                                            ("smollm3-3b", 8), ("glm-4-9b", 32),
                                            ("gemma-7b", 8), ("mixtral-8x7b", 8), ("qwen1.5-moe-a2.7b", 8),
-                                           ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24)])
+                                           ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
-    folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
+    if family == "exaone-4":
+        folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=EXAONE4)
+    else:
+        folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)
     whole = load_decoder(config, load_state_dict(folder), CPU, torch.float32)
     tokens_one, logits_one, _ = _serve(whole)
@@ -117,6 +124,13 @@ def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     assert not any(p.is_alive() for p in workers.processes)
     assert tokens_two == tokens_one
     torch.testing.assert_close(logits_two, logits_one, atol=1e-4, rtol=1e-4)
+
+
+def test_whole_width_qk_norms_refuse_a_split_by_name(tmp_path):
+    """OLMo 2 normalises q over all of a token's heads, which no rank holds alone."""
+    folder = _checkpoint(tmp_path, "olmo-2-7b")
+    with pytest.raises(ValueError, match="q/k norms over all heads"):
+        start_ranks(ShardSource(str(folder), load_config(folder), "float32", "cpu", 0), 2)
 
 
 def test_fp8_ranks_quantise_their_own_slices_as_accurately_as_one_gpu(tmp_path):

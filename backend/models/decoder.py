@@ -98,6 +98,8 @@ DECODER_FAMILIES = {
     "glm": "glm",
     "glm4": "glm",
     "glm4_moe": "glm4_moe",
+    "olmo2": "olmo2",
+    "exaone4": "exaone4",
     "gpt2": "gpt2",
 }
 

@@ -1,4 +1,4 @@
-"""The pre-norm decoder that Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3 share, driven by options.
+"""The decoder that Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, OLMo 2 and their kin share, driven by options.
 
 A family file (llama.py, qwen3.py, gemma2.py, ...) maps its Hugging Face config onto a
 `DecoderSpec` and names its tensors (`WeightNames`); this module builds the model from those
@@ -9,6 +9,8 @@ and runs it. What differs between the families is data, read here in one place:
     qkv_bias         biases on Q, K, V (Qwen2)
     qk_norm          per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
+    pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
+    qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2)
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
     rope_layers      per layer: whether it rotates q and k (SmolLM3's NoPE layers do not)
@@ -97,6 +99,8 @@ class DecoderSpec:
     qkv_bias: bool = False
     qk_norm: bool = False
     sandwich_norms: bool = False
+    pre_norms: bool = True
+    qk_norm_full: bool = False
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
     rope_layers: tuple[bool, ...] = ()  # empty: every layer rotates q and k
@@ -122,6 +126,10 @@ class DecoderSpec:
             raise ValueError(f"{len(self.rope_layers)} rope layers for {self.num_layers} layers")
         if self.moe and len(self.moe.layers) != self.num_layers:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
+        if not self.pre_norms and not self.sandwich_norms:
+            raise ValueError("a block without norms before attention and the MLP needs the norms after them")
+        if self.qk_norm_full and (not self.qk_norm or self.rotary_interleaved or self.rotary_dim):
+            raise ValueError("whole-width q/k norms need qk_norm, and a rotary over every dim in halves")
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -147,14 +155,14 @@ def rotary_dims(cfg: dict, head_dim: int) -> int | None:
 
 @dataclass
 class _Layer:
-    attn_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # None in a post-norm block (and mlp_norm)
     qkv_w: torch.Tensor | Fp8Weight
     qkv_b: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o_w: torch.Tensor | Fp8Weight
     attn_post_norm: torch.Tensor | None
-    mlp_norm: torch.Tensor
+    mlp_norm: torch.Tensor | None
     gate_up_w: torch.Tensor | Fp8Weight | None  # None in a MoE layer
     down_w: torch.Tensor | Fp8Weight | None
     mlp_post_norm: torch.Tensor | None
@@ -187,6 +195,9 @@ class TransformerDecoder(DecoderModel):
         # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
         q_part = kv_part = mlp_part = expert_part = shared_part = None
         if tp is not None:
+            if c.qk_norm_full:
+                raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2): "
+                                 "each rank holds only its heads")
             heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
             q_part = slice(heads.start * head, heads.stop * head)
             kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
@@ -289,8 +300,8 @@ class TransformerDecoder(DecoderModel):
                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
             if moe is None:
                 down_w = scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale)
-            q_norm = norm(p + n.q_norm + ".weight", head) if c.qk_norm else None
-            k_norm = norm(p + n.k_norm + ".weight", head) if c.qk_norm else None
+            q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if c.qk_norm else None
+            k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if c.qk_norm else None
             if order is not None:
                 qkv_w = take_rows(qkv_w, rows_in_order)
                 qkv_b = qkv_b[rows_in_order] if qkv_b is not None else None
@@ -298,14 +309,14 @@ class TransformerDecoder(DecoderModel):
                 k_norm = k_norm[order] if k_norm is not None else None
             window = c.window(i)
             self.layers.append(_Layer(
-                attn_norm=norm(p + n.attn_norm + ".weight"),
+                attn_norm=norm(p + n.attn_norm + ".weight") if c.pre_norms else None,
                 qkv_w=qkv_w,
                 qkv_b=qkv_b,
                 q_norm=q_norm,
                 k_norm=k_norm,
                 o_w=scaled(w(p + n.o + ".weight", hidden, q_rows, cols=q_part), c.residual_scale),
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
-                mlp_norm=norm(p + n.mlp_norm + ".weight"),
+                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms else None,
                 gate_up_w=gate_up_w,
                 down_w=down_w,
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
@@ -360,6 +371,8 @@ class TransformerDecoder(DecoderModel):
         eps = c.norm_eps
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
+        if not c.pre_norms:
+            return self._post_norm_hidden_states(batch, cache, cos_sin, local)
         # The token embeddings (the first residual) and the first norm in one launch.
         if self.tp is None:
             x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
@@ -402,6 +415,52 @@ class TransformerDecoder(DecoderModel):
             x, _ = kernels.rms_norm(x, last.mlp_post_norm, eps)
         x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
         return x
+
+    def _post_norm_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
+                                 local: torch.Tensor | None) -> torch.Tensor:
+        """hidden_states of a block with norms only after attention and the MLP (OLMo 2, EXAONE
+        4): each reads the residual stream itself, and its output, normalised, is added to it.
+        With nothing to fold into the next linear, each norm and add are launches of their own.
+        q/k norms over all heads (qk_norm_full) run on the QKV projection's rows before the
+        rotary and the cache write."""
+        c, eps = self.config, self.config.norm_eps
+        start = self.tp.rank * self.embed.shape[0] if self.tp is not None else 0
+        x = kernels.embedding_part(batch.input_ids, self.embed, start, c.embed_scale)
+        if self.tp is not None:
+            self.tp.all_reduce(x)
+        q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        for li, layer in enumerate(self.layers):
+            table = local if layer.local else cos_sin
+            cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
+            if c.qk_norm_full:
+                qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b)
+                qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
+                                 kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
+                                 qkv[:, q_rows + kv_rows:]], dim=1)
+                q = kernels.qkv_to_cache(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
+                                         cache.keys(li), cache.values(li), batch.slot_mapping)
+            else:
+                q = kernels.prenorm_qkv_to_cache(
+                    x, None, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
+                    cache.keys(li), cache.values(li), batch.slot_mapping,
+                    q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
+                )
+            ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
+                                  softcap=c.attn_softcap)
+            h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+            if self.tp is not None:
+                self.tp.all_reduce(h)
+            x = x + kernels.rms_norm(h, layer.attn_post_norm, eps)[0]
+            if layer.moe is None:
+                h = kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, None, self.activation), layer.down_w)
+            else:
+                h = layer.moe(x, self.activation)
+            if self.tp is not None:
+                self.tp.all_reduce(h)
+            x = x + kernels.rms_norm(h, layer.mlp_post_norm, eps)[0]
+        if not batch.logits_every_row:
+            x = x[batch.logits_index]
+        return kernels.rms_norm(x, self.final_norm, eps)[0]
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *
