@@ -53,6 +53,11 @@ CASES = [
     ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
+    # OLMo 3 on OLMo 2's sizes: a local layer beside a global one whose rope alone is YaRN-scaled
+    ("olmo3", "olmo-2-7b", {"model_type": "olmo3", "sliding_window": 8,
+                            "layer_types": ["sliding_attention", "full_attention"],
+                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                             "beta_fast": 32, "beta_slow": 1}}),
     # EXAONE 4 on OLMo 2's sizes: its per-head q/k norms, a local layer and a NoPE global one
     ("exaone4-hybrid", "olmo-2-7b", {"model_type": "exaone4", "num_key_value_heads": 2, "sliding_window": 8,
                                      "sliding_window_pattern": 2}),
@@ -68,7 +73,7 @@ HF_CLASSES = {
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "exaone4": "Exaone4ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
@@ -78,7 +83,7 @@ CONFIG_CLASSES = {
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
     "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
-    "exaone4": "Exaone4Config",
+    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config",
 }
 
 
@@ -121,7 +126,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
-                   "exaone4-hybrid")
+                   "olmo3", "exaone4-hybrid")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -356,6 +361,21 @@ def test_exaone4_reads_its_window_pattern_as_published():
     assert sliding_layers({"sliding_window_pattern": 4, "num_hidden_layers": 6}) == [True] * 3 + [False, True, True]
     cfg = transformers.Exaone4Config(num_hidden_layers=6, sliding_window=8, sliding_window_pattern=4)
     assert sliding_layers(cfg.to_dict()) == [t == "sliding_attention" for t in cfg.layer_types]
+
+
+def test_olmo3_reads_a_published_config_as_transformers_own():
+    """OLMo-3's config.json gives `rope_scaling` (YaRN) and `rope_theta` at the top; transformers
+    keeps them per layer type (the scaling on the full layers only): the same model either way."""
+    from tritonformer.backend.models import olmo2
+
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192, "beta_fast": 32,
+            "beta_slow": 1}
+    published = {**shrunk("olmo-2-7b"), "model_type": "olmo3", "rope_theta": 500000.0, "rope_scaling": yarn,
+                 "max_position_embeddings": 65536, "sliding_window": 4096, "num_hidden_layers": 4}
+    ours = olmo2.from_hf(published)
+    theirs = olmo2.from_hf(transformers.Olmo3Config(**published).to_dict())
+    assert ours.rope == theirs.rope and ours.local_rope == theirs.local_rope and ours.local_rope is not None
+    assert ours.layer_windows == theirs.layer_windows == (4096, 4096, 4096, None)
 
 
 def test_granite_moe_loads_under_its_published_names():

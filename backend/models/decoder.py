@@ -99,6 +99,7 @@ DECODER_FAMILIES = {
     "glm4": "glm",
     "glm4_moe": "glm4_moe",
     "olmo2": "olmo2",
+    "olmo3": "olmo2",
     "exaone4": "exaone4",
     "gpt2": "gpt2",
 }
