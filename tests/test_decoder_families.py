@@ -61,6 +61,11 @@ CASES = [
     # EXAONE 4 on OLMo 2's sizes: its per-head q/k norms, a local layer and a NoPE global one
     ("exaone4-hybrid", "olmo-2-7b", {"model_type": "exaone4", "num_key_value_heads": 2, "sliding_window": 8,
                                      "sliding_window_pattern": 2}),
+    # Cohere on OLMo 2's sizes (GQA, as Command R7B has): the parallel block, LayerNorms, the logit scale
+    ("cohere", "olmo-2-7b", {"model_type": "cohere", "num_key_value_heads": 2, "logit_scale": 0.5,
+                             "tie_word_embeddings": True}),
+    ("cohere2", "olmo-2-7b", {"model_type": "cohere2", "num_key_value_heads": 2, "sliding_window": 8,
+                              "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True}),
     ("exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": None, "tie_word_embeddings": True,
                               "layer_types": ["full_attention"] * 2}),
 ]
@@ -73,7 +78,8 @@ HF_CLASSES = {
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
 }
 CONFIG_CLASSES = {
     "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
@@ -83,7 +89,7 @@ CONFIG_CLASSES = {
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
     "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
-    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config",
+    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "cohere2": "Cohere2Config",
 }
 
 
@@ -126,7 +132,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid")
+                   "olmo3", "exaone4-hybrid", "cohere2")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)

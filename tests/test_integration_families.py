@@ -39,6 +39,8 @@ FAMILIES = [
     ("gen_olmo3", "olmo-2-7b", {"model_type": "olmo3", "sliding_window": 8,
                                 "layer_types": ["sliding_attention", "full_attention"]}),
     ("gen_exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2}),
+    ("gen_cohere2", "olmo-2-7b", {"model_type": "cohere2", "sliding_window": 8,
+                                  "layer_types": ["sliding_attention", "full_attention"]}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

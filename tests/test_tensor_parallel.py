@@ -85,8 +85,11 @@ def _serve(model, workers=None):
 # a layer without rotary (SmolLM3); a rotary of neighbouring pairs over half of each head, 2 KV
 # heads at its ratio of 16 (GLM-4); mixture-of-experts layers, each rank with its columns of every
 # expert (Mixtral, Granite MoE, GLM-4.5: its router's bias whole) and of the shared expert (Qwen2-MoE);
-# norms only after attention and the MLP, a local and a NoPE global layer (EXAONE 4 on OLMo 2's sizes).
-EXAONE4 = {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2}
+# norms only after attention and the MLP, a local and a NoPE global layer (EXAONE 4 on OLMo 2's sizes);
+# attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise).
+CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
+           "command-r7b": {"model_type": "cohere2", "sliding_window": 8,
+                           "layer_types": ["sliding_attention", "full_attention"]}}
 
 
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
@@ -94,10 +97,11 @@ EXAONE4 = {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern
                                            ("mistral-7b", 8), ("phi-4-mini", 8), ("granite-3.1-8b", 8),
                                            ("smollm3-3b", 8), ("glm-4-9b", 32),
                                            ("gemma-7b", 8), ("mixtral-8x7b", 8), ("qwen1.5-moe-a2.7b", 8),
-                                           ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8)])
+                                           ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8),
+                                           ("command-r7b", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
-    if family == "exaone-4":
-        folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=EXAONE4)
+    if family in CHANGES:  # (on OLMo 2's sizes)
+        folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])
     else:
         folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)

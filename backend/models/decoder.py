@@ -101,6 +101,8 @@ DECODER_FAMILIES = {
     "olmo2": "olmo2",
     "olmo3": "olmo2",
     "exaone4": "exaone4",
+    "cohere": "cohere",
+    "cohere2": "cohere",
     "gpt2": "gpt2",
 }
 

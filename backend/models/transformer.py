@@ -10,6 +10,8 @@ and runs it. What differs between the families is data, read here in one place:
     qk_norm          per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
+    parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere)
+    layer_norm       LayerNorm without a bias (mean subtracted; Cohere) instead of RMSNorm
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2)
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
@@ -100,6 +102,8 @@ class DecoderSpec:
     qk_norm: bool = False
     sandwich_norms: bool = False
     pre_norms: bool = True
+    parallel_block: bool = False
+    layer_norm: bool = False
     qk_norm_full: bool = False
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
@@ -128,6 +132,8 @@ class DecoderSpec:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
+        if self.layer_norm and not (self.parallel_block and self.norm_offset == 0 and not self.qk_norm):
+            raise ValueError("LayerNorms are supported in the parallel block (Cohere's), without q/k norms")
         if self.qk_norm_full and (not self.qk_norm or self.rotary_interleaved or self.rotary_dim):
             raise ValueError("whole-width q/k norms need qk_norm, and a rotary over every dim in halves")
 
@@ -258,6 +264,8 @@ class TransformerDecoder(DecoderModel):
             self.embed = self._vocab_rows(state[checked(n.embed, table)])
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
         self.final_norm = norm(n.final_norm)
+        # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
+        self.zero_bias = torch.zeros(hidden, device=device, dtype=dtype) if c.layer_norm else None
         if c.logit_scale is not None:  # logits = head(norm(x) * w * s): the scale rides on the norm's weight
             self.final_norm = (self.final_norm.float() * c.logit_scale).to(self.final_norm.dtype)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
@@ -316,7 +324,7 @@ class TransformerDecoder(DecoderModel):
                 k_norm=k_norm,
                 o_w=scaled(w(p + n.o + ".weight", hidden, q_rows, cols=q_part), c.residual_scale),
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
-                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms else None,
+                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and not c.parallel_block else None,
                 gate_up_w=gate_up_w,
                 down_w=down_w,
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
@@ -371,8 +379,8 @@ class TransformerDecoder(DecoderModel):
         eps = c.norm_eps
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
-        if not c.pre_norms:
-            return self._post_norm_hidden_states(batch, cache, cos_sin, local)
+        if not c.pre_norms or c.parallel_block:
+            return self._unfused_hidden_states(batch, cache, cos_sin, local)
         # The token embeddings (the first residual) and the first norm in one launch.
         if self.tp is None:
             x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
@@ -416,51 +424,77 @@ class TransformerDecoder(DecoderModel):
         x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
         return x
 
-    def _post_norm_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
-                                 local: torch.Tensor | None) -> torch.Tensor:
-        """hidden_states of a block with norms only after attention and the MLP (OLMo 2, EXAONE
-        4): each reads the residual stream itself, and its output, normalised, is added to it.
-        With nothing to fold into the next linear, each norm and add are launches of their own.
-        q/k norms over all heads (qk_norm_full) run on the QKV projection's rows before the
-        rotary and the cache write."""
-        c, eps = self.config, self.config.norm_eps
+    def _unfused_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
+                               local: torch.Tensor | None) -> torch.Tensor:
+        """hidden_states of the blocks whose norms do not fold into the next linear's prologue:
+        norms only after attention and the MLP (OLMo 2, EXAONE 4: each reads the residual stream
+        itself, and its output, normalised, is added to it), or attention and the MLP side by
+        side on one norm's output (`parallel_block`, Cohere: both outputs added to the stream).
+        Each norm and add is a launch of its own."""
+        c = self.config
         start = self.tp.rank * self.embed.shape[0] if self.tp is not None else 0
         x = kernels.embedding_part(batch.input_ids, self.embed, start, c.embed_scale)
         if self.tp is not None:
             self.tp.all_reduce(x)
-        q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         for li, layer in enumerate(self.layers):
-            table = local if layer.local else cos_sin
-            cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
-            if c.qk_norm_full:
-                qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b)
-                qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
-                                 kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
-                                 qkv[:, q_rows + kv_rows:]], dim=1)
-                q = kernels.qkv_to_cache(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
-                                         cache.keys(li), cache.values(li), batch.slot_mapping)
-            else:
-                q = kernels.prenorm_qkv_to_cache(
-                    x, None, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
-                    cache.keys(li), cache.values(li), batch.slot_mapping,
-                    q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
-                )
-            ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
-                                  softcap=c.attn_softcap)
-            h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+            if c.parallel_block:
+                n = self._norm(x, layer.attn_norm)
+                h = self._attend(n, li, layer, batch, cache, cos_sin, local)
+                m = self._mlp(n, layer)
+                if self.tp is None:  # (as Hugging Face adds them: the attention's first)
+                    x = x + h + m
+                else:  # one collective for both rows' partial sums
+                    x = x + self.tp.all_reduce(h + m)
+                continue
+            h = self._attend(x, li, layer, batch, cache, cos_sin, local)
             if self.tp is not None:
                 self.tp.all_reduce(h)
-            x = x + kernels.rms_norm(h, layer.attn_post_norm, eps)[0]
-            if layer.moe is None:
-                h = kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, None, self.activation), layer.down_w)
-            else:
-                h = layer.moe(x, self.activation)
+            x = x + self._norm(h, layer.attn_post_norm)
+            h = self._mlp(x, layer)
             if self.tp is not None:
                 self.tp.all_reduce(h)
-            x = x + kernels.rms_norm(h, layer.mlp_post_norm, eps)[0]
+            x = x + self._norm(h, layer.mlp_post_norm)
         if not batch.logits_every_row:
             x = x[batch.logits_index]
-        return kernels.rms_norm(x, self.final_norm, eps)[0]
+        return self._norm(x, self.final_norm)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm, or with `layer_norm` LayerNorm without a bias (Cohere's), of x's rows."""
+        if self.config.layer_norm:
+            return kernels.add_bias_residual_layer_norm(x, None, None, weight, self.zero_bias, self.config.norm_eps)
+        return kernels.rms_norm(x, weight, self.config.norm_eps)[0]
+
+    def _attend(self, x: torch.Tensor, li: int, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
+                cos_sin: torch.Tensor, local: torch.Tensor | None) -> torch.Tensor:
+        """Layer `li`'s attention over its input rows x, to the output projection's rows (this
+        rank's partial sums under tensor parallelism). q/k norms over all heads (qk_norm_full) run
+        on the QKV projection's rows before the rotary and the cache write."""
+        c, eps = self.config, self.config.norm_eps
+        table = local if layer.local else cos_sin
+        cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
+        if c.qk_norm_full:
+            q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+            qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b)
+            qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
+                             kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
+                             qkv[:, q_rows + kv_rows:]], dim=1)
+            q = kernels.qkv_to_cache(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
+                                     cache.keys(li), cache.values(li), batch.slot_mapping)
+        else:
+            q = kernels.prenorm_qkv_to_cache(
+                x, None, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
+                cache.keys(li), cache.values(li), batch.slot_mapping,
+                q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
+            )
+        ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
+                              softcap=c.attn_softcap)
+        return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+
+    def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """The layer's MLP (dense or mixture of experts) over its input rows x."""
+        if layer.moe is not None:
+            return layer.moe(x, self.activation)
+        return kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, None, self.activation), layer.down_w)
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *
