@@ -185,6 +185,15 @@ OLMO_2_7B = {
     "rope_theta": 500000.0, "max_position_embeddings": 4096, "attention_bias": False, "tie_word_embeddings": False,
     "bos_token_id": None, "eos_token_id": 100257, "pad_token_id": 100277,
 }
+# OLMoE-1B-7B-0924 (model_type olmoe): 64 experts of 1,024 columns, the top 8 (not renormalised),
+# q / k norms over all heads.
+OLMOE_1B_7B = {
+    "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
+    "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 64,
+    "num_experts_per_tok": 8, "norm_topk_prob": False, "clip_qkv": None, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": None,
+    "eos_token_id": 50279, "pad_token_id": 1,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -214,6 +223,7 @@ DECODER_SHAPES = {
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "glm-4.5-air": GLM_4_5_AIR,
     "olmo-2-7b": OLMO_2_7B,
+    "olmoe-1b-7b": OLMOE_1B_7B,
 }
 
 

@@ -53,6 +53,7 @@ CASES = [
     ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
+    ("olmoe", "olmoe-1b-7b", {"num_key_value_heads": 2}),
     # OLMo 3 on OLMo 2's sizes: a local layer beside a global one whose rope alone is YaRN-scaled
     ("olmo3", "olmo-2-7b", {"model_type": "olmo3", "sliding_window": 8,
                             "layer_types": ["sliding_attention", "full_attention"],
@@ -78,7 +79,7 @@ HF_CLASSES = {
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM",
+    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM", "olmoe": "OlmoeForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
 }
 CONFIG_CLASSES = {
@@ -89,7 +90,7 @@ CONFIG_CLASSES = {
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
     "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
-    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "cohere2": "Cohere2Config",
+    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "olmoe": "OlmoeConfig", "cohere2": "Cohere2Config",
 }
 
 
@@ -132,7 +133,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2")
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -340,6 +341,7 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
 @pytest.mark.parametrize("case,block,names", [
     ("mixtral", "block_sparse_moe", ("w1", "w3", "w2")),
     ("qwen2-moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
+    ("olmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),
 ])
 def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, names):
     """A published MoE checkpoint stores each expert's projections apart; it builds the same

@@ -273,7 +273,7 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
 FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
                  "phi-4-mini", "granite-3.1-8b", "smollm3-3b", "glm-4-9b",
                  "gemma-7b", "ministral-8b", "ernie-4.5-0.3b", "helium-1-2b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b",
-                 "granite-3.1-3b-a800m", "glm-4.5-air"]
+                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer).
 LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2}

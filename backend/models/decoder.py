@@ -100,6 +100,7 @@ DECODER_FAMILIES = {
     "glm4_moe": "glm4_moe",
     "olmo2": "olmo2",
     "olmo3": "olmo2",
+    "olmoe": "olmoe",
     "exaone4": "exaone4",
     "cohere": "cohere",
     "cohere2": "cohere",

@@ -389,16 +389,7 @@ class TransformerDecoder(DecoderModel):
             x, residual = self._parallel_embedding(batch.input_ids, self.layers[0].attn_norm, eps)
         pre = None  # the first layer's input comes normalised from the embedding kernel
         for li, layer in enumerate(self.layers):
-            table = local if layer.local else cos_sin
-            cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
-            q = kernels.prenorm_qkv_to_cache(
-                x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
-                cache.keys(li), cache.values(li), batch.slot_mapping,
-                q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
-            )
-            ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
-                                  softcap=c.attn_softcap)
-            h = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+            h = self._attend(x, li, layer, batch, cache, cos_sin, local, pre)
             mlp_pre = kernels.PreNorm(layer.mlp_norm, None, eps, residual=residual, sum_out=torch.empty_like(residual),
                                       x_norm=layer.attn_post_norm)
             residual = mlp_pre.sum_out  # the residual stream from here, written by the prenorm
@@ -465,16 +456,17 @@ class TransformerDecoder(DecoderModel):
         return kernels.rms_norm(x, weight, self.config.norm_eps)[0]
 
     def _attend(self, x: torch.Tensor, li: int, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
-                cos_sin: torch.Tensor, local: torch.Tensor | None) -> torch.Tensor:
-        """Layer `li`'s attention over its input rows x, to the output projection's rows (this
-        rank's partial sums under tensor parallelism). q/k norms over all heads (qk_norm_full) run
-        on the QKV projection's rows before the rotary and the cache write."""
+                cos_sin: torch.Tensor, local: torch.Tensor | None, pre: kernels.PreNorm | None = None) -> torch.Tensor:
+        """Layer `li`'s attention over its input rows x (PreNorm'd by `pre` where given), to the
+        output projection's rows (this rank's partial sums under tensor parallelism). The QKV
+        projection writes k and v to the cache; q/k norms over all heads (qk_norm_full) run on its
+        rows before the rotary and the cache write."""
         c, eps = self.config, self.config.norm_eps
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
         if c.qk_norm_full:
             q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-            qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b)
+            qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
             qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
                              kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
                              qkv[:, q_rows + kv_rows:]], dim=1)
@@ -482,7 +474,7 @@ class TransformerDecoder(DecoderModel):
                                      cache.keys(li), cache.values(li), batch.slot_mapping)
         else:
             q = kernels.prenorm_qkv_to_cache(
-                x, None, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
+                x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
                 q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
             )
