@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-helium-1-2b,qwen1.5-moe-a2.7b,mixtral-8x7b}
+MODELS=${MODELS:-olmo-2-7b,olmoe-1b-7b,granite-3.1-3b-a800m}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf
