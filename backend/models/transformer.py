@@ -45,7 +45,7 @@ import torch
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
-from tritonformer.backend.models.decoder import DecoderModel, eos_ids
+from tritonformer.backend.models.decoder import QK_NORM_FULL_SPLIT, DecoderModel, eos_ids
 from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
 from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
@@ -202,8 +202,7 @@ class TransformerDecoder(DecoderModel):
         q_part = kv_part = mlp_part = expert_part = shared_part = None
         if tp is not None:
             if c.qk_norm_full:
-                raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2): "
-                                 "each rank holds only its heads")
+                raise ValueError(QK_NORM_FULL_SPLIT)
             heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
             q_part = slice(heads.start * head, heads.stop * head)
             kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
