@@ -225,6 +225,18 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
                                      "helium", "gpt2"}
 
 
+def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
+    """A family in the table (models/decoder.py) has a case here against HF (GPT-2's is in
+    test_models.py; the multimodal checkpoints' in test_a_multimodal_checkpoint_serves_its_text_model)
+    and a row in the README's family table."""
+    from pathlib import Path
+
+    checked = {changes.get("model_type", DECODER_SHAPES[shape]["model_type"]) for _, shape, changes in CASES}
+    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3"}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
+
+
 def test_a_tensor_that_does_not_match_the_config_is_named():
     hf, _ = _pair("qwen3-8b", {})
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
