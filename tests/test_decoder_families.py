@@ -226,8 +226,8 @@ def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones
 
 
 def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
-    """A family in the table (models/decoder.py) has a case here against HF (GPT-2's is in
-    test_models.py; the multimodal checkpoints' in test_a_multimodal_checkpoint_serves_its_text_model)
+    """A family in the table (models/decoder.py) has a case here against HF (GPT-2's are in
+    test_engines.py; the multimodal checkpoints' in test_a_multimodal_checkpoint_serves_its_text_model)
     and a row in the README's family table."""
     from pathlib import Path
 
