@@ -31,6 +31,10 @@ CASES = [
     ("mistral", "mistral-7b", {}),
     ("mistral-windowed", "mistral-7b", {"sliding_window": 8}),
     ("ministral", "ministral-8b", {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}),
+    # Ministral 3: YaRN (mscale terms included) and Llama 4's query scaling, 1 below `original` positions
+    ("ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),
     ("gemma", "gemma-7b", {}),
     ("gemma2", "gemma-2-9b", {}),
     ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
@@ -79,7 +83,7 @@ HF_CLASSES = {
     "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM", "olmoe": "OlmoeForCausalLM",
+    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM", "olmoe": "OlmoeForCausalLM", "ministral3": "Ministral3ForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
 }
 CONFIG_CLASSES = {
@@ -90,7 +94,7 @@ CONFIG_CLASSES = {
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
     "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
-    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "olmoe": "OlmoeConfig", "cohere2": "Cohere2Config",
+    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "olmoe": "OlmoeConfig", "ministral3": "Ministral3Config", "cohere2": "Cohere2Config",
 }
 
 
@@ -396,6 +400,20 @@ def test_olmo3_reads_a_published_config_as_transformers_own():
     theirs = olmo2.from_hf(transformers.Olmo3Config(**published).to_dict())
     assert ours.rope == theirs.rope and ours.local_rope == theirs.local_rope and ours.local_rope is not None
     assert ours.layer_windows == theirs.layer_windows == (4096, 4096, 4096, None)
+
+
+def test_ministral3_is_served_up_to_where_its_query_scaling_starts():
+    """Ministral 3 scales queries by 1 + beta * log(1 + floor(p / original)) (Hugging Face's
+    get_llama_4_attn_scale), 1 below `original` positions: its longest sequence is capped there."""
+    from transformers.models.ministral3 import modeling_ministral3
+
+    scale = modeling_ministral3.get_llama_4_attn_scale(torch.tensor([[0, 16383, 16384]]), 0.1, 16384).flatten()
+    assert scale[0] == scale[1] == 1.0 and scale[2] > 1.0
+    cfg = transformers.Ministral3Config(num_hidden_layers=1, hidden_size=64, intermediate_size=64,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=320)
+    state = {k.removeprefix("model."): v for k, v in transformers.Ministral3ForCausalLM(cfg).state_dict().items()}
+    model = load_decoder(cfg.to_dict(), state, CPU, torch.float32)
+    assert model.config.max_position_embeddings == 16384 < cfg.max_position_embeddings
 
 
 def test_granite_moe_loads_under_its_published_names():

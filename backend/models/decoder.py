@@ -78,6 +78,7 @@ DECODER_FAMILIES = {
     "mistral": "mistral",
     "ministral": "mistral",
     "mistral3": "mistral",
+    "ministral3": "mistral",
     "mixtral": "mixtral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
