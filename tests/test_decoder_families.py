@@ -58,6 +58,10 @@ CASES = [
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
     ("olmoe", "olmoe-1b-7b", {"num_key_value_heads": 2}),
+    # Hunyuan on Llama's sizes: q/k norms after the rotary, the NTK-alpha rope
+    ("hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_scaling": None,
+                                 "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                                     "rope_theta": 10000.0}}),
     # OLMo 3 on OLMo 2's sizes: a local layer beside a global one whose rope alone is YaRN-scaled
     ("olmo3", "olmo-2-7b", {"model_type": "olmo3", "sliding_window": 8,
                             "layer_types": ["sliding_attention", "full_attention"],
@@ -84,6 +88,7 @@ HF_CLASSES = {
     "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
     "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM", "olmoe": "OlmoeForCausalLM", "ministral3": "Ministral3ForCausalLM",
+    "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
 }
 CONFIG_CLASSES = {
@@ -94,7 +99,8 @@ CONFIG_CLASSES = {
     "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
     "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
     "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
-    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "olmoe": "OlmoeConfig", "ministral3": "Ministral3Config", "cohere2": "Cohere2Config",
+    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "olmoe": "OlmoeConfig", "ministral3": "Ministral3Config",
+    "hunyuan_v1_dense": "HunYuanDenseV1Config", "cohere2": "Cohere2Config",
 }
 
 
@@ -137,7 +143,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe")
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)

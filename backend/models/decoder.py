@@ -102,6 +102,7 @@ DECODER_FAMILIES = {
     "olmo2": "olmo2",
     "olmo3": "olmo2",
     "olmoe": "olmoe",
+    "hunyuan_v1_dense": "hunyuan",
     "exaone4": "exaone4",
     "cohere": "cohere",
     "cohere2": "cohere",

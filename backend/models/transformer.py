@@ -13,6 +13,7 @@ and runs it. What differs between the families is data, read here in one place:
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere)
     layer_norm       LayerNorm without a bias (mean subtracted; Cohere) instead of RMSNorm
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2)
+    qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
     rope_layers      per layer: whether it rotates q and k (SmolLM3's NoPE layers do not)
@@ -105,6 +106,7 @@ class DecoderSpec:
     parallel_block: bool = False
     layer_norm: bool = False
     qk_norm_full: bool = False
+    qk_norm_after_rope: bool = False
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
     rope_layers: tuple[bool, ...] = ()  # empty: every layer rotates q and k
@@ -136,6 +138,8 @@ class DecoderSpec:
             raise ValueError("LayerNorms are supported in the parallel block (Cohere's), without q/k norms")
         if self.qk_norm_full and (not self.qk_norm or self.rotary_interleaved or self.rotary_dim):
             raise ValueError("whole-width q/k norms need qk_norm, and a rotary over every dim in halves")
+        if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_full or self.rope_layers):
+            raise ValueError("q/k norms after the rotary need per-head qk_norm and the rotary on every layer")
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -459,11 +463,17 @@ class TransformerDecoder(DecoderModel):
         """Layer `li`'s attention over its input rows x (PreNorm'd by `pre` where given), to the
         output projection's rows (this rank's partial sums under tensor parallelism). The QKV
         projection writes k and v to the cache; q/k norms over all heads (qk_norm_full) run on its
-        rows before the rotary and the cache write."""
+        rows before the rotary and the cache write; per-head norms after the rotary
+        (qk_norm_after_rope) on the rotated heads before the cache write."""
         c, eps = self.config, self.config.norm_eps
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
-        if c.qk_norm_full:
+        if c.qk_norm_after_rope:
+            qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
+            q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+            q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
+            kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
+        elif c.qk_norm_full:
             q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
             qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
             qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
