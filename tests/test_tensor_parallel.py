@@ -89,7 +89,9 @@ def _serve(model, workers=None):
 # attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "command-r7b": {"model_type": "cohere2", "sliding_window": 8,
-                           "layer_types": ["sliding_attention", "full_attention"]}}
+                           "layer_types": ["sliding_attention", "full_attention"]},
+           "hunyuan-7b": {"model_type": "hunyuan_v1_dense", "head_dim": 16,  # q/k norms on each rank's rotated heads
+                          "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
 
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
@@ -98,7 +100,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("smollm3-3b", 8), ("glm-4-9b", 32),
                                            ("gemma-7b", 8), ("mixtral-8x7b", 8), ("qwen1.5-moe-a2.7b", 8),
                                            ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8),
-                                           ("command-r7b", 8)])
+                                           ("command-r7b", 8), ("hunyuan-7b", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes)
         folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])
