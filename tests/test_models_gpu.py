@@ -301,10 +301,39 @@ def test_family_at_its_published_width_matches_hf_on_gpu(name):
     fp32 on the same weights, every iteration (prompts in two chunks beside decodes, one long
     enough to cross Gemma 3's 512-token window): at least as close as HF's own bf16 model is,
     less a margin for rounding (cosine 0.002), and never below 0.995."""
-    from test_decoder_families import HF_CLASSES  # the families' HF classes, kept in one place
     from tritonformer.client.model_shapes import DECODER_SHAPES
 
-    cfg = {**DECODER_SHAPES[name], "num_hidden_layers": LAYERS.get(name, 8)}
+    _check_every_iteration_against_hf({**DECODER_SHAPES[name], "num_hidden_layers": LAYERS.get(name, 8)})
+
+
+# Families without a published shape here, on OLMo-2-7B's (hidden 4,096, 32 heads of 128; 4 layers):
+# each one's own block, norms, rotary and windows through the GPU kernels.
+ON_OLMO2_SHAPE = {
+    "exaone4": {"model_type": "exaone4", "num_key_value_heads": 8, "sliding_window": 512, "sliding_window_pattern": 2},
+    "cohere2": {"model_type": "cohere2", "num_key_value_heads": 8, "sliding_window": 512,
+                "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "hunyuan": {"model_type": "hunyuan_v1_dense", "head_dim": 128, "num_key_value_heads": 8,
+                "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}},
+    "ministral3": {"model_type": "ministral3", "head_dim": 128, "num_key_value_heads": 8, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 1024,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ON_OLMO2_SHAPE))
+def test_family_on_a_7b_shape_matches_hf_on_gpu(name):
+    """As the published-width test, for the families checked here on OLMo-2-7B's sizes."""
+    from tritonformer.client.model_shapes import DECODER_SHAPES
+
+    _check_every_iteration_against_hf({**DECODER_SHAPES["olmo-2-7b"], "num_hidden_layers": 4, "vocab_size": 32000,
+                                       **ON_OLMO2_SHAPE[name]})
+
+
+def _check_every_iteration_against_hf(cfg: dict):
+    """Ours in bf16 against HF eager in fp32 on the same random weights, every iteration (see
+    test_family_at_its_published_width_matches_hf_on_gpu)."""
+    from test_decoder_families import HF_CLASSES  # the families' HF classes, kept in one place
+
     hf, state = _hf_at_published_width(cfg, HF_CLASSES, seed=12)
     ours = load_decoder(hf.config.to_dict(), state, CUDA, torch.bfloat16)
     hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
