@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The decoder families on one GPU, in one device command of under 10 minutes: each family's GPU
-# check against Hugging Face at its published width (tests/test_models_gpu.py, 8 layers), then the
+# check against Hugging Face at its published width (tests/test_models_gpu.py, 8 layers; and the
+# families without a published shape here on a 7B one, `on_a_7b_shape`), then the
 # families benchmark (batch-1 and batch-64 steps against the weight-read floor, the Orca trace,
 # the time to first token of 2,000 tokens; `bench serve-decoder --in-process --model ...`).
 #
@@ -29,7 +30,7 @@ if [[ ${TESTS:-1} != 0 ]]; then
   timeout -k 10 120 python3 -m pytest -q tests/test_kernels_moe.py -p no:cacheprovider 2>&1 | tail -5 \
     | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
-  timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "published_width and ($names)" \
+  timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "(published_width and ($names)) or on_a_7b_shape" \
     -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"
 fi
 moe=$(python3 -c "from tritonformer.client.model_shapes import DECODER_SHAPES as s; import sys
