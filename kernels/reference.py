@@ -641,6 +641,11 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
 MOE_SCORINGS = ("softmax", "sigmoid")
 
 
+def check_moe_scoring(scoring: str) -> None:
+    if scoring not in MOE_SCORINGS:
+        raise ValueError(f"unknown MoE scoring {scoring!r} (supported: {', '.join(MOE_SCORINGS)})")
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
               weights_dtype: torch.dtype | None = None, scoring: str = "softmax",
               score_bias: torch.Tensor | None = None, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -655,20 +660,19 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     Either way the weights are then multiplied by `scale` (`routed_scaling_factor`) and rounded
     to `weights_dtype` where given (Qwen's and Granite's routers round them to the logits'
     dtype, Mixtral's keep fp32)."""
+    check_moe_scoring(scoring)
     logits = router_logits.float()
     if scoring == "softmax":
         weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
         if normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-    elif scoring == "sigmoid":
+    else:  # sigmoid
         scores = torch.sigmoid(logits)
         choice = scores if score_bias is None else scores + score_bias.float()
         ids = torch.topk(choice, top_k, dim=-1).indices
         weights = scores.gather(1, ids)
         if normalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    else:
-        raise ValueError(f"unknown MoE scoring {scoring!r} (supported: {', '.join(MOE_SCORINGS)})")
     if scale != 1.0:
         weights = weights * scale
     if weights_dtype is not None:

@@ -220,8 +220,7 @@ def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool,
     experts = router_logits.shape[1]
     if experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
         return None
-    if scoring not in reference.MOE_SCORINGS:
-        raise ValueError(f"unknown MoE scoring {scoring!r} (supported: {', '.join(reference.MOE_SCORINGS)})")
+    reference.check_moe_scoring(scoring)
     return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None, SIGMOID=scoring == "sigmoid",
                 HAS_BIAS=score_bias is not None, K_P2=triton.next_power_of_2(top_k),
                 E_P2=triton.next_power_of_2(experts))

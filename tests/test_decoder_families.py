@@ -78,30 +78,9 @@ CASES = [
     ("exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": None, "tie_word_embeddings": True,
                               "layer_types": ["full_attention"] * 2}),
 ]
-HF_CLASSES = {
-    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM", "ministral": "MinistralForCausalLM", "gemma": "GemmaForCausalLM",
-    "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-    "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "seed_oss": "SeedOssForCausalLM",
-    "ernie4_5": "Ernie4_5ForCausalLM", "helium": "HeliumForCausalLM", "mixtral": "MixtralForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-    "granitemoeshared": "GraniteMoeSharedForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-    "exaone4": "Exaone4ForCausalLM", "olmo3": "Olmo3ForCausalLM", "cohere": "CohereForCausalLM", "olmoe": "OlmoeForCausalLM", "ministral3": "Ministral3ForCausalLM",
-    "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
-    "cohere2": "Cohere2ForCausalLM",
-}
-CONFIG_CLASSES = {
-    "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
-    "ministral": "MinistralConfig", "gemma": "GemmaConfig",
-    "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "phi3": "Phi3Config", "granite": "GraniteConfig",
-    "smollm3": "SmolLM3Config", "glm": "GlmConfig", "glm4": "Glm4Config", "seed_oss": "SeedOssConfig",
-    "ernie4_5": "Ernie4_5Config", "helium": "HeliumConfig", "mixtral": "MixtralConfig",
-    "qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig", "granitemoe": "GraniteMoeConfig",
-    "granitemoeshared": "GraniteMoeSharedConfig", "glm4_moe": "Glm4MoeConfig", "olmo2": "Olmo2Config",
-    "exaone4": "Exaone4Config", "olmo3": "Olmo3Config", "cohere": "CohereConfig", "olmoe": "OlmoeConfig", "ministral3": "Ministral3Config",
-    "hunyuan_v1_dense": "HunYuanDenseV1Config", "cohere2": "Cohere2Config",
-}
+# Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
+HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+CONFIG_CLASSES = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
 
 
 def _pair(shape: str, changes: dict, seed: int = 0):
@@ -385,12 +364,13 @@ def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, 
 def test_exaone4_reads_its_window_pattern_as_published():
     """EXAONE-4.0-32B's config.json names the pattern "LLLG" (three local layers, one global); an
     int n makes every n-th layer global, as transformers' config computes it."""
-    from tritonformer.backend.models.exaone4 import sliding_layers
+    from tritonformer.backend.models.transformer import sliding_pattern
 
-    assert sliding_layers({"sliding_window_pattern": "LLLG", "num_hidden_layers": 6}) == [True] * 3 + [False, True, True]
-    assert sliding_layers({"sliding_window_pattern": 4, "num_hidden_layers": 6}) == [True] * 3 + [False, True, True]
+    three_local = [True] * 3 + [False, True, True]
+    assert sliding_pattern({"sliding_window_pattern": "LLLG", "num_hidden_layers": 6}, None) == three_local
+    assert sliding_pattern({"sliding_window_pattern": 4, "num_hidden_layers": 6}, None) == three_local
     cfg = transformers.Exaone4Config(num_hidden_layers=6, sliding_window=8, sliding_window_pattern=4)
-    assert sliding_layers(cfg.to_dict()) == [t == "sliding_attention" for t in cfg.layer_types]
+    assert sliding_pattern(cfg.to_dict(), None) == [t == "sliding_attention" for t in cfg.layer_types]
 
 
 def test_olmo3_reads_a_published_config_as_transformers_own():

@@ -5,7 +5,8 @@ a LayerNorm without a bias (the mean subtracted, then scaled); a rotary pairing 
 `cohere2` adds sliding-window layers (three of every four, `layer_types` or
 `sliding_window_pattern`) and rotates q and k in those only: its global layers are NoPE.
 Command R+'s per-head LayerNorms on q and k (`use_qk_norm`) are refused."""
-from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, layer_windows, spec_from_hf
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, layer_windows, sliding_pattern,
+                                                     spec_from_hf)
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
@@ -15,9 +16,7 @@ def from_hf(cfg: dict) -> DecoderSpec:
         raise ValueError("Cohere with attention_bias is not supported")
     options = {}
     if cfg.get("model_type") == "cohere2":
-        pattern = cfg.get("sliding_window_pattern", 4)
-        windows = layer_windows(cfg, cfg.get("sliding_window", 4096),
-                                [bool((i + 1) % pattern) for i in range(cfg["num_hidden_layers"])])
+        windows = layer_windows(cfg, cfg.get("sliding_window", 4096), sliding_pattern(cfg, 4))
         options = dict(layer_windows=windows, rope_layers=tuple(w is not None for w in windows))
     return spec_from_hf(cfg, tie_default=True, norm_eps=cfg.get("layer_norm_eps", 1e-5), parallel_block=True,
                         layer_norm=True, rotary_interleaved=True, logit_scale=float(cfg.get("logit_scale", 0.0625)),

@@ -141,10 +141,6 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     return quant.quantize_model(model) if quantize else model
 
 
-QK_NORM_FULL_SPLIT = ("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE): "
-                      "each rank holds only its heads")
-
-
 def check_tensor_parallel(config: dict, world: int) -> None:
     """Raise the load's error now where the checkpoint of `config` cannot split `world` ways:
     before any rank joins a process group or any worker starts."""
@@ -173,7 +169,8 @@ def _check_split(config: dict, spec, tp) -> None:
     if not hasattr(spec, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
         raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
     if spec.qk_norm_full:
-        raise ValueError(QK_NORM_FULL_SPLIT)
+        raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE): "
+                         "each rank holds only its heads")
     tp.part(spec.num_heads, "attention heads")
     tp.part(spec.num_kv_heads, "KV heads")
     tp.part(spec.intermediate_size, "MLP columns (intermediate_size)")

@@ -4,20 +4,13 @@ attention and the MLP, before each residual add; none before them) with per-head
 ("LLLG": three local layers, then a global one; an int n: every n-th layer global) whose global
 layers do not rotate q and k (NoPE)."""
 from tritonformer.backend.models.olmo2 import NAMES
-from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, layer_windows, spec_from_hf
-
-
-def sliding_layers(cfg: dict) -> list[bool]:
-    """Per layer whether it attends through the sliding window (`sliding_window_pattern`)."""
-    pattern, layers = cfg.get("sliding_window_pattern"), cfg["num_hidden_layers"]
-    if isinstance(pattern, str):
-        return [pattern[i % len(pattern)] == "L" for i in range(layers)]
-    return [bool(pattern) and (i + 1) % pattern != 0 for i in range(layers)]
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, layer_windows, sliding_pattern,
+                                                     spec_from_hf)
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
     window = cfg.get("sliding_window")
-    windows = layer_windows(cfg, window, sliding_layers(cfg)) if window else ()
+    windows = layer_windows(cfg, window, sliding_pattern(cfg, None)) if window else ()
     rope_layers = tuple(w is not None for w in windows)  # hybrid: the global layers are NoPE
     return spec_from_hf(cfg, norm_eps=cfg.get("rms_norm_eps", 1e-5), sandwich_norms=True, pre_norms=False,
                         qk_norm=True, layer_windows=windows, rope_layers=rope_layers, names=NAMES)

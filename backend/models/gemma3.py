@@ -4,7 +4,8 @@ and a rotary base of its own for the local layers (`rope_local_base_freq`)."""
 from tritonformer.backend.models.gemma2 import gemma_options
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope
-from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, layer_windows, spec_from_hf
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, layer_windows, sliding_pattern,
+                                                     spec_from_hf)
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
@@ -18,7 +19,6 @@ def from_hf(cfg: dict) -> DecoderSpec:
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("Gemma 3 with bidirectional attention (an embedding model) is not a generator")
     cfg = {"head_dim": 256, **cfg}
-    layers = cfg["num_hidden_layers"]
     max_positions = cfg.get("max_position_embeddings", 131072)
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5: per layer type
@@ -27,12 +27,11 @@ def from_hf(cfg: dict) -> DecoderSpec:
         full, local = cfg.get("rope_scaling") or params, {}
     rope = Rope.from_hf(full, cfg.get("rope_theta", full.get("rope_theta", 1_000_000.0)), max_positions)
     local_rope = Rope.from_hf(local, cfg.get("rope_local_base_freq", local.get("rope_theta", 10_000.0)), max_positions)
-    pattern = cfg.get("sliding_window_pattern", 6)
     return spec_from_hf(
         {**cfg, "rope_parameters": None, "rope_scaling": None}, tie_default=True, **gemma_options(cfg),
         qk_norm=True, rope=rope, local_rope=None if local_rope == rope else local_rope,
         attn_softcap=cfg.get("attn_logit_softcapping"), final_softcap=cfg.get("final_logit_softcapping"),
-        layer_windows=layer_windows(cfg, cfg.get("sliding_window", 4096), [bool((i + 1) % pattern) for i in range(layers)]),
+        layer_windows=layer_windows(cfg, cfg.get("sliding_window", 4096), sliding_pattern(cfg, 6)),
     )
 
 

@@ -230,7 +230,7 @@ def num_experts(cfg: dict, default: int | None = None) -> int:
     as GLM's."""
     count = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts", default)))
     if count is None:
-        raise KeyError("a mixture-of-experts config needs num_experts (or num_local_experts)")
+        raise KeyError("a mixture-of-experts config needs num_experts (or num_local_experts, n_routed_experts)")
     return count
 
 

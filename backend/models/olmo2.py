@@ -7,7 +7,7 @@ only on the full-attention layers: `rope_parameters` per layer type, or a publis
 `rope_scaling` for the full layers and plain `rope_theta` for the local ones."""
 from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, layer_windows,
-                                                     spec_from_hf)
+                                                     sliding_pattern, spec_from_hf)
 
 NAMES = WeightNames(attn_post_norm="post_attention_layernorm", mlp_post_norm="post_feedforward_layernorm")
 
@@ -22,8 +22,7 @@ def olmo3_options(cfg: dict) -> dict:
     positions = cfg.get("max_position_embeddings", 65536)
     rope = Rope.from_hf(full, full.get("rope_theta", theta), positions)
     local_rope = Rope.from_hf(local, local.get("rope_theta", theta), positions)
-    layers = cfg["num_hidden_layers"]
-    windows = layer_windows(cfg, cfg.get("sliding_window", 4096), [(i + 1) % 4 != 0 for i in range(layers)])
+    windows = layer_windows(cfg, cfg.get("sliding_window", 4096), sliding_pattern(cfg, 4))
     return dict(rope=rope, local_rope=None if local_rope == rope else local_rope, layer_windows=windows)
 
 

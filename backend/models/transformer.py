@@ -46,7 +46,7 @@ import torch
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
-from tritonformer.backend.models.decoder import QK_NORM_FULL_SPLIT, DecoderModel, eos_ids
+from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
 from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
@@ -205,8 +205,6 @@ class TransformerDecoder(DecoderModel):
         # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
         q_part = kv_part = mlp_part = expert_part = shared_part = None
         if tp is not None:
-            if c.qk_norm_full:
-                raise ValueError(QK_NORM_FULL_SPLIT)
             heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
             q_part = slice(heads.start * head, heads.stop * head)
             kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
@@ -356,12 +354,18 @@ class TransformerDecoder(DecoderModel):
         return rows
 
     def _parallel_embedding(self, ids: torch.Tensor, norm: torch.Tensor, eps: float):
-        """kernels.embedding_rms_norm over the ranks' rows of the table: each rank looks up (and
-        scales) the ids it holds, zeros for the rest, in one launch; one all-reduce sums them
-        (exactly: one rank gives each row, the others add zeros); then the first norm."""
-        rows = kernels.embedding_part(ids, self.embed, self.tp.rank * self.embed.shape[0], self.config.embed_scale)
-        self.tp.all_reduce(rows)
-        return kernels.rms_norm(rows, norm, eps)
+        """kernels.embedding_rms_norm over the ranks' rows of the table (_embed), then the first norm."""
+        return kernels.rms_norm(self._embed(ids), norm, eps)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings (scaled where the family scales them). Under tensor parallelism
+        each rank looks up the ids it holds, zeros for the rest, in one launch; one all-reduce
+        sums them (exactly: one rank gives each row, the others add zeros)."""
+        start = self.tp.rank * self.embed.shape[0] if self.tp is not None else 0
+        rows = kernels.embedding_part(ids, self.embed, start, self.config.embed_scale)
+        if self.tp is not None:
+            self.tp.all_reduce(rows)
+        return rows
 
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
@@ -426,10 +430,7 @@ class TransformerDecoder(DecoderModel):
         side on one norm's output (`parallel_block`, Cohere: both outputs added to the stream).
         Each norm and add is a launch of its own."""
         c = self.config
-        start = self.tp.rank * self.embed.shape[0] if self.tp is not None else 0
-        x = kernels.embedding_part(batch.input_ids, self.embed, start, c.embed_scale)
-        if self.tp is not None:
-            self.tp.all_reduce(x)
+        x = self._embed(batch.input_ids)
         for li, layer in enumerate(self.layers):
             if c.parallel_block:
                 n = self._norm(x, layer.attn_norm)
@@ -468,25 +469,25 @@ class TransformerDecoder(DecoderModel):
         c, eps = self.config, self.config.norm_eps
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
-        if c.qk_norm_after_rope:
-            qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
-            q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
-            q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
-            kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
-        elif c.qk_norm_full:
-            q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-            qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
-            qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
-                             kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
-                             qkv[:, q_rows + kv_rows:]], dim=1)
-            q = kernels.qkv_to_cache(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
-                                     cache.keys(li), cache.values(li), batch.slot_mapping)
-        else:
+        if not (c.qk_norm_after_rope or c.qk_norm_full):
             q = kernels.prenorm_qkv_to_cache(
                 x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
                 q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
             )
+        else:
+            qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
+            if c.qk_norm_after_rope:
+                q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+                q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
+                kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
+            else:
+                q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+                qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
+                                 kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
+                                 qkv[:, q_rows + kv_rows:]], dim=1)
+                q = kernels.qkv_to_cache(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
+                                         cache.keys(li), cache.values(li), batch.slot_mapping)
         ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
                               softcap=c.attn_softcap)
         return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
@@ -552,6 +553,18 @@ def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool
         eos_token_ids=eos_ids(cfg),
     )
     return DecoderSpec(**{**fields, **options})
+
+
+def sliding_pattern(cfg: dict, default: int | str | None) -> list[bool]:
+    """Per layer whether it is a sliding-window layer by the config's `sliding_window_pattern`
+    (the family's `default` where the config has none): an int n makes every n-th layer, counting
+    from 1, global and the others local (Gemma 3, Cohere2, OLMo 3, EXAONE 4); a string names the
+    layers of the repeating pattern, "L" local ("LLLG", as EXAONE-4.0-32B's config.json writes
+    it); None or 0 makes none local."""
+    pattern, layers = cfg.get("sliding_window_pattern", default), cfg["num_hidden_layers"]
+    if isinstance(pattern, str):
+        return [pattern[i % len(pattern)] == "L" for i in range(layers)]
+    return [bool(pattern) and (i + 1) % pattern != 0 for i in range(layers)]
 
 
 def layer_windows(cfg: dict, window: int | None, sliding: list[bool] | None = None) -> tuple[int | None, ...]:
