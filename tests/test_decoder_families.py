@@ -226,6 +226,19 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
 
+@pytest.mark.parametrize("shape,changes,named", [
+    ("glm-4.5-air", {"n_group": 8, "topk_group": 4}, "topk_group"),
+    ("olmo-2-7b", {"model_type": "cohere", "use_qk_norm": True}, "use_qk_norm"),
+    ("olmo-2-7b", {"model_type": "cohere", "attention_bias": True}, "attention_bias"),
+    ("olmo-2-7b", {"attention_bias": True}, "attention_bias"),
+    ("olmoe-1b-7b", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
+])
+def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
+    with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
+        load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
 def test_a_tensor_that_does_not_match_the_config_is_named():
     hf, _ = _pair("qwen3-8b", {})
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}

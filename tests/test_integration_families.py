@@ -41,6 +41,13 @@ FAMILIES = [
     ("gen_exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2}),
     ("gen_cohere2", "olmo-2-7b", {"model_type": "cohere2", "sliding_window": 8,
                                   "layer_types": ["sliding_attention", "full_attention"]}),
+    ("gen_olmoe", "olmoe-1b-7b", {}),
+    ("gen_hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_scaling": None,
+                                     "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                                         "rope_theta": 10000.0}}),
+    ("gen_ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

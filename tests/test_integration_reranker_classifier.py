@@ -294,6 +294,8 @@ def test_score_route_gives_each_pair_the_models_own_score(served, routes):
         [float(direct[0]), float(second[0]), float(direct[2])], rel=1e-5)
     status, error = _post(routes, "/score", {"model": "reranker", "text_1": [QUERY, other], "text_2": docs})
     assert status == 400 and "text_1 has 2 texts and text_2 3" in error["error"]["message"]
+    status, again = _post(routes, "/score", {"model": "reranker", "text_1": QUERY, "text_2": docs})  # (still serving)
+    assert status == 200 and again["data"] == body["data"]
 
 
 @pytest.mark.parametrize("body, status, words", [

@@ -11,9 +11,9 @@ from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDec
 
 def from_hf(cfg: dict) -> DecoderSpec:
     if cfg.get("use_qk_norm"):
-        raise ValueError("Cohere with q/k LayerNorms (use_qk_norm, Command R+) is not supported")
+        raise ValueError("Cohere with q/k LayerNorms (use_qk_norm, Command R+) is not supported (supported: use_qk_norm false)")
     if cfg.get("attention_bias"):
-        raise ValueError("Cohere with attention_bias is not supported")
+        raise ValueError("Cohere with attention_bias is not supported (supported: attention_bias false)")
     options = {}
     if cfg.get("model_type") == "cohere2":
         windows = layer_windows(cfg, cfg.get("sliding_window", 4096), sliding_pattern(cfg, 4))

@@ -9,7 +9,7 @@ from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDec
 
 def from_hf(cfg: dict) -> DecoderSpec:
     if cfg.get("attention_bias"):
-        raise ValueError("Hunyuan with attention_bias is not supported")
+        raise ValueError("Hunyuan with attention_bias is not supported (supported: attention_bias false)")
     params = dict(rope_parameters(cfg) or {})
     options = {}
     if params.get("alpha") and params.get("rope_type", params.get("type")) == "dynamic":

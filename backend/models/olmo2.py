@@ -28,7 +28,7 @@ def olmo3_options(cfg: dict) -> dict:
 
 def from_hf(cfg: dict) -> DecoderSpec:
     if cfg.get("attention_bias"):
-        raise ValueError("OLMo 2 / 3 with attention_bias is not supported")
+        raise ValueError("OLMo 2 / 3 with attention_bias is not supported (supported: attention_bias false)")
     options = {}
     if cfg.get("model_type") == "olmo3":
         options = olmo3_options(cfg)

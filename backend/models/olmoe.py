@@ -8,7 +8,7 @@ from tritonformer.backend.models.transformer import DecoderSpec, TransformerDeco
 
 def from_hf(cfg: dict) -> DecoderSpec:
     if cfg.get("clip_qkv") is not None:
-        raise ValueError("OLMoE with clip_qkv is not supported")
+        raise ValueError("OLMoE with clip_qkv is not supported (supported: clip_qkv null)")
     moe = MoeSpec(num_experts=num_experts(cfg), top_k=cfg["num_experts_per_tok"],
                   intermediate_size=cfg["intermediate_size"], normalize=bool(cfg.get("norm_topk_prob", False)),
                   round_weights=True, layers=(True,) * cfg["num_hidden_layers"])
