@@ -194,6 +194,16 @@ OLMOE_1B_7B = {
     "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": None,
     "eos_token_id": 50279, "pad_token_id": 1,
 }
+# Command R7B (c4ai-command-r7b-12-2024, model_type cohere2): the parallel block on a bias-free
+# LayerNorm; three sliding-window layers (4,096 tokens) to one global NoPE layer; tied head
+# scaled by logit_scale.
+COMMAND_R7B = {
+    "model_type": "cohere2", "vocab_size": 256000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "layer_norm_eps": 1e-5, "rope_theta": 50000.0, "max_position_embeddings": 132096, "sliding_window": 4096,
+    "sliding_window_pattern": 4, "logit_scale": 0.25, "attention_bias": False, "tie_word_embeddings": True,
+    "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -224,6 +234,7 @@ DECODER_SHAPES = {
     "glm-4.5-air": GLM_4_5_AIR,
     "olmo-2-7b": OLMO_2_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
+    "command-r7b": COMMAND_R7B,
 }
 
 

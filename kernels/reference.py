@@ -503,7 +503,9 @@ def qkv_to_cache(
 
     `q_norm` / `k_norm` (`[D]`, Qwen3 and Gemma 3): after the bias and the split, before rotary,
     every q (k) head is RMS-normalised over its D values with that weight (`rms_norm`: fp32
-    statistics, the result rounded to qkv's dtype); v is never normalised."""
+    statistics, the result rounded to qkv's dtype); v is never normalised. A weight of the
+    whole width, `[H * D]` (`[Hkv * D]` for k; OLMo 2's), normalises each token's q (k) over all
+    its heads at once instead (`head_norm`)."""
     if q_norm is None and k_norm is None:
         if cos is None:
             q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
@@ -512,13 +514,24 @@ def qkv_to_cache(
     else:
         q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
         if q_norm is not None:
-            q = rms_norm(q, q_norm, norm_eps)[0]
+            q = head_norm(q, q_norm, norm_eps)
         if k_norm is not None:
-            k = rms_norm(k, k_norm, norm_eps)[0]
+            k = head_norm(k, k_norm, norm_eps)
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
+
+
+def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of heads `[T, H, D]`: each head over its D values with a `[D]` weight, or each
+    token's H heads together with an `[H * D]` one (the two agree where H is 1)."""
+    if weight.numel() == x.shape[-1]:
+        return rms_norm(x, weight, eps)[0]
+    if weight.numel() != x.shape[-1] * x.shape[-2]:
+        raise ValueError(f"a head norm's weight is [D] or [H * D] for heads {list(x.shape[1:])}, "
+                         f"got {list(weight.shape)}")
+    return rms_norm(x.reshape(x.shape[0], -1), weight, eps)[0].view(x.shape)
 
 
 @dataclass(frozen=True)
@@ -532,8 +545,12 @@ class PreNorm:
     `x_norm` (RMSNorm prenorms only; Gemma 2/3's "sandwich" norm closing the block before):
     x + x_bias is first RMS-normalised with weight `x_norm` (same eps) and rounded to x's dtype
     (as Hugging Face rounds that norm's output), and that is what the residual is added to.
-    Norm weights may be of another dtype than x (Gemma's 1 + w kept in fp32)."""
-    weight: torch.Tensor
+    Norm weights may be of another dtype than x (Gemma's 1 + w kept in fp32).
+
+    `weight` None (with `x_norm`; a post-norm block's, OLMo 2's and EXAONE 4's: no norm before
+    the linear, only the one closing the block before): h itself is the operand, no norm after
+    the add."""
+    weight: torch.Tensor | None
     bias: torch.Tensor | None
     eps: float
     x_bias: torch.Tensor | None = None
@@ -544,6 +561,8 @@ class PreNorm:
     def __post_init__(self):
         if self.x_norm is not None and self.bias is not None:
             raise ValueError("PreNorm.x_norm goes with an RMSNorm prenorm (bias None), not a LayerNorm")
+        if self.weight is None and (self.x_norm is None or self.bias is not None):
+            raise ValueError("a PreNorm without a norm weight adds the residual to x_norm's output: give x_norm")
 
 
 def apply_prenorm(x: torch.Tensor, prenorm: PreNorm | None, dtype: torch.dtype) -> torch.Tensor:
@@ -557,7 +576,16 @@ def apply_prenorm(x: torch.Tensor, prenorm: PreNorm | None, dtype: torch.dtype) 
     h = x.float() if p.x_bias is None else x.float() + p.x_bias.float()
     if p.x_norm is not None:
         h = rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype).float()
+    if p.weight is None:  # the residual stream itself is the operand
+        return add_residual(h.to(x.dtype), p.residual, p.sum_out).to(dtype)
     return rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0].to(dtype)
+
+
+def add_residual(h: torch.Tensor, residual: torch.Tensor | None, sum_out: torch.Tensor | None) -> torch.Tensor:
+    """h + residual (summed in fp32, rounded to h's dtype once), into `sum_out` where given: a
+    post-norm block's next residual stream (PreNorm with weight None)."""
+    total = h if residual is None else (h.float() + residual.float()).to(h.dtype)
+    return total if sum_out is None else sum_out.copy_(total)
 
 
 def prenorm_qkv_to_cache(

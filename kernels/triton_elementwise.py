@@ -229,13 +229,51 @@ def _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_k
     return rstd, tl.where(is_q, w_q, tl.where(is_k, w_k, w))
 
 
+# Whole-width q/k norms: the elements of a token's row summed per step.
+_FULL_NORM_BLOCK = 1024
+
+
+@triton.jit
+def _row_sum_of_squares(row_ptr, start, n, BLOCK: tl.constexpr):
+    """The sum of squares of row_ptr[start : start + n], in fp32."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c0 in range(0, n, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        v = tl.load(row_ptr + start + offs, mask=offs < n, other=0.0).to(tl.float32)
+        acc += v * v
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _full_norm_factors(ss_q, ss_k, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads, head_dim, eps,
+                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
+    """_head_norm_factors of whole-width q / k norms (OLMo 2's): every q head takes the token's
+    q statistics (`ss_q` over all its q heads) and q_norm's weight at its own columns
+    (head * D + col), every k head likewise; other head rows get 1 and 1."""
+    is_q = heads < n_q_heads
+    is_k = (heads >= n_q_heads) & (heads < n_q_heads + n_kv_heads)
+    is_q_normed = is_q
+    is_k_normed = is_k
+    if not Q_NORM:
+        is_q_normed = heads < 0  # none
+    if not K_NORM:
+        is_k_normed = heads < 0
+    rstd = tl.where(is_q_normed, tl.math.rsqrt(ss_q / (n_q_heads * head_dim) + eps),
+                    tl.where(is_k_normed, tl.math.rsqrt(ss_k / (n_kv_heads * head_dim) + eps), 1.0))
+    w_q = tl.load(qn_ptr + heads * head_dim + cols, mask=is_q_normed & col_mask, other=1.0).to(tl.float32)
+    w_k = tl.load(kn_ptr + (heads - n_q_heads) * head_dim + cols, mask=is_k_normed & col_mask,
+                  other=1.0).to(tl.float32)
+    return rstd, tl.where(is_q_normed, w_q, tl.where(is_k_normed, w_k, 1.0))
+
+
 @triton.jit
 def _split_rotary_kernel(
     src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr,
     src_stride_t, src_stride_h, cos_stride_t, sin_stride_t,
     n_q_heads, n_kv_heads, head_dim, half, norm_eps,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+    TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, FULL_NORM: tl.constexpr,
+    FULL_BLOCK: tl.constexpr,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 
@@ -248,6 +286,9 @@ def _split_rotary_kernel(
     into a paged KV cache, token t to row `slot_ptr[t]`, instead of to their own tensors.
     Q_NORM / K_NORM: before rotary, each q / k head is RMS-normalised over its D values
     (a program holds whole heads) with weight qn / kn, and rounded to the output dtype.
+    FULL_NORM (no bias; heads contiguous in the row): the norms are over each token's whole q
+    (k) width instead, weights `[H * D]` (`[Hkv * D]`): every program first sums the squares of
+    its token's q and k rows (a few KB, from L2), then normalises its own heads with them.
     """
     t = tl.program_id(0).to(tl.int64)
     if TO_SLOTS:
@@ -258,6 +299,14 @@ def _split_rotary_kernel(
     n_slots = n_q_heads + 2 * n_kv_heads
     cols = tl.arange(0, BLOCK_D)[None, :]
     src = src_ptr + t * src_stride_t + heads * src_stride_h
+    ss_q = 0.0
+    ss_k = 0.0
+    if FULL_NORM:
+        row = src_ptr + t * src_stride_t
+        if Q_NORM:
+            ss_q = _row_sum_of_squares(row, 0, n_q_heads * head_dim, FULL_BLOCK)
+        if K_NORM:
+            ss_k = _row_sum_of_squares(row, n_q_heads * head_dim, n_kv_heads * head_dim, FULL_BLOCK)
     if ROTARY:
         col_mask = cols < half
         mask = (heads < n_slots) & col_mask
@@ -270,7 +319,14 @@ def _split_rotary_kernel(
             x2 += tl.load(bias_ptr + heads * head_dim + half + cols, mask=mask, other=0.0).to(tl.float32)
             x1 = x1.to(q_ptr.dtype.element_ty).to(tl.float32)
             x2 = x2.to(q_ptr.dtype.element_ty).to(tl.float32)
-        if Q_NORM or K_NORM:  # both halves of every head are here: its statistics
+        if FULL_NORM:
+            rstd, w1 = _full_norm_factors(ss_q, ss_k, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
+                                          head_dim, norm_eps, Q_NORM, K_NORM)
+            _, w2 = _full_norm_factors(ss_q, ss_k, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads,
+                                       n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
+            x1 = (x1 * rstd * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
+            x2 = (x2 * rstd * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
+        elif Q_NORM or K_NORM:  # both halves of every head are here: its statistics
             ss = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None]
             rstd, w1 = _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
                                           head_dim, norm_eps, Q_NORM, K_NORM)
@@ -291,7 +347,11 @@ def _split_rotary_kernel(
         x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x += tl.load(bias_ptr + heads * head_dim + cols, mask=mask, other=0.0).to(tl.float32)
-        if Q_NORM or K_NORM:
+        if FULL_NORM:
+            rstd, w = _full_norm_factors(ss_q, ss_k, heads, cols, cols < head_dim, qn_ptr, kn_ptr, n_q_heads,
+                                         n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
+            x = x * rstd * w
+        elif Q_NORM or K_NORM:
             if HAS_BIAS:  # the norm sees qkv + bias as the unfused path stores it
                 x = x.to(q_ptr.dtype.element_ty).to(tl.float32)
             rstd, w = _head_norm_factors(tl.sum(x * x, axis=1)[:, None], heads, cols, cols < head_dim, qn_ptr,
@@ -301,10 +361,12 @@ def _split_rotary_kernel(
 
 
 def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, sin,
-                         n_q_heads, n_kv_heads, head_dim, slots=None, q_norm=None, k_norm=None, norm_eps=1e-6):
+                         n_q_heads, n_kv_heads, head_dim, slots=None, q_norm=None, k_norm=None, norm_eps=1e-6,
+                         full_norm=False):
     """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary; `slots`
     (int64 `[T]`) sends k and v to those rows of flattened cache tensors; q_norm / k_norm
-    (`[D]`) RMS-normalise q / k heads before rotary."""
+    (`[D]`; with `full_norm` the whole width, `[H * D]` / `[Hkv * D]`) RMS-normalise q / k
+    heads before rotary."""
     n_tokens = q.shape[0]
     n_slots = n_q_heads + 2 * n_kv_heads
     if n_tokens == 0 or head_dim == 0 or n_slots == 0:
@@ -329,7 +391,8 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
         cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
         n_q_heads, n_kv_heads, head_dim, head_dim // 2, float(norm_eps),
         HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
-        TO_SLOTS=slots is not None, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, num_warps=num_warps,
+        TO_SLOTS=slots is not None, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, FULL_NORM=full_norm,
+        FULL_BLOCK=_FULL_NORM_BLOCK, num_warps=num_warps,
     )
 
 
@@ -419,13 +482,18 @@ def qkv_to_cache(
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
     if k_cache.dtype != qkv.dtype or (bias is not None and bias.dtype != qkv.dtype):
         raise ValueError("qkv, bias and the caches must share one dtype")
-    for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
-        if t is not None and t.shape != (head_dim,):
-            raise ValueError(f"{name} must be [head_dim] = [{head_dim}], got {list(t.shape)}")
+    full_norm = any(t is not None and t.numel() != head_dim for t in (q_norm, k_norm))
+    for name, t, heads in (("q_norm", q_norm, num_heads), ("k_norm", k_norm, num_kv_heads)):
+        if t is not None and t.shape != ((heads * head_dim,) if full_norm else (head_dim,)):
+            raise ValueError(f"{name} must be [head_dim] = [{head_dim}], or both norms the whole width "
+                             f"([{num_heads} * {head_dim}], [{num_kv_heads} * {head_dim}]), got {list(t.shape)}")
+    if full_norm and bias is not None:
+        raise ValueError("whole-width q/k norms after a QKV bias are not supported")
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     _launch_split_rotary(qkv, qkv.stride(0), head_dim, _contig(bias) if bias is not None else None, q, k_cache,
                          v_cache, cos, sin, num_heads, num_kv_heads, head_dim, slots=slot_mapping.contiguous(),
                          q_norm=None if q_norm is None else _contig(q_norm),
-                         k_norm=None if k_norm is None else _contig(k_norm), norm_eps=norm_eps)
+                         k_norm=None if k_norm is None else _contig(k_norm), norm_eps=norm_eps,
+                         full_norm=full_norm)
     return q

@@ -18,8 +18,9 @@ as in triton_small_gemm (same pieces, triton_linear_parts.py):
 
 * prologue (`PreNorm`): x + a bias (+ Gemma's post-norm of x, `x_norm`, rounded as the unfused
   norm stores it) + the residual in fp32, written once as the next residual stream by program
-  0, then LayerNorm or RMSNorm, in registers: every program reads the whole input row(s), K
-  elements from L2, after its weights are already in flight;
+  0, then LayerNorm or RMSNorm (or none: a post-norm block's linear reads the sum), in
+  registers: every program reads the whole input row(s), K elements from L2, after its weights
+  are already in flight;
 * epilogues: plain (bias, then GELU or a gated activation) or QKV (bias, rotary, q stored, k and
   v written straight into the paged cache).
 
@@ -114,7 +115,9 @@ def _scaled(acc, scale, SCALED: tl.constexpr):
 @triton.jit
 def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
     """LayerNorm (NORM 1, two passes over the registers) or RMSNorm (2) of fp32 rows `[R, KP]`
-    whose lanes past K are zero."""
+    whose lanes past K are zero; NORM 3 (a post-norm block's sum) leaves them as they are."""
+    if NORM == 3:
+        return s
     if NORM == 1:
         mean = tl.sum(s, axis=1) / K
         d = tl.where(k_ok[None, :], s - mean[:, None], 0.0)
@@ -169,7 +172,10 @@ def _gemv_kernel(
             w_scale_b = tl.load(scale_ptr + cols + HALF, mask=col_ok, other=0.0)
     xn = bias  # unused unless POST_NORM
     if NORM != 0:
-        nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM == 3:  # the sum itself is the operand: no norm weights
+            nw = tl.zeros((KP,), dtype=tl.float32)
+        else:
+            nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         nb = nw
         if NORM == 1:
             nb = tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)

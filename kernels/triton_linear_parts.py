@@ -8,7 +8,9 @@ import triton.language as tl
 
 from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act  # noqa: F401 (ACT_CODE: for the wrappers)
 
-NORM_NONE, NORM_LAYER, NORM_RMS = 0, 1, 2
+# The prologue's norm: none (no prologue), LayerNorm, RMSNorm, or the residual sum itself (a
+# post-norm block's PreNorm, weight None: x_norm's output plus the residual, not normalised again).
+NORM_NONE, NORM_LAYER, NORM_RMS, NORM_SUM = 0, 1, 2, 3
 OUT_PLAIN, OUT_QKV = 0, 1
 
 

@@ -47,7 +47,7 @@ from tritonformer.kernels import dispatch, fp8, reference, triton_fp8, triton_ge
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.fp8 import Fp8Weight
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm
-from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, OUT_PLAIN,
+from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, NORM_SUM, OUT_PLAIN,
                                                         OUT_QKV, column_tile, store_epilogue)
 from tritonformer.kernels.triton_linear_parts import or_dummy as _or
 
@@ -312,6 +312,8 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 def _norm_code(prenorm: PreNorm | None) -> int:
     if prenorm is None:
         return NORM_NONE
+    if prenorm.weight is None:
+        return NORM_SUM
     return NORM_RMS if prenorm.bias is None else NORM_LAYER
 
 
@@ -503,6 +505,10 @@ def _unfused_prenorm(x, prenorm):
     h = x if p.x_bias is None else x + p.x_bias
     if p.x_norm is not None:
         h = dispatch.rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype)
+    if p.weight is None:  # a post-norm block's: the residual stream is the operand (reference.add_residual)
+        if p.residual is None:
+            return h if p.sum_out is None else p.sum_out.copy_(h)
+        return torch.add(h, p.residual, out=p.sum_out)
     return dispatch.rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0]
 
 

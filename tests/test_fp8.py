@@ -156,7 +156,7 @@ def test_few_row_kernels_read_fp8_weights(m, activation, with_bias, launches):
 @pytest.mark.parametrize("m", [1, 2, 9])
 @pytest.mark.parametrize("norm,with_bias,with_residual,write_sum,x_norm",
                          [("rms", False, True, True, False), ("layer", True, True, True, False),
-                          ("rms", True, True, True, True)])
+                          ("rms", True, True, True, True), ("sum", False, True, True, True)])
 def test_fp8_linears_after_a_prenorm(m, norm, with_bias, with_residual, write_sum, x_norm, launches):
     """The GEMV's PreNorm prologue with FP8 weights: the normalised row is rounded to the
     activations' dtype (not the weights'), as the reference stores it."""

@@ -25,9 +25,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 PRENORMS = [  # (norm, x_bias, residual, sum_out, x_norm): GPT-2's MLP input, Llama's, a bare LayerNorm,
-    # Gemma's sandwich (the post-norm of x before the residual add), and one with no residual
+    # Gemma's sandwich (the post-norm of x before the residual add), one with no residual, and a
+    # post-norm block's (OLMo 2's: the post-norm of x plus the residual, no norm after)
     ("layer", True, True, True, False), ("rms", False, True, True, False), ("layer", False, False, False, False),
-    ("rms", True, True, True, True), ("rms", False, False, True, True),
+    ("rms", True, True, True, True), ("rms", False, False, True, True), ("sum", False, True, True, True),
 ]
 GATED = sorted(ref.GATED_ACTIVATIONS)
 

@@ -37,9 +37,12 @@ class Rand:
 
 def make_prenorm(rand, m, k, kind, with_bias, with_residual, write_sum, x_norm=False, norm_dtype=None):
     """A PreNorm whose input sits off zero (mean 3) so LayerNorm's centring matters; `x_norm`:
-    with Gemma's post-norm of x (RMSNorm only); norm weights in `norm_dtype` (default rand's)."""
+    with Gemma's post-norm of x (RMSNorm only); norm weights in `norm_dtype` (default rand's).
+    kind "sum": a post-norm block's (OLMo 2's), x_norm's output plus the residual, no norm after."""
+    x_norm = x_norm or kind == "sum"
     return PreNorm(
-        weight=rand(k, std=0.3, mean=1.0, dtype=norm_dtype), bias=rand(k, std=0.2) if kind == "layer" else None,
+        weight=None if kind == "sum" else rand(k, std=0.3, mean=1.0, dtype=norm_dtype),
+        bias=rand(k, std=0.2) if kind == "layer" else None,
         eps=1e-5, x_bias=rand(k, std=0.5) if with_bias else None,
         residual=rand(m, k, std=2.0, mean=3.0) if with_residual else None,
         sum_out=torch.full((m, k), float("nan"), device=DEVICE, dtype=rand.dtype) if write_sum else None,
@@ -57,8 +60,10 @@ def cache_pair(rand, blocks, block_size, hkv, d):
     return rand(blocks, block_size, hkv, d), rand(blocks, block_size, hkv, d)
 
 
-QKV_CASES = [  # (norm, x_bias, residual, sum_out): GPT-2's, Llama's, and the optional parts left out
-    ("layer", True, True, True), ("rms", False, True, True), ("layer", False, False, False), (None, False, False, False),
+QKV_CASES = [  # (norm, x_bias, residual, sum_out): GPT-2's, Llama's, EXAONE 4's post-norm block, and the
+    # optional parts left out
+    ("layer", True, True, True), ("rms", False, True, True), ("sum", False, True, True), ("layer", False, False, False),
+    (None, False, False, False),
 ]
 
 
@@ -94,7 +99,7 @@ def test_more_rows_than_the_gemv_takes_run_the_unfused_kernels():
     rand = Rand("many")
     x, w, b = rand(4, 32), rand(64, 32, std=0.2), rand(64)
     slots = torch.tensor([5, 0, 7, 2], device=DEVICE)
-    for norm in ("layer", "rms"):
+    for norm in ("layer", "rms", "sum"):
         p = make_prenorm(rand, 4, 32, norm, with_bias=True, with_residual=True, write_sum=True)
         pr = twin(p)
         kc, vc = cache_pair(rand, 2, 4, 1, 16)
@@ -168,7 +173,8 @@ ROUTES = ["gemv-1", "gemv-2", "small", "torch"]  # rows 1 and 2: the GEMV; 5 row
 def on_route(monkeypatch):
     """setup(name) -> rows for that route; the routes `tsg.route` picked are in `.seen`. The
     unfused pieces (norm kernels, qkv_to_cache) run their Triton kernels here too, not the
-    dispatcher's CPU reference; "small" lets the small GEMM take what it takes with PDL."""
+    dispatcher's CPU reference; "small" lets the small GEMM take what it takes with PDL, "torch"
+    keeps it from taking it (on a GPU with PDL the small GEMM would take those rows too)."""
     dispatch.load_kernels()
     for name in ("rms_norm", "add_bias_residual_layer_norm", "qkv_to_cache", "gated_act", "bias_gelu"):
         monkeypatch.setattr(dispatch, name, dispatch._KERNELS[name])
@@ -182,8 +188,8 @@ def on_route(monkeypatch):
     monkeypatch.setattr(tsg, "route", spy)
 
     def setup(name):
-        if name == "small":
-            monkeypatch.setattr(tsg, "_prefetched", lambda x: True)
+        if name in ("small", "torch"):
+            monkeypatch.setattr(tsg, "_prefetched", lambda x: name == "small")
         return {"gemv-1": 1, "gemv-2": 2}.get(name, 5)
 
     setup.seen = seen
@@ -217,6 +223,7 @@ HEAD_NORM_CASES = [  # (heads, kv_heads, d, rotary, bias, norms, prenorm)
     (2, 2, 32, False, True, "qk", "rms"),  # no rotary, a QKV bias
     (4, 2, 96, True, True, "q", None),  # q's norm alone, Phi-3's head_dim, no PreNorm
     (2, 1, 256, True, False, "k", "rms+x_norm-no-residual"),  # k's alone, Gemma's head_dim 256
+    (4, 4, 32, True, False, "qk-whole", "sum"),  # OLMo 2: whole-width norms after a post-norm block
 ]
 
 
@@ -231,11 +238,13 @@ def test_qkv_head_norms_through_every_route(on_route, route, heads, kv_heads, d,
     x = rand(m, k_dim, mean=1.0)
     p = None
     if prenorm:
-        p = make_prenorm(rand, m, k_dim, "rms", False, "no-residual" not in prenorm, True, x_norm="x_norm" in prenorm)
+        p = make_prenorm(rand, m, k_dim, prenorm.split("+")[0], False, "no-residual" not in prenorm, True,
+                         x_norm="x_norm" in prenorm)
     n = (heads + 2 * kv_heads) * d
     w, b = rand(n, k_dim, std=k_dim ** -0.5), rand(n, std=0.3) if with_bias else None
-    q_norm = rand(d, std=0.3, mean=1.0) if "q" in norms else None
-    k_norm = rand(d, std=0.3, mean=1.0) if "k" in norms else None
+    whole = "whole" in norms  # one norm over all of a token's q (k) heads: weights [H * D] ([Hkv * D])
+    q_norm = rand(d * (heads if whole else 1), std=0.3, mean=1.0) if "q" in norms else None
+    k_norm = rand(d * (kv_heads if whole else 1), std=0.3, mean=1.0) if "k" in norms else None
     _qkv_both(rand, m, x, p, w, b, heads, kv_heads, d, rotary, q_norm, k_norm)
     assert on_route.seen[0] == EXPECTED_ROUTE[route]
 

@@ -353,6 +353,24 @@ def _rotate_half_rope(x, cos, sin):
     return x * c + rotated * s
 
 
+def test_whole_width_head_norm_is_olmo2s():
+    """OLMo 2's q_norm: one RMSNorm over the token's whole q projection (all heads), written out;
+    a [D] weight keeps the per-head norm, and where H is 1 the two agree."""
+    g = torch.Generator().manual_seed(25)
+    t, heads, d = 3, 4, 8
+    q = torch.randn(t, heads, d, generator=g)
+    w_whole, w_head = torch.randn(heads * d, generator=g) + 1, torch.randn(d, generator=g) + 1
+    flat = q.reshape(t, -1)
+    want = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6) * w_whole
+    torch.testing.assert_close(ref.head_norm(q, w_whole, 1e-6), want.view(t, heads, d))
+    torch.testing.assert_close(ref.head_norm(q, w_head, 1e-6), ref.rms_norm(q, w_head, 1e-6)[0])
+    one = q[:, 0]
+    torch.testing.assert_close(ref.head_norm(q[:, :1], w_head, 1e-6),
+                               (one * torch.rsqrt(one.pow(2).mean(-1, keepdim=True) + 1e-6) * w_head)[:, None])
+    with pytest.raises(ValueError, match="head norm's weight"):
+        ref.head_norm(q, torch.ones(d + 1), 1e-6)
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_qk_norm_before_rotary_is_qwen3s(with_bias):
     """Qwen3's attention input: q_proj(x) viewed as heads, RMSNorm per head with q_norm, then

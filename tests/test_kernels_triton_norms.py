@@ -529,6 +529,42 @@ def test_qkv_to_cache_with_head_norms(dtype, heads, kv_heads, head_dim, rotary, 
         te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, rand(head_dim + 1), None)
 
 
+WHOLE_WIDTH_CASES = [  # (heads, kv_heads, head_dim, rotary, norms): OLMo 2's (MHA), GQA, no rotary, k's
+    # alone, and rows past one summing step (5 x 256 = 1,280 > 1,024 q values)
+    (4, 4, 16, True, "qk"), (4, 2, 20, True, "qk"), (3, 1, 12, False, "qk"), (2, 2, 16, True, "k"),
+    (5, 1, 256, True, "qk"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary,norms", WHOLE_WIDTH_CASES)
+def test_qkv_to_cache_with_whole_width_norms(dtype, heads, kv_heads, head_dim, rotary, norms):
+    """OLMo 2's q/k norms, each over a token's whole q (k) width ([H * D] weights), before
+    rotary, with the cache write: every program takes its token's statistics over all heads."""
+    rand = make_rand(seed_of("whole", dtype, heads, kv_heads, head_dim, rotary, norms))
+    n_tokens = 5
+    qkv = rand(n_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    cos, sin = _cos_sin(n_tokens, head_dim, dtype) if rotary else (None, None)
+    q_norm = rand(heads * head_dim, mean=1.0, std=0.3) if "q" in norms else None
+    k_norm = rand(kv_heads * head_dim, mean=1.0, std=0.3)
+    kc, vc = rand(3, 4, kv_heads, head_dim, dtype=dtype), rand(3, 4, kv_heads, head_dim, dtype=dtype)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    slots = torch.randperm(12, generator=torch.Generator().manual_seed(2))[:n_tokens].to(DEVICE)
+    args = (heads, kv_heads, head_dim, cos, sin)
+    q = te.qkv_to_cache(qkv, None, *args, kc, vc, slots, q_norm, k_norm, 1e-6)
+    q_ref = ref.qkv_to_cache(qkv, None, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6)
+    for a, e in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
+        if INTERPRETED and dtype == torch.bfloat16 and rotary:
+            torch.testing.assert_close(a, e, atol=2.0**-7 * 8, rtol=1.6e-2)  # as in the per-head test
+        else:
+            close(a, e)
+    if kv_heads > 1:  # q's norm whole, k's per head: no such model
+        with pytest.raises(ValueError, match="k_norm must be"):
+            te.qkv_to_cache(qkv, None, *args, kc, vc, slots, rand(heads * head_dim), rand(head_dim))
+    with pytest.raises(ValueError, match="after a QKV bias"):
+        te.qkv_to_cache(qkv, rand(qkv.shape[1], dtype=dtype), *args, kc, vc, slots, q_norm, k_norm)
+
+
 def test_empty_inputs():
     x = torch.empty(0, 16, device=DEVICE)
     w = torch.ones(16, device=DEVICE)

@@ -273,7 +273,7 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
 FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
                  "phi-4-mini", "granite-3.1-8b", "smollm3-3b", "glm-4-9b",
                  "gemma-7b", "ministral-8b", "ernie-4.5-0.3b", "helium-1-2b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b",
-                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b"]
+                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b", "command-r7b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer).
 LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2}
@@ -306,7 +306,8 @@ def test_family_at_its_published_width_matches_hf_on_gpu(name):
     _check_every_iteration_against_hf({**DECODER_SHAPES[name], "num_hidden_layers": LAYERS.get(name, 8)})
 
 
-# Families without a published shape here, on OLMo-2-7B's (hidden 4,096, 32 heads of 128; 4 layers):
+# Families without a published shape here, on OLMo-2-7B's (hidden 4,096, 32 heads of 128; 4 layers; a
+# 32,000-token vocabulary, the special ids inside it):
 # each one's own block, norms, rotary and windows through the GPU kernels.
 ON_OLMO2_SHAPE = {
     "exaone4": {"model_type": "exaone4", "num_key_value_heads": 8, "sliding_window": 512, "sliding_window_pattern": 2},
@@ -326,7 +327,7 @@ def test_family_on_a_7b_shape_matches_hf_on_gpu(name):
     from tritonformer.client.model_shapes import DECODER_SHAPES
 
     _check_every_iteration_against_hf({**DECODER_SHAPES["olmo-2-7b"], "num_hidden_layers": 4, "vocab_size": 32000,
-                                       **ON_OLMO2_SHAPE[name]})
+                                       "pad_token_id": 1, "eos_token_id": 2, **ON_OLMO2_SHAPE[name]})
 
 
 def _check_every_iteration_against_hf(cfg: dict):

@@ -26,9 +26,11 @@ bash tools/build_native.sh >/dev/null
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/families_gpus.txt"
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 if [[ ${TESTS:-1} != 0 ]]; then
-  # The kernels only the newest families use, on the GPU against their references first.
-  timeout -k 10 120 python3 -m pytest -q tests/test_kernels_moe.py -p no:cacheprovider 2>&1 | tail -5 \
-    | tee "$OUT/families_kernel_tests.log"
+  # The kernels only the newest families use, on the GPU against their references first: MoE
+  # routing and GEMMs, the post-norm block's prologue ("sum"), whole-width and per-head q/k norms.
+  timeout -k 10 180 python3 -m pytest -q tests/test_kernels_moe.py tests/test_kernels_gemv.py \
+    tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py -k "moe or sum or whole or head_norms" \
+    -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
   timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "(published_width and ($names)) or on_a_7b_shape" \
     -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"

@@ -12,7 +12,8 @@ and runs it. What differs between the families is data, read here in one place:
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere)
     layer_norm       LayerNorm without a bias (mean subtracted; Cohere) instead of RMSNorm
-    qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2)
+    qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
+                     weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
@@ -381,15 +382,20 @@ class TransformerDecoder(DecoderModel):
         Each layer's residual add and norm before its QKV projection and its MLP are those
         linears' PreNorms (kernels.PreNorm, with the sandwich norm of the block before folded in
         as `x_norm`): for a decode row or two one kernel with the GEMM (and rotary and the cache
-        write: kernels.prenorm_qkv_to_cache); for more rows norm kernels of their own."""
+        write: kernels.prenorm_qkv_to_cache); for more rows norm kernels of their own. A
+        post-norm block (OLMo 2, EXAONE 4: norms only after attention and the MLP) is the same
+        chain with no norm before the linears: each PreNorm normalises the block's output
+        (`x_norm`), adds the residual and hands the linear that sum (PreNorm weight None)."""
         c = self.config
         eps = c.norm_eps
         cos_sin = self.rope_cos_sin[batch.positions]  # one gather for both tables
         local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
-        if not c.pre_norms or c.parallel_block:
-            return self._unfused_hidden_states(batch, cache, cos_sin, local)
+        if c.parallel_block:
+            return self._parallel_hidden_states(batch, cache, cos_sin, local)
         # The token embeddings (the first residual) and the first norm in one launch.
-        if self.tp is None:
+        if not c.pre_norms:  # a post-norm block: the first layer reads the embeddings as they are
+            x = residual = self._embed(batch.input_ids)
+        elif self.tp is None:
             x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
                                                      scale=c.embed_scale)
         else:
@@ -422,36 +428,27 @@ class TransformerDecoder(DecoderModel):
         x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
         return x
 
-    def _unfused_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
-                               local: torch.Tensor | None) -> torch.Tensor:
-        """hidden_states of the blocks whose norms do not fold into the next linear's prologue:
-        norms only after attention and the MLP (OLMo 2, EXAONE 4: each reads the residual stream
-        itself, and its output, normalised, is added to it), or attention and the MLP side by
-        side on one norm's output (`parallel_block`, Cohere: both outputs added to the stream).
-        Each norm and add is a launch of its own."""
-        c = self.config
-        x = self._embed(batch.input_ids)
+    def _parallel_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
+                                local: torch.Tensor | None) -> torch.Tensor:
+        """hidden_states of the parallel block (Cohere): attention and the MLP side by side on one
+        norm's output, both added to the residual stream. Two linears read that output, so the
+        norm is a kernel of its own, fused with the add of the block before's MLP output (its
+        sum written as the next residual stream): two launches a layer besides the linears' and
+        the attention's (that norm and the add of the attention's output)."""
+        x = self._embed(batch.input_ids)  # the residual stream
+        n = self._norm(x, self.layers[0].attn_norm)
         for li, layer in enumerate(self.layers):
-            if c.parallel_block:
-                n = self._norm(x, layer.attn_norm)
-                h = self._attend(n, li, layer, batch, cache, cos_sin, local)
-                m = self._mlp(n, layer)
-                if self.tp is None:  # (as Hugging Face adds them: the attention's first)
-                    x = x + h + m
-                else:  # one collective for both rows' partial sums
-                    x = x + self.tp.all_reduce(h + m)
-                continue
-            h = self._attend(x, li, layer, batch, cache, cos_sin, local)
-            if self.tp is not None:
-                self.tp.all_reduce(h)
-            x = x + self._norm(h, layer.attn_post_norm)
-            h = self._mlp(x, layer)
-            if self.tp is not None:
-                self.tp.all_reduce(h)
-            x = x + self._norm(h, layer.mlp_post_norm)
+            h = self._attend(n, li, layer, batch, cache, cos_sin, local)
+            m = self._mlp(n, layer)
+            if self.tp is None:  # residual + attention + MLP, as Hugging Face adds them
+                x = x + h
+            else:  # one collective for both rows' partial sums
+                m = self.tp.all_reduce(h + m)
+            if li + 1 < len(self.layers):
+                n, x = self._norm_sum(m, self.layers[li + 1].attn_norm, x)
         if not batch.logits_every_row:
-            x = x[batch.logits_index]
-        return self._norm(x, self.final_norm)
+            m, x = m[batch.logits_index], x[batch.logits_index]
+        return self._norm_sum(m, self.final_norm, x)[0]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm, or with `layer_norm` LayerNorm without a bias (Cohere's), of x's rows."""
@@ -459,35 +456,36 @@ class TransformerDecoder(DecoderModel):
             return kernels.add_bias_residual_layer_norm(x, None, None, weight, self.zero_bias, self.config.norm_eps)
         return kernels.rms_norm(x, weight, self.config.norm_eps)[0]
 
+    def _norm_sum(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor):
+        """(_norm of x + residual, that sum as the next residual stream), in one launch."""
+        total = torch.empty_like(residual)
+        if self.config.layer_norm:
+            normed = kernels.add_bias_residual_layer_norm(x, None, residual, weight, self.zero_bias,
+                                                          self.config.norm_eps, sum_out=total)
+            return normed, total
+        return kernels.rms_norm(x, weight, self.config.norm_eps, residual, total)
+
     def _attend(self, x: torch.Tensor, li: int, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
                 cos_sin: torch.Tensor, local: torch.Tensor | None, pre: kernels.PreNorm | None = None) -> torch.Tensor:
         """Layer `li`'s attention over its input rows x (PreNorm'd by `pre` where given), to the
         output projection's rows (this rank's partial sums under tensor parallelism). The QKV
-        projection writes k and v to the cache; q/k norms over all heads (qk_norm_full) run on its
-        rows before the rotary and the cache write; per-head norms after the rotary
-        (qk_norm_after_rope) on the rotated heads before the cache write."""
+        projection writes k and v to the cache, its q/k norms (per head, or over all heads:
+        qk_norm_full) applied before the rotary; per-head norms after the rotary
+        (qk_norm_after_rope) run on the rotated heads before the cache write."""
         c, eps = self.config, self.config.norm_eps
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
-        if not (c.qk_norm_after_rope or c.qk_norm_full):
+        if not c.qk_norm_after_rope:  # (whole-width q/k norms: their [H * D] weights say so)
             q = kernels.prenorm_qkv_to_cache(
                 x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
                 q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=eps,
             )
         else:
-            qkv = kernels.linear_act(x if pre is None else normalised(x, pre), layer.qkv_w, layer.qkv_b)
-            if c.qk_norm_after_rope:
-                q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
-                q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
-                kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
-            else:
-                q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-                qkv = torch.cat([kernels.rms_norm(qkv[:, :q_rows], layer.q_norm, eps)[0],
-                                 kernels.rms_norm(qkv[:, q_rows:q_rows + kv_rows], layer.k_norm, eps)[0],
-                                 qkv[:, q_rows + kv_rows:]], dim=1)
-                q = kernels.qkv_to_cache(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
-                                         cache.keys(li), cache.values(li), batch.slot_mapping)
+            qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b, prenorm=pre)
+            q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+            q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
+            kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
         ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
                               softcap=c.attn_softcap)
         return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
@@ -514,6 +512,8 @@ def normalised(x: torch.Tensor, pre: kernels.PreNorm) -> torch.Tensor:
     residual sum written to pre.sum_out: a MoE layer's input, which several linears read."""
     if pre.x_norm is not None:
         x, _ = kernels.rms_norm(x, pre.x_norm, pre.eps)
+    if pre.weight is None:  # a post-norm block's: the sum itself
+        return torch.add(x, pre.residual, out=pre.sum_out)
     return kernels.rms_norm(x, pre.weight, pre.eps, pre.residual, pre.sum_out)[0]
 
 
