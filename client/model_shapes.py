@@ -204,6 +204,20 @@ COMMAND_R7B = {
     "sliding_window_pattern": 4, "logit_scale": 0.25, "attention_bias": False, "tie_word_embeddings": True,
     "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0,
 }
+# gpt-oss-20b (model_type gpt_oss): 32 experts of 2,880 columns, the top 4, with biases and a
+# clamped SwiGLU; attention sinks; 128-token windows on every other layer (the published
+# `layer_types`: sliding, full, sliding, ...; left to that default rule here, so that fewer layers
+# keep it); YaRN. (gpt-oss-120b: 36 layers, 128 experts.)
+GPT_OSS_20B = {
+    "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4, "sliding_window": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                     "original_max_position_embeddings": 4096},
+    "max_position_embeddings": 131072, "attention_bias": True, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+    "eos_token_id": 200002, "pad_token_id": 199999,
+}
 
 # Llama-3.1-70B / 3.3-70B: 141 GB in fp16, the shape tensor parallelism is for.
 LLAMA_3_1_70B = {**LLAMA_3_1_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -235,6 +249,7 @@ DECODER_SHAPES = {
     "olmo-2-7b": OLMO_2_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
     "command-r7b": COMMAND_R7B,
+    "gpt-oss-20b": GPT_OSS_20B,
 }
 
 
@@ -337,6 +352,10 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         if spec.qkv_bias:
             shapes.update({p + n.q + ".bias": (q,), p + n.k + ".bias": (kv,), p + n.v + ".bias": (kv,)} if not n.qkv
                           else {p + n.qkv + ".bias": (q + 2 * kv,)})
+        if spec.o_bias:
+            shapes[p + n.o + ".bias"] = (hidden,)
+        if spec.sinks:
+            shapes[p + n.sinks] = (spec.num_heads,)
     return shapes
 
 

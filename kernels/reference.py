@@ -177,21 +177,42 @@ def pool_sequences(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, no
     return F.normalize(out, p=2, dim=1) if normalize else out
 
 
+# OpenAI's gpt-oss SwiGLU ("swiglu_oai"): its config's `swiglu_alpha` and `swiglu_limit`, the
+# only values supported (the kernels have them built in).
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def _swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's gated activation: the gate clamped from above, the up half to +-limit, then
+    g * sigmoid(alpha * g) * (u + 1) (Hugging Face's GptOssExperts)."""
+    g = gate.clamp(max=SWIGLU_OAI_LIMIT)
+    u = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    return g * torch.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1)
+
+
 # The gated activations of an MLP whose up-projection weight is `[gate; up]` (`[2I, K]`): the
-# result `[.., I]` is gate_fn(gate) * up. Llama's SwiGLU, Gemma's GeGLU (Hugging Face's
-# `gelu_pytorch_tanh` on the gate) and ModernBERT's GeGLU (the exact, erf GELU: its "gelu").
-_GATE_FNS = {"silu_mul": F.silu, "gelu_tanh_mul": lambda g: F.gelu(g, approximate="tanh"), "gelu_mul": F.gelu}
-GATED_ACTIVATIONS = frozenset(_GATE_FNS)
+# result `[.., I]` is a function of both halves, mostly gate_fn(gate) * up. Llama's SwiGLU,
+# Gemma's GeGLU (Hugging Face's `gelu_pytorch_tanh` on the gate), ModernBERT's GeGLU (the exact,
+# erf GELU: its "gelu") and gpt-oss's clamped SwiGLU (`_swiglu_oai`).
+_GATED_FNS = {
+    "silu_mul": lambda g, u: F.silu(g) * u,
+    "gelu_tanh_mul": lambda g, u: F.gelu(g, approximate="tanh") * u,
+    "gelu_mul": lambda g, u: F.gelu(g) * u,
+    "swiglu_oai": _swiglu_oai,
+}
+GATED_ACTIVATIONS = frozenset(_GATED_FNS)
 
 
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """act(gate) * up where gate_up = [gate | up] along the last dim, in fp32, rounded once to
+    """act(gate, up) where gate_up = [gate | up] along the last dim, in fp32, rounded once to
     gate_up's dtype; `activation` is one of GATED_ACTIVATIONS ("silu_mul": SwiGLU,
-    "gelu_tanh_mul": GeGLU with the tanh GELU, "gelu_mul": GeGLU with the exact GELU)."""
+    "gelu_tanh_mul": GeGLU with the tanh GELU, "gelu_mul": GeGLU with the exact GELU, all
+    act(gate) * up; "swiglu_oai": gpt-oss's clamped SwiGLU, see `_swiglu_oai`)."""
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
     gate, up = gate_up.float().chunk(2, dim=-1)
-    return (_GATE_FNS[activation](gate) * up).to(gate_up.dtype)
+    return _GATED_FNS[activation](gate, up).to(gate_up.dtype)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -306,6 +327,16 @@ def check_attention_options(causal: bool, window: int | None, softcap: float | N
         raise ValueError(f"softcap must be positive, got {softcap!r}")
 
 
+def check_attention_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
+    """ValueError unless `sinks` is None or a float tensor `[num_heads]`: one sink logit per
+    query head (the attention ops' rule, kernels' and references' alike)."""
+    if sinks is None:
+        return
+    if tuple(sinks.shape) != (num_heads,) or not sinks.is_floating_point():
+        raise ValueError(f"sinks must be a float tensor [num_heads] = [{num_heads}], "
+                         f"got {sinks.dtype} {tuple(sinks.shape)}")
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -318,6 +349,7 @@ def varlen_attention(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences, no padding and no mask tensor.
 
@@ -332,12 +364,18 @@ def varlen_attention(
     p (aligned to the end of its keys as above) sees keys |k - p| <= window // 2, ModernBERT's
     local attention with window = its `local_attention` (Hugging Face's bidirectional sliding
     mask keeps |q_idx - kv_idx| <= local_attention // 2). `softcap` (Gemma 2) caps the scores
-    before masking and softmax: softcap * tanh(scale * q.k / softcap). A query that sees no key
-    gets zeros.
+    before masking and softmax: softcap * tanh(scale * q.k / softcap). `sinks` (gpt-oss's
+    attention sinks, `[H]`, any float dtype, read as fp32) adds one logit per query head to every
+    softmax's normaliser, not scaled and attached to no value: p_j = exp(s_j) / (sum_i exp(s_i) +
+    exp(sinks[h])), Hugging Face's softmax over the scores with the sink's column appended, that
+    column then dropped. A query that sees no key gets zeros.
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]` (in `out` when given).
     """
     check_attention_options(causal, window, softcap)
+    check_attention_sinks(sinks, q.shape[1])
+    if sinks is not None:
+        sinks = sinks.to(device=q.device, dtype=torch.float32)
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q) if out is None else out
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -364,14 +402,23 @@ def varlen_attention(
             q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
             k_pos = torch.arange(lk, device=q.device)[None, :]
             mask = (k_pos - q_pos).abs() <= window // 2
-        if softcap is None:
+        if softcap is None and sinks is None:
             o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
         else:
             s = qs.float() @ ks.float().transpose(-1, -2) * (qs.shape[-1] ** -0.5 if scale is None else scale)
-            s = softcap * torch.tanh(s / softcap)
-            p = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-1)
-            if mask is not None:  # a query that sees no key (Lk < Lq): zeros, as without softcap
-                p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+            if softcap is not None:
+                s = softcap * torch.tanh(s / softcap)
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            if sinks is None:
+                p = torch.softmax(s, dim=-1)
+                if mask is not None:  # a query that sees no key (Lk < Lq): zeros, as without softcap
+                    p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+            else:
+                # Softmax over [keys, the head's sink logit], the sink's column dropped. A query
+                # that sees no key puts all its weight on the sink: zeros, as without sinks.
+                sink = sinks[:, None, None].expand(-1, lq, 1)
+                p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
             o = p @ vs.float()
         if window is not None and not causal:  # a query that sees no key (Lq > Lk): zeros
             o = o.masked_fill(~mask.any(-1)[None, :, None], 0.0)
@@ -395,7 +442,7 @@ def linear_bias_gelu(
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
 
 
-LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "gelu_mul")
+LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "gelu_mul", "swiglu_oai")
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # linear_act's GELUs as bias_gelu's `approximate`
 
 
@@ -417,9 +464,9 @@ def linear_act(
 
     x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. `activation` is "none",
     "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new") or a gated one (GATED_ACTIVATIONS:
-    "silu_mul", Llama's SwiGLU, "gelu_tanh_mul", Gemma's GeGLU, or "gelu_mul", ModernBERT's
-    GeGLU with the exact GELU: weight is `[gate; up]`,
-    `[2I, K]`, and the result `[M, I]` is act(gate) * up, see `gated_act`). A kernel computes
+    "silu_mul", Llama's SwiGLU, "gelu_tanh_mul", Gemma's GeGLU, "gelu_mul", ModernBERT's
+    GeGLU with the exact GELU, or "swiglu_oai", gpt-oss's clamped SwiGLU: weight is `[gate; up]`,
+    `[2I, K]`, and the result `[M, I]` is act(gate, up), see `gated_act`). A kernel computes
     the activation on the GEMM's fp32 accumulator; here the linear's output is rounded to x's
     dtype first, as the unfused ops do."""
     if activation not in LINEAR_ACTIVATIONS:
@@ -456,6 +503,7 @@ def paged_attention(
     num_splits: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`varlen_attention` whose keys/values live in a paged cache (vLLM's layout).
 
@@ -463,8 +511,8 @@ def paged_attention(
     row i lists sequence i's blocks in order (entries past its length are ignored); seqlens_k:
     `[B]` int32, keys of sequence i (cached + this iteration's, already written). Queries are
     packed by `cu_seqlens_q` and aligned to the end of their keys as in `varlen_attention`.
-    `window` and `softcap` as in `varlen_attention`. `num_splits` is a kernel tuning knob (split
-    keys over programs); the reference ignores it.
+    `window`, `softcap` and `sinks` as in `varlen_attention`. `num_splits` is a kernel tuning knob
+    (split keys over programs); the reference ignores it.
     """
     block_size = k_cache.shape[1]
     lengths = seqlens_k.tolist()
@@ -480,7 +528,8 @@ def paged_attention(
     values = flat_v[index] if index is not None else flat_v[:0]
     cu_k = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
     cu_k[1:] = torch.cumsum(seqlens_k.to(torch.int32), 0)
-    return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out, window, softcap)
+    return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out, window, softcap,
+                            sinks)
 
 
 def qkv_to_cache(
@@ -710,19 +759,23 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
 
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
-            scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+            scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
+            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
     """A mixture-of-experts MLP over x `[T, H]`: each token routed by its `router_logits` `[T, E]`
     (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale), then the sum over
-    its k experts of weight * expert(x), an expert e a gated MLP: down[e] @ act(gate_up[e] @ x)
-    with gate_up `[E, 2I, H]` ([gate; up], `activation` as linear_act's gated ones) and down
-    `[E, H, I]`. Each expert runs once over its tokens (as Hugging Face's loop does); the
-    weighted rows are summed in fp32 and rounded once."""
+    its k experts of weight * expert(x), an expert e a gated MLP:
+    down[e] @ act(gate_up[e] @ x + gate_up_bias[e]) + down_bias[e], with gate_up `[E, 2I, H]`
+    ([gate; up], `activation` as linear_act's gated ones), down `[E, H, I]` and the optional
+    biases (gpt-oss's experts have them) gate_up_bias `[E, 2I]` ([gate; up]) and down_bias
+    `[E, H]`; the routing weight multiplies the biased output. Each expert runs once over its
+    tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""
     weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)
-        h = linear_act(x[token], gate_up[e], None, activation)
-        out.index_add_(0, token, F.linear(h, down[e]).float() * weights[token, slot, None])
+        h = linear_act(x[token], gate_up[e], None if gate_up_bias is None else gate_up_bias[e], activation)
+        y = F.linear(h, down[e], None if down_bias is None else down_bias[e])
+        out.index_add_(0, token, y.float() * weights[token, slot, None])
     return out.to(x.dtype)
 
 

@@ -39,8 +39,12 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   whose reach covers every key of the batch runs the plain non-causal kernel.
 * Any head_dim in [16, 256]: one that is not a power of two (Phi-3's 96) runs in a tile
   padded to the next power of two, its extra lanes masked on every load and store.
-  Each of the three is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED): without them the kernel
-  compiles to the same code as before they existed.
+* Attention sinks (gpt-oss): one learned logit per query head that joins every softmax's
+  normaliser but carries no value, p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink)). The key loop
+  is unchanged: an unsplit program adds the sink's term when it normalises its rows, and with
+  splits `_combine_splits_kernel` adds it once to the splits' total weight.
+  Each of the four is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED, HAS_SINKS): without them
+  the kernel compiles to the same code as before they existed.
 
 Grid: (cdiv(max_seqlen_q * G, BLOCK_M) * NUM_SPLITS, num_seqs, Hkv). Programs whose rows start
 past their sequence's end exit at once, so the grid can be sized from the longest sequence.
@@ -143,10 +147,12 @@ def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e, lookahead,
+    Sinks,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -258,7 +264,17 @@ def _varlen_attention_kernel(
 
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
     seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if HAS_SINKS and NUM_SPLITS == 1:
+        # The head's sink logit (fp32 [H], per row: rows are GQA heads) joins the normaliser in
+        # the log2 domain: out = acc 2^(m_i - m) / (l_i 2^(m_i - m) + 2^(sink - m)), m the larger.
+        # With splits the sink is added once, by the combine kernel.
+        sink = tl.load(Sinks + heads) * 1.4426950408889634
+        m_all = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_all)
+        denom = l_i * alpha + tl.exp2(sink - m_all)
+        out = acc * tl.where(seen, alpha / tl.where(seen, denom, 1.0), 0.0)[:, None]
+    else:
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
         o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok)
@@ -273,21 +289,31 @@ def _varlen_attention_kernel(
 
 @triton.jit
 def _combine_splits_kernel(
-    PartialOut, PartialLse, Out, split_stride, stride_ot, stride_oh,
+    PartialOut, PartialLse, Out, split_stride, stride_ot, stride_oh, Sinks,
     NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    """Out[t, h] = the splits' partial outputs weighted by their share of the softmax mass."""
+    """Out[t, h] = the splits' partial outputs weighted by their share of the softmax mass.
+
+    With HAS_SINKS the head's sink logit adds its mass to the total weight (once, here: the
+    splits leave it out) and no output."""
     triton_pdl.wait_for_predecessor(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     part = tl.arange(0, NUM_SPLITS) * split_stride + tok * tl.num_programs(1) + head
     lse = tl.load(PartialLse + part)
-    weight = tl.exp2(lse - tl.max(lse, 0))
+    if HAS_SINKS:
+        sink = tl.load(Sinks + head) * 1.4426950408889634
+        m_all = tl.maximum(tl.max(lse, 0), sink)
+        weight = tl.exp2(lse - m_all)
+    else:
+        weight = tl.exp2(lse - tl.max(lse, 0))
     weight = tl.where(lse > -1.0e29, weight, 0.0)
     offs_d = tl.arange(0, BLOCK_D)
     partial = tl.load(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :])
     total = tl.sum(weight, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_all)
     out = tl.sum(partial * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     if D_PADDED:
         tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty),
@@ -399,6 +425,7 @@ def varlen_attention(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton flash attention with exactly `reference.varlen_attention`'s contract.
 
@@ -411,7 +438,7 @@ def varlen_attention(
     num_seqs = cu_seqlens_q.numel() - 1
     keys_per_seq = k.shape[0] / max(num_seqs, 1)
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, 0, keys_per_seq, causal, scale, max_seqlen_q, out,
-                      None, window, softcap)
+                      None, window, softcap, sinks)
 
 
 @register("paged_attention")
@@ -429,6 +456,7 @@ def paged_attention(
     num_splits: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton flash attention over a paged KV cache, `reference.paged_attention`'s contract.
 
@@ -451,14 +479,15 @@ def paged_attention(
     keys_per_seq = block_tables.shape[1] * page
     return _attention(
         q, k, v, cu_seqlens_q, seqlens_k.to(torch.int32), block_tables, page, keys_per_seq,
-        causal, scale, max_seqlen_q, out, num_splits, window, softcap,
+        causal, scale, max_seqlen_q, out, num_splits, window, softcap, sinks,
     )
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per_seq, causal, scale, max_seqlen_q,
-               out, num_splits, window, softcap):
+               out, num_splits, window, softcap, sinks=None):
     """Checks, launch configuration and the launch shared by the contiguous and paged entry
-    points. Paged (`page` > 0): k/v are the flattened caches and `cu_seqlens_k` holds key counts."""
+    points. Paged (`page` > 0): k/v are the flattened caches and `cu_seqlens_k` holds key counts.
+    `sinks` (`[H]`, any float dtype) reaches the kernels as fp32 on q's device."""
     assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [tokens, heads, head_dim]"
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
@@ -471,6 +500,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
     reference.check_attention_options(causal, window, softcap)
+    reference.check_attention_sinks(sinks, num_heads)
     lookahead = 0
     if window is not None and not causal:
         # Symmetric: |k - p| <= reach. A reach past every key of the batch masks nothing (the
@@ -517,6 +547,9 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     else:
         partial_out = partial_lse = out  # unused
     tables = block_tables if block_tables is not None else cu_seqlens_k  # unused when not paged
+    if sinks is not None:  # a no-op for an fp32 contiguous tensor on q's device
+        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
+    sinks_arg = sinks if sinks is not None else out  # unused without sinks
     if softcap is not None:
         # log2-domain score = softcap * log2(e) * tanh(x), x = scale * q.k / softcap, with
         # tanh(x) = 1 - 2 / (exp2(2 * log2(e) * x) + 1): the kernel's qk_scale is 2 log2(e) scale / softcap.
@@ -530,18 +563,20 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         out.stride(0), out.stride(1),
         qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
-        min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead,
+        min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead, sinks_arg,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
         HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
     if splits > 1:
         _combine_splits_kernel[(total_q, num_heads)](
-            partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1),
+            partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1), sinks_arg,
             NUM_SPLITS=splits, BLOCK_D=block_d, PDL=pdl, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
+            HAS_SINKS=sinks is not None,
             num_warps=4 if block_d <= 64 else 8, **triton_pdl.launch_options(pdl),
         )
     return out

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from tritonformer.kernels.dispatch import register
-from tritonformer.kernels.reference import GATED_ACTIVATIONS
+from tritonformer.kernels.reference import GATED_ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 _TILE_ELEMS = 4096  # elements per program (32 per thread at 4 warps)
 _MAX_BLOCK_COLS = 1024
@@ -55,7 +55,11 @@ def _tanh_gelu(h):
 
 # The activation codes of `apply_act` (below): linear_act's names; the gated ones take the up
 # half as a second operand (reference.GATED_ACTIVATIONS).
-ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4, "gelu_mul": 5}
+ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4, "gelu_mul": 5, "swiglu_oai": 6}
+# "swiglu_oai": gpt-oss's swiglu_alpha (1.702) and swiglu_limit (7.0), the reference's values
+# as compile-time constants of the kernels.
+_OAI_ALPHA = tl.constexpr(SWIGLU_OAI_ALPHA)
+_OAI_LIMIT = tl.constexpr(SWIGLU_OAI_LIMIT)
 
 
 @triton.jit
@@ -72,6 +76,11 @@ def apply_act(acc, acc_b, ACT: tl.constexpr):
         acc = _tanh_gelu(acc) * acc_b
     elif ACT == 5:
         acc = _erf_gelu(acc) * acc_b
+    elif ACT == 6:
+        # gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha g) * (u + 1)
+        g = tl.minimum(acc, _OAI_LIMIT)
+        u = tl.minimum(tl.maximum(acc_b, -_OAI_LIMIT), _OAI_LIMIT)
+        acc = g / (1.0 + tl.exp(g * -_OAI_ALPHA)) * (u + 1.0)
     return acc
 
 
@@ -124,8 +133,9 @@ def bias_gelu(
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _gated_act_kernel(gu_ptr, out_ptr, n_rows, n_inner, ACT: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK: tl.constexpr):
-    """out = act(gate) * up with gate_up = [gate | up] per row (SwiGLU, GeGLU), read straight
-    from the fused gate/up GEMM output so neither half is materialised on its own."""
+    """out = act(gate, up) with gate_up = [gate | up] per row (SwiGLU, GeGLU, gpt-oss's clamped
+    SwiGLU), read straight from the fused gate/up GEMM output so neither half is materialised
+    on its own."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = (rows < n_rows) & (cols < n_inner)
@@ -139,7 +149,7 @@ def _gated_act_kernel(gu_ptr, out_ptr, n_rows, n_inner, ACT: tl.constexpr, ROWS:
 
 @register("gated_act")
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """act(gate) * up where gate_up = [gate | up] on the last dim; see reference.gated_act."""
+    """act(gate, up) where gate_up = [gate | up] on the last dim; see reference.gated_act."""
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
     if gate_up.shape[-1] % 2:

@@ -1,4 +1,4 @@
-"""A mixture-of-experts MLP (Mixtral, Qwen MoE) as two grouped GEMMs over the routed rows.
+"""A mixture-of-experts MLP (Mixtral, Qwen MoE, gpt-oss) as two grouped GEMMs over the routed rows.
 
 Every (token, slot) pair of the top-k routing goes to one expert. The pairs are sorted by expert
 into blocks of BLOCK_M rows, each block one expert's (padded with a sentinel row), with no host
@@ -13,7 +13,8 @@ pair order inside each expert, as `reference.moe_align` orders them).
 `_moe_gemm` then runs one program per (block, column tile): it gathers its block's input rows,
 reads its expert's weight tile once and writes each pair's output row. The first GEMM applies
 the gated activation to [gate | up] (both halves' tiles in one program), the second multiplies
-each pair's row by its routing weight; the k rows of a token are summed in fp32 and rounded once
+each pair's row by its routing weight (each after its expert's bias, where the experts have
+biases); the k rows of a token are summed in fp32 and rounded once
 (`_sum_pairs_kernel`: one launch where a reduction and a cast took two).
 
 At decode (a few tokens) a block holds one row or few: each selected expert's weights are read
@@ -269,16 +270,17 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
 
 @triton.jit
 def _moe_gemm(
-    x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, scale_ptr,
-    num_pairs, N, K, stride_xm, stride_we, stride_wn, stride_om,
-    X_PER_PAIR: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, scale_ptr, bias_ptr,
+    num_pairs, N, K, stride_xm, stride_we, stride_wn, stride_om, stride_be,
+    X_PER_PAIR: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """out[p, n] = act(x[row(p)] @ w[e]^T)[n] (times scale[p] where SCALED) for the pairs p of
-    this block, all routed to expert e. row(p) = p // X_PER_PAIR (the token, k for the first
-    GEMM) or p (1: the second GEMM reads the pairs' own rows). GATED: w[e] is [gate; up] of 2N
-    rows; the tile of both halves is accumulated and act(gate) * up stored. Grid: (blocks,
-    column tiles)."""
+    """out[p, n] = act(x[row(p)] @ w[e]^T + bias[e])[n] (times scale[p] where SCALED) for the
+    pairs p of this block, all routed to expert e. row(p) = p // X_PER_PAIR (the token, k for
+    the first GEMM) or p (1: the second GEMM reads the pairs' own rows). GATED: w[e] is
+    [gate; up] of 2N rows; the tile of both halves is accumulated and act(gate, up) stored.
+    HAS_BIAS: each expert's bias row (stride_be apart; GATED: [gate; up], 2N long) is added to
+    the fp32 accumulators before the activation and the scale. Grid: (blocks, column tiles)."""
     e = tl.load(experts_ptr + tl.program_id(0))
     if e < 0:
         return
@@ -302,6 +304,11 @@ def _moe_gemm(
             b_up = tl.load(w_base + (n[None, :] + N) * stride_wn + k[:, None], mask=n_ok[None, :] & k_ok[:, None],
                            other=0.0)
             acc_b += tl.dot(a, b_up, input_precision=PRECISION)
+    if HAS_BIAS:
+        b_base = bias_ptr + e.to(tl.int64) * stride_be
+        acc += tl.load(b_base + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_b += tl.load(b_base + n + N, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     acc = apply_act(acc, acc_b, ACT)
     if SCALED:
         acc = acc * tl.load(scale_ptr + pair, mask=valid, other=0.0)[:, None]
@@ -340,13 +347,19 @@ def _sum_pairs_kernel(rows_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.const
     tl.store(out_ptr + t * N + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str, config: dict):
+def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str, config: dict, bias=None):
+    """One grouped GEMM (`_moe_gemm`) of the sorted pairs: w `[E, N or 2N, K]`, bias `[E, N or
+    2N]` (an expert's row [gate; up] where the activation is gated) or None."""
     n = out.shape[1]
     gated = activation != "none"
+    if bias is not None:
+        assert bias.shape == w.shape[:2] and bias.stride(1) == 1, f"bias must be {list(w.shape[:2])}, row-contiguous"
     grid = (experts.numel(), triton.cdiv(n, config["BLOCK_N"]))
-    _moe_gemm[grid](x, w, out, pairs, experts, scale if scale is not None else out,
+    _moe_gemm[grid](x, w, out, pairs, experts, scale if scale is not None else out, bias if bias is not None else out,
                     out.shape[0], n, x.shape[1], x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+                    bias.stride(0) if bias is not None else 0,
                     X_PER_PAIR=x_per_pair, ACT=ACT_CODE[activation], GATED=gated, SCALED=scale is not None,
+                    HAS_BIAS=bias is not None,
                     PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 in, fp32 products)
                     **config)
     return out
@@ -355,9 +368,12 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
 @register("moe_mlp")
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
-            scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+            scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
+            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
     """reference.moe_mlp over the pairs sorted by expert: route_align, the two grouped GEMMs, the
-    k-row sum (four launches at any token count)."""
+    k-row sum (four launches at any token count). The expert biases (gate_up_bias `[E, 2I]`,
+    down_bias `[E, H]`, gpt-oss's) are added in the GEMMs' epilogues, before the activation
+    and before the routing weight."""
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     first, second = gemm_config(pairs, num_experts, True), gemm_config(pairs, num_experts, False)
@@ -366,9 +382,10 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
                                                  scoring, score_bias, scale)
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
-    _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first)
+    _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first, gate_up_bias)
     rows = torch.empty(pairs, down.shape[1], device=x.device, dtype=torch.float32)
-    _grouped(inner, down, rows, sorted_pairs, experts, weights.reshape(-1).float().contiguous(), 1, "none", second)
+    _grouped(inner, down, rows, sorted_pairs, experts, weights.reshape(-1).float().contiguous(), 1, "none", second,
+             down_bias)
     out = torch.empty(tokens, down.shape[1], device=x.device, dtype=x.dtype)
     block = min(1024, triton.next_power_of_2(down.shape[1]))
     _sum_pairs_kernel[(tokens, triton.cdiv(down.shape[1], block))](rows, out, down.shape[1], TOP_K=top_k, BLOCK=block,

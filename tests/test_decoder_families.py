@@ -77,6 +77,7 @@ CASES = [
                               "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True}),
     ("exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": None, "tie_word_embeddings": True,
                               "layer_types": ["full_attention"] * 2}),
+    ("gpt-oss", "gpt-oss-20b", {}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -92,8 +93,10 @@ def _pair(shape: str, changes: dict, seed: int = 0):
     hf = getattr(transformers, HF_CLASSES[model_type])._from_config(hf_cfg, attn_implementation="eager").eval()
     with torch.no_grad():  # HF initialises norms to 1 (or 0 for (1 + w)): make them matter
         for name, p in hf.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
+            if "norm" in name or name.endswith((".bias", "_bias")):  # (gpt-oss's experts' biases: `_bias`)
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(".sinks"):  # gpt-oss's attention sinks: logits as large as the scores
+                p.add_(torch.randn_like(p))
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
@@ -122,7 +125,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan")
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
@@ -453,3 +456,36 @@ def test_a_moe_step_reads_the_router_and_k_experts_for_one_token_and_more_for_ma
 def test_fp8_is_a_load_error_for_the_moe_families():
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'mixtral'"):
         load_decoder(shrunk("mixtral-8x7b"), {}, CPU, torch.float32, quantization="fp8")
+
+
+def test_gpt_oss_serves_its_published_mxfp4_experts(tmp_path):
+    """gpt-oss as published: each MoE layer's experts in MXFP4 (`*_blocks` / `*_scales` beside the
+    16-bit rest of the checkpoint). HF's model holds their dequantised values (transformers'
+    own MXFP4 conversion); ours, loaded from the folder, greedy-decodes its tokens."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+
+    hf, _ = _pair("gpt-oss-20b", {})
+    g = torch.Generator().manual_seed(3)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                continue
+            experts, rows_in, cols = p.shape  # stored transposed: [E, out features, in features / 32, 16] packed
+            blocks = torch.randint(0, 256, (experts, cols, rows_in // 32, 16), dtype=torch.uint8, generator=g)
+            scales = torch.randint(118, 123, (experts, cols, rows_in // 32), dtype=torch.uint8, generator=g)
+            p.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            del state[name]
+            state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+    folder = tmp_path / "gpt-oss"
+    folder.mkdir()
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    ours = load_decoder(load_config(folder), load_state_dict(folder), CPU, torch.float32)
+    prompt = torch.randint(3, 320, (21,), generator=g).tolist()
+    assert PagedSteps(ours, num_blocks=32, block_size=8).greedy([prompt], 16)[0] == _hf_greedy(hf, prompt, 16)

@@ -1,6 +1,7 @@
-"""ModernBERT's GeGLU ("gelu_mul": the exact, erf GELU on the gate half times the up half): the
-reference against its definition, and the Triton kernels that compute it (the gated-activation
-kernel, and linear_act's fused routes) against the reference on fresh random inputs."""
+"""ModernBERT's GeGLU ("gelu_mul": the exact, erf GELU on the gate half times the up half) and
+gpt-oss's clamped SwiGLU ("swiglu_oai"): the reference against each definition, and the Triton
+kernels that compute them (the gated-activation kernel, and linear_act's fused routes) against
+the reference on fresh random inputs."""
 from __future__ import annotations
 
 import math
@@ -33,6 +34,23 @@ def test_reference_is_erf_gelu_of_the_first_half_times_the_second():
     torch.testing.assert_close(got, _erf_gelu(x @ gate_w.T) * (x @ up_w.T), atol=1e-5, rtol=1e-5)
 
 
+def _swiglu_oai(gate, up):
+    """gpt-oss's activation as Hugging Face's GptOssExperts writes it (alpha 1.702, limit 7)."""
+    gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
+    return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
+def test_reference_swiglu_oai_is_the_clamped_swiglu():
+    gate_up = (_rand(9, 64, seed=4) * 6).double()  # past +-7 in both halves: the clamps act
+    gate, up = gate_up[:, :32], gate_up[:, 32:]
+    assert (gate > 7).any() and (gate < -7).any() and (up > 7).any() and (up < -7).any()
+    torch.testing.assert_close(ref.gated_act(gate_up, "swiglu_oai"), _swiglu_oai(gate, up), atol=1e-5, rtol=1e-6)
+    assert "swiglu_oai" in ref.GATED_ACTIVATIONS and "swiglu_oai" in ref.LINEAR_ACTIVATIONS
+    x, gate_w, up_w, bias = _rand(5, 16, seed=5), _rand(12, 16, seed=6), _rand(12, 16, seed=7), _rand(24, seed=8) * 4
+    got = ref.linear_act(x, torch.cat([gate_w, up_w]), bias, "swiglu_oai")
+    torch.testing.assert_close(got, _swiglu_oai(x @ gate_w.T + bias[:12], x @ up_w.T + bias[12:]), atol=1e-5, rtol=1e-5)
+
+
 triton = pytest.importorskip("triton")
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernels cannot run", allow_module_level=True)
@@ -56,3 +74,23 @@ def test_linear_act_fused_routes(rows):
     bias = _rand(2 * 48, seed=30 + rows)
     got = tsg.linear_act(x, w, bias, "gelu_mul")
     torch.testing.assert_close(got, ref.linear_act(x, w, bias, "gelu_mul"), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows,inner", [(1, 8), (13, 96), (3, 1152)])
+def test_gated_act_kernel_swiglu_oai(rows, inner):
+    gate_up = _rand(rows, 2 * inner, seed=40 + rows) * 6
+    torch.testing.assert_close(te.gated_act(gate_up, "swiglu_oai"), ref.gated_act(gate_up, "swiglu_oai"),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,path", [(1, tsg.GEMV), (2, tsg.GEMV), (9, tsg.SMALL_GEMM), (33, tsg.SMALL_GEMM)])
+def test_linear_act_swiglu_oai_fused_routes(rows, path):
+    """gpt-oss's activation on the GEMM's fp32 accumulator, in the GEMV's decode rows and the
+    small GEMM's; a bias pushes the pre-activations past the clamps."""
+    x, w = _rand(rows, 64, seed=50 + rows), _rand(2 * 48, 64, seed=60 + rows) * 0.3
+    bias = _rand(2 * 48, seed=70 + rows) * 4
+    assert tsg.route(x, w, "swiglu_oai") == path
+    h = x @ w.T + bias
+    assert (h[:, :48] > 7).any() and (h[:, 48:].abs() > 7).any()
+    got = tsg.linear_act(x, w, bias, "swiglu_oai")
+    torch.testing.assert_close(got, ref.linear_act(x, w, bias, "swiglu_oai"), atol=1e-4, rtol=1e-4)

@@ -78,6 +78,46 @@ def test_sigmoid_routing_chooses_by_score_plus_bias_and_weighs_by_the_score():
         ref.moe_route(logits, top_k, True, None, "relu")
 
 
+def _oai_expert(x, gate_up, gate_up_bias, down, down_bias):
+    """One gpt-oss expert on one token, as Hugging Face's GptOssExperts writes it (float64; the
+    gate/up rows here [gate; up], not its interleaved columns)."""
+    inter = gate_up.shape[0] // 2
+    gu = gate_up.double() @ x.double() + gate_up_bias.double()
+    gate, up = gu[:inter].clamp(max=7.0), gu[inter:].clamp(min=-7.0, max=7.0)
+    return down.double() @ ((up + 1) * (gate * torch.sigmoid(gate * 1.702))) + down_bias.double()
+
+
+def _oai_moe_inputs(tokens, hidden, inter, experts, seed):
+    """_moe_inputs and expert biases large enough that the gate and up pre-activations reach past
+    +-7, where the clamps act."""
+    return (*_moe_inputs(tokens, hidden, inter, experts, seed), _rand(experts, 2 * inter, seed=seed + 4, scale=4.0),
+            _rand(experts, hidden, seed=seed + 5, scale=0.5))
+
+
+def test_reference_moe_with_expert_biases_is_gpt_oss_token_by_token():
+    """Hugging Face's gpt-oss MoE layer, token by token: the top k of the router logits, a softmax
+    over those k, each chosen expert biased before the clamped SwiGLU and after its down
+    projection, weighted by its routing weight."""
+    tokens, hidden, inter, experts, top_k = 6, 16, 12, 5, 2
+    x, logits, gate_up, down, gate_up_bias, down_bias = _oai_moe_inputs(tokens, hidden, inter, experts, seed=40)
+    got = ref.moe_mlp(x, logits, gate_up, down, top_k, True, None, "swiglu_oai", gate_up_bias=gate_up_bias,
+                      down_bias=down_bias)
+    expected = torch.zeros(tokens, hidden, dtype=torch.float64, device=DEVICE)
+    pre = []
+    for t in range(tokens):
+        top = logits[t].double().topk(top_k)
+        for weight, e in zip(torch.softmax(top.values, -1), top.indices.tolist()):
+            expected[t] += weight * _oai_expert(x[t], gate_up[e], gate_up_bias[e], down[e], down_bias[e])
+            pre.append(gate_up[e] @ x[t] + gate_up_bias[e])
+    pre = torch.stack(pre)
+    assert (pre[:, :inter] > 7).any() and (pre[:, inter:] > 7).any() and (pre[:, inter:] < -7).any()
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+    # one bias at a time is the same expert with the other bias zero
+    no_down = ref.moe_mlp(x, logits, gate_up, down, top_k, True, None, "swiglu_oai", gate_up_bias=gate_up_bias)
+    torch.testing.assert_close(no_down, ref.moe_mlp(x, logits, gate_up, down, top_k, True, None, "swiglu_oai",
+                                                    gate_up_bias=gate_up_bias, down_bias=torch.zeros_like(down_bias)))
+
+
 triton = pytest.importorskip("triton")
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1: the Triton kernel cannot run", allow_module_level=True)
@@ -171,3 +211,34 @@ def test_one_program_rounds_the_weights_to_the_logits_dtype():
     assert torch.equal(weights, weights.to(torch.bfloat16).float())  # bf16 values
     # within one bf16 step (Triton's interpreter converts by truncation, the GPU rounds to nearest)
     torch.testing.assert_close(weights, expected, atol=0, rtol=2 ** -7)
+
+
+@pytest.mark.parametrize("tokens,top_k,experts", [
+    (1, 2, 8),  # a decode row: one routing program, 16-row blocks
+    (3, 4, 8),
+    (140, 2, 8),  # a prefill: chunked routing, > 256 pairs in 64-row blocks
+])
+def test_kernel_with_expert_biases_and_swiglu_oai_matches_reference(tokens, top_k, experts):
+    x, logits, gate_up, down, gate_up_bias, down_bias = _oai_moe_inputs(tokens, 16, 24, experts, seed=50)
+    kwargs = dict(gate_up_bias=gate_up_bias, down_bias=down_bias)
+    expected = ref.moe_mlp(x, logits, gate_up, down, top_k, True, None, "swiglu_oai", **kwargs)
+    got = moe_mlp(x, logits, gate_up, down, top_k, True, None, "swiglu_oai", **kwargs)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
+def test_kernel_with_one_bias_or_none_is_the_unbiased_path():
+    """Each bias alone reaches its own GEMM; biases None run the kernels without a bias (as
+    before there were biases) and give what zero biases give."""
+    x, logits, gate_up, down, gate_up_bias, down_bias = _oai_moe_inputs(4, 16, 24, 6, seed=60)
+    plain = moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul")
+    assert torch.equal(moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul", gate_up_bias=None,
+                               down_bias=None), plain)
+    torch.testing.assert_close(plain, ref.moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul"),
+                               atol=2e-4, rtol=2e-4)
+    zeros = moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul", gate_up_bias=torch.zeros_like(gate_up_bias),
+                    down_bias=torch.zeros_like(down_bias))
+    torch.testing.assert_close(zeros, plain, atol=1e-6, rtol=1e-6)
+    for kwargs in (dict(gate_up_bias=gate_up_bias), dict(down_bias=down_bias)):
+        expected = ref.moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul", **kwargs)
+        torch.testing.assert_close(moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul", **kwargs), expected,
+                                   atol=2e-4, rtol=2e-4)

@@ -273,10 +273,11 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
 FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
                  "phi-4-mini", "granite-3.1-8b", "smollm3-3b", "glm-4-9b",
                  "gemma-7b", "ministral-8b", "ernie-4.5-0.3b", "helium-1-2b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b",
-                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b", "command-r7b"]
+                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b", "command-r7b",
+                 "gpt-oss-20b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer).
-LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2}
+LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int):
@@ -288,9 +289,18 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int):
     model_type = cfg.pop("model_type")
     hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
     torch.manual_seed(seed)
+    # The experts as modeling_*.py writes them (a loop over the experts), not transformers' default
+    # grouped-GEMM path for MoE models: the reference is the model's own math.
+    experts = {"experts_implementation": "eager"} if "num_experts_per_tok" in cfg else {}
     with torch.device(CUDA):
         hf = getattr(transformers, classes[model_type])._from_config(hf_cfg, attn_implementation="eager",
-                                                                     dtype=torch.float32).eval()
+                                                                     dtype=torch.float32, **experts).eval()
+    with torch.no_grad():  # HF starts gpt-oss's expert biases at zero and its sinks near it: make them matter
+        for name, p in hf.named_parameters():
+            if name.endswith("_bias"):
+                p.add_(torch.randn_like(p) * 0.02)
+            elif name.endswith(".sinks"):
+                p.add_(torch.randn_like(p))
     return hf, {k: v.to(torch.bfloat16) for k, v in strip_prefixes_of(hf.state_dict()).items()}
 
 

@@ -46,9 +46,10 @@ def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads:
     config = transformers.AutoConfig.for_model(**cfg)
     torch.manual_seed(3)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
-    with torch.no_grad():  # norms away from 1, so a norm taken whole vs split would show
+    with torch.no_grad():  # norms away from 1, so a norm taken whole vs split would show (and the
+        # biases and gpt-oss's sinks away from 0, so one split or added twice would)
         for pname, p in model.named_parameters():
-            if "norm" in pname:
+            if "norm" in pname or pname.endswith(("bias", "sinks")):
                 p.add_(torch.randn_like(p) * 0.1)
     folder = tmp_path / name
     model.save_pretrained(folder, safe_serialization=True)
@@ -86,7 +87,9 @@ def _serve(model, workers=None):
 # heads at its ratio of 16 (GLM-4); mixture-of-experts layers, each rank with its columns of every
 # expert (Mixtral, Granite MoE, GLM-4.5: its router's bias whole) and of the shared expert (Qwen2-MoE);
 # norms only after attention and the MLP, a local and a NoPE global layer (EXAONE 4 on OLMo 2's sizes);
-# attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise).
+# attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise);
+# attention sinks split with their heads, the output projection's and the experts' down biases
+# added by one rank (gpt-oss).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "command-r7b": {"model_type": "cohere2", "sliding_window": 8,
                            "layer_types": ["sliding_attention", "full_attention"]},
@@ -100,7 +103,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("smollm3-3b", 8), ("glm-4-9b", 32),
                                            ("gemma-7b", 8), ("mixtral-8x7b", 8), ("qwen1.5-moe-a2.7b", 8),
                                            ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8),
-                                           ("command-r7b", 8), ("hunyuan-7b", 8)])
+                                           ("command-r7b", 8), ("hunyuan-7b", 8), ("gpt-oss-20b", 16)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes)
         folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])

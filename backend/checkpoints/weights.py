@@ -8,6 +8,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from .mxfp4 import dequantize_mxfp4, mxfp4_pairs
+
 # Prefixes under which Hugging Face heads store the bare encoder/decoder weights.
 _STRIP_PREFIXES = ("bert.", "roberta.", "model.", "transformer.")
 
@@ -60,9 +62,64 @@ class LazyTensor:
         return self.read().to(*args, **kwargs)
 
 
-def lazy_state_dict(checkpoint: Path) -> dict[str, LazyTensor]:
+class LazyMxfp4Tensor:
+    """An MXFP4 parameter not read yet (its `_blocks` and `_scales`, two LazyTensors): its
+    dequantised shape `[E, G * 32, R]` and dtype (bfloat16), and reads like a LazyTensor's,
+    dequantised (see mxfp4.py). `.to(device=...)` dequantises on that device."""
+
+    def __init__(self, blocks: LazyTensor, scales: LazyTensor):
+        self.blocks, self.scales = blocks, scales
+        experts, rows, groups, nbytes = blocks.shape
+        self.shape, self.dtype = (experts, groups * nbytes * 2, rows), torch.bfloat16
+
+    def __getitem__(self, index) -> torch.Tensor:
+        # An index of ints and step-1 slices (experts, input features, output features: a
+        # tensor-parallel share of either) reads and dequantises only the stored rows and 32-value
+        # blocks it covers; any other index (a step, Ellipsis, a tensor) dequantises the whole
+        # tensor first and then indexes it.
+        parts = index if isinstance(index, tuple) else (index,)
+        if len(parts) > 3 or not all(_is_int(p) or (isinstance(p, slice) and p.step in (None, 1)) for p in parts):
+            return self.read()[index]
+        parts += (slice(None),) * (3 - len(parts))
+        (e0, e1), (c0, c1), (r0, r1) = (_bounds(p, n) for p, n in zip(parts, self.shape))
+        per_block = self.blocks.shape[3] * 2
+        g0, g1 = c0 // per_block, -(-c1 // per_block)
+        out = self._dequantize((slice(e0, e1), slice(r0, r1), slice(g0, g1)))
+        out = out[:, c0 - g0 * per_block : c1 - g0 * per_block]
+        return out[tuple(0 if _is_int(p) else slice(None) for p in parts)].contiguous()
+
+    def _dequantize(self, stored: tuple[slice, slice, slice], device=None) -> torch.Tensor:
+        """The stored [experts, rows, blocks] share `stored`, dequantised on `device` (default the CPU)."""
+        blocks, scales = self.blocks[stored], self.scales[stored]
+        if device is not None:
+            blocks, scales = blocks.to(device), scales.to(device)
+        return dequantize_mxfp4(blocks, scales, self.dtype)
+
+    def read(self, device=None) -> torch.Tensor:
+        """All of it, dequantised on `device` (default the CPU)."""
+        return self._dequantize((slice(None),) * 3, device)
+
+    def to(self, *args, **kwargs) -> torch.Tensor:
+        return self.read(kwargs.get("device")).to(*args, **kwargs)
+
+
+def _is_int(index) -> bool:
+    return isinstance(index, int) and not isinstance(index, bool)
+
+
+def _bounds(index: int | slice, size: int) -> tuple[int, int]:
+    """[start, stop) of a dimension of `size` that an int or a step-1 slice picks."""
+    if isinstance(index, slice):
+        start, stop, _ = index.indices(size)
+        return start, max(start, stop)
+    if not -size <= index < size:
+        raise IndexError(f"index {index} is out of range for a dimension of size {size}")
+    return index % size, index % size + 1
+
+
+def lazy_state_dict(checkpoint: Path) -> dict[str, LazyTensor | LazyMxfp4Tensor]:
     """Every tensor of the folder's `*.safetensors` files, unread (see LazyTensor), names
-    without the head's prefix."""
+    without the head's prefix; an MXFP4 pair `X_blocks` + `X_scales` is one LazyMxfp4Tensor `X`."""
     files = sorted(Path(checkpoint).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"checkpoint folder {checkpoint} has no *.safetensors weights (tensor parallelism "
@@ -73,11 +130,12 @@ def lazy_state_dict(checkpoint: Path) -> dict[str, LazyTensor]:
             for name in f.keys():
                 part = f.get_slice(name)
                 state[name] = LazyTensor(str(path), name, tuple(part.get_shape()), _DTYPES.get(part.get_dtype()))
-    return strip_prefixes_of(state)
+    return strip_prefixes_of(_with_mxfp4_dequantized(state, LazyMxfp4Tensor))
 
 
 def load_state_dict(checkpoint: Path, strip_prefixes: bool = True, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """All tensors of every `*.safetensors` file in the folder.
+    """All tensors of every `*.safetensors` file in the folder, an MXFP4 pair `X_blocks` +
+    `X_scales` dequantised to one bfloat16 tensor `X` (see mxfp4.py).
 
     Pickle-based `.bin` checkpoints can run arbitrary code when loaded: they are refused unless
     `allow_pickle` (config parameter `allow_pickle_checkpoint`), and even then load with
@@ -99,7 +157,30 @@ def load_state_dict(checkpoint: Path, strip_prefixes: bool = True, allow_pickle:
             )
         for f in pickles:
             state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    state = _with_mxfp4_dequantized(state, dequantize_mxfp4)
     return strip_prefixes_of(state) if strip_prefixes else state
+
+
+def _with_mxfp4_dequantized(state: dict, dequantize) -> dict:
+    """`state` with each MXFP4 pair `X_blocks` + `X_scales` replaced by `X` =
+    `dequantize(blocks, scales)`, at the blocks' place; `state` itself when it has none.
+    Otherwise a new dict, and `state` is emptied on the way: each pair's packed tensors are let
+    go as soon as they are converted, not kept until every pair is."""
+    pairs = mxfp4_pairs(state)
+    if not pairs:
+        return state
+    plain_of = {blocks: plain for plain, (blocks, _) in pairs.items()}
+    scale_names = {scales for _, scales in pairs.values()}
+    out = {}
+    for name in list(state):
+        if name in scale_names:
+            continue
+        if name in plain_of:
+            plain = plain_of[name]
+            out[plain] = dequantize(state.pop(name), state.pop(pairs[plain][1]))
+        else:
+            out[name] = state.pop(name)
+    return out
 
 
 def strip_prefixes_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

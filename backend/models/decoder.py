@@ -106,6 +106,7 @@ DECODER_FAMILIES = {
     "exaone4": "exaone4",
     "cohere": "cohere",
     "cohere2": "cohere",
+    "gpt_oss": "gpt_oss",
     "gpt2": "gpt2",
 }
 

@@ -39,7 +39,10 @@ class MoeNames:
     with the experts stacked. The shared expert (relative to the layer): `shared`, with
     `gate_proj` / `up_proj` / `down_proj` inside or, where `shared_fused` names them, one
     [gate; up] projection and the down one; `shared_gate` its sigmoid gate (None: none).
-    `score_bias`: the router's bias of sigmoid scoring, beside its weight."""
+    `score_bias`: the router's bias of sigmoid scoring, beside its weight. `columns`: the
+    stacked tensors are stored as x @ W (gpt-oss: gate/up `[E, H, 2I]` with the gate and up
+    columns interleaved, down `[E, I, H]`), transposed and split into [gate; up] at load; their
+    biases (MoeSpec.expert_bias) are `{name}_bias` beside them."""
 
     blocks: tuple[str, ...] = ("mlp",)
     routers: tuple[str, ...] = ("gate",)
@@ -51,6 +54,7 @@ class MoeNames:
     shared_gate: str | None = "mlp.shared_expert_gate"
     shared_fused: tuple[str, str] | None = None
     score_bias: str = "e_score_correction_bias"
+    columns: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class MoeSpec:
     score_bias: bool = False  # sigmoid scoring's bias (the checkpoint's e_score_correction_bias)
     scale: float = 1.0  # the routing weights times this (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 x and weights (GLM-4.5's router casts both)
+    router_bias: bool = False  # the router's logits have a bias (gpt-oss)
+    expert_bias: bool = False  # every expert's gate/up and down projections have biases (gpt-oss)
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
@@ -92,6 +98,9 @@ class MoeLayer:
     scoring: str = "softmax"
     score_bias: torch.Tensor | None = None  # [E] fp32
     scale: float = 1.0
+    router_bias: torch.Tensor | None = None  # [E]
+    gate_up_bias: torch.Tensor | None = None  # [E, 2I]: each expert's [gate; up] biases
+    down_bias: torch.Tensor | None = None  # [E, H] (under tensor parallelism on one rank only)
 
     def __call__(self, x: torch.Tensor, activation: str) -> torch.Tensor:
         """The block's output `[T, H]` for its normalised input x `[T, H]` (`activation`: the
@@ -99,10 +108,10 @@ class MoeLayer:
         if self.router.dtype == torch.float32 and x.dtype != torch.float32:
             logits = torch.nn.functional.linear(x.float(), self.router)
         else:
-            logits = kernels.linear_act(x, self.router)
+            logits = kernels.linear_act(x, self.router, self.router_bias)
         out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
                               x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
-                              self.scale)
+                              self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias)
         if self.shared_gate_up is not None:
             shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
             if self.shared_gate is not None:
@@ -114,6 +123,8 @@ class MoeLayer:
         """The block's output times `factor` (Granite's residual multiplier), folded into the
         experts' and the shared expert's down projections (a linear map: the sum scales too)."""
         self.down = scaled(self.down, factor)
+        if self.down_bias is not None and factor is not None:
+            self.down_bias = self.down_bias * factor
         if self.shared_down is not None:
             self.shared_down = scaled(self.shared_down, factor)
 
@@ -142,11 +153,13 @@ class MoeLayer:
 
 
 def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor], prefix: str, hidden: int,
-                   part: slice | None = None, shared_part: slice | None = None) -> MoeLayer:
+                   part: slice | None = None, shared_part: slice | None = None, first_rank: bool = True) -> MoeLayer:
     """Layer `prefix`'s MoE block from the checkpoint's tensors (`state`, to see which names it
     has), each read by `read(name, shape, index=None)` (the decoder's: the shape checked, the
     `index` part only, on the model's device and dtype); `part` / `shared_part`: this
-    tensor-parallel rank's columns of each expert / of the shared expert (None: all)."""
+    tensor-parallel rank's columns of each expert / of the shared expert (None: all);
+    `first_rank`: whether this rank adds the experts' down biases (one rank does: the
+    all-reduce after the MLP sums the ranks' outputs)."""
     n = spec.names
     block = next((b for b in n.blocks if any(f"{prefix}{b}.{r}.weight" in state for r in n.routers)), n.blocks[0])
     base = f"{prefix}{block}."
@@ -164,7 +177,10 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
 
     cols = (slice(None), part or slice(None))
     stacked = next(((base + g, base + d) for g, d in n.stacked if _weight(base + g, state) in state), None)
-    if stacked is not None:  # stacked, as transformers >= 5 holds them or a family publishes them
+    biases = None
+    if n.columns:  # x @ W, gate and up columns interleaved (gpt-oss): rows, [gate; up]
+        gate_up, down, biases = _column_experts(spec, read, stacked, hidden, part)
+    elif stacked is not None:  # stacked, as transformers >= 5 holds them or a family publishes them
         gate_up = gated(_weight(stacked[0], state), inter, part, experts)
         down = read(_weight(stacked[1], state), (experts, hidden, inter), (slice(None), *cols))
     else:  # one expert at a time, as published
@@ -179,6 +195,11 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     router_weight = read(f"{base}{router}.weight", (experts, hidden))
     layer = MoeLayer(router_weight.float() if spec.router_fp32 else router_weight, gate_up, down, spec.top_k,
                      spec.normalize, spec.round_weights, scoring=spec.scoring, scale=spec.scale)
+    if spec.router_bias:
+        layer.router_bias = read(f"{base}{router}.bias", (experts,))
+    if biases is not None:
+        layer.gate_up_bias, down_bias = biases
+        layer.down_bias = down_bias if first_rank else None
     if spec.score_bias:
         layer.score_bias = read(f"{base}{router}.{n.score_bias}", (experts,)).float()
     if spec.shared_intermediate_size:
@@ -196,6 +217,26 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     return layer
 
 
+def _column_experts(spec: MoeSpec, read: Callable[..., torch.Tensor], stacked: tuple[str, str] | None, hidden: int,
+                    part: slice | None):
+    """(gate_up `[E, 2I, H]` [gate; up], down `[E, H, I]`, (their biases) or None) of experts
+    stored as x @ W with the gate and up columns interleaved (gpt-oss's `[E, H, 2I]` and
+    `[E, I, H]`); `part`: this rank's columns of each expert. The stacked tensors are read whole
+    and rearranged on the device (a rank reads every expert's columns, then keeps its own)."""
+    if stacked is None:
+        raise KeyError("checkpoint is missing the stacked experts (gate_up_proj / down_proj)")
+    experts, inter = spec.num_experts, spec.intermediate_size
+    cols = part or slice(None)
+    interleaved = read(stacked[0], (experts, hidden, 2 * inter)).transpose(1, 2)  # [E, 2I, H]: gate, up, gate, ...
+    gate_up = torch.cat([interleaved[:, 0::2][:, cols], interleaved[:, 1::2][:, cols]], dim=1).contiguous()
+    down = read(stacked[1], (experts, inter, hidden)).transpose(1, 2)[:, :, cols].contiguous()
+    if not spec.expert_bias:
+        return gate_up, down, None
+    b = read(stacked[0] + "_bias", (experts, 2 * inter))
+    gate_up_bias = torch.cat([b[:, 0::2][:, cols], b[:, 1::2][:, cols]], dim=1).contiguous()
+    return gate_up, down, (gate_up_bias, read(stacked[1] + "_bias", (experts, hidden)))
+
+
 def _weight(name: str, state: dict) -> str:
     """A stacked tensor's key: transformers' bare parameter name, or a published `.weight` one."""
     return name if name in state else name + ".weight"
@@ -209,6 +250,12 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
     gate_up, down = n.stacked[0]
     shapes = {f"{base}{n.routers[0]}.weight": (e, hidden), base + gate_up: (e, 2 * inter, hidden),
               base + down: (e, hidden, inter)}
+    if n.columns:
+        shapes.update({base + gate_up: (e, hidden, 2 * inter), base + down: (e, inter, hidden)})
+    if spec.router_bias:
+        shapes[f"{base}{n.routers[0]}.bias"] = (e,)
+    if spec.expert_bias:
+        shapes.update({f"{base}{gate_up}_bias": (e, 2 * inter), f"{base}{down}_bias": (e, hidden)})
     if spec.score_bias:
         shapes[f"{base}{n.routers[0]}.{n.score_bias}"] = (e,)
     if spec.shared_intermediate_size:

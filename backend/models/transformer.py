@@ -7,6 +7,9 @@ and runs it. What differs between the families is data, read here in one place:
     norm_offset      RMSNorm weight applied as (offset + w): Gemma's (1 + w), kept in fp32
     activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
     qkv_bias         biases on Q, K, V (Qwen2)
+    o_bias           a bias on the attention's output projection (gpt-oss)
+    sinks            per layer and query head a learnt logit in the attention's softmax, whose
+                     share of the probability goes nowhere (gpt-oss's attention sinks)
     qk_norm          per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
@@ -53,7 +56,8 @@ from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
 from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 
-GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # spec name -> kernels.linear_act's
+# spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
+GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class WeightNames:
     mlp_post_norm: str | None = None
     q_norm: str = "self_attn.q_norm"
     k_norm: str = "self_attn.k_norm"
+    sinks: str = "self_attn.sinks"
     embed: str = "embed_tokens.weight"
     final_norm: str = "norm.weight"
     lm_head: str = "lm_head.weight"
@@ -101,6 +106,8 @@ class DecoderSpec:
     activation: str = "silu"
     norm_offset: float = 0.0
     qkv_bias: bool = False
+    o_bias: bool = False
+    sinks: bool = False
     qk_norm: bool = False
     sandwich_norms: bool = False
     pre_norms: bool = True
@@ -172,6 +179,8 @@ class _Layer:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o_w: torch.Tensor | Fp8Weight
+    o_b: torch.Tensor | None
+    sinks: torch.Tensor | None  # [heads] fp32: this rank's query heads' sink logits
     attn_post_norm: torch.Tensor | None
     mlp_norm: torch.Tensor | None
     gate_up_w: torch.Tensor | Fp8Weight | None  # None in a MoE layer
@@ -204,9 +213,10 @@ class TransformerDecoder(DecoderModel):
         q_rows, kv_rows = c.num_heads * head, c.num_kv_heads * head
         self.tp = tp
         # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
-        q_part = kv_part = mlp_part = expert_part = shared_part = None
+        q_part = kv_part = mlp_part = expert_part = shared_part = heads_part = None
         if tp is not None:
             heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
+            heads_part = heads
             q_part = slice(heads.start * head, heads.stop * head)
             kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
             mlp_part = tp.part(c.intermediate_size, "MLP columns (intermediate_size)")
@@ -301,7 +311,8 @@ class TransformerDecoder(DecoderModel):
             inter = c.intermediate_size
             moe = gate_up_w = down_w = None
             if c.moe and c.moe.layers[i]:
-                moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part)
+                moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part,
+                                     first_rank=tp is None or tp.rank == 0)
                 moe.scale_output(c.residual_scale)
             elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
@@ -325,6 +336,9 @@ class TransformerDecoder(DecoderModel):
                 q_norm=q_norm,
                 k_norm=k_norm,
                 o_w=scaled(w(p + n.o + ".weight", hidden, q_rows, cols=q_part), c.residual_scale),
+                # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
+                o_b=w(p + n.o + ".bias", hidden) if c.o_bias and (tp is None or tp.rank == 0) else None,
+                sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None,
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
                 mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and not c.parallel_block else None,
                 gate_up_w=gate_up_w,
@@ -487,8 +501,8 @@ class TransformerDecoder(DecoderModel):
             q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
             kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
         ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
-                              softcap=c.attn_softcap)
-        return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w)
+                              softcap=c.attn_softcap, sinks=layer.sinks)
+        return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w, layer.o_b)
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """The layer's MLP (dense or mixture of experts) over its input rows x."""
