@@ -513,20 +513,30 @@ def test_qkv_to_cache_with_head_norms(dtype, heads, kv_heads, head_dim, rotary, 
     cos, sin = _cos_sin(n_tokens, head_dim, dtype) if rotary else (None, None)
     q_norm = rand(head_dim, mean=1.0, std=0.3) if "q" in norms else None  # fp32 whatever qkv's dtype
     k_norm = rand(head_dim, mean=1.0, std=0.3) if "k" in norms else None
+    kc, vc, slots = _check_normed_qkv_to_cache(rand, qkv, bias, heads, kv_heads, head_dim, cos, sin, q_norm, k_norm,
+                                               loose=with_bias or rotary)
+    with pytest.raises(ValueError, match="q_norm must be"):
+        te.qkv_to_cache(qkv, bias, heads, kv_heads, head_dim, cos, sin, kc, vc, slots, rand(head_dim + 1), None)
+
+
+def _check_normed_qkv_to_cache(rand, qkv, bias, heads, kv_heads, head_dim, cos, sin, q_norm, k_norm, loose):
+    """qkv_to_cache with q/k norms by the kernel and by the reference on equal inputs and caches:
+    q and both caches agree (bf16 in the interpreter, where `loose`: one ulp before the rotary).
+    Returns (k cache, v cache, slots) for further calls."""
+    dtype = qkv.dtype
     kc, vc = rand(3, 4, kv_heads, head_dim, dtype=dtype), rand(3, 4, kv_heads, head_dim, dtype=dtype)
     kc_ref, vc_ref = kc.clone(), vc.clone()
-    slots = torch.randperm(12, generator=torch.Generator().manual_seed(1))[:n_tokens].to(DEVICE)
+    slots = torch.randperm(12, generator=torch.Generator().manual_seed(1))[:qkv.shape[0]].to(DEVICE)
     args = (heads, kv_heads, head_dim, cos, sin)
     q = te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, q_norm, k_norm, 1e-6)
     q_ref = ref.qkv_to_cache(qkv, bias, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6)
     for a, e in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
-        if INTERPRETED and dtype == torch.bfloat16 and (with_bias or rotary):
+        if INTERPRETED and dtype == torch.bfloat16 and loose:
             # the interpreter's bf16 rounding truncates: the normalised head one ulp off before rotary
             torch.testing.assert_close(a, e, atol=2.0**-7 * 8, rtol=1.6e-2)
         else:
             close(a, e)
-    with pytest.raises(ValueError, match="q_norm must be"):
-        te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, rand(head_dim + 1), None)
+    return kc, vc, slots
 
 
 WHOLE_WIDTH_CASES = [  # (heads, kv_heads, head_dim, rotary, norms): OLMo 2's (MHA), GQA, no rotary, k's
@@ -547,17 +557,9 @@ def test_qkv_to_cache_with_whole_width_norms(dtype, heads, kv_heads, head_dim, r
     cos, sin = _cos_sin(n_tokens, head_dim, dtype) if rotary else (None, None)
     q_norm = rand(heads * head_dim, mean=1.0, std=0.3) if "q" in norms else None
     k_norm = rand(kv_heads * head_dim, mean=1.0, std=0.3)
-    kc, vc = rand(3, 4, kv_heads, head_dim, dtype=dtype), rand(3, 4, kv_heads, head_dim, dtype=dtype)
-    kc_ref, vc_ref = kc.clone(), vc.clone()
-    slots = torch.randperm(12, generator=torch.Generator().manual_seed(2))[:n_tokens].to(DEVICE)
+    kc, vc, slots = _check_normed_qkv_to_cache(rand, qkv, None, heads, kv_heads, head_dim, cos, sin, q_norm, k_norm,
+                                               loose=rotary)
     args = (heads, kv_heads, head_dim, cos, sin)
-    q = te.qkv_to_cache(qkv, None, *args, kc, vc, slots, q_norm, k_norm, 1e-6)
-    q_ref = ref.qkv_to_cache(qkv, None, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6)
-    for a, e in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
-        if INTERPRETED and dtype == torch.bfloat16 and rotary:
-            torch.testing.assert_close(a, e, atol=2.0**-7 * 8, rtol=1.6e-2)  # as in the per-head test
-        else:
-            close(a, e)
     if kv_heads > 1:  # q's norm whole, k's per head: no such model
         with pytest.raises(ValueError, match="k_norm must be"):
             te.qkv_to_cache(qkv, None, *args, kc, vc, slots, rand(heads * head_dim), rand(head_dim))
