@@ -535,6 +535,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     m_blocks = triton.cdiv(rows, block_m)
     if window is not None:  # a query reads at most `window` keys: split only those
         keys_per_seq = min(keys_per_seq, window)
+    if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
+        raise ValueError(f"num_splits must be a power of two (the combine kernel's range), got {num_splits}")
     splits = num_splits or _num_splits(m_blocks * num_seqs * num_kv_heads, rows, keys_per_seq, q.device)
     if splits > 1 and rows <= 16:
         unsplit = (block_n, num_warps, num_stages)

@@ -104,6 +104,14 @@ def test_kernel_fixed_key_splits(splits):
     check_kernel([1, 1, 1, 1], [40, 3, 0, 18], 4, 1, 16, 8, torch.float32, seed=5, num_splits=splits)
 
 
+@triton_needed
+@pytest.mark.parametrize("splits", [3, 0])
+def test_a_fixed_split_count_must_be_a_power_of_two(splits):
+    """The combine kernel ranges over the splits: 3 is refused by name, not by the compiler."""
+    with pytest.raises(ValueError, match="num_splits must be a power of two"):
+        check_kernel([1, 1], [40, 3], 4, 1, 16, 8, torch.float32, seed=5, num_splits=splits)
+
+
 @pytest.mark.parametrize("window,softcap", [(3, None), (6, 2.0), (50, None)])
 def test_reference_window_softcap_equal_varlen_on_gathered_keys(window, softcap):
     q, kc, vc, bt, cq, sk, pk, pv, ck = paged_case([3, 1, 5], [7, 20, 5], 4, 2, 16, 4, torch.float32, seed=11)
