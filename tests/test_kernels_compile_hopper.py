@@ -49,8 +49,8 @@ def compile_all() -> list[str]:
     lookup = {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "n_ids": "i32", "n_rows": "i32",
               "n_cols": "i32", "start": "i32", "scale": "fp32"}
     grouped = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "pairs_ptr": "*i32", "experts_ptr": "*i32",
-               "scale_ptr": "*fp32", "num_pairs": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-               "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
+               "scale_ptr": "*fp32", "bias_ptr": "*bf16", "num_pairs": "i32", "N": "i32", "K": "i32",
+               "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_be": "i32"}
     gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, PRECISION="tf32")
     route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
              "scratch_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
@@ -65,14 +65,21 @@ def compile_all() -> list[str]:
          {**push, "HIDDEN": 4096, "BLOCK": 4096, "POST_NORM": True}),
         ("embedding-part", tn._embedding_part_kernel, lookup, dict(BLOCK=4096, PDL=True, SCALE=False)),
         ("embedding-part scaled", tn._embedding_part_kernel, lookup, dict(BLOCK=4096, PDL=True, SCALE=True)),
-        ("moe gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False, **gemm)),
+        ("moe gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False, HAS_BIAS=False,
+                                                     **gemm)),
         ("moe down", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
-         dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, **{**gemm, "BLOCK_M": 64, "BLOCK_N": 128})),
+         dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, HAS_BIAS=False,
+              **{**gemm, "BLOCK_M": 64, "BLOCK_N": 128})),
+        ("moe gate-up gpt-oss", moe._moe_gemm, grouped, dict(X_PER_PAIR=4, ACT=6, GATED=True, SCALED=False,
+                                                             HAS_BIAS=True, **gemm)),
+        ("moe down gpt-oss", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
+         dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, HAS_BIAS=True, **gemm)),
         ("moe route-align", moe._route_align_kernel, route, dict(
             TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128)),
         ("moe route-align sigmoid", moe._route_align_kernel, route, dict(
             TOP_K=8, NORMALIZE=True, ROUND=False, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
+                                                             HAS_BIAS=False,
                                                              **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128})),
         ("moe route-chunk", moe._route_chunk_kernel,
          {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
@@ -99,8 +106,8 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
-    for name in ("moe gate-up", "moe down", "moe route-align", "moe route-align sigmoid", "moe prefill gate-up",
-                 "moe sum-pairs",
+    for name in ("moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe route-align",
+                 "moe route-align sigmoid", "moe prefill gate-up", "moe sum-pairs",
                  "moe route-chunk", "moe align-offsets", "moe scatter-chunk"):
         assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
 
