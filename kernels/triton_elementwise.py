@@ -334,14 +334,13 @@ def _split_rotary_kernel(
                                           head_dim, norm_eps, Q_NORM, K_NORM)
             _, w2 = _full_norm_factors(ss_q, ss_k, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads,
                                        n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
-            x1 = (x1 * rstd * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
-            x2 = (x2 * rstd * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
         elif Q_NORM or K_NORM:  # both halves of every head are here: its statistics
             ss = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None]
             rstd, w1 = _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
                                           head_dim, norm_eps, Q_NORM, K_NORM)
             _, w2 = _head_norm_factors(ss, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
                                        head_dim, norm_eps, Q_NORM, K_NORM)
+        if FULL_NORM or Q_NORM or K_NORM:
             # rounded to the activation dtype, as the unfused norm stores it before rotary
             x1 = (x1 * rstd * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
             x2 = (x2 * rstd * w2).to(q_ptr.dtype.element_ty).to(tl.float32)

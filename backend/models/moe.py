@@ -221,19 +221,23 @@ def _column_experts(spec: MoeSpec, read: Callable[..., torch.Tensor], stacked: t
                     part: slice | None):
     """(gate_up `[E, 2I, H]` [gate; up], down `[E, H, I]`, (their biases) or None) of experts
     stored as x @ W with the gate and up columns interleaved (gpt-oss's `[E, H, 2I]` and
-    `[E, I, H]`); `part`: this rank's columns of each expert. The stacked tensors are read whole
-    and rearranged on the device (a rank reads every expert's columns, then keeps its own)."""
+    `[E, I, H]`); `part`: this rank's columns of each expert. A rank reads only its share: its
+    gate and up columns are the contiguous stored columns [2 * start, 2 * stop), its down rows
+    [start, stop)."""
     if stacked is None:
         raise KeyError("checkpoint is missing the stacked experts (gate_up_proj / down_proj)")
     experts, inter = spec.num_experts, spec.intermediate_size
-    cols = part or slice(None)
-    interleaved = read(stacked[0], (experts, hidden, 2 * inter)).transpose(1, 2)  # [E, 2I, H]: gate, up, gate, ...
-    gate_up = torch.cat([interleaved[:, 0::2][:, cols], interleaved[:, 1::2][:, cols]], dim=1).contiguous()
-    down = read(stacked[1], (experts, inter, hidden)).transpose(1, 2)[:, :, cols].contiguous()
+    pairs = None if part is None else (slice(None), slice(None), slice(2 * part.start, 2 * part.stop))
+    rows = None if part is None else (slice(None), part)
+
+    def split(interleaved: torch.Tensor) -> torch.Tensor:  # [..., gate, up, gate, ...] rows -> [gate; up]
+        return torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1).contiguous()
+
+    gate_up = split(read(stacked[0], (experts, hidden, 2 * inter), pairs).transpose(1, 2))
+    down = read(stacked[1], (experts, inter, hidden), rows).transpose(1, 2).contiguous()
     if not spec.expert_bias:
         return gate_up, down, None
-    b = read(stacked[0] + "_bias", (experts, 2 * inter))
-    gate_up_bias = torch.cat([b[:, 0::2][:, cols], b[:, 1::2][:, cols]], dim=1).contiguous()
+    gate_up_bias = split(read(stacked[0] + "_bias", (experts, 2 * inter), None if part is None else pairs[1:]))
     return gate_up, down, (gate_up_bias, read(stacked[1] + "_bias", (experts, hidden)))
 
 

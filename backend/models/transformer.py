@@ -450,7 +450,7 @@ class TransformerDecoder(DecoderModel):
         sum written as the next residual stream): two launches a layer besides the linears' and
         the attention's (that norm and the add of the attention's output)."""
         x = self._embed(batch.input_ids)  # the residual stream
-        n = self._norm(x, self.layers[0].attn_norm)
+        n = self._norm(x, self.layers[0].attn_norm)[0]
         for li, layer in enumerate(self.layers):
             h = self._attend(n, li, layer, batch, cache, cos_sin, local)
             m = self._mlp(n, layer)
@@ -459,24 +459,20 @@ class TransformerDecoder(DecoderModel):
             else:  # one collective for both rows' partial sums
                 m = self.tp.all_reduce(h + m)
             if li + 1 < len(self.layers):
-                n, x = self._norm_sum(m, self.layers[li + 1].attn_norm, x)
+                n, x = self._norm(m, self.layers[li + 1].attn_norm, x)
         if not batch.logits_every_row:
             m, x = m[batch.logits_index], x[batch.logits_index]
-        return self._norm_sum(m, self.final_norm, x)[0]
+        return self._norm(m, self.final_norm, x)[0]
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm, or with `layer_norm` LayerNorm without a bias (Cohere's), of x's rows."""
-        if self.config.layer_norm:
-            return kernels.add_bias_residual_layer_norm(x, None, None, weight, self.zero_bias, self.config.norm_eps)
-        return kernels.rms_norm(x, weight, self.config.norm_eps)[0]
-
-    def _norm_sum(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor):
-        """(_norm of x + residual, that sum as the next residual stream), in one launch."""
-        total = torch.empty_like(residual)
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None):
+        """(RMSNorm, or with `layer_norm` LayerNorm without a bias (Cohere's), of x's rows plus
+        `residual`'s, that sum as the next residual stream: written by the same launch; x itself
+        without a residual)."""
+        total = None if residual is None else torch.empty_like(residual)
         if self.config.layer_norm:
             normed = kernels.add_bias_residual_layer_norm(x, None, residual, weight, self.zero_bias,
                                                           self.config.norm_eps, sum_out=total)
-            return normed, total
+            return normed, x if total is None else total
         return kernels.rms_norm(x, weight, self.config.norm_eps, residual, total)
 
     def _attend(self, x: torch.Tensor, li: int, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
