@@ -236,6 +236,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("olmo-2-7b", {"attention_bias": True}, "attention_bias"),
     ("olmoe-1b-7b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
+    ("gpt-oss-20b", {"swiglu_limit": 8.0}, "swiglu_limit"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):

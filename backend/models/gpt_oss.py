@@ -12,18 +12,20 @@ up columns interleaved and `experts.down_proj` `[E, I, H]`, each with a `_bias`;
 ones store both in MXFP4, dequantised to 16 bits at load (backend/checkpoints/mxfp4.py)."""
 from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, layer_windows, spec_from_hf
+from tritonformer.kernels import reference
 
 NAMES = MoeNames(routers=("router",), stacked=(("experts.gate_up_proj", "experts.down_proj"),), columns=True)
 # The rope of a config that names none (transformers' GptOssConfig's).
 DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096}
-SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # what kernels' swiglu_oai computes
+# What the kernels' swiglu_oai computes: the only values supported.
+SWIGLU = {"swiglu_alpha": reference.SWIGLU_OAI_ALPHA, "swiglu_limit": reference.SWIGLU_OAI_LIMIT}
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
     for key, value in SWIGLU.items():
         if cfg.get(key, value) != value:
-            raise ValueError(f"{key} {cfg[key]} is not supported (supported: {value}, gpt-oss's)")
+            raise ValueError(f"{key} {cfg[key]} is not supported (supported: {key} {value}, gpt-oss's)")
     if not (cfg.get("rope_scaling") or cfg.get("rope_parameters")):
         cfg = {**cfg, "rope_scaling": DEFAULT_ROPE}
     layers = cfg["num_hidden_layers"]
