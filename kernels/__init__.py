@@ -32,6 +32,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     paged_attention,
     pool_sequences,
     prenorm_qkv_to_cache,
+    prenormed,
     varlen_attention,
     write_kv,
 )

@@ -66,14 +66,17 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
     sum_out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm(x + residual) (Llama). Returns (normalised, x + residual) so the caller keeps
     the un-normalised sum as the next residual without a second pass; `sum_out` (optional, not
-    overlapping the inputs) receives that sum and is what is returned."""
+    overlapping the inputs) receives that sum and is what is returned; `out` (optional)
+    receives the normalised rows likewise."""
     h = x.float() if residual is None else x.float() + residual.float()
     normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     summed = h.to(x.dtype) if sum_out is None else sum_out.copy_(h)
-    return (normed * weight.float()).to(x.dtype), summed
+    result = (normed * weight.float()).to(x.dtype)
+    return (result if out is None else out.copy_(result)), summed
 
 
 def bias_gelu(
@@ -598,7 +601,10 @@ class PreNorm:
 
     `weight` None (with `x_norm`; a post-norm block's, OLMo 2's and EXAONE 4's: no norm before
     the linear, only the one closing the block before): h itself is the operand, no norm after
-    the add."""
+    the add.
+
+    `normed_out` (`[M, K]`, x's dtype): the operand is written there too, rounded to x's dtype
+    (a MoE block's input: the router's linear normalises it, the experts read it after)."""
     weight: torch.Tensor | None
     bias: torch.Tensor | None
     eps: float
@@ -606,6 +612,7 @@ class PreNorm:
     residual: torch.Tensor | None = None
     sum_out: torch.Tensor | None = None
     x_norm: torch.Tensor | None = None
+    normed_out: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.x_norm is not None and self.bias is not None:
@@ -616,18 +623,24 @@ class PreNorm:
 
 def apply_prenorm(x: torch.Tensor, prenorm: PreNorm | None, dtype: torch.dtype) -> torch.Tensor:
     """The GEMM operand `[M, K]` in `dtype` of a PreNorm'd (or plain, prenorm None) input."""
+    return x.to(dtype) if prenorm is None else prenormed(x, prenorm).to(dtype)
+
+
+def prenormed(x: torch.Tensor, prenorm: PreNorm) -> torch.Tensor:
+    """What a PreNorm'd linear reads (apply_prenorm), in x's dtype, as rows of their own; the
+    residual sum written to prenorm.sum_out and the rows to prenorm.normed_out where given."""
     p = prenorm
-    if p is None:
-        return x.to(dtype)
     if p.bias is not None:
         normed = add_bias_residual_layer_norm(x, p.x_bias, p.residual, p.weight, p.bias, p.eps, sum_out=p.sum_out)
-        return normed.to(dtype)
-    h = x.float() if p.x_bias is None else x.float() + p.x_bias.float()
-    if p.x_norm is not None:
-        h = rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype).float()
-    if p.weight is None:  # the residual stream itself is the operand
-        return add_residual(h.to(x.dtype), p.residual, p.sum_out).to(dtype)
-    return rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0].to(dtype)
+    else:
+        h = x.float() if p.x_bias is None else x.float() + p.x_bias.float()
+        if p.x_norm is not None:
+            h = rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype).float()
+        if p.weight is None:  # the residual stream itself is the operand
+            normed = add_residual(h.to(x.dtype), p.residual, p.sum_out)
+        else:
+            normed = rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0].to(x.dtype)
+    return normed if p.normed_out is None else p.normed_out.copy_(normed)
 
 
 def add_residual(h: torch.Tensor, residual: torch.Tensor | None, sum_out: torch.Tensor | None) -> torch.Tensor:

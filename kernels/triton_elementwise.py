@@ -15,10 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonformer.kernels import triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 _TILE_ELEMS = 4096  # elements per program (32 per thread at 4 warps)
+# From this many tokens the split + rotary kernel launches with PDL where the GPU has it (a large
+# number: never; a benchmark comparing sets it). H200, decode step (tools/gpu/ab_decode_step.py,
+# docs/results/moe/2026-11-29c/): at 64 rows Qwen3-8B 5.467 -> 5.425 ms, Qwen3-30B-A3B 5.220 ->
+# 5.185; at one row, after the GEMV's PDL launch, it lost: 4.261 -> 4.351, 2.817 -> 2.833.
+SPLIT_ROTARY_PDL_MIN_TOKENS = 3
 _MAX_BLOCK_COLS = 1024
 _MAX_ROWS = 64
 
@@ -283,7 +289,7 @@ def _split_rotary_kernel(
     n_q_heads, n_kv_heads, head_dim, half, norm_eps,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, FULL_NORM: tl.constexpr,
-    FULL_BLOCK: tl.constexpr,
+    FULL_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 
@@ -299,7 +305,9 @@ def _split_rotary_kernel(
     FULL_NORM (no bias; heads contiguous in the row): the norms are over each token's whole q
     (k) width instead, weights `[H * D]` (`[Hkv * D]`): every program first sums the squares of
     its token's q and k rows (a few KB, from L2), then normalises its own heads with them.
+    PDL: launched early, it waits for the previous kernel before anything else.
     """
+    triton_pdl.wait_for_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     if TO_SLOTS:
         kv_row = tl.load(slot_ptr + t).to(tl.int64)
@@ -392,6 +400,7 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
     block_h = max(1, min(_TILE_ELEMS // elems_per_head, triton.next_power_of_2(n_slots)))
     num_warps = max(1, min(8, block_h * elems_per_head // 1024))
     grid = (n_tokens, triton.cdiv(n_slots, block_h))
+    pdl = n_tokens >= SPLIT_ROTARY_PDL_MIN_TOKENS and triton_pdl.enabled(src.device)
     _split_rotary_kernel[grid](
         src, bias if bias is not None else src, q, k, v,
         cos if rotary else src, sin if rotary else src, slots if slots is not None else src,
@@ -401,7 +410,7 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
         n_q_heads, n_kv_heads, head_dim, head_dim // 2, float(norm_eps),
         HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
         TO_SLOTS=slots is not None, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, FULL_NORM=full_norm,
-        FULL_BLOCK=_FULL_NORM_BLOCK, num_warps=num_warps,
+        FULL_BLOCK=_FULL_NORM_BLOCK, PDL=pdl, num_warps=num_warps, **triton_pdl.launch_options(pdl),
     )
 
 

@@ -20,7 +20,8 @@ as in triton_small_gemm (same pieces, triton_linear_parts.py):
   norm stores it) + the residual in fp32, written once as the next residual stream by program
   0, then LayerNorm or RMSNorm (or none: a post-norm block's linear reads the sum), in
   registers: every program reads the whole input row(s), K elements from L2, after its weights
-  are already in flight;
+  are already in flight; program 0 writes the normalised rows too where asked (`normed_out`: a
+  MoE block's router reads them in its prologue, its experts after);
 * epilogues: plain (bias, then GELU or a gated activation) or QKV (bias, rotary, q stored, k and
   v written straight into the paged cache).
 
@@ -129,12 +130,12 @@ def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, xb_ptr, res_ptr, sum_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
+    x_ptr, xb_ptr, res_ptr, sum_ptr, normed_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     eps, stride_xm, stride_om, stride_cos,
     M: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
-    POST_NORM: tl.constexpr,
+    POST_NORM: tl.constexpr, WRITE_NORMED: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     SCALED: tl.constexpr, ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     LOOP: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
@@ -144,7 +145,8 @@ def _gemv_kernel(
     first loaded before the wait; PREFETCH (LOOP with PDL): the LINES 128-byte lines (PER_LINE
     elements apiece) of each weight row past the first chunk are asked of L2 before the wait.
     SCALED: FP8 weights, each column's sum times its weight row's scale (scale_ptr) before the
-    bias."""
+    bias. WRITE_NORMED: program 0 also stores the normalised rows (normed_ptr, rounded to its
+    dtype; PreNorm.normed_out)."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     ks = tl.arange(0, KP)
     k_ok = ks < K
@@ -223,6 +225,10 @@ def _gemv_kernel(
                 tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
                          mask=(sum_rows < M)[:, None] & k_ok[None, :])
             s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
+            if WRITE_NORMED:
+                normed_rows = tl.where(tl.program_id(0) == 0, rows, M)
+                tl.store(normed_ptr + rows[:, None] * K + ks[None, :], s.to(normed_ptr.dtype.element_ty),
+                         mask=(normed_rows < M)[:, None] & k_ok[None, :])
         # The GEMM operand as the unfused path stores it (in the weights' dtype; FP8: the activations').
         xw = _operand(s, w_ptr, out_ptr, SCALED)[:, None, :]  # [ROWS, 1, KP]
         acc = _scaled(tl.sum(xw * w.to(tl.float32), axis=2), w_scale, SCALED) + bias[None, :]
@@ -262,6 +268,8 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     residual = p.residual if p is not None else None
     sum_out = p.sum_out if p is not None else None
     x_norm = p.x_norm if p is not None else None
+    normed = p.normed_out if p is not None else None
+    assert normed is None or (normed.shape == x.shape and normed.is_contiguous()), "normed_out must be [M, K], contiguous"
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
     loop = k > _MAX_K
     assert not (loop and p is not None), f"a PreNorm'd row must fit one program (K <= {_MAX_K}), got K = {k}"
@@ -273,14 +281,14 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     pdl = triton_pdl.enabled(x.device)
     per_line = 128 // weight.element_size()
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
-        x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x),
+        x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x), _or(normed, x),
         _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), weight, _or(scale, x),
         _or(bias, x), out,
         _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
         p.eps if p else 0.0, x.stride(0), out.stride(0) if out.dim() == 2 else 0, cos.stride(0) if cos is not None else 0,
         M=m, K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
-        WRITE_SUM=sum_out is not None, NORM=norm_code, POST_NORM=x_norm is not None,
+        WRITE_SUM=sum_out is not None, NORM=norm_code, POST_NORM=x_norm is not None, WRITE_NORMED=normed is not None,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode, ROTARY=cos is not None,
         SCALED=scale is not None, ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl,
         LOOP=loop, PREFETCH=loop and pdl, LINES=triton.next_power_of_2(triton.cdiv(k - kp, per_line)) if loop else 1,

@@ -21,7 +21,11 @@ At decode (a few tokens) a block holds one row or few: each selected expert's we
 once per step, which is what bounds a small batch. Tried and removed: for one token, routing
 inside GEMV-style gate-up programs and the k-pair sum inside the down programs (two launches
 instead of four) took 42.6 us a Qwen3-30B-A3B layer at its best setting against these four
-launches' 32.2 (H200; docs/benchmarks.md, "Mixture of experts"). Semantics: `reference.moe_mlp`.
+launches' 32.2 (H200; docs/benchmarks.md, "Mixture of experts"). What a decode step's chain
+does instead: every kernel here launches with PDL (PDL_MAX_PAIRS), so each one's launch overlaps
+the tail of the one before; the block's norm runs in the router linear's prologue, which writes
+the normalised rows for the experts (PreNorm.normed_out); a decode row's routing program is one
+warp. Semantics: `reference.moe_mlp`.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import reference
+from tritonformer.kernels import reference, triton_pdl
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act
 
@@ -41,6 +45,18 @@ from tritonformer.kernels.triton_elementwise import ACT_CODE, apply_act
 FUSED_MAX_PAIRS = 128
 CHUNK_TOKENS = 16  # past that, tokens per program of the routing and of the scatter
 FUSED_MAX_EXPERTS = 256
+# Up to this many tokens the one routing program is a single warp (its reductions stay in the
+# warp's shuffles), four warps past them (0: always four; a benchmark comparing sets it). H200,
+# decode step at batch 1 with PDL (tools/gpu/ab_decode_step.py, docs/results/moe/2026-11-29c/):
+# Granite-3B-A800M 0.955 -> 0.881 ms, Qwen3-30B-A3B 2.833 -> 2.779, gpt-oss-20b 2.382 -> 2.375.
+ONE_WARP_ROUTING_TOKENS = 2
+# Up to this many pairs (a decode step's: 64 rows of top 8) every MoE kernel launches with PDL
+# where the GPU has it (0: never; a benchmark comparing sets it): each waits for the kernel before
+# it first thing, so its launch overlaps its predecessor's tail. H200, same runs, decode step
+# without -> with: Qwen3-30B-A3B 3.047 -> 2.863 ms at batch 1, 5.217 -> 4.997 at 64; Granite
+# 1.112 -> 0.958, 2.726 -> 2.581; gpt-oss-20b 2.498 -> 2.410, 4.408 -> 4.268. Past it (a prefill's
+# GEMM grids, unmeasured) not: a GEMM's programs launched early sit on SMs its predecessor fills.
+PDL_MAX_PAIRS = 512
 
 
 @triton.jit
@@ -110,11 +126,12 @@ def _route_align_kernel(
     logits_ptr, weights_ptr, pairs_ptr, experts_ptr, scratch_ptr, bias_ptr, scale,
     T, E, stride_l, max_rows, n_blocks,
     TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: reference.moe_route of the `[T, E]` logits (weights `[T, TOP_K]` fp32 out),
     then moe_align of the routed pairs (pairs and experts out, as moe_align returns them).
     `scratch_ptr`: 4 * E_P2 int32 of memory for the per-expert starts."""
+    triton_pdl.wait_for_predecessor(PDL)
     P2: tl.constexpr = T_P2 * K_P2  # pair slots: pair p = t * TOP_K + j lives in slot t * K_P2 + j
     rows = tl.arange(0, T_P2)
     row_ok = rows < T
@@ -148,11 +165,12 @@ def _route_align_kernel(
 def _route_chunk_kernel(
     logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, bias_ptr, scale, T, E, stride_l, max_rows,
     TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
-    CHUNK: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr,
+    CHUNK: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr,
 ):
     """Many tokens, step 1 of 3; one program per CHUNK tokens: their routing (weights and ids
     out), how many of their pairs go to each expert (counts `[chunks, E_P2]`), and FILL rows of
     the sorted pairs set to the sentinel."""
+    triton_pdl.wait_for_predecessor(PDL)
     c = tl.program_id(0)
     rows = c * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < T
@@ -171,10 +189,11 @@ def _route_chunk_kernel(
 
 @triton.jit
 def _align_offsets_kernel(counts_ptr, offsets_ptr, experts_ptr, chunks, E, n_blocks,
-                          BLOCK_M: tl.constexpr, E_P2: tl.constexpr, ROWS: tl.constexpr):
+                          BLOCK_M: tl.constexpr, E_P2: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
     """Many tokens, step 2 of 3; one program: each expert's run of blocks (experts out, as
     moe_align returns them) and where each chunk's pairs of each expert start in it
     (offsets `[chunks, E_P2]`: the run's first row plus the earlier chunks' pairs)."""
+    triton_pdl.wait_for_predecessor(PDL)
     cols = tl.arange(0, E_P2)
     total = tl.zeros((E_P2,), dtype=tl.int32)
     for c0 in range(0, chunks, ROWS):
@@ -196,9 +215,10 @@ def _align_offsets_kernel(counts_ptr, offsets_ptr, experts_ptr, chunks, E, n_blo
 
 @triton.jit
 def _scatter_chunk_kernel(ids_ptr, offsets_ptr, pairs_ptr, T, TOP_K: tl.constexpr, CHUNK: tl.constexpr,
-                          K_P2: tl.constexpr, E_P2: tl.constexpr):
+                          K_P2: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr):
     """Many tokens, step 3 of 3; one program per chunk: its pairs sorted by expert (then pair),
     each written at its expert's offset for this chunk plus its rank among them."""
+    triton_pdl.wait_for_predecessor(PDL)
     P2: tl.constexpr = CHUNK * K_P2
     c = tl.program_id(0)
     rows = c * CHUNK + tl.arange(0, CHUNK)
@@ -212,6 +232,12 @@ def _scatter_chunk_kernel(ids_ptr, offsets_ptr, pairs_ptr, T, TOP_K: tl.constexp
     before = tl.gather(tl.cumsum(counts, 0) - counts, expert, 0)
     start = tl.load(offsets_ptr + c * E_P2 + expert, mask=ok, other=0)
     tl.store(pairs_ptr + start + tl.arange(0, P2) - before, c * CHUNK * TOP_K + keys % P2, mask=ok)
+
+
+def _pdl(pairs: int, device: torch.device) -> dict:
+    """The PDL constexpr and launch option of an MoE kernel over `pairs` routed rows (PDL_MAX_PAIRS)."""
+    pdl = pairs <= PDL_MAX_PAIRS and triton_pdl.enabled(device)
+    return {"PDL": pdl, **triton_pdl.launch_options(pdl)}
 
 
 def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
@@ -247,11 +273,13 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     pairs = torch.empty(n_blocks * block_m, device=device, dtype=torch.int32)
     owners = torch.empty(n_blocks, device=device, dtype=torch.int32)
     e_p2, k_p2 = common["E_P2"], common["K_P2"]
+    pdl = _pdl(tokens * top_k, device)
     if tokens * top_k <= FUSED_MAX_PAIRS:
         scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
+        warps = 1 if tokens <= ONE_WARP_ROUTING_TOKENS else 4
         _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, bias, float(scale), tokens, experts,
                                   router_logits.stride(0), pairs.numel(), n_blocks, BLOCK_M=block_m,
-                                  T_P2=triton.next_power_of_2(tokens), num_warps=4, **common)
+                                  T_P2=triton.next_power_of_2(tokens), num_warps=warps, **pdl, **common)
         return weights, pairs, owners
     chunks = triton.cdiv(tokens, CHUNK_TOKENS)
     ids = torch.empty(tokens * top_k, device=device, dtype=torch.int32)
@@ -260,11 +288,11 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     fill = triton.next_power_of_2(triton.cdiv(pairs.numel(), chunks))
     _route_chunk_kernel[(chunks,)](router_logits, weights, ids, counts, pairs, bias, float(scale), tokens, experts,
                                    router_logits.stride(0), pairs.numel(), CHUNK=CHUNK_TOKENS, FILL=fill,
-                                   num_warps=4, **common)
+                                   num_warps=4, **pdl, **common)
     _align_offsets_kernel[(1,)](counts, offsets, owners, chunks, experts, n_blocks, BLOCK_M=block_m, E_P2=e_p2,
-                                ROWS=16, num_warps=4)
+                                ROWS=16, num_warps=4, **pdl)
     _scatter_chunk_kernel[(chunks,)](ids, offsets, pairs, tokens, TOP_K=top_k, CHUNK=CHUNK_TOKENS, K_P2=k_p2,
-                                     E_P2=e_p2, num_warps=4)
+                                     E_P2=e_p2, num_warps=4, **pdl)
     return weights, pairs, owners
 
 
@@ -274,6 +302,7 @@ def _moe_gemm(
     num_pairs, N, K, stride_xm, stride_we, stride_wn, stride_om, stride_be,
     X_PER_PAIR: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[p, n] = act(x[row(p)] @ w[e]^T + bias[e])[n] (times scale[p] where SCALED) for the
     pairs p of this block, all routed to expert e. row(p) = p // X_PER_PAIR (the token, k for
@@ -281,6 +310,7 @@ def _moe_gemm(
     [gate; up] of 2N rows; the tile of both halves is accumulated and act(gate, up) stored.
     HAS_BIAS: each expert's bias row (stride_be apart; GATED: [gate; up], 2N long) is added to
     the fp32 accumulators before the activation and the scale. Grid: (blocks, column tiles)."""
+    triton_pdl.wait_for_predecessor(PDL)
     e = tl.load(experts_ptr + tl.program_id(0))
     if e < 0:
         return
@@ -335,9 +365,10 @@ def gemm_config(pairs: int, experts: int, gated: bool) -> dict:
 
 
 @triton.jit
-def _sum_pairs_kernel(rows_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_pairs_kernel(rows_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """out[t] = sum over j < TOP_K of rows[t * TOP_K + j], fp32 sums rounded once to out's dtype.
     Grid: (tokens, column blocks)."""
+    triton_pdl.wait_for_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = n < N
@@ -361,7 +392,7 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
                     X_PER_PAIR=x_per_pair, ACT=ACT_CODE[activation], GATED=gated, SCALED=scale is not None,
                     HAS_BIAS=bias is not None,
                     PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # (fp32 in, fp32 products)
-                    **config)
+                    **_pdl(out.shape[0], x.device), **config)
     return out
 
 
@@ -389,5 +420,5 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     out = torch.empty(tokens, down.shape[1], device=x.device, dtype=x.dtype)
     block = min(1024, triton.next_power_of_2(down.shape[1]))
     _sum_pairs_kernel[(tokens, triton.cdiv(down.shape[1], block))](rows, out, down.shape[1], TOP_K=top_k, BLOCK=block,
-                                                                   num_warps=4)
+                                                                   num_warps=4, **_pdl(pairs, x.device))
     return out

@@ -301,12 +301,14 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
     sum_out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual), one kernel; see reference.rms_norm."""
     xc = _contig(x)
-    out = torch.empty_like(xc)
-    assert sum_out is None or (sum_out.shape == xc.shape and sum_out.is_contiguous()), \
-        "sum_out must be contiguous, shaped like x"
+    for name, given in (("sum_out", sum_out), ("out", out)):
+        assert given is None or (given.shape == xc.shape and given.is_contiguous()), \
+            f"{name} must be contiguous, shaped like x"
+    out = torch.empty_like(xc) if out is None else out
     if residual is None:
         _launch_rms_norm(xc, None, weight, eps, out, None, None)
         # Without a residual the "sum" is x itself, exactly what the reference returns.

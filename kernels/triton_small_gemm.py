@@ -493,23 +493,28 @@ def prenorm_qkv_to_cache(
     return _launch(x, weight, _contig(bias), q, gemv=r == GEMV, prenorm=prenorm, out_mode=OUT_QKV, qkv=qkv)
 
 
+@register("prenormed")
 def _unfused_prenorm(x, prenorm):
     """The GEMM operand of a PreNorm'd input by the separate residual add + norm kernel(s) (a
-    post-norm `x_norm`: an RMSNorm kernel of its own first)."""
+    post-norm `x_norm`: an RMSNorm kernel of its own first), written to its `normed_out` where
+    given; reference.prenormed."""
     p = prenorm
     if p is None:
         return x
     if p.bias is not None:
         return dispatch.add_bias_residual_layer_norm(x, p.x_bias, p.residual, p.weight, p.bias, p.eps,
-                                                     sum_out=p.sum_out)
+                                                     out=p.normed_out, sum_out=p.sum_out)
     h = x if p.x_bias is None else x + p.x_bias
     if p.x_norm is not None:
         h = dispatch.rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype)
-    if p.weight is None:  # a post-norm block's: the residual stream is the operand (reference.add_residual)
-        if p.residual is None:
-            return h if p.sum_out is None else p.sum_out.copy_(h)
-        return torch.add(h, p.residual, out=p.sum_out)
-    return dispatch.rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0]
+    if p.weight is not None:
+        return dispatch.rms_norm(h, p.weight, p.eps, p.residual, p.sum_out, out=p.normed_out)[0]
+    # a post-norm block's: the residual stream is the operand (reference.add_residual)
+    if p.residual is not None:
+        total = torch.add(h, p.residual, out=p.sum_out)
+    else:
+        total = h if p.sum_out is None else p.sum_out.copy_(h)
+    return total if p.normed_out is None else p.normed_out.copy_(total)
 
 
 def _contig(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -4,7 +4,7 @@ The interpreter accepts code the compiler refuses (a scalar mask on a block load
 does not broadcast), so a kernel can pass every interpreter test and fail at its first launch on
 the GPU. Here the tensor-parallel and embedding kernels are compiled ahead of time for sm_90, no
 GPU needed (Triton's own PTX assembler), with their launches' constants; so are the mixture-of-experts
-GEMMs, not yet run on a GPU. The compile runs in a
+kernels and the split + rotary kernel with and without PDL. The compile runs in a
 child process: in this one the conftest's TRITON_INTERPRET=1 made every kernel an interpreted
 function, which cannot be compiled.
 """
@@ -37,6 +37,7 @@ def compile_all() -> list[str]:
     """Compile each kernel; returns one line per kernel variant: its name and whether its PTX
     waits for its predecessor (PDL) first."""
     from tritonformer.kernels import triton_allreduce as ar
+    from tritonformer.kernels import triton_elementwise as te
     from tritonformer.kernels import triton_moe as moe
     from tritonformer.kernels import triton_norms as tn
 
@@ -51,7 +52,7 @@ def compile_all() -> list[str]:
     grouped = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "pairs_ptr": "*i32", "experts_ptr": "*i32",
                "scale_ptr": "*fp32", "bias_ptr": "*bf16", "num_pairs": "i32", "N": "i32", "K": "i32",
                "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_be": "i32"}
-    gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, PRECISION="tf32")
+    gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, PRECISION="tf32", PDL=True)
     route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
              "scratch_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
              "max_rows": "i32", "n_blocks": "i32"}
@@ -75,25 +76,35 @@ def compile_all() -> list[str]:
         ("moe down gpt-oss", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, HAS_BIAS=True, **gemm)),
         ("moe route-align", moe._route_align_kernel, route, dict(
-            TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128)),
+            TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
+            PDL=True)),
         ("moe route-align sigmoid", moe._route_align_kernel, route, dict(
-            TOP_K=8, NORMALIZE=True, ROUND=False, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128)),
+            TOP_K=8, NORMALIZE=True, ROUND=False, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
+            PDL=True)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
                                                              HAS_BIAS=False,
-                                                             **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128})),
+                                                             **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128,
+                                                                "PDL": False})),
         ("moe route-chunk", moe._route_chunk_kernel,
          {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
           "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32"},
          dict(TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=128,
-              FILL=256)),
+              FILL=256, PDL=True)),
         ("moe align-offsets", moe._align_offsets_kernel,
          {"counts_ptr": "*i32", "offsets_ptr": "*i32", "experts_ptr": "*i32", "chunks": "i32", "E": "i32",
-          "n_blocks": "i32"}, dict(BLOCK_M=64, E_P2=128, ROWS=16)),
+          "n_blocks": "i32"}, dict(BLOCK_M=64, E_P2=128, ROWS=16, PDL=True)),
         ("moe scatter-chunk", moe._scatter_chunk_kernel,
          {"ids_ptr": "*i32", "offsets_ptr": "*i32", "pairs_ptr": "*i32", "T": "i32"},
-         dict(TOP_K=8, CHUNK=16, K_P2=8, E_P2=128)),
+         dict(TOP_K=8, CHUNK=16, K_P2=8, E_P2=128, PDL=True)),
         ("moe sum-pairs", moe._sum_pairs_kernel, {"rows_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"},
-         dict(TOP_K=8, BLOCK=1024)),
+         dict(TOP_K=8, BLOCK=1024, PDL=True)),
+        ("split-rotary q/k norms", te._split_rotary_kernel,
+         {**{f"{name}_ptr": "*bf16" for name in ("src", "bias", "q", "k", "v", "cos", "sin", "qn", "kn")},
+          "slot_ptr": "*i64", "src_stride_t": "i32", "src_stride_h": "i32", "cos_stride_t": "i32",
+          "sin_stride_t": "i32", "n_q_heads": "i32", "n_kv_heads": "i32", "head_dim": "i32", "half": "i32",
+          "norm_eps": "fp32"},
+         dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
+              FULL_NORM=False, FULL_BLOCK=1024, PDL=True)),
     ]
     return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
             for name, fn, args, consts in variants]
@@ -104,12 +115,12 @@ def test_interpreted_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.split("\n")
-    for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled"):
+    for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled",
+                 "moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe route-align",
+                 "moe route-align sigmoid", "moe sum-pairs", "moe route-chunk", "moe align-offsets",
+                 "moe scatter-chunk", "split-rotary q/k norms"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
-    for name in ("moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe route-align",
-                 "moe route-align sigmoid", "moe prefill gate-up", "moe sum-pairs",
-                 "moe route-chunk", "moe align-offsets", "moe scatter-chunk"):
-        assert f"{name}: no wait" in lines, done.stdout  # compiled (no PDL)
+    assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
 
 
 if __name__ == "__main__":

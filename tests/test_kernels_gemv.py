@@ -6,6 +6,7 @@ must see its predecessor's writes), and the K-loop GEMV timed against cuBLAS."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -78,6 +79,28 @@ def test_prenorm_linear_matches_reference(m, activation, norm, with_bias, with_r
     if write_sum:
         torch.testing.assert_close(p.sum_out, p_ref.sum_out, atol=1e-6, rtol=1e-6)
     assert launches == [m]
+
+
+@pytest.mark.parametrize("m", [1, 2, triton_gemv.MAX_ROWS + 3])
+@pytest.mark.parametrize("norm,with_bias,with_residual,write_sum,x_norm", PRENORMS)
+def test_prenorm_writes_the_rows_it_normalised(m, norm, with_bias, with_residual, write_sum, x_norm, launches):
+    """PreNorm.normed_out (a MoE block's router linear, whose experts read the rows after it):
+    written whole, by the GEMV's program 0 over several column tiles (m <= MAX_ROWS) or by the
+    norm kernel of the other routes, as reference.prenormed writes them; the linear unchanged."""
+    rand = Rand("gemv-normed-out", m, norm, with_bias, with_residual, x_norm)
+    k, n = 48, 40  # in the interpreter 16 columns a program: three column tiles
+    w = rand(n, k, std=k ** -0.5)
+    x = rand(m, k, std=2.0, mean=1.0)
+    p = make_prenorm(rand, m, k, norm, with_bias, with_residual, write_sum, x_norm=x_norm)
+    p = replace(p, normed_out=torch.full((m, k), float("nan"), device=DEVICE))
+    p_ref = replace(twin(p), normed_out=torch.full((m, k), float("nan"), device=DEVICE))
+    out = tsg.linear_act(x, w, None, prenorm=p)
+    torch.testing.assert_close(out, ref.linear_act(x, w, None, prenorm=p_ref), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(p.normed_out, p_ref.normed_out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(p.normed_out, ref.prenormed(x, twin(p)), atol=1e-6, rtol=1e-6)
+    if write_sum:
+        torch.testing.assert_close(p.sum_out, p_ref.sum_out, atol=1e-6, rtol=1e-6)
+    assert launches == ([m] if m <= triton_gemv.MAX_ROWS else [])
 
 
 def test_more_rows_than_max_rows_run_the_other_kernels(monkeypatch, launches):

@@ -29,6 +29,11 @@ from tritonformer import kernels
 from tritonformer.kernels.fp8 import scaled
 
 
+# The router's linear applies the block's PreNorm and writes the normalised rows for the experts
+# (False: a norm kernel writes them first; a benchmark comparing sets it).
+ROUTER_NORMALISES = True
+
+
 @dataclass(frozen=True)
 class MoeNames:
     """Where a layer's MoE block keeps its tensors, relative to `layers.{i}.`: `blocks` lists the
@@ -102,13 +107,22 @@ class MoeLayer:
     gate_up_bias: torch.Tensor | None = None  # [E, 2I]: each expert's [gate; up] biases
     down_bias: torch.Tensor | None = None  # [E, H] (under tensor parallelism on one rank only)
 
-    def __call__(self, x: torch.Tensor, activation: str) -> torch.Tensor:
-        """The block's output `[T, H]` for its normalised input x `[T, H]` (`activation`: the
-        gated one, kernels.linear_act's name)."""
-        if self.router.dtype == torch.float32 and x.dtype != torch.float32:
+    def __call__(self, x: torch.Tensor, activation: str, prenorm: kernels.PreNorm | None = None) -> torch.Tensor:
+        """The block's output `[T, H]` for its input x `[T, H]`, normalised or (`prenorm`) to be
+        normalised so (`activation`: the gated one, kernels.linear_act's name). The router's
+        linear applies the prenorm and writes the normalised rows for the experts (on a decode
+        row: in its prologue, no launch of its own)."""
+        fp32_logits = self.router.dtype == torch.float32 and x.dtype != torch.float32
+        if prenorm is not None and (fp32_logits or not ROUTER_NORMALISES):  # the rows first, by a norm kernel
+            x, prenorm = kernels.prenormed(x, prenorm), None
+        if fp32_logits:
             logits = torch.nn.functional.linear(x.float(), self.router)
-        else:
+        elif prenorm is None:
             logits = kernels.linear_act(x, self.router, self.router_bias)
+        else:
+            normed = torch.empty_like(x)
+            logits = kernels.linear_act(x, self.router, self.router_bias, prenorm=replace(prenorm, normed_out=normed))
+            x = normed
         out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
                               x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
                               self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias)

@@ -425,8 +425,8 @@ class TransformerDecoder(DecoderModel):
             if layer.moe is None:
                 x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
                                        layer.down_w)
-            else:  # the router and the experts read the normalised rows
-                x = layer.moe(h if mlp_pre is None else normalised(h, mlp_pre), self.activation)
+            else:  # the router's linear normalises the rows (mlp_pre) for itself and the experts
+                x = layer.moe(h, self.activation, mlp_pre)
             pre = None
             if li + 1 < len(self.layers):
                 pre = kernels.PreNorm(self.layers[li + 1].attn_norm, None, eps, residual=residual,
@@ -515,16 +515,6 @@ class TransformerDecoder(DecoderModel):
         logits = super().logits(x, fp32=False)
         logits.div_(cap).tanh_().mul_(cap)
         return logits.float() if fp32 else logits
-
-
-def normalised(x: torch.Tensor, pre: kernels.PreNorm) -> torch.Tensor:
-    """What a PreNorm'd linear would read (reference.apply_prenorm) as rows of their own, the
-    residual sum written to pre.sum_out: a MoE layer's input, which several linears read."""
-    if pre.x_norm is not None:
-        x, _ = kernels.rms_norm(x, pre.x_norm, pre.eps)
-    if pre.weight is None:  # a post-norm block's: the sum itself
-        return torch.add(x, pre.residual, out=pre.sum_out)
-    return kernels.rms_norm(x, pre.weight, pre.eps, pre.residual, pre.sum_out)[0]
 
 
 def qkv_rows_in_rotary_order(order: torch.Tensor, head_dim: int, q_heads: int, kv_heads: int) -> torch.Tensor:

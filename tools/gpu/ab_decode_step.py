@@ -4,8 +4,10 @@
         --knob kernels.triton_pdl.USE_PDL --values "False;True" [--quantization fp8] [--rounds 3]
 
 `--knob`: a module attribute under tritonformer that the kernels read when they launch (a
-launch parameter, a compile-time constant); `--values`: Python expressions, ';'-separated, the
-first the baseline. Each model is built once (random weights at the shape,
+launch parameter, a compile-time constant), or several, ','-separated; `--values`: Python
+expressions, ';'-separated, the first the baseline (with several knobs, each a tuple of one
+value per knob: `--knob kernels.triton_moe.PDL_MAX_PAIRS,backend.models.moe.ROUTER_NORMALISES
+--values "(0, False);(256, False);(256, True)"`). Each model is built once (random weights at the shape,
 client/model_shapes.py, bf16); per round and value, a fresh runner captures its decode graph
 and the graph's replay is timed (best of --reps x 3 replays). Values alternate within each
 round, so a drift of the GPU's clocks shows as a spread, not as a difference. Prints ms per
@@ -80,7 +82,8 @@ def main() -> int:
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--models", default="llama-3.1-8b,smollm3-3b")
     ap.add_argument("--batches", default="1,64")
-    ap.add_argument("--knob", required=True, help="module attribute under tritonformer, e.g. kernels.triton_pdl.USE_PDL")
+    ap.add_argument("--knob", required=True,
+                    help="module attribute(s) under tritonformer, e.g. kernels.triton_pdl.USE_PDL (','-separated)")
     ap.add_argument("--values", required=True, help="';'-separated Python expressions, the baseline first")
     ap.add_argument("--quantization", default="none", choices=("none", "fp8"))
     ap.add_argument("--context", type=int, default=128)
@@ -90,9 +93,11 @@ def main() -> int:
 
     from tritonformer.client.gpu_measure import copy_bandwidth, read_bytes_per_step
     from tritonformer.client.model_shapes import random_decoder
-    owner, attr = knob_owner(args.knob)
-    saved = getattr(owner, attr)
-    settings = parse_values(args.values)
+    knobs = [knob_owner(k) for k in args.knob.split(",")]
+    saved = [getattr(owner, attr) for owner, attr in knobs]
+    settings = [value if len(knobs) > 1 else (value,) for value in parse_values(args.values)]
+    if any(len(value) != len(knobs) for value in settings):
+        raise SystemExit(f"each value must set all {len(knobs)} knobs")
     names = args.values.split(";")
     dev = torch.device("cuda")
     bw = copy_bandwidth()
@@ -109,7 +114,8 @@ def main() -> int:
             times = {n: [] for n in names}
             for _ in range(args.rounds):
                 for s, n in zip(settings, names):
-                    setattr(owner, attr, s)
+                    for (owner, attr), value in zip(knobs, s):
+                        setattr(owner, attr, value)
                     times[n].append(step_ms(model, rows, args.context, args.reps))
             best = {n: min(t) for n, t in times.items()}
             cells = [f"{best[n]:.3f} ({max(times[n]) - best[n]:.3f})" for n in names]
@@ -119,7 +125,8 @@ def main() -> int:
         del model
         gc.collect()
         torch.cuda.empty_cache()
-    setattr(owner, attr, saved)
+    for (owner, attr), value in zip(knobs, saved):
+        setattr(owner, attr, value)
     return 0
 
 

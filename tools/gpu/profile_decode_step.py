@@ -22,7 +22,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch without PDL: each kernel's time is then its own, not its wait for the one before")
     args = ap.parse_args()
+    if args.no_pdl:
+        from tritonformer.kernels import triton_pdl
+        triton_pdl.USE_PDL = False
 
     from tritonformer.backend.decoder.batch import BatchEntry
     from tritonformer.client.gpu_measure import copy_bandwidth, read_bytes_per_step
