@@ -121,6 +121,17 @@ ERNIE_4_5_0_3B = {
     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072, "use_bias": False,
     "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
 }
+# baidu/ERNIE-4.5-21B-A3B-PT (model_type ernie4_5_moe, 21B in all, 3B active): 64 experts of 1,536
+# columns, the top 6 by probability plus a learnt bias, two shared experts, the first layer dense
+# (its config names the counts moe_num_experts / moe_k: transformers maps these names to them).
+ERNIE_4_5_21B_A3B = {
+    "model_type": "ernie4_5_moe", "vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288,
+    "moe_intermediate_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 64, "num_experts_per_tok": 6, "moe_num_shared_experts": 2,
+    "moe_layer_start_index": 1, "moe_layer_end_index": 27, "moe_layer_interval": 1, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "max_position_embeddings": 131072, "use_bias": False, "tie_word_embeddings": True,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
 
 # kyutai/helium-1-preview-2b (the shape transformers' HeliumConfig defaults to).
 HELIUM_1_2B = {
@@ -240,6 +251,7 @@ DECODER_SHAPES = {
     "glm-4-9b": GLM_4_9B,
     "ministral-8b": MINISTRAL_8B,
     "ernie-4.5-0.3b": ERNIE_4_5_0_3B,
+    "ernie-4.5-21b-a3b": ERNIE_4_5_21B_A3B,
     "helium-1-2b": HELIUM_1_2B,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,

@@ -743,7 +743,8 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     Returns (weights `[T, k]` fp32, expert ids `[T, k]` int64).
 
     `softmax` (Mixtral, Qwen MoE, Granite MoE): the k largest probabilities, renormalised to sum
-    to 1 where `normalize` (Mixtral; Qwen's `norm_topk_prob`). `sigmoid` (GLM-4.5, DeepSeek-V3's
+    to 1 where `normalize` (Mixtral; Qwen's `norm_topk_prob`); with `score_bias` (ERNIE 4.5's)
+    the k of the largest probability + bias, weighted by their probabilities. `sigmoid` (GLM-4.5, DeepSeek-V3's
     scoring): each expert's score is sigmoid(logit); the k experts of the largest score +
     `score_bias` (`[E]`, the checkpoint's `e_score_correction_bias`; it only chooses) are taken
     with their scores as weights, renormalised where `normalize` (over their sum + 1e-20).
@@ -752,17 +753,13 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     dtype, Mixtral's keep fp32)."""
     check_moe_scoring(scoring)
     logits = router_logits.float()
-    if scoring == "softmax":
-        weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
-        if normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-    else:  # sigmoid
-        scores = torch.sigmoid(logits)
-        choice = scores if score_bias is None else scores + score_bias.float()
-        ids = torch.topk(choice, top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if normalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    choice = scores if score_bias is None else scores + score_bias.float()
+    ids = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if normalize:
+        total = weights.sum(dim=-1, keepdim=True)
+        weights = weights / (total if scoring == "softmax" else total + 1e-20)
     if scale != 1.0:
         weights = weights * scale
     if weights_dtype is not None:

@@ -65,7 +65,8 @@ def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: 
                  E_P2: tl.constexpr):
     """reference.moe_route of the logits' `rows`: (weights, expert ids), both [len(rows), K_P2].
     Softmax scoring, or with SIGMOID each expert's sigmoid(logit), chosen by that plus the
-    `bias_ptr` vector (HAS_BIAS); the weights times `scale`."""
+    `bias_ptr` vector (HAS_BIAS); the weights times `scale`, rounded (ROUND, _ROUND_CODE) to
+    fp16 (1) or bf16 (2)."""
     cols = tl.arange(0, E_P2)
     col_ok = (cols < E)[None, :]
     logits = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
@@ -73,15 +74,16 @@ def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: 
     logits = tl.where(row_ok[:, None], logits, 0.0)  # (rows past T: finite, never stored)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-logits))  # 0 past E
-        left = scores
-        if HAS_BIAS:
-            left += tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
-        left = tl.where(col_ok, left, float("-inf"))
     else:
         row_max = tl.max(logits, axis=1)
         scores = tl.exp(logits - row_max[:, None])
         scores = scores / tl.sum(scores, axis=1)[:, None]
-        left = logits
+    left = logits  # what chooses: the scores' order, or with a bias the scores + bias
+    if SIGMOID or HAS_BIAS:
+        left = scores
+        if HAS_BIAS:
+            left += tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
+        left = tl.where(col_ok, left, float("-inf"))
     slots = tl.arange(0, K_P2)
     weights = tl.zeros((rows.shape[0], K_P2), dtype=tl.float32)
     ids = tl.zeros((rows.shape[0], K_P2), dtype=tl.int32)
@@ -98,8 +100,10 @@ def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: 
         else:
             weights = weights / tl.sum(weights, axis=1)[:, None]
     weights = weights * scale
-    if ROUND:
-        weights = weights.to(logits_ptr.dtype.element_ty).to(tl.float32)
+    if ROUND == 1:
+        weights = weights.to(tl.float16).to(tl.float32)
+    elif ROUND == 2:
+        weights = weights.to(tl.bfloat16).to(tl.float32)
     return weights, ids
 
 
@@ -234,6 +238,10 @@ def _scatter_chunk_kernel(ids_ptr, offsets_ptr, pairs_ptr, T, TOP_K: tl.constexp
     tl.store(pairs_ptr + start + tl.arange(0, P2) - before, c * CHUNK * TOP_K + keys % P2, mask=ok)
 
 
+# The routing weights' rounding (weights_dtype) as _route_top_k's ROUND: none, fp16, bf16.
+_ROUND_CODE = {None: 0, torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
 def _pdl(pairs: int, device: torch.device) -> dict:
     """The PDL constexpr and launch option of an MoE kernel over `pairs` routed rows (PDL_MAX_PAIRS)."""
     pdl = pairs <= PDL_MAX_PAIRS and triton_pdl.enabled(device)
@@ -243,12 +251,12 @@ def _pdl(pairs: int, device: torch.device) -> dict:
 def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                        scoring: str = "softmax", score_bias: torch.Tensor | None = None) -> dict | None:
     """The routing kernels' constexprs (`_route_top_k`'s), or None where they cannot route: more
-    than FUSED_MAX_EXPERTS experts, or weights rounded to a dtype other than the logits'."""
+    than FUSED_MAX_EXPERTS experts."""
     experts = router_logits.shape[1]
-    if experts > FUSED_MAX_EXPERTS or weights_dtype not in (None, router_logits.dtype):
+    if experts > FUSED_MAX_EXPERTS:
         return None
     reference.check_moe_scoring(scoring)
-    return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=weights_dtype is not None, SIGMOID=scoring == "sigmoid",
+    return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=_ROUND_CODE[weights_dtype], SIGMOID=scoring == "sigmoid",
                 HAS_BIAS=score_bias is not None, K_P2=triton.next_power_of_2(top_k),
                 E_P2=triton.next_power_of_2(experts))
 
@@ -258,8 +266,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reference.moe_route_align (same contract, the same pairs in the same order): in one launch
     where T * top_k <= FUSED_MAX_PAIRS, in three past it (route and count per chunk of tokens,
-    the offsets, the scatter), where E <= FUSED_MAX_EXPERTS and the weights round (if at all) to
-    the logits' dtype; the reference otherwise."""
+    the offsets, the scatter), where E <= FUSED_MAX_EXPERTS; the reference otherwise."""
     tokens, experts = router_logits.shape
     common = _routing_constants(router_logits, top_k, normalize, weights_dtype, scoring, score_bias)
     if common is None:

@@ -46,6 +46,9 @@ CASES = [
     ("glm4", "glm-4-9b", {}),
     ("glm", "glm-4-9b", {"model_type": "glm"}),
     ("ernie4.5", "ernie-4.5-0.3b", {}),
+    ("ernie4.5-moe", "ernie-4.5-21b-a3b", {}),
+    ("ernie4.5-moe-first-layer-unshared", "ernie-4.5-21b-a3b",
+     {"moe_layer_start_index": 0, "moe_layer_end_index": 0, "moe_num_shared_experts": 0}),
     ("helium", "helium-1-2b", {}),
     ("mixtral", "mixtral-8x7b", {}),
     ("qwen3-moe", "qwen3-30b-a3b", {}),
@@ -124,7 +127,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe", "olmo2",
+                   "ernie4.5", "ernie4.5-moe", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe",
+                   "olmo2",
                    "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss")
 
 
@@ -376,6 +380,23 @@ def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, 
     del published[next(k for k in published if k.endswith("experts.5.down_proj.weight") or k.endswith("experts.5.w2.weight"))]
     with pytest.raises(KeyError, match=r"experts\.5\."):
         load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+
+
+def test_ernie_moe_loads_its_published_layout():
+    """ERNIE-4.5-MoE's published checkpoints store the experts one by one and the router's bias as
+    `mlp.moe_statics.e_score_correction_bias` `[1, E]` beside the router (transformers keeps it
+    under `mlp.gate.moe_statics`): the same model as transformers' names."""
+    shape, changes = next((s, c) for name, s, c in CASES if name == "ernie4.5-moe")
+    hf, ours_hf_names = _pair(shape, changes)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    published = {k.replace("mlp.gate.moe_statics.", "mlp.moe_statics."): v
+                 for k, v in _published_experts(state, "mlp", ("gate_proj", "up_proj", "down_proj")).items()}
+    bias = published["layers.1.mlp.moe_statics.e_score_correction_bias"]
+    assert bias.shape == (1, hf.config.moe_num_experts) and bias.abs().sum() > 0
+    ours = load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+    prompt = [(0, list(range(3, 40)))]
+    torch.testing.assert_close(PagedSteps(ours, num_blocks=8, block_size=8).step(prompt),
+                               PagedSteps(ours_hf_names, num_blocks=8, block_size=8).step(prompt), atol=0, rtol=0)
 
 
 def test_exaone4_reads_its_window_pattern_as_published():

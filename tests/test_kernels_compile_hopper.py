@@ -76,10 +76,13 @@ def compile_all() -> list[str]:
         ("moe down gpt-oss", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, HAS_BIAS=True, **gemm)),
         ("moe route-align", moe._route_align_kernel, route, dict(
-            TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
+            TOP_K=8, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
+            PDL=True)),
+        ("moe route-align softmax bias", moe._route_align_kernel, {**route, "logits_ptr": "*fp32"}, dict(
+            TOP_K=6, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=True, BLOCK_M=16, T_P2=1, K_P2=8, E_P2=64,
             PDL=True)),
         ("moe route-align sigmoid", moe._route_align_kernel, route, dict(
-            TOP_K=8, NORMALIZE=True, ROUND=False, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
+            TOP_K=8, NORMALIZE=True, ROUND=0, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
             PDL=True)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
                                                              HAS_BIAS=False,
@@ -88,7 +91,7 @@ def compile_all() -> list[str]:
         ("moe route-chunk", moe._route_chunk_kernel,
          {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
           "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32"},
-         dict(TOP_K=8, NORMALIZE=True, ROUND=True, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=128,
+         dict(TOP_K=8, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=128,
               FILL=256, PDL=True)),
         ("moe align-offsets", moe._align_offsets_kernel,
          {"counts_ptr": "*i32", "offsets_ptr": "*i32", "experts_ptr": "*i32", "chunks": "i32", "E": "i32",
@@ -117,7 +120,8 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled",
                  "moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe route-align",
-                 "moe route-align sigmoid", "moe sum-pairs", "moe route-chunk", "moe align-offsets",
+                 "moe route-align sigmoid", "moe route-align softmax bias", "moe sum-pairs", "moe route-chunk",
+                 "moe align-offsets",
                  "moe scatter-chunk", "split-rotary q/k norms"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)

@@ -78,6 +78,20 @@ def test_sigmoid_routing_chooses_by_score_plus_bias_and_weighs_by_the_score():
         ref.moe_route(logits, top_k, True, None, "relu")
 
 
+def test_softmax_routing_with_a_bias_chooses_by_probability_plus_bias():
+    """ERNIE 4.5's routing, token by token in float64: softmax probabilities; the k experts of the
+    largest probability + bias; their probabilities renormalised."""
+    tokens, experts, top_k = 7, 12, 3
+    logits = _rand(tokens, experts, seed=7, scale=2.0)
+    bias = _rand(experts, seed=8, scale=0.2)
+    weights, ids = ref.moe_route(logits, top_k, True, None, "softmax", bias)
+    for t in range(tokens):
+        probs = torch.softmax(logits[t].double(), -1)
+        assert sorted(ids[t].tolist()) == sorted((probs + bias.double()).argsort(descending=True)[:top_k].tolist())
+        torch.testing.assert_close(weights[t].double(), probs[ids[t]] / probs[ids[t]].sum(), atol=1e-6, rtol=1e-6)
+    assert not torch.equal(ids, ref.moe_route(logits, top_k, True)[1])  # the bias did choose
+
+
 def _oai_expert(x, gate_up, gate_up_bias, down, down_bias):
     """One gpt-oss expert on one token, as Hugging Face's GptOssExperts writes it (float64; the
     gate/up rows here [gate; up], not its interleaved columns)."""
@@ -201,6 +215,21 @@ def test_the_kernels_route_by_sigmoid_scores_and_a_bias_as_the_reference(tokens,
     got = route_align(logits, top_k, normalize, None, 16, "sigmoid", bias, 2.5)
     expected = ref.moe_route_align(logits, top_k, normalize, None, 16, "sigmoid", bias, 2.5)
     torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5)
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 64, 6), (70, 24, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_kernels_route_by_probability_and_a_bias_rounding_fp32_weights(tokens, experts, top_k, dtype):
+    """ERNIE 4.5's routing (fp32 logits, the choice by probability + bias, the weights rounded to
+    the activations' dtype) in one program and in the chunked launches."""
+    logits = _rand(tokens, experts, seed=tokens + 2, scale=2.0)
+    bias = _rand(experts, seed=tokens + 3, scale=0.05)
+    got = route_align(logits, top_k, True, dtype, 16, "softmax", bias)
+    expected = ref.moe_route_align(logits, top_k, True, dtype, 16, "softmax", bias)
+    assert torch.equal(got[0], got[0].to(dtype).float())  # rounded to the dtype's values
+    # within one step of the dtype (Triton's interpreter converts by truncation, the GPU rounds to nearest)
+    torch.testing.assert_close(got[0], expected[0], atol=0, rtol=2 ** -7 if dtype == torch.bfloat16 else 2 ** -10)
     assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
 
 

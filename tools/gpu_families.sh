@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-olmo-2-7b,olmoe-1b-7b,granite-3.1-3b-a800m}
+MODELS=${MODELS:-ernie-4.5-21b-a3b,olmoe-1b-7b}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf

@@ -95,6 +95,7 @@ DECODER_FAMILIES = {
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",
+    "ernie4_5_moe": "ernie4_5_moe",
     "helium": "helium",
     "glm": "glm",
     "glm4": "glm",

@@ -44,7 +44,8 @@ class MoeNames:
     with the experts stacked. The shared expert (relative to the layer): `shared`, with
     `gate_proj` / `up_proj` / `down_proj` inside or, where `shared_fused` names them, one
     [gate; up] projection and the down one; `shared_gate` its sigmoid gate (None: none).
-    `score_bias`: the router's bias of sigmoid scoring, beside its weight. `columns`: the
+    `score_bias`: the router's bias of the choice, beside its weight or the block's (`[E]` or
+    `[1, E]`: ERNIE's `moe_statics.e_score_correction_bias`). `columns`: the
     stacked tensors are stored as x @ W (gpt-oss: gate/up `[E, H, 2I]` with the gate and up
     columns interleaved, down `[E, I, H]`), transposed and split into [gate; up] at load; their
     biases (MoeSpec.expert_bias) are `{name}_bias` beside them."""
@@ -73,7 +74,7 @@ class MoeSpec:
     shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE, Granite, GLM), 0: none
     names: MoeNames = field(default_factory=MoeNames)
     scoring: str = "softmax"  # or "sigmoid" (GLM-4.5): reference.moe_route
-    score_bias: bool = False  # sigmoid scoring's bias (the checkpoint's e_score_correction_bias)
+    score_bias: bool = False  # the choice's bias (the checkpoint's e_score_correction_bias): reference.moe_route
     scale: float = 1.0  # the routing weights times this (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 x and weights (GLM-4.5's router casts both)
     router_bias: bool = False  # the router's logits have a bias (gpt-oss)
@@ -214,8 +215,11 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     if biases is not None:
         layer.gate_up_bias, down_bias = biases
         layer.down_bias = down_bias if first_rank else None
-    if spec.score_bias:
-        layer.score_bias = read(f"{base}{router}.{n.score_bias}", (experts,)).float()
+    if spec.score_bias:  # beside the router's weight or the block's (ERNIE's published names), `[E]` or `[1, E]`
+        key = next((k for k in (f"{base}{router}.{n.score_bias}", base + n.score_bias) if k in state),
+                   f"{base}{router}.{n.score_bias}")
+        shape = (1, experts) if tuple(getattr(state.get(key), "shape", ())) == (1, experts) else (experts,)
+        layer.score_bias = read(key, shape).reshape(experts).float()
     if spec.shared_intermediate_size:
         size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
         rows = shared_part or slice(None)
