@@ -188,6 +188,17 @@ GLM_4_5_AIR = {
     "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
     "bos_token_id": None, "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
 }
+# rednote-hilab/dots.llm1 (model_type dots1, 142B in all, 14B active): transformers' Dots1Config
+# sizes (hidden 4,608 over 32 heads of 144, 62 layers) with the model card's experts: 128 of 1,408
+# columns, the top 6 by sigmoid score plus a learnt bias, 2 shared, the first layer dense.
+DOTS_LLM1 = {
+    "model_type": "dots1", "vocab_size": 152064, "hidden_size": 4608, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000.0, "max_position_embeddings": 32768, "sliding_window": None, "tie_word_embeddings": False,
+    "bos_token_id": None, "eos_token_id": 151645, "pad_token_id": 151643,
+}
 # OLMo-2-1124-7B (model_type olmo2): Llama's sizes with the norms after attention and the MLP,
 # and q / k norms over all heads.
 OLMO_2_7B = {
@@ -258,6 +269,7 @@ DECODER_SHAPES = {
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "glm-4.5-air": GLM_4_5_AIR,
+    "dots.llm1": DOTS_LLM1,
     "olmo-2-7b": OLMO_2_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
     "command-r7b": COMMAND_R7B,

@@ -59,6 +59,8 @@ CASES = [
     ("glm4-moe", "glm-4.5-air", {}),
     ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
+    ("dots1", "dots.llm1", {}),
+    ("dots1-windowed", "dots.llm1", {"sliding_window": 8, "max_window_layers": 1, "norm_topk_prob": False}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
     ("olmoe", "olmoe-1b-7b", {"num_key_value_heads": 2}),
     # Hunyuan on Llama's sizes: q/k norms after the rotary, the NTK-alpha rope
@@ -127,7 +129,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "ernie4.5-moe", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe",
+                   "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared", "glm4-moe",
                    "olmo2",
                    "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss")
 

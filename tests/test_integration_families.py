@@ -37,6 +37,7 @@ FAMILIES = [
     ("gen_granite_moe", "granite-3.1-3b-a800m", {}),
     ("gen_glm45", "glm-4.5-air", {}),
     ("gen_ernie45_moe", "ernie-4.5-21b-a3b", {}),
+    ("gen_dots1", "dots.llm1", {}),
     ("gen_olmo3", "olmo-2-7b", {"model_type": "olmo3", "sliding_window": 8,
                                 "layer_types": ["sliding_attention", "full_attention"]}),
     ("gen_exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2}),

@@ -100,6 +100,7 @@ DECODER_FAMILIES = {
     "glm": "glm",
     "glm4": "glm",
     "glm4_moe": "glm4_moe",
+    "dots1": "dots1",
     "olmo2": "olmo2",
     "olmo3": "olmo2",
     "olmoe": "olmoe",
