@@ -8,7 +8,7 @@ MLP of that many times the expert width) are added as they are."""
 from dataclasses import replace
 
 from tritonformer.backend.models import ernie4_5
-from tritonformer.backend.models.moe import MoeNames, MoeSpec
+from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder
 
 
@@ -24,10 +24,8 @@ def moe_layers(cfg: dict) -> tuple[bool, ...]:
 
 def from_hf(cfg: dict) -> DecoderSpec:
     inter = cfg["moe_intermediate_size"]
-    # (published configs and transformers' dicts name the counts moe_num_experts / moe_k)
-    experts = cfg.get("moe_num_experts", cfg.get("num_experts", 64))
-    top_k = cfg.get("moe_k", cfg.get("num_experts_per_tok", 6))
-    moe = MoeSpec(num_experts=experts, top_k=top_k, intermediate_size=inter,
+    top_k = cfg.get("moe_k", cfg.get("num_experts_per_tok", 6))  # (published configs: moe_k)
+    moe = MoeSpec(num_experts=num_experts(cfg, default=64), top_k=top_k, intermediate_size=inter,
                   normalize=True, round_weights=True, layers=moe_layers(cfg),
                   shared_intermediate_size=inter * cfg.get("moe_num_shared_experts", 0),
                   names=MoeNames(shared="mlp.shared_experts", shared_gate=None,

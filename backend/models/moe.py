@@ -296,10 +296,11 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
 def num_experts(cfg: dict, default: int | None = None) -> int:
     """The config's expert count: `num_experts` as Qwen's published configs write it,
     `num_local_experts` as Mixtral's (and transformers' own dicts of either) do, `n_routed_experts`
-    as GLM's."""
-    count = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts", default)))
+    as GLM's, `moe_num_experts` as ERNIE's."""
+    names = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    count = next((cfg[name] for name in names if name in cfg), default)
     if count is None:
-        raise KeyError("a mixture-of-experts config needs num_experts (or num_local_experts, n_routed_experts)")
+        raise KeyError(f"a mixture-of-experts config needs one of {', '.join(names)}")
     return count
 
 

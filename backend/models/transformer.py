@@ -214,10 +214,10 @@ class TransformerDecoder(DecoderModel):
         self.tp = tp
         # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
         q_part = kv_part = mlp_part = expert_part = shared_part = heads_part = None
+        first_rank = tp is None or tp.rank == 0  # (the rank that adds the row-parallel linears' biases)
         if tp is not None:
-            heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
-            heads_part = heads
-            q_part = slice(heads.start * head, heads.stop * head)
+            heads_part, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
+            q_part = slice(heads_part.start * head, heads_part.stop * head)
             kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
             mlp_part = tp.part(c.intermediate_size, "MLP columns (intermediate_size)")
             if c.moe:
@@ -311,8 +311,7 @@ class TransformerDecoder(DecoderModel):
             inter = c.intermediate_size
             moe = gate_up_w = down_w = None
             if c.moe and c.moe.layers[i]:
-                moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part,
-                                     first_rank=tp is None or tp.rank == 0)
+                moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part, first_rank=first_rank)
                 moe.scale_output(c.residual_scale)
             elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
@@ -337,7 +336,7 @@ class TransformerDecoder(DecoderModel):
                 k_norm=k_norm,
                 o_w=scaled(w(p + n.o + ".weight", hidden, q_rows, cols=q_part), c.residual_scale),
                 # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
-                o_b=w(p + n.o + ".bias", hidden) if c.o_bias and (tp is None or tp.rank == 0) else None,
+                o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
                 sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None,
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
                 mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and not c.parallel_block else None,
@@ -469,11 +468,9 @@ class TransformerDecoder(DecoderModel):
         `residual`'s, that sum as the next residual stream: written by the same launch; x itself
         without a residual)."""
         total = None if residual is None else torch.empty_like(residual)
-        if self.config.layer_norm:
-            normed = kernels.add_bias_residual_layer_norm(x, None, residual, weight, self.zero_bias,
-                                                          self.config.norm_eps, sum_out=total)
-            return normed, x if total is None else total
-        return kernels.rms_norm(x, weight, self.config.norm_eps, residual, total)
+        bias = self.zero_bias if self.config.layer_norm else None
+        pre = kernels.PreNorm(weight, bias, self.config.norm_eps, residual=residual, sum_out=total)
+        return kernels.prenormed(x, pre), x if total is None else total
 
     def _attend(self, x: torch.Tensor, li: int, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
                 cos_sin: torch.Tensor, local: torch.Tensor | None, pre: kernels.PreNorm | None = None) -> torch.Tensor:
