@@ -279,9 +279,9 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # its dense first layer and one MoE layer).
 LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
-# weights are near ties that bf16 rounding flips (HF's own bf16 model chose other experts for 21%
-# of the tokens of its second layer, and its logits were at cosine 0.82 of its fp32 ones on the
-# H200), so only fp32 against fp32 routes the same tokens the same way.
+# weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
+# experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
+# of its fp32 ones), so only fp32 against fp32 routes the same tokens the same way.
 FP32 = {"gpt-oss-20b"}
 
 
