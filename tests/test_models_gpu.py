@@ -282,7 +282,7 @@ LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2}
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
 # of its fp32 ones), so only fp32 against fp32 routes the same tokens the same way.
-FP32 = {"gpt-oss-20b"}
+FP32 = {"gpt-oss-20b", "dots.llm1"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
