@@ -62,11 +62,6 @@ from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
 _LOG2E = 1.4426950408889634
-# A split launch's last program merges the splits itself (one launch a layer fewer than a separate
-# combine kernel); False: the combine kernel (a benchmark comparing sets it).
-LAST_SPLIT_COMBINES = True
-_COUNTERS: dict = {}  # device -> int32 counters, see _split_counters
-_COUNTER_SLOTS = 65536
 
 
 @triton.jit
@@ -152,12 +147,12 @@ def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e, lookahead,
-    Sinks, Counters,
+    Sinks,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
-    HAS_SINKS: tl.constexpr, LAST_COMBINES: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -290,48 +285,6 @@ def _varlen_attention_kernel(
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), -1.0e30)
         tl.store(PartialLse + part, lse, mask=offs_q < seqlen_q)
         tl.store(PartialOut + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok)
-        if LAST_COMBINES:
-            # The split that finishes last merges all of them (no combine kernel). Every thread's
-            # stores above come before the barrier, and the counter's release/acquire makes them
-            # visible to the program that takes the last ticket; it then resets the counter for
-            # the next launch (stream order keeps launches apart).
-            tl.debug_barrier()
-            counter = Counters + (block_m * tl.num_programs(1) + seq) * tl.num_programs(2) + kv_head
-            ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:
-                part = q_tok * (GROUP * tl.num_programs(2)) + heads
-                out = _combine_partials(PartialOut, PartialLse, Sinks, part, heads, offs_q < seqlen_q, row_ok,
-                                        offs_d, split_stride, NUM_SPLITS, BLOCK_D, HAS_SINKS)
-                o_ptrs = Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-                tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok)
-                tl.store(counter, 0)
-
-
-@triton.jit
-def _combine_partials(PartialOut, PartialLse, Sinks, part, heads, q_ok, row_ok, offs_d, split_stride,
-                      NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """The merged output `[R, BLOCK_D]` (fp32) of R rows whose partial results sit at `part`
-    (`[R]`, the row's index within a split) of each split: the partial outputs weighted by
-    their share of the softmax mass, plus (HAS_SINKS) the head's sink in the total weight.
-    Loads bypass L1 (".cg"): other programs wrote these partials during this launch."""
-    splits = tl.arange(0, NUM_SPLITS)
-    lse = tl.load(PartialLse + splits[:, None] * split_stride + part[None, :], mask=q_ok[None, :],
-                  other=-1.0e30, cache_modifier=".cg")
-    m = tl.max(lse, 0)
-    if HAS_SINKS:
-        sink = tl.load(Sinks + heads) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    weight = tl.where(lse > -1.0e29, tl.exp2(lse - m[None, :]), 0.0)
-    total = tl.sum(weight, 0)
-    if HAS_SINKS:
-        total += tl.exp2(sink - m)
-    acc = tl.zeros([part.shape[0], BLOCK_D], dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        w_s = tl.sum(tl.where(splits[:, None] == s, weight, 0.0), 0)
-        p = tl.load(PartialOut + (s * split_stride + part)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok,
-                    other=0.0, cache_modifier=".cg")
-        acc += p * w_s[:, None]
-    return acc / tl.where(total > 0.0, total, 1.0)[:, None]
 
 
 @triton.jit
@@ -440,25 +393,6 @@ def _split_decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool,
     if on_gpu and dtype != torch.float32 and head_dim >= 128:
         return (32, 4, 1) if group == 1 else (64, 4, 1)
     return unsplit
-
-
-def _split_counters(device: torch.device, slots: int) -> torch.Tensor | None:
-    """The zeroed int32 counters by which a split launch's last program finds it is last (one
-    per (query block, sequence, kv head)), or None: the combine kernel merges the splits instead
-    (LAST_SPLIT_COMBINES off, more slots than _COUNTER_SLOTS, or no counters yet while a CUDA
-    graph is being captured, where zeroing them cannot run). Every launch leaves its counters at
-    zero, so one buffer per device serves every launch on it. It is never replaced: captured
-    graphs hold its address. Splits are for launches of few programs, so few slots are used."""
-    if not LAST_SPLIT_COMBINES or slots > _COUNTER_SLOTS:
-        return None
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return counters
 
 
 def _num_splits(programs: int, rows: int, keys_per_seq: float, device: torch.device) -> int:
@@ -625,7 +559,6 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     else:
         qk_scale, softcap_log2e = float(scale) * _LOG2E, 0.0
     pdl = triton_pdl.enabled(q.device)
-    counters = _split_counters(q.device, m_blocks * num_seqs * num_kv_heads) if splits > 1 else None
     _varlen_attention_kernel[(m_blocks * splits, num_seqs, num_kv_heads)](
         q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -633,16 +566,15 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
         min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead, sinks_arg,
-        counters if counters is not None else cu_seqlens_q,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
         HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
-        HAS_SINKS=sinks is not None, LAST_COMBINES=counters is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
-    if splits > 1 and counters is None:
+    if splits > 1:
         _combine_splits_kernel[(total_q, num_heads)](
             partial_out, partial_lse, out, split_stride, out.stride(0), out.stride(1), sinks_arg,
             NUM_SPLITS=splits, BLOCK_D=block_d, PDL=pdl, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,

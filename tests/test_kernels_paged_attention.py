@@ -324,31 +324,3 @@ def test_gpu_qkv_to_cache_llama_shape(dtype):
     torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
     torch.testing.assert_close(kc, kc2, atol=atol, rtol=rtol)
     torch.testing.assert_close(vc, vc2, atol=atol, rtol=rtol)
-
-
-@triton_needed
-@pytest.mark.parametrize("splits,window,sinks", [(2, None, False), (4, None, True), (8, 9, False)])
-def test_last_split_merges_as_the_combine_kernel_does(monkeypatch, splits, window, sinks):
-    """The split that finishes last merges the partial results itself (LAST_SPLIT_COMBINES):
-    the output equals the combine kernel's, for decode rows, a prefill chunk whose rows span
-    several query blocks and an empty sequence, and the launch leaves its counters at zero."""
-    pytest.importorskip("triton")
-    from tritonformer.kernels import triton_attention as ta
-
-    q, kc, vc, bt, cq, sk, *_ = paged_case([1, 1, 20, 1], [50, 3, 44, 0], 4, 2, 16, 8, torch.float32, seed=16)
-    sink = torch.randn(4, generator=torch.Generator().manual_seed(17)).to(DEVICE) if sinks else None
-
-    def run(merge_in_kernel: bool, queries=q):
-        monkeypatch.setattr(ta, "LAST_SPLIT_COMBINES", merge_in_kernel)
-        return ta.paged_attention(queries, kc, vc, bt, cq, sk, True, num_splits=splits, window=window, sinks=sink)
-
-    ta._COUNTERS.clear()
-    run(True, -q)  # other partials for an early merge (one that did not wait for every split) to find
-    merged = run(True)
-    by_kernel = run(False)
-    counters = ta._COUNTERS[q.device]
-    assert int(counters.abs().sum()) == 0
-    torch.testing.assert_close(merged, by_kernel, atol=1e-6, rtol=1e-5)
-    expected = ref.paged_attention(q, kc, vc, bt, cq, sk, True, window=window, sinks=sink)
-    atol, rtol = TOL[torch.float32]
-    torch.testing.assert_close(merged, expected, atol=atol, rtol=rtol)
