@@ -57,6 +57,15 @@ MAX_ROWS = 2
 # 32 registers); a decode row is bytes, not elements.
 _BYTES_PER_WARP = 4096
 _WARPS = 4
+# 16-bit weights of at least this many bytes take twice _BYTES_PER_WARP a program (None: none do).
+# H200, whole decode step at batch 1, context 128, bf16, one machine start, against none
+# (tools/gpu/ab_decode_step.py --knob kernels.triton_gemv._LARGE_WEIGHT_BYTES): Llama-3.1-8B
+# 4.088 -> 3.967 ms (0.970x), Phi-3-mini 0.958x, Gemma-2-9B 0.933x, SmolLM3-3B 0.995x,
+# Qwen3-30B-A3B 0.999x. Every weight twice the bytes won a little more on the dense shapes
+# (0.925-0.994x) but lost 3.9% on Qwen3-30B-A3B, whose 17-21 MB attention linears want the
+# smaller slabs. On the H100 the large kinds streamed at the same rate either way (Llama-3.1-8B
+# gate/up 3,064 vs 3,048 GB/s, down 2,877 both, head 3,148 vs 3,167: time_family_linears.py).
+_LARGE_WEIGHT_BYTES = 32 << 20
 # E4M3 weights: this many times the bytes (they stay packed, four to a register, until each is
 # converted for its multiply). H100, one decode row, GB/s at 2x against 1x the bytes
 # (tools/gpu/time_family_linears.py --fp8): llama-3.1-8b qkv 2,180 vs 2,068, o 2,275 vs 2,062,
@@ -249,12 +258,16 @@ def supported(m: int, x: torch.Tensor, prenorm=None) -> bool:
 
 
 def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, element_size: int = 2,
-            post_norm: bool = False) -> int:
-    """Weight rows per program: as many as keep each operand slab within the register budget
-    (in bytes of `element_size`-byte weights, more for E4M3 ones; more rows with a post-norm
-    prologue to amortise it), at most the half's width (a power of two)."""
+            post_norm: bool = False, weight_k: int | None = None) -> int:
+    """Weight rows per program: as many as keep each operand slab (`k` elements a row) within
+    the register budget (in bytes of `element_size`-byte weights, more for E4M3 ones and for
+    16-bit weights of _LARGE_WEIGHT_BYTES or more, `weight_k` elements a row, default k; more
+    rows with a post-norm prologue to amortise it), at most the half's width (a power of two)."""
     kp = triton.next_power_of_2(k)
     nbytes = _BYTES_PER_WARP * (_FP8_BYTES_FACTOR if element_size == 1 else 1)
+    weight_bytes = (2 if paired else 1) * half * (weight_k or k) * element_size
+    if element_size > 1 and _LARGE_WEIGHT_BYTES is not None and weight_bytes >= _LARGE_WEIGHT_BYTES:
+        nbytes *= 2
     elements = nbytes // element_size * (_POST_NORM_ROWS if post_norm else 1)
     budget = elements * warps // (rows * (2 if paired else 1))
     return max(1, min(triton.next_power_of_2(half), budget // kp))
@@ -276,7 +289,8 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     kp = _K_CHUNK if loop else triton.next_power_of_2(k)
     rows = triton.next_power_of_2(m)
     warps = 1 if _INTERPRETED else _WARPS
-    bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None)
+    bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None,
+                 weight_k=k)
     halves = weight.shape[0] // (2 * half) if paired else 1
     pdl = triton_pdl.enabled(x.device)
     per_line = 128 // weight.element_size()

@@ -119,7 +119,7 @@ def test_more_rows_than_max_rows_run_the_other_kernels(monkeypatch, launches):
 
 
 @pytest.mark.parametrize("half,k,rows,paired,expected", [
-    (768, 768, 1, False, 8), (768, 3072, 1, False, 2), (8192, 2048, 1, True, 2), (32, 768, 2, True, 2),
+    (768, 768, 1, False, 8), (768, 3072, 1, False, 2), (2048, 2048, 1, True, 2), (32, 768, 2, True, 2),
     (2, 768, 1, False, 2), (768, 2 ** 15, 1, False, 1),
 ])
 def test_block_n_keeps_the_weight_slab_in_the_register_budget(half, k, rows, paired, expected):
@@ -129,11 +129,25 @@ def test_block_n_keeps_the_weight_slab_in_the_register_budget(half, k, rows, pai
 def test_block_n_counts_bytes_and_doubles_under_a_post_norm():
     """FP8 weights hold four times the rows of fp16 ones (twice the bytes); a post-norm prologue
     (recomputed by every program) gets twice the rows to amortise it."""
-    assert triton_gemv.block_n(4096, 4096, 1, False) == 2
-    assert triton_gemv.block_n(4096, 4096, 1, False, element_size=1) == 8
-    assert triton_gemv.block_n(14336, 3584, 1, True) == 1
-    assert triton_gemv.block_n(14336, 3584, 1, True, post_norm=True) == 2
-    assert triton_gemv.block_n(14336, 3584, 2, True, post_norm=True) == 1
+    assert triton_gemv.block_n(2048, 4096, 1, False) == 2
+    assert triton_gemv.block_n(2048, 4096, 1, False, element_size=1) == 8
+    assert triton_gemv.block_n(1024, 4096, 1, True) == 1
+    assert triton_gemv.block_n(1024, 4096, 1, True, post_norm=True) == 2
+    assert triton_gemv.block_n(1024, 4096, 2, True, post_norm=True) == 1
+
+
+def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
+    """From _LARGE_WEIGHT_BYTES of 16-bit weights (counted over both halves of a paired weight
+    and over the whole row where a K loop walks it in chunks) a program holds twice the rows;
+    FP8 weights keep their own factor."""
+    large = triton_gemv._LARGE_WEIGHT_BYTES
+    assert large is not None
+    k = 4096
+    half = large // (2 * k)  # exactly large bytes
+    assert triton_gemv.block_n(half, k, 1, False) == 2 * triton_gemv.block_n(half - 1, k, 1, False) == 4
+    assert triton_gemv.block_n(half // 2, k, 1, True) == 2 * triton_gemv.block_n(half // 2 - 1, k, 1, True)
+    assert triton_gemv.block_n(half, k, 1, False, element_size=1) == 8
+    assert triton_gemv.block_n(half // 8, k, 1, False, weight_k=8 * k) == 4
 
 
 @pytest.fixture
