@@ -141,6 +141,15 @@ HELIUM_1_2B = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
 }
 
+# bigcode/starcoder2-3b (the shape transformers' Starcoder2Config defaults to): LayerNorms with a
+# bias, a plain GELU MLP, biases on every linear, a 4,096-token window on every layer.
+STARCODER2_3B = {
+    "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288,
+    "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2, "hidden_act": "gelu_pytorch_tanh",
+    "norm_epsilon": 1e-5, "use_bias": True, "rope_theta": 999999.4420358813, "sliding_window": 4096,
+    "max_position_embeddings": 16384, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0,
+}
+
 # Mixture-of-experts shapes. Mixtral-8x7B-Instruct-v0.1: every layer 8 experts, the top 2 per token.
 MIXTRAL_8X7B = {
     "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
@@ -264,6 +273,7 @@ DECODER_SHAPES = {
     "ernie-4.5-0.3b": ERNIE_4_5_0_3B,
     "ernie-4.5-21b-a3b": ERNIE_4_5_21B_A3B,
     "helium-1-2b": HELIUM_1_2B,
+    "starcoder2-3b": STARCODER2_3B,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
@@ -335,7 +345,7 @@ def random_decoder(name_or_config, device, dtype, max_model_len: int | None = No
     state = {}
     for name, shape in tensor_shapes(spec).items():
         t = torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
-        state[name] = t.add_(1.0 - spec.norm_offset) if "norm" in name else t
+        state[name] = t.add_(1.0 - spec.norm_offset) if _is_norm_weight(name) else t
     return load_decoder(cfg, state, device, dtype, max_model_len, quantization=quantization)
 
 
@@ -347,6 +357,11 @@ def _spec(cfg: dict):
     return importlib.import_module(f"tritonformer.backend.models.{DECODER_FAMILIES[cfg['model_type']]}").from_hf(cfg)
 
 
+def _is_norm_weight(name: str) -> bool:
+    """Whether a checkpoint tensor is a norm's weight (random ones are drawn around 1; a norm's bias around 0)."""
+    return "norm" in name and not name.endswith(".bias")
+
+
 def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of this DecoderSpec holds, by name (the model prefix stripped);
     a MoE layer's experts stacked (moe.tensor_shapes)."""
@@ -355,6 +370,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
     n, hidden, head = spec.names, spec.hidden_size, spec.head_dim
     q, kv, inter = spec.num_heads * head, spec.num_kv_heads * head, spec.intermediate_size
     shapes = {n.embed: (spec.vocab_size, hidden), n.final_norm: (hidden,)}
+    if spec.norm_bias:
+        shapes[n.final_norm.removesuffix(".weight") + ".bias"] = (hidden,)
     if not spec.tie_word_embeddings:
         shapes[n.lm_head] = (spec.vocab_size, hidden)
     for i in range(spec.num_layers):
@@ -364,6 +381,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden), n.v: (kv, hidden)})
         if spec.moe and spec.moe.layers[i]:
             shapes.update(moe_tensor_shapes(spec.moe, p, hidden))
+        elif not spec.gated_mlp:  # a plain MLP: up and down
+            layer.update({n.up: (inter, hidden), n.down: (hidden, inter)})
         else:
             layer[n.down] = (hidden, inter)
             layer.update({n.gate_up: (2 * inter, hidden)} if n.gate_up else {n.gate: (inter, hidden),
@@ -378,6 +397,13 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
                           else {p + n.qkv + ".bias": (q + 2 * kv,)})
         if spec.o_bias:
             shapes[p + n.o + ".bias"] = (hidden,)
+        if spec.mlp_bias and not (spec.moe and spec.moe.layers[i]):
+            shapes[p + n.down + ".bias"] = (hidden,)
+            shapes.update({p + n.gate_up + ".bias": (2 * inter,)} if spec.gated_mlp and n.gate_up else
+                          {p + n.gate + ".bias": (inter,), p + n.up + ".bias": (inter,)} if spec.gated_mlp else
+                          {p + n.up + ".bias": (inter,)})
+        if spec.norm_bias:
+            shapes.update({p + name + ".bias": (hidden,) for name in (n.attn_norm, n.mlp_norm)})
         if spec.sinks:
             shapes[p + n.sinks] = (spec.num_heads,)
     return shapes
@@ -430,7 +456,7 @@ def random_shard_state(name_or_config, device: str) -> dict:
     each rank reads its share: the `state_factory` of a tensor-parallel ShardSource."""
     cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
     spec = _spec(cfg)
-    return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if "norm" in name else 0.0)
+    return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if _is_norm_weight(name) else 0.0)
             for name, shape in tensor_shapes(spec).items()}
 
 
@@ -443,6 +469,6 @@ def seeded_shard_state(name_or_config, seed: int, device: str, dtype: str | None
 
     cfg = DECODER_SHAPES[name_or_config] if isinstance(name_or_config, str) else name_or_config
     spec = _spec(cfg)
-    return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if "norm" in name else 0.0,
+    return {name: RandomTensor(shape, device, 1.0 - spec.norm_offset if _is_norm_weight(name) else 0.0,
                                seed=zlib.crc32(f"{seed}:{name}".encode()), dtype=dtype)
             for name, shape in tensor_shapes(spec).items()}

@@ -83,6 +83,10 @@ CASES = [
     ("exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": None, "tie_word_embeddings": True,
                               "layer_types": ["full_attention"] * 2}),
     ("gpt-oss", "gpt-oss-20b", {}),
+    ("starcoder2", "starcoder2-3b", {}),
+    ("starcoder2-no-bias-exact-gelu", "starcoder2-3b", {"use_bias": False, "hidden_act": "gelu", "sliding_window": None}),
+    # Llama with MLP biases (`mlp_bias`): the gated MLP's biases
+    ("llama-mlp-bias", "llama-3.1-8b", {"mlp_bias": True}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -131,7 +135,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss")
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss", "starcoder2")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)

@@ -89,7 +89,8 @@ def _serve(model, workers=None):
 # norms only after attention and the MLP, a local and a NoPE global layer (EXAONE 4 on OLMo 2's sizes);
 # attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise);
 # attention sinks split with their heads, the output projection's and the experts' down biases
-# added by one rank (gpt-oss).
+# added by one rank (gpt-oss); LayerNorms with biases, a plain MLP whose down bias one rank adds
+# (Starcoder2).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "command-r7b": {"model_type": "cohere2", "sliding_window": 8,
                            "layer_types": ["sliding_attention", "full_attention"]},
@@ -104,7 +105,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("gemma-7b", 8), ("mixtral-8x7b", 8), ("qwen1.5-moe-a2.7b", 8),
                                            ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8),
                                            ("command-r7b", 8), ("hunyuan-7b", 8), ("gpt-oss-20b", 16),
-                                           ("ernie-4.5-21b-a3b", 10), ("dots.llm1", 8)])
+                                           ("ernie-4.5-21b-a3b", 10), ("dots.llm1", 8),
+                                           ("starcoder2-3b", 24)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes)
         folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])

@@ -109,6 +109,7 @@ DECODER_FAMILIES = {
     "cohere": "cohere",
     "cohere2": "cohere",
     "gpt_oss": "gpt_oss",
+    "starcoder2": "starcoder2",
     "gpt2": "gpt2",
 }
 

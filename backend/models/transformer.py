@@ -5,7 +5,10 @@ A family file (llama.py, qwen3.py, gemma2.py, ...) maps its Hugging Face config 
 and runs it. What differs between the families is data, read here in one place:
 
     norm_offset      RMSNorm weight applied as (offset + w): Gemma's (1 + w), kept in fp32
-    activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU); with
+                     gated_mlp False the plain MLP's: gelu_tanh or gelu
+    gated_mlp        False: up projection, activation, down projection, no gate (Starcoder2)
+    mlp_bias         biases on the MLP's projections (Starcoder2)
     qkv_bias         biases on Q, K, V (Qwen2)
     o_bias           a bias on the attention's output projection (gpt-oss)
     sinks            per layer and query head a learnt logit in the attention's softmax, whose
@@ -14,7 +17,8 @@ and runs it. What differs between the families is data, read here in one place:
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere)
-    layer_norm       LayerNorm without a bias (mean subtracted; Cohere) instead of RMSNorm
+    layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
+                     with one (norm_bias: Starcoder2)
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
                      weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
@@ -58,6 +62,8 @@ from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 
 # spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
+# the same for a plain (ungated) MLP's activation
+PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ class DecoderSpec:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     activation: str = "silu"
+    gated_mlp: bool = True
+    mlp_bias: bool = False
     norm_offset: float = 0.0
     qkv_bias: bool = False
     o_bias: bool = False
@@ -113,6 +121,7 @@ class DecoderSpec:
     pre_norms: bool = True
     parallel_block: bool = False
     layer_norm: bool = False
+    norm_bias: bool = False
     qk_norm_full: bool = False
     qk_norm_after_rope: bool = False
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
@@ -130,8 +139,12 @@ class DecoderSpec:
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
-        if self.activation not in GATED_ACTIVATIONS:
-            raise ValueError(f"unsupported MLP activation {self.activation!r} (supported: {sorted(GATED_ACTIVATIONS)})")
+        activations = GATED_ACTIVATIONS if self.gated_mlp else PLAIN_ACTIVATIONS
+        if self.activation not in activations:
+            raise ValueError(f"unsupported {'gated' if self.gated_mlp else 'plain'} MLP activation {self.activation!r} "
+                             f"(supported: {sorted(activations)})")
+        if not self.gated_mlp and self.moe:
+            raise ValueError("a plain (ungated) MLP with mixture-of-experts layers is not supported")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads} attention heads are not a multiple of {self.num_kv_heads} KV heads")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
@@ -142,8 +155,12 @@ class DecoderSpec:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
-        if self.layer_norm and not (self.parallel_block and self.norm_offset == 0 and not self.qk_norm):
-            raise ValueError("LayerNorms are supported in the parallel block (Cohere's), without q/k norms")
+        if self.layer_norm and not (self.norm_offset == 0 and not self.qk_norm and not self.sandwich_norms
+                                    and self.pre_norms and not (self.parallel_block and self.norm_bias)):
+            raise ValueError("LayerNorms are supported before attention and the MLP (with biases: Starcoder2) and in "
+                             "the parallel block (Cohere's, without), without q/k or sandwich norms")
+        if self.norm_bias and not self.layer_norm:
+            raise ValueError("norm biases need LayerNorms (layer_norm)")
         if self.qk_norm_full and (not self.qk_norm or self.rotary_interleaved or self.rotary_dim):
             raise ValueError("whole-width q/k norms need qk_norm, and a rotary over every dim in halves")
         if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_full or self.rope_layers):
@@ -190,6 +207,10 @@ class _Layer:
     local: bool  # sliding-window layer using the local rope table
     rotary: bool = True  # False: q and k are not rotated (a NoPE layer)
     moe: MoeLayer | None = None  # the layer's mixture-of-experts MLP, in place of gate_up_w / down_w
+    attn_norm_b: torch.Tensor | None = None  # LayerNorm biases (norm_bias)
+    mlp_norm_b: torch.Tensor | None = None
+    gate_up_b: torch.Tensor | None = None  # MLP biases (mlp_bias; down_b on one rank only)
+    down_b: torch.Tensor | None = None
 
 
 class TransformerDecoder(DecoderModel):
@@ -259,6 +280,10 @@ class TransformerDecoder(DecoderModel):
                 start += size
             return cat_rows(taken)  # (FP8 parts: values and scales)
 
+        def norm_bias(name: str) -> torch.Tensor | None:
+            """The bias beside a LayerNorm's weight `name` (norm_bias), else None."""
+            return w(name.removesuffix(".weight") + ".bias", hidden) if c.norm_bias else None
+
         def norm(name: str, size: int = hidden) -> torch.Tensor:
             if not c.norm_offset:
                 return w(name, size)
@@ -276,6 +301,7 @@ class TransformerDecoder(DecoderModel):
             self.embed = self._vocab_rows(state[checked(n.embed, table)])
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
         self.final_norm = norm(n.final_norm)
+        self.final_norm_b = norm_bias(n.final_norm)
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
         self.zero_bias = torch.zeros(hidden, device=device, dtype=dtype) if c.layer_norm else None
         if c.logit_scale is not None:  # logits = head(norm(x) * w * s): the scale rides on the norm's weight
@@ -309,17 +335,27 @@ class TransformerDecoder(DecoderModel):
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
                                     w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
             inter = c.intermediate_size
-            moe = gate_up_w = down_w = None
+            moe = gate_up_w = down_w = gate_up_b = down_b = None
             if c.moe and c.moe.layers[i]:
                 moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part, first_rank=first_rank)
                 moe.scale_output(c.residual_scale)
+            elif not c.gated_mlp:  # (its one projection in gate_up_w: the fused MLP's first linear)
+                gate_up_w = w(p + n.up + ".weight", inter, hidden, rows=mlp_part)
+                gate_up_b = w(p + n.up + ".bias", inter, rows=mlp_part) if c.mlp_bias else None
             elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
+                if c.mlp_bias:
+                    gate_up_b = fused(p + n.gate_up + ".bias", [(inter, mlp_part), (inter, mlp_part)], 2 * inter)
             else:
                 gate_up_w = cat_rows([w(p + n.gate + ".weight", inter, hidden, rows=mlp_part),
                                       w(p + n.up + ".weight", inter, hidden, rows=mlp_part)])
+                if c.mlp_bias:
+                    gate_up_b = torch.cat([w(p + n.gate + ".bias", inter, rows=mlp_part),
+                                           w(p + n.up + ".bias", inter, rows=mlp_part)])
             if moe is None:
                 down_w = scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale)
+                if c.mlp_bias and first_rank:  # (one rank adds it, as the output projection's)
+                    down_b = scaled(w(p + n.down + ".bias", hidden), c.residual_scale)
             q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if c.qk_norm else None
             k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if c.qk_norm else None
             if order is not None:
@@ -347,8 +383,12 @@ class TransformerDecoder(DecoderModel):
                 local=window is not None and self.local_cos_sin is not None,
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
+                attn_norm_b=norm_bias(p + n.attn_norm + ".weight"),
+                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if not c.parallel_block else None,
+                gate_up_b=gate_up_b,
+                down_b=down_b,
             ))
-        self.activation = GATED_ACTIVATIONS[c.activation]
+        self.activation = (GATED_ACTIVATIONS if c.gated_mlp else PLAIN_ACTIVATIONS)[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
             self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
                                   intermediate_size=c.intermediate_size // tp.world,
@@ -406,30 +446,34 @@ class TransformerDecoder(DecoderModel):
         if c.parallel_block:
             return self._parallel_hidden_states(batch, cache, cos_sin, local)
         # The token embeddings (the first residual) and the first norm in one launch.
+        pre = None  # the first layer's input comes normalised from the embedding kernel
         if not c.pre_norms:  # a post-norm block: the first layer reads the embeddings as they are
             x = residual = self._embed(batch.input_ids)
+        elif c.layer_norm:  # LayerNorms: the first one in the QKV projection's prologue
+            x = residual = self._embed(batch.input_ids)
+            pre = kernels.PreNorm(self.layers[0].attn_norm, self._norm_bias(self.layers[0].attn_norm_b), eps)
         elif self.tp is None:
             x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
                                                      scale=c.embed_scale)
         else:
             x, residual = self._parallel_embedding(batch.input_ids, self.layers[0].attn_norm, eps)
-        pre = None  # the first layer's input comes normalised from the embedding kernel
         for li, layer in enumerate(self.layers):
             h = self._attend(x, li, layer, batch, cache, cos_sin, local, pre)
-            mlp_pre = kernels.PreNorm(layer.mlp_norm, None, eps, residual=residual, sum_out=torch.empty_like(residual),
-                                      x_norm=layer.attn_post_norm)
+            mlp_pre = kernels.PreNorm(layer.mlp_norm, self._norm_bias(layer.mlp_norm_b), eps, residual=residual,
+                                      sum_out=torch.empty_like(residual), x_norm=layer.attn_post_norm)
             residual = mlp_pre.sum_out  # the residual stream from here, written by the prenorm
             if self.tp is not None:  # each rank's heads' share of the projection, summed (and normed where fused)
                 h, mlp_pre = self.tp.all_reduce_then(h, mlp_pre)
             if layer.moe is None:
-                x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, None, self.activation, prenorm=mlp_pre),
-                                       layer.down_w)
+                x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, layer.gate_up_b, self.activation,
+                                                          prenorm=mlp_pre), layer.down_w, layer.down_b)
             else:  # the router's linear normalises the rows (mlp_pre) for itself and the experts
                 x = layer.moe(h, self.activation, mlp_pre)
             pre = None
             if li + 1 < len(self.layers):
-                pre = kernels.PreNorm(self.layers[li + 1].attn_norm, None, eps, residual=residual,
-                                      sum_out=torch.empty_like(residual), x_norm=layer.mlp_post_norm)
+                following = self.layers[li + 1]
+                pre = kernels.PreNorm(following.attn_norm, self._norm_bias(following.attn_norm_b), eps,
+                                      residual=residual, sum_out=torch.empty_like(residual), x_norm=layer.mlp_post_norm)
                 residual = pre.sum_out
             if self.tp is not None:
                 x, pre = self.tp.all_reduce_then(x, pre)
@@ -438,6 +482,8 @@ class TransformerDecoder(DecoderModel):
         last = self.layers[-1]
         if last.mlp_post_norm is not None:
             x, _ = kernels.rms_norm(x, last.mlp_post_norm, eps)
+        if c.layer_norm:
+            return self._norm(x, self.final_norm, residual, self.final_norm_b)[0]
         x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
         return x
 
@@ -463,14 +509,19 @@ class TransformerDecoder(DecoderModel):
             m, x = m[batch.logits_index], x[batch.logits_index]
         return self._norm(m, self.final_norm, x)[0]
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None):
-        """(RMSNorm, or with `layer_norm` LayerNorm without a bias (Cohere's), of x's rows plus
-        `residual`'s, that sum as the next residual stream: written by the same launch; x itself
-        without a residual)."""
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None):
+        """(RMSNorm, or with `layer_norm` LayerNorm (with `bias`, or without one as Cohere's), of
+        x's rows plus `residual`'s, that sum as the next residual stream: written by the same
+        launch; x itself without a residual)."""
         total = None if residual is None else torch.empty_like(residual)
-        bias = self.zero_bias if self.config.layer_norm else None
-        pre = kernels.PreNorm(weight, bias, self.config.norm_eps, residual=residual, sum_out=total)
+        pre = kernels.PreNorm(weight, self._norm_bias(bias), self.config.norm_eps, residual=residual, sum_out=total)
         return kernels.prenormed(x, pre), x if total is None else total
+
+    def _norm_bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """What a PreNorm takes as the norm's bias: `bias`; with `layer_norm` and no bias a zero
+        one (the kernels' LayerNorm); None for an RMSNorm."""
+        return bias if bias is not None else self.zero_bias
 
     def _attend(self, x: torch.Tensor, li: int, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
                 cos_sin: torch.Tensor, local: torch.Tensor | None, pre: kernels.PreNorm | None = None) -> torch.Tensor:
@@ -501,7 +552,8 @@ class TransformerDecoder(DecoderModel):
         """The layer's MLP (dense or mixture of experts) over its input rows x."""
         if layer.moe is not None:
             return layer.moe(x, self.activation)
-        return kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, None, self.activation), layer.down_w)
+        return kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, layer.gate_up_b, self.activation),
+                                  layer.down_w, layer.down_b)
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *
@@ -527,8 +579,6 @@ def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool
     """The options every family reads the same way from a Hugging Face config, plus the
     family's own (`options`, DecoderSpec's fields). `default_theta` / `tie_default` are the
     family's defaults where the config omits rope_theta / tie_word_embeddings."""
-    if cfg.get("mlp_bias"):
-        raise ValueError("MLP biases (mlp_bias) are not supported")
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     max_positions = cfg.get("max_position_embeddings", 2048)
@@ -546,6 +596,7 @@ def spec_from_hf(cfg: dict, *, default_theta: float = 10000.0, tie_default: bool
         rope=Rope.from_hf(rope_parameters(cfg), theta, max_positions),
         max_position_embeddings=max_positions,
         tie_word_embeddings=cfg.get("tie_word_embeddings", tie_default),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids(cfg),
     )
