@@ -150,6 +150,16 @@ STARCODER2_3B = {
     "max_position_embeddings": 16384, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0,
 }
 
+# stabilityai/stablelm-2-1_6b: Llama's MLP with LayerNorms that have a bias, a rotary over a
+# quarter of each head, Q/K/V biases.
+STABLELM_2_1_6B = {
+    "model_type": "stablelm", "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
+    "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "rope_theta": 10000.0, "use_qkv_bias": True,
+    "qk_layernorm": False, "use_parallel_residual": False, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False, "bos_token_id": 100257, "eos_token_id": 100257,
+}
+
 # Mixture-of-experts shapes. Mixtral-8x7B-Instruct-v0.1: every layer 8 experts, the top 2 per token.
 MIXTRAL_8X7B = {
     "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
@@ -274,6 +284,7 @@ DECODER_SHAPES = {
     "ernie-4.5-21b-a3b": ERNIE_4_5_21B_A3B,
     "helium-1-2b": HELIUM_1_2B,
     "starcoder2-3b": STARCODER2_3B,
+    "stablelm-2-1.6b": STABLELM_2_1_6B,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,

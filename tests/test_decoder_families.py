@@ -85,6 +85,9 @@ CASES = [
     ("gpt-oss", "gpt-oss-20b", {}),
     ("starcoder2", "starcoder2-3b", {}),
     ("starcoder2-no-bias-exact-gelu", "starcoder2-3b", {"use_bias": False, "hidden_act": "gelu", "sliding_window": None}),
+    ("stablelm", "stablelm-2-1.6b", {}),
+    ("stablelm-3b-gqa-no-qkv-bias", "stablelm-2-1.6b", {"num_key_value_heads": 2, "use_qkv_bias": False,
+                                                       "partial_rotary_factor": 0.5}),
     # Llama with MLP biases (`mlp_bias`): the gated MLP's biases
     ("llama-mlp-bias", "llama-3.1-8b", {"mlp_bias": True}),
 ]
@@ -247,6 +250,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("olmoe-1b-7b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
     ("gpt-oss-20b", {"swiglu_limit": 8.0}, "swiglu_limit"),
+    ("stablelm-2-1.6b", {"qk_layernorm": True}, "qk_layernorm"),
+    ("stablelm-2-1.6b", {"use_parallel_residual": True}, "use_parallel_residual"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):

@@ -110,6 +110,7 @@ DECODER_FAMILIES = {
     "cohere2": "cohere",
     "gpt_oss": "gpt_oss",
     "starcoder2": "starcoder2",
+    "stablelm": "stablelm",
     "gpt2": "gpt2",
 }
 
