@@ -160,6 +160,24 @@ STABLELM_2_1_6B = {
     "tie_word_embeddings": False, "bos_token_id": 100257, "eos_token_id": 100257,
 }
 
+# nvidia/Nemotron-Mini-4B-Instruct: LayerNorm1P (a bias, the weight applied as 1 + w), a plain
+# squared-ReLU MLP, a rotary over half of each head.
+NEMOTRON_MINI_4B = {
+    "model_type": "nemotron", "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 9216,
+    "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
+    "hidden_act": "relu2", "norm_eps": 1e-5, "partial_rotary_factor": 0.5, "rope_theta": 10000.0,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": 2, "eos_token_id": 3,
+}
+
+# The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
+# squared-ReLU MLP.
+ARCEE_AFM = {
+    "model_type": "arcee", "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 18432,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "relu2",
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    "bos_token_id": 128000, "eos_token_id": 128001,
+}
+
 # Mixture-of-experts shapes. Mixtral-8x7B-Instruct-v0.1: every layer 8 experts, the top 2 per token.
 MIXTRAL_8X7B = {
     "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
@@ -285,6 +303,8 @@ DECODER_SHAPES = {
     "helium-1-2b": HELIUM_1_2B,
     "starcoder2-3b": STARCODER2_3B,
     "stablelm-2-1.6b": STABLELM_2_1_6B,
+    "nemotron-mini-4b": NEMOTRON_MINI_4B,
+    "arcee-afm": ARCEE_AFM,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,

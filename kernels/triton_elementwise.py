@@ -61,7 +61,8 @@ def _tanh_gelu(h):
 
 # The activation codes of `apply_act` (below): linear_act's names; the gated ones take the up
 # half as a second operand (reference.GATED_ACTIVATIONS).
-ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4, "gelu_mul": 5, "swiglu_oai": 6}
+ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4, "gelu_mul": 5, "swiglu_oai": 6,
+            "relu2": 7}
 # "swiglu_oai": gpt-oss's swiglu_alpha (1.702) and swiglu_limit (7.0), the reference's values
 # as compile-time constants of the kernels.
 _OAI_ALPHA = tl.constexpr(SWIGLU_OAI_ALPHA)
@@ -87,6 +88,9 @@ def apply_act(acc, acc_b, ACT: tl.constexpr):
         g = tl.minimum(acc, _OAI_LIMIT)
         u = tl.minimum(tl.maximum(acc_b, -_OAI_LIMIT), _OAI_LIMIT)
         acc = g / (1.0 + tl.exp(g * -_OAI_ALPHA)) * (u + 1.0)
+    elif ACT == 7:  # squared ReLU
+        acc = tl.maximum(acc, 0.0)
+        acc = acc * acc
     return acc
 
 

@@ -88,8 +88,11 @@ CASES = [
     ("stablelm", "stablelm-2-1.6b", {}),
     ("stablelm-3b-gqa-no-qkv-bias", "stablelm-2-1.6b", {"num_key_value_heads": 2, "use_qkv_bias": False,
                                                        "partial_rotary_factor": 0.5}),
-    # Llama with MLP biases (`mlp_bias`): the gated MLP's biases
-    ("llama-mlp-bias", "llama-3.1-8b", {"mlp_bias": True}),
+    ("nemotron", "nemotron-mini-4b", {}),
+    ("nemotron-biases", "nemotron-mini-4b", {"attention_bias": True, "mlp_bias": True, "partial_rotary_factor": 0.25}),
+    ("arcee", "arcee-afm", {"num_key_value_heads": 8, "attention_bias": True, "mlp_bias": True}),
+    # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
+    ("llama-biases", "llama-3.1-8b", {"attention_bias": True, "mlp_bias": True}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -138,7 +141,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss", "starcoder2")
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss", "starcoder2",
+                   "nemotron")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)

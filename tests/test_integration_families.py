@@ -50,6 +50,8 @@ FAMILIES = [
     ("gen_gpt_oss", "gpt-oss-20b", {}),
     ("gen_starcoder2", "starcoder2-3b", {}),
     ("gen_stablelm", "stablelm-2-1.6b", {}),
+    ("gen_nemotron", "nemotron-mini-4b", {}),
+    ("gen_arcee", "arcee-afm", {}),
     ("gen_ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),

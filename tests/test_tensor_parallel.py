@@ -106,7 +106,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("granite-3.1-3b-a800m", 8), ("glm-4.5-air", 24), ("exaone-4", 8),
                                            ("command-r7b", 8), ("hunyuan-7b", 8), ("gpt-oss-20b", 16),
                                            ("ernie-4.5-21b-a3b", 10), ("dots.llm1", 8),
-                                           ("starcoder2-3b", 24), ("stablelm-2-1.6b", 8)])
+                                           ("starcoder2-3b", 24), ("stablelm-2-1.6b", 8),
+                                           ("nemotron-mini-4b", 8), ("arcee-afm", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes)
         folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])

@@ -111,6 +111,8 @@ DECODER_FAMILIES = {
     "gpt_oss": "gpt_oss",
     "starcoder2": "starcoder2",
     "stablelm": "stablelm",
+    "nemotron": "nemotron",
+    "arcee": "arcee",
     "gpt2": "gpt2",
 }
 

@@ -4,10 +4,11 @@ A family file (llama.py, qwen3.py, gemma2.py, ...) maps its Hugging Face config 
 `DecoderSpec` and names its tensors (`WeightNames`); this module builds the model from those
 and runs it. What differs between the families is data, read here in one place:
 
-    norm_offset      RMSNorm weight applied as (offset + w): Gemma's (1 + w), kept in fp32
+    norm_offset      norm weight applied as (offset + w): Gemma's (1 + w), Nemotron's LayerNorm's; kept in fp32
     activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU); with
-                     gated_mlp False the plain MLP's: gelu_tanh or gelu
-    gated_mlp        False: up projection, activation, down projection, no gate (Starcoder2)
+                     gated_mlp False the plain MLP's: gelu_tanh, gelu or relu2 (squared ReLU)
+    gated_mlp        False: up projection, activation, down projection, no gate (Starcoder2,
+                     Nemotron, Arcee)
     mlp_bias         biases on the MLP's projections (Starcoder2)
     qkv_bias         biases on Q, K, V (Qwen2)
     o_bias           a bias on the attention's output projection (gpt-oss)
@@ -63,7 +64,7 @@ from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 # spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
 # the same for a plain (ungated) MLP's activation
-PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2"}
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,8 @@ class DecoderSpec:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
-        if self.layer_norm and not (self.norm_offset == 0 and not self.qk_norm and not self.sandwich_norms
-                                    and self.pre_norms and not (self.parallel_block and self.norm_bias)):
+        if self.layer_norm and not (not self.qk_norm and not self.sandwich_norms and self.pre_norms
+                                    and not (self.parallel_block and (self.norm_bias or self.norm_offset))):
             raise ValueError("LayerNorms are supported before attention and the MLP (with biases: Starcoder2) and in "
                              "the parallel block (Cohere's, without), without q/k or sandwich norms")
         if self.norm_bias and not self.layer_norm:
