@@ -93,6 +93,12 @@ CASES = [
     ("arcee", "arcee-afm", {"num_key_value_heads": 8, "attention_bias": True, "mlp_bias": True}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
     ("llama-biases", "llama-3.1-8b", {"attention_bias": True, "mlp_bias": True}),
+    # Llama's block under other names: InternLM3 (its biases), IQuest-Coder
+    ("internlm3", "llama-3.1-8b", {"model_type": "internlm3", "head_dim": 16, "attention_bias": True,
+                                   "mlp_bias": True}),
+    ("iquestcoder", "llama-3.1-8b", {"model_type": "iquestcoder", "head_dim": 16}),
+    # VaultGemma on Gemma 2's sizes: no norms after attention and the MLP
+    ("vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -255,11 +261,22 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
     ("gpt-oss-20b", {"swiglu_limit": 8.0}, "swiglu_limit"),
     ("stablelm-2-1.6b", {"qk_layernorm": True}, "qk_layernorm"),
+    ("llama-3.1-8b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("stablelm-2-1.6b", {"use_parallel_residual": True}, "use_parallel_residual"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
         load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
+def test_internlm3_reads_its_config_names_for_the_biases():
+    """InternLM3's config.json names its biases `qkv_bias` (Q, K, V and O) and `bias` (the MLP)."""
+    from tritonformer.backend.models import llama
+
+    spec = llama.from_hf({**shrunk("llama-3.1-8b"), "model_type": "internlm3", "qkv_bias": True, "bias": True})
+    assert spec.qkv_bias and spec.o_bias and spec.mlp_bias
+    spec = llama.from_hf({**shrunk("llama-3.1-8b"), "model_type": "internlm3", "qkv_bias": False, "bias": False})
+    assert not (spec.qkv_bias or spec.o_bias or spec.mlp_bias)
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

@@ -52,6 +52,10 @@ FAMILIES = [
     ("gen_stablelm", "stablelm-2-1.6b", {}),
     ("gen_nemotron", "nemotron-mini-4b", {}),
     ("gen_arcee", "arcee-afm", {}),
+    ("gen_internlm3", "llama-3.1-8b", {"model_type": "internlm3", "head_dim": 16, "attention_bias": True,
+                                       "mlp_bias": True}),
+    ("gen_iquestcoder", "llama-3.1-8b", {"model_type": "iquestcoder", "head_dim": 16}),
+    ("gen_vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
     ("gen_ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),

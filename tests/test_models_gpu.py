@@ -336,6 +336,9 @@ ON_OLMO2_SHAPE = {
     "ministral3": {"model_type": "ministral3", "head_dim": 128, "num_key_value_heads": 8, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 1024,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
+    "vaultgemma": {"model_type": "vaultgemma", "head_dim": 128, "num_key_value_heads": 8, "sliding_window": 512},
+    "internlm3": {"model_type": "internlm3", "head_dim": 128, "num_key_value_heads": 8, "attention_bias": True,
+                  "mlp_bias": True},
 }
 
 

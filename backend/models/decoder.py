@@ -75,6 +75,8 @@ def eos_ids(cfg: dict) -> tuple[int, ...]:
 # wrap the decoder (a multimodal model's text part). Adding a family: one file and one line here.
 DECODER_FAMILIES = {
     "llama": "llama",
+    "internlm3": "llama",
+    "iquestcoder": "llama",
     "mistral": "mistral",
     "ministral": "mistral",
     "mistral3": "mistral",
@@ -86,6 +88,7 @@ DECODER_FAMILIES = {
     "qwen3_moe": "qwen3_moe",
     "gemma": "gemma",
     "gemma2": "gemma2",
+    "vaultgemma": "vaultgemma",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",
     "phi3": "phi3",

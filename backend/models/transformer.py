@@ -9,7 +9,7 @@ and runs it. What differs between the families is data, read here in one place:
                      gated_mlp False the plain MLP's: gelu_tanh, gelu or relu2 (squared ReLU)
     gated_mlp        False: up projection, activation, down projection, no gate (Starcoder2,
                      Nemotron, Arcee)
-    mlp_bias         biases on the MLP's projections (Starcoder2)
+    mlp_bias         biases on the MLP's projections (Starcoder2; Llama's, Nemotron's where set)
     qkv_bias         biases on Q, K, V (Qwen2)
     o_bias           a bias on the attention's output projection (gpt-oss)
     sinks            per layer and query head a learnt logit in the attention's softmax, whose
@@ -307,6 +307,8 @@ class TransformerDecoder(DecoderModel):
         self.zero_bias = torch.zeros(hidden, device=device, dtype=dtype) if c.layer_norm else None
         if c.logit_scale is not None:  # logits = head(norm(x) * w * s): the scale rides on the norm's weight
             self.final_norm = (self.final_norm.float() * c.logit_scale).to(self.final_norm.dtype)
+            if self.final_norm_b is not None:  # (and its bias)
+                self.final_norm_b = (self.final_norm_b.float() * c.logit_scale).to(self.final_norm_b.dtype)
         # Rotary tables for every position, looked up per token: no per-iteration trigonometry,
         # and a lookup is all a captured CUDA graph needs to replay.
         self.rope_cos_sin = c.rope.cos_sin(c.max_position_embeddings, head, device, c.rotary_dim)
@@ -446,11 +448,12 @@ class TransformerDecoder(DecoderModel):
         local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
         if c.parallel_block:
             return self._parallel_hidden_states(batch, cache, cos_sin, local)
-        # The token embeddings (the first residual) and the first norm in one launch.
-        pre = None  # the first layer's input comes normalised from the embedding kernel
+        # The token embeddings (the first residual) and the first norm in one launch (an
+        # RMSNorm's; a LayerNorm runs in the first QKV projection's prologue instead).
+        pre = None  # (the first layer's input comes normalised from the embedding kernel)
         if not c.pre_norms:  # a post-norm block: the first layer reads the embeddings as they are
             x = residual = self._embed(batch.input_ids)
-        elif c.layer_norm:  # LayerNorms: the first one in the QKV projection's prologue
+        elif c.layer_norm:
             x = residual = self._embed(batch.input_ids)
             pre = kernels.PreNorm(self.layers[0].attn_norm, self._norm_bias(self.layers[0].attn_norm_b), eps)
         elif self.tp is None:
