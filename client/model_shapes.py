@@ -178,6 +178,15 @@ ARCEE_AFM = {
     "bos_token_id": 128000, "eos_token_id": 128001,
 }
 
+# The shape transformers' Jais2Config defaults to: LayerNorms with biases, a plain squared-ReLU
+# MLP, biases on every linear.
+JAIS2 = {
+    "model_type": "jais2", "vocab_size": 150272, "hidden_size": 3328, "intermediate_size": 26624,
+    "num_hidden_layers": 32, "num_attention_heads": 26, "num_key_value_heads": 26, "hidden_act": "relu2",
+    "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 8192, "attention_bias": True,
+    "mlp_bias": True, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 150024,
+}
+
 # Mixture-of-experts shapes. Mixtral-8x7B-Instruct-v0.1: every layer 8 experts, the top 2 per token.
 MIXTRAL_8X7B = {
     "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
@@ -235,6 +244,17 @@ DOTS_LLM1 = {
     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-6,
     "rope_theta": 10000000.0, "max_position_embeddings": 32768, "sliding_window": None, "tie_word_embeddings": False,
     "bos_token_id": None, "eos_token_id": 151645, "pad_token_id": 151643,
+}
+
+# upstage/Solar-Open-100B (the shape transformers' SolarOpenConfig defaults to): Llama's attention
+# with GLM-4.5's mixture of experts in every layer, 128 experts, the top 8, one shared.
+SOLAR_OPEN_100B = {
+    "model_type": "solar_open", "vocab_size": 196608, "hidden_size": 4096, "num_hidden_layers": 48,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+    "rope_theta": 1e6, "max_position_embeddings": 131072, "moe_intermediate_size": 1280, "n_routed_experts": 128,
+    "num_experts_per_tok": 8, "n_shared_experts": 1, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True, "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 # OLMo-2-1124-7B (model_type olmo2): Llama's sizes with the norms after attention and the MLP,
 # and q / k norms over all heads.
@@ -305,12 +325,14 @@ DECODER_SHAPES = {
     "stablelm-2-1.6b": STABLELM_2_1_6B,
     "nemotron-mini-4b": NEMOTRON_MINI_4B,
     "arcee-afm": ARCEE_AFM,
+    "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "glm-4.5-air": GLM_4_5_AIR,
     "dots.llm1": DOTS_LLM1,
+    "solar-open-100b": SOLAR_OPEN_100B,
     "olmo-2-7b": OLMO_2_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
     "command-r7b": COMMAND_R7B,

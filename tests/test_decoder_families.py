@@ -60,6 +60,9 @@ CASES = [
     ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
     ("dots1", "dots.llm1", {}),
+    ("solar-open", "solar-open-100b", {}),
+    ("solar-open-biased-scaled", "solar-open-100b", {"attention_bias": True, "n_shared_experts": 2,
+                                                      "routed_scaling_factor": 2.5, "norm_topk_prob": False}),
     ("dots1-windowed", "dots.llm1", {"sliding_window": 8, "max_window_layers": 1, "norm_topk_prob": False}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
     ("olmoe", "olmoe-1b-7b", {"num_key_value_heads": 2}),
@@ -91,6 +94,7 @@ CASES = [
     ("nemotron", "nemotron-mini-4b", {}),
     ("nemotron-biases", "nemotron-mini-4b", {"attention_bias": True, "mlp_bias": True, "partial_rotary_factor": 0.25}),
     ("arcee", "arcee-afm", {"num_key_value_heads": 8, "attention_bias": True, "mlp_bias": True}),
+    ("jais2", "jais2", {"num_key_value_heads": 2}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
     ("llama-biases", "llama-3.1-8b", {"attention_bias": True, "mlp_bias": True}),
     # Llama's block under other names: InternLM3 (its biases), IQuest-Coder

@@ -56,6 +56,8 @@ FAMILIES = [
                                        "mlp_bias": True}),
     ("gen_iquestcoder", "llama-3.1-8b", {"model_type": "iquestcoder", "head_dim": 16}),
     ("gen_vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
+    ("gen_jais2", "jais2", {}),
+    ("gen_solar_open", "solar-open-100b", {}),
     ("gen_ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),

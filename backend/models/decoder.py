@@ -104,6 +104,7 @@ DECODER_FAMILIES = {
     "glm4": "glm",
     "glm4_moe": "glm4_moe",
     "dots1": "dots1",
+    "solar_open": "solar_open",
     "olmo2": "olmo2",
     "olmo3": "olmo2",
     "olmoe": "olmoe",
@@ -116,6 +117,7 @@ DECODER_FAMILIES = {
     "stablelm": "stablelm",
     "nemotron": "nemotron",
     "arcee": "arcee",
+    "jais2": "jais2",
     "gpt2": "gpt2",
 }
 
