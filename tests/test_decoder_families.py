@@ -83,6 +83,11 @@ CASES = [
                              "tie_word_embeddings": True}),
     ("cohere2", "olmo-2-7b", {"model_type": "cohere2", "num_key_value_heads": 2, "sliding_window": 8,
                               "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True}),
+    # EXAONE MoE on OLMo 2's sizes: EXAONE 4's attention in a pre-norm block, a dense first layer, then
+    # DeepSeek-V3's experts (a shared one); a local layer and a NoPE global one
+    ("exaone-moe", "olmo-2-7b", {"model_type": "exaone_moe", "num_key_value_heads": 2, "sliding_window": 8,
+                                 "sliding_window_pattern": 2, "num_experts": 8, "num_experts_per_tok": 2,
+                                 "moe_intermediate_size": 80, "num_shared_experts": 1, "first_k_dense_replace": 1}),
     ("exaone4", "olmo-2-7b", {"model_type": "exaone4", "sliding_window": None, "tie_word_embeddings": True,
                               "layer_types": ["full_attention"] * 2}),
     ("gpt-oss", "gpt-oss-20b", {}),

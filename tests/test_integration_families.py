@@ -58,6 +58,9 @@ FAMILIES = [
     ("gen_vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
     ("gen_jais2", "jais2", {}),
     ("gen_solar_open", "solar-open-100b", {}),
+    ("gen_exaone_moe", "olmo-2-7b", {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2,
+                                     "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 80,
+                                     "first_k_dense_replace": 1}),
     ("gen_ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),

@@ -110,6 +110,7 @@ DECODER_FAMILIES = {
     "olmoe": "olmoe",
     "hunyuan_v1_dense": "hunyuan",
     "exaone4": "exaone4",
+    "exaone_moe": "exaone_moe",
     "cohere": "cohere",
     "cohere2": "cohere",
     "gpt_oss": "gpt_oss",
