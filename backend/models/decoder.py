@@ -75,8 +75,6 @@ def eos_ids(cfg: dict) -> tuple[int, ...]:
 # wrap the decoder (a multimodal model's text part). Adding a family: one file and one line here.
 DECODER_FAMILIES = {
     "llama": "llama",
-    "internlm3": "llama",
-    "iquestcoder": "llama",
     "mistral": "mistral",
     "ministral": "mistral",
     "mistral3": "mistral",
@@ -115,6 +113,8 @@ DECODER_FAMILIES = {
     "cohere2": "cohere",
     "gpt_oss": "gpt_oss",
     "starcoder2": "starcoder2",
+    "internlm3": "llama",  # (Llama's block under its own name)
+    "iquestcoder": "llama",
     "stablelm": "stablelm",
     "nemotron": "nemotron",
     "arcee": "arcee",
