@@ -141,8 +141,9 @@ HELIUM_1_2B = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
 }
 
-# bigcode/starcoder2-3b (the shape transformers' Starcoder2Config defaults to): LayerNorms with a
-# bias, a plain GELU MLP, biases on every linear, a 4,096-token window on every layer.
+# bigcode/starcoder2-3b: the widths transformers' Starcoder2Config defaults to; the rope base,
+# window and context as its config.json was recalled (not checked against it here). LayerNorms
+# with a bias, a plain GELU MLP, biases on every linear, a 4,096-token window on every layer.
 STARCODER2_3B = {
     "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288,
     "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2, "hidden_act": "gelu_pytorch_tanh",
@@ -150,8 +151,8 @@ STARCODER2_3B = {
     "max_position_embeddings": 16384, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0,
 }
 
-# stabilityai/stablelm-2-1_6b: Llama's MLP with LayerNorms that have a bias, a rotary over a
-# quarter of each head, Q/K/V biases.
+# stabilityai/stablelm-2-1_6b, as its config.json was recalled (not checked against it here):
+# Llama's MLP with LayerNorms that have a bias, a rotary over a quarter of each head, Q/K/V biases.
 STABLELM_2_1_6B = {
     "model_type": "stablelm", "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 5632,
     "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
@@ -160,8 +161,8 @@ STABLELM_2_1_6B = {
     "tie_word_embeddings": False, "bos_token_id": 100257, "eos_token_id": 100257,
 }
 
-# nvidia/Nemotron-Mini-4B-Instruct: LayerNorm1P (a bias, the weight applied as 1 + w), a plain
-# squared-ReLU MLP, a rotary over half of each head.
+# nvidia/Nemotron-Mini-4B-Instruct, as its config.json was recalled (not checked against it here):
+# LayerNorm1P (a bias, the weight applied as 1 + w), a plain squared-ReLU MLP, a half-head rotary.
 NEMOTRON_MINI_4B = {
     "model_type": "nemotron", "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 9216,
     "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,

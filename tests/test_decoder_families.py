@@ -92,7 +92,8 @@ CASES = [
                               "layer_types": ["full_attention"] * 2}),
     ("gpt-oss", "gpt-oss-20b", {}),
     ("starcoder2", "starcoder2-3b", {}),
-    ("starcoder2-no-bias-exact-gelu", "starcoder2-3b", {"use_bias": False, "hidden_act": "gelu", "sliding_window": None}),
+    ("starcoder2-no-bias-exact-gelu", "starcoder2-3b",
+     {"use_bias": False, "hidden_act": "gelu", "sliding_window": None}),
     ("stablelm", "stablelm-2-1.6b", {}),
     ("stablelm-3b-gqa-no-qkv-bias", "stablelm-2-1.6b", {"num_key_value_heads": 2, "use_qkv_bias": False,
                                                        "partial_rotary_factor": 0.5}),
@@ -160,7 +161,8 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "nemotron")
 
 
-@pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES], ids=ITERATION_CASES)
+@pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
+                         ids=[c[0] for c in CASES if c[0] in ITERATION_CASES])
 def test_family_iterations_match_hf_full_forward(case, shape, changes):
     """Sequences join at different iterations, prefill chunks and decodes share iterations, and
     each step's logits equal HF's on the whole sequence so far."""
@@ -286,6 +288,13 @@ def test_internlm3_reads_its_config_names_for_the_biases():
     assert spec.qkv_bias and spec.o_bias and spec.mlp_bias
     spec = llama.from_hf({**shrunk("llama-3.1-8b"), "model_type": "internlm3", "qkv_bias": False, "bias": False})
     assert not (spec.qkv_bias or spec.o_bias or spec.mlp_bias)
+
+
+@pytest.mark.parametrize("shape,act,supported", [("starcoder2-3b", "silu", "gelu_pytorch_tanh, gelu_new, gelu"),
+                                                  ("arcee-afm", "silu", "relu2"), ("jais2", "gelu", "relu2")])
+def test_a_plain_mlp_activation_a_family_does_not_have_is_refused_by_name(shape, act, supported):
+    with pytest.raises(ValueError, match=rf"hidden_act '{act}' \(supported: {supported}\)"):
+        load_decoder({**shrunk(shape), "hidden_act": act}, {}, CPU, torch.float32)
 
 
 def test_a_tensor_that_does_not_match_the_config_is_named():

@@ -20,7 +20,8 @@ def from_hf(cfg: dict) -> DecoderSpec:
     types = cfg.get("mlp_layer_types")
     if types:
         if len(types) != cfg["num_hidden_layers"] or not set(types) <= {"dense", "sparse"}:
-            raise ValueError(f"mlp_layer_types must list 'dense' / 'sparse' for each of {cfg['num_hidden_layers']} layers")
+            raise ValueError(f"mlp_layer_types must list 'dense' / 'sparse' for each of "
+                             f"{cfg['num_hidden_layers']} layers")
         moe = replace(moe, layers=tuple(t == "sparse" for t in types))
     return spec_from_hf(cfg, norm_eps=cfg.get("rms_norm_eps", 1e-5), qk_norm=True, layer_windows=windows,
                         rope_layers=rope_layers, moe=moe)

@@ -10,7 +10,8 @@ from tritonformer.backend.models.transformer import DecoderSpec, TransformerDeco
 def from_hf(cfg: dict) -> DecoderSpec:
     for option in ("clip_qkv", "use_sliding_window"):
         if cfg.get(option):
-            raise ValueError(f"{cfg.get('model_type', 'llama')} with {option} is not supported (supported: {option} unset)")
+            raise ValueError(f"{cfg.get('model_type', 'llama')} with {option} is not supported "
+                             f"(supported: {option} unset)")
     if cfg.get("model_type") == "internlm3":  # (its config.json's names for the two biases)
         cfg = {"attention_bias": cfg.get("qkv_bias", False), "mlp_bias": cfg.get("bias", False), **cfg}
     bias = bool(cfg.get("attention_bias", False))

@@ -65,6 +65,18 @@ from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
 # the same for a plain (ungated) MLP's activation
 PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2"}
+# Hugging Face's `hidden_act` names of those -> the spec's
+HF_PLAIN_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu", "relu2": "relu2"}
+
+
+def plain_activation(cfg: dict, family: str, supported: tuple[str, ...]) -> str:
+    """The plain MLP's activation (a PLAIN_ACTIVATIONS name) for the config's `hidden_act`, one
+    of the family's `supported` Hugging Face names (the first where the config has none); any
+    other is a load error that names them."""
+    act = cfg.get("hidden_act", supported[0])
+    if act not in supported:
+        raise ValueError(f"unsupported {family} hidden_act {act!r} (supported: {', '.join(supported)})")
+    return HF_PLAIN_ACTIVATIONS[act]
 
 
 @dataclass(frozen=True)
@@ -304,7 +316,7 @@ class TransformerDecoder(DecoderModel):
         self.final_norm = norm(n.final_norm)
         self.final_norm_b = norm_bias(n.final_norm)
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
-        self.zero_bias = torch.zeros(hidden, device=device, dtype=dtype) if c.layer_norm else None
+        self.zero_bias = torch.zeros(hidden, device=device, dtype=dtype) if c.layer_norm and not c.norm_bias else None
         if c.logit_scale is not None:  # logits = head(norm(x) * w * s): the scale rides on the norm's weight
             self.final_norm = (self.final_norm.float() * c.logit_scale).to(self.final_norm.dtype)
             if self.final_norm_b is not None:  # (and its bias)
