@@ -82,7 +82,9 @@ _MAX_K = 16384
 # Past _MAX_K (no PreNorm): the K loop's chunk, and the longest K it takes. Off (= _MAX_K): on the
 # H100 the loop lost to cuBLAS at one decode row, 62.8 vs 53.0 us at K = 18,944 (Qwen2.5-7B's down
 # projection) and 229.8 vs 169.7 us at K = 29,568 (test_gpu_timing_k_loop_gemv_vs_cublas); a chunk
-# sweep may change that, and the timing test sets MAX_LOOP_K to compare.
+# sweep may change that, and the timing test sets MAX_LOOP_K to compare. On the H200 too (whole
+# batch-1 steps, ab_decode_step.py with MAX_LOOP_K 32,768, chunks 2,048 / 4,096 / 8,192): Qwen2.5-7B
+# 1.012-1.103x, AFM-4.5B's shape (K = 18,432) 1.026-1.047x the step with cuBLAS.
 _K_CHUNK = 4096
 MAX_LOOP_K = _MAX_K
 

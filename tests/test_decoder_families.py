@@ -115,9 +115,9 @@ HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_
 CONFIG_CLASSES = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
 
 
-def _pair(shape: str, changes: dict, seed: int = 0):
-    """(HF model, ours) on the same random weights, fp32 on the CPU."""
-    cfg = {**shrunk(shape), **changes}
+def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
+    """(HF model, ours) on the same random weights, fp32 on the CPU; the config's keys `without` left out."""
+    cfg = {k: v for k, v in {**shrunk(shape), **changes}.items() if k not in without}
     model_type = cfg.pop("model_type")
     hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
     torch.manual_seed(seed)
@@ -278,6 +278,15 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
         load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
+def test_solar_open_loads_hf_config_without_a_dense_mlp_size():
+    """Solar Open has experts in every layer, so HF's config (and so a checkpoint's config.json) has no
+    `intermediate_size`: the model loads without one and still matches HF."""
+    hf, ours = _pair("solar-open-100b", {}, without=("intermediate_size",))
+    assert "intermediate_size" not in hf.config.to_dict()
+    prompt = torch.randint(3, 320, (21,), generator=torch.Generator().manual_seed(5)).tolist()
+    assert PagedSteps(ours, num_blocks=32, block_size=8).greedy([prompt], 8)[0] == _hf_greedy(hf, prompt, 8)
 
 
 def test_internlm3_reads_its_config_names_for_the_biases():

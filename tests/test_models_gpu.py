@@ -284,8 +284,10 @@ LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
 # of its fp32 ones), so only fp32 against fp32 routes the same tokens the same way. So do the top 6
 # or 8 of 128 by sigmoid score (dots.llm1: on the H200 HF's own bf16 model was at cosine 0.988 of
-# its fp32 one, under the 0.995 floor; Solar Open routes the same way).
-FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b"}
+# its fp32 one, under the 0.995 floor; Solar Open routes the same way), and EXAONE MoE's top 8 of 64 by
+# sigmoid score on OLMo 2's sizes (on the H200 it matched in fp32 every iteration; in bf16 one of
+# 21 checks, a 1-token prompt's, was at cosine 0.9968 where HF's own bf16 was at 0.99995).
+FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
@@ -295,6 +297,8 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
 
     cfg = dict(cfg)
     model_type = cfg.pop("model_type")
+    if model_type not in CONFIG_CLASSES:  # (a family newer than this transformers: carry a newer one)
+        pytest.skip(f"transformers {transformers.__version__} has no model_type {model_type}")
     hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
     torch.manual_seed(seed)
     # The experts as modeling_*.py writes them (a loop over the experts), not transformers' default
@@ -353,7 +357,8 @@ def test_family_on_a_7b_shape_matches_hf_on_gpu(name):
     from tritonformer.client.model_shapes import DECODER_SHAPES
 
     _check_every_iteration_against_hf({**DECODER_SHAPES["olmo-2-7b"], "num_hidden_layers": 4, "vocab_size": 32000,
-                                       "pad_token_id": 1, "eos_token_id": 2, **ON_OLMO2_SHAPE[name]})
+                                       "pad_token_id": 1, "eos_token_id": 2, **ON_OLMO2_SHAPE[name]},
+                                      torch.float32 if name in FP32 else torch.bfloat16)
 
 
 def _check_every_iteration_against_hf(cfg: dict, dtype: torch.dtype = torch.bfloat16):

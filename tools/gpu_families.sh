@@ -10,7 +10,9 @@
 # MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
 # TESTS=0 skips the GPU checks, BENCH=0 the benchmark, TUNE=0 the MoE GEMM timings (tools/gpu/tune_moe_gemm.py:
 # the tile sweep at 1, 2 and 2,000 tokens; run when MODELS holds a MoE shape);
-# LIMIT: seconds for the whole run (570).
+# LIMIT: seconds for the whole run (570); TRANSFORMERS_WHEEL: a transformers wheel (copied into the
+# working tree, untracked, so it travels) that the HF checks import instead of the image's, for
+# families newer than it (the H200 image's 5.17 has no internlm3 or exaone_moe: their checks skip).
 # Outputs under $OUT: families_kernel_tests.log, families_gpu_tests.log, families_moe_tune.md,
 # families_bench.log / .json, families_gpus.txt.
 set -uo pipefail
@@ -32,7 +34,11 @@ if [[ ${TESTS:-1} != 0 ]]; then
     tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py -k "moe or sum or whole or head_norms" \
     -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
-  timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "(published_width and ($names)) or on_a_7b_shape" \
+  hf_path=$PYTHONPATH
+  if [[ -n ${TRANSFORMERS_WHEEL:-} ]]; then
+    python3 -m pip install -q --no-deps --target /tmp/tf-transformers "$TRANSFORMERS_WHEEL" && hf_path=/tmp/tf-transformers:$PYTHONPATH
+  fi
+  PYTHONPATH=$hf_path timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "(published_width and ($names)) or on_a_7b_shape" \
     -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"
 fi
 moe=$(python3 -c "from tritonformer.client.model_shapes import DECODER_SHAPES as s; import sys

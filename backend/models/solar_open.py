@@ -8,7 +8,9 @@ from tritonformer.backend.models.transformer import DecoderSpec, TransformerDeco
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
-    cfg = {"n_shared_experts": 1, **cfg}  # (Hugging Face's default where the config omits it)
+    # (Hugging Face's default where the config omits n_shared_experts; no dense MLP in any layer,
+    # so HF's config has no intermediate_size)
+    cfg = {"n_shared_experts": 1, "intermediate_size": 0, **cfg}
     return spec_from_hf(cfg, default_theta=1e6, norm_eps=cfg.get("rms_norm_eps", 1e-5),
                         qkv_bias=bool(cfg.get("attention_bias", False)), moe=sigmoid_moe(cfg, first_moe=0))
 
