@@ -170,6 +170,15 @@ NEMOTRON_MINI_4B = {
     "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": 2, "eos_token_id": 3,
 }
 
+# microsoft/phi-2, as its config.json was recalled (not checked against it here): a parallel block
+# on one LayerNorm, a rotary over 32 of each head's 80 dims, a plain GELU MLP, biases everywhere.
+PHI_2 = {
+    "model_type": "phi", "vocab_size": 51200, "hidden_size": 2560, "intermediate_size": 10240,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "gelu_new",
+    "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.4, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+    "tie_word_embeddings": False, "qk_layernorm": False, "bos_token_id": 50256, "eos_token_id": 50256,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -326,6 +335,7 @@ DECODER_SHAPES = {
     "stablelm-2-1.6b": STABLELM_2_1_6B,
     "nemotron-mini-4b": NEMOTRON_MINI_4B,
     "arcee-afm": ARCEE_AFM,
+    "phi-2": PHI_2,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
@@ -347,7 +357,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     (where it has any) of `window` tokens, keeping its head-count ratios and everything else."""
     cfg = dict(DECODER_SHAPES[name])
     ratio = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
-    if name.startswith("phi"):
+    if name.startswith("phi-2"):
+        hidden = heads * 20  # head_dim 20 (Phi-2's is 80): 0.4 of it, the rotating dims, even as Phi-2's 32
+    elif name.startswith("phi"):
         hidden = heads * 24  # head_dim = hidden / heads, not a power of two (Phi-3's is 96)
     cfg.update(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 32, num_hidden_layers=layers,
                num_attention_heads=heads, num_key_value_heads=max(1, heads // ratio),
@@ -428,6 +440,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         shapes[n.final_norm.removesuffix(".weight") + ".bias"] = (hidden,)
     if not spec.tie_word_embeddings:
         shapes[n.lm_head] = (spec.vocab_size, hidden)
+    if spec.head_bias:
+        shapes[n.lm_head.removesuffix(".weight") + ".bias"] = (spec.vocab_size,)
     for i in range(spec.num_layers):
         p = f"layers.{i}."
         layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.pre_norms else {}

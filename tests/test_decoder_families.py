@@ -101,6 +101,10 @@ CASES = [
     ("nemotron-biases", "nemotron-mini-4b", {"attention_bias": True, "mlp_bias": True, "partial_rotary_factor": 0.25}),
     ("arcee", "arcee-afm", {"num_key_value_heads": 8, "attention_bias": True, "mlp_bias": True}),
     ("jais2", "jais2", {"num_key_value_heads": 2}),
+    # Phi-2: the parallel block on one LayerNorm with a bias, a partial rotary, the head's bias; and
+    # with grouped KV heads, half the head rotating, the exact GELU
+    ("phi", "phi-2", {}),
+    ("phi-gqa-half-rotary-gelu", "phi-2", {"num_key_value_heads": 2, "partial_rotary_factor": 0.5, "hidden_act": "gelu"}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
     ("llama-biases", "llama-3.1-8b", {"attention_bias": True, "mlp_bias": True}),
     # Llama's block under other names: InternLM3 (its biases), IQuest-Coder
@@ -158,7 +162,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2",
                    "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss", "starcoder2",
-                   "nemotron")
+                   "nemotron", "phi")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

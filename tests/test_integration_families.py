@@ -57,6 +57,7 @@ FAMILIES = [
     ("gen_iquestcoder", "llama-3.1-8b", {"model_type": "iquestcoder", "head_dim": 16}),
     ("gen_vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
     ("gen_jais2", "jais2", {}),
+    ("gen_phi", "phi-2", {}),
     ("gen_solar_open", "solar-open-100b", {}),
     ("gen_exaone_moe", "olmo-2-7b", {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2,
                                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 80,

@@ -25,18 +25,21 @@ class DecoderModel:
         self.dtype = dtype
         self.weight = weight_getter(state, device, dtype)
         self.tp = None  # a TensorParallelGroup where the model is one rank's share
+        self.output_head_b = None  # the output head's bias, where the family has one
 
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
         """See `logits` for `fp32_logits`."""
         raise NotImplementedError
 
-    def set_output_head(self, weight: torch.Tensor) -> None:
-        """The vocabulary projection `[vocab, hidden]`, its rows padded with zeros to a multiple
-        of 64: cuBLAS has no fast kernel for an odd N (GPT-2's 50257 took a 4x slower path on an
-        H100); the padded logits are sliced off in `logits`."""
+    def set_output_head(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """The vocabulary projection `[vocab, hidden]` (and its bias `[vocab]` where it has one:
+        Phi's), its rows padded with zeros to a multiple of 64: cuBLAS has no fast kernel for an
+        odd N (GPT-2's 50257 took a 4x slower path on an H100); the padded logits are sliced off
+        in `logits`."""
         self.vocab_size = weight.shape[0]
         pad = -weight.shape[0] % 64
         self.output_head = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])]) if pad else weight
+        self.output_head_b = torch.cat([bias, bias.new_zeros(pad)]) if pad and bias is not None else bias
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """Next-token logits `[rows, vocab]` of final hidden states `[rows, hidden]`: an fp32
@@ -48,7 +51,7 @@ class DecoderModel:
         the prefetching GEMV (GPT-2's head 31.0 -> 26.1 us, Llama-1B's 188 -> 167 us on the
         H100, `tools/gpu/time_small_gemm.py --layers "lm head"`), more rows the small GEMM where
         K is short (GPT-2's) or cuBLAS."""
-        logits = kernels.linear_act(x, self.output_head)
+        logits = kernels.linear_act(x, self.output_head, self.output_head_b)
         if self.tp is not None:  # each rank holds a slice of the vocabulary: all of it on every rank
             logits = self.tp.gather_columns(logits)
         logits = logits[:, : self.vocab_size]
@@ -119,6 +122,7 @@ DECODER_FAMILIES = {
     "nemotron": "nemotron",
     "arcee": "arcee",
     "jais2": "jais2",
+    "phi": "phi",
     "gpt2": "gpt2",
 }
 

@@ -17,9 +17,9 @@ and runs it. What differs between the families is data, read here in one place:
     qk_norm          per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
-    parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere)
+    parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere, Phi)
     layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
-                     with one (norm_bias: Starcoder2)
+                     with one (norm_bias: Starcoder2, Phi)
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
                      weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
@@ -33,6 +33,7 @@ and runs it. What differs between the families is data, read here in one place:
     residual_scale   attention and MLP outputs times a scalar before the residual add (Granite),
                      folded into the output and down projections at load
     logit_scale      logits times a scalar (Granite: 1 / logits_scaling), folded into the final norm
+    head_bias        a bias on the output head (Phi)
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
@@ -148,6 +149,7 @@ class DecoderSpec:
     rotary_interleaved: bool = False
     residual_scale: float | None = None
     logit_scale: float | None = None
+    head_bias: bool = False
     moe: MoeSpec | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
@@ -169,9 +171,10 @@ class DecoderSpec:
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
         if self.layer_norm and not (not self.qk_norm and not self.sandwich_norms and self.pre_norms
-                                    and not (self.parallel_block and (self.norm_bias or self.norm_offset))):
+                                    and not (self.parallel_block and self.norm_offset)):
             raise ValueError("LayerNorms are supported before attention and the MLP (with biases: Starcoder2) and in "
-                             "the parallel block (Cohere's, without), without q/k or sandwich norms")
+                             "the parallel block (with a bias or without), as w not (1 + w), without q/k or sandwich "
+                             "norms")
         if self.norm_bias and not self.layer_norm:
             raise ValueError("norm biases need LayerNorms (layer_norm)")
         if self.qk_norm_full and (not self.qk_norm or self.rotary_interleaved or self.rotary_dim):
@@ -305,14 +308,18 @@ class TransformerDecoder(DecoderModel):
             return state[checked(name, (size,))].to(device=device, dtype=torch.float32) + c.norm_offset
 
         tied = c.tie_word_embeddings or n.lm_head not in state
+        head_b = n.lm_head.removesuffix(".weight") + ".bias" if c.head_bias else None
         if tp is None:
             self.embed = w(n.embed, c.vocab_size, hidden)
-            self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden))
-        else:  # vocabulary-parallel: this rank's rows of the embedding and of the head
+            self.set_output_head(self.embed if tied else w(n.lm_head, c.vocab_size, hidden),
+                                 w(head_b, c.vocab_size) if head_b else None)
+        else:  # vocabulary-parallel: this rank's rows of the embedding and of the head (and its bias)
             self.vocab_size = c.vocab_size
             table = (c.vocab_size, hidden)
             self.embed = self._vocab_rows(state[checked(n.embed, table)])
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
+            if head_b:
+                self.output_head_b = self._vocab_rows(state[checked(head_b, (c.vocab_size,))])
         self.final_norm = norm(n.final_norm)
         self.final_norm_b = norm_bias(n.final_norm)
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
@@ -410,14 +417,15 @@ class TransformerDecoder(DecoderModel):
                                   moe=c.moe.split(tp.world) if c.moe else None)
 
     def _vocab_rows(self, weight) -> torch.Tensor:
-        """This rank's rows of a `[vocab, hidden]` table (the embedding, the head), read in part:
-        the vocabulary padded to a multiple of 64 per rank (see set_output_head) and split;
-        rows past the vocabulary are zeros. Rank r holds ids [r * rows, (r + 1) * rows)."""
-        tp, (vocab, hidden) = self.tp, tuple(weight.shape)
+        """This rank's rows of a `[vocab, hidden]` table (the embedding, the head) or of a `[vocab]`
+        bias, read in part: the vocabulary padded to a multiple of 64 per rank (see
+        set_output_head) and split; rows past the vocabulary are zeros. Rank r holds ids
+        [r * rows, (r + 1) * rows)."""
+        tp, (vocab, *rest) = self.tp, tuple(weight.shape)
         per_rank = -(-vocab // (64 * tp.world)) * 64
         start = tp.rank * per_rank
         stop = min(start + per_rank, vocab)
-        rows = torch.zeros(per_rank, hidden, device=self.device, dtype=self.dtype)
+        rows = torch.zeros(per_rank, *rest, device=self.device, dtype=self.dtype)
         if stop > start:
             rows[: stop - start] = weight[start:stop].to(device=self.device, dtype=self.dtype)
         return rows
@@ -505,13 +513,13 @@ class TransformerDecoder(DecoderModel):
 
     def _parallel_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
                                 local: torch.Tensor | None) -> torch.Tensor:
-        """hidden_states of the parallel block (Cohere): attention and the MLP side by side on one
+        """hidden_states of the parallel block (Cohere, Phi): attention and the MLP side by side on one
         norm's output, both added to the residual stream. Two linears read that output, so the
         norm is a kernel of its own, fused with the add of the block before's MLP output (its
         sum written as the next residual stream): two launches a layer besides the linears' and
         the attention's (that norm and the add of the attention's output)."""
         x = self._embed(batch.input_ids)  # the residual stream
-        n = self._norm(x, self.layers[0].attn_norm)[0]
+        n = self._norm(x, self.layers[0].attn_norm, bias=self.layers[0].attn_norm_b)[0]
         for li, layer in enumerate(self.layers):
             h = self._attend(n, li, layer, batch, cache, cos_sin, local)
             m = self._mlp(n, layer)
@@ -520,14 +528,14 @@ class TransformerDecoder(DecoderModel):
             else:  # one collective for both rows' partial sums
                 m = self.tp.all_reduce(h + m)
             if li + 1 < len(self.layers):
-                n, x = self._norm(m, self.layers[li + 1].attn_norm, x)
+                n, x = self._norm(m, self.layers[li + 1].attn_norm, x, self.layers[li + 1].attn_norm_b)
         if not batch.logits_every_row:
             m, x = m[batch.logits_index], x[batch.logits_index]
-        return self._norm(m, self.final_norm, x)[0]
+        return self._norm(m, self.final_norm, x, self.final_norm_b)[0]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
               bias: torch.Tensor | None = None):
-        """(RMSNorm, or with `layer_norm` LayerNorm (with `bias`, or without one as Cohere's), of
+        """(RMSNorm, or with `layer_norm` LayerNorm (with `bias` as Phi's, or without one as Cohere's), of
         x's rows plus `residual`'s, that sum as the next residual stream: written by the same
         launch; x itself without a residual)."""
         total = None if residual is None else torch.empty_like(residual)
