@@ -179,6 +179,15 @@ PHI_2 = {
     "tie_word_embeddings": False, "qk_layernorm": False, "bos_token_id": 50256, "eos_token_id": 50256,
 }
 
+# EleutherAI/pythia-6.9b, as its config.json was recalled (not checked against it here): GPT-NeoX's
+# parallel residual (two LayerNorms), a rotary over a quarter of each head, a per-head fused QKV.
+PYTHIA_6_9B = {
+    "model_type": "gpt_neox", "vocab_size": 50432, "hidden_size": 4096, "intermediate_size": 16384,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+    "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048, "use_parallel_residual": True,
+    "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -336,6 +345,7 @@ DECODER_SHAPES = {
     "nemotron-mini-4b": NEMOTRON_MINI_4B,
     "arcee-afm": ARCEE_AFM,
     "phi-2": PHI_2,
+    "pythia-6.9b": PYTHIA_6_9B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
@@ -356,7 +366,7 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     """`name`'s config with few layers, a small hidden size and vocabulary, and sliding windows
     (where it has any) of `window` tokens, keeping its head-count ratios and everything else."""
     cfg = dict(DECODER_SHAPES[name])
-    ratio = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    ratio = cfg["num_attention_heads"] // cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     if name.startswith("phi-2"):
         hidden = heads * 20  # head_dim 20 (Phi-2's is 80): 0.4 of it, the rotating dims, even as Phi-2's 32
     elif name.startswith("phi"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tritonformer.backend.checkpoints.weights import strip_prefixes_of
 from tritonformer.backend.models.decoder import DECODER_FAMILIES, load_decoder
 from tritonformer.backend.models.rope import Rope
 from tritonformer.client.model_shapes import DECODER_SHAPES, shrunk
@@ -105,6 +106,11 @@ CASES = [
     # with grouped KV heads, half the head rotating, the exact GELU
     ("phi", "phi-2", {}),
     ("phi-gqa-half-rotary-gelu", "phi-2", {"num_key_value_heads": 2, "partial_rotary_factor": 0.5, "hidden_act": "gelu"}),
+    # GPT-NeoX (Pythia): the parallel residual on two LayerNorms, a QKV stored per head, a quarter-head
+    # rotary; and the sequential block without attention biases, half the head rotating
+    ("gpt-neox", "pythia-6.9b", {}),
+    ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
+                                                              "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
     ("llama-biases", "llama-3.1-8b", {"attention_bias": True, "mlp_bias": True}),
     # Llama's block under other names: InternLM3 (its biases), IQuest-Coder
@@ -135,7 +141,7 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
-    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    state = strip_prefixes_of(hf.state_dict())  # (`model.`; GPT-NeoX's `gpt_neox.`)
     return hf, load_decoder(hf_cfg.to_dict(), state, CPU, torch.float32)
 
 
@@ -162,7 +168,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2",
                    "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss", "starcoder2",
-                   "nemotron", "phi")
+                   "nemotron", "phi", "gpt-neox")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -291,6 +297,19 @@ def test_solar_open_loads_hf_config_without_a_dense_mlp_size():
     assert "intermediate_size" not in hf.config.to_dict()
     prompt = torch.randint(3, 320, (21,), generator=torch.Generator().manual_seed(5)).tolist()
     assert PagedSteps(ours, num_blocks=32, block_size=8).greedy([prompt], 8)[0] == _hf_greedy(hf, prompt, 8)
+
+
+def test_gpt_neox_reads_the_names_older_checkpoints_use():
+    """Pythia's config.json says `rotary_pct` and `rotary_emb_base`, and its head is `embed_out`."""
+    from tritonformer.backend.models import gpt_neox
+
+    spec = gpt_neox.from_hf({**shrunk("pythia-6.9b"), "rotary_pct": 0.5, "rotary_emb_base": 500.0})
+    assert spec.rotary_dim == spec.head_dim // 2 and spec.rope.theta == 500.0
+    hf, ours = _pair("pythia-6.9b", {})
+    state = strip_prefixes_of(hf.state_dict())
+    state["embed_out.weight"] = state.pop("lm_head.weight")
+    old = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
+    assert torch.equal(old.output_head, ours.output_head) and old.output_head is not old.embed
 
 
 def test_internlm3_reads_its_config_names_for_the_biases():

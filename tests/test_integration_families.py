@@ -58,6 +58,7 @@ FAMILIES = [
     ("gen_vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
     ("gen_jais2", "jais2", {}),
     ("gen_phi", "phi-2", {}),
+    ("gen_gpt_neox", "pythia-6.9b", {}),
     ("gen_solar_open", "solar-open-100b", {}),
     ("gen_exaone_moe", "olmo-2-7b", {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2,
                                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 80,

@@ -123,6 +123,7 @@ DECODER_FAMILIES = {
     "arcee": "arcee",
     "jais2": "jais2",
     "phi": "phi",
+    "gpt_neox": "gpt_neox",
     "gpt2": "gpt2",
 }
 

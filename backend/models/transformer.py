@@ -18,6 +18,7 @@ and runs it. What differs between the families is data, read here in one place:
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere, Phi)
+    parallel_mlp_norm  in the parallel block, the MLP on a norm of its own (GPT-NeoX's parallel residual)
     layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
                      with one (norm_bias: Starcoder2, Phi)
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
@@ -91,6 +92,7 @@ class WeightNames:
     k: str = "self_attn.k_proj"
     v: str = "self_attn.v_proj"
     qkv: str | None = None
+    qkv_per_head: bool = False  # the fused qkv's rows per head: q, k, v of head 0, then of head 1, ... (GPT-NeoX)
     o: str = "self_attn.o_proj"
     gate: str = "mlp.gate_proj"
     up: str = "mlp.up_proj"
@@ -134,6 +136,7 @@ class DecoderSpec:
     sandwich_norms: bool = False
     pre_norms: bool = True
     parallel_block: bool = False
+    parallel_mlp_norm: bool = False
     layer_norm: bool = False
     norm_bias: bool = False
     qk_norm_full: bool = False
@@ -160,6 +163,10 @@ class DecoderSpec:
                              f"(supported: {sorted(activations)})")
         if not self.gated_mlp and self.moe:
             raise ValueError("a plain (ungated) MLP with mixture-of-experts layers is not supported")
+        if self.parallel_mlp_norm and not self.parallel_block:
+            raise ValueError("parallel_mlp_norm is the parallel block's (parallel_block)")
+        if self.names.qkv_per_head and self.num_kv_heads != self.num_heads:
+            raise ValueError("a QKV projection stored per head needs as many KV heads as query heads")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads} attention heads are not a multiple of {self.num_kv_heads} KV heads")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
@@ -341,18 +348,27 @@ class TransformerDecoder(DecoderModel):
             order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
             rows_in_order = qkv_rows_in_rotary_order(order, head, c.num_heads // world, c.num_kv_heads // world)
             order, rows_in_order = order.to(device), rows_in_order.to(device)
+        per_head = head_rows = None  # a QKV stored per head: this rank's heads' rows, then their order as [q; k; v]
+        if n.qkv_per_head:
+            heads_here = c.num_heads // (tp.world if tp is not None else 1)
+            per_head = torch.arange(3 * heads_here * head).view(heads_here, 3, head).transpose(0, 1).reshape(-1)
+            head_rows = slice(heads_part.start * 3 * head, heads_part.stop * 3 * head) if tp is not None else None
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
-            if n.qkv:
+            if per_head is not None:
+                qkv_w = take_rows(w(p + n.qkv + ".weight", 3 * q_rows, hidden, rows=head_rows), per_head)
+            elif n.qkv:
                 qkv_w = fused(p + n.qkv + ".weight", qkv_parts, q_rows + 2 * kv_rows, hidden)
             else:
                 qkv_w = cat_rows([w(p + n.q + ".weight", q_rows, hidden, rows=q_part),
                                   w(p + n.k + ".weight", kv_rows, hidden, rows=kv_part),
                                   w(p + n.v + ".weight", kv_rows, hidden, rows=kv_part)])
             qkv_b = None
-            if c.qkv_bias:
+            if c.qkv_bias and per_head is not None:
+                qkv_b = w(p + n.qkv + ".bias", 3 * q_rows, rows=head_rows)[per_head.to(device)]
+            elif c.qkv_bias:
                 qkv_b = (fused(p + n.qkv + ".bias", qkv_parts, q_rows + 2 * kv_rows) if n.qkv else
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
                                     w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
@@ -397,7 +413,8 @@ class TransformerDecoder(DecoderModel):
                 o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
                 sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None,
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
-                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and not c.parallel_block else None,
+                mlp_norm=(norm(p + n.mlp_norm + ".weight") if c.pre_norms and (not c.parallel_block or c.parallel_mlp_norm)
+                          else None),
                 gate_up_w=gate_up_w,
                 down_w=down_w,
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
@@ -406,7 +423,7 @@ class TransformerDecoder(DecoderModel):
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
                 attn_norm_b=norm_bias(p + n.attn_norm + ".weight"),
-                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if not c.parallel_block else None,
+                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if not c.parallel_block or c.parallel_mlp_norm else None,
                 gate_up_b=gate_up_b,
                 down_b=down_b,
             ))
@@ -520,18 +537,27 @@ class TransformerDecoder(DecoderModel):
         the attention's (that norm and the add of the attention's output)."""
         x = self._embed(batch.input_ids)  # the residual stream
         n = self._norm(x, self.layers[0].attn_norm, bias=self.layers[0].attn_norm_b)[0]
+        n_mlp = self._mlp_norm(x, self.layers[0], n)
         for li, layer in enumerate(self.layers):
             h = self._attend(n, li, layer, batch, cache, cos_sin, local)
-            m = self._mlp(n, layer)
+            m = self._mlp(n_mlp, layer)
             if self.tp is None:  # residual + attention + MLP, as Hugging Face adds them
                 x = x + h
             else:  # one collective for both rows' partial sums
                 m = self.tp.all_reduce(h + m)
             if li + 1 < len(self.layers):
                 n, x = self._norm(m, self.layers[li + 1].attn_norm, x, self.layers[li + 1].attn_norm_b)
+                n_mlp = self._mlp_norm(x, self.layers[li + 1], n)
         if not batch.logits_every_row:
             m, x = m[batch.logits_index], x[batch.logits_index]
         return self._norm(m, self.final_norm, x, self.final_norm_b)[0]
+
+    def _mlp_norm(self, x: torch.Tensor, layer: _Layer, attn_input: torch.Tensor) -> torch.Tensor:
+        """The parallel block's MLP input: the norm attention reads (`attn_input`), or with
+        parallel_mlp_norm (GPT-NeoX) the layer's own norm of the residual stream x."""
+        if not self.config.parallel_mlp_norm:
+            return attn_input
+        return self._norm(x, layer.mlp_norm, bias=layer.mlp_norm_b)[0]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
               bias: torch.Tensor | None = None):
