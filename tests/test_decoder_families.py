@@ -71,6 +71,12 @@ CASES = [
     ("hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_scaling": None,
                                  "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
                                                      "rope_theta": 10000.0}}),
+    # Hunyuan MoE (Hunyuan-A13B) the same way: experts routed from fp32 logits, an ungated shared MLP;
+    # its per-layer lists of experts and k
+    ("hunyuan-moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "head_dim": 16, "rope_scaling": None,
+                                     "num_experts": 8, "moe_topk": [2, 2], "num_key_value_heads": 2,
+                                     "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                                         "rope_theta": 10000.0}}),
     # OLMo 3 on OLMo 2's sizes: a local layer beside a global one whose rope alone is YaRN-scaled
     ("olmo3", "olmo-2-7b", {"model_type": "olmo3", "sliding_window": 8,
                             "layer_types": ["sliding_attention", "full_attention"],
@@ -167,7 +173,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "gpt-oss", "starcoder2",
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "hunyuan-moe", "gpt-oss", "starcoder2",
                    "nemotron", "phi", "gpt-neox")
 
 
@@ -284,6 +290,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("stablelm-2-1.6b", {"qk_layernorm": True}, "qk_layernorm"),
     ("llama-3.1-8b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("stablelm-2-1.6b", {"use_parallel_residual": True}, "use_parallel_residual"),
+    ("phi-2", {"qk_layernorm": True}, "qk_layernorm"),
+    ("llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": [2, 4]}, "moe_topk"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):

@@ -59,6 +59,10 @@ FAMILIES = [
     ("gen_jais2", "jais2", {}),
     ("gen_phi", "phi-2", {}),
     ("gen_gpt_neox", "pythia-6.9b", {}),
+    ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "head_dim": 16, "rope_scaling": None,
+                                         "num_experts": 8, "moe_topk": 2, "rope_parameters": {
+                                             "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                             "rope_theta": 10000.0}}),
     ("gen_solar_open", "solar-open-100b", {}),
     ("gen_exaone_moe", "olmo-2-7b", {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2,
                                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 80,

@@ -345,6 +345,9 @@ ON_OLMO2_SHAPE = {
     "vaultgemma": {"model_type": "vaultgemma", "head_dim": 128, "num_key_value_heads": 8, "sliding_window": 512},
     "internlm3": {"model_type": "internlm3", "head_dim": 128, "num_key_value_heads": 8, "attention_bias": True,
                   "mlp_bias": True},
+    "hunyuan_moe": {"model_type": "hunyuan_v1_moe", "head_dim": 128, "num_key_value_heads": 8, "num_experts": 64,
+                    "moe_topk": 8, "intermediate_size": 3072, "rope_parameters": {
+                        "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}},
     "exaone_moe": {"model_type": "exaone_moe", "num_key_value_heads": 8, "sliding_window": 512,
                    "sliding_window_pattern": 2, "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
                    "first_k_dense_replace": 1},

@@ -90,14 +90,16 @@ def _serve(model, workers=None):
 # attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise);
 # attention sinks split with their heads, the output projection's and the experts' down biases
 # added by one rank (gpt-oss); LayerNorms with biases, a plain MLP whose down bias one rank adds
-# (Starcoder2).
+# (Starcoder2); the same with an fp32 router and an ungated shared MLP (Hunyuan MoE, on OLMo 2's sizes).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "exaone-moe": {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
                           "num_experts_per_tok": 2, "moe_intermediate_size": 80, "first_k_dense_replace": 1},
            "command-r7b": {"model_type": "cohere2", "sliding_window": 8,
                            "layer_types": ["sliding_attention", "full_attention"]},
            "hunyuan-7b": {"model_type": "hunyuan_v1_dense", "head_dim": 16,  # q/k norms on each rank's rotated heads
-                          "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
+                          "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}},
+           "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
+                           "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
 
 @pytest.mark.parametrize("family, heads", [("llama-3.1-8b", 8), ("phi-3-mini", 8), ("gemma-2-9b", 8),
@@ -111,7 +113,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("starcoder2-3b", 24), ("stablelm-2-1.6b", 8),
                                            ("nemotron-mini-4b", 8), ("arcee-afm", 8), ("jais2", 8),
                                            ("solar-open-100b", 16), ("exaone-moe", 8), ("phi-2", 8),
-                                           ("pythia-6.9b", 8)])
+                                           ("pythia-6.9b", 8), ("hunyuan-moe", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes)
         folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])

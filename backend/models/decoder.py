@@ -110,6 +110,7 @@ DECODER_FAMILIES = {
     "olmo3": "olmo2",
     "olmoe": "olmoe",
     "hunyuan_v1_dense": "hunyuan",
+    "hunyuan_v1_moe": "hunyuan_moe",
     "exaone4": "exaone4",
     "exaone_moe": "exaone_moe",
     "cohere": "cohere",

@@ -7,7 +7,8 @@ from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDec
                                                      spec_from_hf)
 
 
-def from_hf(cfg: dict) -> DecoderSpec:
+def from_hf(cfg: dict, **extra) -> DecoderSpec:
+    """`extra`: more DecoderSpec fields (hunyuan_moe.py's experts)."""
     if cfg.get("attention_bias"):
         raise ValueError("Hunyuan with attention_bias is not supported (supported: attention_bias false)")
     params = dict(rope_parameters(cfg) or {})
@@ -19,7 +20,7 @@ def from_hf(cfg: dict) -> DecoderSpec:
         cfg = {**cfg, "rope_parameters": None, "rope_scaling": None}
     return spec_from_hf(cfg, norm_eps=cfg.get("rms_norm_eps", 1e-5), qk_norm=True, qk_norm_after_rope=True,
                         names=WeightNames(q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm"),
-                        **options)
+                        **options, **extra)
 
 
 MODEL = TransformerDecoder
