@@ -188,6 +188,24 @@ PYTHIA_6_9B = {
     "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0,
 }
 
+# The shape transformers' FalconConfig defaults to (Falcon-7B): 71 query heads of 64 dims and one KV
+# head (multi_query) in one fused projection, attention and the MLP side by side on one LayerNorm.
+FALCON_7B = {
+    "model_type": "falcon", "vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32,
+    "num_attention_heads": 71, "multi_query": True, "parallel_attn": True, "new_decoder_architecture": False,
+    "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+    "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
+}
+
+# tiiuae/falcon-40b, as its config.json was recalled (not checked against it here): the new decoder
+# architecture, 128 query heads in 8 groups with a KV head each, a LayerNorm each for attention and the MLP.
+FALCON_40B = {
+    "model_type": "falcon", "vocab_size": 65024, "hidden_size": 8192, "num_hidden_layers": 60,
+    "num_attention_heads": 128, "num_kv_heads": 8, "new_decoder_architecture": True, "parallel_attn": True,
+    "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+    "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -292,6 +310,15 @@ OLMOE_1B_7B = {
     "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": None,
     "eos_token_id": 50279, "pad_token_id": 1,
 }
+# The shape transformers' FlexOlmoConfig defaults to (FlexOlmo-7x7B): OLMo 2's 7B block with 7
+# experts of its MLP's width in every layer, the top 5 by softmax, not renormalised.
+FLEX_OLMO_7X7B = {
+    "model_type": "flex_olmo", "vocab_size": 100352, "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "num_experts": 7,
+    "num_experts_per_tok": 5, "norm_topk_prob": False, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": 100257,
+    "pad_token_id": 100277,
+}
 # Command R7B (c4ai-command-r7b-12-2024, model_type cohere2): the parallel block on a bias-free
 # LayerNorm; three sliding-window layers (4,096 tokens) to one global NoPE layer; tied head
 # scaled by logit_scale.
@@ -346,6 +373,8 @@ DECODER_SHAPES = {
     "arcee-afm": ARCEE_AFM,
     "phi-2": PHI_2,
     "pythia-6.9b": PYTHIA_6_9B,
+    "falcon-7b": FALCON_7B,
+    "falcon-40b": FALCON_40B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
@@ -356,6 +385,7 @@ DECODER_SHAPES = {
     "solar-open-100b": SOLAR_OPEN_100B,
     "olmo-2-7b": OLMO_2_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
+    "flex-olmo-7x7b": FLEX_OLMO_7X7B,
     "command-r7b": COMMAND_R7B,
     "gpt-oss-20b": GPT_OSS_20B,
 }
@@ -366,7 +396,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     """`name`'s config with few layers, a small hidden size and vocabulary, and sliding windows
     (where it has any) of `window` tokens, keeping its head-count ratios and everything else."""
     cfg = dict(DECODER_SHAPES[name])
-    ratio = cfg["num_attention_heads"] // cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
+    ratio = cfg["num_attention_heads"] // kv
     if name.startswith("phi-2"):
         hidden = heads * 20  # head_dim 20 (Phi-2's is 80): 0.4 of it, the rotating dims, even as Phi-2's 32
     elif name.startswith("phi"):
@@ -375,6 +406,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                num_attention_heads=heads, num_key_value_heads=max(1, heads // ratio),
                max_position_embeddings=min(cfg["max_position_embeddings"], 256), bos_token_id=1, eos_token_id=2,
                pad_token_id=0)
+    if "num_kv_heads" in cfg:  # (Falcon's name for them)
+        cfg["num_kv_heads"] = cfg["num_key_value_heads"]
     if "head_dim" in cfg:
         # A head_dim unlike hidden / heads stays unlike it (Gemma's 256 for 3,584 / 16; Qwen3's 128,
         # which its smaller models keep beside other widths).

@@ -67,6 +67,8 @@ CASES = [
     ("dots1-windowed", "dots.llm1", {"sliding_window": 8, "max_window_layers": 1, "norm_topk_prob": False}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
     ("olmoe", "olmoe-1b-7b", {"num_key_value_heads": 2}),
+    # FlexOlmo: OLMo 2's post-norm block with OLMoE's experts (renormalised here)
+    ("flex-olmo", "flex-olmo-7x7b", {"norm_topk_prob": True}),
     # Hunyuan on Llama's sizes: q/k norms after the rotary, the NTK-alpha rope
     ("hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_scaling": None,
                                  "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
@@ -115,6 +117,14 @@ CASES = [
     # GPT-NeoX (Pythia): the parallel residual on two LayerNorms, a QKV stored per head, a quarter-head
     # rotary; and the sequential block without attention biases, half the head rotating
     ("gpt-neox", "pythia-6.9b", {}),
+    # Falcon-7B: one KV head after the query heads in the fused QKV, the parallel block on one LayerNorm;
+    # the new architecture (Falcon-40B): groups of query heads each with its KV head, a LayerNorm for
+    # attention and one for the MLP (or one for both: Falcon2-11B); each head's q, k, v, one after the
+    # other with biases
+    ("falcon", "falcon-7b", {}),
+    ("falcon-new-architecture", "falcon-40b", {"num_kv_heads": 2}),
+    ("falcon-new-architecture-one-norm", "falcon-40b", {"num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
+    ("falcon-mha-sequential-biases", "falcon-7b", {"multi_query": False, "parallel_attn": False, "bias": True}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -173,8 +183,9 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "hunyuan", "hunyuan-moe", "gpt-oss", "starcoder2",
-                   "nemotron", "phi", "gpt-neox")
+                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan", "hunyuan-moe", "gpt-oss", "starcoder2",
+                   "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
+                   "falcon-mha-sequential-biases")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

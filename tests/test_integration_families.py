@@ -44,6 +44,7 @@ FAMILIES = [
     ("gen_cohere2", "olmo-2-7b", {"model_type": "cohere2", "sliding_window": 8,
                                   "layer_types": ["sliding_attention", "full_attention"]}),
     ("gen_olmoe", "olmoe-1b-7b", {}),
+    ("gen_flex_olmo", "flex-olmo-7x7b", {"norm_topk_prob": True}),
     ("gen_hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_scaling": None,
                                      "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
                                                          "rope_theta": 10000.0}}),
@@ -59,6 +60,8 @@ FAMILIES = [
     ("gen_jais2", "jais2", {}),
     ("gen_phi", "phi-2", {}),
     ("gen_gpt_neox", "pythia-6.9b", {}),
+    ("gen_falcon", "falcon-7b", {}),
+    ("gen_falcon_40b", "falcon-40b", {}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "head_dim": 16, "rope_scaling": None,
                                          "num_experts": 8, "moe_topk": 2, "rope_parameters": {
                                              "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,

@@ -113,7 +113,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("starcoder2-3b", 24), ("stablelm-2-1.6b", 8),
                                            ("nemotron-mini-4b", 8), ("arcee-afm", 8), ("jais2", 8),
                                            ("solar-open-100b", 16), ("exaone-moe", 8), ("phi-2", 8),
-                                           ("pythia-6.9b", 8), ("hunyuan-moe", 8)])
+                                           ("pythia-6.9b", 8), ("hunyuan-moe", 8),
+                                           ("falcon-40b", 32)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes)
         folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])

@@ -109,6 +109,7 @@ DECODER_FAMILIES = {
     "olmo2": "olmo2",
     "olmo3": "olmo2",
     "olmoe": "olmoe",
+    "flex_olmo": "flex_olmo",
     "hunyuan_v1_dense": "hunyuan",
     "hunyuan_v1_moe": "hunyuan_moe",
     "exaone4": "exaone4",
@@ -125,6 +126,7 @@ DECODER_FAMILIES = {
     "jais2": "jais2",
     "phi": "phi",
     "gpt_neox": "gpt_neox",
+    "falcon": "falcon",
     "gpt2": "gpt2",
 }
 

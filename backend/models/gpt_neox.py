@@ -8,7 +8,7 @@ it, one after the other, as Llama's block."""
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, plain_activation,
                                                      spec_from_hf)
 
-NAMES = WeightNames(qkv="attention.query_key_value", qkv_per_head=True, o="attention.dense", up="mlp.dense_h_to_4h",
+NAMES = WeightNames(qkv="attention.query_key_value", qkv_grouped=True, o="attention.dense", up="mlp.dense_h_to_4h",
                     down="mlp.dense_4h_to_h", embed="embed_in.weight", final_norm="final_layer_norm.weight")
 
 

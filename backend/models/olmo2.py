@@ -26,7 +26,8 @@ def olmo3_options(cfg: dict) -> dict:
     return dict(rope=rope, local_rope=None if local_rope == rope else local_rope, layer_windows=windows)
 
 
-def from_hf(cfg: dict) -> DecoderSpec:
+def from_hf(cfg: dict, **extra) -> DecoderSpec:
+    """`extra`: more DecoderSpec fields (flex_olmo.py's experts)."""
     if cfg.get("attention_bias"):
         raise ValueError("OLMo 2 / 3 with attention_bias is not supported (supported: attention_bias false)")
     options = {}
@@ -34,7 +35,7 @@ def from_hf(cfg: dict) -> DecoderSpec:
         options = olmo3_options(cfg)
         cfg = {**cfg, "rope_parameters": None, "rope_scaling": None}
     return spec_from_hf(cfg, norm_eps=cfg.get("rms_norm_eps", 1e-5), sandwich_norms=True, pre_norms=False,
-                        qk_norm=True, qk_norm_full=True, names=NAMES, **options)
+                        qk_norm=True, qk_norm_full=True, names=NAMES, **options, **extra)
 
 
 MODEL = TransformerDecoder

@@ -92,7 +92,9 @@ class WeightNames:
     k: str = "self_attn.k_proj"
     v: str = "self_attn.v_proj"
     qkv: str | None = None
-    qkv_per_head: bool = False  # the fused qkv's rows per head: q, k, v of head 0, then of head 1, ... (GPT-NeoX)
+    # the fused qkv's rows per KV group: the group's query heads, its key head, its value head, then the
+    # next group's (Falcon-40B's; with as many KV heads as query heads, per head: GPT-NeoX's, Falcon-7B-style)
+    qkv_grouped: bool = False
     o: str = "self_attn.o_proj"
     gate: str = "mlp.gate_proj"
     up: str = "mlp.up_proj"
@@ -165,8 +167,6 @@ class DecoderSpec:
             raise ValueError("a plain (ungated) MLP with mixture-of-experts layers is not supported")
         if self.parallel_mlp_norm and not self.parallel_block:
             raise ValueError("parallel_mlp_norm is the parallel block's (parallel_block)")
-        if self.names.qkv_per_head and self.num_kv_heads != self.num_heads:
-            raise ValueError("a QKV projection stored per head needs as many KV heads as query heads")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads} attention heads are not a multiple of {self.num_kv_heads} KV heads")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
@@ -348,17 +348,20 @@ class TransformerDecoder(DecoderModel):
             order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
             rows_in_order = qkv_rows_in_rotary_order(order, head, c.num_heads // world, c.num_kv_heads // world)
             order, rows_in_order = order.to(device), rows_in_order.to(device)
-        per_head = head_rows = None  # a QKV stored per head: this rank's heads' rows, then their order as [q; k; v]
-        if n.qkv_per_head:
-            heads_here = c.num_heads // (tp.world if tp is not None else 1)
-            per_head = torch.arange(3 * heads_here * head).view(heads_here, 3, head).transpose(0, 1).reshape(-1)
-            head_rows = slice(heads_part.start * 3 * head, heads_part.stop * 3 * head) if tp is not None else None
+        per_head = head_rows = None  # a QKV stored per KV group: this rank's groups' rows, then their order as [q; k; v]
+        if n.qkv_grouped:
+            groups, per_group = c.num_kv_heads // (tp.world if tp is not None else 1), c.num_heads // c.num_kv_heads
+            rows = torch.arange(groups * (per_group + 2) * head).view(groups, per_group + 2, head)
+            per_head = torch.cat([rows[:, :per_group].reshape(-1), rows[:, per_group].reshape(-1),
+                                  rows[:, per_group + 1].reshape(-1)])
+            group_rows = (per_group + 2) * head
+            head_rows = slice(kv_heads.start * group_rows, kv_heads.stop * group_rows) if tp is not None else None
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
             if per_head is not None:
-                qkv_w = take_rows(w(p + n.qkv + ".weight", 3 * q_rows, hidden, rows=head_rows), per_head)
+                qkv_w = take_rows(w(p + n.qkv + ".weight", q_rows + 2 * kv_rows, hidden, rows=head_rows), per_head)
             elif n.qkv:
                 qkv_w = fused(p + n.qkv + ".weight", qkv_parts, q_rows + 2 * kv_rows, hidden)
             else:
@@ -367,7 +370,7 @@ class TransformerDecoder(DecoderModel):
                                   w(p + n.v + ".weight", kv_rows, hidden, rows=kv_part)])
             qkv_b = None
             if c.qkv_bias and per_head is not None:
-                qkv_b = w(p + n.qkv + ".bias", 3 * q_rows, rows=head_rows)[per_head.to(device)]
+                qkv_b = w(p + n.qkv + ".bias", q_rows + 2 * kv_rows, rows=head_rows)[per_head.to(device)]
             elif c.qkv_bias:
                 qkv_b = (fused(p + n.qkv + ".bias", qkv_parts, q_rows + 2 * kv_rows) if n.qkv else
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
