@@ -206,6 +206,16 @@ FALCON_40B = {
     "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
 }
 
+# bigcode/starcoder (StarCoder-15.5B), as its config.json was recalled (not checked against it here),
+# in transformers' canonical names (its file says n_embd, n_head, n_layer, n_positions): one KV head,
+# learnt positions over 8,192 tokens.
+STARCODER_15B = {
+    "model_type": "gpt_bigcode", "vocab_size": 49152, "hidden_size": 6144, "num_hidden_layers": 40,
+    "num_attention_heads": 48, "max_position_embeddings": 8192, "multi_query": True,
+    "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+    "bos_token_id": 0, "eos_token_id": 0,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -375,6 +385,7 @@ DECODER_SHAPES = {
     "pythia-6.9b": PYTHIA_6_9B,
     "falcon-7b": FALCON_7B,
     "falcon-40b": FALCON_40B,
+    "starcoder-15b": STARCODER_15B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
@@ -485,6 +496,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         shapes[n.lm_head] = (spec.vocab_size, hidden)
     if spec.head_bias:
         shapes[n.lm_head.removesuffix(".weight") + ".bias"] = (spec.vocab_size,)
+    if spec.learned_positions:
+        shapes[n.positions] = (spec.max_position_embeddings, hidden)
     for i in range(spec.num_layers):
         p = f"layers.{i}."
         layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.pre_norms else {}

@@ -125,6 +125,9 @@ CASES = [
     ("falcon-new-architecture", "falcon-40b", {"num_kv_heads": 2}),
     ("falcon-new-architecture-one-norm", "falcon-40b", {"num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
     ("falcon-mha-sequential-biases", "falcon-7b", {"multi_query": False, "parallel_attn": False, "bias": True}),
+    # GPT-BigCode (StarCoder): learnt positions, no rotary, one KV head; and each head's q, k, v, exact GELU
+    ("gpt-bigcode", "starcoder-15b", {}),
+    ("gpt-bigcode-mha-gelu", "starcoder-15b", {"multi_query": False, "activation_function": "gelu"}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -185,7 +188,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2",
                    "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan", "hunyuan-moe", "gpt-oss", "starcoder2",
                    "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
-                   "falcon-mha-sequential-biases")
+                   "falcon-mha-sequential-biases", "gpt-bigcode")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

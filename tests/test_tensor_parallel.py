@@ -98,6 +98,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                            "layer_types": ["sliding_attention", "full_attention"]},
            "hunyuan-7b": {"model_type": "hunyuan_v1_dense", "head_dim": 16,  # q/k norms on each rank's rotated heads
                           "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}},
+           "starcoder-mha": ("starcoder-15b", {"multi_query": False}),  # learnt positions on every rank
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -114,10 +115,11 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("nemotron-mini-4b", 8), ("arcee-afm", 8), ("jais2", 8),
                                            ("solar-open-100b", 16), ("exaone-moe", 8), ("phi-2", 8),
                                            ("pythia-6.9b", 8), ("hunyuan-moe", 8),
-                                           ("falcon-40b", 32)])
+                                           ("falcon-40b", 32), ("starcoder-mha", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
-    if family in CHANGES:  # (on OLMo 2's sizes)
-        folder = _checkpoint(tmp_path, "olmo-2-7b", hidden=16 * heads, heads=heads, changes=CHANGES[family])
+    if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
+        shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])
+        folder = _checkpoint(tmp_path, shape, hidden=16 * heads, heads=heads, changes=changes)
     else:
         folder = _checkpoint(tmp_path, family, hidden=16 * heads, heads=heads)
     config = load_config(folder)

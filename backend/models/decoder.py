@@ -127,6 +127,7 @@ DECODER_FAMILIES = {
     "phi": "phi",
     "gpt_neox": "gpt_neox",
     "falcon": "falcon",
+    "gpt_bigcode": "gpt_bigcode",
     "gpt2": "gpt2",
 }
 

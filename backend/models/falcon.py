@@ -9,8 +9,8 @@ architecture) on one LayerNorm, or each on its own (`ln_attn`, `ln_mlp`: the new
 architecture's default, `num_ln_in_parallel_attn` 2); without `parallel_attn`, one after the
 other. Its layers are `h.{i}` and its names older configs' (`n_layer`, `n_head`); ALiBi
 (`alibi`) is refused."""
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, plain_activation,
-                                                     spec_from_hf)
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, layers_renamed,
+                                                     plain_activation, spec_from_hf)
 
 _OLD_KEYS = (("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"), ("n_embed", "hidden_size"),
              ("n_head_kv", "num_kv_heads"))
@@ -18,9 +18,7 @@ _OLD_KEYS = (("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads")
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """Falcon's layers are `h.{i}.`: the shared decoder reads them as `layers.{i}.`."""
-    if any(name.startswith("h.") for name in state):
-        state = {("layers." + name[2:] if name.startswith("h.") else name): t for name, t in state.items()}
-    return cfg, state
+    return cfg, layers_renamed(state, "h.")
 
 
 def from_hf(cfg: dict) -> DecoderSpec:

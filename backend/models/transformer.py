@@ -35,6 +35,8 @@ and runs it. What differs between the families is data, read here in one place:
                      folded into the output and down projections at load
     logit_scale      logits times a scalar (Granite: 1 / logits_scaling), folded into the final norm
     head_bias        a bias on the output head (Phi)
+    learned_positions  a learnt absolute position embedding added to the token embeddings
+                     (GPT-BigCode's `wpe`), with no rotary (rope_layers all False)
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
@@ -108,6 +110,7 @@ class WeightNames:
     k_norm: str = "self_attn.k_norm"
     sinks: str = "self_attn.sinks"
     embed: str = "embed_tokens.weight"
+    positions: str = "wpe.weight"  # (learned_positions)
     final_norm: str = "norm.weight"
     lm_head: str = "lm_head.weight"
 
@@ -155,6 +158,7 @@ class DecoderSpec:
     residual_scale: float | None = None
     logit_scale: float | None = None
     head_bias: bool = False
+    learned_positions: bool = False
     moe: MoeSpec | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
@@ -165,6 +169,8 @@ class DecoderSpec:
                              f"(supported: {sorted(activations)})")
         if not self.gated_mlp and self.moe:
             raise ValueError("a plain (ungated) MLP with mixture-of-experts layers is not supported")
+        if self.learned_positions and not (self.layer_norm and not self.parallel_block):
+            raise ValueError("learnt position embeddings are supported with LayerNorms before attention and the MLP")
         if self.parallel_mlp_norm and not self.parallel_block:
             raise ValueError("parallel_mlp_norm is the parallel block's (parallel_block)")
         if self.num_heads % self.num_kv_heads:
@@ -327,6 +333,7 @@ class TransformerDecoder(DecoderModel):
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
             if head_b:
                 self.output_head_b = self._vocab_rows(state[checked(head_b, (c.vocab_size,))])
+        self.positions = w(n.positions, c.max_position_embeddings, hidden) if c.learned_positions else None
         self.final_norm = norm(n.final_norm)
         self.final_norm_b = norm_bias(n.final_norm)
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
@@ -454,14 +461,17 @@ class TransformerDecoder(DecoderModel):
         """kernels.embedding_rms_norm over the ranks' rows of the table (_embed), then the first norm."""
         return kernels.rms_norm(self._embed(ids), norm, eps)
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The token embeddings (scaled where the family scales them). Under tensor parallelism
-        each rank looks up the ids it holds, zeros for the rest, in one launch; one all-reduce
-        sums them (exactly: one rank gives each row, the others add zeros)."""
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The token embeddings (scaled where the family scales them; plus the learnt embeddings
+        of their `positions` where the family has them). Under tensor parallelism each rank looks
+        up the ids it holds, zeros for the rest, in one launch; one all-reduce sums them (exactly:
+        one rank gives each row, the others add zeros); every rank adds the positions' rows."""
         start = self.tp.rank * self.embed.shape[0] if self.tp is not None else 0
         rows = kernels.embedding_part(ids, self.embed, start, self.config.embed_scale)
         if self.tp is not None:
             self.tp.all_reduce(rows)
+        if self.positions is not None:
+            rows += self.positions[positions]
         return rows
 
     @torch.inference_mode()
@@ -494,7 +504,7 @@ class TransformerDecoder(DecoderModel):
         if not c.pre_norms:  # a post-norm block: the first layer reads the embeddings as they are
             x = residual = self._embed(batch.input_ids)
         elif c.layer_norm:
-            x = residual = self._embed(batch.input_ids)
+            x = residual = self._embed(batch.input_ids, batch.positions)
             pre = kernels.PreNorm(self.layers[0].attn_norm, self._norm_bias(self.layers[0].attn_norm_b), eps)
         elif self.tp is None:
             x, residual = kernels.embedding_rms_norm(batch.input_ids, self.embed, self.layers[0].attn_norm, eps,
@@ -683,3 +693,11 @@ def layer_windows(cfg: dict, window: int | None, sliding: list[bool] | None = No
     elif sliding is None:
         sliding = [True] * layers
     return tuple(window if s else None for s in sliding)
+
+
+def layers_renamed(state: dict, prefix: str) -> dict:
+    """The checkpoint's tensors with layers named `{prefix}{i}.` (Falcon's and GPT-BigCode's `h.`)
+    renamed to the `layers.{i}.` this decoder reads."""
+    if not any(name.startswith(prefix) for name in state):
+        return state
+    return {("layers." + name[len(prefix):] if name.startswith(prefix) else name): t for name, t in state.items()}
