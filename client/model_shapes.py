@@ -216,6 +216,15 @@ STARCODER_15B = {
     "bos_token_id": 0, "eos_token_id": 0,
 }
 
+# The shape transformers' OPTConfig defaults to (OPT-125M, vLLM's first test model): learnt positions,
+# a ReLU MLP, biases everywhere.
+OPT_125M = {
+    "model_type": "opt", "vocab_size": 50272, "hidden_size": 768, "num_hidden_layers": 12, "ffn_dim": 3072,
+    "num_attention_heads": 12, "max_position_embeddings": 2048, "do_layer_norm_before": True,
+    "word_embed_proj_dim": 768, "activation_function": "relu", "enable_bias": True, "tie_word_embeddings": True,
+    "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -386,6 +395,7 @@ DECODER_SHAPES = {
     "falcon-7b": FALCON_7B,
     "falcon-40b": FALCON_40B,
     "starcoder-15b": STARCODER_15B,
+    "opt-125m": OPT_125M,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
@@ -419,6 +429,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                pad_token_id=0)
     if "num_kv_heads" in cfg:  # (Falcon's name for them)
         cfg["num_kv_heads"] = cfg["num_key_value_heads"]
+    if "ffn_dim" in cfg:  # (OPT's names for the MLP's width and the embeddings')
+        cfg.update(ffn_dim=cfg["intermediate_size"], word_embed_proj_dim=hidden)
     if "head_dim" in cfg:
         # A head_dim unlike hidden / heads stays unlike it (Gemma's 256 for 3,584 / 16; Qwen3's 128,
         # which its smaller models keep beside other widths).
@@ -497,7 +509,7 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
     if spec.head_bias:
         shapes[n.lm_head.removesuffix(".weight") + ".bias"] = (spec.vocab_size,)
     if spec.learned_positions:
-        shapes[n.positions] = (spec.max_position_embeddings, hidden)
+        shapes[n.positions] = (spec.position_offset + spec.max_position_embeddings, hidden)
     for i in range(spec.num_layers):
         p = f"layers.{i}."
         layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.pre_norms else {}

@@ -445,7 +445,7 @@ def linear_bias_gelu(
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
 
 
-LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu2", "silu_mul", "gelu_tanh_mul", "gelu_mul", "swiglu_oai")
+LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu2", "relu", "silu_mul", "gelu_tanh_mul", "gelu_mul", "swiglu_oai")
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # linear_act's GELUs as bias_gelu's `approximate`
 
 
@@ -466,7 +466,7 @@ def linear_act(
     it in the model (prenorm None: x as it is).
 
     x `[M, K]`, weight `[N, K]` (nn.Linear layout), bias `[N]` or None. `activation` is "none",
-    "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new"), "relu2" (relu(h)^2: Nemotron, Arcee) or
+    "gelu" (erf, BERT), "gelu_tanh" (GPT-2's "gelu_new"), "relu2" (relu(h)^2: Nemotron, Arcee), "relu" (OPT) or
     a gated one (GATED_ACTIVATIONS:
     "silu_mul", Llama's SwiGLU, "gelu_tanh_mul", Gemma's GeGLU, "gelu_mul", ModernBERT's
     GeGLU with the exact GELU, or "swiglu_oai", gpt-oss's clamped SwiGLU: weight is `[gate; up]`,
@@ -481,6 +481,8 @@ def linear_act(
         h = gated_act(h, activation)
     elif activation == "relu2":
         h = torch.relu(h).square()
+    elif activation == "relu":
+        h = torch.relu(h)
     elif activation != "none":
         h = bias_gelu(h, None, GELU_APPROXIMATE[activation])
     return h if out is None else out.copy_(h)

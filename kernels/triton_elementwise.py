@@ -62,7 +62,7 @@ def _tanh_gelu(h):
 # The activation codes of `apply_act` (below): linear_act's names; the gated ones take the up
 # half as a second operand (reference.GATED_ACTIVATIONS).
 ACT_CODE = {"none": 0, "gelu": 1, "gelu_tanh": 2, "silu_mul": 3, "gelu_tanh_mul": 4, "gelu_mul": 5, "swiglu_oai": 6,
-            "relu2": 7}
+            "relu2": 7, "relu": 8}
 # "swiglu_oai": gpt-oss's swiglu_alpha (1.702) and swiglu_limit (7.0), the reference's values
 # as compile-time constants of the kernels.
 _OAI_ALPHA = tl.constexpr(SWIGLU_OAI_ALPHA)
@@ -91,6 +91,8 @@ def apply_act(acc, acc_b, ACT: tl.constexpr):
     elif ACT == 7:  # squared ReLU
         acc = tl.maximum(acc, 0.0)
         acc = acc * acc
+    elif ACT == 8:
+        acc = tl.maximum(acc, 0.0)
     return acc
 
 

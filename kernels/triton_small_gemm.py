@@ -537,8 +537,9 @@ def _unfused(x, weight, bias, activation, out, many_rows=False, fp8_route=TORCH)
     if activation in GATED_ACTIVATIONS:
         h = dispatch.gated_act(torch.nn.functional.linear(x, weight, bias), activation)
         return h if out is None else out.copy_(h)
-    if activation == "relu2":  # (torch's passes: no kernel of its own)
-        h = torch.nn.functional.linear(x, weight, bias).relu_().square_()
+    if activation in ("relu2", "relu"):  # (torch's passes: no kernel of their own)
+        h = torch.nn.functional.linear(x, weight, bias).relu_()
+        h = h.square_() if activation == "relu2" else h
         return h if out is None else out.copy_(h)
     if out is None:
         return torch.nn.functional.linear(x, weight, bias)
@@ -553,8 +554,9 @@ def _fp8_epilogue(h: torch.Tensor, bias, activation, out):
         h = dispatch.bias_gelu(h, bias, gelu, out=h)
     elif activation in GATED_ACTIVATIONS:
         h = dispatch.gated_act(h if bias is None else h.add_(bias), activation)
-    elif activation == "relu2":
-        h = (h if bias is None else h.add_(bias)).relu_().square_()
+    elif activation in ("relu2", "relu"):
+        h = (h if bias is None else h.add_(bias)).relu_()
+        h = h.square_() if activation == "relu2" else h
     elif bias is not None:
         h = h.add_(bias)
     return h if out is None else out.copy_(h)

@@ -128,6 +128,9 @@ CASES = [
     # GPT-BigCode (StarCoder): learnt positions, no rotary, one KV head; and each head's q, k, v, exact GELU
     ("gpt-bigcode", "starcoder-15b", {}),
     ("gpt-bigcode-mha-gelu", "starcoder-15b", {"multi_query": False, "activation_function": "gelu"}),
+    # OPT: learnt positions looked up 2 rows on, a ReLU MLP; and without biases
+    ("opt", "opt-125m", {}),
+    ("opt-no-bias", "opt-125m", {"enable_bias": False}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -188,7 +191,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2",
                    "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan", "hunyuan-moe", "gpt-oss", "starcoder2",
                    "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
-                   "falcon-mha-sequential-biases", "gpt-bigcode")
+                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -305,6 +308,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("llama-3.1-8b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("stablelm-2-1.6b", {"use_parallel_residual": True}, "use_parallel_residual"),
     ("phi-2", {"qk_layernorm": True}, "qk_layernorm"),
+    ("opt-125m", {"do_layer_norm_before": False}, "do_layer_norm_before"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": [2, 4]}, "moe_topk"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):

@@ -141,7 +141,7 @@ def _fp8_inputs(rand, m, n, k, activation, with_bias):
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
-@pytest.mark.parametrize("activation", ["none", "gelu_tanh", "relu2", "silu_mul", "gelu_mul"])
+@pytest.mark.parametrize("activation", ["none", "gelu_tanh", "relu2", "relu", "silu_mul", "gelu_mul"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_few_row_kernels_read_fp8_weights(m, activation, with_bias, launches):
     """1-2 rows: the GEMV; up to fp8.WEIGHT_ONLY_MAX_ROWS: the small GEMM (whatever PDL says for

@@ -63,6 +63,7 @@ FAMILIES = [
     ("gen_falcon", "falcon-7b", {}),
     ("gen_falcon_40b", "falcon-40b", {}),
     ("gen_gpt_bigcode", "starcoder-15b", {}),
+    ("gen_opt", "opt-125m", {}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "head_dim": 16, "rope_scaling": None,
                                          "num_experts": 8, "moe_topk": 2, "rope_parameters": {
                                              "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,

@@ -49,7 +49,7 @@ def launches(monkeypatch):
 
 
 @pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "relu2", "silu_mul", "gelu_tanh_mul"])
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "relu2", "relu", "silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_reference(m, activation, with_bias, launches):
     rand = Rand("gemv", m, activation, with_bias)

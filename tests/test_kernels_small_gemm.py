@@ -26,7 +26,7 @@ from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-ACTIVATIONS = ["none", "gelu", "gelu_tanh", "relu2", "silu_mul", "gelu_tanh_mul"]
+ACTIVATIONS = ["none", "gelu", "gelu_tanh", "relu2", "relu", "silu_mul", "gelu_tanh_mul"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
@@ -53,6 +53,8 @@ def exact(x, w, b, activation):
         return h
     if activation == "relu2":
         return F.relu(h).square()
+    if activation == "relu":
+        return F.relu(h)
     return F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 

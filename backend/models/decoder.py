@@ -128,6 +128,7 @@ DECODER_FAMILIES = {
     "gpt_neox": "gpt_neox",
     "falcon": "falcon",
     "gpt_bigcode": "gpt_bigcode",
+    "opt": "opt",
     "gpt2": "gpt2",
 }
 

@@ -36,7 +36,8 @@ and runs it. What differs between the families is data, read here in one place:
     logit_scale      logits times a scalar (Granite: 1 / logits_scaling), folded into the final norm
     head_bias        a bias on the output head (Phi)
     learned_positions  a learnt absolute position embedding added to the token embeddings
-                     (GPT-BigCode's `wpe`), with no rotary (rope_layers all False)
+                     (GPT-BigCode's `wpe`), with no rotary (rope_layers all False); its table's
+                     first `position_offset` rows unused (OPT's 2)
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
@@ -68,9 +69,10 @@ from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 # spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
 # the same for a plain (ungated) MLP's activation
-PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2"}
+PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2", "relu": "relu"}
 # Hugging Face's `hidden_act` names of those -> the spec's
-HF_PLAIN_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu", "relu2": "relu2"}
+HF_PLAIN_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu", "relu2": "relu2",
+                        "relu": "relu"}
 
 
 def plain_activation(cfg: dict, family: str, supported: tuple[str, ...]) -> str:
@@ -159,6 +161,7 @@ class DecoderSpec:
     logit_scale: float | None = None
     head_bias: bool = False
     learned_positions: bool = False
+    position_offset: int = 0
     moe: MoeSpec | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
@@ -333,7 +336,9 @@ class TransformerDecoder(DecoderModel):
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
             if head_b:
                 self.output_head_b = self._vocab_rows(state[checked(head_b, (c.vocab_size,))])
-        self.positions = w(n.positions, c.max_position_embeddings, hidden) if c.learned_positions else None
+        self.positions = None
+        if c.learned_positions:  # (the rows of positions 0, 1, ...)
+            self.positions = w(n.positions, c.position_offset + c.max_position_embeddings, hidden)[c.position_offset:]
         self.final_norm = norm(n.final_norm)
         self.final_norm_b = norm_bias(n.final_norm)
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
