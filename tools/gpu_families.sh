@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-ernie-4.5-21b-a3b,olmoe-1b-7b}
+MODELS=${MODELS:-falcon-7b,falcon-40b,starcoder-15b,opt-125m,flex-olmo-7x7b}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf
@@ -29,9 +29,11 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,nohea
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 if [[ ${TESTS:-1} != 0 ]]; then
   # The kernels only the newest families use, on the GPU against their references first: MoE
-  # routing and GEMMs, the post-norm block's prologue ("sum"), whole-width and per-head q/k norms.
+  # routing and GEMMs, the post-norm block's prologue ("sum"), whole-width and per-head q/k norms,
+  # the plain MLP's ReLU and squared ReLU epilogues.
   timeout -k 10 180 python3 -m pytest -q tests/test_kernels_moe.py tests/test_kernels_gemv.py \
-    tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py -k "moe or sum or whole or head_norms" \
+    tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py tests/test_kernels_small_gemm.py \
+    -k "moe or sum or whole or head_norms or relu" \
     -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
   hf_path=$PYTHONPATH
