@@ -193,8 +193,8 @@ PYTHIA_6_9B = {
 FALCON_7B = {
     "model_type": "falcon", "vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32,
     "num_attention_heads": 71, "multi_query": True, "parallel_attn": True, "new_decoder_architecture": False,
-    "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-    "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
+    "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
 }
 
 # tiiuae/falcon-40b, as its config.json was recalled (not checked against it here): the new decoder
@@ -202,8 +202,8 @@ FALCON_7B = {
 FALCON_40B = {
     "model_type": "falcon", "vocab_size": 65024, "hidden_size": 8192, "num_hidden_layers": 60,
     "num_attention_heads": 128, "num_kv_heads": 8, "new_decoder_architecture": True, "parallel_attn": True,
-    "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-    "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
+    "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
 }
 
 # bigcode/starcoder (StarCoder-15.5B), as its config.json was recalled (not checked against it here),

@@ -445,7 +445,8 @@ def linear_bias_gelu(
     return bias_gelu(F.linear(x, weight), bias, approximate, out=out)
 
 
-LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu2", "relu", "silu_mul", "gelu_tanh_mul", "gelu_mul", "swiglu_oai")
+LINEAR_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu2", "relu", "silu_mul", "gelu_tanh_mul", "gelu_mul",
+                      "swiglu_oai")
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # linear_act's GELUs as bias_gelu's `approximate`
 
 

@@ -113,7 +113,8 @@ CASES = [
     # Phi-2: the parallel block on one LayerNorm with a bias, a partial rotary, the head's bias; and
     # with grouped KV heads, half the head rotating, the exact GELU
     ("phi", "phi-2", {}),
-    ("phi-gqa-half-rotary-gelu", "phi-2", {"num_key_value_heads": 2, "partial_rotary_factor": 0.5, "hidden_act": "gelu"}),
+    ("phi-gqa-half-rotary-gelu", "phi-2", {"num_key_value_heads": 2, "partial_rotary_factor": 0.5,
+                                           "hidden_act": "gelu"}),
     # GPT-NeoX (Pythia): the parallel residual on two LayerNorms, a QKV stored per head, a quarter-head
     # rotary; and the sequential block without attention biases, half the head rotating
     ("gpt-neox", "pythia-6.9b", {}),
@@ -188,9 +189,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
-                   "glm4-moe", "olmo2",
-                   "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan", "hunyuan-moe", "gpt-oss", "starcoder2",
-                   "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
+                   "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
+                   "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt")
 
 

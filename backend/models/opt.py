@@ -9,8 +9,10 @@ from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDec
                                                      spec_from_hf)
 
 NAMES = WeightNames(o="self_attn.out_proj", up="fc1", down="fc2", attn_norm="self_attn_layer_norm",
-                    mlp_norm="final_layer_norm", final_norm="final_layer_norm.weight", positions="embed_positions.weight")
-_REFUSED = (("do_layer_norm_before", False), ("layer_norm_elementwise_affine", False), ("_remove_final_layer_norm", True))
+                    mlp_norm="final_layer_norm", final_norm="final_layer_norm.weight",
+                    positions="embed_positions.weight")
+_REFUSED = (("do_layer_norm_before", False), ("layer_norm_elementwise_affine", False),
+            ("_remove_final_layer_norm", True))
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:

@@ -336,9 +336,10 @@ class TransformerDecoder(DecoderModel):
             self.output_head = self.embed if tied else self._vocab_rows(state[checked(n.lm_head, table)])
             if head_b:
                 self.output_head_b = self._vocab_rows(state[checked(head_b, (c.vocab_size,))])
-        self.positions = None
-        if c.learned_positions:  # (the rows of positions 0, 1, ...)
-            self.positions = w(n.positions, c.position_offset + c.max_position_embeddings, hidden)[c.position_offset:]
+        self.position_embed = None  # (learned_positions: the rows of positions 0, 1, ...)
+        if c.learned_positions:
+            table = w(n.positions, c.position_offset + c.max_position_embeddings, hidden)
+            self.position_embed = table[c.position_offset:]
         self.final_norm = norm(n.final_norm)
         self.final_norm_b = norm_bias(n.final_norm)
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
@@ -360,7 +361,8 @@ class TransformerDecoder(DecoderModel):
             order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
             rows_in_order = qkv_rows_in_rotary_order(order, head, c.num_heads // world, c.num_kv_heads // world)
             order, rows_in_order = order.to(device), rows_in_order.to(device)
-        per_head = head_rows = None  # a QKV stored per KV group: this rank's groups' rows, then their order as [q; k; v]
+        # A QKV stored per KV group (qkv_grouped): this rank's groups' rows, and their order as [q; k; v].
+        per_head = head_rows = None
         if n.qkv_grouped:
             groups, per_group = c.num_kv_heads // (tp.world if tp is not None else 1), c.num_heads // c.num_kv_heads
             rows = torch.arange(groups * (per_group + 2) * head).view(groups, per_group + 2, head)
@@ -368,6 +370,7 @@ class TransformerDecoder(DecoderModel):
                                   rows[:, per_group + 1].reshape(-1)])
             group_rows = (per_group + 2) * head
             head_rows = slice(kv_heads.start * group_rows, kv_heads.stop * group_rows) if tp is not None else None
+        own_mlp_norm = not c.parallel_block or c.parallel_mlp_norm  # (one norm before both in Cohere's and Phi's)
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
@@ -428,8 +431,7 @@ class TransformerDecoder(DecoderModel):
                 o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
                 sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None,
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
-                mlp_norm=(norm(p + n.mlp_norm + ".weight") if c.pre_norms and (not c.parallel_block or c.parallel_mlp_norm)
-                          else None),
+                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and own_mlp_norm else None,
                 gate_up_w=gate_up_w,
                 down_w=down_w,
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
@@ -438,7 +440,7 @@ class TransformerDecoder(DecoderModel):
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
                 attn_norm_b=norm_bias(p + n.attn_norm + ".weight"),
-                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if not c.parallel_block or c.parallel_mlp_norm else None,
+                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if own_mlp_norm else None,
                 gate_up_b=gate_up_b,
                 down_b=down_b,
             ))
@@ -475,8 +477,8 @@ class TransformerDecoder(DecoderModel):
         rows = kernels.embedding_part(ids, self.embed, start, self.config.embed_scale)
         if self.tp is not None:
             self.tp.all_reduce(rows)
-        if self.positions is not None:
-            rows += self.positions[positions]
+        if self.position_embed is not None:
+            rows += self.position_embed[positions]
         return rows
 
     @torch.inference_mode()
