@@ -17,6 +17,9 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
+# Hunyuan's head size and NTK-alpha rope on Llama's shrunk sizes (dense and MoE)
+HUNYUAN_ON_LLAMA = {"head_dim": 16, "rope_scaling": None, "rope_parameters": {
+    "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}}
 # (served model name, shape, config changes): the families and their distinguishing features.
 FAMILIES = [
     ("gen_llama31", "llama-3.1-8b", {}),
@@ -45,9 +48,7 @@ FAMILIES = [
                                   "layer_types": ["sliding_attention", "full_attention"]}),
     ("gen_olmoe", "olmoe-1b-7b", {}),
     ("gen_flex_olmo", "flex-olmo-7x7b", {"norm_topk_prob": True}),
-    ("gen_hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_scaling": None,
-                                     "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
-                                                         "rope_theta": 10000.0}}),
+    ("gen_hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", **HUNYUAN_ON_LLAMA}),
     ("gen_gpt_oss", "gpt-oss-20b", {}),
     ("gen_starcoder2", "starcoder2-3b", {}),
     ("gen_stablelm", "stablelm-2-1.6b", {}),
@@ -64,10 +65,8 @@ FAMILIES = [
     ("gen_falcon_40b", "falcon-40b", {}),
     ("gen_gpt_bigcode", "starcoder-15b", {}),
     ("gen_opt", "opt-125m", {}),
-    ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "head_dim": 16, "rope_scaling": None,
-                                         "num_experts": 8, "moe_topk": 2, "rope_parameters": {
-                                             "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
-                                             "rope_theta": 10000.0}}),
+    ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": 2,
+                                         **HUNYUAN_ON_LLAMA}),
     ("gen_solar_open", "solar-open-100b", {}),
     ("gen_exaone_moe", "olmo-2-7b", {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2,
                                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 80,
