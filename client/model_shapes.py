@@ -225,6 +225,14 @@ OPT_125M = {
     "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
 }
 
+# The shape transformers' GPTJConfig defaults to (GPT-J-6B), in canonical names (its file says n_embd,
+# n_head, n_layer, n_positions): 16 heads of 256 dims, 64 of them rotating in neighbouring pairs.
+GPT_J_6B = {
+    "model_type": "gptj", "vocab_size": 50400, "hidden_size": 4096, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "max_position_embeddings": 2048, "rotary_dim": 64, "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "bos_token_id": 50256, "eos_token_id": 50256,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -396,6 +404,7 @@ DECODER_SHAPES = {
     "falcon-40b": FALCON_40B,
     "starcoder-15b": STARCODER_15B,
     "opt-125m": OPT_125M,
+    "gpt-j-6b": GPT_J_6B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
@@ -429,6 +438,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                pad_token_id=0)
     if "num_kv_heads" in cfg:  # (Falcon's name for them)
         cfg["num_kv_heads"] = cfg["num_key_value_heads"]
+    if "rotary_dim" in cfg:  # (GPT-J's rotating dims: a quarter of the head, as GPT-J-6B's 64 of 256)
+        cfg["rotary_dim"] = hidden // heads // 4
     if "ffn_dim" in cfg:  # (OPT's names for the MLP's width and the embeddings')
         cfg.update(ffn_dim=cfg["intermediate_size"], word_embed_proj_dim=hidden)
     if "head_dim" in cfg:

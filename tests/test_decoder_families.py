@@ -132,6 +132,9 @@ CASES = [
     # OPT: learnt positions looked up 2 rows on, a ReLU MLP; and without biases
     ("opt", "opt-125m", {}),
     ("opt-no-bias", "opt-125m", {"enable_bias": False}),
+    # GPT-J: the parallel block on one LayerNorm, a quarter of each head rotating in neighbouring pairs,
+    # the head's bias
+    ("gptj", "gpt-j-6b", {}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -191,7 +194,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
-                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt")
+                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

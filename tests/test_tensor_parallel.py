@@ -116,7 +116,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("solar-open-100b", 16), ("exaone-moe", 8), ("phi-2", 8),
                                            ("pythia-6.9b", 8), ("hunyuan-moe", 8),
                                            ("falcon-40b", 32), ("starcoder-mha", 8),
-                                           ("opt-125m", 8)])
+                                           ("opt-125m", 8), ("gpt-j-6b", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

@@ -129,6 +129,7 @@ DECODER_FAMILIES = {
     "falcon": "falcon",
     "gpt_bigcode": "gpt_bigcode",
     "opt": "opt",
+    "gptj": "gptj",
     "gpt2": "gpt2",
 }
 

@@ -11,6 +11,18 @@ from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDec
 
 _GPT2_KEYS = (("n_embd", "hidden_size"), ("n_head", "num_attention_heads"), ("n_layer", "num_hidden_layers"),
               ("n_positions", "max_position_embeddings"))
+
+
+def with_canonical_names(cfg: dict) -> dict:
+    """A config written with GPT-2's names (`n_embd`, `n_head`, `n_layer`, `n_positions`: GPT-BigCode's,
+    GPT-J's) with transformers' canonical ones beside them, and `intermediate_size` from `n_inner`
+    (4 x hidden where it is None)."""
+    cfg = dict(cfg)
+    for old, new in _GPT2_KEYS:
+        if old in cfg:
+            cfg.setdefault(new, cfg[old])
+    cfg["intermediate_size"] = cfg.get("n_inner") or 4 * cfg["hidden_size"]
+    return cfg
 NAMES = WeightNames(qkv="attn.c_attn", qkv_grouped=True, o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj",
                     attn_norm="ln_1", mlp_norm="ln_2", embed="wte.weight", final_norm="ln_f.weight")
 
@@ -23,15 +35,11 @@ def from_hf(cfg: dict) -> DecoderSpec:
     if not cfg.get("scale_attn_weights", True):
         raise ValueError("GPT-BigCode with scale_attn_weights false is not supported (supported: scale_attn_weights "
                          "true)")
-    cfg = dict(cfg)
-    for old, new in _GPT2_KEYS:
-        if old in cfg:
-            cfg.setdefault(new, cfg[old])
-    heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
+    cfg = with_canonical_names(cfg)
+    heads = cfg["num_attention_heads"]
     act = plain_activation({"hidden_act": cfg.get("activation_function", "gelu_pytorch_tanh")}, "GPT-BigCode",
                            ("gelu_pytorch_tanh", "gelu_new", "gelu"))
-    cfg.update(num_key_value_heads=1 if cfg.get("multi_query", True) else heads,
-               intermediate_size=cfg.get("n_inner") or 4 * hidden)
+    cfg["num_key_value_heads"] = 1 if cfg.get("multi_query", True) else heads
     layers = cfg["num_hidden_layers"]
     return spec_from_hf(cfg, tie_default=True, norm_eps=cfg.get("layer_norm_epsilon", 1e-5), layer_norm=True,
                         norm_bias=True, gated_mlp=False, activation=act, mlp_bias=True, qkv_bias=True, o_bias=True,
