@@ -9,8 +9,8 @@ architecture) on one LayerNorm, or each on its own (`ln_attn`, `ln_mlp`: the new
 architecture's default, `num_ln_in_parallel_attn` 2); without `parallel_attn`, one after the
 other. Its layers are `h.{i}` and its names older configs' (`n_layer`, `n_head`); ALiBi
 (`alibi`) is refused."""
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, layers_renamed,
-                                                     plain_activation, spec_from_hf)
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, config_renamed,
+                                                     layers_renamed, plain_activation, spec_from_hf)
 
 _OLD_KEYS = (("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"), ("n_embed", "hidden_size"),
              ("n_head_kv", "num_kv_heads"))
@@ -24,10 +24,7 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
 def from_hf(cfg: dict) -> DecoderSpec:
     if cfg.get("alibi"):
         raise ValueError("Falcon with ALiBi (alibi) is not supported (supported: alibi false)")
-    cfg = dict(cfg)
-    for old, new in _OLD_KEYS:
-        if old in cfg:
-            cfg.setdefault(new, cfg[old])
+    cfg = config_renamed(cfg, _OLD_KEYS)
     heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     new_arch = bool(cfg.get("new_decoder_architecture", False))
     if new_arch:

@@ -6,8 +6,8 @@ LayerNorms with a bias before attention and the MLP and at the end, a plain GELU
 and then the KV head, or without `multi_query` each head's q, k and v. Its config uses GPT-2's
 names (`n_embd`, `n_head`, `n_layer`, `n_positions`, `n_inner`) and its layers are `h.{i}`.
 Unscaled attention (`scale_attn_weights` false) is refused."""
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, layers_renamed,
-                                                     plain_activation, spec_from_hf)
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, config_renamed,
+                                                     layers_renamed, plain_activation, spec_from_hf)
 
 _GPT2_KEYS = (("n_embd", "hidden_size"), ("n_head", "num_attention_heads"), ("n_layer", "num_hidden_layers"),
               ("n_positions", "max_position_embeddings"))
@@ -17,10 +17,7 @@ def with_canonical_names(cfg: dict) -> dict:
     """A config written with GPT-2's names (`n_embd`, `n_head`, `n_layer`, `n_positions`: GPT-BigCode's,
     GPT-J's) with transformers' canonical ones beside them, and `intermediate_size` from `n_inner`
     (4 x hidden where it is None)."""
-    cfg = dict(cfg)
-    for old, new in _GPT2_KEYS:
-        if old in cfg:
-            cfg.setdefault(new, cfg[old])
+    cfg = config_renamed(cfg, _GPT2_KEYS)
     cfg["intermediate_size"] = cfg.get("n_inner") or 4 * cfg["hidden_size"]
     return cfg
 NAMES = WeightNames(qkv="attn.c_attn", qkv_grouped=True, o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj",
@@ -28,6 +25,7 @@ NAMES = WeightNames(qkv="attn.c_attn", qkv_grouped=True, o="attn.c_proj", up="ml
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
+    """GPT-2-style layers are `h.{i}.` (GPT-BigCode's, GPT-J's): the shared decoder reads them as `layers.{i}.`."""
     return cfg, layers_renamed(state, "h.")
 
 

@@ -362,12 +362,12 @@ class TransformerDecoder(DecoderModel):
             rows_in_order = qkv_rows_in_rotary_order(order, head, c.num_heads // world, c.num_kv_heads // world)
             order, rows_in_order = order.to(device), rows_in_order.to(device)
         # A QKV stored per KV group (qkv_grouped): this rank's groups' rows, and their order as [q; k; v].
-        per_head = head_rows = None
+        group_order = head_rows = None
         if n.qkv_grouped:
             groups, per_group = c.num_kv_heads // (tp.world if tp is not None else 1), c.num_heads // c.num_kv_heads
             rows = torch.arange(groups * (per_group + 2) * head).view(groups, per_group + 2, head)
-            per_head = torch.cat([rows[:, :per_group].reshape(-1), rows[:, per_group].reshape(-1),
-                                  rows[:, per_group + 1].reshape(-1)])
+            group_order = torch.cat([rows[:, :per_group].reshape(-1), rows[:, per_group].reshape(-1),
+                                     rows[:, per_group + 1].reshape(-1)])
             group_rows = (per_group + 2) * head
             head_rows = slice(kv_heads.start * group_rows, kv_heads.stop * group_rows) if tp is not None else None
         own_mlp_norm = not c.parallel_block or c.parallel_mlp_norm  # (one norm before both in Cohere's and Phi's)
@@ -375,8 +375,8 @@ class TransformerDecoder(DecoderModel):
         for i in range(c.num_layers):
             p = f"layers.{i}."
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
-            if per_head is not None:
-                qkv_w = take_rows(w(p + n.qkv + ".weight", q_rows + 2 * kv_rows, hidden, rows=head_rows), per_head)
+            if group_order is not None:
+                qkv_w = take_rows(w(p + n.qkv + ".weight", q_rows + 2 * kv_rows, hidden, rows=head_rows), group_order)
             elif n.qkv:
                 qkv_w = fused(p + n.qkv + ".weight", qkv_parts, q_rows + 2 * kv_rows, hidden)
             else:
@@ -384,8 +384,8 @@ class TransformerDecoder(DecoderModel):
                                   w(p + n.k + ".weight", kv_rows, hidden, rows=kv_part),
                                   w(p + n.v + ".weight", kv_rows, hidden, rows=kv_part)])
             qkv_b = None
-            if c.qkv_bias and per_head is not None:
-                qkv_b = w(p + n.qkv + ".bias", q_rows + 2 * kv_rows, rows=head_rows)[per_head.to(device)]
+            if c.qkv_bias and group_order is not None:
+                qkv_b = w(p + n.qkv + ".bias", q_rows + 2 * kv_rows, rows=head_rows)[group_order.to(device)]
             elif c.qkv_bias:
                 qkv_b = (fused(p + n.qkv + ".bias", qkv_parts, q_rows + 2 * kv_rows) if n.qkv else
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
@@ -708,3 +708,14 @@ def layers_renamed(state: dict, prefix: str) -> dict:
     if not any(name.startswith(prefix) for name in state):
         return state
     return {("layers." + name[len(prefix):] if name.startswith(prefix) else name): t for name, t in state.items()}
+
+
+def config_renamed(cfg: dict, renames: tuple[tuple[str, str], ...]) -> dict:
+    """A copy of the config with each (old, new) name's value also under the new name (transformers'
+    canonical one, which the decoder reads) where that is not set: configs written with GPT-2's or
+    older names (`n_layer`, `n_head`: Falcon's, GPT-BigCode's, GPT-J's)."""
+    cfg = dict(cfg)
+    for old, new in renames:
+        if old in cfg:
+            cfg.setdefault(new, cfg[old])
+    return cfg
