@@ -25,11 +25,11 @@ as in triton_small_gemm (same pieces, triton_linear_parts.py):
 * epilogues: plain (bias, then GELU or a gated activation) or QKV (bias, rotary, q stored, k and
   v written straight into the paged cache).
 
-Rows longer than a program's registers hold (K > _MAX_K: Qwen2.5-7B's down projection has
-K = 18,944, 72B's 29,568) run a K loop instead (LOOP): the program loads its first _K_CHUNK
-columns into registers and, with PDL, asks L2 for the rest of its weight rows before waiting,
-then walks K in chunks. Only linears without a PreNorm take that path (a norm needs the whole
-row's statistics before the GEMM; no model has a hidden size past _MAX_K).
+Rows longer than four warps' registers hold (K > _MAX_K: AFM-4.5B's down projection has
+K = 18,432, Qwen2.5-7B's 18,944, 72B's 29,568) are held by a program of _LONG_WARPS warps, the
+same registers a thread: one decode row of a plain linear without a PreNorm (the down
+projections), up to MAX_LONG_K; two rows, a gated or QKV linear or a PreNorm would want twice
+the registers, and go elsewhere.
 
 FP8 weights (kernels/fp8.py, SCALED): the program loads the E4M3 values (half the bytes of
 fp16), converts them in registers, and multiplies each column's fp32 sum by its row scale
@@ -79,14 +79,15 @@ _FP8_BYTES_FACTOR = 2
 _POST_NORM_ROWS = 2
 # Longest row a program holds (Llama-3-8B's down projection has K = 14,336).
 _MAX_K = 16384
-# Past _MAX_K (no PreNorm): the K loop's chunk, and the longest K it takes. Off (= _MAX_K): on the
-# H100 the loop lost to cuBLAS at one decode row, 62.8 vs 53.0 us at K = 18,944 (Qwen2.5-7B's down
-# projection) and 229.8 vs 169.7 us at K = 29,568 (test_gpu_timing_k_loop_gemv_vs_cublas); a chunk
-# sweep may change that, and the timing test sets MAX_LOOP_K to compare. On the H200 too (whole
-# batch-1 steps, ab_decode_step.py with MAX_LOOP_K 32,768, chunks 2,048 / 4,096 / 8,192): Qwen2.5-7B
-# 1.012-1.103x, AFM-4.5B's shape (K = 18,432) 1.026-1.047x the step with cuBLAS.
-_K_CHUNK = 4096
-MAX_LOOP_K = _MAX_K
+# Past _MAX_K (one row of a plain linear, no PreNorm): the longest K a program of _LONG_WARPS holds
+# (= _MAX_K: none; cuBLAS runs them). H200, whole decode steps, bf16, one machine start
+# (tools/gpu/ab_decode_step.py, against cuBLAS): batch 1 AFM-4.5B 2.671 -> 2.568 ms (0.961x),
+# Qwen2.5-7B 0.969x, Jais-2 0.974x; 16 warps 0.968-1.012x. Two rows lost (1.04-1.11x), and so did
+# everything else tried: split K (ranges of 4,096-16,384 in programs of their own, the last to
+# arrive adding the partials) 1.05-1.28x at batch 1; a K loop (one program walking its rows in
+# chunks, the rest asked of L2 before the wait) 1.01-1.10x.
+MAX_LONG_K = 32768
+_LONG_WARPS = 8
 
 
 @triton.jit
@@ -149,15 +150,11 @@ def _gemv_kernel(
     POST_NORM: tl.constexpr, WRITE_NORMED: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     SCALED: tl.constexpr, ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-    LOOP: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr,
 ):
     """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid:
-    (column tiles,), see column_tile. LOOP (no prologue): K is walked in KP-wide chunks, the
-    first loaded before the wait; PREFETCH (LOOP with PDL): the LINES 128-byte lines (PER_LINE
-    elements apiece) of each weight row past the first chunk are asked of L2 before the wait.
-    SCALED: FP8 weights, each column's sum times its weight row's scale (scale_ptr) before the
-    bias. WRITE_NORMED: program 0 also stores the normalised rows (normed_ptr, rounded to its
-    dtype; PreNorm.normed_out)."""
+    (column tiles,), see column_tile. SCALED: FP8 weights, each column's sum times its weight
+    row's scale (scale_ptr) before the bias. WRITE_NORMED: program 0 also stores the normalised
+    rows (normed_ptr, rounded to its dtype; PreNorm.normed_out)."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     ks = tl.arange(0, KP)
     k_ok = ks < K
@@ -194,68 +191,38 @@ def _gemv_kernel(
             nb = tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         if POST_NORM:
             xn = tl.load(xn_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-    if PREFETCH:
-        w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
-        line = tl.minimum(KP + tl.arange(0, LINES) * PER_LINE, K - 1)
-        lines = w_ptr + w_rows[:, None] * K + line[None, :]  # [BLOCK_N, LINES]
-        triton_pdl.prefetch_l2(lines)
-        if PAIRED:
-            triton_pdl.prefetch_l2(lines + HALF * K)
     triton_pdl.wait_for_predecessor(PDL)  # from here on the previous kernel's writes are visible
 
     rows = tl.arange(0, ROWS)
     row_ok = rows < M
-    if LOOP:
-        # No prologue: x's chunks as they are, in the weights' dtype (asserted equal).
-        xw = _operand(_input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, False,
-                                  False, False), w_ptr, out_ptr, SCALED)[:, None, :]
-        acc = tl.sum(xw * w.to(tl.float32), axis=2)  # [ROWS, BLOCK_N]
-        acc_b = acc
-        if PAIRED:
-            acc_b = tl.sum(xw * w_b.to(tl.float32), axis=2)
-        for k0 in range(KP, K, KP):
-            kk = k0 + ks
-            kk_ok = kk < K
-            wk_mask = col_ok[None, :, None] & kk_ok[None, None, :]
-            wk = tl.load(w_ptr + w_off + k0, mask=wk_mask, other=0.0)
-            xk = _operand(_input_rows(x_ptr, x_ptr, x_ptr, xn, eps, rows, kk, row_ok, kk_ok, stride_xm, K, K, False,
-                                      False, False), w_ptr, out_ptr, SCALED)[:, None, :]
-            acc += tl.sum(xk * wk.to(tl.float32), axis=2)
-            if PAIRED:
-                wk_b = tl.load(w_ptr + HALF * K + w_off + k0, mask=wk_mask, other=0.0)
-                acc_b += tl.sum(xk * wk_b.to(tl.float32), axis=2)
-        acc = _scaled(acc, w_scale, SCALED) + bias[None, :]
-        if PAIRED:
-            acc_b = _scaled(acc_b, w_scale_b, SCALED) + bias_b[None, :]
-    else:
-        s = _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, HAS_XBIAS,
-                        HAS_RES, POST_NORM)
-        if NORM != 0:
-            if WRITE_SUM:
-                sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream
-                tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
-                         mask=(sum_rows < M)[:, None] & k_ok[None, :])
-            s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
-            if WRITE_NORMED:
-                normed_rows = tl.where(tl.program_id(0) == 0, rows, M)
-                tl.store(normed_ptr + rows[:, None] * K + ks[None, :], s.to(normed_ptr.dtype.element_ty),
-                         mask=(normed_rows < M)[:, None] & k_ok[None, :])
-        # The GEMM operand as the unfused path stores it (in the weights' dtype; FP8: the activations').
-        xw = _operand(s, w_ptr, out_ptr, SCALED)[:, None, :]  # [ROWS, 1, KP]
-        acc = _scaled(tl.sum(xw * w.to(tl.float32), axis=2), w_scale, SCALED) + bias[None, :]
-        acc_b = acc
-        if PAIRED:
-            acc_b = _scaled(tl.sum(xw * w_b.to(tl.float32), axis=2), w_scale_b, SCALED) + bias_b[None, :]
+    s = _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, HAS_XBIAS,
+                    HAS_RES, POST_NORM)
+    if NORM != 0:
+        if WRITE_SUM:
+            sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream
+            tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
+                     mask=(sum_rows < M)[:, None] & k_ok[None, :])
+        s = _normalize(s, k_ok, nw, nb, eps, K, NORM)
+        if WRITE_NORMED:
+            normed_rows = tl.where(tl.program_id(0) == 0, rows, M)
+            tl.store(normed_ptr + rows[:, None] * K + ks[None, :], s.to(normed_ptr.dtype.element_ty),
+                     mask=(normed_rows < M)[:, None] & k_ok[None, :])
+    # The GEMM operand as the unfused path stores it (in the weights' dtype; FP8: the activations').
+    xw = _operand(s, w_ptr, out_ptr, SCALED)[:, None, :]  # [ROWS, 1, KP]
+    acc = _scaled(tl.sum(xw * w.to(tl.float32), axis=2), w_scale, SCALED) + bias[None, :]
+    acc_b = acc
+    if PAIRED:
+        acc_b = _scaled(tl.sum(xw * w_b.to(tl.float32), axis=2), w_scale_b, SCALED) + bias_b[None, :]
 
     store_epilogue(acc, acc_b, head, j, rows, row_ok, col_ok, out_ptr, stride_om, cos_ptr, sin_ptr, slot_ptr,
                    k_cache_ptr, v_cache_ptr, stride_cos, HALF, HEADS_Q, HEADS_KV, ACT, OUT, ROTARY)
 
 
-def supported(m: int, x: torch.Tensor, prenorm=None) -> bool:
-    """Whether `m` rows of x `[M, K]` run this kernel: a row with a PreNorm must fit one
-    program's registers (K <= _MAX_K); without, the K loop takes rows up to MAX_LOOP_K."""
+def supported(m: int, x: torch.Tensor, prenorm=None, plain: bool = True) -> bool:
+    """Whether `m` rows of x `[M, K]` run this kernel: K <= _MAX_K, or up to MAX_LONG_K one row
+    of a `plain` linear (no gated activation, no QKV epilogue) without a PreNorm."""
     k = x.shape[1]
-    fits = k <= _MAX_K or (prenorm is None and k <= MAX_LOOP_K)
+    fits = k <= _MAX_K or (m == 1 and prenorm is None and plain and k <= MAX_LONG_K)
     return 0 < m <= MAX_ROWS and fits and (x.is_cuda or _INTERPRETED)
 
 
@@ -286,16 +253,16 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     normed = p.normed_out if p is not None else None
     assert normed is None or (normed.shape == x.shape and normed.is_contiguous()), "normed_out must be [M, K], contiguous"
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
-    loop = k > _MAX_K
-    assert not (loop and p is not None), f"a PreNorm'd row must fit one program (K <= {_MAX_K}), got K = {k}"
-    kp = _K_CHUNK if loop else triton.next_power_of_2(k)
+    long = k > _MAX_K
+    assert not (long and (m > 1 or p is not None or paired or qkv)), \
+        f"past K = {_MAX_K} only one row of a plain linear without a PreNorm, got {m} rows of K = {k}"
+    kp = triton.next_power_of_2(k)
     rows = triton.next_power_of_2(m)
-    warps = 1 if _INTERPRETED else _WARPS
+    warps = 1 if _INTERPRETED else (_LONG_WARPS if long else _WARPS)
     bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None,
                  weight_k=k)
     halves = weight.shape[0] // (2 * half) if paired else 1
     pdl = triton_pdl.enabled(x.device)
-    per_line = 128 // weight.element_size()
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
         x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x), _or(normed, x),
         _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), weight, _or(scale, x),
@@ -306,8 +273,7 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
         HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
         WRITE_SUM=sum_out is not None, NORM=norm_code, POST_NORM=x_norm is not None, WRITE_NORMED=normed is not None,
         PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode, ROTARY=cos is not None,
-        SCALED=scale is not None, ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl,
-        LOOP=loop, PREFETCH=loop and pdl, LINES=triton.next_power_of_2(triton.cdiv(k - kp, per_line)) if loop else 1,
-        PER_LINE=per_line, num_warps=warps, **triton_pdl.launch_options(pdl),
+        SCALED=scale is not None, ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl, num_warps=warps,
+        **triton_pdl.launch_options(pdl),
     )
     return out

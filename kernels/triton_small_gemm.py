@@ -350,7 +350,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, activation: str = "none", preno
     launch more.
 
     * GEMV: a decode row or two (<= triton_gemv.MAX_ROWS), any linear, its PreNorm included
-      (K <= 16,384 with a PreNorm; without, the GEMV's K loop takes longer rows).
+      (K <= 16,384; one row of a plain linear without a PreNorm up to triton_gemv.MAX_LONG_K).
     * SMALL_GEMM: up to MAX_ROWS rows, a linear with an epilogue to fuse (an activation, or the
       QKV epilogue without a PreNorm, or after one where `_prefetched`); a plain linear only
       where PDL lets it prefetch (`_prefetched`, `_split`): elsewhere cuBLAS runs these shapes
@@ -367,7 +367,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, activation: str = "none", preno
     m, k = x.shape
     if m == 0 or k == 0:
         return TORCH
-    if triton_gemv.supported(m, x, prenorm):
+    if triton_gemv.supported(m, x, prenorm, plain=activation not in GATED_ACTIVATIONS and not qkv_epilogue):
         return GEMV
     if isinstance(weight, Fp8Weight):
         if m <= fp8.WEIGHT_ONLY_MAX_ROWS:

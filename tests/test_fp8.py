@@ -2,7 +2,7 @@
 
 On the CPU: weight quantisation's error bounds on fresh random weights; the GEMV and the small
 GEMM reading FP8 weights in Triton's interpreter against reference.fp8_linear (fp32 and fp16
-activations, PreNorms, gated activations, the QKV epilogue, split K, the GEMV's K loop); the
+activations, PreNorms, gated activations, the QKV epilogue, split K, the GEMV's long rows); the
 per-token activation quantisation kernel; the many-row route's wiring (torch._scaled_mm runs on
 the CPU too); `route`'s FP8 cases; a random Llama-family decoder and a random BERT with
 quantization fp8 against the same models unquantised; an FP8 checkpoint folder (E4M3 weights
@@ -196,14 +196,13 @@ def test_fp8_qkv_to_cache(m, head_norms, launches):
     assert launches == ["gemv" if m == 1 else "small"]
 
 
-def test_fp8_split_k_and_gemv_k_loop(monkeypatch, launches):
+def test_fp8_split_k_and_a_long_gemv_row(monkeypatch, launches):
     """Long rows, thresholds scaled to the interpreter: the small GEMM's split K (the row scales
-    after the partials' sum) and the GEMV's K loop."""
+    after the partials' sum) and one long row in the GEMV."""
     monkeypatch.setattr(tsg, "PREFETCH_MAX_K", 16)
     monkeypatch.setattr(tsg, "SPLIT_K_MIN_K", 16)
     monkeypatch.setattr(triton_gemv, "_MAX_K", 32)
-    monkeypatch.setattr(triton_gemv, "_K_CHUNK", 16)
-    monkeypatch.setattr(triton_gemv, "MAX_LOOP_K", 1 << 20)
+    monkeypatch.setattr(triton_gemv, "MAX_LONG_K", 1 << 20)
     rand = Rand("fp8-long")
     for m in (1, 7):
         x, w, b = _fp8_inputs(rand, m, 40, 72, "none", True)

@@ -1,8 +1,8 @@
 """The prefetching decode-row GEMV (kernels/triton_gemv.py) against the reference ops, on fresh
-seeded random inputs: fp32 in Triton's CPU interpreter with odd sizes (and the K loop of long
+seeded random inputs: fp32 in Triton's CPU interpreter with odd sizes (and long
 rows on shrunken limits); the GPT-2, Llama-1B and newer families' layer shapes in fp16 on a
 GPU, there also chained inside a CUDA graph with programmatic dependent launch (each kernel
-must see its predecessor's writes), and the K-loop GEMV timed against cuBLAS."""
+must see its predecessor's writes), and the long-row GEMV timed against cuBLAS."""
 from __future__ import annotations
 
 import os
@@ -138,7 +138,7 @@ def test_block_n_counts_bytes_and_doubles_under_a_post_norm():
 
 def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
     """From _LARGE_WEIGHT_BYTES of 16-bit weights (counted over both halves of a paired weight
-    and over the whole row where a K loop walks it in chunks) a program holds twice the rows;
+    and over the whole row) a program holds twice the rows;
     FP8 weights keep their own factor."""
     large = triton_gemv._LARGE_WEIGHT_BYTES
     assert large is not None
@@ -152,42 +152,44 @@ def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
 
 @pytest.fixture
 def long_rows(monkeypatch):
-    """The K loop on interpreter-sized rows: past 32 elements a row is walked in 16-wide chunks.
-    Records each launch's LOOP flag in the returned list."""
+    """Long rows on interpreter-sized limits: past 32 elements only one row of a plain linear
+    without a PreNorm runs the GEMV, up to MAX_LONG_K = 128. Records each GEMV launch's padded
+    row width (KP) in the returned list."""
     monkeypatch.setattr(triton_gemv, "_MAX_K", 32)
-    monkeypatch.setattr(triton_gemv, "_K_CHUNK", 16)
-    loops, real = [], triton_gemv._gemv_kernel
+    monkeypatch.setattr(triton_gemv, "MAX_LONG_K", 128)
+    widths, real = [], triton_gemv._gemv_kernel
 
     class Spy:
         def __getitem__(self, grid):
             def call(*args, **kwargs):
-                loops.append(kwargs["LOOP"])
+                widths.append(kwargs["KP"])
                 return real[grid](*args, **kwargs)
             return call
 
     monkeypatch.setattr(triton_gemv, "_gemv_kernel", Spy())
-    return loops
+    return widths
 
 
-@pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("activation,with_bias", [("none", True), ("gelu_tanh_mul", False), ("gelu", True)])
-@pytest.mark.parametrize("k", [72, 64, 20])  # 4.5 chunks (a ragged last one); 4 whole ones; one tile
-def test_k_loop_matches_reference(long_rows, m, activation, with_bias, k, launches):
-    rand = Rand("gemv-k-loop", m, activation, with_bias, k)
-    n = 24
-    w = rand(2 * n if activation in GATED else n, k, std=k ** -0.5)
-    b = rand(w.shape[0]) if with_bias else None
-    x = rand(m, k)
+@pytest.mark.parametrize("activation,with_bias", [("none", True), ("none", False), ("gelu", True), ("relu2", False)])
+@pytest.mark.parametrize("k", [72, 64, 20])  # past the limit, ragged; past it, a power of two; within it
+def test_one_long_row_matches_reference(long_rows, activation, with_bias, k, launches):
+    """One decode row of a plain linear past _MAX_K: one program holds its whole padded row."""
+    rand = Rand("gemv-long-row", activation, with_bias, k)
+    n = 40  # three column tiles of 16 in the interpreter, the last one ragged
+    w = rand(n, k, std=k ** -0.5)
+    b = rand(n) if with_bias else None
+    x = rand(1, k)
     out = tsg.linear_act(x, w, b, activation)
     torch.testing.assert_close(out, ref.linear_act(x, w, b, activation), atol=2e-5, rtol=2e-5)
-    assert launches == [m] and long_rows == [k > 32]
+    assert launches == [1] and long_rows == [triton.next_power_of_2(k)]
 
 
 @pytest.mark.parametrize("head_norms", [False, True])
-def test_k_loop_qkv_without_a_prenorm(long_rows, head_norms, launches):
-    """A QKV projection of a long row and no PreNorm: the K loop with the fused QKV epilogue, or
-    plain before the qkv_to_cache kernel when heads are normalised."""
-    rand = Rand("gemv-k-loop-qkv", head_norms)
+def test_long_qkv_rows_without_a_prenorm(long_rows, head_norms, launches):
+    """A QKV projection of a long row and no PreNorm: its fused epilogue would hold two halves
+    of a head, so it leaves the GEMV for the small GEMM; with head norms the projection is a
+    plain linear (in the GEMV) before the qkv_to_cache kernel."""
+    rand = Rand("gemv-long-qkv", head_norms)
     k, heads, kv_heads, d = 56, 2, 1, 16
     n = (heads + 2 * kv_heads) * d
     x, w, b = rand(1, k), rand(n, k, std=k ** -0.5), rand(n, std=0.3)
@@ -201,36 +203,43 @@ def test_k_loop_qkv_without_a_prenorm(long_rows, head_norms, launches):
                                      slots, *norms)
     for got, want in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert launches == [1] and long_rows == [True]
+    assert (launches, long_rows) == (([1], [64]) if head_norms else ([], []))
 
 
-def test_long_rows_with_a_prenorm_or_past_the_loop_limit_leave_the_gemv(long_rows, monkeypatch, launches):
-    """A PreNorm needs the whole row in one tile: past _MAX_K its linear takes another route
-    (the norm kernel, then the small GEMM for an activation); so does a row past MAX_LOOP_K."""
-    rand = Rand("gemv-long-prenorm")
+def test_long_rows_that_leave_the_gemv(long_rows, monkeypatch, launches):
+    """Past _MAX_K the GEMV takes only what fits its long program: not a PreNorm (the norm
+    kernel first, then the small GEMM for an activation), not a gated activation, not two rows
+    (each wants twice the registers), not a row past MAX_LONG_K. Each still matches."""
+    rand = Rand("gemv-long-leave")
     k = 48
     x, w, b = rand(1, k), rand(16, k, std=k ** -0.5), rand(16)
     p = make_prenorm(rand, 1, k, "rms", False, True, True)
     assert not triton_gemv.supported(1, x, p) and triton_gemv.supported(1, x)
+    assert not triton_gemv.supported(1, x, plain=False) and not triton_gemv.supported(2, rand(2, k))
     assert tsg.route(x, w, "gelu_tanh", p) == tsg.SMALL_GEMM
     p_ref = twin(p)
     out = tsg.linear_act(x, w, b, "gelu_tanh", prenorm=p)
     torch.testing.assert_close(out, ref.linear_act(x, w, b, "gelu_tanh", prenorm=p_ref), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(p.sum_out, p_ref.sum_out)
+    gate_up, x2 = rand(32, k, std=k ** -0.5), rand(2, k)
+    for rows, weight, act in ((x, gate_up, "silu_mul"), (x2, w, "none")):
+        torch.testing.assert_close(tsg.linear_act(rows, weight, None, act), ref.linear_act(rows, weight, None, act),
+                                   atol=2e-5, rtol=2e-5)
     assert launches == []
-    monkeypatch.setattr(triton_gemv, "MAX_LOOP_K", 40)
+    monkeypatch.setattr(triton_gemv, "MAX_LONG_K", 40)
     assert not triton_gemv.supported(1, x)
 
 
 def _layer_shapes():
     """(name, N, K, activation, norm): one decoder layer's linears, GPT-2 and Llama-1B; Gemma-2-2B's
-    GeGLU with its sandwich norm; the down projections past the single-tile limit (the K loop)
-    of Qwen2.5-7B (K = 18,944) and Qwen2.5-72B (K = 29,568)."""
+    GeGLU with its sandwich norm; the down projections past four warps' registers (a long program)
+    of AFM-4.5B (K = 18,432), Qwen2.5-7B (K = 18,944) and Qwen2.5-72B (K = 29,568)."""
     return [("gpt2 o", 768, 768, "none", None), ("gpt2 fc", 3072, 768, "gelu_tanh", "layer"),
             ("gpt2 proj", 768, 3072, "none", None), ("llama o", 2048, 2048, "none", None),
             ("llama gate_up", 8192, 2048, "silu_mul", "rms"), ("llama down", 2048, 8192, "none", None),
             ("gemma2 gate_up", 9216, 2304, "gelu_tanh_mul", "rms+x_norm"),
-            ("qwen2.5-7b down", 3584, 18944, "none", None), ("qwen2.5-72b down", 8192, 29568, "none", None)]
+            ("afm-4.5b down", 4096, 18432, "none", None), ("qwen2.5-7b down", 3584, 18944, "none", None),
+            ("qwen2.5-72b down", 8192, 29568, "none", None)]
 
 
 @pytest.mark.gpu
@@ -305,9 +314,9 @@ def _graph_us(fn, calls=20, reps=20):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_timing_k_loop_gemv_vs_cublas(capsys):
+def test_gpu_timing_long_row_gemv_vs_cublas(capsys):
     """Not a pass/fail benchmark: the decode-row GEMV against cuBLAS (triton_gemv.MAX_ROWS = 0
-    sends the rows to the small GEMM / cuBLAS route) on long down projections, the K loop's
+    sends the rows to the small GEMM / cuBLAS route) on long down projections, the long program's
     (Qwen2.5-7B K = 18,944, 72B K = 29,568) next to the single-tile path's (Llama-3-8B K =
     14,336), fp16, 1 and 2 rows; GB/s of weights streamed. -s shows it."""
     lines = []
@@ -318,12 +327,12 @@ def test_gpu_timing_k_loop_gemv_vs_cublas(capsys):
         for m in (1, 2):
             x = rand(m, k)
             out = torch.empty(m, n, dtype=torch.float16, device=DEVICE)
-            saved_loop = triton_gemv.MAX_LOOP_K
+            saved_long = triton_gemv.MAX_LONG_K
             try:
-                triton_gemv.MAX_LOOP_K = 1 << 16  # the K loop on, whatever the default
+                triton_gemv.MAX_LONG_K = 1 << 15  # long rows on, whatever the default
                 ours = _graph_us(lambda: tsg.linear_act(x, w, out=out))
             finally:
-                triton_gemv.MAX_LOOP_K = saved_loop
+                triton_gemv.MAX_LONG_K = saved_long
             saved = triton_gemv.MAX_ROWS
             try:
                 triton_gemv.MAX_ROWS = 0
@@ -332,7 +341,7 @@ def test_gpu_timing_k_loop_gemv_vs_cublas(capsys):
                 triton_gemv.MAX_ROWS = saved
             cublas = _graph_us(lambda: torch.mm(x, w.t(), out=out))
             gbs = w.numel() * 2 / ours / 1e3
-            lines.append(f"{name:17s} m={m} K={k:6d}: GEMV{' (K loop)' if k > triton_gemv._MAX_K else ''} "
+            lines.append(f"{name:17s} m={m} K={k:6d}: GEMV{' (long row)' if k > triton_gemv._MAX_K else ''} "
                          f"{ours:7.1f} us ({gbs:5.0f} GB/s), without the GEMV {other:7.1f} us, "
                          f"cuBLAS mm {cublas:7.1f} us, cuBLAS / GEMV {cublas / ours:.2f}x")
     with capsys.disabled():

@@ -30,10 +30,10 @@ left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 if [[ ${TESTS:-1} != 0 ]]; then
   # The kernels only the newest families use, on the GPU against their references first: MoE
   # routing and GEMMs, the post-norm block's prologue ("sum"), whole-width and per-head q/k norms,
-  # the plain MLP's ReLU and squared ReLU epilogues.
+  # the plain MLP's ReLU and squared ReLU epilogues, the long rows of Falcon's and StarCoder's down projections.
   timeout -k 10 180 python3 -m pytest -q tests/test_kernels_moe.py tests/test_kernels_gemv.py \
     tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py tests/test_kernels_small_gemm.py \
-    -k "moe or sum or whole or head_norms or relu" \
+    -k "moe or sum or whole or head_norms or relu or long" \
     -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
   hf_path=$PYTHONPATH
