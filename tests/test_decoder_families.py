@@ -377,6 +377,20 @@ def test_max_model_len_caps_the_longest_sequence():
     torch.testing.assert_close(capped.rope_cos_sin, ours.rope_cos_sin[:100])
 
 
+@pytest.mark.parametrize("shape", ["starcoder-15b", "opt-125m"])
+def test_max_model_len_keeps_the_rows_of_a_learnt_position_table(shape):
+    """A learnt position table (GPT-BigCode's, OPT's past its offset of 2) longer than max_model_len
+    loads whole and serves its first rows: the same tokens as the uncapped model."""
+    hf, ours = _pair(shape, {})
+    capped = load_decoder(hf.config.to_dict(), strip_prefixes_of(hf.state_dict()), CPU, torch.float32,
+                          max_model_len=100)
+    assert capped.config.max_position_embeddings == 100 < ours.config.max_position_embeddings
+    torch.testing.assert_close(capped.position_embed, ours.position_embed[:100])
+    prompt = [[5, 17, 42, 8, 99]]
+    assert PagedSteps(capped, num_blocks=16, block_size=8).greedy(prompt, 8) == \
+        PagedSteps(ours, num_blocks=16, block_size=8).greedy(prompt, 8)
+
+
 @pytest.mark.slow
 def test_real_gemma3_270m_is_token_identical_to_hf():
     """The real Gemma 3 270M (its PyPI GGUF, dequantised once): our model and HF's

@@ -37,7 +37,8 @@ and runs it. What differs between the families is data, read here in one place:
     head_bias        a bias on the output head (Phi)
     learned_positions  a learnt absolute position embedding added to the token embeddings
                      (GPT-BigCode's `wpe`), with no rotary (rope_layers all False); its table's
-                     first `position_offset` rows unused (OPT's 2)
+                     first `position_offset` rows unused (OPT's 2); `position_rows` of them past that
+                     in the checkpoint (default max_position_embeddings, before max_model_len caps it)
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
@@ -162,6 +163,7 @@ class DecoderSpec:
     head_bias: bool = False
     learned_positions: bool = False
     position_offset: int = 0
+    position_rows: int | None = None
     moe: MoeSpec | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
@@ -174,6 +176,8 @@ class DecoderSpec:
             raise ValueError("a plain (ungated) MLP with mixture-of-experts layers is not supported")
         if self.learned_positions and not (self.layer_norm and not self.parallel_block):
             raise ValueError("learnt position embeddings are supported with LayerNorms before attention and the MLP")
+        if self.learned_positions and self.position_rows is None:  # the checkpoint's table, whatever caps the length
+            object.__setattr__(self, "position_rows", self.max_position_embeddings)
         if self.parallel_mlp_norm and not self.parallel_block:
             raise ValueError("parallel_mlp_norm is the parallel block's (parallel_block)")
         if self.num_heads % self.num_kv_heads:
@@ -338,7 +342,8 @@ class TransformerDecoder(DecoderModel):
                 self.output_head_b = self._vocab_rows(state[checked(head_b, (c.vocab_size,))])
         self.position_embed = None  # (learned_positions: the rows of positions 0, 1, ...)
         if c.learned_positions:
-            table = w(n.positions, c.position_offset + c.max_position_embeddings, hidden)
+            table = w(n.positions, c.position_offset + c.position_rows, hidden,
+                      rows=slice(0, c.position_offset + c.max_position_embeddings))
             self.position_embed = table[c.position_offset:]
         self.final_norm = norm(n.final_norm)
         self.final_norm_b = norm_bias(n.final_norm)
