@@ -242,6 +242,11 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, 
     return max(1, min(triton.next_power_of_2(half), budget // kp))
 
 
+def program_warps(k: int) -> int:
+    """Warps of a program holding rows of K elements (on a GPU; the interpreter runs one)."""
+    return _LONG_WARPS if k > _MAX_K else _WARPS
+
+
 def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, out_mode, qkv, scale=None):
     """Run _gemv_kernel; the arguments as triton_small_gemm._launch resolves them (`weight` the
     E4M3 values of an FP8 weight, with its row scales `scale`)."""
@@ -258,7 +263,7 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
         f"past K = {_MAX_K} only one row of a plain linear without a PreNorm, got {m} rows of K = {k}"
     kp = triton.next_power_of_2(k)
     rows = triton.next_power_of_2(m)
-    warps = 1 if _INTERPRETED else (_LONG_WARPS if long else _WARPS)
+    warps = 1 if _INTERPRETED else program_warps(k)
     bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None,
                  weight_k=k)
     halves = weight.shape[0] // (2 * half) if paired else 1

@@ -317,8 +317,8 @@ def gemv_tile(weight, rows: int, tile, post_norm: bool = False, element_size: in
         return None
     paired, half = tile
     n, k = weight.shape
-    kp = triton_gemv._K_CHUNK if k > triton_gemv._MAX_K else triton.next_power_of_2(k)
-    warps = triton_gemv._WARPS
+    kp = triton.next_power_of_2(k)
+    warps = triton_gemv.program_warps(k)
     size = element_size or weight.element_size()
     bn = triton_gemv.block_n(half, kp, triton.next_power_of_2(rows), paired, warps, element_size=size,
                              post_norm=post_norm)
