@@ -233,6 +233,18 @@ GPT_J_6B = {
     "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "bos_token_id": 50256, "eos_token_id": 50256,
 }
 
+# The shape transformers' CwmConfig defaults to (facebook/cwm, 32B): Llama's block, GQA 48 / 8, Llama 3's
+# rope scaling at base 1e6, 8,192-token windows on three of every four layers (the first of each four
+# global; transformers writes them out as `layer_types`, left to that rule here so that shrunk() keeps it).
+CWM_32B = {
+    "model_type": "cwm", "vocab_size": 128256, "hidden_size": 6144, "intermediate_size": 21504,
+    "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 131072, "sliding_window": 8192,
+    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -405,6 +417,7 @@ DECODER_SHAPES = {
     "starcoder-15b": STARCODER_15B,
     "opt-125m": OPT_125M,
     "gpt-j-6b": GPT_J_6B,
+    "cwm-32b": CWM_32B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,

@@ -135,6 +135,8 @@ CASES = [
     # GPT-J: the parallel block on one LayerNorm, a quarter of each head rotating in neighbouring pairs,
     # the head's bias
     ("gptj", "gpt-j-6b", {}),
+    # CWM: Llama's block, a global first layer and a sliding-window second one (layer_types by CWM's rule)
+    ("cwm", "cwm-32b", {}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -194,7 +196,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
-                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj")
+                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -534,6 +536,17 @@ def test_exaone4_reads_its_window_pattern_as_published():
     assert sliding_pattern({"sliding_window_pattern": 4, "num_hidden_layers": 6}, None) == three_local
     cfg = transformers.Exaone4Config(num_hidden_layers=6, sliding_window=8, sliding_window_pattern=4)
     assert sliding_pattern(cfg.to_dict(), None) == [t == "sliding_attention" for t in cfg.layer_types]
+
+
+def test_cwm_without_layer_types_makes_every_fourth_layer_global_from_the_first():
+    """A CWM config.json without `layer_types` gets transformers' rule for it (layers 0, 4, ... global),
+    not sliding_pattern's (layers 3, 7, ...)."""
+    from tritonformer.backend.models import cwm
+
+    cfg = transformers.CwmConfig(num_hidden_layers=8, sliding_window=8)
+    windows = tuple(8 if t == "sliding_attention" else None for t in cfg.layer_types)
+    assert windows[0] is None and windows[1] == 8
+    assert cwm.from_hf({**cfg.to_dict(), "layer_types": None}).layer_windows == windows
 
 
 def test_olmo3_reads_a_published_config_as_transformers_own():

@@ -66,6 +66,7 @@ FAMILIES = [
     ("gen_gpt_bigcode", "starcoder-15b", {}),
     ("gen_opt", "opt-125m", {}),
     ("gen_gptj", "gpt-j-6b", {}),
+    ("gen_cwm", "cwm-32b", {}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": 2,
                                          **HUNYUAN_ON_LLAMA}),
     ("gen_solar_open", "solar-open-100b", {}),

@@ -90,7 +90,8 @@ def _serve(model, workers=None):
 # attention and the MLP side by side, their partial sums reduced together (Command R7B, likewise);
 # attention sinks split with their heads, the output projection's and the experts' down biases
 # added by one rank (gpt-oss); LayerNorms with biases, a plain MLP whose down bias one rank adds
-# (Starcoder2); the same with an fp32 router and an ungated shared MLP (Hunyuan MoE, on OLMo 2's sizes).
+# (Starcoder2); the same with an fp32 router and an ungated shared MLP (Hunyuan MoE, on OLMo 2's sizes);
+# a global layer and a windowed one, 12 heads for 2 KV heads at its ratio of 6 (CWM).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "exaone-moe": {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
                           "num_experts_per_tok": 2, "moe_intermediate_size": 80, "first_k_dense_replace": 1},
@@ -116,7 +117,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("solar-open-100b", 16), ("exaone-moe", 8), ("phi-2", 8),
                                            ("pythia-6.9b", 8), ("hunyuan-moe", 8),
                                            ("falcon-40b", 32), ("starcoder-mha", 8),
-                                           ("opt-125m", 8), ("gpt-j-6b", 8)])
+                                           ("opt-125m", 8), ("gpt-j-6b", 8),
+                                           ("cwm-32b", 12)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

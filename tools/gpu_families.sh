@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-falcon-7b,falcon-40b,starcoder-15b,opt-125m,gpt-j-6b,flex-olmo-7x7b}
+MODELS=${MODELS:-cwm-32b}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf

@@ -120,6 +120,7 @@ DECODER_FAMILIES = {
     "starcoder2": "starcoder2",
     "internlm3": "llama",  # (Llama's block under its own name)
     "iquestcoder": "llama",
+    "cwm": "cwm",
     "stablelm": "stablelm",
     "nemotron": "nemotron",
     "arcee": "arcee",
