@@ -245,6 +245,18 @@ CWM_32B = {
     "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
 }
 
+# The shape transformers' GraniteSWAConfig defaults to (ibm-granite/granite-swash-2b): Granite's block with
+# 128-token windows on all but every fourth layer from the first, a sink logit per head, GQA 20 / 4, a tied
+# embedding. Uncertain: the muP scalars and the rope base, which the config class leaves at Granite's defaults
+# (1.0, 10,000) and the checkpoint's config.json likely sets as Granite 3.x's do.
+GRANITE_SWASH_2B = {
+    "model_type": "granite_swa", "vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 8192,
+    "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 4, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 8192, "sliding_window": 128, "embedding_multiplier": 1.0,
+    "attention_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0, "tie_word_embeddings": True,
+    "bos_token_id": 100257, "eos_token_id": 100257,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -298,6 +310,11 @@ GRANITE_3_1_3B_A800M = {
     "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
     "logits_scaling": 6.0, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
 }
+# Granite MoE SWA (model_type granitemoe_swa) on Granite-3.1-3B-A800M's sizes and scalars: a stand-in, as
+# granite-swash-3b-a600m's own sizes are not in transformers (its config class defaults to GraniteMoeShared's
+# generic ones); GraniteMoeSWAConfig's 128-token windows, sinks and no shared MLP.
+GRANITEMOE_SWA_3B = {**GRANITE_3_1_3B_A800M, "model_type": "granitemoe_swa", "sliding_window": 128,
+                     "shared_intermediate_size": 0}
 # GLM-4.5-Air (model_type glm4_moe, 106B in all, 12B active): 128 experts of 1,408 columns, the
 # top 8 by sigmoid score plus a learnt bias, one shared expert, the first layer dense; 96 query
 # heads of 128 over a hidden size of 4,096; a rotary over half of each head.
@@ -418,11 +435,13 @@ DECODER_SHAPES = {
     "opt-125m": OPT_125M,
     "gpt-j-6b": GPT_J_6B,
     "cwm-32b": CWM_32B,
+    "granite-swash-2b": GRANITE_SWASH_2B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
+    "granitemoe-swa-3b": GRANITEMOE_SWA_3B,
     "glm-4.5-air": GLM_4_5_AIR,
     "dots.llm1": DOTS_LLM1,
     "solar-open-100b": SOLAR_OPEN_100B,

@@ -137,6 +137,12 @@ CASES = [
     ("gptj", "gpt-j-6b", {}),
     # CWM: Llama's block, a global first layer and a sliding-window second one (layer_types by CWM's rule)
     ("cwm", "cwm-32b", {}),
+    # Granite SWA: Granite's block with a global first layer, a windowed second one and sink logits; and with the
+    # global layer unrotated and the windowed one at a rope base of its own; and both rotating at bases of their own
+    ("granite-swa", "granite-swash-2b", {}),
+    ("granite-swa-nope-global", "granite-swash-2b", {"layer_rope_theta": [0, 500.0]}),
+    ("granite-swa-two-bases", "granite-swash-2b", {"layer_rope_theta": [1e6, 500.0]}),
+    ("granite-moe-swa", "granitemoe-swa-3b", {"layer_rope_theta": [0, 500.0]}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -196,7 +202,8 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
-                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm")
+                   "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
+                   "granite-swa-two-bases", "granite-moe-swa")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -314,6 +321,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("stablelm-2-1.6b", {"use_parallel_residual": True}, "use_parallel_residual"),
     ("phi-2", {"qk_layernorm": True}, "qk_layernorm"),
     ("opt-125m", {"do_layer_norm_before": False}, "do_layer_norm_before"),
+    ("granite-swash-2b", {"layer_types": ["full_attention"] * 2, "layer_rope_theta": [1e4, 500.0]},
+     "layer_rope_theta"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": [2, 4]}, "moe_topk"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):

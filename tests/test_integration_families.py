@@ -67,6 +67,8 @@ FAMILIES = [
     ("gen_opt", "opt-125m", {}),
     ("gen_gptj", "gpt-j-6b", {}),
     ("gen_cwm", "cwm-32b", {}),
+    ("gen_granite_swa", "granite-swash-2b", {"layer_rope_theta": [0, 500.0]}),
+    ("gen_granitemoe_swa", "granitemoe-swa-3b", {}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": 2,
                                          **HUNYUAN_ON_LLAMA}),
     ("gen_solar_open", "solar-open-100b", {}),

@@ -96,6 +96,8 @@ DECODER_FAMILIES = {
     "granite": "granite",
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",
+    "granite_swa": "granite_swa",
+    "granitemoe_swa": "granite_swa",
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",

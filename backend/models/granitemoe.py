@@ -14,12 +14,13 @@ NAMES = MoeNames(blocks=("block_sparse_moe",), routers=("router", "router.layer"
                  shared="shared_mlp", shared_gate=None, shared_fused=("input_linear", "output_linear"))
 
 
-def from_hf(cfg: dict) -> DecoderSpec:
+def from_hf(cfg: dict, **options) -> DecoderSpec:
+    """`options`: more DecoderSpec fields (granite_swa.py's windows, sinks and ropes)."""
     moe = MoeSpec(num_experts=num_experts(cfg), top_k=cfg["num_experts_per_tok"],
                   intermediate_size=cfg["intermediate_size"], normalize=True, round_weights=True,
                   layers=(True,) * cfg["num_hidden_layers"],
                   shared_intermediate_size=cfg.get("shared_intermediate_size", 0), names=NAMES)
-    return granite.from_hf(cfg, moe=moe)
+    return granite.from_hf(cfg, moe=moe, **options)
 
 
 MODEL = TransformerDecoder
