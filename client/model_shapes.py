@@ -257,6 +257,15 @@ GRANITE_SWASH_2B = {
     "bos_token_id": 100257, "eos_token_id": 100257,
 }
 
+# OLMo-7B as transformers converts it (allenai/OLMo-7B-hf; OlmoConfig's defaults): Llama's block with LayerNorms
+# without a weight or a bias, 32 heads each with its own KV head, no clip_qkv (OLMo-1.7-7B's 8.0 is refused).
+OLMO_7B = {
+    "model_type": "olmo", "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rope_theta": 10000.0,
+    "max_position_embeddings": 2048, "attention_bias": False, "clip_qkv": None, "tie_word_embeddings": False,
+    "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -436,6 +445,7 @@ DECODER_SHAPES = {
     "gpt-j-6b": GPT_J_6B,
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
+    "olmo-7b": OLMO_7B,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,

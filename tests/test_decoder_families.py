@@ -143,6 +143,9 @@ CASES = [
     ("granite-swa-nope-global", "granite-swash-2b", {"layer_rope_theta": [0, 500.0]}),
     ("granite-swa-two-bases", "granite-swash-2b", {"layer_rope_theta": [1e6, 500.0]}),
     ("granite-moe-swa", "granitemoe-swa-3b", {"layer_rope_theta": [0, 500.0]}),
+    # OLMo: LayerNorms without a weight or a bias; and with biases on the attention, GQA
+    ("olmo", "olmo-7b", {}),
+    ("olmo-attention-bias-gqa", "olmo-7b", {"attention_bias": True, "num_key_value_heads": 2}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -203,7 +206,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
-                   "granite-swa-two-bases", "granite-moe-swa")
+                   "granite-swa-two-bases", "granite-moe-swa", "olmo")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -314,6 +317,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("olmo-2-7b", {"model_type": "cohere", "attention_bias": True}, "attention_bias"),
     ("olmo-2-7b", {"attention_bias": True}, "attention_bias"),
     ("olmoe-1b-7b", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("olmo-7b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
     ("gpt-oss-20b", {"swiglu_limit": 8.0}, "swiglu_limit"),
     ("stablelm-2-1.6b", {"qk_layernorm": True}, "qk_layernorm"),

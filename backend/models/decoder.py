@@ -108,6 +108,7 @@ DECODER_FAMILIES = {
     "glm4_moe": "glm4_moe",
     "dots1": "dots1",
     "solar_open": "solar_open",
+    "olmo": "olmo",
     "olmo2": "olmo2",
     "olmo3": "olmo2",
     "olmoe": "olmoe",
