@@ -266,6 +266,16 @@ OLMO_7B = {
     "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
 }
 
+# nanochat d32 (karpathy/nanochat-d32): depth 32, width 64 x depth, 128-dim heads each with its own KV head, a 4x
+# squared-ReLU MLP, logits soft-capped at 15. Uncertain: the vocabulary (nanochat's tokenizer, 65,536; transformers'
+# NanoChatConfig defaults to 50,304), the token ids and the context length (nanochat's 2,048).
+NANOCHAT_D32 = {
+    "model_type": "nanochat", "vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "max_position_embeddings": 2048, "hidden_act": "relu2", "final_logit_softcapping": 15.0,
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -446,6 +456,7 @@ DECODER_SHAPES = {
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,
+    "nanochat-d32": NANOCHAT_D32,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,

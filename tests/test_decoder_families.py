@@ -146,6 +146,11 @@ CASES = [
     # OLMo: LayerNorms without a weight or a bias; and with biases on the attention, GQA
     ("olmo", "olmo-7b", {}),
     ("olmo-attention-bias-gqa", "olmo-7b", {"attention_bias": True, "num_key_value_heads": 2}),
+    # nanochat: normalised embeddings, the rotary turning the other way, weightless norms (q / k after the rotary),
+    # a squared-ReLU MLP, soft-capped logits; and with a tied head, attention biases and GQA
+    ("nanochat", "nanochat-d32", {}),
+    ("nanochat-tied-biases-gqa", "nanochat-d32", {"tie_word_embeddings": True, "attention_bias": True,
+                                                  "num_key_value_heads": 2}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
                                                               "partial_rotary_factor": 0.5}),
     # Llama with biases on the attention (`attention_bias`) and on the gated MLP (`mlp_bias`)
@@ -206,7 +211,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
-                   "granite-swa-two-bases", "granite-moe-swa", "olmo")
+                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

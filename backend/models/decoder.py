@@ -134,6 +134,7 @@ DECODER_FAMILIES = {
     "gpt_bigcode": "gpt_bigcode",
     "opt": "opt",
     "gptj": "gptj",
+    "nanochat": "nanochat",
     "gpt2": "gpt2",
 }
 
