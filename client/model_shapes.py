@@ -276,6 +276,16 @@ NANOCHAT_D32 = {
     "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
 }
 
+# The shape transformers' HyperCLOVAXConfig defaults to (Granite's generic sizes, not HyperCLOVAX-SEED-Think-14B's,
+# which transformers does not give: a stand-in), with its Peri-LN post norms and queries scaled by head_dim^-1/2.
+HYPERCLOVAX = {
+    "model_type": "hyperclovax", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "max_position_embeddings": 2048, "use_post_norm": True, "embedding_multiplier": 1.0,
+    "residual_multiplier": 1.0, "logits_scaling": 1.0, "tie_word_embeddings": False, "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -457,6 +467,7 @@ DECODER_SHAPES = {
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,
     "nanochat-d32": NANOCHAT_D32,
+    "hyperclovax": HYPERCLOVAX,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,

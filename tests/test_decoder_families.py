@@ -149,6 +149,12 @@ CASES = [
     # nanochat: normalised embeddings, the rotary turning the other way, weightless norms (q / k after the rotary),
     # a squared-ReLU MLP, soft-capped logits; and with a tied head, attention biases and GQA
     ("nanochat", "nanochat-d32", {}),
+    # HyperCLOVA X: Granite's block with post norms (the residual multiplier behind them), the logits multiplied;
+    # and without the post norms, GQA
+    ("hyperclovax", "hyperclovax", {"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "logits_scaling": 0.5,
+                                    "attention_multiplier": 0.2}),
+    ("hyperclovax-no-post-norm", "hyperclovax", {"use_post_norm": False, "residual_multiplier": 0.5,
+                                                 "logits_scaling": 2.0, "num_key_value_heads": 2}),
     ("nanochat-tied-biases-gqa", "nanochat-d32", {"tie_word_embeddings": True, "attention_bias": True,
                                                   "num_key_value_heads": 2}),
     ("gpt-neox-sequential-no-attention-bias", "pythia-6.9b", {"use_parallel_residual": False, "attention_bias": False,
@@ -211,7 +217,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
-                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat")
+                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

@@ -71,6 +71,7 @@ FAMILIES = [
     ("gen_granitemoe_swa", "granitemoe-swa-3b", {}),
     ("gen_olmo", "olmo-7b", {}),
     ("gen_nanochat", "nanochat-d32", {}),
+    ("gen_hyperclovax", "hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": 2,
                                          **HUNYUAN_ON_LLAMA}),
     ("gen_solar_open", "solar-open-100b", {}),

@@ -94,7 +94,8 @@ def _serve(model, workers=None):
 # a global layer and a windowed one, 12 heads for 2 KV heads at its ratio of 6 (CWM); sink logits split with
 # their heads, an unrotated global layer and a windowed one at a rope base of its own (Granite SWA, dense and MoE);
 # LayerNorms of no tensors, the attention's biases (OLMo); the embedding normalised and each q / k head's halves
-# swapped at load by every rank for its rows, a tied head kept apart (nanochat).
+# swapped at load by every rank for its rows, a tied head kept apart (nanochat); post norms scaled at load on
+# every rank (HyperCLOVA X).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "exaone-moe": {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
                           "num_experts_per_tok": 2, "moe_intermediate_size": 80, "first_k_dense_replace": 1},
@@ -108,6 +109,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
            "olmo": ("olmo-7b", {"attention_bias": True}),
            "nanochat": ("nanochat-d32", {"tie_word_embeddings": True, "attention_bias": True,
                                          "num_key_value_heads": 2}),
+           "hyperclovax": ("hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5,
+                                           "num_key_value_heads": 2}),
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -127,7 +130,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("falcon-40b", 32), ("starcoder-mha", 8),
                                            ("opt-125m", 8), ("gpt-j-6b", 8),
                                            ("cwm-32b", 12), ("granite-swa", 10), ("granitemoe-swa", 8),
-                                           ("olmo", 8), ("nanochat", 8)])
+                                           ("olmo", 8), ("nanochat", 8),
+                                           ("hyperclovax", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-cwm-32b,granite-swash-2b,granitemoe-swa-3b,olmo-7b,nanochat-d32}
+MODELS=${MODELS:-cwm-32b,granite-swash-2b,granitemoe-swa-3b,olmo-7b,nanochat-d32,hyperclovax}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf

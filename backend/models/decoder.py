@@ -97,6 +97,7 @@ DECODER_FAMILIES = {
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",
     "granite_swa": "granite_swa",
+    "hyperclovax": "hyperclovax",
     "granitemoe_swa": "granite_swa",
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
