@@ -344,6 +344,19 @@ GRANITE_3_1_3B_A800M = {
 # generic ones); GraniteMoeSWAConfig's 128-token windows, sinks and no shared MLP.
 GRANITEMOE_SWA_3B = {**GRANITE_3_1_3B_A800M, "model_type": "granitemoe_swa", "sliding_window": 128,
                      "shared_intermediate_size": 0}
+# The shape transformers' MellumConfig defaults to (JetBrains/Mellum2-12B-A2.5B-Base): Qwen3-MoE's block, 64 experts
+# of 896 columns, the top 8 renormalised, a rope base per layer type. Uncertain: the heads (32 / 4, Qwen3-MoE's
+# defaults, which MellumConfig does not set) and the layers' types, which transformers defaults to all full and
+# all sparse where the checkpoint's config.json likely lists sliding-window and dense layers.
+MELLUM2_12B = {
+    "model_type": "mellum", "vocab_size": 98304, "hidden_size": 2304, "intermediate_size": 7168,
+    "num_hidden_layers": 28, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896, "norm_topk_prob": True,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "sliding_window": 1024,
+    "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
 # GLM-4.5-Air (model_type glm4_moe, 106B in all, 12B active): 128 experts of 1,408 columns, the
 # top 8 by sigmoid score plus a learnt bias, one shared expert, the first layer dense; 96 query
 # heads of 128 over a hidden size of 4,096; a rotary over half of each head.
@@ -474,6 +487,7 @@ DECODER_SHAPES = {
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "granitemoe-swa-3b": GRANITEMOE_SWA_3B,
+    "mellum2-12b-a2.5b": MELLUM2_12B,
     "glm-4.5-air": GLM_4_5_AIR,
     "dots.llm1": DOTS_LLM1,
     "solar-open-100b": SOLAR_OPEN_100B,

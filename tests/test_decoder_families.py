@@ -153,6 +153,12 @@ CASES = [
     # and without the post norms, GQA
     ("hyperclovax", "hyperclovax", {"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "logits_scaling": 0.5,
                                     "attention_multiplier": 0.2}),
+    # Mellum: Qwen3-MoE's block with a windowed dense first layer and a global MoE second one, each type's rope base;
+    # and with biases on the attention
+    ("mellum", "mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"],
+                                     "mlp_layer_types": ["dense", "sparse"]}),
+    ("mellum-moe-first-biases", "mellum2-12b-a2.5b", {"layer_types": ["full_attention", "sliding_attention"],
+                                                      "mlp_layer_types": ["sparse", "dense"], "attention_bias": True}),
     ("hyperclovax-no-post-norm", "hyperclovax", {"use_post_norm": False, "residual_multiplier": 0.5,
                                                  "logits_scaling": 2.0, "num_key_value_heads": 2}),
     ("nanochat-tied-biases-gqa", "nanochat-d32", {"tie_word_embeddings": True, "attention_bias": True,
@@ -217,7 +223,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
-                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax")
+                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -329,6 +335,9 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("olmo-2-7b", {"attention_bias": True}, "attention_bias"),
     ("olmoe-1b-7b", {"clip_qkv": 8.0}, "clip_qkv"),
     ("olmo-7b", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "partial_rotary_factor"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
     ("gpt-oss-20b", {"swiglu_limit": 8.0}, "swiglu_limit"),
     ("stablelm-2-1.6b", {"qk_layernorm": True}, "qk_layernorm"),

@@ -71,6 +71,8 @@ FAMILIES = [
     ("gen_granitemoe_swa", "granitemoe-swa-3b", {}),
     ("gen_olmo", "olmo-7b", {}),
     ("gen_nanochat", "nanochat-d32", {}),
+    ("gen_mellum", "mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"],
+                                         "mlp_layer_types": ["dense", "sparse"]}),
     ("gen_hyperclovax", "hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": 2,
                                          **HUNYUAN_ON_LLAMA}),

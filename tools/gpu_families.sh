@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-cwm-32b,granite-swash-2b,granitemoe-swa-3b,olmo-7b,nanochat-d32,hyperclovax}
+MODELS=${MODELS:-cwm-32b,granite-swash-2b,granitemoe-swa-3b,olmo-7b,nanochat-d32,hyperclovax,mellum2-12b-a2.5b}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf

@@ -87,6 +87,7 @@ DECODER_FAMILIES = {
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2_moe",
     "qwen3_moe": "qwen3_moe",
+    "mellum": "mellum",
     "gemma": "gemma",
     "gemma2": "gemma2",
     "vaultgemma": "vaultgemma",
