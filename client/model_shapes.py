@@ -233,17 +233,13 @@ GPT_J_6B = {
     "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "bos_token_id": 50256, "eos_token_id": 50256,
 }
 
-# The shape transformers' CwmConfig defaults to (facebook/cwm, 32B): Llama's block, GQA 48 / 8, Llama 3's
-# rope scaling at base 1e6, 8,192-token windows on three of every four layers (the first of each four
-# global; transformers writes them out as `layer_types`, left to that rule here so that shrunk() keeps it).
-CWM_32B = {
-    "model_type": "cwm", "vocab_size": 128256, "hidden_size": 6144, "intermediate_size": 21504,
-    "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
-    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 131072, "sliding_window": 8192,
-    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192},
-    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-}
+# The shape transformers' CwmConfig defaults to (facebook/cwm, 32B): Llama-3.1-8B's vocabulary, context, token ids
+# and 128-dim heads with 8 KV heads at larger widths (48 query heads), Llama 3's rope scaling 16 times at base 1e6, and
+# 8,192-token windows on three of every four layers (the first of each four global; transformers writes them out
+# as `layer_types`, left to that rule here so that shrunk() keeps it).
+CWM_32B = {**LLAMA_3_1_8B, "model_type": "cwm", "hidden_size": 6144, "intermediate_size": 21504,
+           "num_hidden_layers": 64, "num_attention_heads": 48, "rope_theta": 1000000.0, "sliding_window": 8192,
+           "rope_scaling": {**LLAMA_3_1_8B["rope_scaling"], "factor": 16.0}}
 
 # The shape transformers' GraniteSWAConfig defaults to (ibm-granite/granite-swash-2b): Granite's block with
 # 128-token windows on all but every fourth layer from the first, a sink logit per head, GQA 20 / 4, a tied
