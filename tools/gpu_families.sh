@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The decoder families on one GPU, in one device command of under 10 minutes: each family's GPU
-# check against Hugging Face at its published width (tests/test_models_gpu.py, 8 layers; and the
-# families without a published shape here on a 7B one, `on_a_7b_shape`), then the
+# check against Hugging Face at its published width (tests/test_models_gpu.py, 8 layers; and, named
+# in ON_7B, families without a published shape here on a 7B one, `on_a_7b_shape`), then the
 # families benchmark (batch-1 and batch-64 steps against the weight-read floor, the Orca trace,
 # the time to first token of 2,000 tokens; `bench serve-decoder --in-process --model ...`).
 #
 #   MODELS=phi-4-mini,granite-3.1-8b bash tools/gpu_families.sh
 #
 # MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
-# TESTS=0 skips the GPU checks, BENCH=0 the benchmark, TUNE=0 the MoE GEMM timings (tools/gpu/tune_moe_gemm.py:
+# ON_7B: `on_a_7b_shape` families to check too (e.g. "exaone4 or cohere2"; default none);
+# TESTS=0 skips the GPU checks (KERNEL_TESTS=0 only the kernels'), BENCH=0 the benchmark, TUNE=0 the MoE GEMM timings (tools/gpu/tune_moe_gemm.py:
 # the tile sweep at 1, 2 and 2,000 tokens; run when MODELS holds a MoE shape);
 # LIMIT: seconds for the whole run (570); TRANSFORMERS_WHEEL: a transformers wheel (copied into the
 # working tree, untracked, so it travels) that the HF checks import instead of the image's, for
-# families newer than it (the H200 image's 5.17 has no internlm3 or exaone_moe: their checks skip).
+# families newer than it (the H200 image's 5.17 has no internlm3, exaone_moe, cwm, granite_swa,
+# granitemoe_swa, nanochat, hyperclovax or mellum: their checks skip). Each check prints as it ends
+# (-v), so a run cut short by LIMIT still says which passed.
 # Outputs under $OUT: families_kernel_tests.log, families_gpu_tests.log, families_moe_tune.md,
 # families_bench.log / .json, families_gpus.txt.
 set -uo pipefail
@@ -31,8 +34,9 @@ if [[ ${TESTS:-1} != 0 ]]; then
   # The kernels only the newest families use, on the GPU against their references first: MoE
   # routing and GEMMs, the post-norm block's prologue ("sum"), whole-width and per-head q/k norms,
   # the plain MLP's ReLU and squared ReLU epilogues, the long rows of Falcon's and StarCoder's down projections.
-  timeout -k 10 180 python3 -m pytest -q tests/test_kernels_moe.py tests/test_kernels_gemv.py \
-    tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py tests/test_kernels_small_gemm.py \
+  [[ ${KERNEL_TESTS:-1} == 0 ]] || timeout -k 10 240 python3 -m pytest -q tests/test_kernels_moe.py \
+    tests/test_kernels_gemv.py tests/test_kernels_prenorm_linear.py tests/test_kernels_triton_norms.py \
+    tests/test_kernels_small_gemm.py \
     -k "moe or sum or whole or head_norms or relu or long" \
     -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/families_kernel_tests.log"
   names=${MODELS//,/ or }
@@ -40,8 +44,9 @@ if [[ ${TESTS:-1} != 0 ]]; then
   if [[ -n ${TRANSFORMERS_WHEEL:-} ]]; then
     python3 -m pip install -q --no-deps --target /tmp/tf-transformers "$TRANSFORMERS_WHEEL" && hf_path=/tmp/tf-transformers:$PYTHONPATH
   fi
-  PYTHONPATH=$hf_path timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -k "(published_width and ($names)) or on_a_7b_shape" \
-    -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/families_gpu_tests.log"
+  PYTHONPATH=$hf_path timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -v \
+    -k "(published_width and ($names))${ON_7B:+ or (on_a_7b_shape and ($ON_7B))}" \
+    -p no:cacheprovider 2>&1 | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E " | tee "$OUT/families_gpu_tests.log"
 fi
 moe=$(python3 -c "from tritonformer.client.model_shapes import DECODER_SHAPES as s; import sys
 print(','.join(m for m in sys.argv[1].split(',') if 'num_experts_per_tok' in s[m]))" "$MODELS")
