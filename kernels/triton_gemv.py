@@ -53,6 +53,13 @@ from tritonformer.kernels.triton_linear_parts import column_tile, or_dummy as _o
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Rows up to which the few-row linears run this kernel (0: never; a benchmark comparing sets it).
 MAX_ROWS = 2
+# Rows up to which the kernel runs a linear's PreNorm in its prologue; past them (up to MAX_ROWS)
+# the norm runs as its own kernel first and this one without a prologue (triton_small_gemm's
+# wrappers; a benchmark comparing sets it). Every program recomputes the norm of its rows, and two
+# rows halve a program's weight rows, so twice the programs recompute twice the rows: on an H200
+# batch 2 cost the Llama path 1.46x batch 1 (Qwen2.5-7B 5.633 against 3.846 ms) where the weight
+# reads alone cost about 1.0x. Not yet measured against 1.
+PRENORM_ROWS = 2
 # Weight bytes a program holds per operand and warp: 4096 is 2048 fp16 elements (64 per thread,
 # 32 registers); a decode row is bytes, not elements.
 _BYTES_PER_WARP = 4096

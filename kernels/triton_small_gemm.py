@@ -424,6 +424,7 @@ def linear_act(
     the activation's own kernel."""
     m, n = _check_linear(x, weight, bias, activation)
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
+    x, prenorm = _gemv_prenorm(x, prenorm)
     r = route(x, weight, activation, prenorm)
     if r != GEMV:
         x, prenorm = _unfused_prenorm(x, prenorm), None
@@ -470,6 +471,7 @@ def prenorm_qkv_to_cache(
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
     head_norms = q_norm is not None or k_norm is not None
+    x, prenorm = _gemv_prenorm(x, prenorm)
     r = route(x, weight, "none", prenorm, qkv_epilogue=not head_norms)
     weight = _contig(weight)
     if r != GEMV:
@@ -491,6 +493,14 @@ def prenorm_qkv_to_cache(
     q = torch.empty((m, num_heads, head_dim), dtype=weight.dtype, device=x.device)
     qkv = (num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slot_mapping.contiguous())
     return _launch(x, weight, _contig(bias), q, gemv=r == GEMV, prenorm=prenorm, out_mode=OUT_QKV, qkv=qkv)
+
+
+def _gemv_prenorm(x: torch.Tensor, prenorm: PreNorm | None) -> tuple[torch.Tensor, PreNorm | None]:
+    """(x, prenorm) as the wrappers route them: decode rows past triton_gemv.PRENORM_ROWS (up to
+    its MAX_ROWS) get the norm from its own kernel here, and the GEMV runs without a prologue."""
+    if prenorm is not None and triton_gemv.PRENORM_ROWS < x.shape[0] <= triton_gemv.MAX_ROWS:
+        return _unfused_prenorm(x, prenorm), None
+    return x, prenorm
 
 
 @register("prenormed")

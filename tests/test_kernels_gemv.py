@@ -103,6 +103,43 @@ def test_prenorm_writes_the_rows_it_normalised(m, norm, with_bias, with_residual
     assert launches == ([m] if m <= triton_gemv.MAX_ROWS else [])
 
 
+@pytest.mark.parametrize("prenorm_rows", [0, 1])
+def test_rows_past_prenorm_rows_run_the_norm_first(prenorm_rows, monkeypatch):
+    """Past triton_gemv.PRENORM_ROWS (up to MAX_ROWS) a PreNorm runs as its own kernel and the GEMV
+    without a prologue, for a linear and for the QKV projection: the same results, the residual
+    sum written all the same."""
+    monkeypatch.setattr(triton_gemv, "PRENORM_ROWS", prenorm_rows)
+    norms, real = [], triton_gemv.launch
+
+    def spy(x, *args, **kwargs):
+        norms.append((x.shape[0], kwargs["norm_code"]))
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(triton_gemv, "launch", spy)
+    k, n, heads, kv_heads, d = 48, 24, 2, 1, 16
+    for m in (1, 2):
+        rand = Rand("gemv-prenorm-rows", prenorm_rows, m)
+        x, w = rand(m, k, std=2.0, mean=1.0), rand(2 * n, k, std=k ** -0.5)
+        p = make_prenorm(rand, m, k, "layer", True, True, True)
+        p_ref = twin(p)
+        out = tsg.linear_act(x, w, None, "silu_mul", prenorm=p)
+        torch.testing.assert_close(out, ref.linear_act(x, w, None, "silu_mul", prenorm=p_ref), atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(p.sum_out, p_ref.sum_out, atol=1e-6, rtol=1e-6)
+        w_qkv, table = rand((heads + 2 * kv_heads) * d, k, std=k ** -0.5), rand(m, 2, d // 2)
+        kc, vc = rand(2, 8, kv_heads, d), rand(2, 8, kv_heads, d)
+        kc_ref, vc_ref = kc.clone(), vc.clone()
+        slots = torch.arange(m, device=DEVICE) + 3
+        p = make_prenorm(rand, m, k, "rms", False, True, True)
+        p_ref = twin(p)
+        q = tsg.prenorm_qkv_to_cache(x, p, w_qkv, None, heads, kv_heads, d, table[:, 0], table[:, 1], kc, vc, slots)
+        q_ref = ref.prenorm_qkv_to_cache(x, p_ref, w_qkv, None, heads, kv_heads, d, table[:, 0], table[:, 1], kc_ref,
+                                         vc_ref, slots)
+        for got, want in ((q, q_ref), (kc, kc_ref), (vc, vc_ref), (p.sum_out, p_ref.sum_out)):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    fused = {m: m <= prenorm_rows for m in (1, 2)}
+    assert norms == [(m, code) for m in (1, 2) for code in ((1, 2) if fused[m] else (0, 0))]
+
+
 def test_more_rows_than_max_rows_run_the_other_kernels(monkeypatch, launches):
     """Past MAX_ROWS: the norm kernel, then the small GEMM (an activation) or torch's GEMM."""
     monkeypatch.setattr(tsg, "MAX_ROWS", 64)
