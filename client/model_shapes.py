@@ -307,6 +307,16 @@ MIXTRAL_8X7B = {
     "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": None, "num_local_experts": 8,
     "num_experts_per_tok": 2, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
 }
+# MiniMaxAI/MiniMax-M2 (model_type minimax_m2, 230B in all, 10B active): 256 experts of 1,536 columns, the top 8 by
+# sigmoid score plus a learnt bias, renormalised; 48 query heads of 128 over a hidden size of 3,072 (head_dim not
+# hidden / heads), q / k norms over all heads, a rotary over 64 of each head's 128 dims (config.json's
+# `rotary_dim`). transformers' MiniMaxM2Config's values; the checkpoint's config.json is believed to match them.
+MINIMAX_M2 = {
+    "model_type": "minimax_m2", "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+    "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "rotary_dim": 64,
+    "num_local_experts": 256, "num_experts_per_tok": 8, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
+    "max_position_embeddings": 196608, "tie_word_embeddings": False, "bos_token_id": 200034, "eos_token_id": 200020,
+}
 # Qwen3-30B-A3B: 128 experts of 768 columns, the top 8 per token, renormalised.
 QWEN3_30B_A3B = {
     "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
@@ -479,6 +489,7 @@ DECODER_SHAPES = {
     "hyperclovax": HYPERCLOVAX,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
+    "minimax-m2": MINIMAX_M2,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
@@ -512,8 +523,6 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                pad_token_id=0)
     if "num_kv_heads" in cfg:  # (Falcon's name for them)
         cfg["num_kv_heads"] = cfg["num_key_value_heads"]
-    if "rotary_dim" in cfg:  # (GPT-J's rotating dims: a quarter of the head, as GPT-J-6B's 64 of 256)
-        cfg["rotary_dim"] = hidden // heads // 4
     if "ffn_dim" in cfg:  # (OPT's names for the MLP's width and the embeddings')
         cfg.update(ffn_dim=cfg["intermediate_size"], word_embed_proj_dim=hidden)
     if "head_dim" in cfg:
@@ -522,6 +531,10 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         published = DECODER_SHAPES[name]
         own = published["head_dim"] != published["hidden_size"] // published["num_attention_heads"]
         cfg["head_dim"] = 2 * hidden // heads if own or name.startswith("qwen3") else hidden // heads
+    if "rotary_dim" in cfg:  # the published share of a head that rotates (GPT-J-6B: 64 of 256, MiniMax-M2: 64 of 128)
+        published = DECODER_SHAPES[name]
+        published_head = published.get("head_dim") or published["hidden_size"] // published["num_attention_heads"]
+        cfg["rotary_dim"] = published["rotary_dim"] * (cfg.get("head_dim") or hidden // heads) // published_head
     if cfg.get("sliding_window") and window and cfg["model_type"] != "qwen2":
         cfg["sliding_window"] = window
     if "num_experts_per_tok" in cfg:  # MoE: fewer, narrower experts (each I not a multiple of 64), k kept

@@ -52,6 +52,10 @@ CASES = [
      {"moe_layer_start_index": 0, "moe_layer_end_index": 0, "moe_num_shared_experts": 0}),
     ("helium", "helium-1-2b", {}),
     ("mixtral", "mixtral-8x7b", {}),
+    # MiniMax-M2: whole-width q / k norms before a partial rotary (a quarter of each head here), sigmoid routing with
+    # the choice's bias; and with a rotary over half of each head, GQA at 4
+    ("minimax-m2", "minimax-m2", {"rotary_dim": 8}),
+    ("minimax-m2-half-rotary-gqa", "minimax-m2", {"num_key_value_heads": 2}),
     ("qwen3-moe", "qwen3-30b-a3b", {}),
     ("qwen3-moe-dense-layer", "qwen3-30b-a3b", {"mlp_only_layers": [1], "norm_topk_prob": False}),
     ("qwen2-moe", "qwen1.5-moe-a2.7b", {}),
@@ -223,7 +227,8 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
-                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum")
+                   "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
+                   "minimax-m2")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

@@ -167,9 +167,10 @@ def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     torch.testing.assert_close(logits_two, logits_one, atol=1e-4, rtol=1e-4)
 
 
-def test_whole_width_qk_norms_refuse_a_split_by_name(tmp_path):
-    """OLMo 2 normalises q over all of a token's heads, which no rank holds alone."""
-    folder = _checkpoint(tmp_path, "olmo-2-7b")
+@pytest.mark.parametrize("shape", ["olmo-2-7b", "minimax-m2"])
+def test_whole_width_qk_norms_refuse_a_split_by_name(tmp_path, shape):
+    """OLMo 2 (and MiniMax-M2) normalise q over all of a token's heads, which no rank holds alone."""
+    folder = _checkpoint(tmp_path, shape)
     with pytest.raises(ValueError, match="q/k norms over all heads"):
         start_ranks(ShardSource(str(folder), load_config(folder), "float32", "cpu", 0), 2)
 

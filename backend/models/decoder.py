@@ -83,6 +83,7 @@ DECODER_FAMILIES = {
     "mistral3": "mistral",
     "ministral3": "mistral",
     "mixtral": "mixtral",
+    "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2_moe",
@@ -200,8 +201,8 @@ def _check_split(config: dict, spec, tp) -> None:
     if not hasattr(spec, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
         raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
     if spec.qk_norm_full:
-        raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE): "
-                         "each rank holds only its heads")
+        raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE, "
+                         "MiniMax-M2): each rank holds only its heads")
     tp.part(spec.num_heads, "attention heads")
     tp.part(spec.num_kv_heads, "KV heads")
     tp.part(spec.intermediate_size, "MLP columns (intermediate_size)")

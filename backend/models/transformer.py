@@ -22,7 +22,8 @@ and runs it. What differs between the families is data, read here in one place:
     layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
                      with one (norm_bias: Starcoder2, Phi)
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
-                     weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such)
+                     weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such; with a
+                     partial rotary each head's share of them stored in the rotary's order, as its rows)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
@@ -197,8 +198,8 @@ class DecoderSpec:
                              "norms")
         if self.norm_bias and not self.layer_norm:
             raise ValueError("norm biases need LayerNorms (layer_norm)")
-        if self.qk_norm_full and (not self.qk_norm or self.rotary_interleaved or self.rotary_dim):
-            raise ValueError("whole-width q/k norms need qk_norm, and a rotary over every dim in halves")
+        if self.qk_norm_full and not self.qk_norm:
+            raise ValueError("whole-width q/k norms need qk_norm")
         if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_full or self.rope_layers):
             raise ValueError("q/k norms after the rotary need per-head qk_norm and the rotary on every layer")
 
@@ -422,8 +423,9 @@ class TransformerDecoder(DecoderModel):
             if order is not None:
                 qkv_w = take_rows(qkv_w, rows_in_order)
                 qkv_b = qkv_b[rows_in_order] if qkv_b is not None else None
-                q_norm = q_norm[order] if q_norm is not None else None
-                k_norm = k_norm[order] if k_norm is not None else None
+                # (each head's dims of a per-head `[D]` or a whole-width `[H * D]` norm weight, as its rows)
+                q_norm = q_norm.view(-1, head)[:, order].reshape(-1) if q_norm is not None else None
+                k_norm = k_norm.view(-1, head)[:, order].reshape(-1) if k_norm is not None else None
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight") if c.pre_norms else None,
