@@ -317,6 +317,19 @@ MINIMAX_M2 = {
     "num_local_experts": 256, "num_experts_per_tok": 8, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
     "max_position_embeddings": 196608, "tie_word_embeddings": False, "bos_token_id": 200034, "eos_token_id": 200020,
 }
+# Cohere's Command A Plus (model_type cohere2_moe), as transformers' Cohere2MoeConfig defaults to it: Command R7B's
+# parallel block (LayerNorms without a bias, 4,096-token windows on three of every four layers, NoPE global
+# layers) with 8 experts, the top 2 by softmax. Uncertain: every size here (the defaults look like Command A's
+# dense ones: 64 heads of 128 with as many KV heads, 22,528 columns per expert), and whether the checkpoint has
+# dense first layers, shared experts or RMSNorms (transformers' defaults: none).
+COMMAND_A_PLUS = {
+    "model_type": "cohere2_moe", "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+    "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 128,
+    "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 0, "expert_selection_fn": "softmax",
+    "shared_expert_combination_strategy": "average", "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+    "rope_theta": 10000.0, "max_position_embeddings": 8192, "sliding_window": 4096, "sliding_window_pattern": 4,
+    "tie_word_embeddings": True, "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0,
+}
 # Qwen3-30B-A3B: 128 experts of 768 columns, the top 8 per token, renormalised.
 QWEN3_30B_A3B = {
     "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
@@ -490,6 +503,7 @@ DECODER_SHAPES = {
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
     "minimax-m2": MINIMAX_M2,
+    "command-a-plus": COMMAND_A_PLUS,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,

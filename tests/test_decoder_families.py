@@ -56,6 +56,16 @@ CASES = [
     # the choice's bias; and with a rotary over half of each head, GQA at 4
     ("minimax-m2", "minimax-m2", {"rotary_dim": 8}),
     ("minimax-m2-half-rotary-gqa", "minimax-m2", {"num_key_value_heads": 2}),
+    # Cohere2 MoE: a windowed dense first layer of its own width, a NoPE global MoE layer, a shared expert averaged in;
+    # and sigmoid routing unnormalised, RMSNorms, two shared experts added, attention biases, a global dense layer
+    # that rotates (prefix_dense_sliding_window_pattern 1), GQA
+    ("cohere2-moe", "command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
+                                       "mlp_layer_types": ["dense", "sparse"], "prefix_dense_intermediate_size": 200,
+                                       "num_shared_experts": 1}),
+    ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
+        "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
+        "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
+        "shared_expert_combination_strategy": "sum", "attention_bias": True, "num_key_value_heads": 2}),
     ("qwen3-moe", "qwen3-30b-a3b", {}),
     ("qwen3-moe-dense-layer", "qwen3-30b-a3b", {"mlp_only_layers": [1], "norm_topk_prob": False}),
     ("qwen2-moe", "qwen1.5-moe-a2.7b", {}),
@@ -228,7 +238,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
-                   "minimax-m2")
+                   "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -343,6 +353,9 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "partial_rotary_factor"),
+    ("command-a-plus", {"expert_selection_fn": "softplus"}, "expert_selection_fn"),
+    ("command-a-plus", {"num_shared_experts": 1, "shared_expert_combination_strategy": "max"},
+     "shared_expert_combination_strategy"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_dense", "attention_bias": True}, "attention_bias"),
     ("gpt-oss-20b", {"swiglu_limit": 8.0}, "swiglu_limit"),
     ("stablelm-2-1.6b", {"qk_layernorm": True}, "qk_layernorm"),

@@ -74,6 +74,8 @@ FAMILIES = [
     ("gen_mellum", "mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"],
                                          "mlp_layer_types": ["dense", "sparse"]}),
     ("gen_minimax_m2", "minimax-m2", {}),
+    ("gen_cohere2_moe", "command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
+                                           "mlp_layer_types": ["dense", "sparse"], "num_shared_experts": 1}),
     ("gen_hyperclovax", "hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5}),
     ("gen_hunyuan_moe", "llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": 2,
                                          **HUNYUAN_ON_LLAMA}),

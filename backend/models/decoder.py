@@ -83,6 +83,7 @@ DECODER_FAMILIES = {
     "mistral3": "mistral",
     "ministral3": "mistral",
     "mixtral": "mixtral",
+    "cohere2_moe": "cohere2_moe",
     "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
