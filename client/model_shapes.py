@@ -233,6 +233,15 @@ GPT_J_6B = {
     "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "bos_token_id": 50256, "eos_token_id": 50256,
 }
 
+# Salesforce/codegen-350M-mono (model_type codegen): GPT-J's block at 1,024 wide over 16 heads of 64, a rotary over
+# 32 of each head's dims, 20 layers (config.json writes them with GPT-2's names). Values as its config.json is
+# believed to have them (not checked against the file here; the bos id especially).
+CODEGEN_350M = {
+    "model_type": "codegen", "vocab_size": 51200, "hidden_size": 1024, "num_hidden_layers": 20,
+    "num_attention_heads": 16, "max_position_embeddings": 2048, "rotary_dim": 32, "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 50256,
+}
+
 # The shape transformers' CwmConfig defaults to (facebook/cwm, 32B): Llama-3.1-8B's vocabulary, context, token ids
 # and 128-dim heads with 8 KV heads at larger widths (48 query heads), Llama 3's rope scaling 16 times at base 1e6, and
 # 8,192-token windows on three of every four layers (the first of each four global; transformers writes them out
@@ -495,6 +504,7 @@ DECODER_SHAPES = {
     "starcoder-15b": STARCODER_15B,
     "opt-125m": OPT_125M,
     "gpt-j-6b": GPT_J_6B,
+    "codegen-350m-mono": CODEGEN_350M,
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,

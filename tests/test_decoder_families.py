@@ -149,6 +149,10 @@ CASES = [
     # GPT-J: the parallel block on one LayerNorm, a quarter of each head rotating in neighbouring pairs,
     # the head's bias
     ("gptj", "gpt-j-6b", {}),
+    # CodeGen: GPT-J's block from a QKV fused in four shards' blocks of q, v, k rows; and with every dim of a head
+    # rotating
+    ("codegen", "codegen-350m-mono", {}),
+    ("codegen-whole-rotary", "codegen-350m-mono", {"rotary_dim": 16}),
     # CWM: Llama's block, a global first layer and a sliding-window second one (layer_types by CWM's rule)
     ("cwm", "cwm-32b", {}),
     # Granite SWA: Granite's block with a global first layer, a windowed second one and sink logits; and with the
@@ -238,7 +242,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
-                   "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum")
+                   "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

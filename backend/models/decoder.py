@@ -138,6 +138,7 @@ DECODER_FAMILIES = {
     "gpt_bigcode": "gpt_bigcode",
     "opt": "opt",
     "gptj": "gptj",
+    "codegen": "codegen",
     "nanochat": "nanochat",
     "gpt2": "gpt2",
 }
