@@ -242,6 +242,16 @@ CODEGEN_350M = {
     "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 50256,
 }
 
+# EleutherAI/gpt-neo-125m (model_type gpt_neo): GPT-2's sizes (768 wide, 12 heads, 12 layers) with unscaled
+# attention and global and local (256-token) layers in turn; config.json names the layers and heads num_layers /
+# num_heads (written here by their canonical names, as transformers reads them).
+GPT_NEO_125M = {
+    "model_type": "gpt_neo", "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "max_position_embeddings": 2048, "attention_types": [[["global", "local"], 6]],
+    "window_size": 256, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+    "bos_token_id": 50256, "eos_token_id": 50256,
+}
+
 # The shape transformers' CwmConfig defaults to (facebook/cwm, 32B): Llama-3.1-8B's vocabulary, context, token ids
 # and 128-dim heads with 8 KV heads at larger widths (48 query heads), Llama 3's rope scaling 16 times at base 1e6, and
 # 8,192-token windows on three of every four layers (the first of each four global; transformers writes them out
@@ -505,6 +515,7 @@ DECODER_SHAPES = {
     "opt-125m": OPT_125M,
     "gpt-j-6b": GPT_J_6B,
     "codegen-350m-mono": CODEGEN_350M,
+    "gpt-neo-125m": GPT_NEO_125M,
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,
@@ -561,6 +572,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["rotary_dim"] = published["rotary_dim"] * (cfg.get("head_dim") or hidden // heads) // published_head
     if cfg.get("sliding_window") and window and cfg["model_type"] != "qwen2":
         cfg["sliding_window"] = window
+    if cfg.get("window_size") and window:  # (GPT-Neo's local layers, the published kinds in turn over the few)
+        kinds = cfg["attention_types"][0][0]
+        cfg.update(window_size=window, attention_types=[[kinds, layers // len(kinds)]])
     if "num_experts_per_tok" in cfg:  # MoE: fewer, narrower experts (each I not a multiple of 64), k kept
         top_k = cfg["num_experts_per_tok"]
         experts = next(k for k in ("num_local_experts", "n_routed_experts", "num_experts") if k in cfg)

@@ -153,6 +153,9 @@ CASES = [
     # rotating
     ("codegen", "codegen-350m-mono", {}),
     ("codegen-whole-rotary", "codegen-350m-mono", {"rotary_dim": 16}),
+    # GPT-Neo: GPT-2's block with unscaled scores, a global layer and a local one of 8 tokens; and two local layers
+    ("gpt-neo", "gpt-neo-125m", {}),
+    ("gpt-neo-local-only", "gpt-neo-125m", {"attention_types": [[["local"], 2]]}),
     # CWM: Llama's block, a global first layer and a sliding-window second one (layer_types by CWM's rule)
     ("cwm", "cwm-32b", {}),
     # Granite SWA: Granite's block with a global first layer, a windowed second one and sink logits; and with the
@@ -242,7 +245,8 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
-                   "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen")
+                   "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
+                   "gpt-neo")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -357,6 +361,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "partial_rotary_factor"),
+    ("gpt-neo-125m", {"attention_layers": ["global", "dilated"]}, "attention_layers"),
     ("command-a-plus", {"expert_selection_fn": "softplus"}, "expert_selection_fn"),
     ("command-a-plus", {"num_shared_experts": 1, "shared_expert_combination_strategy": "max"},
      "shared_expert_combination_strategy"),

@@ -139,6 +139,7 @@ DECODER_FAMILIES = {
     "opt": "opt",
     "gptj": "gptj",
     "codegen": "codegen",
+    "gpt_neo": "gpt_neo",
     "nanochat": "nanochat",
     "gpt2": "gpt2",
 }
