@@ -349,6 +349,17 @@ COMMAND_A_PLUS = {
     "rope_theta": 10000.0, "max_position_embeddings": 8192, "sliding_window": 4096, "sliding_window_pattern": 4,
     "tie_word_embeddings": True, "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0,
 }
+# The shape transformers' HYV3Config defaults to (tencent/Hy3-preview, model_type hy_v3): 80 layers at 4,096 wide, 64
+# query heads of 128 over 8 KV heads, the first layer dense (13,312 columns), then 192 experts of 1,536 columns, the
+# top 8 by sigmoid score plus a learnt bias, renormalised and scaled by 2.826, one shared expert. Uncertain: whether
+# the checkpoint's config.json sets the token ids (transformers' default: none) and attention biases.
+HY3_PREVIEW = {
+    "model_type": "hy_v3", "vocab_size": 120832, "hidden_size": 4096, "intermediate_size": 13312,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "num_experts": 192, "num_experts_per_tok": 8, "num_shared_experts": 1, "moe_intermediate_size": 1536,
+    "router_scaling_factor": 2.826, "rms_norm_eps": 1e-5, "rope_theta": 11158840.0, "max_position_embeddings": 131072,
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
 # Qwen3-30B-A3B: 128 experts of 768 columns, the top 8 per token, renormalised.
 QWEN3_30B_A3B = {
     "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
@@ -525,6 +536,7 @@ DECODER_SHAPES = {
     "mixtral-8x7b": MIXTRAL_8X7B,
     "minimax-m2": MINIMAX_M2,
     "command-a-plus": COMMAND_A_PLUS,
+    "hy3-preview": HY3_PREVIEW,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,

@@ -62,6 +62,11 @@ CASES = [
     ("cohere2-moe", "command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
                                        "mlp_layer_types": ["dense", "sparse"], "prefix_dense_intermediate_size": 200,
                                        "num_shared_experts": 1}),
+    # Hy3: a dense first layer and a MoE one (sigmoid scores + bias, renormalised, scaled, a shared expert, fp32 router
+    # logits); and MoE first with two shared experts, attention biases and the sizes' GQA at 8
+    ("hy-v3", "hy3-preview", {}),
+    ("hy-v3-moe-first-biases", "hy3-preview", {"mlp_layer_types": ["sparse", "dense"], "num_shared_experts": 2,
+                                                "attention_bias": True}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -246,7 +251,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
-                   "gpt-neo")
+                   "gpt-neo", "hy-v3")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -362,6 +367,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
         "full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "partial_rotary_factor"),
     ("gpt-neo-125m", {"attention_layers": ["global", "dilated"]}, "attention_layers"),
+    ("hy3-preview", {"mlp_bias": True}, "mlp_bias"),
     ("command-a-plus", {"expert_selection_fn": "softplus"}, "expert_selection_fn"),
     ("command-a-plus", {"num_shared_experts": 1, "shared_expert_combination_strategy": "max"},
      "shared_expert_combination_strategy"),

@@ -76,6 +76,7 @@ FAMILIES = [
     ("gen_mellum", "mellum2-12b-a2.5b", {"layer_types": ["sliding_attention", "full_attention"],
                                          "mlp_layer_types": ["dense", "sparse"]}),
     ("gen_minimax_m2", "minimax-m2", {}),
+    ("gen_hy_v3", "hy3-preview", {}),
     ("gen_cohere2_moe", "command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
                                            "mlp_layer_types": ["dense", "sparse"], "num_shared_experts": 1}),
     ("gen_hyperclovax", "hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5}),

@@ -280,13 +280,14 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "starcoder-15b", "opt-125m", "gpt-j-6b", "cwm-32b",
                  "granite-swash-2b", "granitemoe-swa-3b", "olmo-7b", "nanochat-d32", "hyperclovax",
                  "mellum2-12b-a2.5b", "minimax-m2", "command-a-plus",
-                 "codegen-350m-mono", "gpt-neo-125m"]
+                 "codegen-350m-mono", "gpt-neo-125m", "hy3-preview"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
-# weights a layer, its 256 experts; Command A Plus: 4.7B, its 8 experts of 22,528 columns over 8,192).
+# weights a layer, its 256 experts; Command A Plus: 4.7B, its 8 experts of 22,528 columns over 8,192; Hy3: its
+# dense first layer and one of 3.6B, 192 experts).
 LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2, "solar-open-100b": 2,
-          "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2, "command-a-plus": 2}
+          "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2, "command-a-plus": 2, "hy3-preview": 2}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -295,8 +296,9 @@ LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
 # its fp32 one, under the 0.995 floor; Solar Open routes the same way), and EXAONE MoE's top 8 of 64 by
 # sigmoid score on OLMo 2's sizes (on the H200 it matched in fp32 every iteration; in bf16 one of
 # 21 checks, a 1-token prompt's, was at cosine 0.9968 where HF's own bf16 was at 0.99995). MiniMax-M2
-# chooses its top 8 of 256 by sigmoid score as dots.llm1 does: fp32 from the start (not yet measured in bf16).
-FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2"}
+# and Hy3 choose their top 8 of 256 / 192 by sigmoid score as dots.llm1 does: fp32 from the start (not yet
+# measured in bf16).
+FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2", "hy3-preview"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):

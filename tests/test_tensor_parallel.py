@@ -139,7 +139,8 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("cwm-32b", 12), ("granite-swa", 10), ("granitemoe-swa", 8),
                                            ("olmo", 8), ("nanochat", 8),
                                            ("hyperclovax", 8), ("mellum", 16), ("cohere2-moe", 8),
-                                           ("codegen-350m-mono", 8), ("gpt-neo-125m", 8)])
+                                           ("codegen-350m-mono", 8), ("gpt-neo-125m", 8),
+                                           ("hy3-preview", 16)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

@@ -84,6 +84,7 @@ DECODER_FAMILIES = {
     "ministral3": "mistral",
     "mixtral": "mixtral",
     "cohere2_moe": "cohere2_moe",
+    "hy_v3": "hy_v3",
     "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
