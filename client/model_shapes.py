@@ -252,6 +252,15 @@ GPT_NEO_125M = {
     "bos_token_id": 50256, "eos_token_id": 50256,
 }
 
+# microsoft/biogpt (model_type biogpt), transformers' BioGptConfig defaults: OPT's block 1,024 wide over 16 heads,
+# 24 layers, its embeddings scaled by sqrt(1,024), 1,024 positions.
+BIOGPT = {
+    "model_type": "biogpt", "vocab_size": 42384, "hidden_size": 1024, "intermediate_size": 4096,
+    "num_hidden_layers": 24, "num_attention_heads": 16, "max_position_embeddings": 1024, "hidden_act": "gelu",
+    "scale_embedding": True, "layer_norm_eps": 1e-12, "tie_word_embeddings": True, "bos_token_id": 0,
+    "eos_token_id": 2, "pad_token_id": 1,
+}
+
 # The shape transformers' CwmConfig defaults to (facebook/cwm, 32B): Llama-3.1-8B's vocabulary, context, token ids
 # and 128-dim heads with 8 KV heads at larger widths (48 query heads), Llama 3's rope scaling 16 times at base 1e6, and
 # 8,192-token windows on three of every four layers (the first of each four global; transformers writes them out
@@ -527,6 +536,7 @@ DECODER_SHAPES = {
     "gpt-j-6b": GPT_J_6B,
     "codegen-350m-mono": CODEGEN_350M,
     "gpt-neo-125m": GPT_NEO_125M,
+    "biogpt": BIOGPT,
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,

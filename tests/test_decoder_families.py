@@ -161,6 +161,9 @@ CASES = [
     # GPT-Neo: GPT-2's block with unscaled scores, a global layer and a local one of 8 tokens; and two local layers
     ("gpt-neo", "gpt-neo-125m", {}),
     ("gpt-neo-local-only", "gpt-neo-125m", {"attention_types": [[["local"], 2]]}),
+    # BioGPT: OPT's block with the embeddings scaled by sqrt(hidden); and unscaled
+    ("biogpt", "biogpt", {}),
+    ("biogpt-unscaled", "biogpt", {"scale_embedding": False}),
     # CWM: Llama's block, a global first layer and a sliding-window second one (layer_types by CWM's rule)
     ("cwm", "cwm-32b", {}),
     # Granite SWA: Granite's block with a global first layer, a windowed second one and sink logits; and with the
@@ -251,7 +254,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
-                   "gpt-neo", "hy-v3")
+                   "gpt-neo", "hy-v3", "biogpt")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

@@ -68,6 +68,7 @@ FAMILIES = [
     ("gen_gptj", "gpt-j-6b", {}),
     ("gen_codegen", "codegen-350m-mono", {}),
     ("gen_gpt_neo", "gpt-neo-125m", {}),
+    ("gen_biogpt", "biogpt", {}),
     ("gen_cwm", "cwm-32b", {}),
     ("gen_granite_swa", "granite-swash-2b", {"layer_rope_theta": [0, 500.0]}),
     ("gen_granitemoe_swa", "granitemoe-swa-3b", {}),

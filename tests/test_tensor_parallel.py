@@ -140,7 +140,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("olmo", 8), ("nanochat", 8),
                                            ("hyperclovax", 8), ("mellum", 16), ("cohere2-moe", 8),
                                            ("codegen-350m-mono", 8), ("gpt-neo-125m", 8),
-                                           ("hy3-preview", 16)])
+                                           ("hy3-preview", 16), ("biogpt", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

@@ -141,6 +141,7 @@ DECODER_FAMILIES = {
     "gptj": "gptj",
     "codegen": "codegen",
     "gpt_neo": "gpt_neo",
+    "biogpt": "biogpt",
     "nanochat": "nanochat",
     "gpt2": "gpt2",
 }
