@@ -369,6 +369,18 @@ HY3_PREVIEW = {
     "router_scaling_factor": 2.826, "rms_norm_eps": 1e-5, "rope_theta": 11158840.0, "max_position_embeddings": 131072,
     "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
 }
+# The shape transformers' FlintConfig defaults to (RecursiveSI/flint, model_type flint): 49 layers, 32 query heads of
+# 128 over 4 KV heads, sink logits, 513-token windows on most layers (the rest NoPE), the first two layers dense
+# (6,144 columns), then 256 experts of 512 columns, the top 6 by sigmoid score, and a shared expert of 1,024.
+# Uncertain: the hidden size, norm epsilon and rope base (Qwen2MoeConfig's defaults, which FlintConfig keeps) and
+# the token ids (none by default).
+FLINT = {
+    "model_type": "flint", "vocab_size": 150144, "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 49, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 256, "num_experts_per_tok": 6, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
+    "norm_topk_prob": True, "sliding_window": 513, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "max_position_embeddings": 262144, "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
 # Qwen3-30B-A3B: 128 experts of 768 columns, the top 8 per token, renormalised.
 QWEN3_30B_A3B = {
     "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
@@ -547,6 +559,7 @@ DECODER_SHAPES = {
     "minimax-m2": MINIMAX_M2,
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
+    "flint": FLINT,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,

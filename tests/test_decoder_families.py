@@ -67,6 +67,12 @@ CASES = [
     ("hy-v3", "hy3-preview", {}),
     ("hy-v3-moe-first-biases", "hy3-preview", {"mlp_layer_types": ["sparse", "dense"], "num_shared_experts": 2,
                                                 "attention_bias": True}),
+    # Flint: a windowed dense first layer and a NoPE global MoE one (sigmoid top k renormalised, a shared expert), sink
+    # logits; and MoE first and global, windowed dense second, unnormalised, attention biases
+    ("flint", "flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
+    ("flint-moe-first-unnormalised-biases", "flint", {"layer_types": ["full_attention", "sliding_attention"],
+                                                      "mlp_only_layers": [1], "norm_topk_prob": False,
+                                                      "attention_bias": True}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -254,7 +260,7 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
-                   "gpt-neo", "hy-v3", "biogpt")
+                   "gpt-neo", "hy-v3", "biogpt", "flint")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],

@@ -78,6 +78,7 @@ FAMILIES = [
                                          "mlp_layer_types": ["dense", "sparse"]}),
     ("gen_minimax_m2", "minimax-m2", {}),
     ("gen_hy_v3", "hy3-preview", {}),
+    ("gen_flint", "flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
     ("gen_cohere2_moe", "command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
                                            "mlp_layer_types": ["dense", "sparse"], "num_shared_experts": 1}),
     ("gen_hyperclovax", "hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5}),

@@ -280,7 +280,7 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "starcoder-15b", "opt-125m", "gpt-j-6b", "cwm-32b",
                  "granite-swash-2b", "granitemoe-swa-3b", "olmo-7b", "nanochat-d32", "hyperclovax",
                  "mellum2-12b-a2.5b", "minimax-m2", "command-a-plus",
-                 "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt"]
+                 "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -296,9 +296,9 @@ LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
 # its fp32 one, under the 0.995 floor; Solar Open routes the same way), and EXAONE MoE's top 8 of 64 by
 # sigmoid score on OLMo 2's sizes (on the H200 it matched in fp32 every iteration; in bf16 one of
 # 21 checks, a 1-token prompt's, was at cosine 0.9968 where HF's own bf16 was at 0.99995). MiniMax-M2
-# and Hy3 choose their top 8 of 256 / 192 by sigmoid score as dots.llm1 does: fp32 from the start (not yet
-# measured in bf16).
-FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2", "hy3-preview"}
+# and Hy3 choose their top 8 of 256 / 192 by sigmoid score as dots.llm1 does, Flint its top 6 of 256: fp32 from the
+# start (not yet measured in bf16).
+FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2", "hy3-preview", "flint"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):

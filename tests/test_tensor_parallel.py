@@ -97,7 +97,8 @@ def _serve(model, workers=None):
 # swapped at load by every rank for its rows, a tied head kept apart (nanochat); post norms scaled at load on
 # every rank (HyperCLOVA X); a windowed dense layer and a global MoE one with their ropes, 16 heads for 2 KV
 # heads at its ratio of 8 (Mellum); a dense layer of its own width beside a MoE one whose shared expert, split, is
-# halved at load on every rank (Cohere2 MoE).
+# halved at load on every rank (Cohere2 MoE); a windowed dense layer and a NoPE MoE one with a shared expert, each
+# rank's heads' sinks (Flint).
 CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "exaone-moe": {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
                           "num_experts_per_tok": 2, "moe_intermediate_size": 80, "first_k_dense_replace": 1},
@@ -118,6 +119,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
            "cohere2-moe": ("command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
                                               "mlp_layer_types": ["dense", "sparse"], "num_shared_experts": 1,
                                               "prefix_dense_intermediate_size": 200, "num_key_value_heads": 2}),
+           "flint": ("flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -140,7 +142,7 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("olmo", 8), ("nanochat", 8),
                                            ("hyperclovax", 8), ("mellum", 16), ("cohere2-moe", 8),
                                            ("codegen-350m-mono", 8), ("gpt-neo-125m", 8),
-                                           ("hy3-preview", 16), ("biogpt", 8)])
+                                           ("hy3-preview", 16), ("biogpt", 8), ("flint", 16)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

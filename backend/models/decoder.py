@@ -85,6 +85,7 @@ DECODER_FAMILIES = {
     "mixtral": "mixtral",
     "cohere2_moe": "cohere2_moe",
     "hy_v3": "hy_v3",
+    "flint": "flint",
     "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
