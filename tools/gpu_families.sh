@@ -7,7 +7,8 @@
 #
 #   MODELS=phi-4-mini,granite-3.1-8b bash tools/gpu_families.sh
 #
-# MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed);
+# MODELS: the published shapes (client/model_shapes.py; default: the families not yet timed, more than
+# one run's LIMIT holds: split them over two calls);
 # ON_7B: `on_a_7b_shape` families to check too (e.g. "exaone4 or cohere2"; default none);
 # TESTS=0 skips the GPU checks (KERNEL_TESTS=0 only the kernels'), BENCH=0 the benchmark, TUNE=0 the MoE GEMM timings (tools/gpu/tune_moe_gemm.py:
 # the tile sweep at 1, 2 and 2,000 tokens; run when MODELS holds a MoE shape);
@@ -21,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tritonformer-gpu-out}
-MODELS=${MODELS:-cwm-32b,granite-swash-2b,granitemoe-swa-3b,olmo-7b,nanochat-d32,hyperclovax,mellum2-12b-a2.5b}
+MODELS=${MODELS:-cwm-32b,granite-swash-2b,granitemoe-swa-3b,olmo-7b,nanochat-d32,hyperclovax,mellum2-12b-a2.5b,minimax-m2,command-a-plus,codegen-350m-mono,gpt-neo-125m,hy3-preview,biogpt,flint}
 LIMIT=${LIMIT:-570}
 START=$(date +%s)
 mkdir -p "$OUT" /tmp/tf
