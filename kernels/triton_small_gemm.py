@@ -547,13 +547,21 @@ def _unfused(x, weight, bias, activation, out, many_rows=False, fp8_route=TORCH)
     if activation in GATED_ACTIVATIONS:
         h = dispatch.gated_act(torch.nn.functional.linear(x, weight, bias), activation)
         return h if out is None else out.copy_(h)
-    if activation in ("relu2", "relu"):  # (torch's passes: no kernel of their own)
-        h = torch.nn.functional.linear(x, weight, bias).relu_()
-        h = h.square_() if activation == "relu2" else h
+    if activation in _RELUS:
+        h = _relu_(torch.nn.functional.linear(x, weight, bias), activation)
         return h if out is None else out.copy_(h)
     if out is None:
         return torch.nn.functional.linear(x, weight, bias)
     return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
+
+
+_RELUS = ("relu2", "relu")
+
+
+def _relu_(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """ReLU or the squared ReLU of h, in place, in torch's passes (no kernel of their own)."""
+    h = h.relu_()
+    return h.square_() if activation == "relu2" else h
 
 
 def _fp8_epilogue(h: torch.Tensor, bias, activation, out):
@@ -564,9 +572,8 @@ def _fp8_epilogue(h: torch.Tensor, bias, activation, out):
         h = dispatch.bias_gelu(h, bias, gelu, out=h)
     elif activation in GATED_ACTIVATIONS:
         h = dispatch.gated_act(h if bias is None else h.add_(bias), activation)
-    elif activation in ("relu2", "relu"):
-        h = (h if bias is None else h.add_(bias)).relu_()
-        h = h.square_() if activation == "relu2" else h
+    elif activation in _RELUS:
+        h = _relu_(h if bias is None else h.add_(bias), activation)
     elif bias is not None:
         h = h.add_(bias)
     return h if out is None else out.copy_(h)
