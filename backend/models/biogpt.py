@@ -3,17 +3,13 @@ rows are unused, no rotary; LayerNorms with a bias before attention and the MLP 
 `fc1`, `fc2`; biases on every linear; a tied head, `output_projection`) with the token embeddings scaled by
 sqrt(hidden_size) before the positions are added (`scale_embedding`, BioGPT's default). Its LayerNorms take
 torch's default epsilon, 1e-5, whatever `layer_norm_eps` says (transformers' BioGPT does not pass it to them).
-Its tensors are under `biogpt.`."""
+Its tensors are under `biogpt.`, which the checkpoint reader strips (checkpoints/weights.py)."""
 from dataclasses import replace
 
 from tritonformer.backend.models import opt
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, plain_activation, spec_from_hf
 
 NAMES = replace(opt.NAMES, final_norm="layer_norm.weight", lm_head="output_projection.weight")
-
-
-def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
-    return cfg, {name.removeprefix("biogpt."): t for name, t in state.items()}
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
