@@ -56,10 +56,15 @@ MAX_ROWS = 2
 # Rows up to which the kernel runs a linear's PreNorm in its prologue; past them (up to MAX_ROWS)
 # the norm runs as its own kernel first and this one without a prologue (triton_small_gemm's
 # wrappers; a benchmark comparing sets it). Every program recomputes the norm of its rows, and two
-# rows halve a program's weight rows, so twice the programs recompute twice the rows: on an H200
-# batch 2 cost the Llama path 1.46x batch 1 (Qwen2.5-7B 5.633 against 3.846 ms) where the weight
-# reads alone cost about 1.0x. Not yet measured against 1.
-PRENORM_ROWS = 2
+# rows halve a program's weight rows, so twice the programs recompute twice the rows. H200, whole
+# decode steps, bf16, one machine start (tools/gpu/ab_decode_step.py --knob
+# kernels.triton_gemv.MAX_ROWS,kernels.triton_gemv.PRENORM_ROWS), 1 against 2 at batch 2:
+# Qwen2.5-7B 5.704 -> 4.046 ms (0.709x), Llama-3.1-8B 0.778x, Phi-3-mini 0.779x, Gemma-2-9B 0.665x,
+# AFM-4.5B 0.797x; batch 1 unchanged (0.999-1.010x). 0 (the norm a kernel of its own at batch 1
+# too) cost Phi-3-mini 1.057x and Llama-3.1-8B 1.024x there. Two rows in the small GEMM instead
+# (MAX_ROWS 1) 0.710-0.881x: the GEMV keeps them. Four rows here (MAX_ROWS 4) lost at batch 3 and 4
+# (1.12-1.21x).
+PRENORM_ROWS = 1
 # Weight bytes a program holds per operand and warp: 4096 is 2048 fp16 elements (64 per thread,
 # 32 registers); a decode row is bytes, not elements.
 _BYTES_PER_WARP = 4096

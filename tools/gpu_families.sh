@@ -45,7 +45,7 @@ if [[ ${TESTS:-1} != 0 ]]; then
   if [[ -n ${TRANSFORMERS_WHEEL:-} ]]; then
     python3 -m pip install -q --no-deps --target /tmp/tf-transformers "$TRANSFORMERS_WHEEL" && hf_path=/tmp/tf-transformers:$PYTHONPATH
   fi
-  PYTHONPATH=$hf_path timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -q -m gpu tests/test_models_gpu.py -v \
+  PYTHONPATH=$hf_path timeout -k 10 "$(( $(left) / 2 ))" python3 -m pytest -m gpu tests/test_models_gpu.py -v \
     -k "(published_width and ($names))${ON_7B:+ or (on_a_7b_shape and ($ON_7B))}" \
     -p no:cacheprovider 2>&1 | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E " | tee "$OUT/families_gpu_tests.log"
 fi
