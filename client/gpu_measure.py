@@ -83,8 +83,10 @@ def prefill_flops(model, tokens: int) -> float:
     PV over the causal triangle."""
     c = model.config
     layer_weights = sum(t.numel() for layer in model.layers for t in (layer.qkv_w, layer.o_w, layer.gate_up_w,
-                                                                       layer.down_w) if t is not None)
+                                                                       layer.down_w, layer.attn_gate_w)
+                        if t is not None)
     layer_weights += sum(layer.moe.active_params() for layer in model.layers if getattr(layer, "moe", None))
+    layer_weights += sum(layer.mla.params() for layer in model.layers if getattr(layer, "mla", None))  # (latent)
     attention = 2 * 2 * c.num_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
     return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
 

@@ -319,6 +319,33 @@ ARCEE_AFM = {
     "bos_token_id": 128000, "eos_token_id": 128001,
 }
 
+# swiss-ai/Apertus-8B-2509 (model_type apertus), as its config.json was recalled (not checked against it here): 32
+# layers at 4,096 wide, 32 query heads of 128 over 8 KV heads, per-head q / k norms, a plain xIELU MLP 21,504 wide
+# (what makes 8.05B parameters with the untied 131,072-row embedding and head: 14,336 would make 6.2B), llama3 rope
+# scaling x8 from 8,192 positions at theta 12M, 65,536 positions. Uncertain: the token ids (transformers' defaults).
+# (Apertus-70B: 80 layers at 8,192 wide, 64 query heads.)
+APERTUS_8B = {
+    "model_type": "apertus", "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 21504,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "xielu",
+    "rms_norm_eps": 1e-5, "rope_theta": 12000000.0, "max_position_embeddings": 65536,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+}
+
+# databricks/dbrx-base / dbrx-instruct (model_type dbrx, 132B with 36B active), as its config.json was recalled (not
+# checked against it here): 40 layers at 6,144 wide, 48 query heads of 128 over 8 KV heads, the QKV clamped to +-8,
+# 16 experts of 10,752 columns, the top 4 renormalised (p = 1), rope base 500,000 (in attn_config), 32,768 positions,
+# a 100,352-row vocabulary. Uncertain: the token ids. (Its own top-level names: DbrxConfig computes the experts'
+# width from `d_model` before it maps transformers' `hidden_size` onto it, so only these build the right model.)
+DBRX_132B = {
+    "model_type": "dbrx", "vocab_size": 100352, "d_model": 6144, "n_layers": 40, "n_heads": 48, "max_seq_len": 32768,
+    "attn_config": {"clip_qkv": 8.0, "kv_n_heads": 8, "rope_theta": 500000.0},
+    "ffn_config": {"ffn_act_fn": {"name": "silu"}, "ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4,
+                   "moe_normalize_expert_weights": 1.0},
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": 100257, "pad_token_id": 100277,
+}
+
 # The shape transformers' Jais2Config defaults to: LayerNorms with biases, a plain squared-ReLU
 # MLP, biases on every linear.
 JAIS2 = {
@@ -368,6 +395,48 @@ HY3_PREVIEW = {
     "num_experts": 192, "num_experts_per_tok": 8, "num_shared_experts": 1, "moe_intermediate_size": 1536,
     "router_scaling_factor": 2.826, "rms_norm_eps": 1e-5, "rope_theta": 11158840.0, "max_position_embeddings": 131072,
     "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
+# meta-llama/Llama-4-Scout-17B-16E's text model (its config.json's text_config, model_type llama4_text; the
+# checkpoint's own model_type is llama4): 48 layers at 5,120 wide, 40 query heads of 128 over 8 KV heads, every
+# fourth layer NoPE with full attention and temperature tuning (floor_scale 8,192, attn_scale 0.1), the others
+# rotating (llama3-scaled, factor 16, base 500,000), L2 q / k norms and attention chunked in 8,192 tokens; every
+# layer MoE: 16 experts of 8,192 columns, the top 1 by sigmoid score scaling its input, one shared expert of the
+# same width (the dense MLP's 16,384 columns unused). Its no_rope_layers list is the every-fourth rule written out.
+# Uncertain: the rope scaling's low / high frequency factors (believed 1.0 and 1.0).
+LLAMA_4_SCOUT = {
+    "model_type": "llama4_text", "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "head_dim": 128, "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+    "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+    "attn_scale": 0.1, "use_qk_norm": True, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192},
+    "max_position_embeddings": 10485760, "tie_word_embeddings": False, "bos_token_id": 200000,
+    "eos_token_id": [200001, 200007, 200008], "pad_token_id": 200018,
+}
+# arcee-ai/Trinity-Mini (model_type afmoe), as its config.json reads (its values quoted by public ports of the model;
+# the sizes are those of the Trinity technical report's table): 32 layers at 2,048 wide, 32 query heads of 128 over 4
+# KV heads, 2,048-token windows on three of every four layers (the fourth global, NoPE), a gated attention output,
+# the first two layers dense (6,144 columns), then 128 experts of 1,024 columns, the top 8 by sigmoid score plus a
+# learnt bias, renormalised and scaled by 2.826, one shared expert; embeddings times sqrt(hidden) (mup_enabled).
+# Uncertain: the token ids (not among the values seen; transformers' default: none).
+TRINITY_MINI = {
+    "model_type": "afmoe", "vocab_size": 200192, "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 32, "num_dense_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "num_shared_experts": 1,
+    "moe_intermediate_size": 1024, "route_scale": 2.826, "score_func": "sigmoid", "route_norm": True, "n_group": 1,
+    "topk_group": 1, "global_attn_every_n_layers": 4, "sliding_window": 2048, "mup_enabled": True,
+    "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 131072,
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
+# adept/persimmon-8b-base, as its config.json reads (a snapshot of the Hub's file): 36 layers at 4,096 wide, 64
+# heads of 64 (as many KV heads), per-head q / k LayerNorms with biases, a rotary over half of each head
+# (transformers' default: the file has no partial_rotary_factor), a squared-ReLU MLP of 16,384 columns.
+PERSIMMON_8B = {
+    "model_type": "persimmon", "vocab_size": 262144, "hidden_size": 4096, "intermediate_size": 16384,
+    "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 64, "hidden_act": "relu2",
+    "layer_norm_eps": 1e-5, "qk_layernorm": True, "rope_theta": 25000.0, "max_position_embeddings": 16384,
+    "tie_word_embeddings": False, "bos_token_id": 71013, "eos_token_id": 71013,
 }
 # The shape transformers' FlintConfig defaults to (RecursiveSI/flint, model_type flint): 49 layers, 32 query heads of
 # 128 over 4 KV heads, sink logits, 513-token windows on most layers (the rest NoPE), the first two layers dense
@@ -449,6 +518,66 @@ DOTS_LLM1 = {
     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-6,
     "rope_theta": 10000000.0, "max_position_embeddings": 32768, "sliding_window": None, "tie_word_embeddings": False,
     "bos_token_id": None, "eos_token_id": 151645, "pad_token_id": 151643,
+}
+
+# deepseek-ai/DeepSeek-V3 (model_type deepseek_v3, 671B in all, 37B active; DeepSeek-R1's and, under model_type
+# kimi_k2, Kimi K2's architecture), its config.json's values as recalled (not read from the file): multi-head
+# latent attention (128 heads, queries through a latent of 1,536, keys and values from one of 512 plus a shared
+# 64-dim rotary key, 128 + 64 query / key dims and 128 value dims a head), YaRN to 160K with mscale_all_dim; the
+# first 3 layers dense (18,432 columns), then 256 experts of 2,048, the top 8 by sigmoid score plus a learnt bias
+# among the best 4 of 8 groups, scaled by 2.5, one shared expert. The published weights are block-scaled FP8
+# (refused at load: random weights here).
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "rope_interleave": True, "max_position_embeddings": 163840,
+    "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+}
+# deepseek-ai/DeepSeek-V2-Lite (model_type deepseek_v2, 16B in all, 2.4B active), its config.json's values as
+# recalled (not read from the file): latent attention without a query latent (16 heads, q_proj straight from the
+# hidden row), keys and values from a latent of 512 plus a shared 64-dim rotary key, YaRN with mscale_all_dim
+# 0.707; the first layer dense (10,944 columns), then 64 experts of 1,408, the top 6 by softmax probability
+# (greedy, not renormalised), two shared experts.
+DEEPSEEK_V2_LITE = {
+    "model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "topk_method": "greedy", "n_group": 1, "topk_group": 1, "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 163840,
+    "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 100000, "eos_token_id": 100001,
+}
+# The shape transformers' Glm4MoeLiteConfig defaults to (zai-org/GLM-4.7-Flash, model_type glm4_moe_lite, 30B in all,
+# 3B active): DeepSeek-V3's latent attention at 20 heads (a query latent of 768, a key / value latent of 512 plus a
+# shared 64-dim rotary key, 192 + 64 query / key dims and 256 value dims a head), the first layer dense (10,240
+# columns), then 64 experts of 1,536, the top 4 by sigmoid score plus a learnt bias, renormalised, scaled by 1.8, one
+# shared expert. Uncertain: the rope base and token ids (transformers' defaults: 10,000; 0 and 1).
+GLM_4_7_FLASH = {
+    "model_type": "glm4_moe_lite", "vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240,
+    "moe_intermediate_size": 1536, "num_hidden_layers": 47, "num_attention_heads": 20, "num_key_value_heads": 20,
+    "q_lora_rank": 768, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "n_routed_experts": 64, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "rope_interleave": True, "max_position_embeddings": 202752, "attention_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": 0, "eos_token_id": 1,
+}
+# The shape transformers' YoutuConfig defaults to (tencent/Youtu-LLM-2B, model_type youtu): Llama's block at 2,048
+# wide, 32 layers, a dense MLP of 6,144 columns, with DeepSeek-V3's latent attention at 16 heads (a query latent of
+# 1,536, a key / value latent of 512 plus a shared 64-dim rotary key, 128 + 64 query / key dims, 128 value dims),
+# a tied head. Uncertain: the rope base (transformers' default: 10,000).
+YOUTU_LLM_2B = {
+    "model_type": "youtu", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "rope_interleave": True, "max_position_embeddings": 131072, "attention_bias": False,
+    "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
 }
 
 # upstage/Solar-Open-100B (the shape transformers' SolarOpenConfig defaults to): Llama's attention
@@ -539,6 +668,8 @@ DECODER_SHAPES = {
     "stablelm-2-1.6b": STABLELM_2_1_6B,
     "nemotron-mini-4b": NEMOTRON_MINI_4B,
     "arcee-afm": ARCEE_AFM,
+    "apertus-8b": APERTUS_8B,
+    "dbrx-132b": DBRX_132B,
     "phi-2": PHI_2,
     "pythia-6.9b": PYTHIA_6_9B,
     "falcon-7b": FALCON_7B,
@@ -559,7 +690,10 @@ DECODER_SHAPES = {
     "minimax-m2": MINIMAX_M2,
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
+    "llama-4-scout": LLAMA_4_SCOUT,
     "flint": FLINT,
+    "trinity-mini": TRINITY_MINI,
+    "persimmon-8b": PERSIMMON_8B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
@@ -567,6 +701,10 @@ DECODER_SHAPES = {
     "mellum2-12b-a2.5b": MELLUM2_12B,
     "glm-4.5-air": GLM_4_5_AIR,
     "dots.llm1": DOTS_LLM1,
+    "deepseek-v3": DEEPSEEK_V3,
+    "deepseek-v2-lite": DEEPSEEK_V2_LITE,
+    "glm-4.7-flash": GLM_4_7_FLASH,
+    "youtu-llm-2b": YOUTU_LLM_2B,
     "solar-open-100b": SOLAR_OPEN_100B,
     "olmo-2-7b": OLMO_2_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
@@ -576,11 +714,19 @@ DECODER_SHAPES = {
 }
 
 
+_DBRX_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+               "max_seq_len": "max_position_embeddings"}
+
+
 def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab: int = 320,
            window: int | None = 8) -> dict:
     """`name`'s config with few layers, a small hidden size and vocabulary, and sliding windows
     (where it has any) of `window` tokens, keeping its head-count ratios and everything else."""
     cfg = dict(DECODER_SHAPES[name])
+    dbrx = "ffn_config" in cfg  # (DBRX's own top-level names: shrunk under transformers' canonical ones, then back)
+    if dbrx:
+        cfg = {_DBRX_NAMES.get(k, k): v for k, v in cfg.items()}
+        cfg["num_key_value_heads"] = cfg["attn_config"]["kv_n_heads"]
     kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
     ratio = cfg["num_attention_heads"] // kv
     if name.startswith("phi-2"):
@@ -593,6 +739,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                pad_token_id=0)
     if "num_kv_heads" in cfg:  # (Falcon's name for them)
         cfg["num_kv_heads"] = cfg["num_key_value_heads"]
+    if "intermediate_size_mlp" in cfg:  # (Llama 4's dense MLP width beside its experts' intermediate_size)
+        cfg["intermediate_size_mlp"] = 2 * hidden + 96
     if "ffn_dim" in cfg:  # (OPT's names for the MLP's width and the embeddings')
         cfg.update(ffn_dim=cfg["intermediate_size"], word_embed_proj_dim=hidden)
     if "head_dim" in cfg:
@@ -618,6 +766,16 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
             cfg["moe_intermediate_size"] = hidden + 16
         if "shared_expert_intermediate_size" in cfg:
             cfg["shared_expert_intermediate_size"] = hidden + 48
+    if dbrx:  # (its nested options: its KV heads; fewer, narrower experts, k kept)
+        ffn = cfg["ffn_config"]
+        cfg["attn_config"] = {**cfg["attn_config"], "kv_n_heads": cfg.pop("num_key_value_heads")}
+        cfg["ffn_config"] = {**ffn, "ffn_hidden_size": hidden + 16,
+                             "moe_num_experts": min(ffn["moe_num_experts"], max(8, 2 * ffn["moe_top_k"]))}
+        del cfg["intermediate_size"]
+        cfg = {next((own for own, canonical in _DBRX_NAMES.items() if canonical == k), k): v for k, v in cfg.items()}
+    if "kv_lora_rank" in cfg:  # latent attention (DeepSeek): its ranks and head dims an eighth of the published
+        for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            cfg[key] = cfg[key] // 8 if cfg.get(key) else cfg.get(key)
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
         cfg["no_rope_layer_interval"] = min(cfg["no_rope_layer_interval"], layers)
     if "query_pre_attn_scalar" in cfg:
@@ -668,6 +826,7 @@ def _is_norm_weight(name: str) -> bool:
 def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of this DecoderSpec holds, by name (the model prefix stripped);
     a MoE layer's experts stacked (moe.tensor_shapes)."""
+    from tritonformer.backend.models.mla import tensor_shapes as mla_tensor_shapes
     from tritonformer.backend.models.moe import tensor_shapes as moe_tensor_shapes
 
     n, hidden, head = spec.names, spec.hidden_size, spec.head_dim
@@ -685,11 +844,18 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         p = f"layers.{i}."
         layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.pre_norms else {}
         layer[n.o] = (hidden, q)
-        layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden), n.v: (kv, hidden)})
+        if spec.mla:  # latent attention's projections (mla.py), o_proj over the heads' values
+            layer[n.o] = (hidden, spec.num_heads * spec.mla.v_head_dim)
+            shapes.update(mla_tensor_shapes(spec.mla, p, hidden, spec.num_heads))
+        else:
+            layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden),
+                                                                         n.v: (kv, hidden)})
         if spec.moe and spec.moe.layers[i]:
             shapes.update(moe_tensor_shapes(spec.moe, p, hidden))
         elif not spec.gated_mlp:  # a plain MLP: up and down
             layer.update({n.up: (inter, hidden), n.down: (hidden, inter)})
+            if spec.activation == "xielu":  # (its learnt scalars; beta and eps left to their defaults)
+                shapes.update({p + n.act + ".alpha_p": (1,), p + n.act + ".alpha_n": (1,)})
         else:
             layer[n.down] = (hidden, inter)
             layer.update({n.gate_up: (2 * inter, hidden)} if n.gate_up else {n.gate: (inter, hidden),
@@ -698,7 +864,11 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
             layer.update({n.attn_post_norm: (hidden,), n.mlp_post_norm: (hidden,)})
         if spec.qk_norm:
             layer.update({n.q_norm: (q,), n.k_norm: (kv,)} if spec.qk_norm_full else {n.q_norm: (head,), n.k_norm: (head,)})
+        if spec.attn_output_gate:
+            layer[n.attn_gate] = (q, hidden)
         shapes.update({p + name + ".weight": shape for name, shape in layer.items()})
+        if spec.qk_norm_bias:
+            shapes.update({p + n.q_norm + ".bias": (head,), p + n.k_norm + ".bias": (head,)})
         if spec.qkv_bias:
             shapes.update({p + n.q + ".bias": (q,), p + n.k + ".bias": (kv,), p + n.v + ".bias": (kv,)} if not n.qkv
                           else {p + n.qkv + ".bias": (q + 2 * kv,)})

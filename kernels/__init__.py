@@ -26,6 +26,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     rms_norm,
     rotary_cos_sin,
     rotary_in_place,
+    sigmoid_mul,
     silu_and_mul,
     softmax,
     triton_kernels_enabled,
@@ -35,6 +36,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     prenormed,
     varlen_attention,
     write_kv,
+    xielu,
 )
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm  # noqa: F401
 from tritonformer.kernels.fp8 import Fp8Weight, quantize_weight  # noqa: F401

@@ -223,6 +223,37 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return gated_act(gate_up, "silu_mul")
 
 
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x * sigmoid(gate), element by element (gate of x's number of elements, read in x's order):
+    an attention output gated per element before the output projection (AFMoE's gate_proj,
+    Qwen3-Next's gate half of q_proj). sigmoid(gate) is rounded to x's dtype before the product,
+    as transformers' two ops round it, and the product once; `out` may be x itself (in place)."""
+    if gate.numel() != x.numel():
+        raise ValueError(f"gate has {gate.numel()} elements for x's {x.numel()}")
+    s = torch.sigmoid(gate.float()).to(x.dtype).float()
+    result = (x.float() * s.view(x.shape)).to(x.dtype)
+    return result if out is None else out.copy_(result)
+
+
+def xielu(x: torch.Tensor, params: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """xIELU (Huang et al. 2024, arXiv 2411.13010: Apertus's plain-MLP activation), element by element:
+
+        y = alpha_p * x^2 + beta * x                               for x > 0
+        y = alpha_n * (expm1(min(x, eps)) - x) + beta * x          otherwise
+
+    `params` is an fp32 tensor `[4]` on x's device: (alpha_p, alpha_n, beta, eps) as applied, i.e. a
+    checkpoint's learnt alpha_p / alpha_n already through their softplus (alpha_p = softplus(a_p),
+    alpha_n = beta + softplus(a_n)); read on the device, never on the host, so a captured graph
+    replays it. Computed in fp32 and rounded to x's dtype once; `out` may be x itself (in place)."""
+    if params.numel() != 4:
+        raise ValueError(f"xielu takes 4 parameters (alpha_p, alpha_n, beta, eps), got {params.numel()}")
+    alpha_p, alpha_n, beta, eps = params.float().unbind()
+    h = x.float()
+    negative = (torch.expm1(torch.minimum(h, eps)) - h) * alpha_n + beta * h
+    result = torch.where(h > 0, alpha_p * h * h + beta * h, negative).to(x.dtype)
+    return result if out is None else out.copy_(result)
+
+
 def embedding_rms_norm(
     ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float, scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -330,6 +361,17 @@ def check_attention_options(causal: bool, window: int | None, softcap: float | N
         raise ValueError(f"softcap must be positive, got {softcap!r}")
 
 
+def check_attention_chunk(causal: bool, window: int | None, chunk: int | None) -> None:
+    """ValueError unless `chunk` is None or a positive integer on causal attention without a
+    sliding window (the attention ops' rule, kernels' and references' alike)."""
+    if chunk is None:
+        return
+    if int(chunk) != chunk or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if not causal or window is not None:
+        raise ValueError("chunked attention is causal and has no sliding window")
+
+
 def check_attention_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
     """ValueError unless `sinks` is None or a float tensor `[num_heads]`: one sink logit per
     query head (the attention ops' rule, kernels' and references' alike)."""
@@ -353,6 +395,7 @@ def varlen_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences, no padding and no mask tensor.
 
@@ -371,12 +414,15 @@ def varlen_attention(
     attention sinks, `[H]`, any float dtype, read as fp32) adds one logit per query head to every
     softmax's normaliser, not scaled and attached to no value: p_j = exp(s_j) / (sum_i exp(s_i) +
     exp(sinks[h])), Hugging Face's softmax over the scores with the sink's column appended, that
-    column then dropped. A query that sees no key gets zeros.
+    column then dropped. `chunk` (Llama 4's chunked attention, causal only, no window) narrows
+    the causal keys to the query's chunk: p // chunk * chunk <= k <= p (Hugging Face's chunked
+    mask keeps kv_idx // chunk == q_idx // chunk). A query that sees no key gets zeros.
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]` (in `out` when given).
     """
     check_attention_options(causal, window, softcap)
     check_attention_sinks(sinks, q.shape[1])
+    check_attention_chunk(causal, window, chunk)
     if sinks is not None:
         sinks = sinks.to(device=q.device, dtype=torch.float32)
     group = q.shape[1] // k.shape[1]
@@ -395,12 +441,14 @@ def varlen_attention(
         # A window covering every key (window >= Lk) changes nothing: the plain causal path.
         win = window if window is not None and window < lk else None
         mask = None
-        if causal and (lq > 1 or win is not None):
+        if causal and (lq > 1 or win is not None or chunk is not None):
             q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
             k_pos = torch.arange(lk, device=q.device)[None, :]
             mask = k_pos <= q_pos
             if win is not None:
                 mask = mask & (k_pos > q_pos - win)
+            if chunk is not None:
+                mask = mask & (k_pos >= q_pos // chunk * chunk)
         elif window is not None and not causal:  # symmetric window
             q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
             k_pos = torch.arange(lk, device=q.device)[None, :]
@@ -513,6 +561,7 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """`varlen_attention` whose keys/values live in a paged cache (vLLM's layout).
 
@@ -520,7 +569,7 @@ def paged_attention(
     row i lists sequence i's blocks in order (entries past its length are ignored); seqlens_k:
     `[B]` int32, keys of sequence i (cached + this iteration's, already written). Queries are
     packed by `cu_seqlens_q` and aligned to the end of their keys as in `varlen_attention`.
-    `window`, `softcap` and `sinks` as in `varlen_attention`. `num_splits` is a kernel tuning knob
+    `window`, `softcap`, `sinks` and `chunk` as in `varlen_attention`. `num_splits` is a kernel tuning knob
     (split keys over programs); the reference ignores it.
     """
     block_size = k_cache.shape[1]
@@ -538,7 +587,7 @@ def paged_attention(
     cu_k = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
     cu_k[1:] = torch.cumsum(seqlens_k.to(torch.int32), 0)
     return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out, window, softcap,
-                            sinks)
+                            sinks, chunk)
 
 
 def qkv_to_cache(
@@ -735,6 +784,7 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
 
 
 MOE_SCORINGS = ("softmax", "sigmoid")
+MOE_GROUP_SCORES = ("top2_sum", "max")
 
 
 def check_moe_scoring(scoring: str) -> None:
@@ -742,9 +792,31 @@ def check_moe_scoring(scoring: str) -> None:
         raise ValueError(f"unknown MoE scoring {scoring!r} (supported: {', '.join(MOE_SCORINGS)})")
 
 
+def moe_grouped(num_experts: int, top_k: int, groups: int, kept_groups: int, group_score: str) -> bool:
+    """Whether routing over `num_experts` is group-limited (`groups` > `kept_groups`: only the
+    best kept_groups of the groups are chosen from), after checking that such a routing can be
+    done: the experts split into `groups` equal groups, 1 <= kept_groups, the kept groups hold
+    at least `top_k` experts, and `group_score` is one of MOE_GROUP_SCORES (`top2_sum` needs
+    two experts a group)."""
+    if groups <= kept_groups:
+        return False
+    if group_score not in MOE_GROUP_SCORES:
+        raise ValueError(f"unknown MoE group score {group_score!r} (supported: {', '.join(MOE_GROUP_SCORES)})")
+    size = num_experts // groups if groups > 0 else 0
+    if kept_groups < 1 or size * groups != num_experts or (group_score == "top2_sum" and size < 2):
+        raise ValueError(f"group-limited routing needs the {num_experts} experts in equal groups (n_group {groups}, "
+                         f"of {'two or more' if group_score == 'top2_sum' else 'one or more'} experts) and "
+                         f"topk_group ({kept_groups}) >= 1")
+    if top_k > kept_groups * size:
+        raise ValueError(f"num_experts_per_tok ({top_k}) is more than the kept groups' experts "
+                         f"(topk_group {kept_groups} x {size})")
+    return True
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
               weights_dtype: torch.dtype | None = None, scoring: str = "softmax",
-              score_bias: torch.Tensor | None = None, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+              score_bias: torch.Tensor | None = None, scale: float = 1.0, groups: int = 1, kept_groups: int = 1,
+              group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing of a mixture-of-experts layer over the experts' logits `[T, E]`, in fp32.
     Returns (weights `[T, k]` fp32, expert ids `[T, k]` int64).
 
@@ -756,11 +828,23 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     with their scores as weights, renormalised where `normalize` (over their sum + 1e-20).
     Either way the weights are then multiplied by `scale` (`routed_scaling_factor`) and rounded
     to `weights_dtype` where given (Qwen's and Granite's routers round them to the logits'
-    dtype, Mixtral's keep fp32)."""
+    dtype, Mixtral's keep fp32).
+
+    Group-limited choice, where `groups` > `kept_groups` (the config's `n_group` and
+    `topk_group`; moe_grouped checks them): the experts are `groups` equal runs of consecutive
+    ids; each group is scored from the values that choose (score, or score + bias) by
+    `group_score`: `top2_sum`, the sum of its two largest (DeepSeek-V3's `noaux_tc`, GLM-4.5),
+    or `max`, its largest (DeepSeek-V2's `group_limited_greedy`); the k experts are chosen only
+    among the `kept_groups` best groups'. Their weights are then as above."""
     check_moe_scoring(scoring)
     logits = router_logits.float()
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
     choice = scores if score_bias is None else scores + score_bias.float()
+    if moe_grouped(logits.shape[1], top_k, groups, kept_groups, group_score):
+        by_group = choice.view(choice.shape[0], groups, -1)
+        ranked = by_group.topk(2 if group_score == "top2_sum" else 1, dim=-1).values.sum(dim=-1)  # [T, groups]
+        kept = torch.zeros_like(ranked, dtype=torch.bool).scatter_(1, ranked.topk(kept_groups, dim=-1).indices, True)
+        choice = by_group.masked_fill(~kept[..., None], float("-inf")).view_as(choice)
     ids = torch.topk(choice, top_k, dim=-1).indices
     weights = scores.gather(1, ids)
     if normalize:
@@ -776,16 +860,19 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
             scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
-            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
+            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, groups: int = 1,
+            kept_groups: int = 1, group_score: str = "top2_sum") -> torch.Tensor:
     """A mixture-of-experts MLP over x `[T, H]`: each token routed by its `router_logits` `[T, E]`
-    (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale), then the sum over
-    its k experts of weight * expert(x), an expert e a gated MLP:
+    (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale, and the group-limited
+    choice's groups, kept_groups, group_score), then the sum over its k experts of
+    weight * expert(x), an expert e a gated MLP:
     down[e] @ act(gate_up[e] @ x + gate_up_bias[e]) + down_bias[e], with gate_up `[E, 2I, H]`
     ([gate; up], `activation` as linear_act's gated ones), down `[E, H, I]` and the optional
     biases (gpt-oss's experts have them) gate_up_bias `[E, 2I]` ([gate; up]) and down_bias
     `[E, H]`; the routing weight multiplies the biased output. Each expert runs once over its
     tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""
-    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale)
+    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale, groups,
+                             kept_groups, group_score)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)
@@ -825,8 +912,10 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
 
 def moe_route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                     block_m: int, scoring: str = "softmax", score_bias: torch.Tensor | None = None,
-                    scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    scale: float = 1.0, groups: int = 1, kept_groups: int = 1,
+                    group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_route, then moe_align of its ids: (weights `[T, k]` fp32, pairs, experts), what the
     expert GEMMs read (kernels/triton_moe.py)."""
-    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale)
+    weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale, groups,
+                             kept_groups, group_score)
     return (weights, *moe_align(ids, router_logits.shape[1], block_m))

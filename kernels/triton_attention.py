@@ -43,8 +43,12 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   normaliser but carries no value, p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink)). The key loop
   is unchanged: an unsplit program adds the sink's term when it normalises its rows, and with
   splits `_combine_splits_kernel` adds it once to the splits' total weight.
-  Each of the four is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED, HAS_SINKS): without them
-  the kernel compiles to the same code as before they existed.
+* Chunked attention (Llama 4's rope layers): with `chunk` C, query position p sees keys
+  (p // C) * C <= k <= p, its own chunk of C positions up to itself. It runs as the window
+  kernel (HAS_WINDOW, the chunk size in `window`'s place) with CHUNKED choosing that lower edge:
+  the same block skipping and masking (a long context costs at most one chunk), splits included.
+  Each of these is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED, HAS_SINKS, CHUNKED): without
+  them the kernel compiles to the same code as before they existed.
 
 Grid: (cdiv(max_seqlen_q * G, BLOCK_M) * NUM_SPLITS, num_seqs, Hkv). Programs whose rows start
 past their sequence's end exit at once, so the grid can be sized from the longest sequence.
@@ -72,14 +76,15 @@ def _attend_blocks(
     start, end, block_table, window, softcap_log2e,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PADDED: tl.constexpr,
+    D_PADDED: tl.constexpr, CHUNKED: tl.constexpr,
 ):
     """Fold key/value blocks [start, end) of one sequence into the online-softmax state.
 
     Row r of the block is query offs_q[r]. With MASKED, keys past the sequence's end, (if
     CAUSAL) keys after a query's position `q_shift + offs_q` and (if HAS_WINDOW) keys at or
-    before `q_shift + offs_q - window` get a score of -inf; without it every key in the range
-    is visible. With PAGE > 0 the keys live in a paged cache: key n is row
+    before `q_shift + offs_q - window` get a score of -inf (with CHUNKED, `window` is the chunk
+    size C and keys before the query's chunk, (q_shift + offs_q) // C * C, do); without MASKED
+    every key in the range is visible. With PAGE > 0 the keys live in a paged cache: key n is row
     `block_table[n // PAGE] * PAGE + n % PAGE` of the flattened cache (a gather per key, so any
     block size works, whatever BLOCK_N is). With SOFTCAP the log2-domain score is
     `softcap_log2e * tanh(q.k * scale / softcap)`, where the caller passes
@@ -120,7 +125,9 @@ def _attend_blocks(
             visible = in_seq[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= (q_shift + offs_q)[:, None])
-            if HAS_WINDOW:
+            if HAS_WINDOW and CHUNKED:  # (window: the chunk size) keys from the query's chunk's start
+                visible = visible & (offs_n[None, :] >= ((q_shift + offs_q) // window * window)[:, None])
+            elif HAS_WINDOW:
                 visible = visible & (offs_n[None, :] > (q_shift + offs_q - window)[:, None])
             s = tl.where(visible, s, float("-inf"))
         # m_i starts finite (-1e30), so a row that has seen only masked keys keeps alpha = 1
@@ -152,7 +159,7 @@ def _varlen_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, CHUNKED: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -221,8 +228,15 @@ def _varlen_attention_kernel(
         # With a lookahead, a block's diagonal can pass the sequence's end: the unmasked blocks
         # must stop at its last whole block (causal windows never reach it: a no-op there).
         full_end = tl.minimum(full_end, (seqlen_k // BLOCK_N) * BLOCK_N)
-        kv_lo = (tl.maximum(q_shift + q_lo - window + 1, 0) // BLOCK_N) * BLOCK_N
-        full_lo = tl.cdiv(tl.maximum(q_shift + q_hi - window + 1, 0), BLOCK_N) * BLOCK_N
+        if CHUNKED:
+            # Chunked attention (Llama 4; `window` is the chunk size C): query position p sees
+            # keys (p // C) * C <= k <= p. That first key never decreases with p either, so the
+            # same three ranges hold with it in place of p - window + 1.
+            kv_lo = ((tl.maximum(q_shift + q_lo, 0) // window * window) // BLOCK_N) * BLOCK_N
+            full_lo = tl.cdiv(tl.maximum(q_shift + q_hi, 0) // window * window, BLOCK_N) * BLOCK_N
+        else:
+            kv_lo = (tl.maximum(q_shift + q_lo - window + 1, 0) // BLOCK_N) * BLOCK_N
+            full_lo = tl.cdiv(tl.maximum(q_shift + q_hi - window + 1, 0), BLOCK_N) * BLOCK_N
         full_lo = tl.minimum(full_lo, full_end)
         # This program's keys: all of [kv_lo, end), or with splits one BLOCK_N-aligned chunk.
         lo = kv_lo
@@ -234,13 +248,13 @@ def _varlen_attention_kernel(
             acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
             offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_lo, end), block_table,
             window, softcap_log2e,
-            BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+            BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
         )
         acc, l_i, m_i = _attend_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
             offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_lo, lo), tl.minimum(full_end, end),
             block_table, window, softcap_log2e,
-            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
         )
     else:
         # This program's keys: all of [0, end), or with splits one BLOCK_N-aligned chunk of it.
@@ -253,13 +267,13 @@ def _varlen_attention_kernel(
             acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
             offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end), block_table,
             window, softcap_log2e,
-            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
         )
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
         offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_end, lo), end, block_table,
         window, softcap_log2e,
-        BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED,
+        BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
     )
 
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
@@ -426,6 +440,7 @@ def varlen_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Triton flash attention with exactly `reference.varlen_attention`'s contract.
 
@@ -438,7 +453,7 @@ def varlen_attention(
     num_seqs = cu_seqlens_q.numel() - 1
     keys_per_seq = k.shape[0] / max(num_seqs, 1)
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, 0, keys_per_seq, causal, scale, max_seqlen_q, out,
-                      None, window, softcap, sinks)
+                      None, window, softcap, sinks, chunk)
 
 
 @register("paged_attention")
@@ -457,6 +472,7 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Triton flash attention over a paged KV cache, `reference.paged_attention`'s contract.
 
@@ -479,15 +495,16 @@ def paged_attention(
     keys_per_seq = block_tables.shape[1] * page
     return _attention(
         q, k, v, cu_seqlens_q, seqlens_k.to(torch.int32), block_tables, page, keys_per_seq,
-        causal, scale, max_seqlen_q, out, num_splits, window, softcap, sinks,
+        causal, scale, max_seqlen_q, out, num_splits, window, softcap, sinks, chunk,
     )
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per_seq, causal, scale, max_seqlen_q,
-               out, num_splits, window, softcap, sinks=None):
+               out, num_splits, window, softcap, sinks=None, chunk=None):
     """Checks, launch configuration and the launch shared by the contiguous and paged entry
     points. Paged (`page` > 0): k/v are the flattened caches and `cu_seqlens_k` holds key counts.
-    `sinks` (`[H]`, any float dtype) reaches the kernels as fp32 on q's device."""
+    `sinks` (`[H]`, any float dtype) reaches the kernels as fp32 on q's device. `chunk` runs as a
+    window of the chunk's size with CHUNKED set."""
     assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [tokens, heads, head_dim]"
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
@@ -501,6 +518,10 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
     reference.check_attention_options(causal, window, softcap)
     reference.check_attention_sinks(sinks, num_heads)
+    reference.check_attention_chunk(causal, window, chunk)
+    chunked = chunk is not None
+    if chunked:  # (a query reads at most `chunk` keys, from its chunk's start: the window's machinery)
+        window = chunk
     lookahead = 0
     if window is not None and not causal:
         # Symmetric: |k - p| <= reach. A reach past every key of the batch masks nothing (the
@@ -571,7 +592,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
         HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
-        HAS_SINKS=sinks is not None,
+        HAS_SINKS=sinks is not None, CHUNKED=chunked,
         num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
     if splits > 1:

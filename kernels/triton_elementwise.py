@@ -1,5 +1,5 @@
 """Triton-language element-wise kernels: bias + activation, gated activations (SwiGLU, GeGLU),
-rotary, the QKV split and its per-head q/k norms.
+xIELU with learnt scalars, rotary, the QKV split and its per-head q/k norms.
 
 These are the "element-wise" non-GEMM kernels of TurboTransformers' fusion rule (seeds.md
 §1.1.2: fuse everything between two GEMMs into one kernel): each reads the previous GEMM's
@@ -182,6 +182,76 @@ def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up where gate_up = [gate | up] on the last dim; see reference.silu_and_mul."""
     return gated_act(gate_up, "silu_mul")
+
+
+@triton.jit(do_not_specialize=["n"])  # one compiled kernel whatever the token count
+def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = x * sigmoid(gate) over flat elements, sigmoid rounded to x's dtype first."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + offs, (x * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("sigmoid_mul")
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x * sigmoid(gate) in one launch; see reference.sigmoid_mul (`out` may be x: in place)."""
+    if gate.numel() != x.numel():
+        raise ValueError(f"gate has {gate.numel()} elements for x's {x.numel()}")
+    x, gate = _contig(x), _contig(gate)
+    if out is None:
+        out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        _sigmoid_mul_kernel[(triton.cdiv(n, _TILE_ELEMS),)](x, gate, out, n, BLOCK=_TILE_ELEMS, num_warps=4)
+    return out
+
+
+@triton.jit
+def _expm1(z):
+    """exp(z) - 1 without the cancellation near 0: there (|z| < 1/32) its Taylor series to z^5, whose
+    first term left out is below fp32's resolution; elsewhere exp(z) - 1."""
+    series = z * (1.0 + z * (0.5 + z * (1.0 / 6.0 + z * (1.0 / 24.0 + z * (1.0 / 120.0)))))
+    return tl.where(tl.abs(z) < 0.03125, series, tl.exp(z) - 1.0)
+
+
+@triton.jit(do_not_specialize=["n"])  # one compiled kernel whatever the token count
+def _xielu_kernel(x_ptr, p_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = xIELU(x) over flat elements, its four scalars read from p_ptr (fp32: alpha_p, alpha_n, beta, eps)."""
+    alpha_p = tl.load(p_ptr)
+    alpha_n = tl.load(p_ptr + 1)
+    beta = tl.load(p_ptr + 2)
+    eps = tl.load(p_ptr + 3)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    negative = (_expm1(tl.minimum(h, eps)) - h) * alpha_n + beta * h
+    y = tl.where(h > 0.0, alpha_p * h * h + beta * h, negative)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("xielu")
+def xielu(x: torch.Tensor, params: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """xIELU with scalars read on the device, in one launch; see reference.xielu (`out` may be x: in place).
+
+    A kernel of its own between the plain MLP's two linears, not an epilogue of the first: the
+    linears' activation epilogues are compile-time codes of four GEMM / GEMV kernels (and FP8's
+    and the MoE's paths), none of which takes a per-layer operand, and threading one pointer
+    through all of them is more change than the one extra pass over the `[tokens, I]` activation
+    is worth: a read and a write of I elements a token, small beside the down linear's read of
+    its I x hidden weights in a decode step (not yet measured on a GPU)."""
+    if params.numel() != 4 or params.dtype != torch.float32:
+        raise ValueError(f"xielu takes 4 fp32 parameters (alpha_p, alpha_n, beta, eps), got {params.numel()} "
+                         f"{params.dtype}")
+    x = _contig(x)
+    if out is None:
+        out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        _xielu_kernel[(triton.cdiv(n, _TILE_ELEMS),)](x, _contig(params), out, n, BLOCK=_TILE_ELEMS, num_warps=4)
+    return out
 
 
 # One compiled variant whatever the batch: the ids are a slice of a packed buffer whose offset

@@ -3,13 +3,14 @@
 Every (token, slot) pair of the top-k routing goes to one expert. The pairs are sorted by expert
 into blocks of BLOCK_M rows, each block one expert's (padded with a sentinel row), with no host
 sync, so a decode step with its MoE layers is captured in a CUDA graph: for a decode step's few
-tokens one program does the routing (softmax, top k, renormalisation) and the sort
-(`_route_align_kernel`: one launch where tensor ops took about twenty, each a few microseconds of
-a step that reads a few hundred microseconds of weights per layer); for more tokens (a prefill's)
-three launches where tensor ops took about thirty-five: each program routes a chunk of tokens and
-counts its pairs per expert, one program turns the counts into each chunk's offsets in each
-expert's run, and each chunk's pairs, sorted in their program, are written there (the pairs in
-pair order inside each expert, as `reference.moe_align` orders them).
+tokens one program does the routing (scores, the kept groups where the choice is group-limited,
+top k, renormalisation) and the sort (`_route_align_kernel`: one launch where tensor ops took
+about twenty, each a few microseconds of a step that reads a few hundred microseconds of
+weights per layer); for more tokens (a prefill's) three launches where tensor ops took about
+thirty-five: each program routes a chunk of tokens and counts its pairs per expert, one program
+turns the counts into each chunk's offsets in each expert's run, and each chunk's pairs, sorted
+in their program, are written there (the pairs in pair order inside each expert, as
+`reference.moe_align` orders them).
 `_moe_gemm` then runs one program per (block, column tile): it gathers its block's input rows,
 reads its expert's weight tile once and writes each pair's output row. The first GEMM applies
 the gated activation to [gate | up] (both halves' tiles in one program), the second multiplies
@@ -60,12 +61,39 @@ PDL_MAX_PAIRS = 512
 
 
 @triton.jit
+def _keep_groups(left, cols, E, GROUPS: tl.constexpr, KEPT: tl.constexpr, TOP2: tl.constexpr, E_P2: tl.constexpr):
+    """`left` ([rows, E_P2], what chooses; -inf past E) with the experts outside the KEPT best of
+    the GROUPS groups (runs of E // GROUPS consecutive experts) set to -inf: a group ranks by
+    its largest value, or with TOP2 by the sum of its two largest (reference.moe_route's
+    group-limited choice; the first group on ties). The group scores sit in the first GROUPS
+    columns of a [rows, E_P2] block."""
+    group = cols // (E // GROUPS)  # (>= GROUPS past E: never kept)
+    ranked = tl.full(left.shape, float("-inf"), tl.float32)
+    for g in tl.static_range(GROUPS):
+        mine = tl.where((group == g)[None, :], left, float("-inf"))
+        best = tl.max(mine, axis=1)
+        if TOP2:  # the largest once (its first column), then the largest of the rest
+            first = tl.min(tl.where(mine == best[:, None], cols[None, :], E_P2), axis=1)
+            best += tl.max(tl.where(cols[None, :] == first[:, None], float("-inf"), mine), axis=1)
+        ranked = tl.where(cols[None, :] == g, best[:, None], ranked)
+    keep = tl.zeros(left.shape, dtype=tl.int32)
+    for _ in tl.static_range(KEPT):
+        top = tl.max(ranked, axis=1)
+        pick = tl.min(tl.where(ranked == top[:, None], cols[None, :], E_P2), axis=1)
+        keep = tl.where(group[None, :] == pick[:, None], 1, keep)
+        ranked = tl.where(cols[None, :] == pick[:, None], float("-inf"), ranked)
+    return tl.where(keep != 0, left, float("-inf"))
+
+
+@triton.jit
 def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
                  ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, K_P2: tl.constexpr,
-                 E_P2: tl.constexpr):
+                 E_P2: tl.constexpr, GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr):
     """reference.moe_route of the logits' `rows`: (weights, expert ids), both [len(rows), K_P2].
     Softmax scoring, or with SIGMOID each expert's sigmoid(logit), chosen by that plus the
-    `bias_ptr` vector (HAS_BIAS); the weights times `scale`, rounded (ROUND, _ROUND_CODE) to
+    `bias_ptr` vector (HAS_BIAS); where GROUPS > KEPT only among the KEPT best groups'
+    experts (_keep_groups; GROUPS = KEPT = 1 where the choice is not group-limited, and none of
+    that code is compiled in); the weights times `scale`, rounded (ROUND, _ROUND_CODE) to
     fp16 (1) or bf16 (2)."""
     cols = tl.arange(0, E_P2)
     col_ok = (cols < E)[None, :]
@@ -79,11 +107,13 @@ def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: 
         scores = tl.exp(logits - row_max[:, None])
         scores = scores / tl.sum(scores, axis=1)[:, None]
     left = logits  # what chooses: the scores' order, or with a bias the scores + bias
-    if SIGMOID or HAS_BIAS:
+    if SIGMOID or HAS_BIAS or GROUPS > KEPT:  # (groups rank by the scores' values, not the logits')
         left = scores
         if HAS_BIAS:
             left += tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
         left = tl.where(col_ok, left, float("-inf"))
+    if GROUPS > KEPT:
+        left = _keep_groups(left, cols, E, GROUPS, KEPT, GROUP_TOP2, E_P2)
     slots = tl.arange(0, K_P2)
     weights = tl.zeros((rows.shape[0], K_P2), dtype=tl.float32)
     ids = tl.zeros((rows.shape[0], K_P2), dtype=tl.int32)
@@ -131,6 +161,7 @@ def _route_align_kernel(
     T, E, stride_l, max_rows, n_blocks,
     TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr,
+    GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr,
 ):
     """One program: reference.moe_route of the `[T, E]` logits (weights `[T, TOP_K]` fp32 out),
     then moe_align of the routed pairs (pairs and experts out, as moe_align returns them).
@@ -140,7 +171,7 @@ def _route_align_kernel(
     rows = tl.arange(0, T_P2)
     row_ok = rows < T
     weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K, NORMALIZE, ROUND,
-                                SIGMOID, HAS_BIAS, K_P2, E_P2)
+                                SIGMOID, HAS_BIAS, K_P2, E_P2, GROUPS, KEPT, GROUP_TOP2)
     slots = tl.arange(0, K_P2)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
@@ -170,6 +201,7 @@ def _route_chunk_kernel(
     logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, bias_ptr, scale, T, E, stride_l, max_rows,
     TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
     CHUNK: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr,
+    GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr,
 ):
     """Many tokens, step 1 of 3; one program per CHUNK tokens: their routing (weights and ids
     out), how many of their pairs go to each expert (counts `[chunks, E_P2]`), and FILL rows of
@@ -179,7 +211,7 @@ def _route_chunk_kernel(
     rows = c * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < T
     weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K, NORMALIZE, ROUND,
-                                SIGMOID, HAS_BIAS, K_P2, E_P2)
+                                SIGMOID, HAS_BIAS, K_P2, E_P2, GROUPS, KEPT, GROUP_TOP2)
     slots = tl.arange(0, K_P2)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
@@ -249,29 +281,35 @@ def _pdl(pairs: int, device: torch.device) -> dict:
 
 
 def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
-                       scoring: str = "softmax", score_bias: torch.Tensor | None = None) -> dict | None:
+                       scoring: str = "softmax", score_bias: torch.Tensor | None = None, groups: int = 1,
+                       kept_groups: int = 1, group_score: str = "top2_sum") -> dict | None:
     """The routing kernels' constexprs (`_route_top_k`'s), or None where they cannot route: more
-    than FUSED_MAX_EXPERTS experts."""
+    than FUSED_MAX_EXPERTS experts. A choice that is not group-limited gets GROUPS = KEPT = 1
+    (one compiled kernel whatever the config's n_group)."""
     experts = router_logits.shape[1]
     if experts > FUSED_MAX_EXPERTS:
         return None
     reference.check_moe_scoring(scoring)
+    grouped = reference.moe_grouped(experts, top_k, groups, kept_groups, group_score)
     return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=_ROUND_CODE[weights_dtype], SIGMOID=scoring == "sigmoid",
                 HAS_BIAS=score_bias is not None, K_P2=triton.next_power_of_2(top_k),
-                E_P2=triton.next_power_of_2(experts))
+                E_P2=triton.next_power_of_2(experts), GROUPS=groups if grouped else 1,
+                KEPT=kept_groups if grouped else 1, GROUP_TOP2=grouped and group_score == "top2_sum")
 
 
 def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                 block_m: int, scoring: str = "softmax", score_bias: torch.Tensor | None = None,
-                scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                scale: float = 1.0, groups: int = 1, kept_groups: int = 1,
+                group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reference.moe_route_align (same contract, the same pairs in the same order): in one launch
     where T * top_k <= FUSED_MAX_PAIRS, in three past it (route and count per chunk of tokens,
     the offsets, the scatter), where E <= FUSED_MAX_EXPERTS; the reference otherwise."""
     tokens, experts = router_logits.shape
-    common = _routing_constants(router_logits, top_k, normalize, weights_dtype, scoring, score_bias)
+    common = _routing_constants(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, groups,
+                                kept_groups, group_score)
     if common is None:
         return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m, scoring, score_bias,
-                                         scale)
+                                         scale, groups, kept_groups, group_score)
     router_logits = router_logits.contiguous()
     device = router_logits.device
     bias = score_bias.float().contiguous() if score_bias is not None else router_logits  # (unused without HAS_BIAS)
@@ -407,17 +445,18 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
             scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
-            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """reference.moe_mlp over the pairs sorted by expert: route_align, the two grouped GEMMs, the
-    k-row sum (four launches at any token count). The expert biases (gate_up_bias `[E, 2I]`,
-    down_bias `[E, H]`, gpt-oss's) are added in the GEMMs' epilogues, before the activation
-    and before the routing weight."""
+            gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, groups: int = 1,
+            kept_groups: int = 1, group_score: str = "top2_sum") -> torch.Tensor:
+    """reference.moe_mlp over the pairs sorted by expert: route_align (with the group-limited
+    choice where groups > kept_groups), the two grouped GEMMs, the k-row sum (four launches at
+    any token count). The expert biases (gate_up_bias `[E, 2I]`, down_bias `[E, H]`, gpt-oss's)
+    are added in the GEMMs' epilogues, before the activation and before the routing weight."""
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     first, second = gemm_config(pairs, num_experts, True), gemm_config(pairs, num_experts, False)
     assert first["BLOCK_M"] == second["BLOCK_M"]  # (one sort of the pairs serves both GEMMs)
     weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, first["BLOCK_M"],
-                                                 scoring, score_bias, scale)
+                                                 scoring, score_bias, scale, groups, kept_groups, group_score)
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first, gate_up_bias)

@@ -52,6 +52,14 @@ CASES = [
      {"moe_layer_start_index": 0, "moe_layer_end_index": 0, "moe_num_shared_experts": 0}),
     ("helium", "helium-1-2b", {}),
     ("mixtral", "mixtral-8x7b", {}),
+    # DBRX: a fused QKV clamped to +-clip_qkv (low enough here to bite), LayerNorms without a bias, 8 experts (the
+    # published 16 shrunk) stored as w1 / v1 / w2, softmax top 4 renormalised; and unnormalised, one KV head, the
+    # published clip (transformers' model cannot run without one: its clamp of (None, None) raises)
+    ("dbrx", "dbrx-132b", {"attn_config": {"clip_qkv": 0.3, "kv_n_heads": 2, "rope_theta": 500000.0}}),
+    ("dbrx-unnormalised-mqa", "dbrx-132b", {
+        "attn_config": {"clip_qkv": 8.0, "kv_n_heads": 1, "rope_theta": 500000.0}, "ffn_config": {
+            "ffn_act_fn": {"name": "silu"}, "ffn_hidden_size": 144, "moe_num_experts": 8, "moe_top_k": 4,
+            "moe_normalize_expert_weights": None}}),
     # MiniMax-M2: whole-width q / k norms before a partial rotary (a quarter of each head here), sigmoid routing with
     # the choice's bias; and with a rotary over half of each head, GQA at 4
     ("minimax-m2", "minimax-m2", {"rotary_dim": 8}),
@@ -67,12 +75,31 @@ CASES = [
     ("hy-v3", "hy3-preview", {}),
     ("hy-v3-moe-first-biases", "hy3-preview", {"mlp_layer_types": ["sparse", "dense"], "num_shared_experts": 2,
                                                 "attention_bias": True}),
+    # Llama 4 (Scout's shape): a rope layer chunked in 16 tokens (the prompts cross chunks), L2 q / k norms after the
+    # interleaved llama3-scaled rotary, then a NoPE layer of full attention with temperature tuning (floor_scale 4: the
+    # queries' scale grows along the prompts); experts in both: the top 1's input scaled, a shared expert. And
+    # Maverick's pattern: a dense first layer of its own width, no q / k norms, attention biases
+    ("llama4", "llama-4-scout", {"attention_chunk_size": 16, "floor_scale": 4, "attn_scale": 0.5}),
+    ("llama4-dense-first-no-qk-norm-biases", "llama-4-scout", {"attention_chunk_size": 16, "floor_scale": 4,
+                                                               "attn_scale": 0.5, "interleave_moe_layer_step": 2,
+                                                               "use_qk_norm": False, "attention_bias": True}),
+    # (YaRN scales cos and sin, which the weightless q / k norms undo: they run after the rotary there)
+    ("llama4-yarn-norms-after-rotary", "llama-4-scout", {"attention_chunk_size": 16, "floor_scale": 4, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
     # Flint: a windowed dense first layer and a NoPE global MoE one (sigmoid top k renormalised, a shared expert), sink
     # logits; and MoE first and global, windowed dense second, unnormalised, attention biases
     ("flint", "flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
     ("flint-moe-first-unnormalised-biases", "flint", {"layer_types": ["full_attention", "sliding_attention"],
                                                       "mlp_only_layers": [1], "norm_topk_prob": False,
                                                       "attention_bias": True}),
+    # AFMoE (Trinity): a windowed dense first layer and a NoPE global MoE one (sigmoid scores + bias, renormalised,
+    # scaled, a shared expert), the gated attention output, sandwich norms, scaled embeddings; and MoE first and global,
+    # windowed second, two shared experts, attention biases, unscaled embeddings
+    ("afmoe", "trinity-mini", {"num_dense_layers": 1, "global_attn_every_n_layers": 2}),
+    ("afmoe-moe-first-biases", "trinity-mini", {"num_dense_layers": 0, "layer_types": ["full_attention",
+                                                                                      "sliding_attention"],
+                                                "num_shared_experts": 2, "attention_bias": True,
+                                                "mup_enabled": False}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -83,8 +110,38 @@ CASES = [
     ("granite-moe", "granite-3.1-3b-a800m", {}),
     ("granite-moe-shared", "granite-3.1-3b-a800m", {"model_type": "granitemoeshared", "shared_intermediate_size": 80}),
     ("glm4-moe", "glm-4.5-air", {}),
+    # group-limited choice (DeepSeek-V3's): 32 experts in 4 groups, the top 8 among the best 2 groups' 16
+    ("glm4-moe-group-limited", "glm-4.5-air", {"n_routed_experts": 32, "n_group": 4, "topk_group": 2}),
     ("glm4-moe-qk-norm-scaled", "glm-4.5-air",
      {"use_qk_norm": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "n_shared_experts": 2}),
+    # DeepSeek-V3: latent attention with a query latent, the rotary interleaved, YaRN with mscale_all_dim (the softmax
+    # scale times mscale ** 2), a dense first layer then sigmoid experts (bias, renormalised, scaled, a shared one); and
+    # queries from q_proj, rotate-half, mscale unlike mscale_all_dim (cos / sin scaled too), MoE first, two shared
+    # experts, biases on kv_a and o_proj; and a query latent with biases on q_a, kv_a and o_proj, unrenormalised
+    ("deepseek-v3", "deepseek-v3", {"first_k_dense_replace": 1}),  # (its published groups: the best 4 of 8)
+    ("deepseek-v3-no-q-latent-rotate-half", "deepseek-v3", {
+        "q_lora_rank": None, "rope_interleave": False, "first_k_dense_replace": 0, "n_group": 2, "topk_group": 2,
+        "attention_bias": True, "n_shared_experts": 2,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1,
+                         "original_max_position_embeddings": 64, "mscale": 0.707, "mscale_all_dim": 1.0}}),
+    ("deepseek-v3-attention-biases", "deepseek-v3", {"attention_bias": True, "first_k_dense_replace": 1, "n_group": 1,
+                                                     "topk_group": 1, "norm_topk_prob": False}),
+    # DeepSeek-V2-Lite: queries from q_proj, its complex-number rotary, YaRN with mscale_all_dim 0.707, a dense first
+    # layer then softmax experts (greedy, unnormalised), two shared; and a query latent, biases, a scaled choice
+    ("deepseek-v2-lite", "deepseek-v2-lite", {}),
+    # GLM-4.7-Flash: latent attention with value heads as wide as the query / key heads, a dense first layer then
+    # sigmoid experts; and MoE first, rotate-half, attention biases
+    ("glm4-moe-lite", "glm-4.7-flash", {}),
+    ("glm4-moe-lite-moe-first-rotate-half-biases", "glm-4.7-flash", {"mlp_layer_types": ["sparse", "dense"],
+                                                                      "rope_interleave": False,
+                                                                      "attention_bias": True}),
+    # Youtu-LLM: Llama's block with latent attention, a tied head
+    ("youtu", "youtu-llm-2b", {}),
+    ("deepseek-v2-q-latent-biases-scaled", "deepseek-v2-lite", {"q_lora_rank": 96, "attention_bias": True,
+                                                                "first_k_dense_replace": 0,
+                                                                "routed_scaling_factor": 2.0}),
+    ("deepseek-v2-group-limited", "deepseek-v2-lite", {"topk_method": "group_limited_greedy", "n_group": 4,
+                                                       "topk_group": 2}),
     ("dots1", "dots.llm1", {}),
     ("solar-open", "solar-open-100b", {}),
     ("solar-open-biased-scaled", "solar-open-100b", {"attention_bias": True, "n_shared_experts": 2,
@@ -134,12 +191,20 @@ CASES = [
     ("nemotron", "nemotron-mini-4b", {}),
     ("nemotron-biases", "nemotron-mini-4b", {"attention_bias": True, "mlp_bias": True, "partial_rotary_factor": 0.25}),
     ("arcee", "arcee-afm", {"num_key_value_heads": 8, "attention_bias": True, "mlp_bias": True}),
+    # Apertus: per-head q / k norms, llama3 rope scaling, a plain MLP with xIELU's learnt scalars per layer; and with
+    # attention biases, MHA, beta and eps of its own
+    ("apertus", "apertus-8b", {}),
+    ("apertus-biases-mha", "apertus-8b", {"attention_bias": True, "num_key_value_heads": 8}),
     ("jais2", "jais2", {"num_key_value_heads": 2}),
     # Phi-2: the parallel block on one LayerNorm with a bias, a partial rotary, the head's bias; and
     # with grouped KV heads, half the head rotating, the exact GELU
     ("phi", "phi-2", {}),
     ("phi-gqa-half-rotary-gelu", "phi-2", {"num_key_value_heads": 2, "partial_rotary_factor": 0.5,
                                            "hidden_act": "gelu"}),
+    # Persimmon: per-head q / k LayerNorms with biases before a rotary over half of each head, a QKV stored per head,
+    # LayerNorms with biases, a squared-ReLU MLP; and without the q / k norms, a quarter of each head rotating
+    ("persimmon", "persimmon-8b", {}),
+    ("persimmon-no-qk-norm-quarter-rotary", "persimmon-8b", {"qk_layernorm": False, "partial_rotary_factor": 0.25}),
     # GPT-NeoX (Pythia): the parallel residual on two LayerNorms, a QKV stored per head, a quarter-head
     # rotary; and the sequential block without attention biases, half the head rotating
     ("gpt-neox", "pythia-6.9b", {}),
@@ -227,9 +292,15 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(".sinks"):  # gpt-oss's attention sinks: logits as large as the scores
                 p.add_(torch.randn_like(p))
+            if name.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
+                p.add_(torch.randn_like(p))
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
+            if name.endswith("act_fn.beta"):  # (xIELU's beta: a buffer, read from the checkpoint as the alphas are)
+                b.add_(torch.rand_like(b) * 0.5)
     state = strip_prefixes_of(hf.state_dict())  # (`model.`; GPT-NeoX's `gpt_neox.`)
     return hf, load_decoder(hf_cfg.to_dict(), state, CPU, torch.float32)
 
@@ -260,7 +331,9 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
-                   "gpt-neo", "hy-v3", "biogpt", "flint")
+                   "gpt-neo", "hy-v3", "biogpt", "flint", "afmoe", "persimmon",
+                   "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "apertus", "dbrx",
+                   "dbrx-unnormalised-mqa", "llama4")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -360,13 +433,15 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     from pathlib import Path
 
     checked = {changes.get("model_type", DECODER_SHAPES[shape]["model_type"]) for _, shape, changes in CASES}
-    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3"}
+    # (the vision-language checkpoints and their text models' own types: test_a_vl_checkpoint_serves_its_text_model)
+    checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
+    # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
+    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
 
 @pytest.mark.parametrize("shape,changes,named", [
-    ("glm-4.5-air", {"n_group": 8, "topk_group": 4}, "topk_group"),
     ("olmo-2-7b", {"model_type": "cohere", "use_qk_norm": True}, "use_qk_norm"),
     ("olmo-2-7b", {"model_type": "cohere", "attention_bias": True}, "attention_bias"),
     ("olmo-2-7b", {"attention_bias": True}, "attention_bias"),
@@ -377,6 +452,21 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "partial_rotary_factor"),
     ("gpt-neo-125m", {"attention_layers": ["global", "dilated"]}, "attention_layers"),
     ("hy3-preview", {"mlp_bias": True}, "mlp_bias"),
+    ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "moe_normalize_expert_weights": 2.0}},
+     "moe_normalize_expert_weights"),
+    ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "ffn_act_fn": {"name": "gelu"}}}, "ffn_act_fn"),
+    ("llama-4-scout", {"num_experts_per_tok": 2}, "num_experts_per_tok"),
+    ("llama-4-scout", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama-4-scout", {"attention_chunk_size": None}, "attention_chunk_size"),
+    ("deepseek-v2-lite", {"norm_topk_prob": True}, "norm_topk_prob"),
+    ("deepseek-v2-lite", {"mlp_bias": True}, "mlp_bias"),
+    ("deepseek-v3", {"v_head_dim": 32}, "v_head_dim"),
+    ("glm-4.7-flash", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor"),
+    ("trinity-mini", {"n_group": 4, "topk_group": 2}, "topk_group"),
+    ("trinity-mini", {"num_expert_groups": 4, "num_limited_groups": 1}, "num_limited_groups"),
+    ("trinity-mini", {"score_func": "softmax"}, "score_func"),
+    ("trinity-mini", {"route_norm": False}, "route_norm"),
     ("command-a-plus", {"expert_selection_fn": "softplus"}, "expert_selection_fn"),
     ("command-a-plus", {"num_shared_experts": 1, "shared_expert_combination_strategy": "max"},
      "shared_expert_combination_strategy"),
@@ -394,6 +484,22 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
         load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
+def test_apertus_refuses_an_activation_other_than_xielu_by_name():
+    with pytest.raises(ValueError, match=r"Apertus hidden_act 'gelu' \(supported: xielu\)"):
+        load_decoder({**shrunk("apertus-8b"), "hidden_act": "gelu"}, {}, CPU, torch.float32)
+
+
+def test_kimi_k2_loads_as_deepseek_v3():
+    """Kimi K2's config.json says model_type kimi_k2 (architecture DeepseekV3ForCausalLM): the same model as
+    deepseek_v3's on the same weights, token for token."""
+    hf, ours = _pair("deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1})
+    kimi = load_decoder({**hf.config.to_dict(), "model_type": "kimi_k2"}, strip_prefixes_of(hf.state_dict()), CPU,
+                        torch.float32)
+    prompt = [[5, 17, 42, 8, 99, 3, 250]]
+    assert PagedSteps(kimi, num_blocks=16, block_size=8).greedy(prompt, 8) == \
+        PagedSteps(ours, num_blocks=16, block_size=8).greedy(prompt, 8)
 
 
 def test_solar_open_loads_hf_config_without_a_dense_mlp_size():
@@ -429,7 +535,8 @@ def test_internlm3_reads_its_config_names_for_the_biases():
 
 
 @pytest.mark.parametrize("shape,act,supported", [("starcoder2-3b", "silu", "gelu_pytorch_tanh, gelu_new, gelu"),
-                                                  ("arcee-afm", "silu", "relu2"), ("jais2", "gelu", "relu2")])
+                                                  ("arcee-afm", "silu", "relu2"), ("jais2", "gelu", "relu2"),
+                                                  ("persimmon-8b", "gelu", "relu2")])
 def test_a_plain_mlp_activation_a_family_does_not_have_is_refused_by_name(shape, act, supported):
     with pytest.raises(ValueError, match=rf"hidden_act '{act}' \(supported: {supported}\)"):
         load_decoder({**shrunk(shape), "hidden_act": act}, {}, CPU, torch.float32)
@@ -514,6 +621,15 @@ def _multimodal(kind: str):
         cfg = transformers.Mistral3Config(text_config=transformers.MistralConfig(**text), vision_config=vision,
                                           tie_word_embeddings=False)  # an output head of its own, as published
         return transformers.Mistral3ForConditionalGeneration(cfg)
+    if kind == "llama4":  # (chunks of 16 tokens: the prompts cross them; a NoPE second layer)
+        text = {k: v for k, v in {**shrunk("llama-4-scout"), "attention_chunk_size": 16, "floor_scale": 4}.items()
+                if k != "model_type"}
+        vision = transformers.Llama4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=32, patch_size=16,
+                                                 vision_output_dim=32, projector_input_dim=32,
+                                                 projector_output_dim=32)
+        cfg = transformers.Llama4Config(text_config=transformers.Llama4TextConfig(**text), vision_config=vision)
+        return transformers.Llama4ForConditionalGeneration(cfg)
     text = {k: v for k, v in {**shrunk("gemma-3-1b"), "sliding_window_pattern": 2}.items() if k != "model_type"}
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=32, patch_size=16)
@@ -522,9 +638,9 @@ def _multimodal(kind: str):
     return transformers.Gemma3ForConditionalGeneration(cfg)
 
 
-@pytest.mark.parametrize("kind", ["mistral3", "gemma3"])
+@pytest.mark.parametrize("kind", ["mistral3", "gemma3", "llama4"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
-    """Mistral-Small-3.x (mistral3) and Gemma 3 (gemma3) checkpoints: the text model's config and
+    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3) and Llama 4 (llama4) checkpoints: the text model's config and
     tensors (output head included, wherever the layout keeps it), greedy text as HF's."""
     torch.manual_seed(4)
     hf = _multimodal(kind).eval()
@@ -539,6 +655,104 @@ def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
     for prompt, tokens in zip(prompts, got):
         assert tokens == _hf_greedy(hf, prompt, 16)
+
+
+# Vision-language checkpoints served by their text model: (model_type, its text model's published shape shrunk,
+# the multimodal rotary's sections for the shrunk head (the published ones scaled: Qwen2-VL's [16, 24, 24] of 64
+# frequencies, Qwen3-VL's interleaved [24, 20, 20], GLM-4V's [8, 12, 12] of a half-rotating head), the tiny vision
+# tower's config). The text models: Qwen2.5-VL-7B's is Qwen2.5-7B's shape, Qwen3-VL-8B's Qwen3-8B's,
+# Qwen3-VL-30B-A3B's Qwen3-30B-A3B's, GLM-4.1V-9B's GLM-4-9B-0414's, GLM-4.5V's GLM-4.5-Air's.
+_QWEN2_VISION = dict(depth=1, embed_dim=32, num_heads=2, patch_size=14)
+_QWEN3_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, deepstack_visual_indexes=[0])
+_GLM_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2)
+VL_CASES = [
+    ("qwen2_vl", "qwen2.5-7b", {"mrope_section": [2, 3, 3]}, _QWEN2_VISION),
+    ("qwen2_5_vl", "qwen2.5-7b", {"mrope_section": [2, 3, 3]},
+     dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[0])),
+    ("qwen3_vl", "qwen3-8b", {"mrope_section": [6, 5, 5], "mrope_interleaved": True}, _QWEN3_VISION),
+    ("qwen3_vl_moe", "qwen3-30b-a3b", {"mrope_section": [6, 5, 5], "mrope_interleaved": True}, _QWEN3_VISION),
+    ("glm4v", "glm-4-9b", {"mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5}, _GLM_VISION),
+    ("glm4v_moe", "glm-4.5-air", {"mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5}, _GLM_VISION),
+]
+VL_CLASSES = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe",
+              "glm4v": "Glm4v", "glm4v_moe": "Glm4vMoe"}
+
+
+def _vision_language(model_type: str, shape: str, rope: dict, vision: dict):
+    """A tiny HF vision-language model (random weights, norms and router biases made to matter)
+    whose text model is `shape` shrunk, its rotary multimodal with `rope`'s sections."""
+    text = {k: v for k, v in shrunk(shape).items() if k not in ("model_type", "rope_theta", "partial_rotary_factor")}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": shrunk(shape)["rope_theta"], **rope}
+    name = VL_CLASSES[model_type]
+    cfg = getattr(transformers, f"{name}Config")(
+        tie_word_embeddings=model_type == "qwen3_vl",  # (Qwen3-VL-2B / 4B tie the output head to the embeddings)
+        text_config=getattr(transformers, f"{name}TextConfig")(**text),
+        vision_config=getattr(transformers, f"{name}VisionConfig")(**vision, out_hidden_size=text["hidden_size"])
+        if "out_hidden_size" in getattr(transformers, f"{name}VisionConfig").__annotations__
+        else getattr(transformers, f"{name}VisionConfig")(**vision, hidden_size=text["hidden_size"]))
+    torch.manual_seed(4)
+    hf = getattr(transformers, f"{name}ForConditionalGeneration")._from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if "norm" in pname or (pname.endswith(".bias") and "visual" not in pname):
+                p.add_(torch.randn_like(p) * 0.1)
+        for bname, b in hf.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                b.add_(torch.randn_like(b) * 0.1)
+    return hf
+
+
+@pytest.mark.parametrize("model_type,shape,rope,vision", VL_CASES, ids=[c[0] for c in VL_CASES])
+def test_a_vl_checkpoint_serves_its_text_model(model_type, shape, rope, vision, tmp_path):
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL (MoE), GLM-4.1V and GLM-4.5V checkpoints as transformers saves
+    them (the vision tower beside the text model; Qwen3-VL-MoE's experts as published): greedy text
+    token-identical to HF's for 32 tokens on 3 prompts; and the text model's own config (`*_text`)
+    on its tensors the same."""
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+
+    hf = _vision_language(model_type, shape, rope, vision)
+    hf.save_pretrained(tmp_path)
+    config = load_config(tmp_path)
+    assert config["model_type"] == model_type
+    state = load_state_dict(tmp_path)
+    if model_type == "qwen3_vl_moe":  # its experts as the published checkpoints store them: x @ W
+        state = {k: v.transpose(1, 2).contiguous() if ".experts." in k else v for k, v in state.items()}
+    ours = load_decoder(config, state, CPU, torch.float32)
+    text_model = hf.model.language_model
+    text_state = {**text_model.state_dict(), "lm_head.weight": hf.lm_head.weight}
+    ours_text = load_decoder(text_model.config.to_dict(), text_state, CPU, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (5, 29, 70)]
+    expected = [_hf_greedy(hf, prompt, 32) for prompt in prompts]
+    assert PagedSteps(ours, num_blocks=96, block_size=8).greedy(prompts, 32) == expected
+    assert PagedSteps(ours_text, num_blocks=96, block_size=8).greedy(prompts, 32) == expected
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):  # also as first published: a flat config, the rope type 'mrope'
+        text = config["text_config"]
+        params = {**text["rope_parameters"], "type": "mrope"}
+        flat = {**{k: v for k, v in config.items() if k != "text_config"},
+                **{k: v for k, v in text.items() if k not in ("model_type", "rope_parameters")},
+                "rope_theta": params.pop("rope_theta"), "rope_scaling": params}
+        del params["rope_type"]
+        ours_flat = load_decoder(flat, load_state_dict(tmp_path), CPU, torch.float32)
+        assert PagedSteps(ours_flat, num_blocks=96, block_size=8).greedy(prompts, 32) == expected
+
+
+@pytest.mark.parametrize("model_type,shape,rope,vision", VL_CASES, ids=[c[0] for c in VL_CASES])
+def test_vl_multimodal_rotary_is_the_plain_rotary_for_text(model_type, shape, rope, vision):
+    """For a text token (its time, height and width positions all p) HF's multimodal rotary gives
+    the table of the ordinary rotary ours builds: the same cos and sin for every rotating pair."""
+    hf = _vision_language(model_type, shape, rope, vision)
+    text_model = hf.model.language_model
+    ours = load_decoder(hf.config.to_dict(), {k.removeprefix("model."): v for k, v in hf.state_dict().items()},
+                        CPU, torch.float32)
+    positions = torch.arange(200)
+    x = torch.zeros(1, 200, 1)
+    cos, sin = text_model.rotary_emb(x, positions.view(1, 1, -1).expand(3, 1, -1))
+    pairs = cos.shape[-1] // 2
+    # GLM-4V's rotary pairs neighbouring dims (its table repeats each frequency twice); the others halves
+    take = (lambda t: t[0, :, 0::2]) if model_type == "glm4v" else (lambda t: t[0, :, :pairs])
+    torch.testing.assert_close(ours.rope_cos_sin[:200, 0, :pairs], take(cos), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.rope_cos_sin[:200, 1, :pairs], take(sin), rtol=0, atol=1e-6)
 
 
 def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> dict:
@@ -566,6 +780,7 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
     ("mixtral", "block_sparse_moe", ("w1", "w3", "w2")),
     ("qwen2-moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
     ("olmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),
+    ("afmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (its router `mlp.router.gate`, bias `mlp.expert_bias`)
 ])
 def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, names):
     """A published MoE checkpoint stores each expert's projections apart; it builds the same
@@ -686,6 +901,18 @@ def test_a_moe_step_reads_the_router_and_k_experts_for_one_token_and_more_for_ma
         ours.final_norm.numel() * 4)
     assert all_weight_bytes(ours) == sum(p.numel() * 4 for p in hf.parameters())  # (every expert, the input embedding)
     assert prefill_flops(ours, 1) > 2 * len(ours.layers) * (moe.top_k * expert / 4)
+
+
+def test_a_latent_attention_model_counts_every_weight_and_refuses_fp8():
+    """Latent attention's projections (mla.py) are weights a step reads, as many as HF's model has; FP8 linears
+    are refused for them, as for the MoE families."""
+    from tritonformer.client.gpu_measure import all_weight_bytes, prefill_flops
+
+    hf, ours = _pair("youtu-llm-2b", {})
+    assert all_weight_bytes(ours) == sum(p.numel() * 4 for p in hf.parameters())  # (the head tied)
+    assert prefill_flops(ours, 1) > 2 * sum(layer.mla.params() for layer in ours.layers)
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'youtu'"):
+        load_decoder(shrunk("youtu-llm-2b"), {}, CPU, torch.float32, quantization="fp8")
 
 
 def test_fp8_is_a_load_error_for_the_moe_families():

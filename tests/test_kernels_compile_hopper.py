@@ -4,9 +4,9 @@ The interpreter accepts code the compiler refuses (a scalar mask on a block load
 does not broadcast), so a kernel can pass every interpreter test and fail at its first launch on
 the GPU. Here the tensor-parallel and embedding kernels are compiled ahead of time for sm_90, no
 GPU needed (Triton's own PTX assembler), with their launches' constants; so are the mixture-of-experts
-kernels and the split + rotary kernel with and without PDL. The compile runs in a
-child process: in this one the conftest's TRITON_INTERPRET=1 made every kernel an interpreted
-function, which cannot be compiled.
+kernels (the routing's group-limited choice included) and the split + rotary kernel with and
+without PDL. The compile runs in a child process: in this one the conftest's TRITON_INTERPRET=1
+made every kernel an interpreted function, which cannot be compiled.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def compile_all() -> list[str]:
     """Compile each kernel; returns one line per kernel variant: its name and whether its PTX
     waits for its predecessor (PDL) first."""
     from tritonformer.kernels import triton_allreduce as ar
+    from tritonformer.kernels import triton_attention as ta
     from tritonformer.kernels import triton_elementwise as te
     from tritonformer.kernels import triton_moe as moe
     from tritonformer.kernels import triton_norms as tn
@@ -56,6 +57,17 @@ def compile_all() -> list[str]:
     route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
              "scratch_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
              "max_rows": "i32", "n_blocks": "i32"}
+    chunk = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32",
+             "pairs_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
+             "max_rows": "i32"}
+    ungrouped = dict(GROUPS=1, KEPT=1, GROUP_TOP2=False)  # (the routing's constexprs where the choice is not limited)
+    attention = {**{name: "*bf16" for name in ("Q", "K", "V", "Out")}, "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32",
+                 **{f"stride_{t}": "i32" for t in ("qt", "qh", "kt", "kh", "vt", "vh", "ot", "oh")}, "qk_scale": "fp32",
+                 "PartialOut": "*fp32", "PartialLse": "*fp32", "split_stride": "i32", "BlockTables": "*i32",
+                 "stride_bt": "i32", "window": "i32", "softcap_log2e": "fp32", "lookahead": "i32", "Sinks": "*fp32"}
+    # Llama 4's chunked attention (CHUNKED: the window's machinery with the chunk's lower edge), paged
+    chunked = dict(GROUP=5, CAUSAL=True, PRECISION="tf32", BLOCK_D=128, PAGE=16, PDL=True, HAS_WINDOW=True,
+                   SOFTCAP=False, HEAD_DIM=128, D_PADDED=False, HAS_SINKS=False, CHUNKED=True)
     variants = [
         ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024}),
         ("one-shot", ar._one_shot_all_reduce_kernel, plain, dict(
@@ -77,22 +89,26 @@ def compile_all() -> list[str]:
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, HAS_BIAS=True, **gemm)),
         ("moe route-align", moe._route_align_kernel, route, dict(
             TOP_K=8, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
-            PDL=True)),
+            PDL=True, **ungrouped)),
         ("moe route-align softmax bias", moe._route_align_kernel, {**route, "logits_ptr": "*fp32"}, dict(
             TOP_K=6, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=True, BLOCK_M=16, T_P2=1, K_P2=8, E_P2=64,
-            PDL=True)),
+            PDL=True, **ungrouped)),
         ("moe route-align sigmoid", moe._route_align_kernel, route, dict(
             TOP_K=8, NORMALIZE=True, ROUND=0, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
-            PDL=True)),
+            PDL=True, **ungrouped)),
+        ("moe route-align DeepSeek-V3 groups", moe._route_align_kernel, {**route, "logits_ptr": "*fp32"}, dict(
+            TOP_K=8, NORMALIZE=True, ROUND=0, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=256,
+            PDL=True, GROUPS=8, KEPT=4, GROUP_TOP2=True)),
+        ("moe route-chunk DeepSeek-V2 groups", moe._route_chunk_kernel, chunk, dict(
+            TOP_K=6, NORMALIZE=False, ROUND=0, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=256,
+            FILL=256, PDL=True, GROUPS=8, KEPT=3, GROUP_TOP2=False)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
                                                              HAS_BIAS=False,
                                                              **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128,
                                                                 "PDL": False})),
-        ("moe route-chunk", moe._route_chunk_kernel,
-         {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32", "pairs_ptr": "*i32",
-          "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32", "max_rows": "i32"},
+        ("moe route-chunk", moe._route_chunk_kernel, chunk,
          dict(TOP_K=8, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=128,
-              FILL=256, PDL=True)),
+              FILL=256, PDL=True, **ungrouped)),
         ("moe align-offsets", moe._align_offsets_kernel,
          {"counts_ptr": "*i32", "offsets_ptr": "*i32", "experts_ptr": "*i32", "chunks": "i32", "E": "i32",
           "n_blocks": "i32"}, dict(BLOCK_M=64, E_P2=128, ROWS=16, PDL=True)),
@@ -101,6 +117,10 @@ def compile_all() -> list[str]:
          dict(TOP_K=8, CHUNK=16, K_P2=8, E_P2=128, PDL=True)),
         ("moe sum-pairs", moe._sum_pairs_kernel, {"rows_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"},
          dict(TOP_K=8, BLOCK=1024, PDL=True)),
+        ("attention chunked prefill", ta._varlen_attention_kernel, attention,
+         dict(BLOCK_M=64, BLOCK_N=64, NUM_SPLITS=1, **chunked)),
+        ("attention chunked split decode", ta._varlen_attention_kernel, attention,
+         dict(BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, **chunked)),
         ("split-rotary q/k norms", te._split_rotary_kernel,
          {**{f"{name}_ptr": "*bf16" for name in ("src", "bias", "q", "k", "v", "cos", "sin", "qn", "kn")},
           "slot_ptr": "*i64", "src_stride_t": "i32", "src_stride_h": "i32", "cos_stride_t": "i32",
@@ -108,6 +128,8 @@ def compile_all() -> list[str]:
           "norm_eps": "fp32"},
          dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
               FULL_NORM=False, FULL_BLOCK=1024, PDL=True)),
+        ("xielu", te._xielu_kernel, {"x_ptr": "*bf16", "p_ptr": "*fp32", "out_ptr": "*bf16", "n": "i32"},
+         dict(BLOCK=4096)),
     ]
     return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
             for name, fn, args, consts in variants]
@@ -120,11 +142,13 @@ def test_interpreted_kernels_compile_for_hopper():
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled",
                  "moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe route-align",
-                 "moe route-align sigmoid", "moe route-align softmax bias", "moe sum-pairs", "moe route-chunk",
-                 "moe align-offsets",
-                 "moe scatter-chunk", "split-rotary q/k norms"):
+                 "moe route-align sigmoid", "moe route-align softmax bias", "moe route-align DeepSeek-V3 groups",
+                 "moe route-chunk DeepSeek-V2 groups", "moe sum-pairs", "moe route-chunk", "moe align-offsets",
+                 "moe scatter-chunk", "split-rotary q/k norms", "attention chunked prefill",
+                 "attention chunked split decode"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
+    assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
 
 
 if __name__ == "__main__":

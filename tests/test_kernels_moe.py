@@ -92,6 +92,93 @@ def test_softmax_routing_with_a_bias_chooses_by_probability_plus_bias():
     assert not torch.equal(ids, ref.moe_route(logits, top_k, True)[1])  # the bias did choose
 
 
+def _hf_router(kind, experts, top_k, groups, kept, hidden=32, seed=0, **changes):
+    """Hugging Face's DeepSeek-V3 (`noaux_tc`) or DeepSeek-V2 (`group_limited_greedy`) router on
+    random weights (and a random choice bias), and its config."""
+    import transformers
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    common = dict(hidden_size=hidden, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
+                  num_experts_per_tok=top_k, n_group=groups, topk_group=kept, **changes)
+    if kind == "v3":
+        router = DeepseekV3TopkRouter(transformers.DeepseekV3Config(**common))
+    else:
+        router = DeepseekV2TopkRouter(transformers.DeepseekV2Config(topk_method="group_limited_greedy", **common))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(experts, hidden, generator=g) * 0.5)
+        if kind == "v3":
+            router.e_score_correction_bias.copy_(torch.randn(experts, generator=g) * 0.3)
+    return router
+
+
+def _by_expert(weights, ids):
+    """(weights, ids) with each token's k slots in expert order (routers differ in slot order)."""
+    order = ids.argsort(-1)
+    return weights.gather(-1, order), ids.gather(-1, order)
+
+
+@pytest.mark.parametrize("experts,groups,kept,top_k,normalize,scale", [
+    (64, 8, 4, 8, True, 2.5), (16, 4, 2, 4, True, 1.0), (16, 4, 2, 3, False, 1.5), (256, 8, 4, 8, True, 2.5)])
+def test_group_limited_sigmoid_routing_is_deepseek_v3s(experts, groups, kept, top_k, normalize, scale):
+    """DeepSeek-V3's router (Hugging Face's, GLM-4.5's the same) on random logits: the groups ranked
+    by their two best score + bias, the k experts chosen among the kept groups'."""
+    router = _hf_router("v3", experts, top_k, groups, kept, norm_topk_prob=normalize, routed_scaling_factor=scale,
+                        seed=experts + top_k)
+    x = torch.randn(37, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, hf_weights, hf_ids = router(x)
+    weights, ids = ref.moe_route(logits, top_k, normalize, None, "sigmoid", router.e_score_correction_bias, scale,
+                                 groups, kept, "top2_sum")
+    hf_weights, hf_ids = _by_expert(hf_weights, hf_ids)
+    weights, ids = _by_expert(weights, ids)
+    assert torch.equal(ids, hf_ids)
+    torch.testing.assert_close(weights, hf_weights, atol=1e-6, rtol=1e-6)
+    # the limit did choose: without it some token takes an expert of a group it drops
+    plain = ref.moe_route(logits, top_k, normalize, None, "sigmoid", router.e_score_correction_bias, scale)[1]
+    assert not torch.equal(plain.sort(-1).values, ids)
+
+
+@pytest.mark.parametrize("experts,groups,kept,top_k,scale", [
+    (64, 8, 3, 6, 1.0), (160, 8, 3, 6, 16.0), (20, 4, 2, 3, 2.0)])
+def test_group_limited_softmax_routing_is_deepseek_v2s_greedy(experts, groups, kept, top_k, scale):
+    """DeepSeek-V2's `group_limited_greedy` (Hugging Face's router) on random logits: softmax
+    probabilities, the groups ranked by their most probable expert, no renormalisation; 160
+    experts in 8 groups of 20 as DeepSeek-V2 has them."""
+    router = _hf_router("v2", experts, top_k, groups, kept, routed_scaling_factor=scale, seed=experts)
+    x = torch.randn(37, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, hf_weights, hf_ids = router(x)
+    weights, ids = ref.moe_route(logits, top_k, False, None, "softmax", None, scale, groups, kept, "max")
+    hf_weights, hf_ids = _by_expert(hf_weights, hf_ids)
+    weights, ids = _by_expert(weights, ids)
+    assert torch.equal(ids, hf_ids)
+    torch.testing.assert_close(weights, hf_weights, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(ref.moe_route(logits, top_k, False, None, "softmax", None, scale)[1].sort(-1).values, ids)
+
+
+def test_group_limited_routing_chooses_only_in_the_kept_groups_and_checks_its_groups():
+    """Token by token: every chosen expert lies in one of the `kept` groups of the largest group
+    score; every group kept (kept >= groups) is the routing without groups; groups that cannot
+    route are refused."""
+    tokens, experts, groups, kept, top_k = 9, 24, 6, 2, 5
+    logits = _rand(tokens, experts, seed=70, scale=2.0)
+    bias = _rand(experts, seed=71, scale=0.5)
+    _, ids = ref.moe_route(logits, top_k, True, None, "sigmoid", bias, 1.0, groups, kept)
+    choice = (torch.sigmoid(logits.double()) + bias.double()).view(tokens, groups, -1)
+    best = choice.topk(2, -1).values.sum(-1).topk(kept, -1).indices
+    for t in range(tokens):
+        assert set((ids[t] // (experts // groups)).tolist()) <= set(best[t].tolist())
+    for all_kept in ((1, 1), (groups, groups), (groups, groups + 1)):
+        assert torch.equal(ref.moe_route(logits, top_k, True, None, "sigmoid", bias, 1.0, *all_kept)[1],
+                           ref.moe_route(logits, top_k, True, None, "sigmoid", bias)[1])
+    for bad, match in (((5, 2, "top2_sum"), "equal groups"), ((24, 2, "top2_sum"), "equal groups"),
+                       ((6, 1, "top2_sum"), "kept groups"), ((6, 2, "sum"), "group score")):
+        with pytest.raises(ValueError, match=match):
+            ref.moe_route(logits, top_k, True, None, "sigmoid", bias, 1.0, *bad)
+
+
 def _oai_expert(x, gate_up, gate_up_bias, down, down_bias):
     """One gpt-oss expert on one token, as Hugging Face's GptOssExperts writes it (float64; the
     gate/up rows here [gate; up], not its interleaved columns)."""
@@ -218,6 +305,39 @@ def test_the_kernels_route_by_sigmoid_scores_and_a_bias_as_the_reference(tokens,
     assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
 
 
+@pytest.mark.parametrize("tokens,experts,groups,kept,top_k,scoring,biased,group_score", [
+    (3, 64, 8, 4, 8, "sigmoid", True, "top2_sum"),  # DeepSeek-V3's groups, one program
+    (1, 64, 8, 4, 8, "sigmoid", False, "top2_sum"),  # a decode row, no choice bias
+    (40, 64, 8, 4, 8, "sigmoid", True, "top2_sum"),  # past FUSED_MAX_PAIRS: the chunked launches
+    (5, 16, 4, 2, 4, "sigmoid", True, "top2_sum"),
+    (20, 16, 4, 2, 4, "sigmoid", False, "top2_sum"),
+    (6, 16, 4, 1, 3, "softmax", True, "top2_sum"),
+    (4, 20, 4, 2, 3, "softmax", False, "max"),  # DeepSeek-V2's greedy over groups of 5 (not a power of two)
+    (50, 160, 8, 3, 6, "softmax", False, "max"),  # DeepSeek-V2's shape, chunked
+])
+def test_the_kernels_route_group_limited_as_the_reference(tokens, experts, groups, kept, top_k, scoring, biased,
+                                                          group_score):
+    logits = _rand(tokens, experts, seed=tokens + experts + 80, scale=2.0)
+    bias = _rand(experts, seed=tokens + 81, scale=0.5) if biased else None
+    args = (logits, top_k, True, None, 16, scoring, bias, 2.5, groups, kept, group_score)
+    got, expected = route_align(*args), ref.moe_route_align(*args)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5)
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
+    ungrouped = ref.moe_route_align(*args[:8])
+    assert not torch.equal(got[1], ungrouped[1])  # the limit did choose
+
+
+def test_kernel_with_group_limited_routing_matches_reference():
+    x, logits, gate_up, down = _moe_inputs(6, 32, 24, 16, seed=90)
+    bias = _rand(16, seed=94, scale=0.5)
+    groups = dict(groups=4, kept_groups=2, group_score="top2_sum")
+    expected = ref.moe_mlp(x, logits, gate_up, down, 4, True, None, "silu_mul", "sigmoid", bias, 2.5, **groups)
+    got = moe_mlp(x, logits, gate_up, down, 4, True, None, "silu_mul", "sigmoid", bias, 2.5, **groups)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+    ungrouped = ref.moe_mlp(x, logits, gate_up, down, 4, True, None, "silu_mul", "sigmoid", bias, 2.5)
+    assert not torch.allclose(got, ungrouped, atol=1e-3)
+
+
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 64, 6), (70, 24, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_kernels_route_by_probability_and_a_bias_rounding_fp32_weights(tokens, experts, top_k, dtype):
@@ -271,3 +391,21 @@ def test_kernel_with_one_bias_or_none_is_the_unbiased_path():
         expected = ref.moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul", **kwargs)
         torch.testing.assert_close(moe_mlp(x, logits, gate_up, down, 2, True, None, "silu_mul", **kwargs), expected,
                                    atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 70])
+def test_kernel_top_1_of_a_scaled_input_is_llama4s_moe(tokens):
+    """Llama 4's experts (moe.py's scale_input): the top 1 by logit, its input x * sigmoid(logit); run as
+    that input routed top 1 by softmax renormalised, whose weight is exactly 1. Against the math
+    written out token by token: down_e(silu(gate_e(s x)) * up_e(s x)), e the argmax."""
+    x, logits, gate_up, down = _moe_inputs(tokens, 32, 24, 16, seed=40)
+    best, chosen = logits.max(dim=-1, keepdim=True)
+    scaled = x * torch.sigmoid(best)
+    weights, _ = ref.moe_route(logits, 1, True)
+    assert torch.equal(weights, torch.ones_like(weights))
+    expected = torch.stack([F.linear(F.silu(F.linear(row, gate_up[e, :24])) * F.linear(row, gate_up[e, 24:]), down[e])
+                            for row, e in zip(scaled, chosen[:, 0].tolist())])
+    torch.testing.assert_close(moe_mlp(scaled, logits, gate_up, down, 1, True, None, "silu_mul"), expected,
+                               atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(ref.moe_mlp(scaled, logits, gate_up, down, 1, True, None, "silu_mul"), expected,
+                               atol=1e-5, rtol=1e-5)

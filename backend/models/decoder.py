@@ -83,14 +83,26 @@ DECODER_FAMILIES = {
     "mistral3": "mistral",
     "ministral3": "mistral",
     "mixtral": "mixtral",
+    "dbrx": "dbrx",
     "cohere2_moe": "cohere2_moe",
     "hy_v3": "hy_v3",
+    "llama4_text": "llama4",
+    "llama4": "llama4",  # (Llama-4-Scout / Maverick's multimodal checkpoint: its text part)
     "flint": "flint",
     "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2_moe",
     "qwen3_moe": "qwen3_moe",
+    # (multimodal Qwen-VL checkpoints and their text models' own types: the text model, text in and out)
+    "qwen2_vl": "qwen_vl",
+    "qwen2_vl_text": "qwen_vl",
+    "qwen2_5_vl": "qwen_vl",
+    "qwen2_5_vl_text": "qwen_vl",
+    "qwen3_vl": "qwen_vl",
+    "qwen3_vl_text": "qwen_vl",
+    "qwen3_vl_moe": "qwen_vl",
+    "qwen3_vl_moe_text": "qwen_vl",
     "mellum": "mellum",
     "gemma": "gemma",
     "gemma2": "gemma2",
@@ -112,6 +124,15 @@ DECODER_FAMILIES = {
     "glm": "glm",
     "glm4": "glm",
     "glm4_moe": "glm4_moe",
+    "glm4v": "glm_v",  # (GLM-4.1V / GLM-4.5V: the text model, text in and out)
+    "glm4v_text": "glm_v",
+    "glm4v_moe": "glm_v",
+    "glm4v_moe_text": "glm_v",
+    "deepseek_v3": "deepseek_v3",
+    "kimi_k2": "deepseek_v3",  # (Kimi K2: DeepSeek-V3's architecture under its own name)
+    "deepseek_v2": "deepseek_v2",
+    "glm4_moe_lite": "glm4_moe_lite",
+    "youtu": "youtu",
     "dots1": "dots1",
     "solar_open": "solar_open",
     "olmo": "olmo",
@@ -132,9 +153,12 @@ DECODER_FAMILIES = {
     "cwm": "cwm",
     "stablelm": "stablelm",
     "nemotron": "nemotron",
+    "apertus": "apertus",
     "arcee": "arcee",
+    "afmoe": "afmoe",
     "jais2": "jais2",
     "phi": "phi",
+    "persimmon": "persimmon",
     "gpt_neox": "gpt_neox",
     "falcon": "falcon",
     "gpt_bigcode": "gpt_bigcode",
@@ -162,9 +186,10 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     family, config, state = decoder_family(config, state)
     family_config = family.from_hf(config)
     if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and (
-            not hasattr(family_config, "names") or getattr(family_config, "moe", None)):
+            not hasattr(family_config, "names") or getattr(family_config, "moe", None)
+            or getattr(family_config, "mla", None)):
         raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the dense families "
-                         f"built on the shared decoder, transformer.py)")
+                         f"built on the shared decoder, transformer.py, without latent attention)")
     state, quantize = quant.prepare(state, quantization, device, dtype, tensor_parallel=tp is not None)
     if max_model_len is not None:
         if max_model_len < 2:

@@ -6,10 +6,13 @@ In the layers a family names, the MLP is a router and E experts, each a gated ML
 probability, and the layer's output is their outputs weighted by those probabilities
 (renormalised over the k where the family does). GLM-4.5 scores each expert by
 sigmoid(logit) instead, chooses by that plus a learnt bias, and scales the weights
-(reference.moe_route's `sigmoid`). Qwen2-MoE adds a shared expert that every token passes
-through, weighted by sigmoid(shared_gate @ x); Granite's and GLM's shared experts are added as
-they are. The op: `kernels.moe_mlp` (routing and grouped GEMMs over the routed rows on a GPU,
-kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
+(reference.moe_route's `sigmoid`); where its config limits the choice to the best `topk_group`
+of `n_group` groups of experts (DeepSeek-V3's, and DeepSeek-V2's over softmax probabilities),
+MoeSpec.groups / kept_groups / group_score say so. Qwen2-MoE adds a shared expert that every
+token passes through, weighted by sigmoid(shared_gate @ x); Granite's and GLM's shared experts
+are added as they are. Llama 4 scales its one chosen expert's input by the weight, not its
+output (MoeSpec.scale_input). The op: `kernels.moe_mlp` (routing and grouped GEMMs over the
+routed rows on a GPU, kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
 
 Checkpoints store the experts one by one (`experts.{j}.gate_proj.weight`, Mixtral's `w1` / `w3`
 / `w2`), as published, or stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`
@@ -27,6 +30,7 @@ import torch
 
 from tritonformer import kernels
 from tritonformer.kernels.fp8 import scaled
+from tritonformer.kernels.reference import moe_grouped
 
 
 # The router's linear applies the block's PreNorm and writes the normalised rows for the experts
@@ -48,7 +52,8 @@ class MoeNames:
     `[1, E]`: ERNIE's `moe_statics.e_score_correction_bias`). `columns`: the
     stacked tensors are stored as x @ W (gpt-oss: gate/up `[E, H, 2I]` with the gate and up
     columns interleaved, down `[E, I, H]`), transposed and split into [gate; up] at load; their
-    biases (MoeSpec.expert_bias) are `{name}_bias` beside them."""
+    biases (MoeSpec.expert_bias) are `{name}_bias` beside them. `interleaved` False: those columns are
+    [gate | up] instead, the gate's first (Llama 4's `[E, H, 2I]`)."""
 
     blocks: tuple[str, ...] = ("mlp",)
     routers: tuple[str, ...] = ("gate",)
@@ -61,6 +66,7 @@ class MoeNames:
     shared_fused: tuple[str, str] | None = None
     score_bias: str = "e_score_correction_bias"
     columns: bool = False
+    interleaved: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,24 @@ class MoeSpec:
     router_fp32: bool = False  # the router's logits from fp32 x and weights (GLM-4.5's router casts both)
     router_bias: bool = False  # the router's logits have a bias (gpt-oss)
     expert_bias: bool = False  # every expert's gate/up and down projections have biases (gpt-oss)
+    # Llama 4 (top 1): the chosen expert's input is x times its routing weight (sigmoid of its logit, rounded to
+    # x's dtype), not its output; SiLU-gated, that is not the same. Run as that x routed with weight exactly 1.
+    scale_input: bool = False
+    # Group-limited choice (reference.moe_route): the experts in `groups` equal groups (`n_group`), the k
+    # chosen among the best `kept_groups` (`topk_group`) only, the groups ranked by `group_score`:
+    # "top2_sum" (DeepSeek-V3, GLM-4.5) or "max" (DeepSeek-V2). groups <= kept_groups: no limit.
+    groups: int = 1
+    kept_groups: int = 1
+    group_score: str = "top2_sum"
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"num_experts_per_tok ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
+        moe_grouped(self.num_experts, self.top_k, self.groups, self.kept_groups, self.group_score)  # (raises)
+        if self.scale_input and (self.top_k != 1 or self.scoring != "sigmoid" or self.normalize or self.score_bias
+                                 or self.scale != 1.0 or self.groups > 1 or self.expert_bias):
+            raise ValueError("experts whose input is scaled by the routing weight (scale_input) are the top 1 by "
+                             "sigmoid score, unnormalised, unbiased, unscaled and ungrouped")
 
     def split(self, world: int) -> "MoeSpec":
         """One tensor-parallel rank's share: its columns of every expert (and shared expert)."""
@@ -107,6 +127,10 @@ class MoeLayer:
     router_bias: torch.Tensor | None = None  # [E]
     gate_up_bias: torch.Tensor | None = None  # [E, 2I]: each expert's [gate; up] biases
     down_bias: torch.Tensor | None = None  # [E, H] (under tensor parallelism on one rank only)
+    groups: int = 1  # the group-limited choice (MoeSpec.groups, kept_groups, group_score)
+    kept_groups: int = 1
+    group_score: str = "top2_sum"
+    scale_input: bool = False  # (MoeSpec.scale_input)
 
     def __call__(self, x: torch.Tensor, activation: str, prenorm: kernels.PreNorm | None = None) -> torch.Tensor:
         """The block's output `[T, H]` for its input x `[T, H]`, normalised or (`prenorm`) to be
@@ -124,9 +148,14 @@ class MoeLayer:
             normed = torch.empty_like(x)
             logits = kernels.linear_act(x, self.router, self.router_bias, prenorm=replace(prenorm, normed_out=normed))
             x = normed
-        out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
-                              x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
-                              self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias)
+        if self.scale_input:  # x * sigmoid(the largest logit) to the top-1 expert, with weight softmax / itself = 1
+            scaled_x = x * torch.sigmoid(logits.max(dim=-1, keepdim=True).values.float()).to(x.dtype)
+            out = kernels.moe_mlp(scaled_x, logits, self.gate_up, self.down, 1, True, None, activation, "softmax")
+        else:
+            out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
+                                  x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
+                                  self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
+                                  groups=self.groups, kept_groups=self.kept_groups, group_score=self.group_score)
         if self.shared_gate_up is not None:
             shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
             if self.shared_gate is not None:
@@ -193,7 +222,7 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     cols = (slice(None), part or slice(None))
     stacked = next(((base + g, base + d) for g, d in n.stacked if _weight(base + g, state) in state), None)
     biases = None
-    if n.columns:  # x @ W, gate and up columns interleaved (gpt-oss): rows, [gate; up]
+    if n.columns:  # x @ W, gate and up columns interleaved (gpt-oss) or not (Llama 4): rows, [gate; up]
         gate_up, down, biases = _column_experts(spec, read, stacked, hidden, part)
     elif stacked is not None:  # stacked, as transformers >= 5 holds them or a family publishes them
         gate_up = gated(_weight(stacked[0], state), inter, part, experts)
@@ -209,7 +238,8 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
         gate_up, down = torch.stack(stacked_gate_up), torch.stack(stacked_down)
     router_weight = read(f"{base}{router}.weight", (experts, hidden))
     layer = MoeLayer(router_weight.float() if spec.router_fp32 else router_weight, gate_up, down, spec.top_k,
-                     spec.normalize, spec.round_weights, scoring=spec.scoring, scale=spec.scale)
+                     spec.normalize, spec.round_weights, scoring=spec.scoring, scale=spec.scale, groups=spec.groups,
+                     kept_groups=spec.kept_groups, group_score=spec.group_score, scale_input=spec.scale_input)
     if spec.router_bias:
         layer.router_bias = read(f"{base}{router}.bias", (experts,))
     if biases is not None:
@@ -241,7 +271,8 @@ def _column_experts(spec: MoeSpec, read: Callable[..., torch.Tensor], stacked: t
     stored as x @ W with the gate and up columns interleaved (gpt-oss's `[E, H, 2I]` and
     `[E, I, H]`); `part`: this rank's columns of each expert. A rank reads only its share: its
     gate and up columns are the contiguous stored columns [2 * start, 2 * stop), its down rows
-    [start, stop)."""
+    [start, stop). Stored [gate | up] (MoeNames.interleaved False: Llama 4's), a rank reads columns
+    [start, stop) of each half."""
     if stacked is None:
         raise KeyError("checkpoint is missing the stacked experts (gate_up_proj / down_proj)")
     experts, inter = spec.num_experts, spec.intermediate_size
@@ -251,7 +282,14 @@ def _column_experts(spec: MoeSpec, read: Callable[..., torch.Tensor], stacked: t
     def split(interleaved: torch.Tensor) -> torch.Tensor:  # [..., gate, up, gate, ...] rows -> [gate; up]
         return torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1).contiguous()
 
-    gate_up = split(read(stacked[0], (experts, hidden, 2 * inter), pairs).transpose(1, 2))
+    if not spec.names.interleaved:  # [gate | up] columns, each half this rank's share
+        cols = part or slice(0, inter)
+        halves = [read(stacked[0], (experts, hidden, 2 * inter),
+                       (slice(None), slice(None), slice(h * inter + cols.start, h * inter + cols.stop)))
+                  for h in (0, 1)]
+        gate_up = torch.cat(halves, dim=2).transpose(1, 2).contiguous()
+    else:
+        gate_up = split(read(stacked[0], (experts, hidden, 2 * inter), pairs).transpose(1, 2))
     down = read(stacked[1], (experts, inter, hidden), rows).transpose(1, 2).contiguous()
     if not spec.expert_bias:
         return gate_up, down, None

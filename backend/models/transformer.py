@@ -6,7 +6,8 @@ and runs it. What differs between the families is data, read here in one place:
 
     norm_offset      norm weight applied as (offset + w): Gemma's (1 + w), Nemotron's LayerNorm's; kept in fp32
     activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU); with
-                     gated_mlp False the plain MLP's: gelu_tanh, gelu or relu2 (squared ReLU)
+                     gated_mlp False the plain MLP's: gelu_tanh, gelu, relu2 (squared ReLU) or xielu
+                     (Apertus's xIELU: learnt scalars per layer, a kernel of its own after the first linear)
     gated_mlp        False: up projection, activation, down projection, no gate (Starcoder2,
                      Nemotron, Arcee)
     mlp_bias         biases on the MLP's projections (Starcoder2; Llama's, Nemotron's where set)
@@ -25,8 +26,20 @@ and runs it. What differs between the families is data, read here in one place:
                      weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such; with a
                      partial rotary each head's share of them stored in the rotary's order, as its rows)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
+    qk_norm_layers   per layer: whether it has the q / k norms (Llama 4's rope layers do, its NoPE ones not)
+    qk_norm_bias     the per-head q / k norms are LayerNorms with biases (Persimmon), before the rotary
+    attn_output_gate  the attention's output times sigmoid(gate_proj(x)) per element before the output
+                     projection (AFMoE). Qwen3-Next's full-attention gate is the same operation, its G the
+                     second D of each head's 2D rows of q_proj (query and gate interleaved per head)
+    clip_qkv         the QKV projection's outputs clamped to [-clip, clip] before the split and the rotary
+                     (DBRX): the projection then runs unfused, the clamp in place on its output
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
     layer_windows    per layer: a sliding window in tokens, or None (full attention)
+    layer_chunks     per layer: chunked attention's chunk size C, or None: a query at position p
+                     sees keys (p // C) * C .. p, its own chunk up to itself (Llama 4's rope layers)
+    nope_temperature  (floor_scale, attn_scale): on the NoPE layers each query times
+                     log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1 at its position p, in
+                     fp32 (Llama 4's attention temperature tuning)
     rope_layers      per layer: whether it rotates q and k (SmolLM3's NoPE layers do not)
     attn_scale       query scale (Gemma: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5)
     attn_softcap     tanh soft-capping of attention scores (Gemma 2)
@@ -43,6 +56,7 @@ and runs it. What differs between the families is data, read here in one place:
     rotary_dim       a partial rotary: only that many of each head's dims rotate (Phi-4-mini, GLM)
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
+    mla              multi-head latent attention in place of Q, K, V (DeepSeek-V2 / V3: mla.py)
     tie_word_embeddings
 
 One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
@@ -64,17 +78,19 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
+from tritonformer.backend.models.mla import MlaLayer, MlaSpec, load_mla_layer
 from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup
 from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 
 # spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
 GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
-# the same for a plain (ungated) MLP's activation
-PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2", "relu": "relu"}
+# the same for a plain (ungated) MLP's activation; xielu (Apertus's xIELU, learnt scalars per layer) is no epilogue:
+# the first linear's output as it is, then kernels.xielu with the layer's scalars (_Layer.act_params)
+PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2", "relu": "relu", "xielu": "none"}
 # Hugging Face's `hidden_act` names of those -> the spec's
 HF_PLAIN_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu", "relu2": "relu2",
-                        "relu": "relu"}
+                        "relu": "relu", "xielu": "xielu"}
 
 
 def plain_activation(cfg: dict, family: str, supported: tuple[str, ...]) -> str:
@@ -106,12 +122,14 @@ class WeightNames:
     up: str = "mlp.up_proj"
     gate_up: str | None = None
     down: str = "mlp.down_proj"
+    act: str = "mlp.act_fn"  # (a learnt activation's parameters: xIELU's alpha_p, alpha_n, beta, eps)
     attn_norm: str = "input_layernorm"
     mlp_norm: str = "post_attention_layernorm"
     attn_post_norm: str | None = None
     mlp_post_norm: str | None = None
     q_norm: str = "self_attn.q_norm"
     k_norm: str = "self_attn.k_norm"
+    attn_gate: str = "self_attn.gate_proj"  # (attn_output_gate)
     sinks: str = "self_attn.sinks"
     embed: str = "embed_tokens.weight"
     positions: str = "wpe.weight"  # (learned_positions)
@@ -150,8 +168,14 @@ class DecoderSpec:
     norm_bias: bool = False
     qk_norm_full: bool = False
     qk_norm_after_rope: bool = False
+    qk_norm_layers: tuple[bool, ...] = ()  # empty: every layer has them (with qk_norm)
+    qk_norm_bias: bool = False
+    attn_output_gate: bool = False
+    clip_qkv: float | None = None  # the QKV projection's outputs clamped to [-clip_qkv, clip_qkv] (DBRX)
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
+    layer_chunks: tuple[int | None, ...] = ()  # empty: no layer's attention is chunked
+    nope_temperature: tuple[float, float] | None = None
     rope_layers: tuple[bool, ...] = ()  # empty: every layer rotates q and k
     attn_scale: float | None = None
     attn_softcap: float | None = None
@@ -166,6 +190,7 @@ class DecoderSpec:
     position_offset: int = 0
     position_rows: int | None = None
     moe: MoeSpec | None = None
+    mla: MlaSpec | None = None
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
@@ -187,24 +212,41 @@ class DecoderSpec:
             raise ValueError(f"{len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if self.rope_layers and len(self.rope_layers) != self.num_layers:
             raise ValueError(f"{len(self.rope_layers)} rope layers for {self.num_layers} layers")
+        if self.qk_norm_layers and (len(self.qk_norm_layers) != self.num_layers or not self.qk_norm):
+            raise ValueError(f"{len(self.qk_norm_layers)} q/k norm layer flags for {self.num_layers} layers (qk_norm)")
+        if self.layer_chunks and len(self.layer_chunks) != self.num_layers:
+            raise ValueError(f"{len(self.layer_chunks)} layer chunk sizes for {self.num_layers} layers")
+        if any(chunk and self.window(i) for i, chunk in enumerate(self.layer_chunks)):
+            raise ValueError("a layer's attention is chunked or has a sliding window, not both")
+        if self.mla and (self.head_dim != self.mla.qk_head_dim or self.num_kv_heads != self.num_heads
+                         or self.qk_norm or self.qkv_bias or self.parallel_block):
+            raise ValueError("latent attention (mla) caches qk_head_dim-wide heads, one KV head per query head, "
+                             "without q/k norms, QKV biases or the parallel block")
         if self.moe and len(self.moe.layers) != self.num_layers:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
-        if self.layer_norm and not (not self.qk_norm and not self.sandwich_norms and self.pre_norms
-                                    and not (self.parallel_block and self.norm_offset)):
+        if self.layer_norm and not ((not self.qk_norm or self.qk_norm_bias) and not self.sandwich_norms
+                                    and self.pre_norms and not (self.parallel_block and self.norm_offset)):
             raise ValueError("LayerNorms are supported before attention and the MLP (with biases: Starcoder2) and in "
-                             "the parallel block (with a bias or without), as w not (1 + w), without q/k or sandwich "
-                             "norms")
+                             "the parallel block (with a bias or without), as w not (1 + w), without sandwich norms "
+                             "or q/k norms but LayerNorms with biases (Persimmon's)")
         if self.norm_bias and not self.layer_norm:
             raise ValueError("norm biases need LayerNorms (layer_norm)")
         if self.qk_norm_full and not self.qk_norm:
             raise ValueError("whole-width q/k norms need qk_norm")
-        if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_full or self.rope_layers):
-            raise ValueError("q/k norms after the rotary need per-head qk_norm and the rotary on every layer")
+        if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_full):
+            raise ValueError("q/k norms after the rotary need per-head qk_norm")
+        if self.clip_qkv is not None and (self.qk_norm or self.mla):
+            raise ValueError("a clamped QKV projection (clip_qkv) is supported without q/k norms or latent attention")
+        if self.qk_norm_bias and (not self.qk_norm or self.qk_norm_full or self.qk_norm_after_rope):
+            raise ValueError("q/k LayerNorms with biases are per-head norms (qk_norm) before the rotary")
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
+
+    def chunk(self, layer: int) -> int | None:
+        return self.layer_chunks[layer] if self.layer_chunks else None
 
 
 def rope_parameters(cfg: dict) -> dict | None:
@@ -228,7 +270,7 @@ def rotary_dims(cfg: dict, head_dim: int) -> int | None:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor | None  # None in a post-norm block (and mlp_norm)
-    qkv_w: torch.Tensor | Fp8Weight
+    qkv_w: torch.Tensor | Fp8Weight | None  # None with latent attention (mla)
     qkv_b: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -244,10 +286,16 @@ class _Layer:
     local: bool  # sliding-window layer using the local rope table
     rotary: bool = True  # False: q and k are not rotated (a NoPE layer)
     moe: MoeLayer | None = None  # the layer's mixture-of-experts MLP, in place of gate_up_w / down_w
+    mla: MlaLayer | None = None  # the layer's latent attention projections, in place of qkv_w (qkv_w None)
     attn_norm_b: torch.Tensor | None = None  # LayerNorm biases (norm_bias)
     mlp_norm_b: torch.Tensor | None = None
     gate_up_b: torch.Tensor | None = None  # MLP biases (mlp_bias; down_b on one rank only)
     down_b: torch.Tensor | None = None
+    q_norm_b: torch.Tensor | None = None  # the q / k LayerNorms' biases (qk_norm_bias)
+    k_norm_b: torch.Tensor | None = None
+    attn_gate_w: torch.Tensor | None = None  # [heads * head_dim, hidden]: this rank's heads' rows (attn_output_gate)
+    chunk: int | None = None  # chunked attention's chunk size (layer_chunks)
+    act_params: torch.Tensor | None = None  # [4] fp32: xIELU's alpha_p, alpha_n, beta, eps as applied (every rank's)
 
 
 class TransformerDecoder(DecoderModel):
@@ -362,7 +410,7 @@ class TransformerDecoder(DecoderModel):
         # A partial or interleaved rotary: every layer's Q and K rows (and q/k norms) in the
         # kernels' order (rope.rotary_order), the same indices for each layer.
         order = rows_in_order = None
-        if c.rotary_interleaved or (c.rotary_dim or head) < head:
+        if not c.mla and (c.rotary_interleaved or (c.rotary_dim or head) < head):  # (MLA orders its rows itself)
             world = tp.world if tp is not None else 1
             order = rotary_order(head, c.rotary_dim or head, c.rotary_interleaved)
             rows_in_order = qkv_rows_in_rotary_order(order, head, c.num_heads // world, c.num_kv_heads // world)
@@ -376,12 +424,20 @@ class TransformerDecoder(DecoderModel):
                                      rows[:, per_group + 1].reshape(-1)])
             group_rows = (per_group + 2) * head
             head_rows = slice(kv_heads.start * group_rows, kv_heads.stop * group_rows) if tp is not None else None
+        # The output projection's columns: the query heads' (MLA's: v_head_dim per head), this rank's.
+        o_cols, o_part = q_rows, q_part
+        if c.mla:
+            v = c.mla.v_head_dim
+            o_cols, o_part = c.num_heads * v, heads_part and slice(heads_part.start * v, heads_part.stop * v)
         own_mlp_norm = not c.parallel_block or c.parallel_mlp_norm  # (one norm before both in Cohere's and Phi's)
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
-            if group_order is not None:
+            mla = load_mla_layer(c.mla, read, p, hidden, c.num_heads, heads_part) if c.mla else None
+            if mla is not None:  # (its own projections in place of Q, K, V: mla.py)
+                qkv_w = None
+            elif group_order is not None:
                 qkv_w = take_rows(w(p + n.qkv + ".weight", q_rows + 2 * kv_rows, hidden, rows=head_rows), group_order)
             elif n.qkv:
                 qkv_w = fused(p + n.qkv + ".weight", qkv_parts, q_rows + 2 * kv_rows, hidden)
@@ -397,13 +453,15 @@ class TransformerDecoder(DecoderModel):
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
                                     w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
             inter = c.intermediate_size
-            moe = gate_up_w = down_w = gate_up_b = down_b = None
+            moe = gate_up_w = down_w = gate_up_b = down_b = act_params = None
             if c.moe and c.moe.layers[i]:
                 moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part, first_rank=first_rank)
                 moe.scale_output(c.residual_scale)
             elif not c.gated_mlp:  # (its one projection in gate_up_w: the fused MLP's first linear)
                 gate_up_w = w(p + n.up + ".weight", inter, hidden, rows=mlp_part)
                 gate_up_b = w(p + n.up + ".bias", inter, rows=mlp_part) if c.mlp_bias else None
+                if c.activation == "xielu":
+                    act_params = xielu_params(state, p + n.act + ".", device)
             elif n.gate_up:
                 gate_up_w = fused(p + n.gate_up + ".weight", [(inter, mlp_part), (inter, mlp_part)], 2 * inter, hidden)
                 if c.mlp_bias:
@@ -418,14 +476,18 @@ class TransformerDecoder(DecoderModel):
                 down_w = scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale)
                 if c.mlp_bias and first_rank:  # (one rank adds it, as the output projection's)
                     down_b = scaled(w(p + n.down + ".bias", hidden), c.residual_scale)
-            q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if c.qk_norm else None
-            k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if c.qk_norm else None
+            qk_norm = c.qk_norm and (not c.qk_norm_layers or c.qk_norm_layers[i])
+            q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if qk_norm else None
+            k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if qk_norm else None
+            q_norm_b = w(p + n.q_norm + ".bias", head) if c.qk_norm_bias else None
+            k_norm_b = w(p + n.k_norm + ".bias", head) if c.qk_norm_bias else None
             if order is not None:
                 qkv_w = take_rows(qkv_w, rows_in_order)
                 qkv_b = qkv_b[rows_in_order] if qkv_b is not None else None
-                # (each head's dims of a per-head `[D]` or a whole-width `[H * D]` norm weight, as its rows)
-                q_norm = q_norm.view(-1, head)[:, order].reshape(-1) if q_norm is not None else None
-                k_norm = k_norm.view(-1, head)[:, order].reshape(-1) if k_norm is not None else None
+                # (each head's dims of a per-head `[D]` or a whole-width `[H * D]` norm weight, as its rows; a
+                # LayerNorm's bias likewise: its mean and variance do not depend on the dims' order)
+                q_norm, k_norm, q_norm_b, k_norm_b = (t.view(-1, head)[:, order].reshape(-1) if t is not None else None
+                                                      for t in (q_norm, k_norm, q_norm_b, k_norm_b))
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight") if c.pre_norms else None,
@@ -433,7 +495,7 @@ class TransformerDecoder(DecoderModel):
                 qkv_b=qkv_b,
                 q_norm=q_norm,
                 k_norm=k_norm,
-                o_w=scaled(w(p + n.o + ".weight", hidden, q_rows, cols=q_part), c.residual_scale),
+                o_w=scaled(w(p + n.o + ".weight", hidden, o_cols, cols=o_part), c.residual_scale),
                 # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
                 o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
                 sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None,
@@ -446,10 +508,17 @@ class TransformerDecoder(DecoderModel):
                 local=window is not None and self.local_cos_sin is not None,
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
+                mla=mla,
                 attn_norm_b=norm_bias(p + n.attn_norm + ".weight"),
                 mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if own_mlp_norm else None,
                 gate_up_b=gate_up_b,
                 down_b=down_b,
+                q_norm_b=q_norm_b,
+                k_norm_b=k_norm_b,
+                # (the output gate's rows are split by heads as Q's are)
+                attn_gate_w=w(p + n.attn_gate + ".weight", q_rows, hidden, rows=q_part) if c.attn_output_gate else None,
+                act_params=act_params,
+                chunk=c.chunk(i),
             ))
         self.activation = (GATED_ACTIVATIONS if c.gated_mlp else PLAIN_ACTIVATIONS)[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
@@ -533,8 +602,8 @@ class TransformerDecoder(DecoderModel):
             if self.tp is not None:  # each rank's heads' share of the projection, summed (and normed where fused)
                 h, mlp_pre = self.tp.all_reduce_then(h, mlp_pre)
             if layer.moe is None:
-                x = kernels.linear_act(kernels.linear_act(h, layer.gate_up_w, layer.gate_up_b, self.activation,
-                                                          prenorm=mlp_pre), layer.down_w, layer.down_b)
+                up = kernels.linear_act(h, layer.gate_up_w, layer.gate_up_b, self.activation, prenorm=mlp_pre)
+                x = kernels.linear_act(self._learnt_act(up, layer), layer.down_w, layer.down_b)
             else:  # the router's linear normalises the rows (mlp_pre) for itself and the experts
                 x = layer.moe(h, self.activation, mlp_pre)
             pre = None
@@ -611,11 +680,27 @@ class TransformerDecoder(DecoderModel):
         output projection's rows (this rank's partial sums under tensor parallelism). The QKV
         projection writes k and v to the cache, its q/k norms (per head, or over all heads:
         qk_norm_full) applied before the rotary; per-head norms after the rotary
-        (qk_norm_after_rope) run on the rotated heads before the cache write."""
+        (qk_norm_after_rope) run on the rotated heads before the cache write, and LayerNorms with
+        biases (qk_norm_bias) on the heads before the rotary, each a norm kernel of its own.
+
+        With attn_output_gate the attention's output o (this rank's heads) is gated per element
+        before the output projection: o * sigmoid(x_n @ G^T), x_n the normalised input rows. The
+        gate's linear runs first and writes x_n for the QKV projection (PreNorm.normed_out), so
+        the norm runs once; the gating is one element-wise kernel (kernels.sigmoid_mul)."""
         c, eps = self.config, self.config.norm_eps
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
-        if not c.qk_norm_after_rope:  # (whole-width q/k norms: their [H * D] weights say so)
+        gate = None
+        if layer.attn_gate_w is not None and pre is not None:
+            normed = torch.empty_like(x)
+            gate = kernels.linear_act(x, layer.attn_gate_w, prenorm=replace(pre, normed_out=normed))
+            x, pre = normed, None
+        elif layer.attn_gate_w is not None:
+            gate = kernels.linear_act(x, layer.attn_gate_w)
+        if layer.mla is not None:  # multi-head latent attention: its projections write the cache (mla.py)
+            q = layer.mla.to_cache(x, pre, cos, sin, cache.keys(li), cache.values(li), batch.slot_mapping)
+        elif not (c.qk_norm_after_rope or c.qk_norm_bias or c.clip_qkv is not None):  # (whole-width q/k norms: their
+            # [H * D] weights say so)
             q = kernels.prenorm_qkv_to_cache(
                 x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
@@ -623,19 +708,51 @@ class TransformerDecoder(DecoderModel):
             )
         else:
             qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b, prenorm=pre)
-            q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
-            q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
+            if c.clip_qkv is not None:  # (DBRX: every q, k, v value clamped to [-clip, clip], in place)
+                qkv = qkv.clamp_(-c.clip_qkv, c.clip_qkv)
+            if c.qk_norm_after_rope:  # (a NoPE layer: no rotary; a layer without the norms (qk_norm_layers): none)
+                heads = (c.num_heads, c.num_kv_heads, c.head_dim)
+                q, k, v = (kernels.qkv_split_rotary(qkv, None, *heads, cos, sin) if cos is not None
+                           else kernels.qkv_split(qkv, None, *heads))
+                if layer.q_norm is not None:
+                    q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
+            elif not c.qk_norm_bias and cos is not None:  # (clip_qkv, no q/k norms) split and rotated
+                q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+            elif not c.qk_norm_bias:  # (and a NoPE layer)
+                q, k, v = kernels.qkv_split(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim)
+            else:  # each head LayerNorm'd with its bias, then rotated
+                q, k, v = kernels.qkv_split(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim)
+                q = kernels.add_bias_residual_layer_norm(q.reshape(-1, c.head_dim), None, None, layer.q_norm,
+                                                         layer.q_norm_b, eps).view(q.shape)
+                k = kernels.add_bias_residual_layer_norm(k.reshape(-1, c.head_dim), None, None, layer.k_norm,
+                                                         layer.k_norm_b, eps).view(k.shape)
+                if cos is not None:
+                    q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
             kernels.write_kv(cache.keys(li), cache.values(li), k, v, batch.slot_mapping)
+        if c.nope_temperature is not None and not layer.rotary:  # q times its position's temperature, in fp32
+            floor_scale, strength = c.nope_temperature
+            t = torch.log1p(torch.floor((batch.positions.float() + 1.0) / floor_scale)) * strength + 1.0
+            q = (q.float() * t[:, None, None]).to(q.dtype)
         ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
-                              softcap=c.attn_softcap, sinks=layer.sinks)
+                              softcap=c.attn_softcap, sinks=layer.sinks, chunk=layer.chunk)
+        if gate is not None:
+            ctx = kernels.sigmoid_mul(ctx, gate)
+        if layer.mla is not None:  # (each head's values, past their zero padding)
+            ctx = layer.mla.values(ctx)
         return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w, layer.o_b)
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """The layer's MLP (dense or mixture of experts) over its input rows x."""
         if layer.moe is not None:
             return layer.moe(x, self.activation)
-        return kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, layer.gate_up_b, self.activation),
-                                  layer.down_w, layer.down_b)
+        up = kernels.linear_act(x, layer.gate_up_w, layer.gate_up_b, self.activation)
+        return kernels.linear_act(self._learnt_act(up, layer), layer.down_w, layer.down_b)
+
+    @staticmethod
+    def _learnt_act(up: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """The plain MLP's first linear's output `up` through the layer's learnt activation (xIELU: its
+        scalars read on the device, in place), or as it is where the activation was the linear's epilogue."""
+        return up if layer.act_params is None else kernels.xielu(up, layer.act_params, out=up)
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *
@@ -646,6 +763,27 @@ class TransformerDecoder(DecoderModel):
         logits = super().logits(x, fp32=False)
         logits.div_(cap).tanh_().mul_(cap)
         return logits.float() if fp32 else logits
+
+
+def xielu_params(state: dict, prefix: str, device: torch.device) -> torch.Tensor:
+    """xIELU's four scalars `[alpha_p, alpha_n, beta, eps]` in fp32 on `device` as kernels.xielu applies them,
+    from a checkpoint's `{prefix}alpha_p`, `alpha_n` (learnt: alpha_p = softplus(a_p), alpha_n = beta +
+    softplus(a_n), computed once here in fp32) and `beta`, `eps` (buffers: 0.5 and -1e-6 where a checkpoint
+    leaves them out). Whole on every tensor-parallel rank: the activation is element-wise."""
+    def scalar(name: str, default: float | None = None) -> torch.Tensor:
+        if prefix + name not in state:
+            if default is None:
+                raise KeyError(f"checkpoint is missing weight {prefix + name!r}")
+            return torch.tensor(default, dtype=torch.float32)
+        t = state[prefix + name]  # (a tensor, or a lazy one: a shape and `to`)
+        if any(size != 1 for size in t.shape):
+            raise ValueError(f"checkpoint tensor {prefix + name!r} has shape {tuple(t.shape)}, a scalar expected")
+        return t.to(device="cpu", dtype=torch.float32).reshape(())
+
+    beta, eps = scalar("beta", 0.5), scalar("eps", -1e-6)
+    alpha_p = torch.nn.functional.softplus(scalar("alpha_p"))
+    alpha_n = beta + torch.nn.functional.softplus(scalar("alpha_n"))
+    return torch.stack([alpha_p, alpha_n, beta, eps]).to(device)
 
 
 def qkv_rows_in_rotary_order(order: torch.Tensor, head_dim: int, q_heads: int, kv_heads: int) -> torch.Tensor:
