@@ -561,6 +561,17 @@ def test_max_model_len_caps_the_longest_sequence():
     torch.testing.assert_close(capped.rope_cos_sin, ours.rope_cos_sin[:100])
 
 
+def test_a_kv_cache_short_of_one_sequence_names_max_model_len():
+    """A checkpoint whose maximum length no KV cache here holds (Llama 4 Scout's 10M tokens) is a load error
+    that says how to serve it: fewer tokens a sequence (max_model_len), or a larger cache."""
+    from tritonformer.backend.decoder.kv_cache import plan_num_blocks
+
+    _, ours = _pair("llama-3.1-8b", {})  # (max_position_embeddings 256)
+    with pytest.raises(ValueError, match="less than one sequence.*256.*max_model_len"):
+        plan_num_blocks(ours, 16, "128", 0.5)
+    assert plan_num_blocks(ours, 16, "256", 0.5) == 16
+
+
 @pytest.mark.parametrize("shape", ["starcoder-15b", "opt-125m"])
 def test_max_model_len_keeps_the_rows_of_a_learnt_position_table(shape):
     """A learnt position table (GPT-BigCode's, OPT's past its offset of 2) longer than max_model_len

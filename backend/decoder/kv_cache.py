@@ -63,6 +63,7 @@ def plan_num_blocks(model, block_size: int, tokens_setting: str, memory_fraction
     if blocks < needed:
         raise ValueError(
             f"the KV cache holds {blocks * block_size} tokens, less than one sequence of the model's "
-            f"maximum length {longest}: raise kv_cache_tokens / kv_cache_memory_fraction"
+            f"maximum length {longest}: raise kv_cache_tokens / kv_cache_memory_fraction, or serve shorter "
+            f"sequences with max_model_len (Llama 4 Scout's checkpoint allows 10,485,760 tokens)"
         )
     return blocks
