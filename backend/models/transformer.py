@@ -710,18 +710,14 @@ class TransformerDecoder(DecoderModel):
             qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b, prenorm=pre)
             if c.clip_qkv is not None:  # (DBRX: every q, k, v value clamped to [-clip, clip], in place)
                 qkv = qkv.clamp_(-c.clip_qkv, c.clip_qkv)
-            if c.qk_norm_after_rope:  # (a NoPE layer: no rotary; a layer without the norms (qk_norm_layers): none)
-                heads = (c.num_heads, c.num_kv_heads, c.head_dim)
-                q, k, v = (kernels.qkv_split_rotary(qkv, None, *heads, cos, sin) if cos is not None
-                           else kernels.qkv_split(qkv, None, *heads))
-                if layer.q_norm is not None:
-                    q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
-            elif not c.qk_norm_bias and cos is not None:  # (clip_qkv, no q/k norms) split and rotated
-                q, k, v = kernels.qkv_split_rotary(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
-            elif not c.qk_norm_bias:  # (and a NoPE layer)
-                q, k, v = kernels.qkv_split(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim)
-            else:  # each head LayerNorm'd with its bias, then rotated
-                q, k, v = kernels.qkv_split(qkv, None, c.num_heads, c.num_kv_heads, c.head_dim)
+            # One split, rotated there (a NoPE layer: not at all) unless LayerNorms come first (qk_norm_bias).
+            heads = (c.num_heads, c.num_kv_heads, c.head_dim)
+            rotate_now = cos is not None and not c.qk_norm_bias
+            q, k, v = (kernels.qkv_split_rotary(qkv, None, *heads, cos, sin) if rotate_now
+                       else kernels.qkv_split(qkv, None, *heads))
+            if c.qk_norm_after_rope and layer.q_norm is not None:  # (a layer without them (qk_norm_layers): none)
+                q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
+            elif c.qk_norm_bias:  # each head LayerNorm'd with its bias, then rotated
                 q = kernels.add_bias_residual_layer_norm(q.reshape(-1, c.head_dim), None, None, layer.q_norm,
                                                          layer.q_norm_b, eps).view(q.shape)
                 k = kernels.add_bias_residual_layer_norm(k.reshape(-1, c.head_dim), None, None, layer.k_norm,
