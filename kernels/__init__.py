@@ -19,6 +19,8 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     gelu_activation,
     linear_act,
     linear_bias_gelu,
+    mla_kv_to_cache,
+    mla_latent_norms,
     moe_mlp,
     qkv_split,
     qkv_split_rotary,

@@ -32,7 +32,8 @@ def triton_kernels_enabled() -> bool:
 # Modules holding the Triton-language kernels; imported on the first CUDA call only, so the
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
-                   "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe")
+                   "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
+                   "triton_mla")
 _loaded = False
 
 
@@ -94,6 +95,8 @@ qkv_split_rotary = _dispatched("qkv_split_rotary")
 varlen_attention = _dispatched("varlen_attention")
 paged_attention = _dispatched("paged_attention")
 write_kv = _dispatched("write_kv")
+mla_latent_norms = _dispatched("mla_latent_norms")
+mla_kv_to_cache = _dispatched("mla_kv_to_cache")
 qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin

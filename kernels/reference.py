@@ -316,6 +316,38 @@ def rotary_in_place(
     return x.copy_(apply_rotary(x, cos, sin))
 
 
+def mla_latent_norms(a: torch.Tensor, q_width: int, q_norm: torch.Tensor | None, kv_norm: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Latent attention's two RMSNorms (models/mla.py) on the rows of its first projection's
+    output `a` `[T, >= q_width + kv_width]`: the query latent a[:, :q_width] by q_norm and the
+    key-value latent a[:, q_width : q_width + kv_width] by kv_norm (`[kv_width]`). With q_norm
+    None (queries straight from q_proj, no latent) only the latter, q returned as None. Both as
+    contiguous rows, each rounded once as rms_norm rounds it."""
+    kv_width = kv_norm.shape[0]
+    kv = rms_norm(a[:, q_width : q_width + kv_width].contiguous(), kv_norm, eps)[0]
+    q = rms_norm(a[:, :q_width].contiguous(), q_norm, eps)[0] if q_norm is not None else None
+    return q, kv
+
+
+def mla_kv_to_cache(kv: torch.Tensor, k_pe: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Latent attention's keys and values into a paged cache of D-wide heads (models/mla.py):
+    from kv `[T, H, nope + v]` (kv_b's output: each head's key dims without the rotary, then its
+    values) and k_pe `[T, r]` (the rotary key all heads share; rows may be strided), head h of
+    token t stores the key [rotary(k_pe[t]); kv[t, h, :nope]] with nope = D - r, and the value
+    kv[t, h, nope:] padded with zeros to D. cos / sin `[T, r / 2]` (None: no rotary) rotate
+    halves as apply_rotary does, rounded once."""
+    t, heads = kv.shape[:2]
+    d, r = k_cache.shape[-1], k_pe.shape[1]
+    nope = d - r
+    pe = k_pe.reshape(t, 1, r)
+    if cos is not None:
+        pe = apply_rotary(pe, cos, sin)
+    k = torch.cat([pe.expand(t, heads, r), kv[:, :, :nope]], dim=2)
+    v = F.pad(kv[:, :, nope:], (0, d - (kv.shape[2] - nope)))
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
 def qkv_split(
     qkv: torch.Tensor,
     bias: torch.Tensor | None,

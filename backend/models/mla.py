@@ -139,22 +139,15 @@ class MlaLayer:
         s = self.spec
         t, heads, d, r, nope = x.shape[0], self.heads, s.qk_head_dim, s.qk_rope_head_dim, s.qk_nope_head_dim
         a = kernels.linear_act(x, self.a_w, self.a_b, prenorm=prenorm)
-        q_in, kv_in, k_pe = a.split([a.shape[1] - s.kv_lora_rank - r, s.kv_lora_rank, r], dim=1)
-        if self.q_b_w is None:
-            q = q_in.contiguous()
-        else:
-            q = kernels.linear_act(kernels.rms_norm(q_in.contiguous(), self.q_norm, s.norm_eps)[0], self.q_b_w)
+        q_width = a.shape[1] - s.kv_lora_rank - r  # [q latent (or queries); kv latent; k_pe]
+        q_latent, kv_latent = kernels.mla_latent_norms(a, q_width, self.q_norm, self.kv_norm, s.norm_eps)
+        q = a[:, :q_width].contiguous() if self.q_b_w is None else kernels.linear_act(q_latent, self.q_b_w)
         q = q.view(t, heads, d)
-        kv = kernels.linear_act(kernels.rms_norm(kv_in.contiguous(), self.kv_norm, s.norm_eps)[0], self.kv_b_w)
-        kv = kv.view(t, heads, nope + s.v_head_dim)
-        k_pe = k_pe.contiguous().view(t, 1, r)
+        kv = kernels.linear_act(kv_latent, self.kv_b_w).view(t, heads, nope + s.v_head_dim)
         if cos is not None:
             cos, sin = cos[:, : r // 2], sin[:, : r // 2]
             kernels.rotary_in_place(q[:, :, :r], cos, sin)
-            kernels.rotary_in_place(k_pe, cos, sin)
-        k = torch.cat([k_pe.expand(t, heads, r), kv[:, :, :nope]], dim=2)
-        v = torch.nn.functional.pad(kv[:, :, nope:], (0, d - s.v_head_dim))
-        kernels.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        kernels.mla_kv_to_cache(kv, a[:, a.shape[1] - r :], cos, sin, k_cache, v_cache, slot_mapping)
         return q
 
     def values(self, ctx: torch.Tensor) -> torch.Tensor:
