@@ -33,7 +33,7 @@ def triton_kernels_enabled() -> bool:
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
                    "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
-                   "triton_mla")
+                   "triton_mla", "triton_recurrent")
 _loaded = False
 
 
@@ -97,6 +97,11 @@ paged_attention = _dispatched("paged_attention")
 write_kv = _dispatched("write_kv")
 mla_latent_norms = _dispatched("mla_latent_norms")
 mla_kv_to_cache = _dispatched("mla_kv_to_cache")
+conv1d_decode = _dispatched("conv1d_decode")
+gated_delta_decode = _dispatched("gated_delta_decode")
+gated_rms_norm = _dispatched("gated_rms_norm")
+ssd_decode = _dispatched("ssd_decode")
+mamba_gated_norm = _dispatched("mamba_gated_norm")
 qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin

@@ -348,6 +348,120 @@ def mla_kv_to_cache(kv: torch.Tensor, k_pe: torch.Tensor, cos: torch.Tensor | No
     write_kv(k_cache, v_cache, k, v, slot_mapping)
 
 
+def conv1d_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor,
+                  slots: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+    """One step of a depthwise causal convolution per row (hybrid models' short convolutions,
+    models/mixers.py): row i `x[i]` `[C]` of the sequence holding state slot `slots[i]` sees the
+    window [its last K - 1 inputs (`conv_state[slots[i]]`, `[C, K - 1]`, oldest first); x[i]];
+    returns sum(window * weight, taps) (+ bias) through `activation` (None or "silu") in fp32,
+    rounded once to x's dtype, and shifts x[i] into the state (fp32, in place).
+    weight `[C, K]`, bias `[C]` or None, conv_state `[slots, C, K - 1]` fp32."""
+    held = conv_state.index_select(0, slots)
+    window = torch.cat([held, x[:, :, None].float()], dim=2)
+    y = (window * weight.float()).sum(-1)
+    if bias is not None:
+        y = y + bias.float()
+    if activation == "silu":
+        y = F.silu(y)
+    elif activation is not None:
+        raise ValueError(f"unsupported convolution activation {activation!r} (supported: silu)")
+    conv_state.index_copy_(0, slots, window[:, :, 1:])
+    return y.to(x.dtype)
+
+
+def gated_delta_inputs(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor,
+                       dt_bias: torch.Tensor, num_k_heads: int, head_k_dim: int) -> tuple[torch.Tensor, ...]:
+    """A gated DeltaNet layer's per-token rule inputs (models/gated_deltanet.py), all fp32: from the
+    convolved rows mixed `[T, 2 key_dim + value_dim]` ([q; k; v], the model's dtype) and the gate
+    logits b, a `[T, Hv]`: q and k per value head `[T, Hv, K]` (L2-normalised with eps 1e-6, q times
+    K ** -0.5; key head j serves value heads j * Hv / Hk ..), v `[T, Hv, V]`, g = neg_a * softplus(a +
+    dt_bias) and beta = sigmoid(b) rounded to b's dtype (Hugging Face takes it there), `[T, Hv]`."""
+    rows, nv = b.shape
+    kd = num_k_heads * head_k_dim
+
+    def l2(t: torch.Tensor) -> torch.Tensor:
+        t = t.reshape(rows, num_k_heads, head_k_dim).float()
+        t = t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+        return t[:, :, None].expand(rows, num_k_heads, nv // num_k_heads, head_k_dim).reshape(rows, nv, head_k_dim)
+
+    q, k = l2(mixed[:, :kd]) * head_k_dim ** -0.5, l2(mixed[:, kd : 2 * kd])
+    v = mixed[:, 2 * kd :].reshape(rows, nv, (mixed.shape[1] - 2 * kd) // nv).float()
+    g = neg_a * F.softplus(a.float() + dt_bias)
+    return q, k, v, g, torch.sigmoid(b).float()
+
+
+def gated_delta_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule for B sequences at once, all fp32: state `[B, H, K, V]`, q and k
+    `[B, H, K]`, v `[B, H, V]`, g and beta `[B, H]`. S' = e^g S; u = beta (v - S'^T k); S = S' + k u^T;
+    o = S^T q. Returns (o `[B, H, V]`, the new state)."""
+    state = state * g.exp()[..., None, None]
+    predicted = torch.einsum("bhkv,bhk->bhv", state, k)
+    update = (v - predicted) * beta[..., None]
+    state = state + k[..., :, None] * update[..., None, :]
+    return torch.einsum("bhkv,bhk->bhv", state, q), state
+
+
+def gated_delta_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor,
+                       dt_bias: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                       num_k_heads: int) -> torch.Tensor:
+    """One decode step of a gated DeltaNet layer per row: the rule's inputs from its convolved row
+    (gated_delta_inputs), one step of the rule on the state at its slot (`state` `[slots, Hv, K, V]`
+    fp32, updated in place), the output `[rows, Hv, V]` rounded to mixed's dtype."""
+    q, k, v, g, beta = gated_delta_inputs(mixed, b, a, neg_a, dt_bias, num_k_heads, state.shape[2])
+    out, new = gated_delta_step(state.index_select(0, slots), q, k, v, g, beta)
+    state.index_copy_(0, slots, new)
+    return out.to(mixed.dtype)
+
+
+def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gated DeltaNet's output norm: per head (o `[T, H, V]`), RMSNorm(o) rounded to o's dtype, times
+    weight `[V]` (rounded), times silu(z) (z `[T, H * V]`, fp32), rounded once: Hugging Face's order."""
+    of = o.float()
+    normed = (of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)).to(o.dtype) * weight
+    return (normed.float() * F.silu(z.reshape(o.shape).float())).to(o.dtype)
+
+
+def ssd_decode(xbc: torch.Tensor, dt: torch.Tensor, dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor,
+               state: torch.Tensor, slots: torch.Tensor, num_groups: int,
+               dt_limit: tuple[float, float] = (0.0, float("inf"))) -> torch.Tensor:
+    """One decode step of a Mamba-2 layer per row (models/mamba2.py): from its convolved row xbc
+    `[rows, H * P + 2 G * N]` ([x; B; C], the model's dtype) and its raw dt `[rows, H]`, with
+    dt = clamp(softplus(dt + dt_bias), dt_limit) in the model's dtype (as Hugging Face computes it),
+    the state S `[H, P, N]` at its slot (`state` `[slots, H, P, N]` fp32, updated in place):
+    S = exp(dt A) S + dt x B^T (B, C of the head's group: H / G consecutive heads share one), and
+    y = S C + D x, returned fp32 `[rows, H, P]`. A, D `[H]` fp32."""
+    rows, heads = dt.shape
+    p, n = state.shape[2], state.shape[3]
+    inner = heads * p
+    dt = F.softplus(dt + dt_bias).clamp(*dt_limit).float()
+    x = xbc[:, :inner].float().view(rows, heads, p)
+
+    def per_head(t: torch.Tensor) -> torch.Tensor:
+        return t.float().view(rows, num_groups, 1, n).expand(rows, num_groups, heads // num_groups, n).reshape(
+            rows, heads, n)
+
+    b, c = per_head(xbc[:, inner : inner + num_groups * n]), per_head(xbc[:, inner + num_groups * n :])
+    new = (state.index_select(0, slots) * torch.exp(dt * A)[:, :, None, None]
+           + (dt[:, :, None] * x)[..., None] * b[:, :, None, :])
+    state.index_copy_(0, slots, new)
+    return torch.einsum("rhpn,rhn->rhp", new, c) + D[:, None] * x
+
+
+def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | None, num_groups: int, eps: float,
+                     order: str = "gated") -> torch.Tensor:
+    """Mamba-2's output norm over rows y `[T, I]` (fp32) with the gate silu(z) (z `[T, I]`, the model's
+    dtype), in fp32, rounded once to z's dtype: "gated" RMSNorm(y * silu(z)) per group of I / G values
+    times weight (Mamba-2's, Granite's, Bamba's); "before_gate" RMSNorm(y) * weight * silu(z) (Falcon-H1's
+    default); "none" y * silu(z)."""
+    gate = F.silu(z.float())
+    if order == "none":
+        return (y * gate).to(z.dtype)
+    g = (y * gate if order == "gated" else y).view(y.shape[0], num_groups, y.shape[1] // num_groups)
+    g = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(y.shape) * weight
+    return (g if order == "gated" else g * gate).to(z.dtype)
+
+
 def qkv_split(
     qkv: torch.Tensor,
     bias: torch.Tensor | None,
