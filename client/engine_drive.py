@@ -137,10 +137,11 @@ def timed_decode_steps(engine, steps: int) -> tuple[float, np.ndarray]:
 
 def decode_entries(engine) -> list:
     """The running sequences' current decode iteration as runner entries; running them again
-    rewrites the same cache slots with the same values, so they can be replayed for timing."""
+    rewrites the same cache slots with the same values, so they can be replayed for timing (a
+    hybrid model's recurrent state moves on each time: the timing is the same)."""
     from tritonformer.backend.decoder.batch import BatchEntry
 
-    return [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True)
+    return [BatchEntry(s.tokens(s.num_computed - 1, 1), s.num_computed - 1, s.block_table, True, s.state_slot)
             for s in engine.scheduler.running]
 
 

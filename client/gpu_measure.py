@@ -48,6 +48,9 @@ def read_bytes_per_step(model, rows: int | None = 1) -> int:
         for value in vars(layer).values():
             if hasattr(value, "read_bytes"):  # a MoE layer
                 total += int(value.read_bytes(rows))
+            elif hasattr(value, "state_shapes"):  # a recurrent mixer (models/mixers.py): all its tensors
+                for t in vars(value).values():
+                    add(t)
             else:
                 add(value)
     add(model.final_norm)
@@ -80,14 +83,18 @@ def matmul_peak_tflops(dtype) -> float:
 def prefill_flops(model, tokens: int) -> float:
     """Matmul FLOPs of one causal prefill: 2 per weight per token through the layers (of a MoE
     layer, the weights a token is routed through) and the head (one row of logits), plus QK^T and
-    PV over the causal triangle."""
+    PV over the causal triangle (a hybrid model's recurrent mixers: their projections only)."""
+    import torch
+
     c = model.config
     layer_weights = sum(t.numel() for layer in model.layers for t in (layer.qkv_w, layer.o_w, layer.gate_up_w,
                                                                        layer.down_w, layer.attn_gate_w)
                         if t is not None)
     layer_weights += sum(layer.moe.active_params() for layer in model.layers if getattr(layer, "moe", None))
     layer_weights += sum(layer.mla.params() for layer in model.layers if getattr(layer, "mla", None))  # (latent)
-    attention = 2 * 2 * c.num_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
+    layer_weights += sum(t.numel() for layer in model.layers if getattr(layer, "mixer", None) is not None
+                         for t in vars(layer.mixer).values() if isinstance(t, torch.Tensor) and t.dim() == 2)
+    attention = 2 * 2 * model.num_kv_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
     return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
 
 

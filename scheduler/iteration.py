@@ -36,6 +36,12 @@ prompt block is offered to later requests once an iteration has computed it (`co
 blocks nobody holds stay in the pool as free-but-reusable until grown sequences evict them, so
 admission and preemption count them as free.
 
+Recurrent state (hybrid models: linear attention, Mamba, short convolutions; backend/decoder/
+state_cache.py): each running sequence also holds one of `max_running` state slots, taken when
+it joins and given back when it leaves or is preempted (it recomputes from its first token).
+Such a state sums the whole prefix, so a sequence cannot start from blocks computed by another:
+neither prefix caching nor forks that share their leader's prompt blocks apply.
+
 Pure Python: the engine supplies the sequences and runs the model; this module only decides.
 """
 from __future__ import annotations
@@ -60,6 +66,7 @@ class DecoderWork(Protocol):
     prompt_ids: list[int]  # read only with prefix caching: its full blocks are what is matched and cached
     one_step: bool  # its next sample needs its previous token on the host: never in a round of several,
     host_pending: bool  # and (read only where one_step) not scheduled while that token is on its way
+    state_slot: int  # with recurrent_state: its slot while running (-1 otherwise); the scheduler sets it
 
 
 class SequenceTooLong(OutOfBlocks):
@@ -131,6 +138,7 @@ class IterationScheduler:
         max_seq_len: int | None = None,
         max_decode_steps: int = 1,
         prefix_caching: bool = False,
+        recurrent_state: bool = False,
     ):
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -142,6 +150,9 @@ class IterationScheduler:
             raise ValueError(
                 f"max_tokens_per_iteration ({max_tokens_per_iteration}) must be >= max_running ({max_running})"
             )
+        if recurrent_state and prefix_caching:
+            raise ValueError("prefix caching does not apply to a model with recurrent state (its state sums the "
+                             "whole prefix): set prefix_caching false")
         if max_seq_len is not None and blocks.blocks_for(max_seq_len) > blocks.num_blocks:
             # The oldest sequence must always be able to grow by preempting all the others;
             # one that cannot fit even alone would never finish.
@@ -159,6 +170,8 @@ class IterationScheduler:
         self.prefix_cache = PrefixCache(blocks) if prefix_caching else None
         # id(leader) -> (leader, forks, shared tokens): forks waiting for the leader's prompt.
         self._forking: dict[int, tuple[Any, list, int]] = {}
+        # With recurrent state: the state slots no running sequence holds (None: no such state).
+        self.free_state_slots: list[int] | None = list(range(max_running - 1, -1, -1)) if recurrent_state else None
 
     def add(self, seq: DecoderWork) -> None:
         if self.max_seq_len is not None and seq.num_tokens > self.max_seq_len:
@@ -170,6 +183,8 @@ class IterationScheduler:
         first tokens): they join once the leader has computed the prompt's full blocks, sharing
         them (see the module docstring). Call after `add(leader)`."""
         shared = prompt_tokens // self.blocks.block_size * self.blocks.block_size
+        if self.free_state_slots is not None:  # (a fork's state cannot start where its leader's is)
+            shared = 0
         if prompt_tokens - shared == 0 and shared:
             shared -= self.blocks.block_size  # the last prompt token must run: it gives the first sample
         if shared <= 0:  # no full block to share: they are sequences of their own
@@ -264,6 +279,7 @@ class IterationScheduler:
                     continue
                 raise SequenceTooLong(seq, num_tokens)
             victim = self.running.pop()
+            self._leave(victim)
             self.blocks.free(victim.block_table)
             victim.num_computed = 0  # its KV is gone: recompute everything when it rejoins
             if self.prefix_cache is not None:  # (its prompt blocks stay cached: it may find them again)
@@ -276,6 +292,12 @@ class IterationScheduler:
             if victim is seq:
                 return False
         return True
+
+    def _leave(self, seq: Any) -> None:
+        """`seq` leaves the running batch: its state slot (if any) is free again."""
+        if self.free_state_slots is not None:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = -1
 
     def _unshare_waiting(self) -> bool:
         """Waiting forks drop the shared prompt blocks they hold (to recompute them later), so a
@@ -315,6 +337,8 @@ class IterationScheduler:
                 it.cache_lookups.append(cache.admit(seq, cached))
             self.blocks.grow(seq.block_table, seq.num_computed + num_new)
             self.running.append(seq)
+            if self.free_state_slots is not None:
+                seq.state_slot = self.free_state_slots.pop()
             it.admitted.append(seq)
             it._add(seq, num_new)
             budget -= num_new
@@ -336,6 +360,8 @@ class IterationScheduler:
     def finish(self, seq: Any) -> None:
         """Remove a sequence that finished, failed or was cancelled, and free its blocks now."""
         # By identity: the engine's sequences may be dataclasses that compare equal by value.
+        if any(s is seq for s in self.running):
+            self._leave(seq)
         self.running = [s for s in self.running if s is not seq]
         self.waiting = deque(s for s in self.waiting if s is not seq)
         self.blocks.free(seq.block_table)

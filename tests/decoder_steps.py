@@ -13,9 +13,11 @@ class PagedSteps:
     def __init__(self, model, num_blocks: int = 128, block_size: int = 4):
         self.model = model
         self.cache = model.new_kv_cache(num_blocks, block_size)
+        self.cache.state = model.new_state_cache(8)  # (a hybrid model's recurrent state: a slot per sequence)
         self.blocks = BlockManager(num_blocks, block_size)
         self.tables: dict = {}
         self.lengths: dict = {}
+        self.slots: dict = {}
 
     def step(self, work: list[tuple[object, list[int]]]) -> torch.Tensor:
         """work: (sequence key, its new tokens) pairs. Returns each pair's last-token logits,
@@ -27,7 +29,12 @@ class PagedSteps:
             table = self.tables.setdefault(key, [])
             start = self.lengths.get(key, 0)
             self.blocks.grow(table, start + len(tokens))
-            entries.append(BatchEntry(list(tokens), start, table, True))
+            slot = -1
+            if self.cache.state is not None:
+                slot = self.slots.setdefault(key, len(self.slots))
+                if start == 0:  # (what the runner does before a sequence's first token)
+                    self.cache.state.reset([slot])
+            entries.append(BatchEntry(list(tokens), start, table, True, slot))
         logits = self.model.forward(build_batch(entries, self.cache.block_size, self.model.device), self.cache)
         for key, tokens in work:
             self.lengths[key] = self.lengths.get(key, 0) + len(tokens)

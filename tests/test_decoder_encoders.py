@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonformer import kernels
+from tritonformer.backend.models import decoder_encoder
 from tritonformer.backend.models.encoder import load_encoder
 from tritonformer.client.model_shapes import shrunk
 
@@ -151,6 +152,10 @@ def test_what_cannot_be_an_encoder_is_refused():
     bidirectional = {**shrunk("gemma-3-1b"), "model_type": "gemma3_text", "use_bidirectional_attention": True}
     with pytest.raises(ValueError, match="bidirectional attention is not supported"):
         load_encoder(bidirectional, {}, CPU, torch.float32)
+    with pytest.raises(ValueError, match="unsupported encoder model_type 'lfm2'"):  # (a recurrent state per sequence)
+        load_encoder(shrunk("lfm2-1.2b"), {}, CPU, torch.float32)
+    with pytest.raises(ValueError, match="recurrent layers and is not supported as an encoder"):  # (if it were listed)
+        decoder_encoder.from_hf(shrunk("lfm2-1.2b"))
 
 
 # --- through a real tritonserver -------------------------------------------------------------

@@ -14,13 +14,21 @@ from .mxfp4 import dequantize_mxfp4, mxfp4_pairs
 _STRIP_PREFIXES = ("bert.", "roberta.", "model.", "transformer.", "gpt_neox.", "biogpt.")
 
 
+def _special_float(obj: dict):
+    """transformers writes a non-finite float as {"__float__": "Infinity"} (JSON has no inf): the float
+    (Mamba-2's `time_step_limit` is (0.0, inf) by default)."""
+    if obj.keys() == {"__float__"}:
+        return float(obj["__float__"])
+    return obj
+
+
 def load_config(checkpoint: Path) -> dict:
     """config.json, with the end-of-sequence ids of generation_config.json added to its own
     (instruction-tuned checkpoints often list their end-of-turn token only there)."""
     path = Path(checkpoint) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint folder {checkpoint} has no config.json")
-    config = json.loads(path.read_text())
+    config = json.loads(path.read_text(), object_hook=_special_float)
     generation = Path(checkpoint) / "generation_config.json"
     if generation.is_file():
         extra = _ids(json.loads(generation.read_text()).get("eos_token_id"))

@@ -26,6 +26,7 @@ class BatchEntry:
     start: int  # position of tokens[0] (= tokens already cached)
     block_table: list[int]  # the sequence's KV blocks, covering start + len(tokens)
     sample: bool  # whether the logits of its last token are needed
+    state_slot: int = -1  # its recurrent state's slot (hybrid models, decoder/state_cache.py; -1: none)
 
 
 @dataclass
@@ -46,6 +47,11 @@ class DecoderBatch:
     # logits_index is every row in order (a decode-only iteration): the models skip its gather,
     # one launch less per iteration.
     logits_every_row: bool = False
+    # Recurrent state (hybrid models, decoder/state_cache.py): each sequence's slot, decode rows
+    # first (row i is sequence i), then the prompt chunks; and those chunks' row counts on the
+    # host (their rows follow the decode rows in this order). None for a model without state.
+    state_slots: torch.Tensor | None = None  # [S] int64
+    prefill_lens: tuple[int, ...] = ()
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, scale: float | None = None,
                   window: int | None = None, softcap: float | None = None,
@@ -79,7 +85,7 @@ def _tables(entries: list[BatchEntry], width: int) -> np.ndarray:
     return out
 
 
-_LONG_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index")
+_LONG_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index", "state_slots")
 
 
 class _Packer:
@@ -131,6 +137,8 @@ def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device
     longs, ints = _Packer(np.int64), _Packer(np.int32)
     where = {"input_ids": longs.add(ids), "positions": longs.add(positions), "slot_mapping": longs.add(slots),
              "logits_index": longs.add(logits_rows)}
+    if entries and entries[0].state_slot >= 0:  # (a model with recurrent state: every entry holds a slot)
+        where["state_slots"] = longs.add([e.state_slot for e in entries])
     shapes = {}
     for group, name in ((decode, "decode"), (prefill, "prefill")):
         if group:
@@ -145,7 +153,8 @@ def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device
         fields[name] = fields[name].view(shape)
     # Each entry samples at most its last row, so as many sampled rows as rows means each
     # entry is one token that samples: logits_index = 0..T-1.
-    return DecoderBatch(num_decode=num_decode, prefill_max_q=max((len(e.tokens) for e in prefill), default=0),
+    lens = tuple(len(e.tokens) for e in prefill)
+    return DecoderBatch(num_decode=num_decode, prefill_max_q=max(lens, default=0), prefill_lens=lens,
                         logits_every_row=len(logits_rows) == len(ids), **fields)
 
 

@@ -79,14 +79,18 @@ def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: En
     other ranks of a tensor-parallel `model` (backend/parallel/workers.py: `start_ranks`), which
     then build their runners with the KV cache sized here and mirror every runner call."""
     o = options
+    # A hybrid model's recurrent state, one slot per running sequence: taken before the KV cache
+    # is sized from the memory left. Prefix caching does not apply to it (scheduler/iteration.py).
+    state = model.new_state_cache(o.max_running_sequences)
     num_blocks = plan_num_blocks(model, o.kv_block_size, o.kv_cache_tokens, o.kv_cache_memory_fraction)
     scheduler = IterationScheduler(
         BlockManager(num_blocks, o.kv_block_size), o.max_running_sequences, o.max_tokens_per_iteration,
         max_seq_len=model.config.max_position_embeddings, max_decode_steps=o.max_decode_steps,
-        prefix_caching=o.prefix_caching,
+        prefix_caching=o.prefix_caching and state is None, recurrent_state=state is not None,
     )
-    runner = DecoderRunner(model, model.new_kv_cache(num_blocks, o.kv_block_size), o.max_running_sequences,
-                           o.cuda_graphs)
+    cache = model.new_kv_cache(num_blocks, o.kv_block_size)
+    cache.state = state
+    runner = DecoderRunner(model, cache, o.max_running_sequences, o.cuda_graphs)
     if workers is not None:
         from tritonformer.backend.parallel.workers import ParallelRunner
 

@@ -82,6 +82,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)  # its KV blocks (the scheduler's)
+    state_slot: int = -1  # its recurrent state's slot while running, in a hybrid model (the scheduler's)
     num_computed: int = 0  # tokens whose keys/values are in the cache
     finish_reason: str | None = None
     scheduled_at: float | None = None  # when its first prompt token was first scheduled
@@ -268,7 +269,8 @@ class GeneratorEngine(EngineLoop):
 
     def _launch(self, it: Iteration) -> _Launched | None:
         work = it.all()
-        entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples) for w in work]
+        entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples, w.seq.state_slot)
+                   for w in work]
         sampling = [w for w in work if w.samples]
         params, keys = [w.seq.params for w in sampling], [w.seq.key for w in sampling]
         try:

@@ -97,13 +97,16 @@ class DecodeGraphs:
 
     def _capture(self, b: int):
         dev = self.model.device
-        inputs = DecodeInputs(b, self.width, self.cache.block_size, self.cache.scratch_slot, dev)
+        state = self.cache.state
+        inputs = DecodeInputs(b, self.width, self.cache.block_size, self.cache.scratch_slot, dev,
+                              scratch_state=state.scratch_slot if state is not None else -1)
         batch = DecoderBatch(
             input_ids=inputs.input_ids, positions=inputs.positions, slot_mapping=inputs.slot_mapping,
             logits_index=torch.arange(b, device=dev), logits_every_row=True, num_decode=b,
             decode_tables=inputs.tables, decode_seqlens=inputs.seqlens,
             decode_cu_q=torch.arange(b + 1, dtype=torch.int32, device=dev),
             decode_splits=key_splits(b, self.model.config.num_kv_heads, sm_count(dev)),
+            state_slots=inputs.state_slots if state is not None else None,
         )
         greedy_ids = self.last_ids[:b]
 

@@ -20,6 +20,9 @@ class PagedKVCache:
         self.data = torch.empty(
             (num_layers, 2, num_blocks + 1, block_size, num_kv_heads, head_dim), device=device, dtype=dtype
         )
+        # A hybrid model's per-sequence recurrent state (decoder/state_cache.py), beside the KV of
+        # its attention layers: what its forward reads with the cache. None for other models.
+        self.state = None
 
     @property
     def scratch_slot(self) -> int:

@@ -117,10 +117,12 @@ class DecoderRunner:
         of the pool, which no sequence holds yet."""
         bs = self.cache.block_size
         longest = self.model.config.max_position_embeddings - 1
+        slot = self.cache.state.scratch_slot if self.cache.state is not None else -1  # (a state no sequence holds)
         for n in (2, 20, 40, 100, 600):
             n = min(n, longest)
-            self.run([BatchEntry([0] * n, 0, list(range(-(-n // bs))), True)])
-        self.run([BatchEntry([0], 1, [0], True), BatchEntry([0] * 20, 0, list(range(1, 1 + -(-20 // bs))), True)])
+            self.run([BatchEntry([0] * n, 0, list(range(-(-n // bs))), True, slot)])
+        self.run([BatchEntry([0], 1, [0], True, slot),
+                  BatchEntry([0] * 20, 0, list(range(1, 1 + -(-20 // bs))), True, slot)])
         if self.graphs is not None:
             self.graphs.warm_up()
 
@@ -128,6 +130,7 @@ class DecoderRunner:
     def run(self, entries: list[BatchEntry]) -> Forward:
         """Launch the forward of `entries` (one logits row per entry with `sample`). Token ids
         may be `fed_token(row)`s of the last iteration's samples."""
+        self._reset_states(entries)
         if self.graphs is not None and all(len(e.tokens) == 1 and e.sample for e in entries):
             if self.graphs.bucket(len(entries)) is not None:
                 return Forward(*self.graphs.run(entries))
@@ -155,6 +158,7 @@ class DecoderRunner:
         n, rounds = len(entries), max(steps)
         if rounds > MAX_DECODE_STEPS:
             raise ValueError(f"{rounds} iterations in a round; at most {MAX_DECODE_STEPS}")
+        self._reset_states(entries)
         greedy = all(p.greedy for p in params)
         if self.graphs is not None and self.graphs.bucket(n) is not None:
             replay, logits, greedy_ids = self.graphs.load(entries, steps)
@@ -172,13 +176,21 @@ class DecoderRunner:
         for j in range(rounds):
             live = [r for r in range(n) if steps[r] > j]
             now = [BatchEntry(entries[r].tokens if j == 0 else [fed_token(r)], entries[r].start + j,
-                              entries[r].block_table, True) for r in live]
+                              entries[r].block_table, True, entries[r].state_slot) for r in live]
             forward = self.run(now)
             ids = self._sample_ids(forward.logits[: len(live)], sampler, [params[r] for r in live], [keys[r] for r in live])
             rows = torch.tensor(live, device=self.model.device)
             self.last_ids.index_copy_(0, rows, ids)
             out[j].index_copy_(0, rows, ids)
         return self._start_copy(out, n)
+
+    def _reset_states(self, entries: list[BatchEntry]) -> None:
+        """Zero the recurrent state of the sequences whose first token runs now (new ones, and
+        preempted ones that recompute), before their forward (decoder/state_cache.py)."""
+        if self.cache.state is not None:
+            fresh = [e.state_slot for e in entries if e.start == 0]
+            if fresh:
+                self.cache.state.reset(fresh)
 
     def _sample_into_last(self, logits: torch.Tensor, sampler: Sampler, params: list[SamplingParams],
                           keys: list[int]) -> torch.Tensor:

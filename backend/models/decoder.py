@@ -13,6 +13,7 @@ import torch
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.decoder.state_cache import StateCache
 from tritonformer.backend.checkpoints.weights import weight_getter
 
 
@@ -26,6 +27,7 @@ class DecoderModel:
         self.weight = weight_getter(state, device, dtype)
         self.tp = None  # a TensorParallelGroup where the model is one rank's share
         self.output_head_b = None  # the output head's bias, where the family has one
+        self.num_kv_layers = config.num_layers  # layers with keys and values in the cache (a hybrid's attending ones)
 
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
         """See `logits` for `fp32_logits`."""
@@ -59,11 +61,17 @@ class DecoderModel:
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         c = self.config
-        return PagedKVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype)
+        return PagedKVCache(self.num_kv_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device,
+                            self.dtype)
+
+    def new_state_cache(self, num_slots: int) -> StateCache | None:
+        """A hybrid model's per-sequence recurrent state (decoder/state_cache.py), `num_slots`
+        sequences' worth; None for a model whose layers all attend."""
+        return None
 
     def kv_bytes_per_token(self) -> int:
         c = self.config
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * self.num_kv_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
 
 
 def eos_ids(cfg: dict) -> tuple[int, ...]:
@@ -94,6 +102,11 @@ DECODER_FAMILIES = {
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2_moe",
     "qwen3_moe": "qwen3_moe",
+    "qwen3_next": "qwen3_next",  # (hybrids: gated DeltaNet layers beside full attention)
+    "qwen3_5": "qwen3_5",  # (Qwen3.5's multimodal checkpoints: the text model, text in and out)
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5",
     # (multimodal Qwen-VL checkpoints and their text models' own types: the text model, text in and out)
     "qwen2_vl": "qwen_vl",
     "qwen2_vl_text": "qwen_vl",
@@ -116,6 +129,10 @@ DECODER_FAMILIES = {
     "granite_swa": "granite_swa",
     "hyperclovax": "hyperclovax",
     "granitemoe_swa": "granite_swa",
+    "granitemoehybrid": "granitemoehybrid",
+    "bamba": "bamba",
+    "nemotron_h": "nemotron_h",
+    "falcon_h1": "falcon_h1",
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",
@@ -156,6 +173,8 @@ DECODER_FAMILIES = {
     "apertus": "apertus",
     "arcee": "arcee",
     "afmoe": "afmoe",
+    "lfm2": "lfm2",
+    "lfm2_moe": "lfm2_moe",
     "jais2": "jais2",
     "phi": "phi",
     "persimmon": "persimmon",
@@ -187,9 +206,9 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     family_config = family.from_hf(config)
     if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and (
             not hasattr(family_config, "names") or getattr(family_config, "moe", None)
-            or getattr(family_config, "mla", None)):
+            or getattr(family_config, "mla", None) or getattr(family_config, "mixers", None)):
         raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the dense families "
-                         f"built on the shared decoder, transformer.py, without latent attention)")
+                         f"built on the shared decoder, transformer.py, without latent attention or recurrent layers)")
     state, quantize = quant.prepare(state, quantization, device, dtype, tensor_parallel=tp is not None)
     if max_model_len is not None:
         if max_model_len < 2:
@@ -231,6 +250,9 @@ def _check_split(config: dict, spec, tp) -> None:
     """The split a tensor-parallel rank makes of `spec` (the family's config) is possible."""
     if not hasattr(spec, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
         raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
+    if spec.mixers:
+        raise ValueError(f"tensor parallelism is not supported for the recurrent layers of model_type "
+                         f"{config.get('model_type')!r} (hybrid models run on one GPU)")
     if spec.qk_norm_full:
         raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE, "
                          "MiniMax-M2): each rank holds only its heads")

@@ -53,6 +53,9 @@ def from_hf(cfg: dict) -> DecoderEncoderConfig:
     if not isinstance(spec, DecoderSpec):
         raise ValueError(f"model_type {cfg.get('model_type')!r} does not embed (the decoder families built on "
                          f"the shared decoder do)")
+    if spec.mixers:  # (whole prompts in one pass over a scratch cache: no per-sequence state slots)
+        raise ValueError(f"model_type {cfg.get('model_type')!r} has recurrent layers and is not supported as an "
+                         f"encoder (supported: decoder families whose layers all attend)")
     return DecoderEncoderConfig(spec, spec.vocab_size, spec.hidden_size, spec.max_position_embeddings)
 
 

@@ -57,6 +57,9 @@ and runs it. What differs between the families is data, read here in one place:
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
     mla              multi-head latent attention in place of Q, K, V (DeepSeek-V2 / V3: mla.py)
+    mlp_layers       per layer: whether an MLP follows attention or the mixer (Nemotron-H's mixer-only blocks)
+    parallel_mixers  the layers' recurrent mixers run beside attention on the same normed input, both outputs
+                     added (Falcon-H1), not in its place
     tie_word_embeddings
 
 One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
@@ -70,12 +73,14 @@ or quantised at load, backend/quantization.py); the linear ops take either.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.decoder.state_cache import StateCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
 from tritonformer.backend.models.mla import MlaLayer, MlaSpec, load_mla_layer
@@ -191,6 +196,16 @@ class DecoderSpec:
     position_rows: int | None = None
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
+    # Hybrid models: layer i's recurrent token mixer in place of attention, named by its kind (a
+    # linear attention, a Mamba layer, a short convolution; None: the layer attends). The family's
+    # `load_mixer` builds it (mixers.py has the contract); empty: every layer attends.
+    mixers: tuple[str | None, ...] = ()
+    # Per layer whether an MLP follows its attention or mixer (False: the block ends there, Nemotron-H's
+    # mixer-only layers; sequential block only); empty: every layer has one.
+    mlp_layers: tuple[bool, ...] = ()
+    # The mixers run beside attention, not in its place: both on the layer's normalised input, their outputs added
+    # (Falcon-H1's parallel hybrid; sequential block only)
+    parallel_mixers: bool = False
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
@@ -222,6 +237,14 @@ class DecoderSpec:
                          or self.qk_norm or self.qkv_bias or self.parallel_block):
             raise ValueError("latent attention (mla) caches qk_head_dim-wide heads, one KV head per query head, "
                              "without q/k norms, QKV biases or the parallel block")
+        if self.mixers and (len(self.mixers) != self.num_layers or self.parallel_block or self.mla):
+            raise ValueError(f"{len(self.mixers)} mixer kinds for {self.num_layers} layers (recurrent mixers are "
+                             f"supported in the sequential block, beside attention without latent attention)")
+        if self.parallel_mixers and not self.mixers:
+            raise ValueError("parallel_mixers runs the layers' mixers beside attention: name them in `mixers`")
+        if self.mlp_layers and (len(self.mlp_layers) != self.num_layers or self.parallel_block):
+            raise ValueError(f"{len(self.mlp_layers)} MLP layer flags for {self.num_layers} layers (layers without "
+                             f"an MLP are supported in the sequential block)")
         if self.moe and len(self.moe.layers) != self.num_layers:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
         if not self.pre_norms and not self.sandwich_norms:
@@ -247,6 +270,12 @@ class DecoderSpec:
 
     def chunk(self, layer: int) -> int | None:
         return self.layer_chunks[layer] if self.layer_chunks else None
+
+    def mixer(self, layer: int) -> str | None:
+        return self.mixers[layer] if self.mixers else None
+
+    def has_mlp(self, layer: int) -> bool:
+        return self.mlp_layers[layer] if self.mlp_layers else True
 
 
 def rope_parameters(cfg: dict) -> dict | None:
@@ -296,6 +325,10 @@ class _Layer:
     attn_gate_w: torch.Tensor | None = None  # [heads * head_dim, hidden]: this rank's heads' rows (attn_output_gate)
     chunk: int | None = None  # chunked attention's chunk size (layer_chunks)
     act_params: torch.Tensor | None = None  # [4] fp32: xIELU's alpha_p, alpha_n, beta, eps as applied (every rank's)
+    mixer: Any = None  # a recurrent token mixer in place of attention (hybrid models: mixers.py)
+    kv_index: int = 0  # an attending layer's place in the KV cache (which holds attending layers only)
+    state_index: int = 0  # a mixer layer's place in the recurrent state (decoder/state_cache.py)
+    has_mlp: bool = True  # False: no MLP after attention or the mixer (DecoderSpec.mlp_layers)
 
 
 class TransformerDecoder(DecoderModel):
@@ -431,8 +464,9 @@ class TransformerDecoder(DecoderModel):
             o_cols, o_part = c.num_heads * v, heads_part and slice(heads_part.start * v, heads_part.stop * v)
         own_mlp_norm = not c.parallel_block or c.parallel_mlp_norm  # (one norm before both in Cohere's and Phi's)
         self.layers: list[_Layer] = []
-        for i in range(c.num_layers):
-            p = f"layers.{i}."
+
+        def attention(i: int, p: str) -> dict:
+            """Layer i's attention weights, as _Layer's fields."""
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
             mla = load_mla_layer(c.mla, read, p, hidden, c.num_heads, heads_part) if c.mla else None
             if mla is not None:  # (its own projections in place of Q, K, V: mla.py)
@@ -452,9 +486,46 @@ class TransformerDecoder(DecoderModel):
                 qkv_b = (fused(p + n.qkv + ".bias", qkv_parts, q_rows + 2 * kv_rows) if n.qkv else
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
                                     w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
+            qk_norm = c.qk_norm and (not c.qk_norm_layers or c.qk_norm_layers[i])
+            q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if qk_norm else None
+            k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if qk_norm else None
+            q_norm_b = w(p + n.q_norm + ".bias", head) if c.qk_norm_bias else None
+            k_norm_b = w(p + n.k_norm + ".bias", head) if c.qk_norm_bias else None
+            if order is not None:
+                qkv_w = take_rows(qkv_w, rows_in_order)
+                qkv_b = qkv_b[rows_in_order] if qkv_b is not None else None
+                # (each head's dims of a per-head `[D]` or a whole-width `[H * D]` norm weight, as its rows; a
+                # LayerNorm's bias likewise: its mean and variance do not depend on the dims' order)
+                q_norm, k_norm, q_norm_b, k_norm_b = (t.view(-1, head)[:, order].reshape(-1) if t is not None else None
+                                                      for t in (q_norm, k_norm, q_norm_b, k_norm_b))
+            return dict(qkv_w=qkv_w, qkv_b=qkv_b, q_norm=q_norm, k_norm=k_norm, q_norm_b=q_norm_b, k_norm_b=k_norm_b,
+                        o_w=scaled(w(p + n.o + ".weight", hidden, o_cols, cols=o_part), c.residual_scale),
+                        # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
+                        o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
+                        sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None, mla=mla,
+                        # (the output gate's rows are split by heads as Q's are)
+                        attn_gate_w=(w(p + n.attn_gate + ".weight", q_rows, hidden, rows=q_part)
+                                     if c.attn_output_gate else None))
+
+        no_attention = dict(qkv_w=None, qkv_b=None, q_norm=None, k_norm=None, o_w=None, o_b=None, sinks=None)
+        kv_layers = state_layers = 0
+        self.state_layouts: list[dict[str, tuple[int, ...]]] = []  # each mixer layer's state (mixers.py)
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            attn = no_attention
+            if c.mixer(i) is None or c.parallel_mixers:
+                attn = attention(i, p) | dict(kv_index=kv_layers)
+                kv_layers += 1
+            if c.mixer(i) is not None:  # a recurrent mixer in place of attention or beside it (its projections its own)
+                mixer = self.load_mixer(i, p, w, read)
+                attn = attn | dict(mixer=mixer, state_index=state_layers)
+                self.state_layouts.append(mixer.state_shapes)
+                state_layers += 1
             inter = c.intermediate_size
             moe = gate_up_w = down_w = gate_up_b = down_b = act_params = None
-            if c.moe and c.moe.layers[i]:
+            if not c.has_mlp(i):  # (the block ends after attention or its mixer: no MLP weights)
+                pass
+            elif c.moe and c.moe.layers[i]:
                 moe = load_moe_layer(c.moe, state, read, p, hidden, expert_part, shared_part, first_rank=first_rank)
                 moe.scale_output(c.residual_scale)
             elif not c.gated_mlp:  # (its one projection in gate_up_w: the fused MLP's first linear)
@@ -472,35 +543,15 @@ class TransformerDecoder(DecoderModel):
                 if c.mlp_bias:
                     gate_up_b = torch.cat([w(p + n.gate + ".bias", inter, rows=mlp_part),
                                            w(p + n.up + ".bias", inter, rows=mlp_part)])
-            if moe is None:
+            if moe is None and c.has_mlp(i):
                 down_w = scaled(w(p + n.down + ".weight", hidden, inter, cols=mlp_part), c.residual_scale)
                 if c.mlp_bias and first_rank:  # (one rank adds it, as the output projection's)
                     down_b = scaled(w(p + n.down + ".bias", hidden), c.residual_scale)
-            qk_norm = c.qk_norm and (not c.qk_norm_layers or c.qk_norm_layers[i])
-            q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if qk_norm else None
-            k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if qk_norm else None
-            q_norm_b = w(p + n.q_norm + ".bias", head) if c.qk_norm_bias else None
-            k_norm_b = w(p + n.k_norm + ".bias", head) if c.qk_norm_bias else None
-            if order is not None:
-                qkv_w = take_rows(qkv_w, rows_in_order)
-                qkv_b = qkv_b[rows_in_order] if qkv_b is not None else None
-                # (each head's dims of a per-head `[D]` or a whole-width `[H * D]` norm weight, as its rows; a
-                # LayerNorm's bias likewise: its mean and variance do not depend on the dims' order)
-                q_norm, k_norm, q_norm_b, k_norm_b = (t.view(-1, head)[:, order].reshape(-1) if t is not None else None
-                                                      for t in (q_norm, k_norm, q_norm_b, k_norm_b))
             window = c.window(i)
             self.layers.append(_Layer(
                 attn_norm=norm(p + n.attn_norm + ".weight") if c.pre_norms else None,
-                qkv_w=qkv_w,
-                qkv_b=qkv_b,
-                q_norm=q_norm,
-                k_norm=k_norm,
-                o_w=scaled(w(p + n.o + ".weight", hidden, o_cols, cols=o_part), c.residual_scale),
-                # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
-                o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
-                sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None,
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
-                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and own_mlp_norm else None,
+                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and own_mlp_norm and c.has_mlp(i) else None,
                 gate_up_w=gate_up_w,
                 down_w=down_w,
                 mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
@@ -508,23 +559,30 @@ class TransformerDecoder(DecoderModel):
                 local=window is not None and self.local_cos_sin is not None,
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
-                mla=mla,
                 attn_norm_b=norm_bias(p + n.attn_norm + ".weight"),
-                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if own_mlp_norm else None,
+                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if own_mlp_norm and c.has_mlp(i) else None,
                 gate_up_b=gate_up_b,
                 down_b=down_b,
-                q_norm_b=q_norm_b,
-                k_norm_b=k_norm_b,
-                # (the output gate's rows are split by heads as Q's are)
-                attn_gate_w=w(p + n.attn_gate + ".weight", q_rows, hidden, rows=q_part) if c.attn_output_gate else None,
                 act_params=act_params,
                 chunk=c.chunk(i),
+                has_mlp=c.has_mlp(i),
+                **attn,
             ))
+        self.num_kv_layers = kv_layers
         self.activation = (GATED_ACTIVATIONS if c.gated_mlp else PLAIN_ACTIVATIONS)[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
             self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
                                   intermediate_size=c.intermediate_size // tp.world,
                                   moe=c.moe.split(tp.world) if c.moe else None)
+
+    def load_mixer(self, i: int, prefix: str, weight, read):
+        """Layer i's recurrent token mixer (a hybrid family's, which overrides this: mixers.py has
+        the contract), from its tensors under `prefix` ("layers.{i}."): `weight(name, *shape)`
+        reads one in the model's dtype on the device, `read(name, shape)` as stored."""
+        raise ValueError(f"layer {i}'s mixer {self.config.mixer(i)!r} has no loader in this family")
+
+    def new_state_cache(self, num_slots: int) -> StateCache | None:
+        return StateCache(self.state_layouts, num_slots, self.device) if self.state_layouts else None
 
     def _vocab_rows(self, weight) -> torch.Tensor:
         """This rank's rows of a `[vocab, hidden]` table (the embedding, the head) or of a `[vocab]`
@@ -596,16 +654,19 @@ class TransformerDecoder(DecoderModel):
             x, residual = self._parallel_embedding(batch.input_ids, self.layers[0].attn_norm, eps)
         for li, layer in enumerate(self.layers):
             h = self._attend(x, li, layer, batch, cache, cos_sin, local, pre)
-            mlp_pre = kernels.PreNorm(layer.mlp_norm, self._norm_bias(layer.mlp_norm_b), eps, residual=residual,
-                                      sum_out=torch.empty_like(residual), x_norm=layer.attn_post_norm)
-            residual = mlp_pre.sum_out  # the residual stream from here, written by the prenorm
-            if self.tp is not None:  # each rank's heads' share of the projection, summed (and normed where fused)
-                h, mlp_pre = self.tp.all_reduce_then(h, mlp_pre)
-            if layer.moe is None:
-                up = kernels.linear_act(h, layer.gate_up_w, layer.gate_up_b, self.activation, prenorm=mlp_pre)
-                x = kernels.linear_act(self._learnt_act(up, layer), layer.down_w, layer.down_b)
-            else:  # the router's linear normalises the rows (mlp_pre) for itself and the experts
-                x = layer.moe(h, self.activation, mlp_pre)
+            if not layer.has_mlp:  # (the block ends here: its output joins the residual stream in the next norm)
+                x = h
+            else:
+                mlp_pre = kernels.PreNorm(layer.mlp_norm, self._norm_bias(layer.mlp_norm_b), eps, residual=residual,
+                                          sum_out=torch.empty_like(residual), x_norm=layer.attn_post_norm)
+                residual = mlp_pre.sum_out  # the residual stream from here, written by the prenorm
+                if self.tp is not None:  # each rank's heads' share of the projection, summed (and normed where fused)
+                    h, mlp_pre = self.tp.all_reduce_then(h, mlp_pre)
+                if layer.moe is None:
+                    up = kernels.linear_act(h, layer.gate_up_w, layer.gate_up_b, self.activation, prenorm=mlp_pre)
+                    x = kernels.linear_act(self._learnt_act(up, layer), layer.down_w, layer.down_b)
+                else:  # the router's linear normalises the rows (mlp_pre) for itself and the experts
+                    x = layer.moe(h, self.activation, mlp_pre)
             pre = None
             if li + 1 < len(self.layers):
                 following = self.layers[li + 1]
@@ -687,6 +748,14 @@ class TransformerDecoder(DecoderModel):
         before the output projection: o * sigmoid(x_n @ G^T), x_n the normalised input rows. The
         gate's linear runs first and writes x_n for the QKV projection (PreNorm.normed_out), so
         the norm runs once; the gating is one element-wise kernel (kernels.sigmoid_mul)."""
+        beside = None
+        if layer.mixer is not None:  # a recurrent mixer (hybrid models): its own state, no keys
+            if layer.o_w is None:  # (in place of attention)
+                return layer.mixer(x, pre, batch, cache.state.layer(layer.state_index))
+            if pre is not None:  # beside attention (parallel_mixers): both read the normalised rows
+                x, pre = kernels.prenormed(x, pre), None
+            beside = layer.mixer(x, None, batch, cache.state.layer(layer.state_index))
+        li = layer.kv_index  # (the cache holds the attending layers only)
         c, eps = self.config, self.config.norm_eps
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
@@ -735,7 +804,8 @@ class TransformerDecoder(DecoderModel):
             ctx = kernels.sigmoid_mul(ctx, gate)
         if layer.mla is not None:  # (each head's values, past their zero padding)
             ctx = layer.mla.values(ctx)
-        return kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w, layer.o_b)
+        out = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w, layer.o_b)
+        return out if beside is None else beside + out  # (Falcon-H1 adds the mixer's output first)
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """The layer's MLP (dense or mixture of experts) over its input rows x."""

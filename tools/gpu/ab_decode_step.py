@@ -66,8 +66,10 @@ def step_ms(model, rows: int, context: int, reps: int) -> float:
 
     bps = -(-(context + 1) // 16)
     cache = model.new_kv_cache(rows * bps + 1, 16)
+    cache.state = model.new_state_cache(rows)  # (a hybrid model's recurrent state: slot b for row b)
+    slot = (lambda b: b) if cache.state is not None else (lambda b: -1)
     runner = DecoderRunner(model, cache, rows)
-    entries = [BatchEntry([1], context, list(range(b * bps, (b + 1) * bps)), True) for b in range(rows)]
+    entries = [BatchEntry([1], context, list(range(b * bps, (b + 1) * bps)), True, slot(b)) for b in range(rows)]
     best = replay_ms(runner, entries, reps)
     runner.close()
     del runner, cache

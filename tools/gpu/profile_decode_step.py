@@ -39,9 +39,11 @@ def main() -> None:
 
     blocks_per_seq = -(-(args.context + 1) // 16)
     cache = model.new_kv_cache(args.batch * blocks_per_seq + 1, 16)
+    cache.state = model.new_state_cache(max(args.batch, 1))  # (a hybrid model's recurrent state: slot b for row b)
     runner = DecoderRunner(model, cache, max(args.batch, 1))
     runner.warm_up()
-    entries = [BatchEntry([1], args.context, list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)), True)
+    entries = [BatchEntry([1], args.context, list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)), True,
+                          b if cache.state is not None else -1)
                for b in range(args.batch)]
     for _ in range(3):
         runner.run(entries)

@@ -1,0 +1,66 @@
+"""Recurrent token mixers: what a hybrid model's layers run in place of attention (Qwen3-Next's
+and Qwen3.5's gated DeltaNet, Mamba-2 in Granite 4.0-H and Bamba, LFM2's short convolutions).
+
+A mixer carries a fixed-size state per sequence instead of keys and values (decoder/
+state_cache.py). The contract, which TransformerDecoder calls from its layer loop where the
+spec's `mixers[i]` names a kind (the family's `load_mixer` builds the object):
+
+    mixer.state_shapes: dict[str, tuple[int, ...]]  # its per-sequence state, name -> shape (fp32)
+    mixer(x, pre, batch, state) -> [T, hidden]
+
+`x` is the layer's input rows `[T, hidden]`, to be normalised by `pre` (a kernels.PreNorm, which
+also writes the residual stream's sum: apply it once, `kernels.prenormed(x, pre)`) or, where
+`pre` is None, normalised already. `batch` is the iteration's DecoderBatch: rows
+0..num_decode-1 are one token each of sequences 0..num_decode-1, then come the prompt chunks,
+`batch.prefill_lens` rows each (host ints); `batch.state_slots` `[S]` holds each sequence's
+slot. `state` maps each name of state_shapes to `[slots + 1, *shape]`: read a sequence's state
+at its slot, write it back there. A sequence whose first token runs finds its slot zeroed. The
+result is the layer's output projection rows, which the layer adds to the residual stream.
+
+The decode rows' work must be one batched pass (a captured CUDA graph replays it), the chunks'
+may loop over sequences on the host (they never run in a graph).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tritonformer import kernels
+from tritonformer.backend.decoder.batch import DecoderBatch
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, batch: DecoderBatch,
+                  conv_state: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+    """A depthwise causal convolution of each sequence's rows over time, continuing from the
+    last `K - 1` inputs it saw (`conv_state` `[slots + 1, C, K - 1]`, updated in place).
+
+    x `[T, C]`, weight `[C, K]`, bias `[C]` or None; `activation` None or "silu". Computed in
+    fp32, returned in x's dtype (Hugging Face's Conv1d rounds its sum to the model's dtype once,
+    as here)."""
+    if batch.state_slots is None:
+        raise ValueError("a recurrent layer needs its sequences' state slots (DecoderBatch.state_slots)")
+    k = weight.shape[1]
+    w = weight.float()
+    out = torch.empty_like(x)
+    d = batch.num_decode
+    slots = batch.state_slots
+    if d:  # each decode row: its window is the saved inputs and its own (one kernel)
+        out[:d] = kernels.conv1d_decode(x[:d], weight, bias, conv_state, slots[:d], activation)
+    row = d
+    for j, n in enumerate(batch.prefill_lens):  # each chunk continues from its saved inputs
+        slot = slots[d + j : d + j + 1]
+        held = conv_state.index_select(0, slot)[0]  # [C, K - 1]
+        padded = torch.cat([held, x[row : row + n].float().t()], dim=1)  # [C, K - 1 + n]
+        y = F.conv1d(padded[None], w[:, None, :], bias.float() if bias is not None else None, groups=w.shape[0])[0]
+        out[row : row + n] = _activate(y.t(), activation).to(x.dtype)
+        conv_state.index_copy_(0, slot, padded[None, :, padded.shape[1] - (k - 1):])
+        row += n
+    return out
+
+
+def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation is None:
+        return y
+    if activation == "silu":
+        return F.silu(y)
+    raise ValueError(f"unsupported convolution activation {activation!r} (supported: silu)")
