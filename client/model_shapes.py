@@ -429,6 +429,101 @@ TRINITY_MINI = {
     "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 131072,
     "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
 }
+# LiquidAI/LFM2-1.2B's config.json (model_type lfm2), from memory of the published file: 16 layers at 2,048 wide,
+# six of them attending (full_attn_idxs; later revisions also write them as layer_types), the other ten gated short
+# convolutions of 3 taps; 32 query heads of 64 over 8 KV heads with q / k norms; block_ff_dim 12,288 auto-adjusted
+# to an MLP of 8,192; the head tied (tie_embedding). Uncertain: the exact attending indices and eos id 7 (<|im_end|>).
+LFM2_1_2B = {
+    "model_type": "lfm2", "vocab_size": 65536, "hidden_size": 2048, "block_ff_dim": 12288,
+    "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256,
+    "num_hidden_layers": 16, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "num_attention_heads": 32,
+    "num_key_value_heads": 8, "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-5, "rope_theta": 1000000.0,
+    "max_position_embeddings": 128000, "tie_embedding": True, "bos_token_id": 1, "eos_token_id": 7,
+    "pad_token_id": 0,
+}
+# LiquidAI/LFM2-8B-A1B's config.json (model_type lfm2_moe), from memory of the published file: 24 layers at 2,048
+# wide, six attending (layer_types), the first two with a dense MLP of 7,168, then 32 experts of 1,792 columns, the
+# top 4 by sigmoid score plus a learnt expert_bias, renormalised (routed_scaling_factor 1); the head tied.
+# Uncertain: the exact attending layers and eos id 7.
+LFM2_8B_A1B = {
+    "model_type": "lfm2_moe", "vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168,
+    "moe_intermediate_size": 1792, "num_hidden_layers": 24, "num_dense_layers": 2, "num_experts": 32,
+    "num_experts_per_tok": 4, "use_expert_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+    "layer_types": ["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)],
+    "num_attention_heads": 32, "num_key_value_heads": 8, "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "max_position_embeddings": 128000, "tie_embedding": True, "bos_token_id": 1,
+    "eos_token_id": 7, "pad_token_id": 0,
+}
+# ibm-granite/granite-4.0-h-tiny's config.json (model_type granitemoehybrid), from memory of the published file: 40
+# layers at 1,536 wide, four attending (layer_types: 5, 15, 25, 35; NoPE), the rest Mamba-2 (48 heads of 64 over
+# 2 x 1,536, state 128, one group, 4 conv taps); 12 query heads over 4 KV heads; 64 experts of 512 columns, the top
+# 6, plus a shared MLP of 1,024; Granite's muP scalars (weights drawn at initializer_range 0.1); the head tied.
+# Uncertain: the attending indices.
+GRANITE_4_0_H_TINY = {
+    "model_type": "granitemoehybrid", "vocab_size": 100352, "hidden_size": 1536, "intermediate_size": 512,
+    "shared_intermediate_size": 1024, "num_hidden_layers": 40, "num_attention_heads": 12, "num_key_value_heads": 4,
+    "num_local_experts": 64, "num_experts_per_tok": 6,
+    "layer_types": ["attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40)],
+    "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
+    "mamba_expand": 2, "mamba_chunk_size": 256, "mamba_conv_bias": True, "mamba_proj_bias": False,
+    "position_embedding_type": "nope", "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+    "residual_multiplier": 0.22, "logits_scaling": 6.0, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 131072, "hidden_act": "silu", "initializer_range": 0.1, "tie_word_embeddings": True,
+    "bos_token_id": 100257, "eos_token_id": 100257, "pad_token_id": 100256,
+}
+# ibm-granite/granite-4.0-h-small's config.json, from memory as granite-4.0-h-tiny's: 40 layers at 4,096 wide, four
+# attending (NoPE), Mamba-2 with 128 heads of 64, state 128; 32 query heads over 8 KV heads; 72 experts of 768
+# columns, the top 10, a shared MLP of 4,096. Uncertain: the experts' and shared MLP's widths, logits_scaling.
+GRANITE_4_0_H_SMALL = {
+    **GRANITE_4_0_H_TINY, "hidden_size": 4096, "intermediate_size": 768, "shared_intermediate_size": 4096,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 72, "num_experts_per_tok": 10,
+    "mamba_n_heads": 128, "logits_scaling": 8.0,
+}
+# ibm-ai-platform/Bamba-9B's config.json (model_type bamba), from memory of the published file: 32 layers at 4,096
+# wide, three attending (attn_layer_indices 9, 18, 27: a rotary over half of each head, as transformers fixes it),
+# the rest Mamba-2 (128 heads of 64 over 2 x 4,096, state 128, one group, 4 conv taps); 32 query heads over 8 KV
+# heads; a SwiGLU MLP of 14,336; Llama 3's vocabulary. Uncertain: the special ids and max_position_embeddings.
+BAMBA_9B = {
+    "model_type": "bamba", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_indices": [9, 18, 27],
+    "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
+    "mamba_expand": 2, "mamba_chunk_size": 256, "mamba_conv_bias": True, "mamba_proj_bias": False,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 262144, "hidden_act": "silu",
+    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "bos_token_id": 128000,
+    "eos_token_id": 128001, "pad_token_id": 128004,
+}
+# nvidia/Nemotron-H-8B-Base-8K's config.json (model_type nemotron_h), from memory of the published file: 52
+# single-operator blocks at 4,096 wide (hybrid_override_pattern: 24 Mamba-2 "M", 4 attending "*" without a rotary, 24
+# squared-ReLU MLPs "-" of 21,504), Mamba-2 with 128 heads of 64, state 128 in 8 groups, 4 conv taps; 32 query heads
+# of 128 over 8 KV heads. Uncertain: where in the pattern the attending blocks sit (here each after the 4th, 8th,
+# 12th and 16th "M").
+NEMOTRON_H_8B = {
+    "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 21504,
+    "num_hidden_layers": 52, "hybrid_override_pattern": "M-M-M-M*-" + "M-M-M-M*-" * 3 + "M-" * 8,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "mlp_hidden_act": "relu2",
+    "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "expand": 2, "chunk_size": 128, "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
+    "attention_bias": False, "time_step_min": 0.001, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 8192,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
+# tiiuae/Falcon-H1-0.5B-Instruct's config.json (model_type falcon_h1), from memory of the published file: 36
+# parallel-hybrid layers at 1,024 wide, each attention (8 query heads of 64 over 2 KV heads) beside Mamba-2 (24 heads
+# of 64: mamba_d_ssm 1,536, state 128, one group, no gated norm), a SwiGLU MLP of 2,048; muP multipliers throughout.
+# Uncertain: the multipliers' values, the vocabulary and the rope base.
+FALCON_H1_0_5B = {
+    "model_type": "falcon_h1", "vocab_size": 32784, "hidden_size": 1024, "intermediate_size": 2048,
+    "num_hidden_layers": 36, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+    "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1,
+    "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 128, "mamba_conv_bias": True, "mamba_proj_bias": False,
+    "mamba_rms_norm": False, "mamba_norm_before_gate": False, "projectors_bias": False, "attention_bias": False,
+    "mlp_bias": False, "rms_norm_eps": 1e-5, "rope_theta": 100000000000.0, "max_position_embeddings": 16384,
+    "hidden_act": "silu", "embedding_multiplier": 5.656854249492381, "lm_head_multiplier": 0.0390625,
+    "attention_in_multiplier": 1.0, "attention_out_multiplier": 0.9375, "key_multiplier": 0.390625,
+    "ssm_in_multiplier": 1.25, "ssm_out_multiplier": 0.23570226039551587,
+    "mlp_multipliers": [0.8838834764831844, 0.5859375],
+    "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0,
+}
 # adept/persimmon-8b-base, as its config.json reads (a snapshot of the Hub's file): 36 layers at 4,096 wide, 64
 # heads of 64 (as many KV heads), per-head q / k LayerNorms with biases, a rotary over half of each head
 # (transformers' default: the file has no partial_rotary_factor), a squared-ReLU MLP of 16,384 columns.
@@ -458,6 +553,45 @@ QWEN3_30B_A3B = {
     "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
     "attention_bias": False, "use_sliding_window": False, "tie_word_embeddings": False, "bos_token_id": 151643,
     "eos_token_id": 151645,
+}
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json: 48 layers, every 4th gated full attention (16 query heads of 256
+# over 2 KV heads, a quarter of each head rotating), the others gated DeltaNet (16 key heads and 32 value heads of
+# 128, a 4-tap convolution); 512 experts of 512 columns, the top 10 renormalised, a gated shared expert of 512.
+# (Its `mtp` weights: a speculative-decoding head, left unread.)
+QWEN3_NEXT_80B_A3B = {
+    "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 48, "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "partial_rotary_factor": 0.25, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 512,
+    "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "max_position_embeddings": 262144, "attention_bias": False,
+    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
+}
+# Qwen/Qwen3.5-27B's text model (its config.json's `text_config`, flattened: model_type qwen3_5_text): 64 layers,
+# every 4th gated full attention (24 query heads of 256 over 4 KV heads, a quarter of each head rotating, M-RoPE
+# sections [11, 11, 10] interleaved), the others gated DeltaNet (16 key heads and 48 value heads of 128), a dense
+# SwiGLU of 17,408 columns. Uncertain: the token ids (left unset).
+QWEN3_5_27B = {
+    "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
+    "num_hidden_layers": 64, "full_attention_interval": 4, "num_attention_heads": 24, "num_key_value_heads": 4,
+    "head_dim": 256, "partial_rotary_factor": 0.25, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "max_position_embeddings": 262144, "attention_bias": False,
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
+# Qwen/Qwen3.5-35B-A3B's text model (model_type qwen3_5_moe_text): 40 layers, every 4th gated full attention (16
+# query heads of 256 over 2 KV heads), the others gated DeltaNet (16 key heads and 32 value heads of 128); 256
+# experts of 512 columns in every layer, the top 8 renormalised, a gated shared expert of 512. Uncertain: the
+# token ids (left unset).
+QWEN3_5_35B_A3B = {
+    "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+    "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "partial_rotary_factor": 0.25, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 256,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "max_position_embeddings": 262144,
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
 }
 # Qwen1.5-MoE-A2.7B (model_type qwen2_moe): 60 experts, the top 4 (not renormalised), and a
 # shared expert of 5,632 columns behind a sigmoid gate.
@@ -693,8 +827,13 @@ DECODER_SHAPES = {
     "llama-4-scout": LLAMA_4_SCOUT,
     "flint": FLINT,
     "trinity-mini": TRINITY_MINI,
+    "lfm2-1.2b": LFM2_1_2B,
+    "lfm2-8b-a1b": LFM2_8B_A1B,
     "persimmon-8b": PERSIMMON_8B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
+    "qwen3.5-27b": QWEN3_5_27B,
+    "qwen3.5-35b-a3b": QWEN3_5_35B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "granitemoe-swa-3b": GRANITEMOE_SWA_3B,
@@ -711,6 +850,11 @@ DECODER_SHAPES = {
     "flex-olmo-7x7b": FLEX_OLMO_7X7B,
     "command-r7b": COMMAND_R7B,
     "gpt-oss-20b": GPT_OSS_20B,
+    "granite-4.0-h-tiny": GRANITE_4_0_H_TINY,
+    "granite-4.0-h-small": GRANITE_4_0_H_SMALL,
+    "bamba-9b": BAMBA_9B,
+    "nemotron-h-8b": NEMOTRON_H_8B,
+    "falcon-h1-0.5b": FALCON_H1_0_5B,
 }
 
 
@@ -773,9 +917,39 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                              "moe_num_experts": min(ffn["moe_num_experts"], max(8, 2 * ffn["moe_top_k"]))}
         del cfg["intermediate_size"]
         cfg = {next((own for own, canonical in _DBRX_NAMES.items() if canonical == k), k): v for k, v in cfg.items()}
+    if "conv_L_cache" in cfg:  # LFM2: a short-conv layer and an attending one in turn over the few, the MLP's width
+        # where transformers reads it (block_ff_dim over intermediate_size), a dense layer before the MoE ones
+        cfg.pop("full_attn_idxs", None)
+        cfg["layer_types"] = (["conv", "full_attention"] * layers)[:layers]
+        if "block_ff_dim" in cfg:
+            cfg["block_ff_dim"] = cfg["intermediate_size"]
+        if "num_dense_layers" in cfg:
+            cfg["num_dense_layers"] = min(cfg["num_dense_layers"], 1)
+    if "mamba_n_heads" in cfg:  # Mamba-2 hybrids: 8 heads over expand x hidden, a small state, 16-token chunks (so
+        # that the prompts cross them), a Mamba-2 layer then an attending one in turn over the few
+        cfg.update(mamba_n_heads=8, mamba_d_head=cfg.get("mamba_expand", 2) * hidden // 8, mamba_d_state=16,
+                   mamba_chunk_size=16)
+        if cfg.get("mamba_d_ssm"):  # (Falcon-H1's own Mamba width: 1.5 x hidden, as 0.5B's)
+            cfg.update(mamba_d_ssm=3 * hidden // 2, mamba_d_head=3 * hidden // 2 // 8)
+        if "layer_types" in cfg:
+            cfg["layer_types"] = (["mamba", "attention"] * layers)[:layers]
+        if "attn_layer_indices" in cfg:
+            cfg["attn_layer_indices"] = list(range(1, layers, 2))
+        if cfg.get("shared_intermediate_size"):
+            cfg["shared_intermediate_size"] = hidden + 48
+    if "hybrid_override_pattern" in cfg:  # Nemotron-H: Mamba-2 as above (2 groups); an "M" without an MLP, then "*-"
+        # and "M-": three of the decoder's layers, `layers` ignored
+        cfg.update(mamba_num_heads=8, mamba_head_dim=cfg.get("expand", 2) * hidden // 8, ssm_state_size=16,
+                   chunk_size=16, n_groups=2, hybrid_override_pattern="M*-M-", num_hidden_layers=5)
     if "kv_lora_rank" in cfg:  # latent attention (DeepSeek): its ranks and head dims an eighth of the published
         for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             cfg[key] = cfg[key] // 8 if cfg.get(key) else cfg.get(key)
+    if "linear_num_value_heads" in cfg:  # gated DeltaNet (Qwen3-Next, Qwen3.5): 2 key heads, the value heads' ratio
+        ratio = cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"]  # kept, heads as wide as attention's
+        cfg.update(linear_num_key_heads=2, linear_num_value_heads=2 * ratio, linear_key_head_dim=2 * hidden // heads,
+                   linear_value_head_dim=2 * hidden // heads)
+    if "full_attention_interval" in cfg:  # a full-attention layer among the few (Qwen3-Next: every 4th)
+        cfg["full_attention_interval"] = min(cfg["full_attention_interval"], layers)
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
         cfg["no_rope_layer_interval"] = min(cfg["no_rope_layer_interval"], layers)
     if "query_pre_attn_scalar" in cfg:
@@ -883,6 +1057,18 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
             shapes.update({p + name + ".bias": (hidden,) for name in (n.attn_norm, n.mlp_norm)})
         if spec.sinks:
             shapes[p + n.sinks] = (spec.num_heads,)
+        if spec.mixers and spec.mixer(i) is not None:  # a recurrent mixer in place of attention: its own tensors,
+            # which the family's spec names (DecoderSpec subclass: mixer_tensors(layer, prefix)); beside attention's
+            # where it runs beside it (parallel_mixers: Falcon-H1)
+            for name in (n.q, n.k, n.v, n.qkv, n.o, n.q_norm, n.k_norm, n.attn_gate) * (not spec.parallel_mixers):
+                for suffix in (".weight", ".bias"):
+                    shapes.pop(f"{p}{name}{suffix}", None)
+                shapes.pop(p + n.sinks, None)
+            shapes.update(spec.mixer_tensors(i, p))
+        if not spec.has_mlp(i):  # (the block ends after attention or its mixer: Nemotron-H's mixer-only layers)
+            for name in (n.gate, n.up, n.down, n.gate_up, n.mlp_norm):
+                for suffix in (".weight", ".bias"):
+                    shapes.pop(f"{p}{name}{suffix}", None)
     return shapes
 
 

@@ -100,6 +100,26 @@ CASES = [
                                                                                       "sliding_attention"],
                                                 "num_shared_experts": 2, "attention_bias": True,
                                                 "mup_enabled": False}),
+    # LFM2: a gated short-convolution layer (a recurrent conv state per sequence) before an attending one and after it;
+    # and attention first, biases on the conv layer's projections and taps, 4 taps, an untied head, the MLP's width
+    # scaled by block_ffn_dim_multiplier and rounded up to a multiple of 64 (288 -> 192 -> 288 -> 320). Weights drawn
+    # wider (initializer_range 0.1) so the continuations vary: at 0.02 they repeat a token, and a conv state left
+    # stale still gave HF's greedy tokens (mutation-checked)
+    ("lfm2", "lfm2-1.2b", {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+                           "initializer_range": 0.1}),
+    ("lfm2-attention-first-conv-bias-untied", "lfm2-1.2b", {"layer_types": ["full_attention", "conv"],
+                                                           "conv_bias": True, "conv_L_cache": 4,
+                                                           "tie_embedding": False, "block_ffn_dim_multiplier": 1.5,
+                                                           "block_multiple_of": 64, "initializer_range": 0.1}),
+    # LFM2-MoE: a dense conv layer, then experts (sigmoid scores + expert_bias, renormalised) after attention and
+    # after a conv; and MoE from the first layer, unbiased, unnormalised, scaled
+    ("lfm2-moe", "lfm2-8b-a1b", {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+                                 "initializer_range": 0.1}),
+    ("lfm2-moe-unbiased-unnormalised-scaled", "lfm2-8b-a1b", {"layer_types": ["full_attention", "conv"],
+                                                              "num_dense_layers": 0, "use_expert_bias": False,
+                                                              "norm_topk_prob": False,
+                                                              "routed_scaling_factor": 2.0,
+                                                              "initializer_range": 0.1}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -109,6 +129,35 @@ CASES = [
     ("qwen2-moe", "qwen1.5-moe-a2.7b", {}),
     ("granite-moe", "granite-3.1-3b-a800m", {}),
     ("granite-moe-shared", "granite-3.1-3b-a800m", {"model_type": "granitemoeshared", "shared_intermediate_size": 80}),
+    # Granite 4.0-H (Tiny's shape): a Mamba-2 layer, then a NoPE attending one; experts and the shared MLP, muP
+    # scalars. And the dense hybrid (Micro's: the shared MLP alone), attention first and rotating, two Mamba-2 layers
+    # of 2 groups of B / C with biases on their projections and none on the conv
+    ("granite-4.0-h", "granite-4.0-h-tiny", {}),
+    ("granite-4.0-h-dense-rope-groups", "granite-4.0-h-tiny", {
+        "num_local_experts": 0, "position_embedding_type": "rope", "num_hidden_layers": 3,
+        "layer_types": ["attention", "mamba", "mamba"], "mamba_n_groups": 2, "mamba_proj_bias": True,
+        "mamba_conv_bias": False}),
+    # Bamba: Mamba-2 then an attending layer rotating half of each head; and with attention and MLP biases, B / C in
+    # 4 groups, a conv of 3 taps without a bias (weights drawn wider: the Mamba layer's share of the logits is then
+    # large enough that a lost state fails the iterations' check)
+    ("bamba", "bamba-9b", {}),
+    ("bamba-biases-groups", "bamba-9b", {"attention_bias": True, "mlp_bias": True, "mamba_n_groups": 4,
+                                         "mamba_d_conv": 3, "mamba_conv_bias": False, "initializer_range": 0.1}),
+    # Nemotron-H: a Mamba-2 block without an MLP, an attending block (NoPE) and a squared-ReLU MLP, a Mamba-2 block
+    # and an MLP; and with MLP biases, Mamba-2 projection biases, 4 groups, no conv bias, attention then two MLP-less
+    # Mamba-2 blocks
+    ("nemotron-h", "nemotron-h-8b", {}),
+    ("nemotron-h-biases-mlp-less-end", "nemotron-h-8b", {"mlp_bias": True, "use_bias": True, "n_groups": 4,
+                                                         "use_conv_bias": False, "hybrid_override_pattern": "*-MM",
+                                                         "num_hidden_layers": 4}),
+    # Falcon-H1: attention beside Mamba-2 (no gated norm) in each layer, every muP multiplier; and with the norm
+    # before the gate, biases everywhere, 2 groups; and the norm after the gate (transformers' mamba_norm_before_gate
+    # false)
+    ("falcon-h1", "falcon-h1-0.5b", {}),
+    ("falcon-h1-norm-before-gate-biases", "falcon-h1-0.5b", {
+        "mamba_rms_norm": True, "mamba_norm_before_gate": True, "attention_bias": True, "mlp_bias": True,
+        "mamba_proj_bias": True, "projectors_bias": True, "mamba_n_groups": 2}),
+    ("falcon-h1-norm-after-gate", "falcon-h1-0.5b", {"mamba_rms_norm": True, "mamba_norm_before_gate": False}),
     ("glm4-moe", "glm-4.5-air", {}),
     # group-limited choice (DeepSeek-V3's): 32 experts in 4 groups, the top 8 among the best 2 groups' 16
     ("glm4-moe-group-limited", "glm-4.5-air", {"n_routed_experts": 32, "n_group": 4, "topk_group": 2}),
@@ -273,6 +322,17 @@ CASES = [
     ("iquestcoder", "llama-3.1-8b", {"model_type": "iquestcoder", "head_dim": 16}),
     # VaultGemma on Gemma 2's sizes: no norms after attention and the MLP
     ("vaultgemma", "gemma-2-9b", {"model_type": "vaultgemma"}),
+    # Qwen3-Next: a gated DeltaNet layer (grouped in_proj_qkvz / in_proj_ba, the state carried between prompt chunks
+    # and decodes) and a gated full-attention one over a quarter-head rotary, (1 + w) norms, experts with a gated
+    # shared expert; and attention first, a dense MLP, unnormalised routing, three value heads per key head narrower
+    # than the key heads
+    ("qwen3-next", "qwen3-next-80b-a3b", {}),
+    ("qwen3-next-attention-first-dense-narrow-values", "qwen3-next-80b-a3b", {
+        "layer_types": ["full_attention", "linear_attention"], "mlp_only_layers": [1], "norm_topk_prob": False,
+        "linear_num_value_heads": 6, "linear_value_head_dim": 24}),
+    # Qwen3.5's text models: flat in_proj_qkv / z / b / a, a dense SwiGLU; experts always renormalised
+    ("qwen3.5", "qwen3.5-27b", {}),
+    ("qwen3.5-moe", "qwen3.5-35b-a3b", {}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -296,8 +356,10 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
                 p.add_(torch.randn_like(p))
+            if name.endswith("linear_attn.A_log"):  # (gated DeltaNet: HF draws decay rates up to 16, which forget the
+                p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())  # state within a token; slower ones keep it)
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):  # (LFM2-MoE's too)
                 b.add_(torch.randn_like(b) * 0.1)
             if name.endswith("act_fn.beta"):  # (xIELU's beta: a buffer, read from the checkpoint as the alphas are)
                 b.add_(torch.rand_like(b) * 0.5)
@@ -324,7 +386,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
+ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
+                   "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
@@ -333,7 +396,9 @@ ITERATION_CASES = ("qwen3", "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotar
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
                    "gpt-neo", "hy-v3", "biogpt", "flint", "afmoe", "persimmon",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "apertus", "dbrx",
-                   "dbrx-unnormalised-mqa", "llama4")
+                   "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
+                   "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
+                   "nemotron-h-biases-mlp-less-end", "falcon-h1", "falcon-h1-norm-before-gate-biases")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -480,10 +545,38 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("granite-swash-2b", {"layer_types": ["full_attention"] * 2, "layer_rope_theta": [1e4, 500.0]},
      "layer_rope_theta"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": [2, 4]}, "moe_topk"),
+    ("lfm2-1.2b", {"layer_types": ["conv", "sliding_attention"]}, "layer_types"),
+    ("lfm2-1.2b", {"conv_L_cache": 1}, "conv_L_cache"),
+    ("lfm2-1.2b", {"use_pos_enc": False}, "use_pos_enc"),
+    ("lfm2-1.2b", {"block_use_swiglu": False}, "block_use_swiglu"),
+    ("lfm2-8b-a1b", {"layer_types": None}, "layer_types"),
+    ("qwen3-next-80b-a3b", {"attention_bias": True}, "attention_bias"),
+    ("qwen3-next-80b-a3b", {"use_sliding_window": True}, "use_sliding_window"),
+    ("qwen3-next-80b-a3b", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+    ("qwen3.5-27b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("qwen3.5-35b-a3b", {"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
         load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
+def test_lfm2_reads_its_published_config_as_transformers_does():
+    """LFM2-1.2B's config.json as published: the attending layers by index (`full_attn_idxs`), the MLP's width from
+    `block_ff_dim` auto-adjusted (12,288 -> 8,192), the head tied by `tie_embedding`; transformers' config agrees."""
+    from tritonformer.backend.models import lfm2
+
+    cfg = DECODER_SHAPES["lfm2-1.2b"]
+    spec = lfm2.from_hf(cfg)
+    attending = [i for i, kind in enumerate(spec.mixers) if kind is None]
+    assert attending == [2, 5, 8, 10, 12, 14] and set(spec.mixers) == {None, lfm2.SHORT_CONV}
+    assert spec.intermediate_size == 8192 and spec.tie_word_embeddings and spec.conv_kernel == 3
+    hf = transformers.Lfm2Config(**{k: v for k, v in cfg.items() if k != "model_type"})
+    assert [t == "full_attention" for t in hf.layer_types] == [kind is None for kind in spec.mixers]
+    assert transformers.models.lfm2.modeling_lfm2.Lfm2MLP(hf).w1.out_features == spec.intermediate_size
+    # (block_ffn_dim_multiplier None: two thirds, not rounded to block_multiple_of; unadjusted: as written)
+    assert lfm2.mlp_width({**cfg, "block_ff_dim": 1000, "block_ffn_dim_multiplier": None}) == 666
+    assert lfm2.mlp_width({**cfg, "block_ff_dim": 1000, "block_auto_adjust_ff_dim": False}) == 1000
 
 
 def test_apertus_refuses_an_activation_other_than_xielu_by_name():
@@ -684,9 +777,14 @@ VL_CASES = [
     ("qwen3_vl_moe", "qwen3-30b-a3b", {"mrope_section": [6, 5, 5], "mrope_interleaved": True}, _QWEN3_VISION),
     ("glm4v", "glm-4-9b", {"mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5}, _GLM_VISION),
     ("glm4v_moe", "glm-4.5-air", {"mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5}, _GLM_VISION),
+    # (Qwen3.5: the hybrid text models, M-RoPE's sections interleaved over a quarter of each head)
+    ("qwen3_5", "qwen3.5-27b", {"mrope_section": [2, 1, 1], "mrope_interleaved": True, "partial_rotary_factor": 0.25},
+     _GLM_VISION),
+    ("qwen3_5_moe", "qwen3.5-35b-a3b",
+     {"mrope_section": [2, 1, 1], "mrope_interleaved": True, "partial_rotary_factor": 0.25}, _GLM_VISION),
 ]
 VL_CLASSES = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe",
-              "glm4v": "Glm4v", "glm4v_moe": "Glm4vMoe"}
+              "glm4v": "Glm4v", "glm4v_moe": "Glm4vMoe", "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe"}
 
 
 def _vision_language(model_type: str, shape: str, rope: dict, vision: dict):
@@ -773,7 +871,8 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
     gate, up, down = names
     out = {}
     for name, t in state.items():
-        layer, _, rest = name.partition(".mlp.")
+        # (transformers' block: `mlp`, or LFM2-MoE's `feed_forward`)
+        layer, _, rest = name.partition(".mlp.") if ".mlp." in name else name.partition(".feed_forward.")
         if rest == "experts.gate_up_proj":
             inter = t.shape[1] // 2
             for j, w in enumerate(t):
@@ -792,6 +891,7 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
     ("qwen2-moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
     ("olmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),
     ("afmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (its router `mlp.router.gate`, bias `mlp.expert_bias`)
+    ("lfm2-moe", "feed_forward", ("w1", "w3", "w2")),  # (LFM2-8B-A1B's: router `feed_forward.gate`, `expert_bias`)
 ])
 def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, names):
     """A published MoE checkpoint stores each expert's projections apart; it builds the same

@@ -281,9 +281,10 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "granite-swash-2b", "granitemoe-swa-3b", "olmo-7b", "nanochat-d32", "hyperclovax",
                  "mellum2-12b-a2.5b", "minimax-m2", "command-a-plus",
                  "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint", "trinity-mini",
-                 "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
+                 "lfm2-1.2b", "lfm2-8b-a1b", "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
                  "glm-4.7-flash", "youtu-llm-2b", "apertus-8b", "llama-4-scout",
-                 "dbrx-132b"]
+                 "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
+                 "bamba-9b", "nemotron-h-8b", "falcon-h1-0.5b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -292,11 +293,15 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # fourth global; DeepSeek-V3: two of its three dense layers, its latent attention at its width: one MoE layer, 11B
 # weights in 256 experts, would not fit beside them in fp32; Llama-4-Scout: 2.2B weights a layer, its 16 experts of
 # 8,192 columns over 5,120, four layers reaching its first NoPE one; DBRX: 3.2B weights a layer in 16 experts),
-# or more where the config lists each layer (GPT-Neo-125M's attention_types: all 12).
-LAYERS = {"gpt-neo-125m": 12, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
+# or more where the config lists each layer (GPT-Neo-125M's attention_types: all 12; LFM2-8B-A1B's layer_types: all
+# 24, 8.3B weights; LFM2-1.2B lists its attending layers by index, so 8 of them keep two). Qwen3-Next-80B-A3B and
+# Qwen3.5-35B-A3B: three DeltaNet layers and a full-attention one, 1.6B / 0.8B weights a layer in their experts.
+# Granite-4.0-H-Tiny lists each layer's kind: all 40 (6.6B weights, four attending); Bamba-9B: 10 layers reach its
+# first attending one (9). (Nemotron-H-8B's pattern names every block: all 52, 8B weights, whatever the count says.)
+LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
           "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
           "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
-          "dbrx-132b": 2}
+          "dbrx-132b": 2, "qwen3-next-80b-a3b": 4, "qwen3.5-35b-a3b": 4, "granite-4.0-h-tiny": 40, "bamba-9b": 10}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -306,12 +311,16 @@ LAYERS = {"gpt-neo-125m": 12, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b"
 # sigmoid score on OLMo 2's sizes (on the H200 it matched in fp32 every iteration; in bf16 one of
 # 21 checks, a 1-token prompt's, was at cosine 0.9968 where HF's own bf16 was at 0.99995). MiniMax-M2
 # and Hy3 choose their top 8 of 256 / 192 by sigmoid score as dots.llm1 does, Flint its top 6 of 256: fp32 from the
-# start (not yet measured in bf16), and Trinity Mini its top 8 of 128, GLM-4.7-Flash its top 4 of 64.
+# start (not yet measured in bf16), and Trinity Mini its top 8 of 128, GLM-4.7-Flash its top 4 of 64, LFM2-8B-A1B its
+# top 4 of 32 (sigmoid score + bias).
+# The MoE hybrids likewise from the start: Qwen3-Next's top 10 of 512 and Qwen3.5-35B-A3B's top 8 of 256 by softmax,
+# Granite-4.0-H-Tiny's top 6 of 64 (their dense kin, Qwen3.5-27B, Bamba, Nemotron-H, Falcon-H1, LFM2-1.2B, in bf16).
 # Granite-4.0-SWA's random model is one bf16 cannot judge at all: on the H200 HF's own bf16 model was at
 # cosine 0.19 of its fp32 one (ours at 0.74). DBRX's top 4 of 16 by softmax: on the H200 in bf16 one check
 # was at cosine 0.9941 where HF's own bf16 was at 0.9988 (not yet looked into); in fp32 every check passed.
 FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2",
-        "hy3-preview", "flint", "trinity-mini", "glm-4.7-flash"}
+        "hy3-preview", "flint", "trinity-mini", "glm-4.7-flash", "lfm2-8b-a1b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b",
+        "granite-4.0-h-tiny"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):

@@ -1,0 +1,214 @@
+"""Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024): the linear attention of Qwen3-Next's and Qwen3.5's
+`linear_attention` layers, a recurrent token mixer (mixers.py has the contract).
+
+Per token t and value head h the layer keeps a matrix S `[head_k_dim, head_v_dim]` (fp32) and updates it by the
+gated delta rule: decay it by a_t = exp(g_t), read what it predicts for the key, and write back the error times
+beta_t:
+
+    S' = a_t S;   u_t = beta_t (v_t - S'^T k_t);   S_t = S' + k_t u_t^T;   o_t = S_t^T q_t
+
+q_t and k_t are L2-normalised (q also times head_k_dim ** -0.5), g_t = -exp(A_log) * softplus(a_t + dt_bias) <= 0
+and beta_t = sigmoid(b_t). q, k and v come from one projection through a depthwise causal convolution (kernel 4)
+and SiLU; each key head serves num_v_heads / num_k_heads consecutive value heads. The output per value head is
+RMS-normalised and gated, norm(o) * w * silu(z) (z a projection of its own), then projected back to the hidden
+size. A sequence's state is that convolution's last inputs `[conv_dim, kernel - 1]` and S for every value head
+`[num_v_heads, head_k_dim, head_v_dim]`.
+
+Decode rows take one step of the rule, batched over sequences (states gathered by slot and scattered back, no
+host sync: a captured CUDA graph replays it). A prompt chunk runs in the chunked (WY) form, 64 tokens at a time
+from the state its slot holds, in fp32: within a chunk, with G_t the cumulative sum of g from the chunk's start
+and S0 the state before it, unrolling the rule gives
+
+    (I + L) U = diag(beta) V - diag(beta e^G) K S0,   L_ts = beta_t e^(G_t - G_s) k_t . k_s  (s < t)
+    o_t = e^(G_t) S0^T q_t + sum_(s <= t) e^(G_t - G_s) (q_t . k_s) u_s
+    S_C = e^(G_C) S0 + sum_s e^(G_C - G_s) k_s u_s^T
+
+so each chunk is two triangular solves and a few matrix products, and only the pass from chunk to chunk is
+sequential. The same mathematics as transformers' torch_chunk_gated_delta_rule, written from it.
+
+Where dtypes differ from fp32 they follow Hugging Face's: the projections, the convolution's output and beta
+(the sigmoid) in the model's dtype, g from fp32 logits (A_log and dt_bias as the model's dtype holds them), the
+rule in fp32, its output rounded to the model's dtype before the gated norm, which multiplies by its weight in
+the model's dtype and by the fp32 gate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tritonformer import kernels
+from tritonformer.kernels import reference
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.models.mixers import causal_conv1d
+
+CHUNK = 64  # tokens per chunk of the chunked form (what FLA's kernels and transformers' fallback use)
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec:
+    """A gated DeltaNet layer's sizes (the config's `linear_*` options). `grouped_in_proj`: Qwen3-Next's
+    projections, `in_proj_qkvz` and `in_proj_ba` with rows grouped per key head ([q, k, v, z] of the head and its
+    value heads, then [b, a]); else Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    norm_eps: float
+    grouped_in_proj: bool = False
+
+    def __post_init__(self):
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"linear_num_value_heads ({self.num_v_heads}) must be a multiple of "
+                             f"linear_num_key_heads ({self.num_k_heads})")
+        if self.conv_kernel < 2:
+            raise ValueError(f"unsupported linear_conv_kernel_dim {self.conv_kernel} (supported: "
+                             f"linear_conv_kernel_dim 2 or more)")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:  # the convolution runs over [q; k; v]
+        return 2 * self.key_dim + self.value_dim
+
+
+def spec_from_hf(cfg: dict, grouped_in_proj: bool) -> DeltaNetSpec:
+    """The layer's sizes from a Qwen3-Next / Qwen3.5 config (transformers' defaults where it omits them)."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":  # (the convolution's activation is the config's hidden_act)
+        raise ValueError(f"unsupported gated DeltaNet hidden_act {act!r} (supported: hidden_act silu)")
+    return DeltaNetSpec(num_k_heads=cfg.get("linear_num_key_heads", 16),
+                        num_v_heads=cfg.get("linear_num_value_heads", 32),
+                        head_k_dim=cfg.get("linear_key_head_dim", 128),
+                        head_v_dim=cfg.get("linear_value_head_dim", 128),
+                        conv_kernel=cfg.get("linear_conv_kernel_dim", 4), norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                        grouped_in_proj=grouped_in_proj)
+
+
+def l2_normalised(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim (FLA's and transformers' form of the q / k norm)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def chunked_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule over one sequence's T tokens in chunks (the module docstring's form), all fp32: state
+    `[H, K, V]`, q and k `[H, T, K]`, v `[H, T, V]`, g and beta `[H, T]`. Returns (o `[H, T, V]`, the state after
+    the last token). The last chunk is padded with tokens that change nothing (k = v = 0, g = 0)."""
+    heads, length, kd = k.shape
+    vd = v.shape[-1]
+    pad = -length % chunk
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    n = (length + pad) // chunk
+    q, k = q.view(heads, n, chunk, kd), k.view(heads, n, chunk, kd)
+    v, g, beta = v.view(heads, n, chunk, vd), g.view(heads, n, chunk), beta.view(heads, n, chunk)
+    cum = g.cumsum(-1)  # G_t
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
+    # e^(G_t - G_s) for s <= t, 0 above the diagonal (masked before the exp: G_t - G_s > 0 there and may overflow)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    # I + L with L's strictly lower part; a unit-triangular solve reads only that part
+    system = (beta[..., None] * (k @ k.transpose(-1, -2))) * decay
+    u_base = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k * (beta * cum.exp())[..., None], upper=False, unitriangular=True)
+    scores = (q @ k.transpose(-1, -2)) * decay  # (q_t . k_s) e^(G_t - G_s), s <= t
+    q_from_state = q * cum.exp()[..., None]  # reads S0 decayed to t
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]  # writes decayed to the chunk's end
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    out = torch.empty(heads, n, chunk, vd, dtype=v.dtype, device=v.device)
+    for i in range(n):
+        u = u_base[:, i] - w[:, i] @ state
+        out[:, i] = q_from_state[:, i] @ state + scores[:, i] @ u
+        state = state * chunk_decay[:, i] + k_to_end[:, i].transpose(-1, -2) @ u
+    return out.view(heads, n * chunk, vd)[:, :length], state
+
+
+class GatedDeltaNet:
+    """One layer's gated DeltaNet (the mixer contract: mixers.py). Its input projection is stored as one
+    `[2 key_dim + 2 value_dim + 2 num_v_heads, hidden]` matrix, rows [q; k; v; z; b; a] with value head j's rows
+    after head j - 1's (key head j // (num_v_heads / num_k_heads) serves it), whatever order the checkpoint had."""
+
+    def __init__(self, spec: DeltaNetSpec, in_proj: torch.Tensor, conv: torch.Tensor, dt_bias: torch.Tensor,
+                 a_log: torch.Tensor, norm: torch.Tensor, out_proj: torch.Tensor):
+        self.spec = spec
+        self.in_proj, self.conv, self.norm, self.out_proj = in_proj, conv, norm, out_proj
+        self.dt_bias = dt_bias.float()  # (added to fp32 logits as Hugging Face adds its model-dtype parameter)
+        self.neg_a = -a_log.float().exp()  # -exp(A_log): g's per-head rate
+        self.state_shapes = {"conv": (spec.conv_dim, spec.conv_kernel - 1),
+                             "recurrent": (spec.num_v_heads, spec.head_k_dim, spec.head_v_dim)}
+
+    def __call__(self, x: torch.Tensor, pre, batch: DecoderBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.spec
+        if pre is not None:
+            x = kernels.prenormed(x, pre)
+        rows = x.shape[0]
+        proj = kernels.linear_act(x, self.in_proj)
+        c, vd, nv = s.conv_dim, s.value_dim, s.num_v_heads
+        z = proj[:, c : c + vd]
+        b, a = proj[:, c + vd : c + vd + nv], proj[:, c + vd + nv :]
+        mixed = causal_conv1d(proj[:, :c].contiguous(), self.conv, None, batch, state["conv"], "silu")
+        out = torch.empty(rows, nv, s.head_v_dim, dtype=x.dtype, device=x.device)
+        held, d = state["recurrent"], batch.num_decode
+        if d:  # one step for every decoding sequence, its state read and written at its slot: one kernel
+            out[:d] = kernels.gated_delta_decode(mixed[:d], b[:d], a[:d], self.neg_a, self.dt_bias, held,
+                                                 batch.state_slots[:d], s.num_k_heads)
+        if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form
+            q, k, v, g, beta = reference.gated_delta_inputs(mixed[d:], b[d:], a[d:], self.neg_a, self.dt_bias,
+                                                            s.num_k_heads, s.head_k_dim)
+            row = 0
+            for j, n in enumerate(batch.prefill_lens):
+                slot = batch.state_slots[d + j : d + j + 1]
+                part = slice(row, row + n)
+                o, new = chunked_rule(held.index_select(0, slot)[0], q[part].transpose(0, 1), k[part].transpose(0, 1),
+                                      v[part].transpose(0, 1), g[part].t(), beta[part].t())
+                out[d + row : d + row + n] = o.transpose(0, 1).to(x.dtype)
+                held.index_copy_(0, slot, new[None])
+                row += n
+        return kernels.linear_act(kernels.gated_rms_norm(out, z, self.norm, s.norm_eps).reshape(rows, vd),
+                                  self.out_proj)
+
+
+def tensor_shapes(spec: DeltaNetSpec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """A layer's checkpoint tensors under `prefix` by name, as the checkpoint's layout (grouped_in_proj) has them."""
+    s = spec
+    kd, vd, nv = s.key_dim, s.value_dim, s.num_v_heads
+    shapes = ({prefix + "in_proj_qkvz.weight": (2 * kd + 2 * vd, hidden),
+               prefix + "in_proj_ba.weight": (2 * nv, hidden)} if s.grouped_in_proj else
+              {prefix + "in_proj_qkv.weight": (2 * kd + vd, hidden), prefix + "in_proj_z.weight": (vd, hidden),
+               prefix + "in_proj_b.weight": (nv, hidden), prefix + "in_proj_a.weight": (nv, hidden)})
+    return {**shapes, prefix + "conv1d.weight": (s.conv_dim, 1, s.conv_kernel), prefix + "dt_bias": (nv,),
+            prefix + "A_log": (nv,), prefix + "norm.weight": (s.head_v_dim,), prefix + "out_proj.weight": (hidden, vd)}
+
+
+def load_gated_deltanet(spec: DeltaNetSpec, prefix: str, weight, hidden: int) -> GatedDeltaNet:
+    """A layer's gated DeltaNet from its tensors under `prefix` (`layers.{i}.linear_attn.`); `weight(name, *shape)`
+    reads one in the model's dtype (TransformerDecoder.load_mixer's)."""
+    s = spec
+    kd, vd, nv = s.key_dim, s.value_dim, s.num_v_heads
+    if s.grouped_in_proj:  # Qwen3-Next: per key head [q, k, v, z] rows, then per key head [b, a]
+        qkvz = weight(prefix + "in_proj_qkvz.weight", 2 * kd + 2 * vd, hidden)
+        ba = weight(prefix + "in_proj_ba.weight", 2 * nv, hidden)
+        per = nv // s.num_k_heads
+        qkvz = qkvz.view(s.num_k_heads, 2 * s.head_k_dim + 2 * per * s.head_v_dim, hidden)
+        parts = torch.split(qkvz, [s.head_k_dim, s.head_k_dim, per * s.head_v_dim, per * s.head_v_dim], dim=1)
+        b, a = torch.split(ba.view(s.num_k_heads, 2 * per, hidden), [per, per], dim=1)
+        in_proj = torch.cat([t.reshape(-1, hidden) for t in (*parts, b, a)])
+    else:  # Qwen3.5: [q; k; v], z, b, a
+        in_proj = torch.cat([weight(prefix + "in_proj_qkv.weight", 2 * kd + vd, hidden),
+                             weight(prefix + "in_proj_z.weight", vd, hidden),
+                             weight(prefix + "in_proj_b.weight", nv, hidden),
+                             weight(prefix + "in_proj_a.weight", nv, hidden)])
+    conv = weight(prefix + "conv1d.weight", s.conv_dim, 1, s.conv_kernel).view(s.conv_dim, s.conv_kernel)
+    return GatedDeltaNet(spec, in_proj.contiguous(), conv.contiguous(), weight(prefix + "dt_bias", nv),
+                         weight(prefix + "A_log", nv), weight(prefix + "norm.weight", s.head_v_dim),
+                         weight(prefix + "out_proj.weight", hidden, vd))

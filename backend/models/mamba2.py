@@ -1,0 +1,265 @@
+"""Mamba-2's token mixer (a state-space duality layer) for the hybrid decoders: IBM Granite 4.0-H
+(granitemoehybrid.py), Bamba (bamba.py), Nemotron-H (nemotron_h.py), Falcon-H1 (falcon_h1.py, beside
+attention). It runs where the spec's `mixers[i]` is "mamba2" (mixers.py has the contract).
+
+For each token the input projection gives z (the gate, `intermediate` wide), xBC (x: `heads * head_dim`,
+then B and C: `groups * state` each) and dt (one per head). xBC passes a depthwise causal convolution of
+`conv_kernel` taps and SiLU (mixers.causal_conv1d, over the last `conv_kernel - 1` inputs it saw). Then per
+head h, with dt = clamp(softplus(dt + dt_bias), time_step_limit), A = -exp(A_log), and B, C of the head's
+group (heads / groups heads share one):
+
+    S_t = exp(dt_t A) S_{t-1} + dt_t x_t B_t^T          (S: [head_dim, state], fp32)
+    y_t = S_t C_t + D x_t
+
+y is gated and normalised per group (RMSNorm over `intermediate / groups` values of y * silu(z), the
+norm's weight after; Falcon-H1's variants: Mamba2Spec.norm), and the output projection maps it back to the
+hidden size.
+
+A sequence's state is its conv inputs `[conv_dim, conv_kernel - 1]` and S per head `[heads, head_dim,
+state]`, both fp32. Decode rows take one recurrent step together, one kernel reading and writing each
+row's state at its slot (kernels.ssd_decode: no host sync, as a captured graph needs); the gated norm is
+one kernel too (kernels.mamba_gated_norm). A prompt chunk runs the same recurrence in its chunked
+form (`ssd_chunk`), continuing from its slot's state, so chunk after chunk of one prompt continues
+exactly: within a chunk of at most `chunk_size` tokens the outputs are a masked, decayed product like
+attention's (C_t . B_u weighted by exp(sum of dt A over (u, t])), plus the entering state decayed to t;
+the state leaving the chunk is the entering one decayed over the chunk plus each token's x B^T decayed
+from its position.
+
+Hugging Face's torch path computes the conv in the model's dtype, softplus(dt + dt_bias) in the model's
+dtype and the scan in fp32 (its prefill clamps dt to time_step_limit, its one-token step does not: here
+both clamp, a no-op at the default (0, inf)); the gated norm in fp32, rounded to the model's dtype before
+the output projection. The same here, the conv summed in fp32 and rounded once (mixers.causal_conv1d).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from tritonformer import kernels
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder
+
+KIND = "mamba2"  # the mixer kind a family's spec names (DecoderSpec.mixers)
+
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """A hybrid model's Mamba-2 layers' sizes (the same in every such layer), from its config."""
+    num_heads: int
+    head_dim: int
+    state_size: int
+    num_groups: int
+    intermediate_size: int  # num_heads * head_dim
+    conv_kernel: int
+    chunk_size: int = 256
+    conv_bias: bool = True
+    proj_bias: bool = False
+    norm_eps: float = 1e-5
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    # How y meets the gate z: "gated" RMSNorm(y * silu(z)) per group (Granite 4.0-H, Bamba, Nemotron-H; Falcon-H1
+    # with mamba_norm_before_gate false), "before_gate" RMSNorm(y) * silu(z) (Falcon-H1's default), "none" y * silu(z)
+    # (Falcon-H1 without mamba_rms_norm: no norm weight)
+    norm: str = "gated"
+    out_bias: bool | None = None  # a bias on out_proj (None: as proj_bias; Falcon-H1's projectors_bias)
+
+    def __post_init__(self):
+        if self.num_heads * self.head_dim != self.intermediate_size:
+            raise ValueError(f"Mamba-2: {self.num_heads} heads of {self.head_dim} are not its intermediate size "
+                             f"{self.intermediate_size}")
+        if self.num_heads % self.num_groups:
+            raise ValueError(f"Mamba-2: {self.num_heads} heads are not a multiple of {self.num_groups} groups")
+        if self.norm not in ("gated", "before_gate", "none"):
+            raise ValueError(f"Mamba-2 norm {self.norm!r} is not supported (supported: gated, before_gate, none)")
+        if self.conv_kernel < 2:
+            raise ValueError(f"Mamba-2: a conv kernel of {self.conv_kernel} taps is not supported (supported: >= 2)")
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.proj_bias if self.out_bias is None else self.out_bias
+
+    @property
+    def conv_dim(self) -> int:
+        return self.intermediate_size + 2 * self.num_groups * self.state_size
+
+    @property
+    def proj_size(self) -> int:
+        return self.intermediate_size + self.conv_dim + self.num_heads
+
+    @classmethod
+    def from_hf(cls, cfg: dict, family: str) -> "Mamba2Spec":
+        """From the `mamba_*` keys Granite 4.0-H's and Bamba's configs share ("auto" head_dim:
+        intermediate / heads, as transformers derives it)."""
+        if cfg.get("hidden_act", "silu") != "silu":  # (transformers' Mamba-2 conv takes hidden_act too)
+            raise ValueError(f"unsupported {family} hidden_act {cfg['hidden_act']!r} (supported: silu)")
+        inter = int(cfg.get("mamba_expand", 2) * cfg["hidden_size"])
+        heads = cfg.get("mamba_n_heads", 128)
+        head_dim = cfg.get("mamba_d_head", "auto")
+        head_dim = inter // heads if head_dim in (None, "auto") else head_dim
+        limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+        return cls(num_heads=heads, head_dim=head_dim, state_size=cfg.get("mamba_d_state", 256),
+                   num_groups=cfg.get("mamba_n_groups", 1), intermediate_size=inter,
+                   conv_kernel=cfg.get("mamba_d_conv", 4), chunk_size=cfg.get("mamba_chunk_size") or 256,
+                   conv_bias=bool(cfg.get("mamba_conv_bias", True)), proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+                   norm_eps=cfg.get("rms_norm_eps", 1e-5), time_step_limit=(float(limit[0]), float(limit[1])))
+
+
+def tensor_shapes(spec: Mamba2Spec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """A Mamba-2 layer's checkpoint tensors under `prefix` (e.g. "layers.0.mamba.")."""
+    s = spec
+    shapes = {"in_proj.weight": (s.proj_size, hidden), "conv1d.weight": (s.conv_dim, 1, s.conv_kernel),
+              "dt_bias": (s.num_heads,), "A_log": (s.num_heads,), "D": (s.num_heads,),
+              "norm.weight": (s.intermediate_size,), "out_proj.weight": (hidden, s.intermediate_size)}
+    if s.norm == "none":
+        del shapes["norm.weight"]
+    if s.conv_bias:
+        shapes["conv1d.bias"] = (s.conv_dim,)
+    if s.proj_bias:
+        shapes["in_proj.bias"] = (s.proj_size,)
+    if s.has_out_bias:
+        shapes["out_proj.bias"] = (hidden,)
+    return {prefix + name: shape for name, shape in shapes.items()}
+
+
+class Mamba2Mixer:
+    def __init__(self, spec: Mamba2Spec, prefix: str, hidden: int, weight, out_scale: float | None = None):
+        """Layer weights under `prefix` ("layers.{i}.mamba."), read by `weight(name, *shape)` (the
+        decoder's: checked, on the device in the model's dtype). `out_scale` (Granite's
+        residual_multiplier) is folded into the output projection, as the decoder folds it into
+        attention's."""
+        s = self.spec = spec
+        self.in_w = weight(prefix + "in_proj.weight", s.proj_size, hidden)
+        self.in_b = weight(prefix + "in_proj.bias", s.proj_size) if s.proj_bias else None
+        self.conv_w = weight(prefix + "conv1d.weight", s.conv_dim, 1, s.conv_kernel)[:, 0]
+        self.conv_b = weight(prefix + "conv1d.bias", s.conv_dim) if s.conv_bias else None
+        self.dt_bias = weight(prefix + "dt_bias", s.num_heads)  # (added in the model's dtype, as HF adds it)
+        self.A = -torch.exp(weight(prefix + "A_log", s.num_heads).float())
+        self.D = weight(prefix + "D", s.num_heads).float()
+        self.norm_w = weight(prefix + "norm.weight", s.intermediate_size).float() if s.norm != "none" else None
+        out_w = weight(prefix + "out_proj.weight", hidden, s.intermediate_size)
+        out_b = weight(prefix + "out_proj.bias", hidden) if s.has_out_bias else None
+        if out_scale is not None and out_scale != 1.0:
+            out_w = (out_w.float() * out_scale).to(out_w.dtype)
+            out_b = (out_b.float() * out_scale).to(out_b.dtype) if out_b is not None else None
+        self.out_w, self.out_b = out_w, out_b
+        self.state_shapes = {"conv": (s.conv_dim, s.conv_kernel - 1),
+                             "ssm": (s.num_heads, s.head_dim, s.state_size)}
+
+    def __call__(self, x: torch.Tensor, pre, batch: DecoderBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.spec
+        rows = x.shape[0]
+        zxbcdt = kernels.linear_act(x, self.in_w, self.in_b, prenorm=pre)  # (the layer's norm in its prologue)
+        z, xbc, dt = zxbcdt.split([s.intermediate_size, s.conv_dim, s.num_heads], dim=-1)
+        xbc = causal_conv1d(xbc, self.conv_w, self.conv_b, batch, state["conv"], "silu")
+        y = torch.empty(rows, s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
+        d, ssm = batch.num_decode, state["ssm"]
+        if d:  # one step of every decoding sequence, its state read and written at its slot: one kernel
+            y[:d] = kernels.ssd_decode(xbc[:d], dt[:d], self.dt_bias, self.A, self.D, ssm, batch.state_slots[:d],
+                                       s.num_groups, s.time_step_limit)
+        if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form
+            xs, b, c = xbc[d:].split([s.intermediate_size, s.num_groups * s.state_size,
+                                      s.num_groups * s.state_size], dim=-1)
+            dt = F.softplus(dt[d:] + self.dt_bias).clamp(*s.time_step_limit).float()  # [T, H]
+            xs = xs.float().view(-1, s.num_heads, s.head_dim)
+            b = b.float().view(-1, s.num_groups, s.state_size)
+            c = c.float().view(-1, s.num_groups, s.state_size)
+            row = 0
+            for j, n in enumerate(batch.prefill_lens):
+                slot = batch.state_slots[d + j : d + j + 1]
+                part = slice(row, row + n)
+                out, new = ssd_chunk(ssm.index_select(0, slot)[0], xs[part], dt[part], self.A, b[part], c[part],
+                                     s.chunk_size)
+                y[d + row : d + row + n] = out + self.D[:, None] * xs[part]
+                ssm.index_copy_(0, slot, new[None])
+                row += n
+        normed = kernels.mamba_gated_norm(y.view(rows, -1), z, self.norm_w, s.num_groups, s.norm_eps, s.norm)
+        return kernels.linear_act(normed, self.out_w, self.out_b)
+
+
+def _per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """`[..., groups, N]` B or C as each head's `[..., heads, N]` (heads / groups consecutive heads share a group)."""
+    groups = t.shape[-2]
+    return t if groups == heads else t.repeat_interleave(heads // groups, dim=-2)
+
+
+def ssd_chunk(held: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor,
+              c: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`L` consecutive tokens of one sequence from its state `held` `[H, P, N]`: x `[L, H, P]`, dt
+    `[L, H]`, A `[H]`, b / c `[L, G, N]` (fp32). Returns (y without D's skip `[L, H, P]`, the state
+    after the last token), the tokens taken `chunk_size` at a time (the state carried between)."""
+    heads = x.shape[1]
+    b, c = _per_head(b, heads), _per_head(c, heads)
+    y = torch.empty_like(x)
+    state = held
+    for start in range(0, x.shape[0], chunk_size):
+        part = slice(start, start + chunk_size)
+        y[part], state = _ssd_one_chunk(state, x[part], dt[part], A, b[part], c[part])
+    return y, state
+
+
+def _ssd_one_chunk(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor,
+                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ssd_chunk over one chunk (b, c per head). With a_k = dt_k A the log-decay of token k, token t
+    sees token u <= t through exp(sum of a over (u, t]) and the entering state through exp(sum of a
+    over [0, t]). The sums over (u, t] are masked cumulative sums of a, not differences of running
+    totals (those lose the small sums' precision where the totals are large)."""
+    n = x.shape[0]
+    a = (dt * A).t()  # [H, n]
+    # between[h, t, u] = sum of a[h, k] for u < k <= t (lower triangle incl. the diagonal, -inf above)
+    after = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=-1)  # [k, u]: k > u
+    between = torch.cumsum(a[:, :, None].expand(-1, n, n).masked_fill(~after, 0.0), dim=1)  # [H, t, u]
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device))
+    decay = torch.exp(between.masked_fill(~causal, float("-inf")))  # [H, t, u]
+    scores = torch.einsum("thn,uhn->htu", c, b) * decay  # [H, t, u]
+    xdt = x * dt[:, :, None]  # [n, H, P]
+    y = torch.einsum("htu,uhp->thp", scores, xdt)
+    entering = torch.exp(torch.cumsum(a, dim=1))  # [H, t]: the entering state's decay to t (incl. t)
+    y = y + torch.einsum("hpn,thn->thp", state, c) * entering.t()[:, :, None]
+    to_end = decay[:, n - 1, :]  # [H, u]: exp(sum of a over (u, n - 1])
+    new = state * entering[:, n - 1, None, None] + torch.einsum("uhp,uhn->hpn", xdt * to_end.t()[:, :, None], b)
+    return y, new
+
+
+@dataclass(frozen=True)
+class HybridSpec(DecoderSpec):
+    """The shared decoder's spec with the sizes of its Mamba-2 layers (those whose `mixers` kind is
+    KIND)."""
+    mamba: Mamba2Spec | None = None
+    mixer_prefix: str = "mamba."  # where a Mamba-2 layer keeps its tensors, relative to `layers.{i}.`
+
+    def mixer_tensors(self, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
+        """A Mamba-2 layer's checkpoint tensors by name (client/model_shapes.tensor_shapes: a random-weight
+        model at a published shape)."""
+        return tensor_shapes(self.mamba, prefix + self.mixer_prefix, self.hidden_size)
+
+
+def hybrid_spec(spec: DecoderSpec, mamba: Mamba2Spec, mixer_prefix: str = "mamba.") -> HybridSpec:
+    """`spec` (a family's, built by spec_from_hf with its `mixers`) with its Mamba-2 layers' sizes."""
+    if KIND not in spec.mixers:
+        raise ValueError("a Mamba-2 hybrid spec names its Mamba-2 layers in `mixers`")
+    return HybridSpec(**{f.name: getattr(spec, f.name) for f in fields(spec)}, mamba=mamba, mixer_prefix=mixer_prefix)
+
+
+def layer_mixers(kinds: list[str], family: str) -> tuple[str | None, ...]:
+    """Per layer KIND (a Mamba-2 layer) or None (attention) from a config's layer types: transformers'
+    "linear_attention" / "full_attention" or the published "mamba" / "attention"."""
+    mixers = []
+    for i, kind in enumerate(kinds):
+        if kind not in ("mamba", "linear_attention", "attention", "full_attention"):
+            raise ValueError(f"{family} layer {i}'s type {kind!r} is not supported (supported: mamba / "
+                             f"linear_attention, attention / full_attention)")
+        mixers.append(KIND if kind in ("mamba", "linear_attention") else None)
+    return tuple(mixers)
+
+
+class Mamba2Decoder(TransformerDecoder):
+    """The shared decoder whose KIND layers run a Mamba2Mixer (a HybridSpec's `mamba`, its tensors under
+    `mixer_prefix`)."""
+
+    def load_mixer(self, i: int, prefix: str, weight, read):
+        c = self.config
+        if c.mixer(i) != KIND:
+            return super().load_mixer(i, prefix, weight, read)
+        return Mamba2Mixer(c.mamba, prefix + c.mixer_prefix, c.hidden_size, weight, out_scale=c.residual_scale)
