@@ -158,9 +158,9 @@ class DecoderRunner:
         n, rounds = len(entries), max(steps)
         if rounds > MAX_DECODE_STEPS:
             raise ValueError(f"{rounds} iterations in a round; at most {MAX_DECODE_STEPS}")
-        self._reset_states(entries)
         greedy = all(p.greedy for p in params)
         if self.graphs is not None and self.graphs.bucket(n) is not None:
+            self._reset_states(entries)  # (the eager path below resets in run)
             replay, logits, greedy_ids = self.graphs.load(entries, steps)
             ring = self._to_host
             i = ring.take()

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from tritonformer.backend.device import to_device_async
+
 
 class StateCache:
     def __init__(self, layouts: list[dict[str, tuple[int, ...]]], num_slots: int, device: torch.device):
@@ -48,11 +50,5 @@ class StateCache:
 
     def reset(self, slots: list[int]) -> None:
         """Zero these slots (their sequences start at their first token)."""
-        index = torch.tensor(slots, dtype=torch.long).to(self.data.device, non_blocking=True)
+        index = to_device_async(torch.tensor(slots, dtype=torch.long), self.data.device)
         self.data.index_fill_(0, index, 0.0)
-
-    def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
-
-    def bytes_per_slot(self) -> int:
-        return self.nbytes() // (self.num_slots + 1)

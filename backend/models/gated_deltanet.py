@@ -156,7 +156,7 @@ class GatedDeltaNet:
         c, vd, nv = s.conv_dim, s.value_dim, s.num_v_heads
         z = proj[:, c : c + vd]
         b, a = proj[:, c + vd : c + vd + nv], proj[:, c + vd + nv :]
-        mixed = causal_conv1d(proj[:, :c].contiguous(), self.conv, None, batch, state["conv"], "silu")
+        mixed = causal_conv1d(proj[:, :c], self.conv, None, batch, state["conv"], "silu")
         out = torch.empty(rows, nv, s.head_v_dim, dtype=x.dtype, device=x.device)
         held, d = state["recurrent"], batch.num_decode
         if d:  # one step for every decoding sequence, its state read and written at its slot: one kernel
