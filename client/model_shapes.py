@@ -429,6 +429,52 @@ TRINITY_MINI = {
     "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 131072,
     "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
 }
+# state-spaces/mamba-2.8b-hf's config.json (model_type mamba), from memory of the published file: 64 attention-free
+# Mamba-1 layers at 2,560 wide (intermediate 5,120, state 16, dt rank 160, 4 conv taps), the head tied (transformers'
+# default: the file does not say), GPT-NeoX's tokenizer padded to 50,280 ids. No max_position_embeddings: the model
+# has none (mamba1.DEFAULT_MAX_POSITIONS serves it).
+MAMBA_2_8B = {
+    "model_type": "mamba", "vocab_size": 50280, "hidden_size": 2560, "intermediate_size": 5120,
+    "num_hidden_layers": 64, "state_size": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 160,
+    "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5,
+    "residual_in_fp32": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+}
+# tiiuae/falcon-mamba-7b's config.json (model_type falcon_mamba), from memory of the published file: 64 Mamba-1
+# layers at 4,096 wide (intermediate 8,192, state 16, dt rank 256) with weightless RMSNorms on dt, B and C
+# (mixer_rms_eps 1e-6), an untied head, a 65,024-id vocabulary. Uncertain: `expand` (2 here, as intermediate / hidden:
+# transformers reads intermediate_size) and the token ids (eos / pad 11).
+FALCON_MAMBA_7B = {
+    "model_type": "falcon_mamba", "vocab_size": 65024, "hidden_size": 4096, "intermediate_size": 8192,
+    "num_hidden_layers": 64, "state_size": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 256,
+    "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5,
+    "mixer_rms_eps": 1e-6, "residual_in_fp32": True, "tie_word_embeddings": False, "bos_token_id": 0,
+    "eos_token_id": 11, "pad_token_id": 11,
+}
+# mistralai/Mamba-Codestral-7B-v0.1's config.json (model_type mamba2), from memory of the published file: 64 Mamba-2
+# layers at 4,096 wide, 128 heads of 64 (expand 2), state 128 in 8 groups, 4 conv taps, 256-token chunks, the gated
+# norm after the gate (norm_before_gate false), an untied head, a 32,768-id vocabulary. Uncertain: the token ids
+# (bos 0, eos 0 here; transformers' Mamba2Config defaults are bos 0, eos 2) and dt's rank (256, unused by Mamba-2).
+MAMBA_CODESTRAL_7B = {
+    "model_type": "mamba2", "vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "num_heads": 128,
+    "head_dim": 64, "state_size": 128, "n_groups": 8, "expand": 2, "conv_kernel": 4, "chunk_size": 256,
+    "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "rms_norm": True,
+    "norm_before_gate": False, "residual_in_fp32": True, "time_step_rank": 256, "time_step_min": 0.001,
+    "time_step_max": 0.1, "time_step_limit": (0.0, float("inf")), "tie_word_embeddings": False, "bos_token_id": 0,
+    "eos_token_id": 0, "pad_token_id": 0,
+}
+# ai21labs/AI21-Jamba-1.5-Mini's config.json (model_type jamba; Jamba-v0.1's has the same sizes), from memory of the
+# published file: 32 layers at 4,096 wide, every 8th from the 5th attending (32 query heads over 8 KV heads, no
+# rotary), the others Mamba-1 (expand 2, state 16, dt rank 256, 4 conv taps) with dt / B / C norms; every 2nd layer
+# from the 2nd 16 experts of 14,336 (the top 2), the others a SwiGLU MLP of 14,336; a 65,536-id vocabulary, untied.
+# Uncertain: Jamba-1.5-Mini's token ids (Jamba-v0.1's and JambaConfig's defaults here: bos 1, eos 2, pad 0).
+JAMBA_MINI = {
+    "model_type": "jamba", "vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "num_experts": 16, "num_experts_per_tok": 2,
+    "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
+    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256, "mamba_conv_bias": True,
+    "mamba_proj_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
 # LiquidAI/LFM2-1.2B's config.json (model_type lfm2), from memory of the published file: 16 layers at 2,048 wide,
 # six of them attending (full_attn_idxs; later revisions also write them as layer_types), the other ten gated short
 # convolutions of 3 taps; 32 query heads of 64 over 8 KV heads with q / k norms; block_ff_dim 12,288 auto-adjusted
@@ -453,6 +499,19 @@ LFM2_8B_A1B = {
     "num_attention_heads": 32, "num_key_value_heads": 8, "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-5,
     "rope_theta": 1000000.0, "max_position_embeddings": 128000, "tie_embedding": True, "bos_token_id": 1,
     "eos_token_id": 7, "pad_token_id": 0,
+}
+# LiquidAI/LFM3-1.7B (model_type lfm3): transformers' Lfm3Config defaults, which its docstring calls that model's
+# configuration (the published config.json is not known here exactly): 24 layers at 2,048 wide, per four layers a
+# global attending one (i % 4 == 2, a "proportional" rotary over half of each head's frequencies, base 1e6), a
+# windowed one of 256 tokens past the first (i % 4 == 0, a plain rotary of base 10,000) and gated short convolutions
+# of 7 taps; 16 query heads of 128 over 4 KV heads with per-head q / k norms and sigmoid gates; sandwich norms; a
+# SwiGLU of 7,680; the head tied. The layer kinds and ropes are left to those defaults (as the class fills them).
+LFM3_1_7B = {
+    "model_type": "lfm3", "vocab_size": 128000, "hidden_size": 2048, "intermediate_size": 7680,
+    "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+    "conv_L_cache": 7, "conv_bias": False, "sliding_window": 256, "use_sandwich_norm": True,
+    "use_attention_gate": True, "attention_bias": False, "norm_eps": 1e-5, "max_position_embeddings": 128000,
+    "tie_word_embeddings": True, "bos_token_id": 124894, "eos_token_id": 124900, "pad_token_id": 124893,
 }
 # ibm-granite/granite-4.0-h-tiny's config.json (model_type granitemoehybrid), from memory of the published file: 40
 # layers at 1,536 wide, four attending (layer_types: 5, 15, 25, 35; NoPE), the rest Mamba-2 (48 heads of 64 over
@@ -523,6 +582,47 @@ FALCON_H1_0_5B = {
     "mlp_multipliers": [0.8838834764831844, 0.5859375],
     "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0,
+}
+# moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (model_type kimi_linear, 48B in all, 3B active) as recalled
+# (not read from the file), the options transformers' KimiLinearConfig renames under its names (num_experts_per_tok
+# for num_experts_per_token, norm_topk_prob for moe_renormalize, n_group for num_expert_group, n_shared_experts for
+# num_shared_experts, max_position_embeddings for model_max_length; kimi_linear.from_hf reads either), the KDA's
+# sizes and the layer kinds in `linear_attn_config` as published: 27 layers at 2,304 wide, latent attention without
+# a rotary in the 4th, 8th, ..., 24th and the 27th (counting from 1: 32 heads, keys and values from a latent of 512
+# plus a 64-dim key part every head shares, queries from q_proj, 128 + 64 query / key dims and 128 value dims a
+# head), Kimi Delta Attention in the other 20 (32 heads of 128, 4-tap convolutions); the first layer a dense
+# SwiGLU of 9,216 columns, then 256 experts of 1,024, the top 8 by sigmoid score plus a learnt bias, renormalised,
+# scaled by 2.446, one shared expert. Uncertain: the layer lists (transformers' default rule, without them, puts
+# latent attention in the 5th, 9th, ... layers instead) and the token ids.
+KIMI_LINEAR_48B_A3B = {
+    "model_type": "kimi_linear", "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 27, "num_attention_heads": 32, "num_key_value_heads": 32, "q_lora_rank": None,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True,
+    "linear_attn_config": {"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
+                           "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+                           "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26]},
+    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 1024, "n_shared_experts": 1,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "moe_router_activation_func": "sigmoid", "norm_topk_prob": True,
+    "routed_scaling_factor": 2.446, "n_group": 1, "topk_group": 1, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 1048576, "attention_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": 163584, "eos_token_id": 163586, "pad_token_id": 163839,
+}
+# Zyphra/Zamba2-2.7B's config.json (model_type zamba2), from memory of the published file: 54 Mamba-2 layers at 2,560
+# wide (80 heads of 64 over 2 x 2,560, state 64, one group, 4 conv taps), nine of them (6, 12, ..., 42, 47, 51) fed by
+# two shared transformer blocks in turn (32 heads of 160 over the 5,120-wide concatenation, no rotary, an exact-GELU
+# GeGLU MLP of 10,240 with LoRA adapters of rank 128 per invocation, none on the attention); Mistral's vocabulary, a
+# tied head. Uncertain: use_mem_rope and use_shared_attention_adapter (false here; Zamba2-1.2B's may set them).
+ZAMBA2_2_7B = {
+    "model_type": "zamba2", "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 10240,
+    "num_hidden_layers": 54, "layers_block_type": ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4
+    + ["hybrid"] + ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2, "hybrid_layer_ids": [6, 12, 18, 24, 30, 36, 42, 47, 51],
+    "num_attention_heads": 32, "num_key_value_heads": 32, "num_mem_blocks": 2, "adapter_rank": 128,
+    "use_shared_attention_adapter": False, "use_shared_mlp_adapter": True, "use_mem_rope": False,
+    "n_mamba_heads": 80, "mamba_headdim": 64, "mamba_d_state": 64, "mamba_ngroups": 1, "mamba_d_conv": 4,
+    "mamba_expand": 2, "chunk_size": 256, "use_conv_bias": True, "add_bias_linear": False, "hidden_act": "gelu",
+    "time_step_min": 0.001, "time_step_max": 0.1, "time_step_floor": 1e-4, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 4096, "use_long_context": False, "tie_word_embeddings": True, "bos_token_id": 1,
+    "eos_token_id": 2, "pad_token_id": 0,
 }
 # adept/persimmon-8b-base, as its config.json reads (a snapshot of the Hub's file): 36 layers at 4,096 wide, 64
 # heads of 64 (as many KV heads), per-head q / k LayerNorms with biases, a rotary over half of each head
@@ -732,6 +832,19 @@ OLMO_2_7B = {
     "rope_theta": 500000.0, "max_position_embeddings": 4096, "attention_bias": False, "tie_word_embeddings": False,
     "bos_token_id": None, "eos_token_id": 100257, "pad_token_id": 100277,
 }
+# allenai/Olmo-Hybrid-7B (model_type olmo_hybrid): transformers' OlmoHybridConfig defaults, which its docstring
+# names that checkpoint's (the published config.json is not known here exactly): 32 layers at 3,840 wide, every 4th
+# OLMo 3 attention (30 heads of 128, q / k norms over all heads, post-norm), the others gated DeltaNet (30 key heads
+# of 96 and 30 value heads of 192, beta in [0, 2]); an MLP of 11,008. No rotary: the released checkpoints' rope base
+# is null (transformers' modeling file says so), which this writes as rope_theta None.
+OLMO_HYBRID_7B = {
+    "model_type": "olmo_hybrid", "vocab_size": 100352, "hidden_size": 3840, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 30, "num_key_value_heads": 30, "linear_num_key_heads": 30,
+    "linear_num_value_heads": 30, "linear_key_head_dim": 96, "linear_value_head_dim": 192,
+    "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+    "rope_theta": None, "max_position_embeddings": 65536, "attention_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": None, "eos_token_id": 100257, "pad_token_id": 100277,
+}
 # OLMoE-1B-7B-0924 (model_type olmoe): 64 experts of 1,024 columns, the top 8 (not renormalised),
 # q / k norms over all heads.
 OLMOE_1B_7B = {
@@ -829,6 +942,7 @@ DECODER_SHAPES = {
     "trinity-mini": TRINITY_MINI,
     "lfm2-1.2b": LFM2_1_2B,
     "lfm2-8b-a1b": LFM2_8B_A1B,
+    "lfm3-1.7b": LFM3_1_7B,
     "persimmon-8b": PERSIMMON_8B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
@@ -846,6 +960,7 @@ DECODER_SHAPES = {
     "youtu-llm-2b": YOUTU_LLM_2B,
     "solar-open-100b": SOLAR_OPEN_100B,
     "olmo-2-7b": OLMO_2_7B,
+    "olmo-hybrid-7b": OLMO_HYBRID_7B,
     "olmoe-1b-7b": OLMOE_1B_7B,
     "flex-olmo-7x7b": FLEX_OLMO_7X7B,
     "command-r7b": COMMAND_R7B,
@@ -855,6 +970,12 @@ DECODER_SHAPES = {
     "bamba-9b": BAMBA_9B,
     "nemotron-h-8b": NEMOTRON_H_8B,
     "falcon-h1-0.5b": FALCON_H1_0_5B,
+    "kimi-linear-48b-a3b": KIMI_LINEAR_48B_A3B,
+    "zamba2-2.7b": ZAMBA2_2_7B,
+    "mamba-2.8b": MAMBA_2_8B,
+    "falcon-mamba-7b": FALCON_MAMBA_7B,
+    "mamba-codestral-7b": MAMBA_CODESTRAL_7B,
+    "jamba-mini": JAMBA_MINI,
 }
 
 
@@ -871,6 +992,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     if dbrx:
         cfg = {_DBRX_NAMES.get(k, k): v for k, v in cfg.items()}
         cfg["num_key_value_heads"] = cfg["attn_config"]["kv_n_heads"]
+    if "num_attention_heads" not in cfg and "state_size" in cfg:  # attention-free (Mamba, Mamba-2): no heads
+        return _shrunk_attention_free(cfg, layers, hidden, vocab)
     kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
     ratio = cfg["num_attention_heads"] // kv
     if name.startswith("phi-2"):
@@ -937,10 +1060,19 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
             cfg["attn_layer_indices"] = list(range(1, layers, 2))
         if cfg.get("shared_intermediate_size"):
             cfg["shared_intermediate_size"] = hidden + 48
+    if "n_mamba_heads" in cfg:  # Zamba2: Mamba-2 as above, rank-16 adapters, a Mamba-2 layer then a hybrid one in
+        # turn over the few (hybrid_layer_ids left to follow them)
+        cfg.update(n_mamba_heads=8, mamba_headdim=cfg.get("mamba_expand", 2) * hidden // 8, mamba_d_state=16,
+                   chunk_size=16, adapter_rank=16, layers_block_type=(["mamba", "hybrid"] * layers)[:layers])
+        cfg.pop("hybrid_layer_ids", None)
     if "hybrid_override_pattern" in cfg:  # Nemotron-H: Mamba-2 as above (2 groups); an "M" without an MLP, then "*-"
         # and "M-": three of the decoder's layers, `layers` ignored
         cfg.update(mamba_num_heads=8, mamba_head_dim=cfg.get("expand", 2) * hidden // 8, ssm_state_size=16,
                    chunk_size=16, n_groups=2, hybrid_override_pattern="M*-M-", num_hidden_layers=5)
+    if "mamba_dt_rank" in cfg:  # Jamba: dt's rank as transformers derives it ("auto"), an attending layer among the few
+        period = min(cfg["attn_layer_period"], layers)
+        cfg.update(mamba_dt_rank="auto", attn_layer_period=period,
+                   attn_layer_offset=min(cfg["attn_layer_offset"], period - 1))
     if "kv_lora_rank" in cfg:  # latent attention (DeepSeek): its ranks and head dims an eighth of the published
         for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             cfg[key] = cfg[key] // 8 if cfg.get(key) else cfg.get(key)
@@ -948,6 +1080,11 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         ratio = cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"]  # kept, heads as wide as attention's
         cfg.update(linear_num_key_heads=2, linear_num_value_heads=2 * ratio, linear_key_head_dim=2 * hidden // heads,
                    linear_value_head_dim=2 * hidden // heads)
+    if "linear_attn_config" in cfg:  # Kimi Linear: 4 KDA heads as wide as attention's, a KDA layer then a
+        # latent-attention one in turn over the few (its lists count from 1)
+        cfg["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 4, "head_dim": 2 * hidden // heads,
+                                     "kda_layers": list(range(1, layers + 1, 2)),
+                                     "full_attn_layers": list(range(2, layers + 1, 2))}
     if "full_attention_interval" in cfg:  # a full-attention layer among the few (Qwen3-Next: every 4th)
         cfg["full_attention_interval"] = min(cfg["full_attention_interval"], layers)
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
@@ -961,6 +1098,18 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["rope_scaling"] = {**cfg["rope_scaling"], "short_factor": cfg["rope_scaling"]["short_factor"][:half],
                                "long_factor": cfg["rope_scaling"]["long_factor"][:half]}
         cfg["original_max_position_embeddings"] = 64
+    return cfg
+
+
+def _shrunk_attention_free(cfg: dict, layers: int, hidden: int, vocab: int) -> dict:
+    """shrunk() of an attention-free model (Mamba, Falcon-Mamba, Mamba-2): `layers` layers at `hidden`, a state of 16,
+    dt's rank as transformers derives it ("auto"), the intermediate width expand x hidden; Mamba-2's 8 heads over it in
+    2 groups, 16-token chunks (so that the prompts cross them); at most 256 tokens a sequence."""
+    cfg.pop("intermediate_size", None)
+    cfg.update(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, state_size=16, time_step_rank="auto",
+               max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if "num_heads" in cfg:
+        cfg.update(num_heads=8, head_dim=cfg.get("expand", 2) * hidden // 8, n_groups=2, chunk_size=16)
     return cfg
 
 
@@ -1016,9 +1165,10 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         shapes[n.positions] = (spec.position_offset + spec.max_position_embeddings, hidden)
     for i in range(spec.num_layers):
         p = f"layers.{i}."
-        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.pre_norms else {}
+        layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.layer_pre_norms(i) else {}
         layer[n.o] = (hidden, q)
-        if spec.mla:  # latent attention's projections (mla.py), o_proj over the heads' values
+        if spec.mla and (spec.mixer(i) is None or spec.parallel_mixers):  # latent attention's projections (mla.py),
+            # o_proj over the heads' values (a layer with a mixer in place of attention: the mixer's, below)
             layer[n.o] = (hidden, spec.num_heads * spec.mla.v_head_dim)
             shapes.update(mla_tensor_shapes(spec.mla, p, hidden, spec.num_heads))
         else:
@@ -1034,7 +1184,7 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
             layer[n.down] = (hidden, inter)
             layer.update({n.gate_up: (2 * inter, hidden)} if n.gate_up else {n.gate: (inter, hidden),
                                                                                n.up: (inter, hidden)})
-        if spec.sandwich_norms:
+        if spec.layer_post_norms(i):
             layer.update({n.attn_post_norm: (hidden,), n.mlp_post_norm: (hidden,)})
         if spec.qk_norm:
             layer.update({n.q_norm: (q,), n.k_norm: (kv,)} if spec.qk_norm_full else {n.q_norm: (head,), n.k_norm: (head,)})

@@ -33,7 +33,7 @@ def triton_kernels_enabled() -> bool:
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
                    "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
-                   "triton_mla", "triton_recurrent")
+                   "triton_mla", "triton_recurrent", "triton_kda", "triton_recurrent_prefill")
 _loaded = False
 
 
@@ -98,10 +98,16 @@ write_kv = _dispatched("write_kv")
 mla_latent_norms = _dispatched("mla_latent_norms")
 mla_kv_to_cache = _dispatched("mla_kv_to_cache")
 conv1d_decode = _dispatched("conv1d_decode")
+conv1d_chunk = _dispatched("conv1d_chunk")
+gated_delta_chunk = _dispatched("gated_delta_chunk")
 gated_delta_decode = _dispatched("gated_delta_decode")
 gated_rms_norm = _dispatched("gated_rms_norm")
+kda_decode = _dispatched("kda_decode")
+kda_gated_norm = _dispatched("kda_gated_norm")
+ssd_chunk = _dispatched("ssd_chunk")
 ssd_decode = _dispatched("ssd_decode")
 mamba_gated_norm = _dispatched("mamba_gated_norm")
+selective_scan_decode = _dispatched("selective_scan_decode")
 qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin

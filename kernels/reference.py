@@ -369,13 +369,36 @@ def conv1d_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.to(x.dtype)
 
 
+def conv1d_chunk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor,
+                 slot: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+    """A depthwise causal convolution over one sequence's T prompt rows x `[T, C]`, continuing from the
+    last K - 1 inputs it saw (`conv_state[slot]`, `[C, K - 1]` fp32, oldest first; `slot` a 1-element long
+    tensor): row t sees [the inputs before it; x[t]], K taps. Returns sum(window * weight) (+ bias)
+    through `activation` (None or "silu") in fp32, rounded once to x's dtype (Hugging Face's Conv1d
+    rounds its sum once), and leaves the last K - 1 inputs (fp32) at the slot."""
+    k = weight.shape[1]
+    if x.shape[0] == 0:
+        return x.clone()
+    padded = torch.cat([conv_state.index_select(0, slot)[0], x.float().t()], dim=1)  # [C, K - 1 + T]
+    y = F.conv1d(padded[None], weight.float()[:, None, :], bias.float() if bias is not None else None,
+                 groups=weight.shape[0])[0].t()
+    if activation == "silu":
+        y = F.silu(y)
+    elif activation is not None:
+        raise ValueError(f"unsupported convolution activation {activation!r} (supported: silu)")
+    conv_state.index_copy_(0, slot, padded[None, :, padded.shape[1] - (k - 1):])
+    return y.to(x.dtype)
+
+
 def gated_delta_inputs(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor,
-                       dt_bias: torch.Tensor, num_k_heads: int, head_k_dim: int) -> tuple[torch.Tensor, ...]:
+                       dt_bias: torch.Tensor, num_k_heads: int, head_k_dim: int,
+                       beta_scale: float = 1.0) -> tuple[torch.Tensor, ...]:
     """A gated DeltaNet layer's per-token rule inputs (models/gated_deltanet.py), all fp32: from the
     convolved rows mixed `[T, 2 key_dim + value_dim]` ([q; k; v], the model's dtype) and the gate
     logits b, a `[T, Hv]`: q and k per value head `[T, Hv, K]` (L2-normalised with eps 1e-6, q times
     K ** -0.5; key head j serves value heads j * Hv / Hk ..), v `[T, Hv, V]`, g = neg_a * softplus(a +
-    dt_bias) and beta = sigmoid(b) rounded to b's dtype (Hugging Face takes it there), `[T, Hv]`."""
+    dt_bias) and beta = sigmoid(b) rounded to b's dtype (Hugging Face takes it there) times
+    `beta_scale` (OLMo hybrid's 2: exact in any dtype), `[T, Hv]`."""
     rows, nv = b.shape
     kd = num_k_heads * head_k_dim
 
@@ -387,7 +410,7 @@ def gated_delta_inputs(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, ne
     q, k = l2(mixed[:, :kd]) * head_k_dim ** -0.5, l2(mixed[:, kd : 2 * kd])
     v = mixed[:, 2 * kd :].reshape(rows, nv, (mixed.shape[1] - 2 * kd) // nv).float()
     g = neg_a * F.softplus(a.float() + dt_bias)
-    return q, k, v, g, torch.sigmoid(b).float()
+    return q, k, v, g, torch.sigmoid(b).float() * beta_scale
 
 
 def gated_delta_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -402,13 +425,63 @@ def gated_delta_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     return torch.einsum("bhkv,bhk->bhv", state, q), state
 
 
+DELTA_CHUNK = 64  # tokens per chunk of the gated delta rule's chunked form (FLA's and Hugging Face's)
+
+
+def gated_delta_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      state: torch.Tensor, slot: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated delta rule over one sequence's T prompt tokens, from the state at its slot (`state`
+    `[slots, H, K, V]` fp32, the slot's entry replaced by the state after the last token; `slot` a
+    1-element long tensor): q and k `[T, H, K]`, v `[T, H, V]`, g and beta `[T, H]`, all fp32 (rows may
+    be strided). Returns o `[T, H, V]` (fp32, or written into `out`, any float dtype, and returned).
+
+    The chunked (WY) form, DELTA_CHUNK tokens at a time (models/gated_deltanet.py has the derivation):
+    within a chunk, with G_t the cumulative sum of g from its start and S0 the state before it,
+
+        (I + L) U = diag(beta) V - diag(beta e^G) K S0,   L_ts = beta_t e^(G_t - G_s) k_t . k_s  (s < t)
+        o_t = e^(G_t) S0^T q_t + sum_(s <= t) e^(G_t - G_s) (q_t . k_s) u_s
+        S_C = e^(G_C) S0 + sum_s e^(G_C - G_s) k_s u_s^T
+
+    The last chunk is padded with tokens that change nothing (k = v = 0, g = beta = 0)."""
+    length, heads, kd = k.shape
+    vd = v.shape[-1]
+    c = DELTA_CHUNK
+    pad = -length % c
+    q, k, v = (F.pad(t.transpose(0, 1), (0, 0, 0, pad)) for t in (q, k, v))  # [H, T + pad, .]
+    g, beta = F.pad(g.t(), (0, pad)), F.pad(beta.t(), (0, pad))
+    n = (length + pad) // c
+    q, k = q.reshape(heads, n, c, kd), k.reshape(heads, n, c, kd)
+    v, g, beta = v.reshape(heads, n, c, vd), g.reshape(heads, n, c), beta.reshape(heads, n, c)
+    cum = g.cumsum(-1)  # G_t
+    causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
+    # e^(G_t - G_s) for s <= t, 0 above the diagonal (masked before the exp: G_t - G_s > 0 there and may overflow)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    # I + L with L's strictly lower part; a unit-triangular solve reads only that part
+    system = (beta[..., None] * (k @ k.transpose(-1, -2))) * decay
+    u_base = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k * (beta * cum.exp())[..., None], upper=False, unitriangular=True)
+    scores = (q @ k.transpose(-1, -2)) * decay  # (q_t . k_s) e^(G_t - G_s), s <= t
+    q_from_state = q * cum.exp()[..., None]  # reads S0 decayed to t
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]  # writes decayed to the chunk's end
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    o = torch.empty(heads, n, c, vd, dtype=torch.float32, device=v.device)
+    s = state.index_select(0, slot)[0]
+    for i in range(n):
+        u = u_base[:, i] - w[:, i] @ s
+        o[:, i] = q_from_state[:, i] @ s + scores[:, i] @ u
+        s = s * chunk_decay[:, i] + k_to_end[:, i].transpose(-1, -2) @ u
+    state.index_copy_(0, slot, s[None])
+    o = o.view(heads, n * c, vd)[:, :length].transpose(0, 1)
+    return o if out is None else out.copy_(o)
+
+
 def gated_delta_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor,
                        dt_bias: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                       num_k_heads: int) -> torch.Tensor:
+                       num_k_heads: int, beta_scale: float = 1.0) -> torch.Tensor:
     """One decode step of a gated DeltaNet layer per row: the rule's inputs from its convolved row
-    (gated_delta_inputs), one step of the rule on the state at its slot (`state` `[slots, Hv, K, V]`
-    fp32, updated in place), the output `[rows, Hv, V]` rounded to mixed's dtype."""
-    q, k, v, g, beta = gated_delta_inputs(mixed, b, a, neg_a, dt_bias, num_k_heads, state.shape[2])
+    (gated_delta_inputs, beta times `beta_scale`), one step of the rule on the state at its slot (`state`
+    `[slots, Hv, K, V]` fp32, updated in place), the output `[rows, Hv, V]` rounded to mixed's dtype."""
+    q, k, v, g, beta = gated_delta_inputs(mixed, b, a, neg_a, dt_bias, num_k_heads, state.shape[2], beta_scale)
     out, new = gated_delta_step(state.index_select(0, slots), q, k, v, g, beta)
     state.index_copy_(0, slots, new)
     return out.to(mixed.dtype)
@@ -448,6 +521,45 @@ def ssd_decode(xbc: torch.Tensor, dt: torch.Tensor, dt_bias: torch.Tensor, A: to
     return torch.einsum("rhpn,rhn->rhp", new, c) + D[:, None] * x
 
 
+def ssd_chunk(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+              state: torch.Tensor, slot: torch.Tensor, chunk_size: int = 256) -> torch.Tensor:
+    """A Mamba-2 layer's recurrence over one sequence's T prompt tokens (models/mamba2.py), from the
+    state S `[H, P, N]` at its slot (`state` `[slots, H, P, N]` fp32, the slot's entry replaced by the
+    state after the last token; `slot` a 1-element long tensor): x `[T, H, P]`, dt `[T, H]` (after its
+    softplus and clamp), A `[H]`, b / c `[T, G, N]` (heads / groups consecutive heads share one), all
+    fp32 (rows may be strided). Returns y without D's skip `[T, H, P]` fp32.
+
+    The chunked form, `chunk_size` tokens at a time (Hugging Face's `chunk_size`; a kernel may chunk
+    otherwise: the same sums, rounded differently): with a_k = dt_k A the log-decay of token k, token t
+    sees token u <= t through exp(sum of a over (u, t]) and the entering state through exp(sum of a
+    over [0, t]). The sums over (u, t] are masked cumulative sums of a, not differences of running
+    totals (those lose the small sums' precision where the totals are large)."""
+    heads = x.shape[1]
+    groups = b.shape[1]
+    if groups != heads:
+        b, c = b.repeat_interleave(heads // groups, dim=1), c.repeat_interleave(heads // groups, dim=1)
+    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    s = state.index_select(0, slot)[0]
+    for start in range(0, x.shape[0], chunk_size):
+        part = slice(start, start + chunk_size)
+        xs, n = x[part], x[part].shape[0]
+        a = (dt[part] * A).t()  # [H, n]
+        # between[h, t, u] = sum of a[h, k] for u < k <= t (lower triangle incl. the diagonal, -inf above)
+        after = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=-1)  # [k, u]: k > u
+        between = torch.cumsum(a[:, :, None].expand(-1, n, n).masked_fill(~after, 0.0), dim=1)  # [H, t, u]
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device))
+        decay = torch.exp(between.masked_fill(~causal, float("-inf")))  # [H, t, u]
+        scores = torch.einsum("thn,uhn->htu", c[part], b[part]) * decay  # [H, t, u]
+        xdt = xs * dt[part][:, :, None]  # [n, H, P]
+        entering = torch.exp(torch.cumsum(a, dim=1))  # [H, t]: the entering state's decay to t (incl. t)
+        y[part] = (torch.einsum("htu,uhp->thp", scores, xdt)
+                   + torch.einsum("hpn,thn->thp", s, c[part]) * entering.t()[:, :, None])
+        to_end = decay[:, n - 1, :]  # [H, u]: exp(sum of a over (u, n - 1])
+        s = s * entering[:, n - 1, None, None] + torch.einsum("uhp,uhn->hpn", xdt * to_end.t()[:, :, None], b[part])
+    state.index_copy_(0, slot, s[None])
+    return y
+
+
 def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | None, num_groups: int, eps: float,
                      order: str = "gated") -> torch.Tensor:
     """Mamba-2's output norm over rows y `[T, I]` (fp32) with the gate silu(z) (z `[T, I]`, the model's
@@ -460,6 +572,80 @@ def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | No
     g = (y * gate if order == "gated" else y).view(y.shape[0], num_groups, y.shape[1] // num_groups)
     g = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(y.shape) * weight
     return (g if order == "gated" else g * gate).to(z.dtype)
+
+
+def kda_inputs(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor,
+               dt_bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A Kimi Delta Attention layer's per-token rule inputs (models/kda.py), all fp32: from the convolved
+    rows mixed `[T, 2 H K + H V]` ([q; k; v], the model's dtype), the forget gate's logits f `[T, H K]` and the
+    beta logits b `[T, H]` (the model's dtype; rows at any stride): q and k `[T, H, K]` L2-normalised (x /
+    sqrt(sum x^2 + 1e-6); q also times K ** -0.5), v `[T, H, V]`, the per-channel log decay
+    g = neg_a[h] * softplus(f + dt_bias) `[T, H, K]` (neg_a `[H]`, dt_bias `[H K]` fp32; softplus as
+    log(1 + exp(x)), x itself above 20: Hugging Face's form) and beta = sigmoid(b) rounded to b's dtype."""
+    rows, heads = b.shape
+    kd = f.shape[1]
+    k_dim = kd // heads
+
+    def l2(t: torch.Tensor) -> torch.Tensor:
+        t = t.reshape(rows, heads, k_dim).float()
+        return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+    q, k = l2(mixed[:, :kd]) * k_dim ** -0.5, l2(mixed[:, kd : 2 * kd])
+    v = mixed[:, 2 * kd :].reshape(rows, heads, (mixed.shape[1] - 2 * kd) // heads).float()
+    x = f.float() + dt_bias
+    g = neg_a[:, None] * torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x))).view(rows, heads, k_dim)
+    return q, k, v, g, torch.sigmoid(b).float()
+
+
+def kda_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule with a decay per key channel, B sequences at once, all fp32: state
+    `[B, H, K, V]`, q, k and g `[B, H, K]`, v `[B, H, V]`, beta `[B, H]`. S' = diag(e^g) S; u = beta (v - S'^T k);
+    S = S' + k u^T; o = S^T q. Returns (o `[B, H, V]`, the new state)."""
+    state = state * g.exp()[..., None]
+    update = (v - torch.einsum("bhkv,bhk->bhv", state, k)) * beta[..., None]
+    state = state + k[..., :, None] * update[..., None, :]
+    return torch.einsum("bhkv,bhk->bhv", state, q), state
+
+
+def kda_decode(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor,
+               state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One decode step of a Kimi Delta Attention layer per row: the rule's inputs from its convolved row and gate
+    logits (kda_inputs), one step of the rule on the state at its slot (`state` `[slots, H, K, V]` fp32, updated
+    in place), the output `[rows, H, V]` rounded to mixed's dtype."""
+    q, k, v, g, beta = kda_inputs(mixed, f, b, neg_a, dt_bias)
+    out, new = kda_step(state.index_select(0, slots), q, k, v, g, beta)
+    state.index_copy_(0, slots, new)
+    return out.to(mixed.dtype)
+
+
+def kda_gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Kimi Delta Attention's output norm: per head (o `[T, H, V]`), RMSNorm(o) times weight `[V]` times
+    sigmoid(gate) (gate `[T, H * V]`, rows at any stride), all in fp32, rounded once to o's dtype: Hugging
+    Face's (and FLA's) order, which never rounds in between."""
+    of = o.float()
+    normed = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return (normed * torch.sigmoid(gate.reshape(o.shape).float())).to(o.dtype)
+
+
+def selective_scan_decode(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, z: torch.Tensor,
+                          dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
+                          slots: torch.Tensor) -> torch.Tensor:
+    """One decode step of a Mamba-1 layer per row (models/mamba1.py): from its convolved row x `[rows, I]`,
+    its dt before the bias `[rows, I]` (dt_proj's output), B and C `[rows, N]` and the gate z `[rows, I]` (all
+    the model's dtype, rows at any stride), with dt = softplus(dt + dt_bias) in fp32, the state h `[I, N]` at
+    its slot (`state` `[slots, I, N]` fp32, updated in place): h = exp(dt A) h + dt x B (A `[I, N]` fp32, per
+    channel and state), and (h C + D x) * silu(z) (D `[I]` fp32), returned in the model's dtype. As Hugging
+    Face's scan rounds: h C in the model's dtype (h rounded first), silu(z) in the model's dtype, the rest
+    fp32, rounded once."""
+    dtype = x.dtype
+    xf = x.float()
+    delta = F.softplus(dt.float() + dt_bias.float())  # [rows, I]
+    new = (state.index_select(0, slots) * torch.exp(delta[:, :, None] * A)
+           + (delta * xf)[:, :, None] * b.float()[:, None, :])
+    state.index_copy_(0, slots, new)
+    y = (new.to(dtype).float() * c.to(dtype).float()[:, None, :]).sum(-1).to(dtype).float()
+    return ((y + D * xf) * F.silu(z).float()).to(dtype)
 
 
 def qkv_split(

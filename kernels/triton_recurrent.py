@@ -7,6 +7,8 @@ that reads the row's state at its slot, computes, and writes the state back in p
 
 - `conv1d_decode`: a depthwise causal convolution's step (LFM2's short convolutions, the
   convolutions before Mamba-2's and gated DeltaNet's recurrences).
+- `selective_scan_decode`: Mamba-1's selective scan step (per-channel decay of an `[I, N]` state), its
+  D skip and silu(z) gate.
 
 Same semantics and signatures as the references in kernels/reference.py.
 """
@@ -90,7 +92,7 @@ def _l2_normalised(x, eps):
 
 @triton.jit(do_not_specialize=["group"])
 def _gated_delta_decode_kernel(mixed_ptr, b_ptr, a_ptr, neg_a_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
-                               group, stride_m, stride_b, stride_a, stride_slot, stride_out,
+                               group, beta_scale, stride_m, stride_b, stride_a, stride_slot, stride_out,
                                KEY_DIM: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                                BV: tl.constexpr):
     """Row i, value head h, value columns v0 .. v0 + BV - 1: its share of the state S `[K, BV]`
@@ -107,7 +109,7 @@ def _gated_delta_decode_kernel(mixed_ptr, b_ptr, a_ptr, neg_a_ptr, dt_bias_ptr, 
     v_ok = vc < V
     v = tl.load(row + 2 * KEY_DIM + h * V + vc, mask=v_ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + i * stride_b + h).to(tl.float32)
-    beta = (1.0 / (1.0 + tl.exp(-b))).to(b_ptr.dtype.element_ty).to(tl.float32)  # (rounded as HF takes it)
+    beta = (1.0 / (1.0 + tl.exp(-b))).to(b_ptr.dtype.element_ty).to(tl.float32) * beta_scale  # (rounded as HF)
     x = tl.load(a_ptr + i * stride_a + h).to(tl.float32) + tl.load(dt_bias_ptr + h)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))  # (torch's threshold)
     decay = tl.exp(tl.load(neg_a_ptr + h) * softplus)
@@ -125,7 +127,7 @@ def _gated_delta_decode_kernel(mixed_ptr, b_ptr, a_ptr, neg_a_ptr, dt_bias_ptr, 
 @register("gated_delta_decode")
 def gated_delta_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor,
                        dt_bias: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                       num_k_heads: int) -> torch.Tensor:
+                       num_k_heads: int, beta_scale: float = 1.0) -> torch.Tensor:
     """See reference.gated_delta_decode. b and a may be strided over rows (slices of a projection's
     output); the state's slots at any stride, each slot's `[Hv, K, V]` contiguous."""
     rows, nv = b.shape
@@ -140,7 +142,7 @@ def gated_delta_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, ne
     bk = triton.next_power_of_2(k)
     bv = _block(v, bk)
     _gated_delta_decode_kernel[(rows, nv, triton.cdiv(v, bv))](
-        mixed, b, a, neg_a, dt_bias, state, slots, out, nv // num_k_heads,
+        mixed, b, a, neg_a, dt_bias, state, slots, out, nv // num_k_heads, float(beta_scale),
         mixed.stride(0), b.stride(0), a.stride(0), state.stride(0), out.stride(0),
         KEY_DIM=key_dim, K=k, V=v, BK=bk, BV=bv, num_warps=4,
     )
@@ -149,19 +151,25 @@ def gated_delta_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, ne
 
 @triton.jit(do_not_specialize=["n_heads"])
 def _gated_rms_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, n_heads, stride_z, eps, V: tl.constexpr,
-                           BV: tl.constexpr):
-    """Row t, head h: RMSNorm(o) rounded, times w rounded, times silu(z) in fp32, rounded once."""
+                           BV: tl.constexpr, SIGMOID: tl.constexpr = False):
+    """Row t, head h: RMSNorm(o) times w times the gate, rounded once to the output's dtype: silu(z), the norm
+    and the weighted norm rounded first (gated DeltaNet's, Hugging Face's order); or, SIGMOID, sigmoid(z) with
+    nothing rounded in between (KDA's)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     c = tl.arange(0, BV)
     ok = c < V
     base = (t * n_heads + h) * V
     o = tl.load(o_ptr + base + c, mask=ok, other=0.0).to(tl.float32)
-    normed = (o / tl.sqrt(tl.sum(o * o, axis=0) / V + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    normed = o / tl.sqrt(tl.sum(o * o, axis=0) / V + eps)
     w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    weighted = (normed * w).to(out_ptr.dtype.element_ty).to(tl.float32)
     z = tl.load(z_ptr + t * stride_z + h * V + c, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + base + c, (weighted * (z / (1.0 + tl.exp(-z)))).to(out_ptr.dtype.element_ty), mask=ok)
+    if SIGMOID:
+        gated = normed * w / (1.0 + tl.exp(-z))
+    else:
+        normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
+        gated = (normed * w).to(out_ptr.dtype.element_ty).to(tl.float32) * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + base + c, gated.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @register("gated_rms_norm")
@@ -271,4 +279,60 @@ def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | No
             y, z, weight if weight is not None else y, out, z.stride(0), float(eps), WIDTH=width, GROUP=group,
             ORDER=_ORDERS[order], BLOCK=block, num_warps=max(1, min(8, block // 512)),
         )
+    return out
+
+
+@triton.jit(do_not_specialize=["n_channels"])
+def _selective_scan_decode_kernel(x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, dt_bias_ptr, a_ptr, d_ptr, state_ptr, slots_ptr,
+                                  out_ptr, n_channels, stride_x, stride_dt, stride_b, stride_c, stride_z, stride_slot,
+                                  stride_out, N: tl.constexpr, BC: tl.constexpr, BN: tl.constexpr):
+    """Row i, channels c0 .. c0 + BC - 1: h `[BC, N]` decayed by exp(dt A) plus dt x B, read by C, plus D x,
+    gated by silu(z)."""
+    i = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    nc = tl.arange(0, BN)
+    c_ok, n_ok = cols < n_channels, nc < N
+    mask = c_ok[:, None] & n_ok[None, :]
+    x = tl.load(x_ptr + i * stride_x + cols, mask=c_ok, other=0.0).to(tl.float32)
+    raw = (tl.load(dt_ptr + i * stride_dt + cols, mask=c_ok, other=0.0).to(tl.float32)
+           + tl.load(dt_bias_ptr + cols, mask=c_ok, other=0.0).to(tl.float32))
+    dt = tl.where(raw > 20.0, raw, tl.log(1.0 + tl.exp(tl.minimum(raw, 20.0))))  # softplus (torch's threshold)
+    b = tl.load(b_ptr + i * stride_b + nc, mask=n_ok, other=0.0).to(tl.float32)
+    c = tl.load(c_ptr + i * stride_c + nc, mask=n_ok, other=0.0).to(tl.float32)
+    c = c.to(out_ptr.dtype.element_ty).to(tl.float32)
+    a = tl.load(a_ptr + cols[:, None] * N + nc[None, :], mask=mask, other=0.0)
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    cell = state_ptr + slot * stride_slot + cols[:, None].to(tl.int64) * N + nc[None, :]
+    h = tl.load(cell, mask=mask, other=0.0) * tl.exp(dt[:, None] * a) + (dt * x)[:, None] * b[None, :]
+    tl.store(cell, h, mask=mask)
+    # h C in the model's dtype (h rounded, the sum rounded), as Hugging Face's scan computes it
+    y = tl.sum(h.to(out_ptr.dtype.element_ty).to(tl.float32) * c[None, :], axis=1)
+    y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + tl.load(d_ptr + cols, mask=c_ok, other=0.0) * x
+    z = tl.load(z_ptr + i * stride_z + cols, mask=c_ok, other=0.0).to(tl.float32)
+    gate = (z / (1.0 + tl.exp(-z))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + i * stride_out + cols, (y * gate).to(out_ptr.dtype.element_ty), mask=c_ok)
+
+
+@register("selective_scan_decode")
+def selective_scan_decode(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, z: torch.Tensor,
+                          dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
+                          slots: torch.Tensor) -> torch.Tensor:
+    """See reference.selective_scan_decode. x, dt, B, C and z may be strided over rows (slices of the
+    projections' outputs); the state's slots at any stride, each slot's `[I, N]` contiguous."""
+    rows, channels = x.shape
+    _, _, n = state.shape
+    assert x.stride(1) == 1 and dt.stride(1) == 1 and b.stride(1) == 1 and c.stride(1) == 1 and z.stride(1) == 1
+    assert dt.shape == z.shape == (rows, channels) and b.shape == c.shape == (rows, n)
+    assert state.dtype == torch.float32 and state.stride(2) == 1 and state.stride(1) == n
+    assert A.dtype == torch.float32 and A.is_contiguous() and A.shape == (channels, n) and D.dtype == torch.float32
+    out = torch.empty((rows, channels), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    bn = triton.next_power_of_2(n)
+    bc = _block(channels, bn)
+    _selective_scan_decode_kernel[(rows, triton.cdiv(channels, bc))](
+        x, dt, b, c, z, dt_bias, A, D, state, slots, out, channels,
+        x.stride(0), dt.stride(0), b.stride(0), c.stride(0), z.stride(0), state.stride(0), out.stride(0),
+        N=n, BC=bc, BN=bn, num_warps=4,
+    )
     return out

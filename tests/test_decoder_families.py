@@ -158,6 +158,40 @@ CASES = [
         "mamba_rms_norm": True, "mamba_norm_before_gate": True, "attention_bias": True, "mlp_bias": True,
         "mamba_proj_bias": True, "projectors_bias": True, "mamba_n_groups": 2}),
     ("falcon-h1-norm-after-gate", "falcon-h1-0.5b", {"mamba_rms_norm": True, "mamba_norm_before_gate": False}),
+    # Attention-free models (the KV cache holds no layer): Mamba, every layer a Mamba-1 mixer without an MLP, a tied
+    # head (weights drawn wider: at 0.1 the continuations repeat one token; at 0.5 the logits grow past the iteration
+    # check's tolerance); and with in / out projection biases, a conv of 3 taps without a bias, dt of rank 4, an untied
+    # head. Falcon-Mamba: weightless RMSNorms on dt, B, C. Mamba-2 (Mamba-Codestral's shape): the gated norm per group
+    # of 2; and biases, one group, 3 conv taps, tied
+    ("mamba", "mamba-2.8b", {"initializer_range": 0.3}),
+    ("mamba-biases-3-taps-untied", "mamba-2.8b", {"use_bias": True, "use_conv_bias": False, "conv_kernel": 3,
+                                                  "time_step_rank": 4, "tie_word_embeddings": False}),
+    ("falcon-mamba", "falcon-mamba-7b", {}),
+    ("mamba2", "mamba-codestral-7b", {}),
+    ("mamba2-biases-one-group-tied", "mamba-codestral-7b", {"use_bias": True, "use_conv_bias": False, "n_groups": 1,
+                                                            "conv_kernel": 3, "tie_word_embeddings": True}),
+    # Jamba: a Mamba-1 layer with its weighted dt / B / C norms and a dense MLP, then an attending one (NoPE) with
+    # experts (softmax top 2 unnormalised); and four layers: experts after a Mamba-1 layer and after attention, the
+    # Mamba layers' projection biases, a conv of 3 taps without a bias, MHA (weights drawn wider: at 0.02 the
+    # continuations repeat one token)
+    ("jamba", "jamba-mini", {}),
+    ("jamba-moe-after-mamba-biases-mha", "jamba-mini", {
+        "num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 2, "expert_layer_offset": 0,
+        "mamba_proj_bias": True, "mamba_conv_bias": False, "mamba_d_conv": 3, "num_key_value_heads": 8,
+        "initializer_range": 0.1}),
+    # Zamba2: Mamba-2 layers fed by the two shared blocks in turn (the first block again at the third hybrid layer, its
+    # own adapters and KV cache layer there), a block's input [h; embeddings], an exact-GELU GeGLU MLP with its LoRA
+    # adapters, scores scaled by (head_dim / 2) ** -0.5, GQA; and a hybrid layer first, one block run twice, q / k / v
+    # adapters, the rotary (use_mem_rope), biases (add_bias_linear), 2 groups, the tanh GELU, an untied head (with which
+    # transformers unties the blocks too: each hybrid layer its own copy). Weights drawn wider (initializer_range 0.1)
+    # so the continuations vary
+    ("zamba2", "zamba2-2.7b", {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid",
+                                                                             "hybrid"],
+                               "num_key_value_heads": 2, "initializer_range": 0.1}),
+    ("zamba2-hybrid-first-rope-adapters-biases", "zamba2-2.7b", {
+        "num_hidden_layers": 3, "layers_block_type": ["hybrid", "mamba", "hybrid"], "num_mem_blocks": 1,
+        "use_shared_attention_adapter": True, "use_mem_rope": True, "add_bias_linear": True, "mamba_ngroups": 2,
+        "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": False, "initializer_range": 0.1}),
     ("glm4-moe", "glm-4.5-air", {}),
     # group-limited choice (DeepSeek-V3's): 32 experts in 4 groups, the top 8 among the best 2 groups' 16
     ("glm4-moe-group-limited", "glm-4.5-air", {"n_routed_experts": 32, "n_group": 4, "topk_group": 2}),
@@ -333,6 +367,41 @@ CASES = [
     # Qwen3.5's text models: flat in_proj_qkv / z / b / a, a dense SwiGLU; experts always renormalised
     ("qwen3.5", "qwen3.5-27b", {}),
     ("qwen3.5-moe", "qwen3.5-35b-a3b", {}),
+    # Kimi Linear: a KDA layer (a decay per key channel, the state carried between prompt chunks of 64 and decodes)
+    # with a dense MLP, then latent attention without a rotary and sigmoid experts (bias, renormalised, scaled, a
+    # shared one); and latent attention first with a query latent and biases, experts first in 4 groups (the best 3
+    # kept), unrenormalised, two shared, then a KDA layer of 3 heads of 24 with 3-tap convolutions, a dense MLP
+    ("kimi-linear", "kimi-linear-48b-a3b", {}),
+    ("kimi-linear-mla-first-q-latent-groups", "kimi-linear-48b-a3b", {
+        "layer_types": ["full_attention", "linear_attention"], "mlp_layer_types": ["sparse", "dense"],
+        "q_lora_rank": 96, "attention_bias": True, "n_group": 4, "topk_group": 3, "norm_topk_prob": False,
+        "n_shared_experts": 2, "linear_attn_config": {"head_dim": 24, "num_heads": 3, "short_conv_kernel_size": 3}}),
+    # OLMo hybrid: a gated DeltaNet layer (separate q / k / v / g / b / a projections, beta in [0, 2]) in a pre-norm
+    # block, a NoPE OLMo 3 attention layer in a post-norm block (no norm between them), then DeltaNet again (the
+    # attention block's post norm, then the pre norm); and attention first with a rotary, GQA, beta in [0, 1],
+    # key heads of 12 and value heads of 24 (transformers' 0.75 hidden / heads and twice that), the default layer
+    # kinds (the last attends where no 4th layer does)
+    ("olmo-hybrid", "olmo-hybrid-7b", {"num_hidden_layers": 3,
+                                       "layer_types": ["linear_attention", "full_attention", "linear_attention"]}),
+    ("olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-7b", {
+        "num_hidden_layers": 3, "rope_theta": 500000.0, "num_key_value_heads": 2, "linear_allow_neg_eigval": False,
+        "linear_key_head_dim": None, "linear_value_head_dim": None, "linear_num_key_heads": None,
+        "linear_num_value_heads": None}),
+    ("olmo-hybrid-attention-first", "olmo-hybrid-7b", {"layer_types": ["full_attention", "linear_attention"]}),
+    # LFM3: a short convolution of 7 taps, a windowed layer (8 tokens, a plain rotary), a global one (the proportional
+    # rotary over half of each head's frequency pairs), then a convolution again; sandwich norms on both kinds of
+    # layer, per-head sigmoid gates on the attention's output. And global first with a proportional quarter of base
+    # 5e5, no sandwich norms, no gates, biases on the conv layer, an untied head. Weights drawn wider (as LFM2's) so
+    # the continuations vary
+    ("lfm3", "lfm3-1.7b", {"num_hidden_layers": 4, "initializer_range": 0.1,
+                           "layer_types": ["conv", "sliding_attention", "full_attention", "conv"]}),
+    ("lfm3-plain-norms-ungated-conv-bias-untied", "lfm3-1.7b", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "conv", "sliding_attention"],
+        "use_sandwich_norm": False, "use_attention_gate": False, "conv_bias": True, "tie_word_embeddings": False,
+        "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 5e5,
+                                               "partial_rotary_factor": 0.25},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        "initializer_range": 0.1}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -356,8 +425,9 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
                 p.add_(torch.randn_like(p))
-            if name.endswith("linear_attn.A_log"):  # (gated DeltaNet: HF draws decay rates up to 16, which forget the
-                p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())  # state within a token; slower ones keep it)
+            if name.endswith(("linear_attn.A_log", "forget_gate.A_log")):  # (gated DeltaNet, Kimi's KDA: HF draws decay
+                # rates up to 16, which forget the state within a token; slower ones keep it)
+                p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):  # (LFM2-MoE's too)
                 b.add_(torch.randn_like(b) * 0.1)
@@ -398,7 +468,13 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "apertus", "dbrx",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
                    "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
-                   "nemotron-h-biases-mlp-less-end", "falcon-h1", "falcon-h1-norm-before-gate-biases")
+                   "nemotron-h-biases-mlp-less-end", "falcon-h1", "falcon-h1-norm-before-gate-biases",
+                   "mamba", "mamba-biases-3-taps-untied", "falcon-mamba", "mamba2", "mamba2-biases-one-group-tied",
+                   "jamba", "jamba-moe-after-mamba-biases-mha",
+                   "kimi-linear", "kimi-linear-mla-first-q-latent-groups",
+                   "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
+                   "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
+                   "zamba2", "zamba2-hybrid-first-rope-adapters-biases")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -421,7 +497,8 @@ def test_family_iterations_match_hf_full_forward(case, shape, changes):
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16, "beta_slow": 2,
      "mscale": 1.0, "mscale_all_dim": 0.5},
     {"rope_type": "dynamic", "factor": 2.0},
-], ids=["default", "linear", "llama3", "yarn", "yarn-mscale", "dynamic"])
+    {"rope_type": "proportional", "partial_rotary_factor": 0.25},  # (LFM3's global layers': whole-head pairs)
+], ids=["default", "linear", "llama3", "yarn", "yarn-mscale", "dynamic", "proportional"])
 def test_rope_tables_equal_hf_rotary_embedding(params):
     """Our tables against HF's rotary module (its own frequencies and attention factor) at
     positions inside the model's length, where every variant is position-independent in HF."""
@@ -481,8 +558,8 @@ def test_partial_rotary_in_the_kernels_order_is_hf_rotation(head_dim, rotary_dim
 
 
 def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones():
-    with pytest.raises(ValueError, match=r"unsupported decoder model_type 'mamba' \(supported: llama, mistral"):
-        load_decoder({"model_type": "mamba"}, {}, CPU, torch.float32)
+    with pytest.raises(ValueError, match=r"unsupported decoder model_type 'rwkv' \(supported: llama, mistral"):
+        load_decoder({"model_type": "rwkv"}, {}, CPU, torch.float32)
     cfg = {**shrunk("llama-3.1-8b"), "rope_scaling": {"rope_type": "su", "factor": 2.0}}
     with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
         load_decoder(cfg, {}, CPU, torch.float32)
@@ -550,11 +627,41 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("lfm2-1.2b", {"use_pos_enc": False}, "use_pos_enc"),
     ("lfm2-1.2b", {"block_use_swiglu": False}, "block_use_swiglu"),
     ("lfm2-8b-a1b", {"layer_types": None}, "layer_types"),
+    ("mamba-2.8b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("mamba-2.8b", {"conv_kernel": 1}, "conv_kernel"),
+    ("mamba-codestral-7b", {"num_heads": 4}, "num_heads"),
+    ("jamba-mini", {"attn_layer_offset": 2}, "attn_layer_offset"),
+    ("jamba-mini", {"hidden_act": "gelu"}, "hidden_act"),
     ("qwen3-next-80b-a3b", {"attention_bias": True}, "attention_bias"),
     ("qwen3-next-80b-a3b", {"use_sliding_window": True}, "use_sliding_window"),
     ("qwen3-next-80b-a3b", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
     ("qwen3.5-27b", {"hidden_act": "gelu"}, "hidden_act"),
     ("qwen3.5-35b-a3b", {"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
+    ("kimi-linear-48b-a3b", {"mla_use_nope": False}, "mla_use_nope"),
+    ("kimi-linear-48b-a3b", {"moe_layer_freq": 2}, "moe_layer_freq"),
+    ("kimi-linear-48b-a3b", {"moe_router_activation_func": "softmax"}, "moe_router_activation_func"),
+    ("kimi-linear-48b-a3b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("kimi-linear-48b-a3b", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+    ("kimi-linear-48b-a3b", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("kimi-linear-48b-a3b", {"linear_attn_config": {"short_conv_kernel_size": 1}}, "short_conv_kernel_size"),
+    ("zamba2-2.7b", {"layers_block_type": ["mamba", "attention"]}, "layers_block_type"),
+    ("zamba2-2.7b", {"hybrid_layer_ids": [0]}, "hybrid_layer_ids"),
+    ("zamba2-2.7b", {"use_shared_mlp_adapter": False}, "use_shared_mlp_adapter"),
+    ("zamba2-2.7b", {"use_shared_attention_adapter": True, "num_key_value_heads": 2}, "num_key_value_heads"),
+    ("zamba2-2.7b", {"hidden_act": "relu"}, "hidden_act"),
+    ("olmo-hybrid-7b", {"attention_bias": True}, "attention_bias"),
+    ("olmo-hybrid-7b", {"linear_num_value_heads": 4}, "linear_num_value_heads"),
+    ("olmo-hybrid-7b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("olmo-hybrid-7b", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+    ("olmo-hybrid-7b", {"layer_types": ["linear_attention", "linear_attention"]}, "layer_types"),
+    ("olmo-hybrid-7b", {"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
+    ("lfm3-1.7b", {"attention_bias": True}, "attention_bias"),
+    ("lfm3-1.7b", {"layer_types": ["conv", "linear_attention"]}, "layer_types"),
+    ("lfm3-1.7b", {"layer_types": ["conv", "sliding_attention"], "sliding_window": None}, "sliding_window"),
+    ("lfm3-1.7b", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+    ("lfm3-1.7b", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6,
+                                                          "partial_rotary_factor": 0.5}}}, "partial_rotary_factor"),
+    ("lfm3-1.7b", {"conv_L_cache": 1}, "conv_L_cache"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
@@ -907,6 +1014,32 @@ def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, 
                                PagedSteps(stacked, num_blocks=8, block_size=8).step(prompt), atol=0, rtol=0)
     del published[next(k for k in published if k.endswith("experts.5.down_proj.weight") or k.endswith("experts.5.w2.weight"))]
     with pytest.raises(KeyError, match=r"experts\.5\."):
+        load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+
+
+def test_kimi_linear_loads_its_published_layout():
+    """Kimi Linear's published checkpoints keep each KDA layer's three convolutions apart (`q_conv1d`, `k_conv1d`,
+    `v_conv1d`) and its forget gate's tensors beside its projections (`f_a_proj`, `f_b_proj`, `dt_bias`, `A_log`),
+    and the MoE blocks under `block_sparse_moe` with the experts one by one (`w1` / `w3` / `w2`); transformers
+    renames and stacks them. Both build the same model; a missing convolution is named."""
+    hf, stacked = _pair("kimi-linear-48b-a3b", {})
+    state = strip_prefixes_of(hf.state_dict())
+    moe = {k: v for k, v in state.items()
+           if any(f".mlp.{part}." in k for part in ("experts", "gate", "shared_experts"))}
+    published = {k.replace(".forget_gate.", "."): v for k, v in state.items() if k not in moe}
+    published.update(_published_experts(moe, "block_sparse_moe", ("w1", "w3", "w2")))
+    for name in [k for k in published if k.endswith("self_attn.conv1d.weight")]:
+        for part, conv in zip(published.pop(name).chunk(3), ("q_conv1d", "k_conv1d", "v_conv1d")):
+            published[name.replace("conv1d", conv)] = part.clone()
+    assert any(k.endswith("block_sparse_moe.experts.3.w1.weight") for k in published)
+    assert any(k.endswith("self_attn.f_a_proj.weight") for k in published)
+    assert "layers.0.mlp.up_proj.weight" in published  # (the dense first layer's MLP stays `mlp`)
+    ours = load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
+    prompt = [(0, list(range(3, 80)))]
+    torch.testing.assert_close(PagedSteps(ours, num_blocks=16, block_size=8).step(prompt),
+                               PagedSteps(stacked, num_blocks=16, block_size=8).step(prompt), atol=0, rtol=0)
+    del published["layers.0.self_attn.v_conv1d.weight"]
+    with pytest.raises(KeyError, match="v_conv1d"):
         load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
 
 

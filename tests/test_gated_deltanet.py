@@ -9,8 +9,8 @@ import torch
 
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.state_cache import StateCache
-from tritonformer.backend.models.gated_deltanet import DeltaNetSpec, GatedDeltaNet, chunked_rule, l2_normalised
-from tritonformer.kernels.reference import gated_delta_step as recurrent_step
+from tritonformer.backend.models.gated_deltanet import DeltaNetSpec, GatedDeltaNet, l2_normalised
+from tritonformer.kernels.reference import gated_delta_chunk, gated_delta_step as recurrent_step
 
 
 def _inputs(heads: int, length: int, kd: int, vd: int, seed: int):
@@ -23,6 +23,15 @@ def _inputs(heads: int, length: int, kd: int, vd: int, seed: int):
     beta = torch.rand(heads, length, generator=g)
     state = torch.randn(heads, kd, vd, generator=g) * 0.5
     return q, k, v, decay, beta, state
+
+
+def chunked_rule(state, q, k, v, g, beta):
+    """The chunked form (reference.gated_delta_chunk) on one sequence held per head first: state `[H, K, V]`, q,
+    k `[H, T, K]`, v `[H, T, V]`, g, beta `[H, T]`; returns (o `[H, T, V]`, the state after the last token)."""
+    held = state[None].clone()
+    o = gated_delta_chunk(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t(), held,
+                          torch.zeros(1, dtype=torch.long))
+    return o.transpose(0, 1), held[0]
 
 
 def _recurrent(state, q, k, v, g, beta):

@@ -22,15 +22,55 @@ pytest.importorskip("triton")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _compile(fn, args: dict, constants: dict) -> str:
-    """PTX of `fn` for `args` (name -> Triton type) and its constexprs, for sm_90."""
+HOPPER_SHARED_BYTES = 232_448  # the most shared memory one program may take on an H100 / H200 (227 KiB)
+
+
+def _compile(fn, args: dict, constants: dict, options: dict | None = None):
+    """`fn` compiled for `args` (name -> Triton type), its constexprs and launch options, for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {**args, **{name: "constexpr" for name in constants}}
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
-                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+                          target=GPUTarget("cuda", 90, 32), options=options or {})
+
+
+def prefill_kernels_shared() -> list[str]:
+    """The recurrent layers' prompt kernels (kernels/triton_recurrent_prefill.py) with their launches' options at
+    published head sizes (Qwen3.5's 128 x 128, OLMo hybrid's 96 x 192, Bamba's Mamba-2 64 x 128): one line per
+    kernel, its shared memory in bytes (a launch fails where it passes the GPU's limit)."""
+    from tritonformer.kernels import triton_recurrent_prefill as trp
+
+    f32, i32 = "*fp32", "i32"
+    conv = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "state_ptr": f32, "slot_ptr": "*i64",
+            "out_ptr": "*bf16", **{n: i32 for n in ("length", "n_channels", "stride_x", "stride_o", "stride_slot",
+                                                    "stride_sc")}}
+    prepare = {**{f"{n}_ptr": f32 for n in ("k", "v", "g", "beta", "w", "u")}, "length": i32, "padded": i32,
+               **{f"stride_{n}": i32 for n in ("kt", "kh", "vt", "vh", "gt", "gh", "bt", "bh")}}
+    scan = {**{f"{n}_ptr": f32 for n in ("q", "k", "g", "w", "u", "state")}, "slot_ptr": "*i64", "out_ptr": "*bf16",
+            "length": i32, "padded": i32, "n_chunks": i32,
+            **{f"stride_{n}": i32 for n in ("qt", "qh", "kt", "kh", "gt", "gh", "slot", "ot", "oh")}}
+    ssd = {**{f"{n}_ptr": f32 for n in ("x", "dt", "a", "b", "c", "state")}, "slot_ptr": "*i64", "y_ptr": f32,
+           "length": i32, "n_chunks": i32, "group": i32,
+           **{f"stride_{n}": i32 for n in ("xt", "xh", "dt", "dh", "bt", "bg", "ct", "cg", "slot", "sh", "yt", "yh")}}
+    scan_options = dict(num_warps=trp.SCAN_WARPS, num_stages=trp.SCAN_STAGES)
+    variants = [
+        ("conv1d chunk", trp._conv1d_chunk_kernel, conv,
+         dict(K=4, KP=4, HAS_BIAS=True, SILU=True, BT=trp.CONV_BLOCK_T, BC=trp.CONV_BLOCK_C), dict(num_warps=4)),
+        ("delta prepare 128x128", trp._delta_chunk_prepare_kernel, prepare, dict(K=128, V=128, BK=128, BV=128, C=64),
+         dict(num_warps=8)),
+        ("delta prepare 96x192", trp._delta_chunk_prepare_kernel, prepare, dict(K=96, V=192, BK=128, BV=256, C=64),
+         dict(num_warps=8)),
+        ("delta scan 128x128", trp._delta_chunk_scan_kernel, scan,
+         dict(K=128, V=128, BK=128, BV=trp.SCAN_BLOCK_V, C=64), scan_options),
+        ("delta scan 96x192", trp._delta_chunk_scan_kernel, scan,
+         dict(K=96, V=192, BK=128, BV=trp.SCAN_BLOCK_V, C=64), scan_options),
+        ("ssd chunk 64x128", trp._ssd_chunk_kernel, ssd,
+         dict(P=64, N=128, BP=trp.SSD_BLOCK_P, BN=128, C=trp.SSD_CHUNK), dict(num_warps=8, num_stages=trp.SCAN_STAGES)),
+    ]
+    return [f"{name}: shared {_compile(fn, args, consts, options).metadata.shared}"
+            for name, fn, args, consts, options in variants]
 
 
 def compile_all() -> list[str]:
@@ -39,8 +79,10 @@ def compile_all() -> list[str]:
     from tritonformer.kernels import triton_allreduce as ar
     from tritonformer.kernels import triton_attention as ta
     from tritonformer.kernels import triton_elementwise as te
+    from tritonformer.kernels import triton_kda as tk
     from tritonformer.kernels import triton_moe as moe
     from tritonformer.kernels import triton_norms as tn
+    from tritonformer.kernels import triton_recurrent as tr
 
     push = dict(PUSH_AT=ar.push_at(ar.region_bytes(1 << 20)), SLOT=ar.PUSH_SLOT, SLOTS=ar.FLAG_WORLD, WORLD=2,
                 SENTINEL=ar.SENTINEL, PDL=True)
@@ -130,8 +172,17 @@ def compile_all() -> list[str]:
               FULL_NORM=False, FULL_BLOCK=1024, PDL=True)),
         ("xielu", te._xielu_kernel, {"x_ptr": "*bf16", "p_ptr": "*fp32", "out_ptr": "*bf16", "n": "i32"},
          dict(BLOCK=4096)),
+        # Kimi Linear's KDA decode step and its output norm at Kimi-Linear-48B-A3B's heads (32 of 128)
+        ("kda decode", tk._kda_decode_kernel,
+         {**{f"{name}_ptr": "*bf16" for name in ("mixed", "f", "b", "out")}, "neg_a_ptr": "*fp32",
+          "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64",
+          **{f"stride_{t}": "i32" for t in ("m", "f", "b", "slot", "out")}},
+         dict(HEADS=32, K=128, V=128, BK=128, BV=32)),
+        ("kda gated norm", tr._gated_rms_norm_kernel,
+         {**{f"{name}_ptr": "*bf16" for name in ("o", "z", "w", "out")}, "n_heads": "i32", "stride_z": "i32",
+          "eps": "fp32"}, dict(V=128, BV=128, SIGMOID=True)),
     ]
-    return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts) else 'no wait'}"
+    return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts).asm['ptx'] else 'no wait'}"
             for name, fn, args, consts in variants]
 
 
@@ -149,7 +200,10 @@ def test_interpreted_kernels_compile_for_hopper():
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
+    assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
+    shared = {line.split(": shared ")[0]: int(line.split(": shared ")[1]) for line in lines if ": shared " in line}
+    assert len(shared) == 6 and max(shared.values()) <= HOPPER_SHARED_BYTES, done.stdout
 
 
 if __name__ == "__main__":
-    print("\n".join(compile_all()))
+    print("\n".join(compile_all() + prefill_kernels_shared()))

@@ -91,15 +91,18 @@ def _delta_case(rows, nk, group, kd, vd, dtype, seed=0):
     return mixed, b, a, neg_a, dt_bias, state, slots
 
 
-@pytest.mark.parametrize("rows,nk,group,kd,vd,dtype", [
-    (1, 1, 1, 16, 16, torch.float32), (3, 2, 2, 32, 24, torch.float32), (2, 2, 3, 64, 128, torch.float32),
-    (4, 2, 2, 128, 128, torch.bfloat16), (0, 1, 2, 16, 16, torch.float32),
+@pytest.mark.parametrize("rows,nk,group,kd,vd,dtype,beta_scale", [
+    (1, 1, 1, 16, 16, torch.float32, 1.0), (3, 2, 2, 32, 24, torch.float32, 1.0),
+    (2, 2, 3, 64, 128, torch.float32, 1.0), (4, 2, 2, 128, 128, torch.bfloat16, 1.0),
+    (0, 1, 2, 16, 16, torch.float32, 1.0),
+    # OLMo hybrid's: beta in [0, 2] (linear_allow_neg_eigval), key heads 96 wide and value heads 192, one per key head
+    (3, 3, 1, 96, 192, torch.float32, 2.0), (2, 2, 1, 96, 192, torch.bfloat16, 2.0),
 ])
-def test_gated_delta_decode_kernel(rows, nk, group, kd, vd, dtype):
+def test_gated_delta_decode_kernel(rows, nk, group, kd, vd, dtype, beta_scale):
     mixed, b, a, neg_a, dt_bias, state, slots = _delta_case(rows, nk, group, kd, vd, dtype, seed=rows + kd)
     mine, theirs = state.clone(), state.clone()
-    got = tr.gated_delta_decode(mixed, b, a, neg_a, dt_bias, mine, slots, nk)
-    expected = ref.gated_delta_decode(mixed, b, a, neg_a, dt_bias, theirs, slots, nk)
+    got = tr.gated_delta_decode(mixed, b, a, neg_a, dt_bias, mine, slots, nk, beta_scale)
+    expected = ref.gated_delta_decode(mixed, b, a, neg_a, dt_bias, theirs, slots, nk, beta_scale)
     atol, rtol = SUM_TOL[dtype]
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
     # The state is fp32 both ways; with bf16 inputs beta is rounded to bf16 first, which the interpreter's

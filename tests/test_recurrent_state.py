@@ -1,5 +1,6 @@
 """Recurrent state beyond the model (decoder/state_cache.py): a hybrid model (LFM2, whose short convolutions
-carry each sequence's last inputs) through the real engine (build.build_engine) on the CPU, with more requests
+carry each sequence's last inputs) and an attention-free one (Mamba: a KV cache of no layer, whose blocks only
+count tokens) through the real engine (build.build_engine) on the CPU, with more requests
 than state slots, so sequences queue and take slots others gave back, a KV pool so small that sequences are
 preempted and recompute (their state must start again from zero), prompts in chunks beside decodes and rounds
 of several decode iterations: every output equals Hugging Face's greedy continuation. And the scheduler's slots
@@ -44,6 +45,32 @@ def lfm2():
     return hf, load_decoder(hf.config.to_dict(), strip_prefixes_of(hf.state_dict()), CPU, torch.float32)
 
 
+@pytest.fixture(scope="module")
+def mamba():
+    """A tiny Mamba (two Mamba-1 layers, no attention: the KV cache holds no layer, its blocks only count tokens, so
+    the same 64-token pool preempts), in HF and ours on the same random weights, at most 64 tokens a sequence."""
+    cfg = {**shrunk("mamba-2.8b"), "max_position_embeddings": 64, "initializer_range": 0.3}
+    cfg.pop("model_type")
+    torch.manual_seed(5)
+    hf = transformers.MambaForCausalLM(transformers.MambaConfig(**cfg)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model = load_decoder(hf.config.to_dict(), strip_prefixes_of(hf.state_dict()), CPU, torch.float32)
+    assert model.num_kv_layers == 0
+    return hf, model
+
+
+@pytest.fixture(scope="module")
+def kimi_linear():
+    """A tiny Kimi Linear (a KDA layer, whose state is a convolution's inputs and a matrix per head, then latent
+    attention and experts) in HF and ours, as the family tests build it, at most 64 tokens a sequence."""
+    from test_decoder_families import _pair
+
+    return _pair("kimi-linear-48b-a3b", {"max_position_embeddings": 64}, seed=3)
+
+
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -51,9 +78,10 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear"])
 @pytest.mark.parametrize("steps", [1, 4])
-def test_engine_with_queued_preempted_sequences_is_hf_greedy(lfm2, steps):
-    hf, model = lfm2
+def test_engine_with_queued_preempted_sequences_is_hf_greedy(family, steps, request):
+    hf, model = request.getfixturevalue(family)  # (LFM2: a hybrid; Mamba: attention-free, a KV cache of no layer)
     gen = torch.Generator().manual_seed(9)
     lengths = (23, 5, 17, 30, 9, 1)
     prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in lengths]

@@ -82,7 +82,8 @@ def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: En
     # A hybrid model's recurrent state, one slot per running sequence: taken before the KV cache
     # is sized from the memory left. Prefix caching does not apply to it (scheduler/iteration.py).
     state = model.new_state_cache(o.max_running_sequences)
-    num_blocks = plan_num_blocks(model, o.kv_block_size, o.kv_cache_tokens, o.kv_cache_memory_fraction)
+    num_blocks = plan_num_blocks(model, o.kv_block_size, o.kv_cache_tokens, o.kv_cache_memory_fraction,
+                                 o.max_running_sequences)
     scheduler = IterationScheduler(
         BlockManager(num_blocks, o.kv_block_size), o.max_running_sequences, o.max_tokens_per_iteration,
         max_seq_len=model.config.max_position_embeddings, max_decode_steps=o.max_decode_steps,

@@ -42,14 +42,19 @@ class PagedKVCache:
         return self.nbytes() // (self.num_blocks + 1)
 
 
-def plan_num_blocks(model, block_size: int, tokens_setting: str, memory_fraction: float) -> int:
+def plan_num_blocks(model, block_size: int, tokens_setting: str, memory_fraction: float,
+                    max_running: int = 1) -> int:
     """How many blocks the cache gets: `tokens_setting` tokens' worth, or for "auto" a share
     of the GPU memory still free (other models may share the GPU), on the CPU room for the
     longest sequence or 16384 tokens. At least one longest sequence must fit, or it could never
-    finish."""
+    finish. A model without attending layers (Mamba: `num_kv_layers` 0) stores nothing in its
+    blocks, which only count tokens for the scheduler: "auto" gives each of `max_running`
+    sequences room for the longest."""
     per_token = model.kv_bytes_per_token()
     longest = model.config.max_position_embeddings
-    if tokens_setting != "auto":
+    if tokens_setting == "auto" and per_token == 0:
+        tokens = longest * max(1, max_running)
+    elif tokens_setting != "auto":
         try:
             tokens = int(tokens_setting)
         except ValueError:

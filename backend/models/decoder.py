@@ -133,6 +133,12 @@ DECODER_FAMILIES = {
     "bamba": "bamba",
     "nemotron_h": "nemotron_h",
     "falcon_h1": "falcon_h1",
+    "kimi_linear": "kimi_linear",  # (Kimi Delta Attention layers beside latent attention without a rotary)
+    "mamba": "mamba",  # (attention-free: Mamba-1 layers only, no KV cache layers)
+    "falcon_mamba": "mamba",
+    "mamba2": "mamba2_lm",  # (attention-free: Mamba-2 layers only)
+    "jamba": "jamba",  # (hybrid: Mamba-1 layers beside attending ones)
+    "zamba2": "zamba2",  # (Mamba-2 layers fed by shared transformer blocks)
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",
@@ -155,6 +161,7 @@ DECODER_FAMILIES = {
     "olmo": "olmo",
     "olmo2": "olmo2",
     "olmo3": "olmo2",
+    "olmo_hybrid": "olmo_hybrid",  # (OLMo 3's attention beside gated DeltaNet layers)
     "olmoe": "olmoe",
     "flex_olmo": "flex_olmo",
     "hunyuan_v1_dense": "hunyuan",
@@ -175,6 +182,7 @@ DECODER_FAMILIES = {
     "afmoe": "afmoe",
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
+    "lfm3": "lfm3",  # (LFM2 with windowed layers, sandwich norms and per-head attention gates)
     "jais2": "jais2",
     "phi": "phi",
     "persimmon": "persimmon",
@@ -237,6 +245,10 @@ def decoder_family(config: dict, state: dict):
     reads them)."""
     import importlib
 
+    if "model_type" not in config and "ssm_cfg" in config:  # (state-spaces' own format: Mamba, Mamba-2)
+        from tritonformer.backend.models.mamba1 import mamba_ssm_config
+
+        config = mamba_ssm_config(config)
     model_type = config.get("model_type", "llama")
     if model_type not in DECODER_FAMILIES:
         raise ValueError(f"unsupported decoder model_type {model_type!r} (supported: {', '.join(DECODER_FAMILIES)})")

@@ -1,5 +1,5 @@
-"""Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024): the linear attention of Qwen3-Next's and Qwen3.5's
-`linear_attention` layers, a recurrent token mixer (mixers.py has the contract).
+"""Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024): the linear attention of Qwen3-Next's, Qwen3.5's and OLMo
+hybrid's `linear_attention` layers, a recurrent token mixer (mixers.py has the contract).
 
 Per token t and value head h the layer keeps a matrix S `[head_k_dim, head_v_dim]` (fp32) and updates it by the
 gated delta rule: decay it by a_t = exp(g_t), read what it predicts for the key, and write back the error times
@@ -8,11 +8,13 @@ beta_t:
     S' = a_t S;   u_t = beta_t (v_t - S'^T k_t);   S_t = S' + k_t u_t^T;   o_t = S_t^T q_t
 
 q_t and k_t are L2-normalised (q also times head_k_dim ** -0.5), g_t = -exp(A_log) * softplus(a_t + dt_bias) <= 0
-and beta_t = sigmoid(b_t). q, k and v come from one projection through a depthwise causal convolution (kernel 4)
-and SiLU; each key head serves num_v_heads / num_k_heads consecutive value heads. The output per value head is
-RMS-normalised and gated, norm(o) * w * silu(z) (z a projection of its own), then projected back to the hidden
-size. A sequence's state is that convolution's last inputs `[conv_dim, kernel - 1]` and S for every value head
-`[num_v_heads, head_k_dim, head_v_dim]`.
+and beta_t = sigmoid(b_t) (times `beta_scale`: OLMo hybrid's 2 where `linear_allow_neg_eigval`, beta in [0, 2]).
+q, k and v come from one projection through a depthwise causal convolution (kernel 4) and SiLU; each key head
+serves num_v_heads / num_k_heads consecutive value heads. The output per value head is RMS-normalised and gated,
+norm(o) * w * silu(z) (z a projection of its own; OLMo hybrid's `g_proj`, its norm's eps 1e-5), then projected
+back to the hidden size. The projections' layouts: Qwen3-Next's grouped per key head, Qwen3.5's flat, OLMo
+hybrid's one linear each (DeltaNetSpec). A sequence's state is that convolution's last inputs
+`[conv_dim, kernel - 1]` and S for every value head `[num_v_heads, head_k_dim, head_v_dim]`.
 
 Decode rows take one step of the rule, batched over sequences (states gathered by slot and scattered back, no
 host sync: a captured CUDA graph replays it). A prompt chunk runs in the chunked (WY) form, 64 tokens at a time
@@ -24,7 +26,9 @@ and S0 the state before it, unrolling the rule gives
     S_C = e^(G_C) S0 + sum_s e^(G_C - G_s) k_s u_s^T
 
 so each chunk is two triangular solves and a few matrix products, and only the pass from chunk to chunk is
-sequential. The same mathematics as transformers' torch_chunk_gated_delta_rule, written from it.
+sequential (kernels.gated_delta_chunk: on the GPU two launches a prompt chunk, the chunks' own terms all at once
+and then the pass with each head's state in registers). The same mathematics as transformers'
+torch_chunk_gated_delta_rule, written from it.
 
 Where dtypes differ from fp32 they follow Hugging Face's: the projections, the convolution's output and beta
 (the sigmoid) in the model's dtype, g from fp32 logits (A_log and dt_bias as the model's dtype holds them), the
@@ -36,21 +40,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.kernels import reference
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.models.mixers import causal_conv1d
 
-CHUNK = 64  # tokens per chunk of the chunked form (what FLA's kernels and transformers' fallback use)
-
-
 @dataclass(frozen=True)
 class DeltaNetSpec:
     """A gated DeltaNet layer's sizes (the config's `linear_*` options). `grouped_in_proj`: Qwen3-Next's
     projections, `in_proj_qkvz` and `in_proj_ba` with rows grouped per key head ([q, k, v, z] of the head and its
-    value heads, then [b, a]); else Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`."""
+    value heads, then [b, a]); `separate_proj`: OLMo hybrid's, one linear each (`q_proj`, `k_proj`, `v_proj`,
+    `g_proj` for z, `b_proj`, `a_proj`) and `o_proj` / `o_norm` for `out_proj` / `norm`; else Qwen3.5's
+    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`. `beta_scale`: beta = sigmoid(b) times it. `norm_eps`:
+    the gated output norm's."""
 
     num_k_heads: int
     num_v_heads: int
@@ -59,8 +62,12 @@ class DeltaNetSpec:
     conv_kernel: int
     norm_eps: float
     grouped_in_proj: bool = False
+    separate_proj: bool = False
+    beta_scale: float = 1.0
 
     def __post_init__(self):
+        if self.grouped_in_proj and self.separate_proj:
+            raise ValueError("a gated DeltaNet's projections are grouped (grouped_in_proj) or separate, not both")
         if self.num_v_heads % self.num_k_heads:
             raise ValueError(f"linear_num_value_heads ({self.num_v_heads}) must be a multiple of "
                              f"linear_num_key_heads ({self.num_k_heads})")
@@ -99,40 +106,6 @@ def l2_normalised(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def chunked_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                 beta: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule over one sequence's T tokens in chunks (the module docstring's form), all fp32: state
-    `[H, K, V]`, q and k `[H, T, K]`, v `[H, T, V]`, g and beta `[H, T]`. Returns (o `[H, T, V]`, the state after
-    the last token). The last chunk is padded with tokens that change nothing (k = v = 0, g = 0)."""
-    heads, length, kd = k.shape
-    vd = v.shape[-1]
-    pad = -length % chunk
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
-    n = (length + pad) // chunk
-    q, k = q.view(heads, n, chunk, kd), k.view(heads, n, chunk, kd)
-    v, g, beta = v.view(heads, n, chunk, vd), g.view(heads, n, chunk), beta.view(heads, n, chunk)
-    cum = g.cumsum(-1)  # G_t
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
-    # e^(G_t - G_s) for s <= t, 0 above the diagonal (masked before the exp: G_t - G_s > 0 there and may overflow)
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-    # I + L with L's strictly lower part; a unit-triangular solve reads only that part
-    system = (beta[..., None] * (k @ k.transpose(-1, -2))) * decay
-    u_base = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k * (beta * cum.exp())[..., None], upper=False, unitriangular=True)
-    scores = (q @ k.transpose(-1, -2)) * decay  # (q_t . k_s) e^(G_t - G_s), s <= t
-    q_from_state = q * cum.exp()[..., None]  # reads S0 decayed to t
-    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]  # writes decayed to the chunk's end
-    chunk_decay = cum[..., -1].exp()[..., None, None]
-    out = torch.empty(heads, n, chunk, vd, dtype=v.dtype, device=v.device)
-    for i in range(n):
-        u = u_base[:, i] - w[:, i] @ state
-        out[:, i] = q_from_state[:, i] @ state + scores[:, i] @ u
-        state = state * chunk_decay[:, i] + k_to_end[:, i].transpose(-1, -2) @ u
-    return out.view(heads, n * chunk, vd)[:, :length], state
-
-
 class GatedDeltaNet:
     """One layer's gated DeltaNet (the mixer contract: mixers.py). Its input projection is stored as one
     `[2 key_dim + 2 value_dim + 2 num_v_heads, hidden]` matrix, rows [q; k; v; z; b; a] with value head j's rows
@@ -161,33 +134,48 @@ class GatedDeltaNet:
         held, d = state["recurrent"], batch.num_decode
         if d:  # one step for every decoding sequence, its state read and written at its slot: one kernel
             out[:d] = kernels.gated_delta_decode(mixed[:d], b[:d], a[:d], self.neg_a, self.dt_bias, held,
-                                                 batch.state_slots[:d], s.num_k_heads)
+                                                 batch.state_slots[:d], s.num_k_heads, s.beta_scale)
         if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form
             q, k, v, g, beta = reference.gated_delta_inputs(mixed[d:], b[d:], a[d:], self.neg_a, self.dt_bias,
-                                                            s.num_k_heads, s.head_k_dim)
+                                                            s.num_k_heads, s.head_k_dim, s.beta_scale)
             row = 0
-            for j, n in enumerate(batch.prefill_lens):
-                slot = batch.state_slots[d + j : d + j + 1]
+            for j, n in enumerate(batch.prefill_lens):  # (the kernel writes the rows in the model's dtype)
                 part = slice(row, row + n)
-                o, new = chunked_rule(held.index_select(0, slot)[0], q[part].transpose(0, 1), k[part].transpose(0, 1),
-                                      v[part].transpose(0, 1), g[part].t(), beta[part].t())
-                out[d + row : d + row + n] = o.transpose(0, 1).to(x.dtype)
-                held.index_copy_(0, slot, new[None])
+                kernels.gated_delta_chunk(q[part], k[part], v[part], g[part], beta[part], held,
+                                          batch.state_slots[d + j : d + j + 1], out[d + row : d + row + n])
                 row += n
         return kernels.linear_act(kernels.gated_rms_norm(out, z, self.norm, s.norm_eps).reshape(rows, vd),
                                   self.out_proj)
 
 
 def tensor_shapes(spec: DeltaNetSpec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
-    """A layer's checkpoint tensors under `prefix` by name, as the checkpoint's layout (grouped_in_proj) has them."""
+    """A layer's checkpoint tensors under `prefix` by name, as the checkpoint's layout (grouped_in_proj,
+    separate_proj) has them."""
     s = spec
     kd, vd, nv = s.key_dim, s.value_dim, s.num_v_heads
-    shapes = ({prefix + "in_proj_qkvz.weight": (2 * kd + 2 * vd, hidden),
-               prefix + "in_proj_ba.weight": (2 * nv, hidden)} if s.grouped_in_proj else
-              {prefix + "in_proj_qkv.weight": (2 * kd + vd, hidden), prefix + "in_proj_z.weight": (vd, hidden),
-               prefix + "in_proj_b.weight": (nv, hidden), prefix + "in_proj_a.weight": (nv, hidden)})
+    if s.grouped_in_proj:
+        shapes = {prefix + "in_proj_qkvz.weight": (2 * kd + 2 * vd, hidden),
+                  prefix + "in_proj_ba.weight": (2 * nv, hidden)}
+    elif s.separate_proj:
+        shapes = {prefix + name + ".weight": (rows, hidden) for name, rows in _separate_rows(s)}
+    else:
+        shapes = {prefix + "in_proj_qkv.weight": (2 * kd + vd, hidden), prefix + "in_proj_z.weight": (vd, hidden),
+                  prefix + "in_proj_b.weight": (nv, hidden), prefix + "in_proj_a.weight": (nv, hidden)}
+    norm, out = _output_names(s)
     return {**shapes, prefix + "conv1d.weight": (s.conv_dim, 1, s.conv_kernel), prefix + "dt_bias": (nv,),
-            prefix + "A_log": (nv,), prefix + "norm.weight": (s.head_v_dim,), prefix + "out_proj.weight": (hidden, vd)}
+            prefix + "A_log": (nv,), prefix + norm + ".weight": (s.head_v_dim,), prefix + out + ".weight": (hidden, vd)}
+
+
+def _separate_rows(spec: DeltaNetSpec) -> list[tuple[str, int]]:
+    """OLMo hybrid's input linears (separate_proj) and their rows, in the mixer's order [q; k; v; z; b; a]."""
+    s = spec
+    return [("q_proj", s.key_dim), ("k_proj", s.key_dim), ("v_proj", s.value_dim), ("g_proj", s.value_dim),
+            ("b_proj", s.num_v_heads), ("a_proj", s.num_v_heads)]
+
+
+def _output_names(spec: DeltaNetSpec) -> tuple[str, str]:
+    """The gated norm's and the output projection's names."""
+    return ("o_norm", "o_proj") if spec.separate_proj else ("norm", "out_proj")
 
 
 def load_gated_deltanet(spec: DeltaNetSpec, prefix: str, weight, hidden: int) -> GatedDeltaNet:
@@ -203,12 +191,15 @@ def load_gated_deltanet(spec: DeltaNetSpec, prefix: str, weight, hidden: int) ->
         parts = torch.split(qkvz, [s.head_k_dim, s.head_k_dim, per * s.head_v_dim, per * s.head_v_dim], dim=1)
         b, a = torch.split(ba.view(s.num_k_heads, 2 * per, hidden), [per, per], dim=1)
         in_proj = torch.cat([t.reshape(-1, hidden) for t in (*parts, b, a)])
+    elif s.separate_proj:  # OLMo hybrid: q, k, v, g (z), b, a
+        in_proj = torch.cat([weight(prefix + name + ".weight", rows, hidden) for name, rows in _separate_rows(s)])
     else:  # Qwen3.5: [q; k; v], z, b, a
         in_proj = torch.cat([weight(prefix + "in_proj_qkv.weight", 2 * kd + vd, hidden),
                              weight(prefix + "in_proj_z.weight", vd, hidden),
                              weight(prefix + "in_proj_b.weight", nv, hidden),
                              weight(prefix + "in_proj_a.weight", nv, hidden)])
     conv = weight(prefix + "conv1d.weight", s.conv_dim, 1, s.conv_kernel).view(s.conv_dim, s.conv_kernel)
+    norm, out = _output_names(s)
     return GatedDeltaNet(spec, in_proj.contiguous(), conv.contiguous(), weight(prefix + "dt_bias", nv),
-                         weight(prefix + "A_log", nv), weight(prefix + "norm.weight", s.head_v_dim),
-                         weight(prefix + "out_proj.weight", hidden, vd))
+                         weight(prefix + "A_log", nv), weight(prefix + norm + ".weight", s.head_v_dim),
+                         weight(prefix + out + ".weight", hidden, vd))

@@ -95,8 +95,9 @@ def mlp_width(cfg: dict) -> int:
 
 
 def lfm2_spec(cfg: dict, family: str, intermediate_size: int, mixers: tuple[str | None, ...],
-              **options) -> Lfm2Spec:
-    """What LFM2 and LFM2-MoE share: names, norms, q / k norms, the tied head, the convolution's options."""
+              names: WeightNames = NAMES, **options) -> Lfm2Spec:
+    """What LFM2, LFM2-MoE and LFM3 share: names (LFM3's its own), norms, q / k norms, the tied head, the
+    convolution's options."""
     for key in ("use_pos_enc", "block_use_swiglu"):
         if cfg.get(key, True) is False:
             raise ValueError(f"{family} with {key} false is not supported (supported: {key} true, which is what "
@@ -107,7 +108,7 @@ def lfm2_spec(cfg: dict, family: str, intermediate_size: int, mixers: tuple[str 
     tie = cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True))
     spec = spec_from_hf({**cfg, "intermediate_size": intermediate_size, "tie_word_embeddings": tie},
                         default_theta=1e6, norm_eps=cfg.get("norm_eps", 1e-5), qk_norm=True, mixers=mixers,
-                        names=NAMES, **options)
+                        names=names, **options)
     return Lfm2Spec(**{f.name: getattr(spec, f.name) for f in fields(DecoderSpec)}, conv_kernel=kernel,
                     conv_bias=bool(cfg.get("conv_bias", False)))
 

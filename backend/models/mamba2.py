@@ -19,7 +19,7 @@ A sequence's state is its conv inputs `[conv_dim, conv_kernel - 1]` and S per he
 state]`, both fp32. Decode rows take one recurrent step together, one kernel reading and writing each
 row's state at its slot (kernels.ssd_decode: no host sync, as a captured graph needs); the gated norm is
 one kernel too (kernels.mamba_gated_norm). A prompt chunk runs the same recurrence in its chunked
-form (`ssd_chunk`), continuing from its slot's state, so chunk after chunk of one prompt continues
+form (kernels.ssd_chunk), continuing from its slot's state, so chunk after chunk of one prompt continues
 exactly: within a chunk of at most `chunk_size` tokens the outputs are a masked, decayed product like
 attention's (C_t . B_u weighted by exp(sum of dt A over (u, t])), plus the entering state decayed to t;
 the state leaving the chunk is the entering one decayed over the chunk plus each token's x B^T decayed
@@ -169,57 +169,11 @@ class Mamba2Mixer:
             for j, n in enumerate(batch.prefill_lens):
                 slot = batch.state_slots[d + j : d + j + 1]
                 part = slice(row, row + n)
-                out, new = ssd_chunk(ssm.index_select(0, slot)[0], xs[part], dt[part], self.A, b[part], c[part],
-                                     s.chunk_size)
+                out = kernels.ssd_chunk(xs[part], dt[part], self.A, b[part], c[part], ssm, slot, s.chunk_size)
                 y[d + row : d + row + n] = out + self.D[:, None] * xs[part]
-                ssm.index_copy_(0, slot, new[None])
                 row += n
         normed = kernels.mamba_gated_norm(y.view(rows, -1), z, self.norm_w, s.num_groups, s.norm_eps, s.norm)
         return kernels.linear_act(normed, self.out_w, self.out_b)
-
-
-def _per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """`[..., groups, N]` B or C as each head's `[..., heads, N]` (heads / groups consecutive heads share a group)."""
-    groups = t.shape[-2]
-    return t if groups == heads else t.repeat_interleave(heads // groups, dim=-2)
-
-
-def ssd_chunk(held: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor,
-              c: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`L` consecutive tokens of one sequence from its state `held` `[H, P, N]`: x `[L, H, P]`, dt
-    `[L, H]`, A `[H]`, b / c `[L, G, N]` (fp32). Returns (y without D's skip `[L, H, P]`, the state
-    after the last token), the tokens taken `chunk_size` at a time (the state carried between)."""
-    heads = x.shape[1]
-    b, c = _per_head(b, heads), _per_head(c, heads)
-    y = torch.empty_like(x)
-    state = held
-    for start in range(0, x.shape[0], chunk_size):
-        part = slice(start, start + chunk_size)
-        y[part], state = _ssd_one_chunk(state, x[part], dt[part], A, b[part], c[part])
-    return y, state
-
-
-def _ssd_one_chunk(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor,
-                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ssd_chunk over one chunk (b, c per head). With a_k = dt_k A the log-decay of token k, token t
-    sees token u <= t through exp(sum of a over (u, t]) and the entering state through exp(sum of a
-    over [0, t]). The sums over (u, t] are masked cumulative sums of a, not differences of running
-    totals (those lose the small sums' precision where the totals are large)."""
-    n = x.shape[0]
-    a = (dt * A).t()  # [H, n]
-    # between[h, t, u] = sum of a[h, k] for u < k <= t (lower triangle incl. the diagonal, -inf above)
-    after = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=-1)  # [k, u]: k > u
-    between = torch.cumsum(a[:, :, None].expand(-1, n, n).masked_fill(~after, 0.0), dim=1)  # [H, t, u]
-    causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device))
-    decay = torch.exp(between.masked_fill(~causal, float("-inf")))  # [H, t, u]
-    scores = torch.einsum("thn,uhn->htu", c, b) * decay  # [H, t, u]
-    xdt = x * dt[:, :, None]  # [n, H, P]
-    y = torch.einsum("htu,uhp->thp", scores, xdt)
-    entering = torch.exp(torch.cumsum(a, dim=1))  # [H, t]: the entering state's decay to t (incl. t)
-    y = y + torch.einsum("hpn,thn->thp", state, c) * entering.t()[:, :, None]
-    to_end = decay[:, n - 1, :]  # [H, u]: exp(sum of a over (u, n - 1])
-    new = state * entering[:, n - 1, None, None] + torch.einsum("uhp,uhn->hpn", xdt * to_end.t()[:, :, None], b)
-    return y, new
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ may loop over sequences on the host (they never run in a graph).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
@@ -39,28 +38,15 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     as here)."""
     if batch.state_slots is None:
         raise ValueError("a recurrent layer needs its sequences' state slots (DecoderBatch.state_slots)")
-    k = weight.shape[1]
-    w = weight.float()
     out = torch.empty_like(x)
     d = batch.num_decode
     slots = batch.state_slots
     if d:  # each decode row: its window is the saved inputs and its own (one kernel)
         out[:d] = kernels.conv1d_decode(x[:d], weight, bias, conv_state, slots[:d], activation)
     row = d
-    for j, n in enumerate(batch.prefill_lens):  # each chunk continues from its saved inputs
-        slot = slots[d + j : d + j + 1]
-        held = conv_state.index_select(0, slot)[0]  # [C, K - 1]
-        padded = torch.cat([held, x[row : row + n].float().t()], dim=1)  # [C, K - 1 + n]
-        y = F.conv1d(padded[None], w[:, None, :], bias.float() if bias is not None else None, groups=w.shape[0])[0]
-        out[row : row + n] = _activate(y.t(), activation).to(x.dtype)
-        conv_state.index_copy_(0, slot, padded[None, :, padded.shape[1] - (k - 1):])
+    for j, n in enumerate(batch.prefill_lens):  # each chunk continues from its saved inputs (one kernel)
+        out[row : row + n] = kernels.conv1d_chunk(x[row : row + n], weight, bias, conv_state, slots[d + j : d + j + 1],
+                                                  activation)
         row += n
     return out
 
-
-def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    if activation is None:
-        return y
-    if activation == "silu":
-        return F.silu(y)
-    raise ValueError(f"unsupported convolution activation {activation!r} (supported: silu)")

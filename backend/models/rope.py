@@ -19,6 +19,10 @@ The variants are the published ones (Hugging Face's `rope_scaling` / `rope_param
             sqrt(1 + ln(factor) / ln(original length)) unless given
 - dynamic:  NTK-aware: inside the original length the default table; past it, position p uses
             the base theta * (factor * (p + 1) / original - (factor - 1))^(d / (d - 2))
+- proportional: a share of the whole head's frequencies (LFM3's full-attention layers): inv_freq[i] =
+            theta^(-2i/d) / factor for the first int(partial_rotary_factor * d // 2) pairs (i, i + d/2),
+            0 (cos 1, sin 0: not rotated) for the rest; unlike a partial rotary, the pairs and the
+            exponents' denominator are the whole head's
 
 Two of them depend on the sequence in Hugging Face's implementation, which recomputes its one
 table per forward call from the longest position it sees (`dynamic_rope_update`); a paged,
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Rope:
     mscale_all_dim: float | None = None
     short_factor: tuple[float, ...] | None = None  # longrope
     long_factor: tuple[float, ...] | None = None  # longrope
+    proportion: float = 1.0  # proportional: the share of the head's frequency pairs that rotate
 
     @classmethod
     def from_hf(cls, params: dict | None, theta: float, max_positions: int) -> "Rope":
@@ -70,6 +75,9 @@ class Rope:
         theta = float(p.get("rope_theta", theta))
         if rope_type == "default":
             return cls(theta)
+        if rope_type == "proportional":
+            return cls(theta, rope_type, float(p.get("factor", 1.0)),
+                       proportion=float(p.get("partial_rotary_factor", 1.0)))
         original = p.get("original_max_position_embeddings")
         factor = p.get("factor")
         if factor is None:
@@ -123,7 +131,7 @@ class Rope:
         return torch.stack([angles.cos() * scale, angles.sin() * scale], dim=1)
 
     def inv_freq(self, dim: int, device: torch.device) -> torch.Tensor:
-        """The position-independent frequencies of default, linear, llama3 and yarn."""
+        """The position-independent frequencies of default, linear, llama3, yarn and proportional."""
         inv = _inv_freq(self.theta, dim, device)
         if self.rope_type == "linear":
             return inv / self.factor
@@ -132,6 +140,8 @@ class Rope:
         if self.rope_type == "yarn":
             return _yarn(inv, self.theta, dim, self.factor, self.beta_fast, self.beta_slow, self.original_max_positions,
                          self.truncate)
+        if self.rope_type == "proportional":  # (the pairs past the share: frequency 0)
+            return torch.cat([inv[: int(self.proportion * dim // 2)], torch.zeros_like(inv)])[: dim // 2] / self.factor
         return inv
 
     def cos_sin_scale(self) -> float:

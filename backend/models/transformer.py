@@ -18,6 +18,9 @@ and runs it. What differs between the families is data, read here in one place:
     qk_norm          per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
     sandwich_norms   norms after attention and after the MLP too, before the residual add (Gemma)
     pre_norms        False: no norm before attention and the MLP, only those after (OLMo 2, EXAONE 4)
+    post_norm_layers  per layer: True a post-norm block (norms after attention and the MLP only, as pre_norms
+                     False with sandwich_norms), False a pre-norm one (norms before them only): OLMo hybrid's
+                     attention layers are OLMo 3's, its DeltaNet layers Llama's
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere, Phi)
     parallel_mlp_norm  in the parallel block, the MLP on a norm of its own (GPT-NeoX's parallel residual)
     layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
@@ -167,6 +170,7 @@ class DecoderSpec:
     qk_norm: bool = False
     sandwich_norms: bool = False
     pre_norms: bool = True
+    post_norm_layers: tuple[bool, ...] = ()  # empty: every layer's norms as pre_norms / sandwich_norms say
     parallel_block: bool = False
     parallel_mlp_norm: bool = False
     layer_norm: bool = False
@@ -237,9 +241,10 @@ class DecoderSpec:
                          or self.qk_norm or self.qkv_bias or self.parallel_block):
             raise ValueError("latent attention (mla) caches qk_head_dim-wide heads, one KV head per query head, "
                              "without q/k norms, QKV biases or the parallel block")
-        if self.mixers and (len(self.mixers) != self.num_layers or self.parallel_block or self.mla):
+        if self.mixers and (len(self.mixers) != self.num_layers or self.parallel_block
+                            or (self.mla and self.parallel_mixers)):
             raise ValueError(f"{len(self.mixers)} mixer kinds for {self.num_layers} layers (recurrent mixers are "
-                             f"supported in the sequential block, beside attention without latent attention)")
+                             f"supported in the sequential block, in place of latent attention but not beside it)")
         if self.parallel_mixers and not self.mixers:
             raise ValueError("parallel_mixers runs the layers' mixers beside attention: name them in `mixers`")
         if self.mlp_layers and (len(self.mlp_layers) != self.num_layers or self.parallel_block):
@@ -247,6 +252,10 @@ class DecoderSpec:
                              f"an MLP are supported in the sequential block)")
         if self.moe and len(self.moe.layers) != self.num_layers:
             raise ValueError(f"{len(self.moe.layers)} MoE layer flags for {self.num_layers} layers")
+        if self.post_norm_layers and (len(self.post_norm_layers) != self.num_layers or self.parallel_block
+                                      or self.layer_norm or not self.pre_norms or self.sandwich_norms):
+            raise ValueError(f"{len(self.post_norm_layers)} post-norm layer flags for {self.num_layers} layers "
+                             f"(supported in the sequential block of RMSNorms, in place of pre_norms / sandwich_norms)")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
         if self.layer_norm and not ((not self.qk_norm or self.qk_norm_bias) and not self.sandwich_norms
@@ -276,6 +285,14 @@ class DecoderSpec:
 
     def has_mlp(self, layer: int) -> bool:
         return self.mlp_layers[layer] if self.mlp_layers else True
+
+    def layer_pre_norms(self, layer: int) -> bool:
+        """Whether layer `layer` has norms before attention and the MLP (post_norm_layers, else pre_norms)."""
+        return not self.post_norm_layers[layer] if self.post_norm_layers else self.pre_norms
+
+    def layer_post_norms(self, layer: int) -> bool:
+        """Whether it has norms after them (post_norm_layers, else sandwich_norms)."""
+        return self.post_norm_layers[layer] if self.post_norm_layers else self.sandwich_norms
 
 
 def rope_parameters(cfg: dict) -> dict | None:
@@ -549,12 +566,13 @@ class TransformerDecoder(DecoderModel):
                     down_b = scaled(w(p + n.down + ".bias", hidden), c.residual_scale)
             window = c.window(i)
             self.layers.append(_Layer(
-                attn_norm=norm(p + n.attn_norm + ".weight") if c.pre_norms else None,
-                attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.sandwich_norms else None,
-                mlp_norm=norm(p + n.mlp_norm + ".weight") if c.pre_norms and own_mlp_norm and c.has_mlp(i) else None,
+                attn_norm=norm(p + n.attn_norm + ".weight") if c.layer_pre_norms(i) else None,
+                attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.layer_post_norms(i) else None,
+                mlp_norm=(norm(p + n.mlp_norm + ".weight") if c.layer_pre_norms(i) and own_mlp_norm and c.has_mlp(i)
+                          else None),
                 gate_up_w=gate_up_w,
                 down_w=down_w,
-                mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.sandwich_norms else None,
+                mlp_post_norm=norm(p + n.mlp_post_norm + ".weight") if c.layer_post_norms(i) else None,
                 window=window,
                 local=window is not None and self.local_cos_sin is not None,
                 rotary=not c.rope_layers or c.rope_layers[i],
@@ -642,7 +660,7 @@ class TransformerDecoder(DecoderModel):
         # The token embeddings (the first residual) and the first norm in one launch (an
         # RMSNorm's; a LayerNorm runs in the first QKV projection's prologue instead).
         pre = None  # (the first layer's input comes normalised from the embedding kernel)
-        if not c.pre_norms:  # a post-norm block: the first layer reads the embeddings as they are
+        if self.layers[0].attn_norm is None:  # a post-norm block: the first layer reads the embeddings as they are
             x = residual = self._embed(batch.input_ids)
         elif c.layer_norm:
             x = residual = self._embed(batch.input_ids, batch.positions)
@@ -668,13 +686,17 @@ class TransformerDecoder(DecoderModel):
                 else:  # the router's linear normalises the rows (mlp_pre) for itself and the experts
                     x = layer.moe(h, self.activation, mlp_pre)
             pre = None
-            if li + 1 < len(self.layers):
+            # (post_norm_layers: a pre-norm block, then a post-norm one: no norm between, the sum is the input)
+            plain = li + 1 < len(self.layers) and self.layers[li + 1].attn_norm is None and layer.mlp_post_norm is None
+            if li + 1 < len(self.layers) and not plain:
                 following = self.layers[li + 1]
                 pre = kernels.PreNorm(following.attn_norm, self._norm_bias(following.attn_norm_b), eps,
                                       residual=residual, sum_out=torch.empty_like(residual), x_norm=layer.mlp_post_norm)
                 residual = pre.sum_out
             if self.tp is not None:
                 x, pre = self.tp.all_reduce_then(x, pre)
+            if plain:
+                x = residual = x + residual
         if not batch.logits_every_row:
             x, residual = x[batch.logits_index], residual[batch.logits_index]
         last = self.layers[-1]

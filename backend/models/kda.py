@@ -1,0 +1,171 @@
+"""Kimi Delta Attention (KDA: Moonshot's Kimi Linear, 2025): the linear attention of Kimi Linear's `linear_attention`
+layers, a recurrent token mixer (mixers.py has the contract). Gated DeltaNet (gated_deltanet.py) with its decay
+per key channel instead of per head.
+
+Per token t and head h the layer keeps a matrix S `[head_dim (keys), head_dim (values)]` (fp32) and updates it by
+the gated delta rule, each key channel c decayed by its own a_t[c] = exp(g_t[c]):
+
+    S' = diag(e^(g_t)) S;   u_t = beta_t (v_t - S'^T k_t);   S_t = S' + k_t u_t^T;   o_t = S_t^T q_t
+
+q_t and k_t are L2-normalised (x / sqrt(sum x^2 + 1e-6); q also times head_dim ** -0.5), beta_t = sigmoid(b_proj x)
+and g_t = -exp(A_log[h]) * softplus(f_t + dt_bias) <= 0 per channel, f_t = f_b_proj(f_a_proj x) (a low-rank
+projection, head_dim wide in the middle; dt_bias one per channel). q, k and v come from their own projections
+(q_proj, k_proj, v_proj, each num_heads * head_dim) through depthwise causal convolutions (`short_conv_kernel_size`
+taps, no bias) and SiLU. The output per head is RMS-normalised and gated, norm(o) * w * sigmoid(gate) in fp32
+(gate = g_b_proj(g_a_proj x), low-rank as f), then o_proj. A sequence's state is the convolutions' last inputs
+`[3 num_heads head_dim, kernel - 1]` and S for every head `[num_heads, head_dim, head_dim]`.
+
+Decode rows take one step of the rule, batched over sequences (states gathered by slot and scattered back, no host
+sync: a captured CUDA graph replays it; kernels.kda_decode). A prompt chunk runs in the chunked (WY) form, 64 tokens
+at a time from the state its slot holds, in fp32. Within a chunk, with G_t = sum_(j <= t) g_j (a vector over key
+channels, cumulative from the chunk's start) and S0 the state before it, unrolling the rule gives
+
+    (I + L) U = diag(beta) V - diag(beta) (K * e^G) S0,   L_ts = beta_t sum_c k_t[c] k_s[c] e^(G_t[c] - G_s[c])  (s < t)
+    o_t = (q_t * e^(G_t))^T S0 + sum_(s <= t) (sum_c q_t[c] k_s[c] e^(G_t[c] - G_s[c])) u_s
+    S_C = diag(e^(G_C)) S0 + sum_s diag(e^(G_C - G_s)) k_s u_s^T
+
+(* per channel). Every exponent is <= 0 (the differences are taken before the exp, masked above the diagonal), so
+nothing overflows; the chunk costs a `[heads, 64, 64, head_dim]` decay tensor, two triangular solves and a few
+matrix products, and only the pass from chunk to chunk is sequential. Transformers' torch fallback
+(chunk_kimi_delta_attention, written from FLA's chunk_kda) runs the same chunked form in fp32; its decode
+(recurrent_kimi_delta_attention) the plain rule in fp32, as here.
+
+Where dtypes differ from fp32 they follow Hugging Face's: the projections, the convolutions' output and beta (the
+sigmoid) in the model's dtype, g from fp32 logits (f in the model's dtype plus dt_bias, A_log as the model's dtype
+holds them), the rule in fp32, its output rounded to the model's dtype before the gated norm, which computes in fp32
+(its weight not rounded) and rounds once.
+
+Refused by name: a convolution of fewer than 2 taps, an activation other than SiLU (the convolution's is the
+config's hidden_act, as transformers reads it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tritonformer import kernels
+from tritonformer.kernels import reference
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.models.mixers import causal_conv1d
+
+CHUNK = 64  # tokens per chunk of the chunked form (what FLA's kernels and transformers' fallback use)
+CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")  # the published checkpoints' convolutions, one per projection
+
+
+@dataclass(frozen=True)
+class KdaSpec:
+    """A KDA layer's sizes (Kimi Linear's `linear_attn_config`): heads of head_dim keys and as many values."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+    norm_eps: float
+
+    def __post_init__(self):
+        if self.conv_kernel < 2:
+            raise ValueError(f"unsupported short_conv_kernel_size {self.conv_kernel} (supported: "
+                             f"short_conv_kernel_size 2 or more)")
+
+    @property
+    def dim(self) -> int:  # q, k and v each
+        return self.num_heads * self.head_dim
+
+
+def chunked_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule over one sequence's T tokens in chunks (the module docstring's form), all fp32: state `[H, K, V]`,
+    q, k and g `[H, T, K]`, v `[H, T, V]`, beta `[H, T]`. Returns (o `[H, T, V]`, the state after the last token)."""
+    heads, length, _ = k.shape
+    out = torch.empty(heads, length, v.shape[-1], dtype=v.dtype, device=v.device)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
+    for start in range(0, length, chunk):
+        part = slice(start, min(start + chunk, length))
+        n = part.stop - start
+        qc, kc, vc, bc = q[:, part], k[:, part], v[:, part], beta[:, part]
+        cum = g[:, part].cumsum(1)  # G_t [H, n, K]
+        # e^(G_t - G_s) per channel for s <= t, 0 above the diagonal (masked before the exp: positive there)
+        decay = (cum[:, :, None] - cum[:, None]).masked_fill(~causal[:n, :n, None], float("-inf")).exp()
+        # I + L with L's strictly lower part; a unit-triangular solve reads only that part
+        system = bc[..., None] * (kc[:, :, None] * decay * kc[:, None]).sum(-1)
+        u_base = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(system, kc * cum.exp() * bc[..., None], upper=False, unitriangular=True)
+        scores = (qc[:, :, None] * decay * kc[:, None]).sum(-1)  # sum_c q_t[c] k_s[c] e^(G_t[c] - G_s[c]), s <= t
+        u = u_base - w @ state
+        out[:, part] = (qc * cum.exp()) @ state + scores @ u
+        last = cum[:, -1:]  # G_C [H, 1, K]
+        state = state * last.transpose(1, 2).exp() + (kc * (last - cum).exp()).transpose(1, 2) @ u
+    return out, state
+
+
+class KimiDeltaAttention:
+    """One layer's KDA (the mixer contract: mixers.py). Its input projections are stored as one
+    `[3 dim + 2 head_dim + num_heads, hidden]` matrix, rows [q; k; v; f_a; g_a; b]: one GEMM for all six."""
+
+    def __init__(self, spec: KdaSpec, in_proj: torch.Tensor, conv: torch.Tensor, f_b: torch.Tensor,
+                 g_b: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, norm: torch.Tensor,
+                 out_proj: torch.Tensor):
+        self.spec = spec
+        self.in_proj, self.conv, self.f_b, self.g_b, self.norm, self.out_proj = in_proj, conv, f_b, g_b, norm, out_proj
+        self.dt_bias = dt_bias.float().contiguous()  # (added to fp32 logits as Hugging Face adds its parameter)
+        self.neg_a = -a_log.float().reshape(spec.num_heads).exp()  # -exp(A_log): each head's rate
+        self.state_shapes = {"conv": (3 * spec.dim, spec.conv_kernel - 1),
+                             "recurrent": (spec.num_heads, spec.head_dim, spec.head_dim)}
+
+    def __call__(self, x: torch.Tensor, pre, batch: DecoderBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.spec
+        if pre is not None:
+            x = kernels.prenormed(x, pre)
+        rows, c, d_head = x.shape[0], 3 * s.dim, s.head_dim
+        proj = kernels.linear_act(x, self.in_proj)
+        mixed = causal_conv1d(proj[:, :c], self.conv, None, batch, state["conv"], "silu")
+        f = kernels.linear_act(proj[:, c : c + d_head].contiguous(), self.f_b)  # the forget gate's logits [T, dim]
+        gate = kernels.linear_act(proj[:, c + d_head : c + 2 * d_head].contiguous(), self.g_b)  # [T, dim]
+        b = proj[:, c + 2 * d_head :]
+        out = torch.empty(rows, s.num_heads, d_head, dtype=x.dtype, device=x.device)
+        held, d = state["recurrent"], batch.num_decode
+        if d:  # one step for every decoding sequence, its state read and written at its slot: one kernel
+            out[:d] = kernels.kda_decode(mixed[:d], f[:d], b[:d], self.neg_a, self.dt_bias, held, batch.state_slots[:d])
+        if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form
+            q, k, v, g, beta = reference.kda_inputs(mixed[d:], f[d:], b[d:], self.neg_a, self.dt_bias)
+            row = 0
+            for j, n in enumerate(batch.prefill_lens):
+                slot = batch.state_slots[d + j : d + j + 1]
+                part = slice(row, row + n)
+                o, new = chunked_rule(held.index_select(0, slot)[0], q[part].transpose(0, 1), k[part].transpose(0, 1),
+                                      v[part].transpose(0, 1), g[part].transpose(0, 1), beta[part].t())
+                out[d + row : d + row + n] = o.transpose(0, 1).to(x.dtype)
+                held.index_copy_(0, slot, new[None])
+                row += n
+        return kernels.linear_act(kernels.kda_gated_norm(out, gate, self.norm, s.norm_eps).reshape(rows, s.dim),
+                                  self.out_proj)
+
+
+def tensor_shapes(spec: KdaSpec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """A layer's checkpoint tensors under `prefix` (`layers.{i}.self_attn.`) by name, as the published checkpoints
+    name them (transformers' own names in memory: kimi_linear.adapt)."""
+    s = spec
+    dim, hd, k = s.dim, s.head_dim, s.conv_kernel
+    shapes = {prefix + name + ".weight": (dim, hidden) for name in ("q_proj", "k_proj", "v_proj")}
+    shapes.update({prefix + name + ".weight": (dim, 1, k) for name in CONVS})
+    shapes.update({prefix + "f_a_proj.weight": (hd, hidden), prefix + "f_b_proj.weight": (dim, hd),
+                   prefix + "dt_bias": (dim,), prefix + "A_log": (1, 1, s.num_heads, 1),
+                   prefix + "b_proj.weight": (s.num_heads, hidden), prefix + "g_a_proj.weight": (hd, hidden),
+                   prefix + "g_b_proj.weight": (dim, hd), prefix + "o_norm.weight": (hd,),
+                   prefix + "o_proj.weight": (hidden, dim)})
+    return shapes
+
+
+def load_kda(spec: KdaSpec, prefix: str, weight, hidden: int) -> KimiDeltaAttention:
+    """A layer's KDA from its tensors under `prefix` (`layers.{i}.self_attn.`, the published names: tensor_shapes);
+    `weight(name, *shape)` reads one in the model's dtype (TransformerDecoder.load_mixer's)."""
+    s, p = spec, prefix
+    dim, hd = s.dim, s.head_dim
+    in_proj = torch.cat([weight(p + "q_proj.weight", dim, hidden), weight(p + "k_proj.weight", dim, hidden),
+                         weight(p + "v_proj.weight", dim, hidden), weight(p + "f_a_proj.weight", hd, hidden),
+                         weight(p + "g_a_proj.weight", hd, hidden), weight(p + "b_proj.weight", s.num_heads, hidden)])
+    conv = torch.cat([weight(p + name + ".weight", dim, 1, s.conv_kernel) for name in CONVS]).view(3 * dim, -1)
+    return KimiDeltaAttention(spec, in_proj.contiguous(), conv.contiguous(), weight(p + "f_b_proj.weight", dim, hd),
+                              weight(p + "g_b_proj.weight", dim, hd), weight(p + "dt_bias", dim),
+                              weight(p + "A_log", 1, 1, s.num_heads, 1), weight(p + "o_norm.weight", hd),
+                              weight(p + "o_proj.weight", hidden, dim))

@@ -1,0 +1,272 @@
+"""Mamba-1's token mixer (a selective state-space layer) for Mamba (mamba.py: state-spaces' mamba-130m .. 2.8b),
+Falcon-Mamba (mamba.py) and Jamba's Mamba layers (jamba.py). It runs where the spec's `mixers[i]` is "mamba1"
+(mixers.py has the contract).
+
+For each token the input projection gives x and the gate z (`intermediate` wide each). x passes a depthwise
+causal convolution of `conv_kernel` taps and SiLU (mixers.causal_conv1d, over the last `conv_kernel - 1` inputs
+it saw). x_proj maps it to a low-rank dt (`dt_rank` wide), B and C (`state` wide each); Falcon-Mamba and Jamba
+RMS-normalise each of the three (`bcdt_norm`: without a weight, Falcon-Mamba's `mixer_rms_eps`; with one, Jamba's
+`dt_layernorm` / `b_layernorm` / `c_layernorm`). dt_proj maps dt to one value per channel, and per channel c and
+state n, with dt = softplus(dt_proj(dt) + dt_bias) and A = -exp(A_log) `[intermediate, state]`:
+
+    h_t[c, n] = exp(dt_t[c] A[c, n]) h_{t-1}[c, n] + dt_t[c] x_t[c] B_t[n]      (h: [intermediate, state], fp32)
+    y_t[c] = (sum_n h_t[c, n] C_t[n] + D[c] x_t[c]) * silu(z_t[c])
+
+and the output projection maps y back to the hidden size.
+
+A sequence's state is its conv inputs `[intermediate, conv_kernel - 1]` and h `[intermediate, state]`, both fp32.
+Decode rows take one step together, one kernel reading and writing each row's h at its slot
+(kernels.selective_scan_decode: no host sync, as a captured graph needs). A prompt chunk runs the same
+recurrence as a scan over its tokens from its slot's state (`selective_scan`): within a block of tokens the
+pairs (decay, input) compose associatively, (a1, b1) then (a2, b2) = (a1 a2, a2 b1 + b2), so log2(block) whole-
+tensor steps give every token's h (Hillis and Steele's prefix scan), the block's last h carried to the next.
+
+Rounding, as Hugging Face's torch path (its "slow" scan) rounds: the conv in the model's dtype (here summed in
+fp32 and rounded once), x_proj and dt_proj's product in the model's dtype (dt_proj's bias added in fp32), the
+B / C / dt norms in fp32 rounded to the model's dtype (then times Jamba's weight); softplus and the scan in fp32;
+h C with h rounded to the model's dtype; silu(z) in the model's dtype; (h C + D x) silu(z) in fp32, rounded
+once before out_proj. Hugging Face's one-token step rounds differently (dt and D x in the model's dtype): the two
+agree in fp32. Refused by name: an activation other than SiLU, a conv of fewer than 2 taps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from tritonformer import kernels
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.rope import Rope
+from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, WeightNames
+
+KIND = "mamba1"  # the mixer kind a family's spec names (DecoderSpec.mixers)
+SCAN_ELEMENTS = 1 << 24  # a prompt scan's block: at most this many [tokens, intermediate, state] fp32 values
+
+
+@dataclass(frozen=True)
+class Mamba1Spec:
+    """A model's Mamba-1 layers' sizes and options (the same in every such layer), from its config."""
+    intermediate_size: int
+    state_size: int
+    dt_rank: int
+    conv_kernel: int = 4
+    conv_bias: bool = True
+    proj_bias: bool = False  # biases on in_proj and out_proj
+    # RMSNorms on dt, B, C after x_proj: "none", "weightless" (Falcon-Mamba), "weighted" (Jamba)
+    bcdt_norm: str = "none"
+    bcdt_norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.conv_kernel < 2:
+            raise ValueError(f"Mamba conv_kernel {self.conv_kernel} is not supported (supported: conv_kernel >= 2)")
+        if self.bcdt_norm not in ("none", "weightless", "weighted"):
+            raise ValueError(f"Mamba dt / B / C norm {self.bcdt_norm!r} is not supported (supported: none, "
+                             f"weightless, weighted)")
+
+
+def tensor_shapes(spec: Mamba1Spec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """A Mamba-1 layer's checkpoint tensors under `prefix` (e.g. "layers.0.mixer.")."""
+    s, inner = spec, spec.intermediate_size
+    shapes = {"in_proj.weight": (2 * inner, hidden), "conv1d.weight": (inner, 1, s.conv_kernel),
+              "x_proj.weight": (s.dt_rank + 2 * s.state_size, inner), "dt_proj.weight": (inner, s.dt_rank),
+              "dt_proj.bias": (inner,), "A_log": (inner, s.state_size), "D": (inner,),
+              "out_proj.weight": (hidden, inner)}
+    if s.conv_bias:
+        shapes["conv1d.bias"] = (inner,)
+    if s.proj_bias:
+        shapes.update({"in_proj.bias": (2 * inner,), "out_proj.bias": (hidden,)})
+    if s.bcdt_norm == "weighted":
+        shapes.update({"dt_layernorm.weight": (s.dt_rank,), "b_layernorm.weight": (s.state_size,),
+                       "c_layernorm.weight": (s.state_size,)})
+    return {prefix + name: shape for name, shape in shapes.items()}
+
+
+class Mamba1Mixer:
+    def __init__(self, spec: Mamba1Spec, prefix: str, hidden: int, weight):
+        """Layer weights under `prefix` ("layers.{i}.mixer."), read by `weight(name, *shape)` (the decoder's:
+        checked, on the device in the model's dtype)."""
+        s = self.spec = spec
+        inner = s.intermediate_size
+        self.in_w = weight(prefix + "in_proj.weight", 2 * inner, hidden)
+        self.in_b = weight(prefix + "in_proj.bias", 2 * inner) if s.proj_bias else None
+        self.conv_w = weight(prefix + "conv1d.weight", inner, 1, s.conv_kernel)[:, 0]
+        self.conv_b = weight(prefix + "conv1d.bias", inner) if s.conv_bias else None
+        self.x_w = weight(prefix + "x_proj.weight", s.dt_rank + 2 * s.state_size, inner)
+        self.dt_w = weight(prefix + "dt_proj.weight", inner, s.dt_rank)
+        self.dt_bias = weight(prefix + "dt_proj.bias", inner).float()  # (added in fp32, as HF adds it)
+        self.A = -torch.exp(weight(prefix + "A_log", inner, s.state_size).float()).contiguous()
+        self.D = weight(prefix + "D", inner).float()
+        self.out_w = weight(prefix + "out_proj.weight", hidden, inner)
+        self.out_b = weight(prefix + "out_proj.bias", hidden) if s.proj_bias else None
+        self.norm_w = None
+        if s.bcdt_norm == "weighted":
+            self.norm_w = tuple(weight(prefix + name, size) for name, size in (
+                ("dt_layernorm.weight", s.dt_rank), ("b_layernorm.weight", s.state_size),
+                ("c_layernorm.weight", s.state_size)))
+        self.state_shapes = {"conv": (inner, s.conv_kernel - 1), "ssm": (inner, s.state_size)}
+
+    def __call__(self, x: torch.Tensor, pre, batch: DecoderBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.spec
+        inner = s.intermediate_size
+        xz = kernels.linear_act(x, self.in_w, self.in_b, prenorm=pre)  # (the layer's norm in its prologue)
+        xs, z = xz.split([inner, inner], dim=-1)
+        xs = causal_conv1d(xs, self.conv_w, self.conv_b, batch, state["conv"], "silu")
+        dt, b, c = kernels.linear_act(xs, self.x_w).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
+        if s.bcdt_norm != "none":
+            weights = self.norm_w or (None, None, None)
+            dt, b, c = (_rms(t, w, s.bcdt_norm_eps) for t, w in zip((dt, b, c), weights))
+        dt = kernels.linear_act(dt.contiguous(), self.dt_w)  # [T, I]: dt before its bias
+        y = torch.empty_like(xs)
+        d, ssm = batch.num_decode, state["ssm"]
+        if d:  # one step of every decoding sequence, its state read and written at its slot: one kernel
+            y[:d] = kernels.selective_scan_decode(xs[:d], dt[:d], b[:d], c[:d], z[:d], self.dt_bias, self.A, self.D,
+                                                  ssm, batch.state_slots[:d])
+        row = d
+        for j, n in enumerate(batch.prefill_lens):  # each prompt chunk from its sequence's state
+            slot = batch.state_slots[d + j : d + j + 1]
+            part = slice(row, row + n)
+            out, new = selective_scan(ssm.index_select(0, slot)[0], xs[part], dt[part], b[part], c[part], z[part],
+                                      self.dt_bias, self.A, self.D)
+            y[part] = out
+            ssm.index_copy_(0, slot, new[None])
+            row += n
+        return kernels.linear_act(y, self.out_w, self.out_b)
+
+
+def _rms(t: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """An RMSNorm of t's rows in fp32, rounded to t's dtype, then times `weight` where there is one (Jamba's)."""
+    f = t.float()
+    normed = (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(t.dtype)
+    return normed if weight is None else normed * weight
+
+
+def selective_scan(held: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                   z: torch.Tensor, dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor,
+                   block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`L` consecutive tokens of one sequence from its state `held` `[I, N]` (fp32): x, dt (before its bias) and
+    z `[L, I]`, b and c `[L, N]` in the model's dtype; dt_bias, D `[I]` and A `[I, N]` fp32. Returns (y `[L, I]`
+    in x's dtype, the state after the last token), the tokens scanned `block` at a time (default: as many as
+    SCAN_ELEMENTS allow), the state carried between blocks."""
+    length, inner = x.shape
+    n = A.shape[1]
+    block = block or max(1, SCAN_ELEMENTS // (inner * n))
+    dtype = x.dtype
+    xf = x.float()
+    delta = F.softplus(dt.float() + dt_bias)  # [L, I]
+    gate = F.silu(z).float()
+    y = torch.empty_like(x)
+    state = held
+    for start in range(0, length, block):
+        part = slice(start, start + block)
+        decay = torch.exp(delta[part, :, None] * A)  # [l, I, N]
+        h = (delta[part] * xf[part])[:, :, None] * b[part].float()[:, None, :]
+        h[0] += decay[0] * state
+        step = 1
+        while step < h.shape[0]:  # h[t] = sum over u <= t of (prod of decay over (u, t]) * input u
+            h = torch.cat([h[:step], h[step:] + decay[step:] * h[:-step]])
+            decay = torch.cat([decay[:step], decay[step:] * decay[:-step]])
+            step *= 2
+        state = h[-1]
+        scan = torch.einsum("lin,ln->li", h.to(dtype).float(), c[part].to(dtype).float()).to(dtype).float()
+        y[part] = ((scan + D * xf[part]) * gate[part]).to(dtype)
+    return y, state
+
+
+@dataclass(frozen=True)
+class Mamba1HybridSpec(DecoderSpec):
+    """The shared decoder's spec with the sizes of its Mamba-1 layers (those whose `mixers` kind is KIND)."""
+    mamba1: Mamba1Spec | None = None
+    mixer_prefix: str = "mixer."  # where a Mamba-1 layer keeps its tensors, relative to `layers.{i}.`
+
+    def mixer_tensors(self, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
+        """A Mamba-1 layer's checkpoint tensors by name (client/model_shapes.tensor_shapes)."""
+        return tensor_shapes(self.mamba1, prefix + self.mixer_prefix, self.hidden_size)
+
+
+def mamba1_spec(spec: DecoderSpec, mamba1: Mamba1Spec, mixer_prefix: str = "mixer.") -> Mamba1HybridSpec:
+    """`spec` (a family's, with its `mixers`) with its Mamba-1 layers' sizes."""
+    if KIND not in spec.mixers:
+        raise ValueError("a Mamba-1 spec names its Mamba-1 layers in `mixers`")
+    return Mamba1HybridSpec(**{f.name: getattr(spec, f.name) for f in fields(spec)}, mamba1=mamba1,
+                            mixer_prefix=mixer_prefix)
+
+
+# The longest sequence of an attention-free model whose config names none (Mamba's do not): its state does not grow
+# with the sequence, so the length only sizes the scheduler's block tables; max_model_len caps it lower.
+DEFAULT_MAX_POSITIONS = 32768
+
+
+def attention_free_spec(cfg: dict, mixer: str, names: WeightNames, tie_default: bool = True) -> DecoderSpec:
+    """The shared decoder's spec of a model whose every layer is x + mixer(RMSNorm(x)), the mixer of kind `mixer`:
+    no attention (the KV cache holds no layer), no MLP, no rotary (its sizes are placeholders: 1 head of 2).
+    `tie_default`: whether the head is tied where the config does not say."""
+    layers = cfg["num_hidden_layers"]
+    longest = cfg.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS
+    eos = cfg.get("eos_token_id")
+    return DecoderSpec(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=0, num_layers=layers,
+        num_heads=1, num_kv_heads=1, head_dim=2, norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+        rope=Rope.from_hf(None, 10000.0, longest), max_position_embeddings=longest,
+        tie_word_embeddings=cfg.get("tie_word_embeddings", tie_default), bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        mixers=(mixer,) * layers, mlp_layers=(False,) * layers, rope_layers=(False,) * layers, names=names)
+
+
+def mamba_ssm_config(cfg: dict) -> dict:
+    """A config.json in state-spaces' own format (the `mamba_ssm` package's MambaConfig: `d_model`, `n_layer`,
+    `ssm_cfg`; state-spaces/mamba-2.8b, mamba2-2.7b) as transformers' `mamba` / `mamba2` config of the same model: the
+    vocabulary padded to `pad_vocab_size_multiple` (the checkpoint's embedding rows), the mixer's defaults as
+    mamba_ssm's (Mamba-1: state 16; Mamba-2: state 128, heads of 64, one group). Refused by name: attention layers
+    (`attn_layer_idx`), MLPs (`d_intermediate`), LayerNorms (`rms_norm` false) and Mamba-2's `d_ssm` / `D_has_hdim`."""
+    ssm = dict(cfg.get("ssm_cfg") or {})
+    layer = ssm.pop("layer", "Mamba1")
+    if cfg.get("attn_layer_idx"):
+        raise ValueError("mamba_ssm attn_layer_idx: attention layers are not supported (supported: attn_layer_idx "
+                         "empty, every layer Mamba)")
+    if cfg.get("d_intermediate"):
+        raise ValueError("mamba_ssm d_intermediate: MLPs are not supported (supported: d_intermediate 0)")
+    if not cfg.get("rms_norm", True):
+        raise ValueError("mamba_ssm rms_norm false (LayerNorms) is not supported (supported: rms_norm true)")
+    if layer not in ("Mamba1", "Mamba2"):
+        raise ValueError(f"mamba_ssm layer {layer!r} is not supported (supported: layer Mamba1, Mamba2)")
+    for name in ("d_ssm", "D_has_hdim"):
+        if ssm.get(name):
+            raise ValueError(f"mamba_ssm {name} is not supported (supported: {name} unset)")
+    multiple = cfg.get("pad_vocab_size_multiple", 1)
+    vocab = -(-cfg["vocab_size"] // multiple) * multiple
+    out = {"hidden_size": cfg["d_model"], "num_hidden_layers": cfg["n_layer"], "vocab_size": vocab,
+           "tie_word_embeddings": cfg.get("tie_embeddings", True), "layer_norm_epsilon": cfg.get("norm_epsilon", 1e-5),
+           "expand": ssm.get("expand", 2), "conv_kernel": ssm.get("d_conv", 4),
+           "use_conv_bias": ssm.get("conv_bias", True), "use_bias": ssm.get("bias", False),
+           "eos_token_id": 0, "bos_token_id": 0, "pad_token_id": 0}  # (GPT-NeoX's tokenizer, which they use)
+    if layer == "Mamba1":
+        return {**out, "model_type": "mamba", "state_size": ssm.get("d_state", 16),
+                "time_step_rank": ssm.get("dt_rank", "auto")}
+    heads = out["expand"] * cfg["d_model"] // ssm.get("headdim", 64)
+    return {**out, "model_type": "mamba2", "state_size": ssm.get("d_state", 128), "head_dim": ssm.get("headdim", 64),
+            "num_heads": heads, "n_groups": ssm.get("ngroups", 1), "chunk_size": ssm.get("chunk_size", 256),
+            "norm_before_gate": ssm.get("norm_before_gate", False), "rms_norm": ssm.get("rmsnorm", True),
+            "time_step_limit": tuple(ssm.get("dt_limit", (0.0, float("inf"))))}
+
+
+def backbone_renamed(state: dict) -> dict:
+    """A Mamba checkpoint's tensors without the `backbone.` prefix, the embeddings as Hugging Face names them
+    (`embeddings`; the original checkpoints' `embedding`)."""
+    out = {}
+    for name, t in state.items():
+        name = name.removeprefix("backbone.")
+        out["embeddings.weight" if name == "embedding.weight" else name] = t
+    return out
+
+
+class Mamba1Decoder(TransformerDecoder):
+    """The shared decoder whose KIND layers run a Mamba1Mixer (a Mamba1HybridSpec's `mamba1`, its tensors under
+    `mixer_prefix`)."""
+
+    def load_mixer(self, i: int, prefix: str, weight, read):
+        c = self.config
+        if c.mixer(i) != KIND:
+            return super().load_mixer(i, prefix, weight, read)
+        return Mamba1Mixer(c.mamba1, prefix + c.mixer_prefix, c.hidden_size, weight)

@@ -1,0 +1,71 @@
+"""Kimi Delta Attention's rule (backend/models/kda.py) on random inputs, CPU fp32: its chunked form (prompt chunks)
+against its own one-token recurrence (decode rows, reference.kda_step), and both against transformers' torch
+fallbacks (chunk_kimi_delta_attention, recurrent_kimi_delta_attention). The family tests (test_decoder_families.py)
+check whole models against HF."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonformer.backend.models.kda import chunked_rule
+from tritonformer.kernels.reference import kda_step
+
+transformers = pytest.importorskip("transformers")
+
+
+def _inputs(heads: int, length: int, dim: int, seed: int):
+    """Raw q, k (not normalised), v, per-channel log decays g (some heads' strong, each channel its own), beta,
+    and a nonzero starting state."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(heads, length, dim, generator=gen) for _ in range(3))
+    rates = torch.tensor([0.05, 0.5, 2.0, 8.0])[:heads, None, None]
+    g = -torch.rand(heads, length, dim, generator=gen) * rates
+    beta = torch.rand(heads, length, generator=gen)
+    state = torch.randn(heads, dim, dim, generator=gen) * 0.5
+    return q, k, v, g, beta, state
+
+
+def _normalised(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    l2 = lambda t: t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    return l2(q) * q.shape[-1] ** -0.5, l2(k)
+
+
+def _recurrent(state, q, k, v, g, beta):
+    """The rule one token at a time (kda_step over a batch of one)."""
+    out, s = [], state[None]
+    for t in range(k.shape[1]):
+        o, s = kda_step(s, q[None, :, t], k[None, :, t], v[None, :, t], g[None, :, t], beta[None, :, t])
+        out.append(o[0])
+    return torch.stack(out, 1), s[0]
+
+
+@pytest.mark.parametrize("length", [1, 37, 64, 150])
+def test_chunked_form_equals_the_recurrence_and_continues_from_its_state(length):
+    q, k, v, g, beta, state = _inputs(4, length, 16, seed=length)
+    q, k = _normalised(q, k)
+    want, want_state = _recurrent(state, q, k, v, g, beta)
+    got, got_state = chunked_rule(state, q, k, v, g, beta)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_state, want_state, atol=1e-5, rtol=1e-5)
+    cut = length // 3  # a prompt in two chunks: the second from the state the first left
+    first, mid = chunked_rule(state, q[:, :cut], k[:, :cut], v[:, :cut], g[:, :cut], beta[:, :cut])
+    second, end = chunked_rule(mid, q[:, cut:], k[:, cut:], v[:, cut:], g[:, cut:], beta[:, cut:])
+    torch.testing.assert_close(torch.cat([first, second], 1), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(end, want_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [5, 100])
+def test_chunked_form_and_recurrence_equal_transformers_fallbacks(length):
+    """transformers' chunked and recurrent torch paths (which normalise q and k themselves, `[B, T, H, K]`) from the
+    same starting state give our outputs and final state."""
+    from transformers.models.kimi_linear import modeling_kimi_linear as hf
+
+    q, k, v, g, beta, state = _inputs(3, length, 24, seed=length + 1)
+    qn, kn = _normalised(q, k)
+    ours, ours_state = chunked_rule(state, qn, kn, v, g, beta)
+    batch = [t.transpose(0, 1)[None] for t in (q, k, v, g)] + [beta.t()[None]]
+    for fallback in (hf.chunk_kimi_delta_attention, hf.recurrent_kimi_delta_attention):
+        out, final = fallback(*batch[:3], g=batch[3], beta=batch[4], initial_state=state[None].clone(),
+                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+        torch.testing.assert_close(out[0].transpose(0, 1), ours, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(final[0], ours_state, atol=2e-5, rtol=2e-5)
