@@ -1043,6 +1043,26 @@ def test_kimi_linear_loads_its_published_layout():
         load_decoder(hf.config.to_dict(), published, CPU, torch.float32)
 
 
+@pytest.mark.parametrize("case,renamed", [
+    ("olmo-hybrid", ("attention_layer_norm", "feedforward_layer_norm", "linear_attn.q_conv1d")),
+    ("lfm3", ("self_attn.gate_proj",))])
+def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):
+    """transformers writes these families' checkpoints under their published names, which it renames as it loads
+    (OLMo hybrid's DeltaNet norms and its convolution in three parts, LFM3's per-head gates as `gate_proj`): the
+    folder, read as the served model reads it, builds the model HF runs."""
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+
+    _, shape, changes = next(c for c in CASES if c[0] == case)
+    hf, ours = _pair(shape, changes)
+    hf.save_pretrained(tmp_path)
+    state = load_state_dict(tmp_path)
+    assert all(any(part in name for name in state) for part in renamed)  # (the published names, as written)
+    loaded = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+    prompt = [(0, list(range(3, 80)))]
+    torch.testing.assert_close(PagedSteps(loaded, num_blocks=16, block_size=8).step(prompt),
+                               PagedSteps(ours, num_blocks=16, block_size=8).step(prompt), atol=1e-5, rtol=1e-5)
+
+
 def test_ernie_moe_loads_its_published_layout():
     """ERNIE-4.5-MoE's published checkpoints store the experts one by one and the router's bias as
     `mlp.moe_statics.e_score_correction_bias` `[1, E]` beside the router (transformers keeps it

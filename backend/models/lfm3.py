@@ -89,17 +89,19 @@ def from_hf(cfg: dict) -> Lfm2Spec:
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
-    """Each attention layer's per-head gate `self_attn.g_proj` `[heads, hidden]` as the shared decoder's per-element
-    one, `self_attn.gate_proj` `[heads * head_dim, hidden]` (each head's row repeated over its columns)."""
+    """Each attention layer's per-head gate `[heads, hidden]` (transformers' `self_attn.g_proj`; the published
+    checkpoints' `self_attn.gate_proj`, which transformers renames) as the shared decoder's per-element one,
+    `self_attn.gate_proj` `[heads * head_dim, hidden]` (each head's row repeated over its columns)."""
     if not cfg.get("use_attention_gate", True):
         return cfg, state
     head_dim = cfg.get("head_dim") or DEFAULTS["head_dim"]
+    heads = cfg["num_attention_heads"]
     out = dict(state)
     for name, t in state.items():
-        if name.endswith("self_attn.g_proj.weight"):
+        if name.endswith(("self_attn.g_proj.weight", "self_attn.gate_proj.weight")) and t.shape[0] == heads:
             rows = t if isinstance(t, torch.Tensor) else t.to("cpu")
-            out[name.replace("g_proj", "gate_proj")] = rows.repeat_interleave(head_dim, dim=0)
             del out[name]
+            out[name.replace(".g_proj.", ".gate_proj.")] = rows.repeat_interleave(head_dim, dim=0)
     return cfg, out
 
 

@@ -22,6 +22,11 @@ the delta rule's step may then overshoot, a negative eigenvalue of its transitio
 transformers' do: `linear_num_key_heads` and `linear_num_value_heads` the attention's heads, `linear_key_head_dim`
 int(0.75 hidden / key heads), `linear_value_head_dim` twice that.
 
+Published checkpoints name some tensors otherwise (transformers renames them as it loads; `adapt` does here):
+`attention_layer_norm` / `feedforward_layer_norm` for `input_layernorm` / `post_attention_layernorm` (in every
+layer, as transformers' renaming has it), and the convolution in three parts, `q_conv1d` / `k_conv1d` /
+`v_conv1d`, for one `conv1d` over [q; k; v].
+
 Refused by name: attention biases (`attention_bias`), value heads other than one per key head (transformers' layer
 runs the rule with as many key heads as value heads), an activation other than SiLU (`hidden_act`, the MLP's and
 the convolution's), a convolution of fewer than 2 taps, and layer kinds other than those two (at least one of
@@ -29,6 +34,8 @@ each, as transformers requires)."""
 from __future__ import annotations
 
 from dataclasses import fields
+
+import torch
 
 from tritonformer.backend.models.gated_deltanet import DeltaNetSpec
 from tritonformer.backend.models.qwen3_next import HybridDecoder, HybridSpec
@@ -94,6 +101,25 @@ def from_hf(cfg: dict) -> HybridSpec:
                         norm_eps=cfg.get("rms_norm_eps", 1e-6), qk_norm=True, qk_norm_full=True, names=NAMES,
                         mixers=mixers, post_norm_layers=tuple(kind is None for kind in mixers), **options)
     return HybridSpec(**{f.name: getattr(spec, f.name) for f in fields(DecoderSpec)}, deltanet=deltanet_spec(cfg))
+
+
+def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
+    """A published checkpoint's tensors under the names transformers' model has (the module docstring)."""
+    renamed, parts = {}, {}
+    for name, t in state.items():
+        name = name.replace("attention_layer_norm", "input_layernorm").replace("feedforward_layer_norm",
+                                                                              "post_attention_layernorm")
+        part = next((p for p in "qkv" if name.endswith(f"linear_attn.{p}_conv1d.weight")), None)
+        if part is None:
+            renamed[name] = t
+        else:
+            parts.setdefault(name[: -len(f"{part}_conv1d.weight")], {})[part] = t
+    for prefix, qkv in parts.items():
+        if set(qkv) != set("qkv"):
+            raise KeyError(f"checkpoint has {', '.join(sorted(qkv))} of {prefix}q / k / v_conv1d.weight, not all three")
+        renamed[prefix + "conv1d.weight"] = torch.cat([t if isinstance(t, torch.Tensor) else t.read()
+                                                       for t in (qkv["q"], qkv["k"], qkv["v"])])
+    return cfg, renamed
 
 
 MODEL = HybridDecoder
