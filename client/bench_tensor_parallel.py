@@ -412,20 +412,21 @@ def timed_trace(engine, trace) -> dict:
 
 
 def greedy_and_logits(engine, vocab: int, new_tokens: int = AGREE_TOKENS) -> dict:
-    """The agree prompts' greedy tokens, then the logits of their first step (a prefill of all
-    three on the first blocks: run last, the engine is left as it was only in its cache's
-    contents, which nothing reads after this)."""
+    """The agree prompts' greedy tokens, then the logits of their first step (a prefill of each
+    on the first blocks: run last, the engine is left as it was only in its cache's contents,
+    which nothing reads after this)."""
+    import torch
+
     from tritonformer.backend.decoder.batch import BatchEntry
 
     prompts = agree_prompts(vocab)
     tokens = run_timed(engine, engine.sink, [TraceRequest(p, new_tokens) for p in prompts])["outputs"]
-    size, entries, block = engine.runner.cache.block_size, [], 0
-    for p in prompts:
-        n = -(-len(p) // size)
-        entries.append(BatchEntry(p, 0, list(range(block, block + n)), True))
-        block += n
-    logits = engine.runner.run(entries).logits[: len(prompts), :vocab].float().cpu().numpy()
-    return {"tokens": tokens, "logits": logits}
+    size, rows = engine.runner.cache.block_size, []
+    slot = 0 if engine.runner.cache.state is not None else -1  # (hybrid models: one state slot, zeroed each time)
+    for p in prompts:  # (one at a time: the engine may have fewer state slots than prompts)
+        entry = BatchEntry(p, 0, list(range(-(-len(p) // size))), True, slot)
+        rows.append(engine.runner.run([entry]).logits[:1, :vocab].float().cpu())
+    return {"tokens": tokens, "logits": torch.cat(rows).numpy()}
 
 
 def measure(engine, task: dict, out: dict) -> dict:

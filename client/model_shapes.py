@@ -40,6 +40,30 @@ GEMMA_2_9B = {
     "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": [1, 107],
 }
+# google/gemma-3n-E2B's text_config (the file's model_type is gemma3n, the text model's gemma3n_text), from memory of
+# the published config.json: 30 layers at 2,048 wide, 8 query heads of 256 over 2 KV heads, four 512-token sliding
+# layers then a full one, the last 10 layers reading the keys of the last earlier layer of their type, GeGLU MLPs of
+# 8,192 columns with the first 10 layers' gates 95% sparse, 4 AltUp streams, LAuReL of rank 64, per-layer inputs of
+# 256 from a 262,144-row table, logits capped at 30. Uncertain: the per-layer lists as written (the config defaults
+# give the same), eos [1, 106] (the top-level file's).
+GEMMA_3N_E2B = {
+    "model_type": "gemma3n_text", "vocab_size": 262400, "hidden_size": 2048, "intermediate_size": [8192] * 30,
+    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "max_position_embeddings": 32768, "sliding_window": 512,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 6, "num_kv_shared_layers": 10,
+    "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 20, "altup_num_inputs": 4, "altup_active_idx": 0,
+    "altup_coef_clip": 120.0, "altup_correct_scale": True, "laurel_rank": 64, "hidden_size_per_layer_input": 256,
+    "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0, "attention_bias": False,
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0,
+}
+# google/gemma-3n-E4B's text_config, from memory likewise (transformers' Gemma3nTextConfig defaults are this shape):
+# 35 layers, MLPs of 16,384, the last 15 layers sharing keys; the rest as E2B's. Uncertain as E2B's.
+GEMMA_3N_E4B = {
+    **GEMMA_3N_E2B, "intermediate_size": [16384] * 35, "num_hidden_layers": 35,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7, "num_kv_shared_layers": 15,
+    "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 25,
+}
 GEMMA_7B = {
     "model_type": "gemma", "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
     "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
@@ -565,6 +589,25 @@ NEMOTRON_H_8B = {
     "attention_bias": False, "time_step_min": 0.001, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 8192,
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
 }
+# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's config.json (model_type nemotron_h), from memory of the published file:
+# 52 single-operator blocks at 2,688 wide: 23 Mamba-2 "M" (64 heads of 64, state 128 in 8 groups, 4 conv taps), 23
+# MoE "E" and 6 attending "*" (32 query heads of 128 over 2 KV heads, no rotary), no dense MLP; each MoE block 128
+# ungated squared-ReLU experts of 1,856, top 6 by sigmoid score + correction bias in one group, renormalised, times
+# 2.5, and a shared expert of 3,712. Uncertain: the pattern's exact order, the Mamba-2 option names the file uses
+# (transformers' canonical ones here), intermediate_size (unused: no "-" block), eos_token_id (the chat end token
+# may be listed instead) and max_position_embeddings.
+NEMOTRON_3_NANO_30B_A3B = {
+    "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 2688, "intermediate_size": 1856,
+    "num_hidden_layers": 52, "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "mlp_hidden_act": "relu2",
+    "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "expand": 2, "chunk_size": 128, "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
+    "attention_bias": False, "time_step_min": 0.001, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 262144,
+    "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
 # tiiuae/Falcon-H1-0.5B-Instruct's config.json (model_type falcon_h1), from memory of the published file: 36
 # parallel-hybrid layers at 1,024 wide, each attention (8 query heads of 64 over 2 KV heads) beside Mamba-2 (24 heads
 # of 64: mamba_d_ssm 1,536, state 128, one group, no gated norm), a SwiGLU MLP of 2,048; muP multipliers throughout.
@@ -901,6 +944,8 @@ DECODER_SHAPES = {
     "gemma-7b": GEMMA_7B,
     "gemma-2-9b": GEMMA_2_9B,
     "gemma-3-1b": GEMMA_3_1B,
+    "gemma-3n-e2b": GEMMA_3N_E2B,
+    "gemma-3n-e4b": GEMMA_3N_E4B,
     "phi-3-mini": PHI_3_MINI_4K,
     "phi-3-mini-128k": PHI_3_MINI_128K,
     "phi-4-mini": PHI_4_MINI,
@@ -969,6 +1014,7 @@ DECODER_SHAPES = {
     "granite-4.0-h-small": GRANITE_4_0_H_SMALL,
     "bamba-9b": BAMBA_9B,
     "nemotron-h-8b": NEMOTRON_H_8B,
+    "nemotron-3-nano-30b-a3b": NEMOTRON_3_NANO_30B_A3B,
     "falcon-h1-0.5b": FALCON_H1_0_5B,
     "kimi-linear-48b-a3b": KIMI_LINEAR_48B_A3B,
     "zamba2-2.7b": ZAMBA2_2_7B,
@@ -1066,9 +1112,13 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                    chunk_size=16, adapter_rank=16, layers_block_type=(["mamba", "hybrid"] * layers)[:layers])
         cfg.pop("hybrid_layer_ids", None)
     if "hybrid_override_pattern" in cfg:  # Nemotron-H: Mamba-2 as above (2 groups); an "M" without an MLP, then "*-"
-        # and "M-": three of the decoder's layers, `layers` ignored
+        # and "M-": three of the decoder's layers, `layers` ignored. With experts (Nemotron 3): "ME", "*-", "ME" and an
+        # "M" without one, the shared expert narrower
+        pattern = "ME*-MEM" if cfg.get("n_routed_experts") else "M*-M-"
         cfg.update(mamba_num_heads=8, mamba_head_dim=cfg.get("expand", 2) * hidden // 8, ssm_state_size=16,
-                   chunk_size=16, n_groups=2, hybrid_override_pattern="M*-M-", num_hidden_layers=5)
+                   chunk_size=16, n_groups=2, hybrid_override_pattern=pattern, num_hidden_layers=len(pattern))
+        if cfg.get("n_routed_experts"):
+            cfg["moe_shared_expert_intermediate_size"] = hidden + 48
     if "mamba_dt_rank" in cfg:  # Jamba: dt's rank as transformers derives it ("auto"), an attending layer among the few
         period = min(cfg["attn_layer_period"], layers)
         cfg.update(mamba_dt_rank="auto", attn_layer_period=period,
@@ -1085,6 +1135,13 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 4, "head_dim": 2 * hidden // heads,
                                      "kda_layers": list(range(1, layers + 1, 2)),
                                      "full_attn_layers": list(range(2, layers + 1, 2))}
+    if "num_kv_shared_layers" in cfg:  # Gemma 3n: a sliding layer then a full one in turn over at least four, the last
+        # half reading the keys of the last earlier layer of their type, the first half's MLP gates sparse; per-layer
+        # inputs of 16 from a table shorter than the vocabulary (ids past it read its row 0), LAuReL of rank 8
+        n = max(layers, 4)
+        cfg.update(num_hidden_layers=n, layer_types=(["sliding_attention", "full_attention"] * n)[:n],
+                   num_kv_shared_layers=n // 2, activation_sparsity_pattern=[0.95] * (n // 2) + [0.0] * (n - n // 2),
+                   hidden_size_per_layer_input=16, vocab_size_per_layer_input=vocab - 64, laurel_rank=8)
     if "full_attention_interval" in cfg:  # a full-attention layer among the few (Qwen3-Next: every 4th)
         cfg["full_attention_interval"] = min(cfg["full_attention_interval"], layers)
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
@@ -1152,6 +1209,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
     from tritonformer.backend.models.mla import tensor_shapes as mla_tensor_shapes
     from tritonformer.backend.models.moe import tensor_shapes as moe_tensor_shapes
 
+    if hasattr(spec, "tensor_shapes"):  # (a family with a model class of its own names its tensors: Gemma 3n)
+        return spec.tensor_shapes()
     n, hidden, head = spec.names, spec.hidden_size, spec.head_dim
     q, kv, inter = spec.num_heads * head, spec.num_kv_heads * head, spec.intermediate_size
     shapes = {n.embed: (spec.vocab_size, hidden), n.final_norm: (hidden,)}

@@ -104,10 +104,12 @@ gated_delta_decode = _dispatched("gated_delta_decode")
 gated_rms_norm = _dispatched("gated_rms_norm")
 kda_decode = _dispatched("kda_decode")
 kda_gated_norm = _dispatched("kda_gated_norm")
+kda_chunk = _dispatched("kda_chunk")
 ssd_chunk = _dispatched("ssd_chunk")
 ssd_decode = _dispatched("ssd_decode")
 mamba_gated_norm = _dispatched("mamba_gated_norm")
 selective_scan_decode = _dispatched("selective_scan_decode")
+selective_scan_chunk = _dispatched("selective_scan_chunk")
 qkv_to_cache = _dispatched("qkv_to_cache")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin

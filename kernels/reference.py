@@ -628,6 +628,54 @@ def kda_gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return (normed * torch.sigmoid(gate.reshape(o.shape).float())).to(o.dtype)
 
 
+def kda_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state: torch.Tensor, slot: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Kimi Delta Attention's rule (the gated delta rule with a decay per key channel, models/kda.py) over one
+    sequence's T prompt tokens, from the state at its slot (`state` `[slots, H, K, V]` fp32, the slot's entry
+    replaced by the state after the last token; `slot` a 1-element long tensor): q, k and the log decays g
+    `[T, H, K]`, v `[T, H, V]`, beta `[T, H]`, all fp32 (rows may be strided). Returns o `[T, H, V]` (fp32, or
+    written into `out`, any float dtype, and returned).
+
+    The chunked (WY) form, DELTA_CHUNK tokens at a time: within a chunk, with G_t the cumulative sum of g from
+    its start (a vector over key channels), S0 the state before it and * per channel,
+
+        (I + L) U = diag(beta) V - diag(beta) (K * e^G) S0,   L_ts = beta_t sum_c k_t[c] k_s[c] e^(G_t[c] - G_s[c])
+        o_t = (q_t * e^(G_t))^T S0 + sum_(s <= t) (sum_c q_t[c] k_s[c] e^(G_t[c] - G_s[c])) u_s
+        S_C = diag(e^(G_C)) S0 + sum_s diag(e^(G_C - G_s)) k_s u_s^T   (s < t in L)
+
+    Every exponent is <= 0 (g <= 0; the differences taken before the exp, masked above the diagonal), so nothing
+    overflows; a chunk costs a `[H, C, C, K]` decay tensor and two triangular solves, the pass from chunk to chunk
+    is sequential. Transformers' torch fallback (chunk_kimi_delta_attention, written from FLA's chunk_kda) runs
+    the same form in fp32."""
+    length, heads, kd = k.shape
+    vd = v.shape[-1]
+    q, k, v, g = (t.transpose(0, 1) for t in (q, k, v, g))  # [H, T, .]
+    beta = beta.t()
+    o = torch.empty(heads, length, vd, dtype=torch.float32, device=v.device)
+    s = state.index_select(0, slot)[0]
+    c = DELTA_CHUNK
+    causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
+    for start in range(0, length, c):
+        part = slice(start, min(start + c, length))
+        n = part.stop - start
+        qc, kc, vc, bc = q[:, part], k[:, part], v[:, part], beta[:, part]
+        cum = g[:, part].cumsum(1)  # G_t [H, n, K]
+        # e^(G_t - G_s) per channel for s <= t, 0 above the diagonal (masked before the exp: positive there)
+        decay = (cum[:, :, None] - cum[:, None]).masked_fill(~causal[:n, :n, None], float("-inf")).exp()
+        # I + L with L's strictly lower part; a unit-triangular solve reads only that part
+        system = bc[..., None] * (kc[:, :, None] * decay * kc[:, None]).sum(-1)
+        u_base = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(system, kc * cum.exp() * bc[..., None], upper=False, unitriangular=True)
+        scores = (qc[:, :, None] * decay * kc[:, None]).sum(-1)  # sum_c q_t[c] k_s[c] e^(G_t[c] - G_s[c]), s <= t
+        u = u_base - w @ s
+        o[:, part] = (qc * cum.exp()) @ s + scores @ u
+        last = cum[:, -1:]  # G_C [H, 1, K]
+        s = s * last.transpose(1, 2).exp() + (kc * (last - cum).exp()).transpose(1, 2) @ u
+    state.index_copy_(0, slot, s[None])
+    o = o.transpose(0, 1)
+    return o if out is None else out.copy_(o)
+
+
 def selective_scan_decode(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, z: torch.Tensor,
                           dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
                           slots: torch.Tensor) -> torch.Tensor:
@@ -646,6 +694,49 @@ def selective_scan_decode(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c:
     state.index_copy_(0, slots, new)
     y = (new.to(dtype).float() * c.to(dtype).float()[:, None, :]).sum(-1).to(dtype).float()
     return ((y + D * xf) * F.silu(z).float()).to(dtype)
+
+
+SCAN_ELEMENTS = 1 << 24  # selective_scan_chunk's block: at most this many [tokens, intermediate, state] fp32 values
+
+
+def selective_scan_chunk(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, z: torch.Tensor,
+                         dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
+                         slot: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A Mamba-1 layer's selective scan over one sequence's L prompt tokens (models/mamba1.py), from the state h
+    `[I, N]` at its slot (`state` `[slots, I, N]` fp32, the slot's entry replaced by the state after the last
+    token; `slot` a 1-element long tensor): x, dt (before its bias) and z `[L, I]`, B and C `[L, N]`, all the
+    model's dtype (rows may be strided); dt_bias, D `[I]` and A `[I, N]` fp32. Per token, with dt =
+    softplus(dt + dt_bias) in fp32, h = exp(dt A) h + dt x B, and the output (h C + D x) * silu(z) rounded as
+    selective_scan_decode's (h C in the model's dtype, silu(z) in the model's dtype, the rest fp32, rounded
+    once). Returns y `[L, I]` in x's dtype (or written into `out` and returned).
+
+    The tokens are scanned in blocks (as many as SCAN_ELEMENTS allow), the state carried between blocks: within
+    a block the pairs (decay, input) compose associatively, (a1, b1) then (a2, b2) = (a1 a2, a2 b1 + b2), so
+    log2(block) whole-tensor steps give every token's h (Hillis and Steele's prefix scan)."""
+    length, inner = x.shape
+    n = A.shape[1]
+    block = max(1, SCAN_ELEMENTS // (inner * n))
+    dtype = x.dtype
+    xf = x.float()
+    delta = F.softplus(dt.float() + dt_bias)  # [L, I]
+    gate = F.silu(z).float()
+    y = torch.empty_like(x) if out is None else out
+    held = state.index_select(0, slot)[0]
+    for start in range(0, length, block):
+        part = slice(start, start + block)
+        decay = torch.exp(delta[part, :, None] * A)  # [l, I, N]
+        h = (delta[part] * xf[part])[:, :, None] * b[part].float()[:, None, :]
+        h[0] += decay[0] * held
+        step = 1
+        while step < h.shape[0]:  # h[t] = sum over u <= t of (prod of decay over (u, t]) * input u
+            h = torch.cat([h[:step], h[step:] + decay[step:] * h[:-step]])
+            decay = torch.cat([decay[:step], decay[step:] * decay[:-step]])
+            step *= 2
+        held = h[-1]
+        scan = torch.einsum("lin,ln->li", h.to(dtype).float(), c[part].to(dtype).float()).to(dtype).float()
+        y[part] = ((scan + D * xf[part]) * gate[part]).to(y.dtype)
+    state.index_copy_(0, slot, held[None])
+    return y
 
 
 def qkv_split(
@@ -1199,7 +1290,8 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     choice's groups, kept_groups, group_score), then the sum over its k experts of
     weight * expert(x), an expert e a gated MLP:
     down[e] @ act(gate_up[e] @ x + gate_up_bias[e]) + down_bias[e], with gate_up `[E, 2I, H]`
-    ([gate; up], `activation` as linear_act's gated ones), down `[E, H, I]` and the optional
+    ([gate; up], `activation` as linear_act's gated ones) or, for a plain activation (Nemotron-H's
+    "relu2"), the up projection `[E, I, H]` alone, down `[E, H, I]` and the optional
     biases (gpt-oss's experts have them) gate_up_bias `[E, 2I]` ([gate; up]) and down_bias
     `[E, H]`; the routing weight multiplies the biased output. Each expert runs once over its
     tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""

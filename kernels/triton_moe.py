@@ -13,7 +13,8 @@ in their program, are written there (the pairs in pair order inside each expert,
 `reference.moe_align` orders them).
 `_moe_gemm` then runs one program per (block, column tile): it gathers its block's input rows,
 reads its expert's weight tile once and writes each pair's output row. The first GEMM applies
-the gated activation to [gate | up] (both halves' tiles in one program), the second multiplies
+the gated activation to [gate | up] (both halves' tiles in one program; a plain one, Nemotron-H's
+squared ReLU, to the up projection's tile), the second multiplies
 each pair's row by its routing weight (each after its expert's bias, where the experts have
 biases); the k rows of a token are summed in fp32 and rounded once
 (`_sum_pairs_kernel`: one launch where a reduction and a cast took two).
@@ -427,7 +428,7 @@ def _grouped(x, w, out, pairs, experts, scale, x_per_pair: int, activation: str,
     """One grouped GEMM (`_moe_gemm`) of the sorted pairs: w `[E, N or 2N, K]`, bias `[E, N or
     2N]` (an expert's row [gate; up] where the activation is gated) or None."""
     n = out.shape[1]
-    gated = activation != "none"
+    gated = activation in reference.GATED_ACTIVATIONS
     if bias is not None:
         assert bias.shape == w.shape[:2] and bias.stride(1) == 1, f"bias must be {list(w.shape[:2])}, row-contiguous"
     grid = (experts.numel(), triton.cdiv(n, config["BLOCK_N"]))
@@ -453,12 +454,13 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     are added in the GEMMs' epilogues, before the activation and before the routing weight."""
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
-    first, second = gemm_config(pairs, num_experts, True), gemm_config(pairs, num_experts, False)
+    gated = activation in reference.GATED_ACTIVATIONS  # (else a plain one: gate_up is the experts' up `[E, I, H]`)
+    first, second = gemm_config(pairs, num_experts, gated), gemm_config(pairs, num_experts, False)
     assert first["BLOCK_M"] == second["BLOCK_M"]  # (one sort of the pairs serves both GEMMs)
     weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, first["BLOCK_M"],
                                                  scoring, score_bias, scale, groups, kept_groups, group_score)
     x = x.contiguous()
-    inner = torch.empty(pairs, gate_up.shape[1] // 2, device=x.device, dtype=x.dtype)
+    inner = torch.empty(pairs, gate_up.shape[1] // 2 if gated else gate_up.shape[1], device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first, gate_up_bias)
     rows = torch.empty(pairs, down.shape[1], device=x.device, dtype=torch.float32)
     _grouped(inner, down, rows, sorted_pairs, experts, weights.reshape(-1).float().contiguous(), 1, "none", second,

@@ -39,6 +39,19 @@ CASES = [
     ("gemma", "gemma-7b", {}),
     ("gemma2", "gemma-2-9b", {}),
     ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
+    # Gemma 3n: 4 AltUp streams, LAuReL, per-layer inputs from a table shorter than the vocabulary (ids past it read
+    # row 0), sliding and full layers in turn, the last two reading the keys of the first two (one of each type),
+    # the first two layers' MLP gates sparse (a Gaussian cutoff), v's norm, unscaled scores, logits capped; and 5 layers
+    # whose shared ones read layer 0 (full) and layer 2 (the later of two sliding ones), MLPs of different widths,
+    # sparsity on middle layers only, 2 streams with the second active, no correct_output_scale, an untied head
+    ("gemma3n", "gemma-3n-e2b", {"initializer_range": 0.05}),
+    ("gemma3n-untied-second-stream-active-uneven-mlps", "gemma-3n-e2b", {
+        "num_hidden_layers": 5, "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                                                "full_attention", "sliding_attention"],
+        "num_kv_shared_layers": 2, "intermediate_size": [288, 320, 256, 288, 272],
+        "activation_sparsity_pattern": [0.0, 0.9, 0.95, 0.0, 0.0], "altup_num_inputs": 2, "altup_active_idx": 1,
+        "altup_correct_scale": False, "tie_word_embeddings": False, "final_logit_softcapping": 10.0,
+        "vocab_size_per_layer_input": 320, "initializer_range": 0.1}),
     ("phi3", "phi-3-mini", {}),
     ("phi3-longrope", "phi-3-mini-128k", {}),
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),
@@ -150,6 +163,15 @@ CASES = [
     ("nemotron-h-biases-mlp-less-end", "nemotron-h-8b", {"mlp_bias": True, "use_bias": True, "n_groups": 4,
                                                          "use_conv_bias": False, "hybrid_override_pattern": "*-MM",
                                                          "num_hidden_layers": 4}),
+    # Nemotron 3 Nano: Mamba-2 blocks each followed by a MoE block (12 ungated squared-ReLU experts, top 6 by sigmoid
+    # score + correction bias, renormalised, times 2.5, a shared expert), attention and a dense MLP, a Mamba-2 block
+    # without one; and Super's latent MoE (the routed experts between projections to and from 48 wide rows), top 4
+    # among the best 2 of 4 groups of 3 experts, not renormalised (weights drawn wider, so the experts' share of the
+    # logits is large enough that a wrong expert or weight fails)
+    ("nemotron-h-moe", "nemotron-3-nano-30b-a3b", {"initializer_range": 0.1}),
+    ("nemotron-h-moe-latent-groups-unnormalised", "nemotron-3-nano-30b-a3b", {
+        "moe_latent_size": 48, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4, "norm_topk_prob": False,
+        "initializer_range": 0.1}),
     # Falcon-H1: attention beside Mamba-2 (no gated norm) in each layer, every muP multiplier; and with the norm
     # before the gate, biases everywhere, 2 groups; and the norm after the gate (transformers' mamba_norm_before_gate
     # false)
@@ -421,6 +443,8 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(".sinks"):  # gpt-oss's attention sinks: logits as large as the scores
                 p.add_(torch.randn_like(p))
+            if name.endswith("altup.correct_output_scale"):  # (Gemma 3n's starts at zero, which mutes the per-layer
+                p.add_(torch.randn_like(p))  # inputs)
             if name.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
@@ -468,13 +492,15 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "apertus", "dbrx",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
                    "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
-                   "nemotron-h-biases-mlp-less-end", "falcon-h1", "falcon-h1-norm-before-gate-biases",
+                   "nemotron-h-biases-mlp-less-end", "nemotron-h-moe", "nemotron-h-moe-latent-groups-unnormalised",
+                   "falcon-h1", "falcon-h1-norm-before-gate-biases",
                    "mamba", "mamba-biases-3-taps-untied", "falcon-mamba", "mamba2", "mamba2-biases-one-group-tied",
                    "jamba", "jamba-moe-after-mamba-biases-mha",
                    "kimi-linear", "kimi-linear-mla-first-q-latent-groups",
                    "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
-                   "zamba2", "zamba2-hybrid-first-rope-adapters-biases")
+                   "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
+                   "gemma3n", "gemma3n-untied-second-stream-active-uneven-mlps")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -578,7 +604,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     # (the vision-language checkpoints and their text models' own types: test_a_vl_checkpoint_serves_its_text_model)
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
-    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4"}
+    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -645,6 +671,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("kimi-linear-48b-a3b", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("kimi-linear-48b-a3b", {"linear_attn_config": {"short_conv_kernel_size": 1}}, "short_conv_kernel_size"),
     ("zamba2-2.7b", {"layers_block_type": ["mamba", "attention"]}, "layers_block_type"),
+    ("nemotron-3-nano-30b-a3b", {"mlp_bias": True}, "mlp_bias"),
     ("zamba2-2.7b", {"hybrid_layer_ids": [0]}, "hybrid_layer_ids"),
     ("zamba2-2.7b", {"use_shared_mlp_adapter": False}, "use_shared_mlp_adapter"),
     ("zamba2-2.7b", {"use_shared_attention_adapter": True, "num_key_value_heads": 2}, "num_key_value_heads"),
@@ -662,6 +689,10 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("lfm3-1.7b", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6,
                                                           "partial_rotary_factor": 0.5}}}, "partial_rotary_factor"),
     ("lfm3-1.7b", {"conv_L_cache": 1}, "conv_L_cache"),
+    ("gemma-3n-e2b", {"attention_bias": True}, "attention_bias"),
+    ("gemma-3n-e2b", {"hidden_activation": "gelu"}, "hidden_activation"),
+    ("gemma-3n-e2b", {"num_kv_shared_layers": 3}, "num_kv_shared_layers"),  # (a shared full layer, none before it)
+    ("gemma-3n-e2b", {"activation_sparsity_pattern": [1.0, 0.0, 0.0, 0.0]}, "activation_sparsity_pattern"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
@@ -868,6 +899,38 @@ def test_a_multimodal_checkpoint_serves_its_text_model(kind):
         assert tokens == _hf_greedy(hf, prompt, 16)
 
 
+def test_a_gemma3n_checkpoint_serves_its_text_model():
+    """A multimodal Gemma 3n checkpoint (model_type gemma3n: the text config nested, the text model's tensors under
+    `model.language_model.`, the towers' beside them unread): greedy text as HF's text model on the same weights."""
+    hf, _ = _pair("gemma-3n-e2b", {"initializer_range": 0.05})
+    text = {k: v for k, v in hf.config.to_dict().items() if k not in ("bos_token_id", "eos_token_id")}
+    cfg = {"model_type": "gemma3n", "text_config": text, "bos_token_id": 2, "eos_token_id": [1, 106]}
+    state = {f"model.language_model.{k.removeprefix('model.')}": v for k, v in hf.state_dict().items()
+             if k != "lm_head.weight"}
+    state["model.vision_tower.timm_model.stem.conv.weight"] = torch.zeros(4, 3, 3, 3)  # (not the text model's)
+    ours = load_decoder(cfg, state, CPU, torch.float32)
+    assert ours.config.eos_token_ids == (1, 106) and ours.num_kv_layers == 2
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
+    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 16)
+
+
+def test_gemma3n_refuses_tensor_parallelism_and_fp8_by_name():
+    from tritonformer.backend.models import gemma3n
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = shrunk("gemma-3n-e2b")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma3n_text'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma3n'"):
+        gemma3n.Gemma3nDecoder(gemma3n.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'gemma3n_text'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
 # Vision-language checkpoints served by their text model: (model_type, its text model's published shape shrunk,
 # the multimodal rotary's sections for the shrunk head (the published ones scaled: Qwen2-VL's [16, 24, 24] of 64
 # frequencies, Qwen3-VL's interleaved [24, 20, 20], GLM-4V's [8, 12, 12] of a half-rotating head), the tiny vision
@@ -1045,7 +1108,11 @@ def test_kimi_linear_loads_its_published_layout():
 
 @pytest.mark.parametrize("case,renamed", [
     ("olmo-hybrid", ("attention_layer_norm", "feedforward_layer_norm", "linear_attn.q_conv1d")),
-    ("lfm3", ("self_attn.gate_proj",))])
+    ("lfm3", ("self_attn.gate_proj",)),
+    # (Nemotron 3's blocks under `backbone.layers.{i}.mixer`, their experts one by one)
+    ("nemotron-h-moe-latent-groups-unnormalised", ("backbone.layers.0.mixer.in_proj", "mixer.experts.11.up_proj",
+                                                   "mixer.gate.e_score_correction_bias", "mixer.fc2_latent_proj",
+                                                   "mixer.shared_experts.down_proj"))])
 def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):
     """transformers writes these families' checkpoints under their published names, which it renames as it loads
     (OLMo hybrid's DeltaNet norms and its convolution in three parts, LFM3's per-head gates as `gate_proj`): the

@@ -97,6 +97,7 @@ FAMILIES = [
     ("gen_granite_4_h", "granite-4.0-h-tiny", {}),
     ("gen_bamba", "bamba-9b", {}),
     ("gen_nemotron_h", "nemotron-h-8b", {}),
+    ("gen_nemotron_h_moe", "nemotron-3-nano-30b-a3b", {"initializer_range": 0.1}),  # (Nemotron 3's MoE blocks)
     ("gen_falcon_h1", "falcon-h1-0.5b", {}),
     # attention-free (a KV cache of no layer): Mamba-1 (weights drawn wider: continuations that vary), Falcon-Mamba,
     # Mamba-2
@@ -107,6 +108,8 @@ FAMILIES = [
     ("gen_kimi_linear", "kimi-linear-48b-a3b", {}),
     ("gen_zamba2", "zamba2-2.7b", {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid",
                                                                                  "hybrid"], "initializer_range": 0.1}),
+    # Gemma 3n: AltUp streams, LAuReL, per-layer inputs, the last two layers reading the first two's keys
+    ("gen_gemma3n", "gemma-3n-e2b", {"initializer_range": 0.05}),
     ("gen_persimmon", "persimmon-8b", {}),
     ("gen_deepseek_v3", "deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     ("gen_deepseek_v2", "deepseek-v2-lite", {}),

@@ -1,14 +1,13 @@
-"""Kimi Delta Attention's rule (backend/models/kda.py) on random inputs, CPU fp32: its chunked form (prompt chunks)
-against its own one-token recurrence (decode rows, reference.kda_step), and both against transformers' torch
-fallbacks (chunk_kimi_delta_attention, recurrent_kimi_delta_attention). The family tests (test_decoder_families.py)
-check whole models against HF."""
+"""Kimi Delta Attention's rule (backend/models/kda.py) on random inputs, CPU fp32: its chunked form (prompt chunks,
+reference.kda_chunk) against its own one-token recurrence (decode rows, reference.kda_step), and both against
+transformers' torch fallbacks (chunk_kimi_delta_attention, recurrent_kimi_delta_attention). The family tests
+(test_decoder_families.py) check whole models against HF."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tritonformer.backend.models.kda import chunked_rule
-from tritonformer.kernels.reference import kda_step
+from tritonformer.kernels.reference import kda_chunk, kda_step
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,6 +27,16 @@ def _inputs(heads: int, length: int, dim: int, seed: int):
 def _normalised(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     l2 = lambda t: t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
     return l2(q) * q.shape[-1] ** -0.5, l2(k)
+
+
+def chunked_rule(state, q, k, v, g, beta):
+    """The chunked form (reference.kda_chunk, the prompt chunks' op) on one sequence held per head first: state
+    `[H, K, V]`, q, k, g `[H, T, K]`, v `[H, T, V]`, beta `[H, T]`; returns (o `[H, T, V]`, the state after the last
+    token)."""
+    held = state[None].clone()
+    o = kda_chunk(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.transpose(0, 1), beta.t(), held,
+                  torch.zeros(1, dtype=torch.long))
+    return o.transpose(0, 1), held[0]
 
 
 def _recurrent(state, q, k, v, g, beta):

@@ -38,8 +38,9 @@ def _compile(fn, args: dict, constants: dict, options: dict | None = None):
 
 def prefill_kernels_shared() -> list[str]:
     """The recurrent layers' prompt kernels (kernels/triton_recurrent_prefill.py) with their launches' options at
-    published head sizes (Qwen3.5's 128 x 128, OLMo hybrid's 96 x 192, Bamba's Mamba-2 64 x 128): one line per
-    kernel, its shared memory in bytes (a launch fails where it passes the GPU's limit)."""
+    published head sizes (Qwen3.5's 128 x 128, OLMo hybrid's 96 x 192, Bamba's Mamba-2 64 x 128, Kimi Linear's KDA
+    128 x 128, Falcon-Mamba's and Jamba's Mamba-1 state of 16): one line per kernel, its shared memory in bytes (a
+    launch fails where it passes the GPU's limit)."""
     from tritonformer.kernels import triton_recurrent_prefill as trp
 
     f32, i32 = "*fp32", "i32"
@@ -54,6 +55,16 @@ def prefill_kernels_shared() -> list[str]:
     ssd = {**{f"{n}_ptr": f32 for n in ("x", "dt", "a", "b", "c", "state")}, "slot_ptr": "*i64", "y_ptr": f32,
            "length": i32, "n_chunks": i32, "group": i32,
            **{f"stride_{n}": i32 for n in ("xt", "xh", "dt", "dh", "bt", "bg", "ct", "cg", "slot", "sh", "yt", "yh")}}
+    kda_prepare = {**{f"{n}_ptr": f32 for n in ("q", "k", "v", "g", "beta", "w", "qs", "kc", "u", "o", "end")},
+                   "length": i32, "padded": i32,
+                   **{f"stride_{n}": i32 for n in ("qt", "qh", "kt", "kh", "vt", "vh", "gt", "gh", "bt", "bh")}}
+    kda_scan = {**{f"{n}_ptr": f32 for n in ("w", "qs", "kc", "u", "o", "end", "state")}, "slot_ptr": "*i64",
+                "out_ptr": "*bf16", "length": i32, "padded": i32, "n_chunks": i32,
+                **{f"stride_{n}": i32 for n in ("slot", "ot", "oh")}}
+    selective = {**{f"{n}_ptr": "*bf16" for n in ("x", "dt", "b", "c", "z", "y")}, "slot_ptr": "*i64",
+                 **{f"{n}_ptr": f32 for n in ("dt_bias", "a", "d", "state")},
+                 **{n: i32 for n in ("length", "n_channels", "stride_x", "stride_dt", "stride_b", "stride_c",
+                                     "stride_z", "stride_slot", "stride_y")}}
     scan_options = dict(num_warps=trp.SCAN_WARPS, num_stages=trp.SCAN_STAGES)
     variants = [
         ("conv1d chunk", trp._conv1d_chunk_kernel, conv,
@@ -68,6 +79,14 @@ def prefill_kernels_shared() -> list[str]:
          dict(K=96, V=192, BK=128, BV=trp.SCAN_BLOCK_V, C=64), scan_options),
         ("ssd chunk 64x128", trp._ssd_chunk_kernel, ssd,
          dict(P=64, N=128, BP=trp.SSD_BLOCK_P, BN=128, C=trp.SSD_CHUNK), dict(num_warps=8, num_stages=trp.SCAN_STAGES)),
+        # Kimi-Linear-48B-A3B's KDA (32 heads of 128 x 128), Falcon-Mamba-7B's and Jamba's Mamba-1 (d_inner 8192, a
+        # runtime size; d_state 16)
+        ("kda prepare 128x128", trp._kda_chunk_prepare_kernel, kda_prepare,
+         dict(K=128, V=128, BK=128, BV=128, KB=trp.KDA_BLOCK_K, C=64), dict(num_warps=trp.KDA_PREPARE_WARPS)),
+        ("kda scan 128x128", trp._kda_chunk_scan_kernel, kda_scan,
+         dict(K=128, V=128, BK=128, BV=trp.SCAN_BLOCK_V, C=64), scan_options),
+        ("selective scan 8192x16", trp._selective_scan_chunk_kernel, selective,
+         dict(N=16, BC=trp.SELECTIVE_BLOCK_C, BN=16, TB=16), dict(num_warps=trp.SELECTIVE_WARPS)),
     ]
     return [f"{name}: shared {_compile(fn, args, consts, options).metadata.shared}"
             for name, fn, args, consts, options in variants]
@@ -129,6 +148,9 @@ def compile_all() -> list[str]:
                                                              HAS_BIAS=True, **gemm)),
         ("moe down gpt-oss", moe._moe_gemm, {**grouped, "out_ptr": "*fp32"},
          dict(X_PER_PAIR=1, ACT=0, GATED=False, SCALED=True, HAS_BIAS=True, **gemm)),
+        # Nemotron-H's ungated experts: the up projection's tile alone, squared ReLU (a decode step's config)
+        ("moe up relu2", moe._moe_gemm, grouped, dict(X_PER_PAIR=6, ACT=7, GATED=False, SCALED=False, HAS_BIAS=False,
+                                                      **{**gemm, "BLOCK_K": 256})),
         ("moe route-align", moe._route_align_kernel, route, dict(
             TOP_K=8, NORMALIZE=True, ROUND=2, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=128,
             PDL=True, **ungrouped)),
@@ -192,17 +214,17 @@ def test_interpreted_kernels_compile_for_hopper():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.split("\n")
     for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled",
-                 "moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe route-align",
-                 "moe route-align sigmoid", "moe route-align softmax bias", "moe route-align DeepSeek-V3 groups",
-                 "moe route-chunk DeepSeek-V2 groups", "moe sum-pairs", "moe route-chunk", "moe align-offsets",
-                 "moe scatter-chunk", "split-rotary q/k norms", "attention chunked prefill",
-                 "attention chunked split decode"):
+                 "moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe up relu2",
+                 "moe route-align", "moe route-align sigmoid", "moe route-align softmax bias",
+                 "moe route-align DeepSeek-V3 groups", "moe route-chunk DeepSeek-V2 groups", "moe sum-pairs",
+                 "moe route-chunk", "moe align-offsets", "moe scatter-chunk", "split-rotary q/k norms",
+                 "attention chunked prefill", "attention chunked split decode"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
     assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
     shared = {line.split(": shared ")[0]: int(line.split(": shared ")[1]) for line in lines if ": shared " in line}
-    assert len(shared) == 6 and max(shared.values()) <= HOPPER_SHARED_BYTES, done.stdout
+    assert len(shared) == 9 and max(shared.values()) <= HOPPER_SHARED_BYTES, done.stdout
 
 
 if __name__ == "__main__":

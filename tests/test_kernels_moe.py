@@ -273,6 +273,25 @@ def test_kernel_matches_reference(tokens, hidden, inter, experts, top_k, activat
         assert dispatch._KERNELS["moe_mlp"] is moe_mlp
 
 
+@pytest.mark.parametrize("tokens,inter,experts,top_k", [(1, 40, 8, 2), (9, 24, 12, 6), (140, 16, 8, 2)])
+def test_kernel_with_plain_experts_matches_reference(tokens, inter, experts, top_k):
+    """Experts of up, squared ReLU, down (no gate: Nemotron-H's), gate_up holding the up projection `[E, I, H]`
+    alone, routed by sigmoid scores with a bias, groups and a scale; a decode row, a few tokens, a prefill's blocks."""
+    x, logits, up, down = _moe_inputs(tokens, 32, inter, experts, seed=50)
+    up = up[:, :inter].contiguous()
+    bias = _rand(experts, seed=55, scale=0.5)
+    routing = dict(scoring="sigmoid", score_bias=bias, scale=2.5, groups=2, kept_groups=1)
+    expected = ref.moe_mlp(x, logits, up, down, top_k, True, None, "relu2", **routing)
+    weights, ids = ref.moe_route(logits, top_k, True, None, "sigmoid", bias, 2.5, 2, 1)
+    dense = torch.zeros(tokens, 32, dtype=torch.float64, device=DEVICE)
+    for slot in range(top_k):  # (each routed expert's up, relu^2, down, by its weight)
+        h = torch.relu(torch.einsum("th,tih->ti", x.double(), up[ids[:, slot]].double())).square()
+        dense += weights[:, slot, None].double() * torch.einsum("ti,thi->th", h, down[ids[:, slot]].double())
+    torch.testing.assert_close(expected.double(), dense, atol=1e-5, rtol=1e-5)
+    got = moe_mlp(x, logits, up, down, top_k, True, None, "relu2", **routing)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+
+
 def test_kernel_with_sigmoid_routing_matches_reference():
     x, logits, gate_up, down = _moe_inputs(5, 32, 24, 16, seed=30)
     bias = _rand(16, seed=34, scale=0.5)

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from tritonformer.backend.checkpoints.weights import strip_prefixes_of
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.state_cache import StateCache
-from tritonformer.backend.models import mamba1
 from tritonformer.backend.models.decoder import load_decoder
-from tritonformer.backend.models.mamba1 import Mamba1Mixer, Mamba1Spec, selective_scan, tensor_shapes
+from tritonformer.backend.models.mamba1 import Mamba1Mixer, Mamba1Spec, tensor_shapes
+from tritonformer.kernels import reference
 from tritonformer.client.model_shapes import shrunk
 
 from decoder_steps import PagedSteps  # (tests/ helper)
@@ -34,8 +34,16 @@ def _plain_scan(held, x, dt, b, c, z, dt_bias, A, D):
     return torch.stack(ys), h
 
 
+def selective_scan(held, x, dt, b, c, z, dt_bias, A, D):
+    """The prompt form (reference.selective_scan_chunk) from the state `held` `[I, N]`: returns (y, the state
+    after the last token)."""
+    state = held[None].clone()
+    y = reference.selective_scan_chunk(x, dt, b, c, z, dt_bias, A, D, state, torch.zeros(1, dtype=torch.long))
+    return y, state[0]
+
+
 @pytest.mark.parametrize("block", [1, 3, 16, None])
-def test_prefix_scan_in_blocks_is_the_plain_recurrence_from_a_held_state(block):
+def test_prefix_scan_in_blocks_is_the_plain_recurrence_from_a_held_state(monkeypatch, block):
     g = torch.Generator().manual_seed(block or 0)
     length, inner, n = 37, 10, 5
     x, dt, z = (torch.randn(length, inner, generator=g) for _ in range(3))
@@ -43,13 +51,15 @@ def test_prefix_scan_in_blocks_is_the_plain_recurrence_from_a_held_state(block):
     dt_bias, D = torch.randn(inner, generator=g), torch.randn(inner, generator=g)
     A = -torch.rand(inner, n, generator=g) * 3
     held = torch.randn(inner, n, generator=g)
-    got, state = selective_scan(held, x, dt, b, c, z, dt_bias, A, D, block=block)
+    if block:  # (the scan's blocks: as many tokens as SCAN_ELEMENTS values allow)
+        monkeypatch.setattr(reference, "SCAN_ELEMENTS", block * inner * n)
+    got, state = selective_scan(held, x, dt, b, c, z, dt_bias, A, D)
     expected, final = _plain_scan(held, x, dt, b, c, z, dt_bias, A, D)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(state, final, atol=1e-5, rtol=1e-4)
     # split anywhere, the second part continuing from the first's state: the same
-    first, mid = selective_scan(held, x[:20], dt[:20], b[:20], c[:20], z[:20], dt_bias, A, D, block=block)
-    second, end = selective_scan(mid, x[20:], dt[20:], b[20:], c[20:], z[20:], dt_bias, A, D, block=block)
+    first, mid = selective_scan(held, x[:20], dt[:20], b[:20], c[:20], z[:20], dt_bias, A, D)
+    second, end = selective_scan(mid, x[20:], dt[20:], b[20:], c[20:], z[20:], dt_bias, A, D)
     torch.testing.assert_close(torch.cat([first, second]), expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(end, final, atol=1e-5, rtol=1e-4)
 
@@ -78,7 +88,7 @@ def _batch(num_decode: int, prefill_lens: tuple[int, ...], slots: list[int]) -> 
 def test_chunked_prefill_equals_step_by_step_decode(monkeypatch):
     """A sequence's chunks continue from its slot, decode rows and chunks share a batch, the scan's blocks (4
     tokens here) cross inside the chunks: outputs and final states equal one step per token's."""
-    monkeypatch.setattr(mamba1, "SCAN_ELEMENTS", 4 * SPEC.intermediate_size * SPEC.state_size)
+    monkeypatch.setattr(reference, "SCAN_ELEMENTS", 4 * SPEC.intermediate_size * SPEC.state_size)
     mixer = _mixer()
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(37, HIDDEN, generator=g), torch.randn(20, HIDDEN, generator=g)
@@ -120,7 +130,7 @@ def test_a_long_prompt_in_chunks_then_decode_steps_match_hf(monkeypatch, shape, 
     """A 180-token prompt in chunks of 64, 1, 50 and 65 (Mamba-1's scan in 16-token blocks, Mamba-2's 16-token
     chunks: both cross inside the prompt chunks), beside a second sequence's decodes, then 12 decode steps: each
     step's last logits equal HF's full forward over the sequence so far; the model has no KV cache layer."""
-    monkeypatch.setattr(mamba1, "SCAN_ELEMENTS", 16 * 256 * 16)  # (16 tokens of the shrunk Mamba-1's 256 x 16)
+    monkeypatch.setattr(reference, "SCAN_ELEMENTS", 16 * 256 * 16)  # (16 tokens of the shrunk Mamba-1's 256 x 16)
     cfg = {**shrunk(shape), **changes}
     cfg.pop("model_type")
     hf_cfg = getattr(transformers, config_class)(**cfg)

@@ -26,9 +26,10 @@ def _mixer(seed: int = 0) -> Mamba2Mixer:
     state["m.A_log"] = torch.rand(SPEC.num_heads, generator=g) * 2 - 1  # (decays from fast to slow)
     state["m.dt_bias"] = torch.randn(SPEC.num_heads, generator=g)
 
-    def weight(name, *shape):
+    def weight(name, *shape, rows=None, cols=None):  # (the decoder's reader: rows / cols of a rank's share)
         assert tuple(state[name].shape) == shape, name
-        return state[name]
+        t = state[name] if rows is None else state[name][rows]
+        return t if cols is None else t[:, cols]
 
     return Mamba2Mixer(SPEC, "m.", HIDDEN, weight, out_scale=0.5)
 
@@ -97,7 +98,7 @@ def test_a_zeroed_slot_starts_the_sequence_afresh():
     ("granitemoehybrid", "granite-4.0-h-tiny", {"position_embedding_type": "alibi"}, "position_embedding_type 'alibi'"),
     ("granitemoehybrid", "granite-4.0-h-tiny", {"layer_types": ["mamba", "conv"]}, "layer 1's type 'conv'"),
     ("bamba", "bamba-9b", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ("nemotron_h", "nemotron-h-8b", {"hybrid_override_pattern": "M-E-"}, "mixture of experts"),
+    ("nemotron_h", "nemotron-h-8b", {"hybrid_override_pattern": "M-E-"}, "block 2 is a mixture of experts that"),
     ("nemotron_h", "nemotron-h-8b", {"hybrid_override_pattern": "M--"}, "block 2 is an MLP that follows no"),
     ("nemotron_h", "nemotron-h-8b", {"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu'"),
     ("falcon_h1", "falcon-h1-0.5b", {"ssm_multipliers": [1.0, 1.0]}, "ssm_multipliers lists 2"),
@@ -111,6 +112,7 @@ def test_nemotron_h_blocks_pair_into_layers_with_and_without_mlps():
     from tritonformer.backend.models.nemotron_h import layers
 
     assert layers({"hybrid_override_pattern": "M-M*-MM-"}) == [(0, 1), (2, None), (3, 4), (5, None), (6, 7)]
+    assert layers({"layers_block_type": ["mamba", "moe", "attention", "mlp", "mamba"]}) == [(0, 1), (2, 3), (4, None)]
 
 
 def test_a_saved_config_with_an_infinite_time_step_limit_loads(tmp_path):

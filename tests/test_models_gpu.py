@@ -284,9 +284,9 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "lfm2-1.2b", "lfm2-8b-a1b", "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
                  "glm-4.7-flash", "youtu-llm-2b", "apertus-8b", "llama-4-scout",
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
-                 "bamba-9b", "nemotron-h-8b", "falcon-h1-0.5b", "olmo-hybrid-7b", "lfm3-1.7b", "zamba2-2.7b",
-                 "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b", "mamba-codestral-7b",
-                 "jamba-mini"]
+                 "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
+                 "lfm3-1.7b", "zamba2-2.7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
+                 "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -300,7 +300,11 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # Qwen3.5-35B-A3B: three DeltaNet layers and a full-attention one, 1.6B / 0.8B weights a layer in their experts.
 # Granite-4.0-H-Tiny lists each layer's kind: all 40 (6.6B weights, four attending); Bamba-9B: 10 layers reach its
 # first attending one (9). (Nemotron-H-8B's pattern names every block: all 52, 8B weights, whatever the count says.)
+# Nemotron-3-Nano-30B-A3B: its pattern cut to its first eight blocks (LAYER_LISTS), three Mamba-2 blocks each before
+# a MoE one (1.3B weights in 128 experts) or none, the first attending one and its MoE block, a Mamba-2 one.
 # Zamba2-2.7B's layers_block_type names each layer (transformers builds what it lists): all 54, 2.7B weights.
+# Gemma-3n-E2B lists each layer's type, MLP width and sparsity, its last 10 sharing keys: all 30 (4.4B weights with
+# its per-layer embeddings).
 # Kimi-Linear-48B-A3B: its first four layers (LAYER_LISTS: the published lists cut to them), three KDA layers and a
 # latent-attention one, the dense first MLP and three MoE ones of 1.8B weights in 256 experts.
 # Jamba-Mini: its first five layers, Mamba-1 with a dense MLP (0, 2) and with 16 experts (1, 3: 2.8B weights each),
@@ -309,11 +313,13 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
           "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
           "dbrx-132b": 2, "qwen3-next-80b-a3b": 4, "qwen3.5-35b-a3b": 4, "granite-4.0-h-tiny": 40, "bamba-9b": 10,
-          "zamba2-2.7b": 54, "kimi-linear-48b-a3b": 4, "jamba-mini": 5}
+          "zamba2-2.7b": 54, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
+          "gemma-3n-e2b": 30}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
-    "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4, "full_attn_layers": [4], "kda_layers": [1, 2, 3]}}}
+    "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4, "full_attn_layers": [4], "kda_layers": [1, 2, 3]}},
+    "nemotron-3-nano-30b-a3b": {"hybrid_override_pattern": "MEMEM*EM"}}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -327,17 +333,20 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
 # top 4 of 32 (sigmoid score + bias).
 # The MoE hybrids likewise from the start: Qwen3-Next's top 10 of 512 and Qwen3.5-35B-A3B's top 8 of 256 by softmax,
 # Granite-4.0-H-Tiny's top 6 of 64 (their dense kin, Qwen3.5-27B, Bamba, Nemotron-H, Falcon-H1, LFM2-1.2B, in bf16),
-# Kimi-Linear-48B-A3B's top 8 of 256 by sigmoid score + bias, Jamba-Mini's top 2 of 16 by softmax (not yet measured
-# in bf16).
+# Kimi-Linear-48B-A3B's top 8 of 256 by sigmoid score + bias, Jamba-Mini's top 2 of 16 by softmax, Nemotron-3-Nano's
+# top 6 of 128 by sigmoid score + bias (not yet measured in bf16).
 # Granite-4.0-SWA's random model is one bf16 cannot judge at all: on the H200 HF's own bf16 model was at
 # cosine 0.19 of its fp32 one (ours at 0.74). DBRX's top 4 of 16 by softmax: on the H200 in bf16 one check
 # was at cosine 0.9941 where HF's own bf16 was at 0.9988 (not yet looked into); in fp32 every check passed.
 FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2",
         "hy3-preview", "flint", "trinity-mini", "glm-4.7-flash", "lfm2-8b-a1b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b",
-        "granite-4.0-h-tiny", "kimi-linear-48b-a3b", "jamba-mini",
+        "granite-4.0-h-tiny", "kimi-linear-48b-a3b", "jamba-mini", "nemotron-3-nano-30b-a3b",
         # (HF's Mamba and Mamba-2 models keep their residual stream in fp32, `residual_in_fp32`; ours is in the model's
         # dtype, so in bf16 HF's own model stays the closer one: checked in fp32, where the two are the same math)
-        "mamba-2.8b", "mamba-codestral-7b"}
+        "mamba-2.8b", "mamba-codestral-7b",
+        # Gemma-3n-E2B's random model is one bf16 cannot judge: on the H200 HF's own bf16 model was at cosine 0.38 of
+        # its fp32 one at the first step (ours at 0.41)
+        "gemma-3n-e2b"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
@@ -367,6 +376,8 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
                 p.normal_(0.0, 0.02)
             elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU scalars: off their init)
                 p.add_(torch.randn_like(p) * 0.5)
+            elif name.endswith("altup.correct_output_scale"):  # (Gemma 3n's starts at zero: the per-layer inputs on)
+                p.add_(torch.randn_like(p))
     return hf, {k: v.to(dtype) for k, v in strip_prefixes_of(hf.state_dict()).items()}
 
 

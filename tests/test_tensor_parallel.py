@@ -74,10 +74,11 @@ def _serve(model, workers=None):
         engine.step()
     # One more forward, a prefill of every prompt at once: its logits, compared below.
     entries, block = [], 0
-    for p in PROMPTS:
+    recurrent = engine.runner.cache.state is not None  # (hybrid models: a state slot each, zeroed as they start)
+    for i, p in enumerate(PROMPTS):
         blocks = list(range(block, block + -(-len(p) // 8)))
         block += len(blocks)
-        entries.append(BatchEntry(p, 0, blocks, True))
+        entries.append(BatchEntry(p, 0, blocks, True, i if recurrent else -1))
     logits = engine.runner.run(entries).logits
     return [sink.ids[i] for i in range(len(PROMPTS))], logits, engine.runner
 
@@ -132,6 +133,20 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            "deepseek-v3": ("deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
                                            "attention_bias": True}),
            "deepseek-v2-lite": ("deepseek-v2-lite", {}),
+           # Recurrent mixers, each rank with its heads' (or channels') rows of the input projection and the
+           # convolution, their state and their columns of the output projection: gated DeltaNet with Qwen3-Next's
+           # grouped projections (and Qwen3.5's flat ones, experts beside them); Mamba-2 with its B / C groups split
+           # (Nemotron-H; Mamba-Codestral, attention-free) or one group whole on each rank and its gated norm's mean
+           # square summed over the ranks (Bamba, with projection biases; Falcon-H1 beside attention with its muP
+           # vector on each rank's rows, the norm before the gate); LFM2's short convolutions by channel, with biases
+           "qwen3-next": ("qwen3-next-80b-a3b", {"layer_types": ["linear_attention", "full_attention"],
+                                                 "num_key_value_heads": 2}),
+           "qwen3.5-moe": ("qwen3.5-35b-a3b", {"layer_types": ["linear_attention", "full_attention"],
+                                               "num_key_value_heads": 2}),
+           "bamba-bias": ("bamba-9b", {"mamba_proj_bias": True}),
+           "falcon-h1-norm": ("falcon-h1-0.5b", {"mamba_rms_norm": True, "mamba_norm_before_gate": True,
+                                                 "projectors_bias": True}),
+           "lfm2-bias": ("lfm2-1.2b", {"conv_bias": True}),
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -158,7 +173,9 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("trinity-mini", 16), ("persimmon-8b", 8),
                                            ("deepseek-v3", 8), ("deepseek-v2-lite", 8), ("glm-4.7-flash", 8),
                                            ("youtu-llm-2b", 8), ("apertus-8b", 8),
-                                           ("dbrx-132b", 16)])
+                                           ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
+                                           ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),
+                                           ("lfm2-bias", 8), ("mamba-codestral-7b", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])
@@ -171,7 +188,7 @@ def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
 
     model, workers = start_ranks(ShardSource(str(folder), config, "float32", "cpu", 0), 2)
     try:
-        assert model.config.num_heads == whole.config.num_heads // 2
+        assert model.config.num_heads == whole.config.num_heads // (2 if whole.config.attends else 1)
         # each rank holds its half of the vocabulary (padded), of the embedding and of the head
         assert whole.config.vocab_size <= model.embed.shape[0] * 2 < whole.config.vocab_size + 128
         assert model.output_head.shape == model.embed.shape
@@ -181,6 +198,9 @@ def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
             assert moe.gate_up.shape[1] * 2 == whole_moe.gate_up.shape[1]
             assert moe.down.shape[2] * 2 == whole_moe.down.shape[2]
             assert torch.equal(moe.router, whole_moe.router)
+        for layout, whole_layout in zip(model.state_layouts, whole.state_layouts):  # each rank: its heads' states
+            for name in set(layout) & {"recurrent", "ssm"}:
+                assert layout[name][0] * 2 == whole_layout[name][0]
         tokens_two, logits_two, _ = _serve(model, workers)
         assert workers.alive()
     finally:
@@ -277,6 +297,23 @@ def test_gpt2_refuses_tensor_parallelism():
         load_decoder(cfg, {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
 
 
+@pytest.mark.parametrize("shape, changes, message", [
+    # Mixers whose split is not built yet (Kimi Linear's KDA, Jamba's Mamba-1) say so by kind
+    ("kimi-linear-48b-a3b", {}, r"recurrent layers \(kda\)"),
+    ("jamba-mini", {}, r"recurrent layers \(mamba1\)"),
+    # Heads and groups of the mixers that split must divide
+    ("qwen3-next-80b-a3b", {"linear_num_key_heads": 3, "linear_num_value_heads": 6}, "gated DeltaNet key heads"),
+    ("nemotron-h-8b", {"n_groups": 1, "mamba_num_heads": 5}, r"Mamba-2 heads"),
+    ("mamba-codestral-7b", {"n_groups": 3, "num_heads": 12, "head_dim": 32, "hidden_size": 192},
+     "groups of B / C do not divide"),
+])
+def test_mixers_that_cannot_split_fail_before_any_rank_starts_and_say_why(shape, changes, message):
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+
+    with pytest.raises(ValueError, match=message):
+        check_tensor_parallel({**shrunk(shape), **changes}, 2)
+
+
 class Answers:
     """Final responses by handle, with the time each came."""
 
@@ -339,9 +376,10 @@ def test_a_dead_rank_fails_every_request_within_seconds_and_refuses_new_ones(tmp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("family", ["llama-3.1-8b", "phi-3-mini"])
+@pytest.mark.parametrize("family", ["llama-3.1-8b", "phi-3-mini", "bamba-9b", "lfm2-1.2b"])
 def test_two_gpus_give_the_tokens_and_logits_of_one(tmp_path, family):
-    """fp16 on two GPUs (NCCL, all-reduces captured in the decode graphs) against one GPU: the
+    """fp16 on two GPUs (NCCL, all-reduces captured in the decode graphs) against one GPU (and two
+    hybrids: Bamba's Mamba-2 layers, one group of B / C, and LFM2's convolutions, split too): the
     logits of a prefill of every prompt close (cosine >= 0.999 per row), the greedy tokens equal
     over the first 8 of each answer (later ones may part at a near tie: the sums are ordered
     differently)."""

@@ -122,6 +122,8 @@ DECODER_FAMILIES = {
     "vaultgemma": "vaultgemma",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",
+    "gemma3n_text": "gemma3n",  # (AltUp streams, LAuReL, per-layer inputs, KV shared by the last layers)
+    "gemma3n": "gemma3n",  # (Gemma 3n's multimodal checkpoint: its text model)
     "phi3": "phi3",
     "granite": "granite",
     "granitemoe": "granitemoe",
@@ -262,14 +264,14 @@ def _check_split(config: dict, spec, tp) -> None:
     """The split a tensor-parallel rank makes of `spec` (the family's config) is possible."""
     if not hasattr(spec, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
         raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
-    if spec.mixers:
-        raise ValueError(f"tensor parallelism is not supported for the recurrent layers of model_type "
-                         f"{config.get('model_type')!r} (hybrid models run on one GPU)")
+    if spec.mixers:  # (their heads divide, or the family's mixers do not split: it says which)
+        spec.split_mixers(tp)
     if spec.qk_norm_full:
         raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE, "
                          "MiniMax-M2): each rank holds only its heads")
-    tp.part(spec.num_heads, "attention heads")
-    tp.part(spec.num_kv_heads, "KV heads")
+    if spec.attends:
+        tp.part(spec.num_heads, "attention heads")
+        tp.part(spec.num_kv_heads, "KV heads")
     tp.part(spec.intermediate_size, "MLP columns (intermediate_size)")
     if spec.moe:
         tp.part(spec.moe.intermediate_size, "expert columns (moe_intermediate_size)")

@@ -102,7 +102,7 @@ class FalconH1Decoder(Mamba2Decoder):
         """The Mamba layer with its input projection's rows times the mup vector (its weight times
         ssm_in_multiplier too) and its output projection times ssm_out_multiplier."""
         mixer = super().load_mixer(i, prefix, weight, read)
-        c, s = self.config, self.config.mamba
+        c, s = self.config, mixer.spec  # (this rank's sizes under tensor parallelism)
         sizes = (s.intermediate_size, s.intermediate_size, s.num_groups * s.state_size, s.num_groups * s.state_size,
                  s.num_heads)
         mup = torch.cat([torch.full((n,), f) for n, f in zip(sizes, c.ssm_multipliers)]).to(mixer.in_w.device)

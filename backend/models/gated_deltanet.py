@@ -37,14 +37,14 @@ the model's dtype and by the fp32 gate.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from tritonformer import kernels
 from tritonformer.kernels import reference
 from tritonformer.backend.decoder.batch import DecoderBatch
-from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 
 @dataclass(frozen=True)
 class DeltaNetSpec:
@@ -178,28 +178,43 @@ def _output_names(spec: DeltaNetSpec) -> tuple[str, str]:
     return ("o_norm", "o_proj") if spec.separate_proj else ("norm", "out_proj")
 
 
-def load_gated_deltanet(spec: DeltaNetSpec, prefix: str, weight, hidden: int) -> GatedDeltaNet:
-    """A layer's gated DeltaNet from its tensors under `prefix` (`layers.{i}.linear_attn.`); `weight(name, *shape)`
-    reads one in the model's dtype (TransformerDecoder.load_mixer's)."""
+def split(spec: DeltaNetSpec, tp) -> tuple[DeltaNetSpec, HeadShare, HeadShare]:
+    """This rank's layer sizes under tensor parallelism `tp` (or None) and its shares of the key and the value
+    heads (each key head with the value heads it serves)."""
+    keys = HeadShare.of(tp, spec.num_k_heads, "gated DeltaNet key heads (linear_num_key_heads)")
+    per = spec.num_v_heads // spec.num_k_heads
+    values = HeadShare(slice(keys.heads.start * per, keys.heads.stop * per), spec.num_v_heads)
+    return replace(spec, num_k_heads=keys.count, num_v_heads=values.count), keys, values
+
+
+def load_gated_deltanet(spec: DeltaNetSpec, prefix: str, weight, hidden: int, tp=None) -> GatedDeltaNet:
+    """A layer's gated DeltaNet from its tensors under `prefix` (`layers.{i}.linear_attn.`); `weight(name, *shape,
+    rows=, cols=)` reads one (or its rows / columns) in the model's dtype (TransformerDecoder's). With `tp`, this
+    rank's share: its key heads' q and k rows, their value heads' v, z, b and a rows, convolution channels,
+    decay parameters and output-projection columns (the gated norm, per value head, whole)."""
     s = spec
-    kd, vd, nv = s.key_dim, s.value_dim, s.num_v_heads
+    local, keys, values = split(spec, tp)
+    kd, vd, nv, hk, hv = s.key_dim, s.value_dim, s.num_v_heads, s.head_k_dim, s.head_v_dim
+    qkv_rows = merged([keys.rows(hk), keys.rows(hk, kd), values.rows(hv, 2 * kd)])  # (the convolution's too)
     if s.grouped_in_proj:  # Qwen3-Next: per key head [q, k, v, z] rows, then per key head [b, a]
-        qkvz = weight(prefix + "in_proj_qkvz.weight", 2 * kd + 2 * vd, hidden)
-        ba = weight(prefix + "in_proj_ba.weight", 2 * nv, hidden)
         per = nv // s.num_k_heads
-        qkvz = qkvz.view(s.num_k_heads, 2 * s.head_k_dim + 2 * per * s.head_v_dim, hidden)
-        parts = torch.split(qkvz, [s.head_k_dim, s.head_k_dim, per * s.head_v_dim, per * s.head_v_dim], dim=1)
-        b, a = torch.split(ba.view(s.num_k_heads, 2 * per, hidden), [per, per], dim=1)
+        group = 2 * hk + 2 * per * hv
+        qkvz = weight(prefix + "in_proj_qkvz.weight", 2 * kd + 2 * vd, hidden, rows=keys.rows(group))
+        ba = weight(prefix + "in_proj_ba.weight", 2 * nv, hidden, rows=keys.rows(2 * per))
+        qkvz = qkvz.view(local.num_k_heads, group, hidden)
+        parts = torch.split(qkvz, [hk, hk, per * hv, per * hv], dim=1)
+        b, a = torch.split(ba.view(local.num_k_heads, 2 * per, hidden), [per, per], dim=1)
         in_proj = torch.cat([t.reshape(-1, hidden) for t in (*parts, b, a)])
-    elif s.separate_proj:  # OLMo hybrid: q, k, v, g (z), b, a
-        in_proj = torch.cat([weight(prefix + name + ".weight", rows, hidden) for name, rows in _separate_rows(s)])
-    else:  # Qwen3.5: [q; k; v], z, b, a
-        in_proj = torch.cat([weight(prefix + "in_proj_qkv.weight", 2 * kd + vd, hidden),
-                             weight(prefix + "in_proj_z.weight", vd, hidden),
-                             weight(prefix + "in_proj_b.weight", nv, hidden),
-                             weight(prefix + "in_proj_a.weight", nv, hidden)])
-    conv = weight(prefix + "conv1d.weight", s.conv_dim, 1, s.conv_kernel).view(s.conv_dim, s.conv_kernel)
+    else:  # OLMo hybrid: q, k, v, g (z), b, a; Qwen3.5: [q; k; v], z, b, a
+        heads = {"q_proj": keys.rows(hk), "k_proj": keys.rows(hk), "v_proj": values.rows(hv),
+                 "g_proj": values.rows(hv), "b_proj": values.rows(1), "a_proj": values.rows(1)}
+        names = ([(name, rows, heads[name]) for name, rows in _separate_rows(s)] if s.separate_proj else
+                 [("in_proj_qkv", 2 * kd + vd, qkv_rows), ("in_proj_z", vd, values.rows(hv)),
+                  ("in_proj_b", nv, values.rows(1)), ("in_proj_a", nv, values.rows(1))])
+        in_proj = torch.cat([weight(prefix + name + ".weight", size, hidden, rows=part) for name, size, part in names])
+    conv = weight(prefix + "conv1d.weight", s.conv_dim, 1, s.conv_kernel, rows=qkv_rows)
     norm, out = _output_names(s)
-    return GatedDeltaNet(spec, in_proj.contiguous(), conv.contiguous(), weight(prefix + "dt_bias", nv),
-                         weight(prefix + "A_log", nv), weight(prefix + norm + ".weight", s.head_v_dim),
-                         weight(prefix + out + ".weight", hidden, vd))
+    return GatedDeltaNet(local, in_proj.contiguous(), conv.view(local.conv_dim, s.conv_kernel).contiguous(),
+                         weight(prefix + "dt_bias", nv, rows=values.rows(1)),
+                         weight(prefix + "A_log", nv, rows=values.rows(1)), weight(prefix + norm + ".weight", hv),
+                         weight(prefix + out + ".weight", hidden, vd, cols=values.rows(hv)))

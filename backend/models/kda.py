@@ -17,16 +17,16 @@ taps, no bias) and SiLU. The output per head is RMS-normalised and gated, norm(o
 
 Decode rows take one step of the rule, batched over sequences (states gathered by slot and scattered back, no host
 sync: a captured CUDA graph replays it; kernels.kda_decode). A prompt chunk runs in the chunked (WY) form, 64 tokens
-at a time from the state its slot holds, in fp32. Within a chunk, with G_t = sum_(j <= t) g_j (a vector over key
-channels, cumulative from the chunk's start) and S0 the state before it, unrolling the rule gives
+at a time from the state its slot holds, in fp32, one op that reads and writes the slot (kernels.kda_chunk, whose
+reference states the form). Within a chunk, with G_t = sum_(j <= t) g_j (a vector over key channels, cumulative from
+the chunk's start) and S0 the state before it, unrolling the rule gives
 
     (I + L) U = diag(beta) V - diag(beta) (K * e^G) S0,   L_ts = beta_t sum_c k_t[c] k_s[c] e^(G_t[c] - G_s[c])  (s < t)
     o_t = (q_t * e^(G_t))^T S0 + sum_(s <= t) (sum_c q_t[c] k_s[c] e^(G_t[c] - G_s[c])) u_s
     S_C = diag(e^(G_C)) S0 + sum_s diag(e^(G_C - G_s)) k_s u_s^T
 
 (* per channel). Every exponent is <= 0 (the differences are taken before the exp, masked above the diagonal), so
-nothing overflows; the chunk costs a `[heads, 64, 64, head_dim]` decay tensor, two triangular solves and a few
-matrix products, and only the pass from chunk to chunk is sequential. Transformers' torch fallback
+nothing overflows; only the pass from chunk to chunk is sequential. Transformers' torch fallback
 (chunk_kimi_delta_attention, written from FLA's chunk_kda) runs the same chunked form in fp32; its decode
 (recurrent_kimi_delta_attention) the plain rule in fp32, as here.
 
@@ -49,7 +49,6 @@ from tritonformer.kernels import reference
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.models.mixers import causal_conv1d
 
-CHUNK = 64  # tokens per chunk of the chunked form (what FLA's kernels and transformers' fallback use)
 CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")  # the published checkpoints' convolutions, one per projection
 
 
@@ -70,32 +69,6 @@ class KdaSpec:
     @property
     def dim(self) -> int:  # q, k and v each
         return self.num_heads * self.head_dim
-
-
-def chunked_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                 beta: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rule over one sequence's T tokens in chunks (the module docstring's form), all fp32: state `[H, K, V]`,
-    q, k and g `[H, T, K]`, v `[H, T, V]`, beta `[H, T]`. Returns (o `[H, T, V]`, the state after the last token)."""
-    heads, length, _ = k.shape
-    out = torch.empty(heads, length, v.shape[-1], dtype=v.dtype, device=v.device)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=k.device).tril()
-    for start in range(0, length, chunk):
-        part = slice(start, min(start + chunk, length))
-        n = part.stop - start
-        qc, kc, vc, bc = q[:, part], k[:, part], v[:, part], beta[:, part]
-        cum = g[:, part].cumsum(1)  # G_t [H, n, K]
-        # e^(G_t - G_s) per channel for s <= t, 0 above the diagonal (masked before the exp: positive there)
-        decay = (cum[:, :, None] - cum[:, None]).masked_fill(~causal[:n, :n, None], float("-inf")).exp()
-        # I + L with L's strictly lower part; a unit-triangular solve reads only that part
-        system = bc[..., None] * (kc[:, :, None] * decay * kc[:, None]).sum(-1)
-        u_base = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False, unitriangular=True)
-        w = torch.linalg.solve_triangular(system, kc * cum.exp() * bc[..., None], upper=False, unitriangular=True)
-        scores = (qc[:, :, None] * decay * kc[:, None]).sum(-1)  # sum_c q_t[c] k_s[c] e^(G_t[c] - G_s[c]), s <= t
-        u = u_base - w @ state
-        out[:, part] = (qc * cum.exp()) @ state + scores @ u
-        last = cum[:, -1:]  # G_C [H, 1, K]
-        state = state * last.transpose(1, 2).exp() + (kc * (last - cum).exp()).transpose(1, 2) @ u
-    return out, state
 
 
 class KimiDeltaAttention:
@@ -126,16 +99,13 @@ class KimiDeltaAttention:
         held, d = state["recurrent"], batch.num_decode
         if d:  # one step for every decoding sequence, its state read and written at its slot: one kernel
             out[:d] = kernels.kda_decode(mixed[:d], f[:d], b[:d], self.neg_a, self.dt_bias, held, batch.state_slots[:d])
-        if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form
+        if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form: one op each
             q, k, v, g, beta = reference.kda_inputs(mixed[d:], f[d:], b[d:], self.neg_a, self.dt_bias)
             row = 0
-            for j, n in enumerate(batch.prefill_lens):
-                slot = batch.state_slots[d + j : d + j + 1]
+            for j, n in enumerate(batch.prefill_lens):  # (the op reads and writes the slot, rows in the model's dtype)
                 part = slice(row, row + n)
-                o, new = chunked_rule(held.index_select(0, slot)[0], q[part].transpose(0, 1), k[part].transpose(0, 1),
-                                      v[part].transpose(0, 1), g[part].transpose(0, 1), beta[part].t())
-                out[d + row : d + row + n] = o.transpose(0, 1).to(x.dtype)
-                held.index_copy_(0, slot, new[None])
+                kernels.kda_chunk(q[part], k[part], v[part], g[part], beta[part], held,
+                                  batch.state_slots[d + j : d + j + 1], out[d + row : d + row + n])
                 row += n
         return kernels.linear_act(kernels.kda_gated_norm(out, gate, self.norm, s.norm_eps).reshape(rows, s.dim),
                                   self.out_proj)

@@ -33,7 +33,7 @@ import torch
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
-from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, WeightNames, spec_from_hf
 
 SHORT_CONV = "short_conv"  # the mixer kind (DecoderSpec.mixers) of a conv layer
@@ -59,6 +59,9 @@ class Lfm2Spec(DecoderSpec):
         if self.conv_bias:
             shapes.update({p + "in_proj.bias": (3 * h,), p + "conv.bias": (h,), p + "out_proj.bias": (h,)})
         return shapes
+
+    def split_mixers(self, tp) -> None:
+        HeadShare.of(tp, self.hidden_size, "LFM2 conv channels (hidden_size)")
 
 
 def layer_mixers(cfg: dict, family: str, full_attn_default: bool = True) -> tuple[str | None, ...]:
@@ -153,15 +156,21 @@ class Lfm2Decoder(TransformerDecoder):
         if c.mixer(i) != SHORT_CONV:
             return super().load_mixer(i, prefix, weight, read)
         h, p = c.hidden_size, prefix + "conv."
+        # (tensor parallelism: this rank's channels of B, C and v, of the taps, and its columns of out_proj,
+        # whose bias rank 0 adds)
+        channels = HeadShare.of(self.tp, h, "LFM2 conv channels (hidden_size)")
+        own, in_rows = channels.rows(1), merged([channels.rows(1, offset) for offset in (0, h, 2 * h)])
 
-        def bias(name: str, size: int) -> torch.Tensor | None:
-            return weight(p + name + ".bias", size) if c.conv_bias else None
+        def bias(name: str, size: int, rows: slice | list[slice] | None) -> torch.Tensor | None:
+            return weight(p + name + ".bias", size, rows=rows) if c.conv_bias else None
 
-        conv_b = bias("conv", h)
-        return ShortConv(in_w=weight(p + "in_proj.weight", 3 * h, h), in_b=bias("in_proj", 3 * h),
-                         conv_w=weight(p + "conv.weight", h, 1, c.conv_kernel).reshape(h, c.conv_kernel).float(),
+        conv_b = bias("conv", h, own)
+        return ShortConv(in_w=weight(p + "in_proj.weight", 3 * h, h, rows=in_rows),
+                         in_b=bias("in_proj", 3 * h, in_rows),
+                         conv_w=weight(p + "conv.weight", h, 1, c.conv_kernel, rows=own)[:, 0].float(),
                          conv_b=conv_b.float() if conv_b is not None else None,
-                         out_w=weight(p + "out_proj.weight", h, h), out_b=bias("out_proj", h))
+                         out_w=weight(p + "out_proj.weight", h, h, cols=own),
+                         out_b=bias("out_proj", h, None) if self.tp is None or self.tp.rank == 0 else None)
 
 
 MODEL = Lfm2Decoder

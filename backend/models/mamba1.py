@@ -17,9 +17,10 @@ and the output projection maps y back to the hidden size.
 A sequence's state is its conv inputs `[intermediate, conv_kernel - 1]` and h `[intermediate, state]`, both fp32.
 Decode rows take one step together, one kernel reading and writing each row's h at its slot
 (kernels.selective_scan_decode: no host sync, as a captured graph needs). A prompt chunk runs the same
-recurrence as a scan over its tokens from its slot's state (`selective_scan`): within a block of tokens the
-pairs (decay, input) compose associatively, (a1, b1) then (a2, b2) = (a1 a2, a2 b1 + b2), so log2(block) whole-
-tensor steps give every token's h (Hillis and Steele's prefix scan), the block's last h carried to the next.
+recurrence as a scan over its tokens from its slot's state, one op that reads and writes the slot
+(kernels.selective_scan_chunk): within a block of tokens the pairs (decay, input) compose associatively, (a1, b1)
+then (a2, b2) = (a1 a2, a2 b1 + b2), so log2(block) steps give every token's h (Hillis and Steele's prefix scan),
+the block's last h carried to the next.
 
 Rounding, as Hugging Face's torch path (its "slow" scan) rounds: the conv in the model's dtype (here summed in
 fp32 and rounded once), x_proj and dt_proj's product in the model's dtype (dt_proj's bias added in fp32), the
@@ -33,7 +34,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
@@ -42,7 +42,6 @@ from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, WeightNames
 
 KIND = "mamba1"  # the mixer kind a family's spec names (DecoderSpec.mixers)
-SCAN_ELEMENTS = 1 << 24  # a prompt scan's block: at most this many [tokens, intermediate, state] fp32 values
 
 
 @dataclass(frozen=True)
@@ -124,13 +123,10 @@ class Mamba1Mixer:
             y[:d] = kernels.selective_scan_decode(xs[:d], dt[:d], b[:d], c[:d], z[:d], self.dt_bias, self.A, self.D,
                                                   ssm, batch.state_slots[:d])
         row = d
-        for j, n in enumerate(batch.prefill_lens):  # each prompt chunk from its sequence's state
-            slot = batch.state_slots[d + j : d + j + 1]
+        for j, n in enumerate(batch.prefill_lens):  # each prompt chunk: one op from its slot's state, written back
             part = slice(row, row + n)
-            out, new = selective_scan(ssm.index_select(0, slot)[0], xs[part], dt[part], b[part], c[part], z[part],
-                                      self.dt_bias, self.A, self.D)
-            y[part] = out
-            ssm.index_copy_(0, slot, new[None])
+            kernels.selective_scan_chunk(xs[part], dt[part], b[part], c[part], z[part], self.dt_bias, self.A, self.D,
+                                         ssm, batch.state_slots[d + j : d + j + 1], y[part])
             row += n
         return kernels.linear_act(y, self.out_w, self.out_b)
 
@@ -140,38 +136,6 @@ def _rms(t: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tens
     f = t.float()
     normed = (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(t.dtype)
     return normed if weight is None else normed * weight
-
-
-def selective_scan(held: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                   z: torch.Tensor, dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor,
-                   block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`L` consecutive tokens of one sequence from its state `held` `[I, N]` (fp32): x, dt (before its bias) and
-    z `[L, I]`, b and c `[L, N]` in the model's dtype; dt_bias, D `[I]` and A `[I, N]` fp32. Returns (y `[L, I]`
-    in x's dtype, the state after the last token), the tokens scanned `block` at a time (default: as many as
-    SCAN_ELEMENTS allow), the state carried between blocks."""
-    length, inner = x.shape
-    n = A.shape[1]
-    block = block or max(1, SCAN_ELEMENTS // (inner * n))
-    dtype = x.dtype
-    xf = x.float()
-    delta = F.softplus(dt.float() + dt_bias)  # [L, I]
-    gate = F.silu(z).float()
-    y = torch.empty_like(x)
-    state = held
-    for start in range(0, length, block):
-        part = slice(start, start + block)
-        decay = torch.exp(delta[part, :, None] * A)  # [l, I, N]
-        h = (delta[part] * xf[part])[:, :, None] * b[part].float()[:, None, :]
-        h[0] += decay[0] * state
-        step = 1
-        while step < h.shape[0]:  # h[t] = sum over u <= t of (prod of decay over (u, t]) * input u
-            h = torch.cat([h[:step], h[step:] + decay[step:] * h[:-step]])
-            decay = torch.cat([decay[:step], decay[step:] * decay[:-step]])
-            step *= 2
-        state = h[-1]
-        scan = torch.einsum("lin,ln->li", h.to(dtype).float(), c[part].to(dtype).float()).to(dtype).float()
-        y[part] = ((scan + D * xf[part]) * gate[part]).to(dtype)
-    return y, state
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,14 @@ the output projection. The same here, the conv summed in fp32 and rounded once (
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
-from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder
 
 KIND = "mamba2"  # the mixer kind a family's spec names (DecoderSpec.mixers)
@@ -123,23 +123,52 @@ def tensor_shapes(spec: Mamba2Spec, prefix: str, hidden: int) -> dict[str, tuple
     return {prefix + name: shape for name, shape in shapes.items()}
 
 
+def split(spec: Mamba2Spec, tp) -> tuple[Mamba2Spec, HeadShare, HeadShare]:
+    """This rank's layer sizes under tensor parallelism `tp` (or None) and its shares of the heads and of the
+    groups of B / C: its own groups where they divide by the ranks, else (one group) the group whole on every
+    rank, its gated norm then taken over all ranks' values (Mamba2Mixer.norm_tp)."""
+    heads = HeadShare.of(tp, spec.num_heads, "Mamba-2 heads (mamba_n_heads)")
+    groups = HeadShare(slice(0, spec.num_groups), spec.num_groups)
+    if tp is not None and spec.num_groups > 1:
+        if spec.num_groups % tp.world:
+            raise ValueError(f"Mamba-2's {spec.num_groups} groups of B / C do not divide by tensor_parallel_size "
+                             f"{tp.world} (supported: groups that divide by it, or one group)")
+        groups = HeadShare.of(tp, spec.num_groups, "Mamba-2 groups")
+    return replace(spec, num_heads=heads.count, num_groups=groups.count,
+                   intermediate_size=heads.count * spec.head_dim), heads, groups
+
+
 class Mamba2Mixer:
-    def __init__(self, spec: Mamba2Spec, prefix: str, hidden: int, weight, out_scale: float | None = None):
-        """Layer weights under `prefix` ("layers.{i}.mamba."), read by `weight(name, *shape)` (the
+    def __init__(self, spec: Mamba2Spec, prefix: str, hidden: int, weight, out_scale: float | None = None, tp=None):
+        """Layer weights under `prefix` ("layers.{i}.mamba."), read by `weight(name, *shape, rows=, cols=)` (the
         decoder's: checked, on the device in the model's dtype). `out_scale` (Granite's
         residual_multiplier) is folded into the output projection, as the decoder folds it into
-        attention's."""
-        s = self.spec = spec
-        self.in_w = weight(prefix + "in_proj.weight", s.proj_size, hidden)
-        self.in_b = weight(prefix + "in_proj.bias", s.proj_size) if s.proj_bias else None
-        self.conv_w = weight(prefix + "conv1d.weight", s.conv_dim, 1, s.conv_kernel)[:, 0]
-        self.conv_b = weight(prefix + "conv1d.bias", s.conv_dim) if s.conv_bias else None
-        self.dt_bias = weight(prefix + "dt_bias", s.num_heads)  # (added in the model's dtype, as HF adds it)
-        self.A = -torch.exp(weight(prefix + "A_log", s.num_heads).float())
-        self.D = weight(prefix + "D", s.num_heads).float()
-        self.norm_w = weight(prefix + "norm.weight", s.intermediate_size).float() if s.norm != "none" else None
-        out_w = weight(prefix + "out_proj.weight", hidden, s.intermediate_size)
-        out_b = weight(prefix + "out_proj.bias", hidden) if s.has_out_bias else None
+        attention's. With `tp`, this rank's share (split): its heads' rows of z, x and dt, its groups' of B
+        and C (of the input projection and the convolution), their parameters and norm weights, their
+        columns of the output projection, whose bias rank 0 adds."""
+        whole = spec
+        s, heads, groups = split(spec, tp)
+        self.spec = s
+        inter, hd, bc = whole.intermediate_size, whole.head_dim, whole.num_groups * whole.state_size
+        xbc = [heads.rows(hd), groups.rows(whole.state_size, inter), groups.rows(whole.state_size, inter + bc)]
+        conv_rows = merged(xbc)
+        in_rows = merged([heads.rows(hd)] + [slice(r.start + inter, r.stop + inter) for r in xbc]
+                         + [heads.rows(1, 2 * inter + 2 * bc)])
+        self.in_w = weight(prefix + "in_proj.weight", whole.proj_size, hidden, rows=in_rows)
+        self.in_b = weight(prefix + "in_proj.bias", whole.proj_size, rows=in_rows) if s.proj_bias else None
+        self.conv_w = weight(prefix + "conv1d.weight", whole.conv_dim, 1, s.conv_kernel, rows=conv_rows)[:, 0]
+        self.conv_b = weight(prefix + "conv1d.bias", whole.conv_dim, rows=conv_rows) if s.conv_bias else None
+        one = heads.rows(1)
+        self.dt_bias = weight(prefix + "dt_bias", whole.num_heads, rows=one)  # (added in the model's dtype, as HF)
+        self.A = -torch.exp(weight(prefix + "A_log", whole.num_heads, rows=one).float())
+        self.D = weight(prefix + "D", whole.num_heads, rows=one).float()
+        self.norm_w = (weight(prefix + "norm.weight", inter, rows=heads.rows(hd)).float() if s.norm != "none"
+                       else None)
+        # One group split over the ranks: its norm's mean square is summed over them (its whole width's)
+        self.norm_tp = tp if not heads.whole and whole.num_groups == 1 and s.norm != "none" else None
+        self.norm_width = inter
+        out_w = weight(prefix + "out_proj.weight", hidden, inter, cols=heads.rows(hd))
+        out_b = weight(prefix + "out_proj.bias", hidden) if s.has_out_bias and (tp is None or tp.rank == 0) else None
         if out_scale is not None and out_scale != 1.0:
             out_w = (out_w.float() * out_scale).to(out_w.dtype)
             out_b = (out_b.float() * out_scale).to(out_b.dtype) if out_b is not None else None
@@ -172,8 +201,22 @@ class Mamba2Mixer:
                 out = kernels.ssd_chunk(xs[part], dt[part], self.A, b[part], c[part], ssm, slot, s.chunk_size)
                 y[d + row : d + row + n] = out + self.D[:, None] * xs[part]
                 row += n
-        normed = kernels.mamba_gated_norm(y.view(rows, -1), z, self.norm_w, s.num_groups, s.norm_eps, s.norm)
+        if self.norm_tp is None:
+            normed = kernels.mamba_gated_norm(y.view(rows, -1), z, self.norm_w, s.num_groups, s.norm_eps, s.norm)
+        else:
+            normed = self._norm_over_ranks(y.view(rows, -1), z)
         return kernels.linear_act(normed, self.out_w, self.out_b)
+
+    def _norm_over_ranks(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """kernels.mamba_gated_norm of one group whose values the ranks share: each rank's sum of squares,
+        all-reduced (fp32), over the group's whole width."""
+        s = self.spec
+        gate = F.silu(z.float())
+        g = y * gate if s.norm == "gated" else y
+        squares = (g * g).sum(-1, keepdim=True)
+        self.norm_tp.all_reduce(squares)
+        g = g * torch.rsqrt(squares / self.norm_width + s.norm_eps) * self.norm_w
+        return (g if s.norm == "gated" else g * gate).to(z.dtype)
 
 
 @dataclass(frozen=True)
@@ -187,6 +230,9 @@ class HybridSpec(DecoderSpec):
         """A Mamba-2 layer's checkpoint tensors by name (client/model_shapes.tensor_shapes: a random-weight
         model at a published shape)."""
         return tensor_shapes(self.mamba, prefix + self.mixer_prefix, self.hidden_size)
+
+    def split_mixers(self, tp) -> None:
+        split(self.mamba, tp)
 
 
 def hybrid_spec(spec: DecoderSpec, mamba: Mamba2Spec, mixer_prefix: str = "mamba.") -> HybridSpec:
@@ -216,4 +262,5 @@ class Mamba2Decoder(TransformerDecoder):
         c = self.config
         if c.mixer(i) != KIND:
             return super().load_mixer(i, prefix, weight, read)
-        return Mamba2Mixer(c.mamba, prefix + c.mixer_prefix, c.hidden_size, weight, out_scale=c.residual_scale)
+        return Mamba2Mixer(c.mamba, prefix + c.mixer_prefix, c.hidden_size, weight, out_scale=c.residual_scale,
+                           tp=self.tp)

@@ -19,13 +19,57 @@ result is the layer's output projection rows, which the layer adds to the residu
 
 The decode rows' work must be one batched pass (a captured CUDA graph replays it), the chunks'
 may loop over sequences on the host (they never run in a graph).
+
+Under tensor parallelism a mixer splits like attention: each rank holds a contiguous share of its heads (or
+channels), their rows of the input projection and the convolution, their state, and their columns of the
+output projection, whose partial sums the decoder's all-reduce after the layer adds up (`HeadShare`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
+
+
+@dataclass(frozen=True)
+class HeadShare:
+    """This rank's share `heads` of a mixer's `total` heads (all of them without tensor parallelism) and the
+    rows they own in a checkpoint's tensors. `whole`: nothing is split (a read needs no slicing)."""
+
+    heads: slice
+    total: int
+
+    @classmethod
+    def of(cls, tp, total: int, what: str) -> "HeadShare":
+        """The share of rank `tp` (a TensorParallelGroup or None); `what` names the heads in the error where
+        they do not divide."""
+        return cls(slice(0, total) if tp is None else tp.part(total, what), total)
+
+    @property
+    def whole(self) -> bool:
+        return self.heads == slice(0, self.total)
+
+    @property
+    def count(self) -> int:
+        return self.heads.stop - self.heads.start
+
+    def rows(self, width: int, offset: int = 0) -> slice:
+        """The rows of these heads in a block of `width` rows per head that starts at row `offset`."""
+        return slice(offset + self.heads.start * width, offset + self.heads.stop * width)
+
+
+def merged(parts: list[slice]) -> list[slice] | slice:
+    """Row ranges with neighbours joined: one slice where they are contiguous (a whole tensor's, unsplit)."""
+    out = [parts[0]]
+    for part in parts[1:]:
+        if part.start == out[-1].stop:
+            out[-1] = slice(out[-1].start, part.stop)
+        else:
+            out.append(part)
+    return out[0] if len(out) == 1 else out
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, batch: DecoderBatch,

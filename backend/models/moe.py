@@ -11,8 +11,12 @@ of `n_group` groups of experts (DeepSeek-V3's, and DeepSeek-V2's over softmax pr
 MoeSpec.groups / kept_groups / group_score say so. Qwen2-MoE adds a shared expert that every
 token passes through, weighted by sigmoid(shared_gate @ x); Granite's and GLM's shared experts
 are added as they are. Llama 4 scales its one chosen expert's input by the weight, not its
-output (MoeSpec.scale_input). The op: `kernels.moe_mlp` (routing and grouped GEMMs over the
-routed rows on a GPU, kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
+output (MoeSpec.scale_input). Nemotron-H's experts (and shared expert) are plain MLPs, up, the
+squared ReLU, down, with no gate (MoeSpec.gated False); Nemotron 3 Super's routed experts work in
+a latent space, the normalised rows projected down to it before them and their weighted sum back
+up after (MoeSpec.latent_size), the router and the shared expert on the rows as they are.
+The op: `kernels.moe_mlp` (routing and grouped GEMMs over the routed rows on a GPU,
+kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
 
 Checkpoints store the experts one by one (`experts.{j}.gate_proj.weight`, Mixtral's `w1` / `w3`
 / `w2`), as published, or stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`
@@ -53,7 +57,9 @@ class MoeNames:
     stacked tensors are stored as x @ W (gpt-oss: gate/up `[E, H, 2I]` with the gate and up
     columns interleaved, down `[E, I, H]`), transposed and split into [gate; up] at load; their
     biases (MoeSpec.expert_bias) are `{name}_bias` beside them. `interleaved` False: those columns are
-    [gate | up] instead, the gate's first (Llama 4's `[E, H, 2I]`)."""
+    [gate | up] instead, the gate's first (Llama 4's `[E, H, 2I]`). Ungated experts (MoeSpec.gated
+    False) have no gate: their stacked up projection is `[E, I, H]`. `latent`: the projections into
+    and out of the routed experts' latent space (MoeSpec.latent_size), in the block."""
 
     blocks: tuple[str, ...] = ("mlp",)
     routers: tuple[str, ...] = ("gate",)
@@ -67,6 +73,7 @@ class MoeNames:
     score_bias: str = "e_score_correction_bias"
     columns: bool = False
     interleaved: bool = True
+    latent: tuple[str, str] = ("fc1_latent_proj", "fc2_latent_proj")
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,12 @@ class MoeSpec:
     groups: int = 1
     kept_groups: int = 1
     group_score: str = "top2_sum"
+    # False: each expert (and the shared expert) is up, the decoder's plain activation, down, with no gate
+    # (Nemotron-H's, squared ReLU): its stacked up projection `[E, I, H]` stands where [gate; up] does.
+    gated: bool = True
+    # > 0: the routed experts read and write rows of this width (Nemotron 3 Super's moe_latent_size): the
+    # normalised rows times `latent[0]` `[L, H]` before them, their weighted sum times `latent[1]` `[H, L]` after.
+    latent_size: int = 0
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
@@ -103,6 +116,10 @@ class MoeSpec:
                                  or self.scale != 1.0 or self.groups > 1 or self.expert_bias):
             raise ValueError("experts whose input is scaled by the routing weight (scale_input) are the top 1 by "
                              "sigmoid score, unnormalised, unbiased, unscaled and ungrouped")
+        if (self.latent_size or not self.gated) and (self.scale_input or self.names.columns
+                                                      or self.names.shared_fused or self.expert_bias):
+            raise ValueError("ungated or latent experts are stored as separate or stacked [E, out, in] projections "
+                             "without biases (not scale_input's, columns', a fused shared expert's)")
 
     def split(self, world: int) -> "MoeSpec":
         """One tensor-parallel rank's share: its columns of every expert (and shared expert)."""
@@ -131,12 +148,15 @@ class MoeLayer:
     kept_groups: int = 1
     group_score: str = "top2_sum"
     scale_input: bool = False  # (MoeSpec.scale_input)
+    latent_in: torch.Tensor | None = None  # [L, H]: the rows into the routed experts' space (MoeSpec.latent_size)
+    latent_out: torch.Tensor | None = None  # [H, L]: their weighted sum back out of it
 
     def __call__(self, x: torch.Tensor, activation: str, prenorm: kernels.PreNorm | None = None) -> torch.Tensor:
         """The block's output `[T, H]` for its input x `[T, H]`, normalised or (`prenorm`) to be
         normalised so (`activation`: the gated one, kernels.linear_act's name). The router's
         linear applies the prenorm and writes the normalised rows for the experts (on a decode
-        row: in its prologue, no launch of its own)."""
+        row: in its prologue, no launch of its own). `activation` gated: gate_up holds each expert's
+        [gate; up]; plain (MoeSpec.gated False): its up projection."""
         fp32_logits = self.router.dtype == torch.float32 and x.dtype != torch.float32
         if prenorm is not None and (fp32_logits or not ROUTER_NORMALISES):  # the rows first, by a norm kernel
             x, prenorm = kernels.prenormed(x, prenorm), None
@@ -152,10 +172,13 @@ class MoeLayer:
             scaled_x = x * torch.sigmoid(logits.max(dim=-1, keepdim=True).values.float()).to(x.dtype)
             out = kernels.moe_mlp(scaled_x, logits, self.gate_up, self.down, 1, True, None, activation, "softmax")
         else:
-            out = kernels.moe_mlp(x, logits, self.gate_up, self.down, self.top_k, self.normalize,
+            routed = x if self.latent_in is None else kernels.linear_act(x, self.latent_in)
+            out = kernels.moe_mlp(routed, logits, self.gate_up, self.down, self.top_k, self.normalize,
                                   x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
                                   self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
                                   groups=self.groups, kept_groups=self.kept_groups, group_score=self.group_score)
+            if self.latent_out is not None:
+                out = kernels.linear_act(out, self.latent_out)
         if self.shared_gate_up is not None:
             shared = kernels.linear_act(kernels.linear_act(x, self.shared_gate_up, None, activation), self.shared_down)
             if self.shared_gate is not None:
@@ -165,7 +188,8 @@ class MoeLayer:
 
     def scale_output(self, factor: float | None) -> None:
         """The block's output times `factor` (Granite's residual multiplier), folded into the
-        experts' and the shared expert's down projections (a linear map: the sum scales too)."""
+        experts' and the shared expert's down projections (a linear map: the sum scales too, and
+        so does its projection out of a latent space)."""
         self.down = scaled(self.down, factor)
         if self.down_bias is not None and factor is not None:
             self.down_bias = self.down_bias * factor
@@ -176,8 +200,8 @@ class MoeLayer:
         return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
 
     def shared_params(self) -> int:
-        """The weights every token reads: the router and the shared expert."""
-        shared = (self.shared_gate_up, self.shared_down, self.shared_gate)
+        """The weights every token reads: the router, the shared expert and the latent projections."""
+        shared = (self.shared_gate_up, self.shared_down, self.shared_gate, self.latent_in, self.latent_out)
         return self.router.numel() + sum(t.numel() for t in shared if t is not None)
 
     def read_bytes(self, tokens: int | None) -> float:
@@ -209,15 +233,18 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     base = f"{prefix}{block}."
     router = next((r for r in n.routers if f"{base}{r}.weight" in state), n.routers[0])
     experts, inter = spec.num_experts, spec.intermediate_size
+    width = spec.latent_size or hidden  # (the rows the routed experts read and write)
+    halves = 2 if spec.gated else 1  # (an expert's [gate; up], or its up projection alone)
 
-    def gated(weight: str, size: int, rows: slice | None, *lead: int) -> torch.Tensor:
-        """[gate; up] rows of a stacked `[..., 2 * size, H]` tensor, this rank's of each half."""
+    def gated(weight: str, size: int, rows: slice | None, *lead: int, width: int = hidden) -> torch.Tensor:
+        """[gate; up] rows (up alone where ungated) of a stacked `[..., halves * size, width]` tensor, this rank's
+        of each half."""
         if rows is None:
-            return read(weight, (*lead, 2 * size, hidden))
+            return read(weight, (*lead, halves * size, width))
         pick = (slice(None),) * len(lead)
-        return torch.cat([read(weight, (*lead, 2 * size, hidden), (*pick, slice(half * size + rows.start,
-                                                                                 half * size + rows.stop)))
-                          for half in (0, 1)], dim=len(lead))
+        return torch.cat([read(weight, (*lead, halves * size, width), (*pick, slice(half * size + rows.start,
+                                                                                     half * size + rows.stop)))
+                          for half in range(halves)], dim=len(lead))
 
     cols = (slice(None), part or slice(None))
     stacked = next(((base + g, base + d) for g, d in n.stacked if _weight(base + g, state) in state), None)
@@ -225,16 +252,16 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     if n.columns:  # x @ W, gate and up columns interleaved (gpt-oss) or not (Llama 4): rows, [gate; up]
         gate_up, down, biases = _column_experts(spec, read, stacked, hidden, part)
     elif stacked is not None:  # stacked, as transformers >= 5 holds them or a family publishes them
-        gate_up = gated(_weight(stacked[0], state), inter, part, experts)
-        down = read(_weight(stacked[1], state), (experts, hidden, inter), (slice(None), *cols))
+        gate_up = gated(_weight(stacked[0], state), inter, part, experts, width=width)
+        down = read(_weight(stacked[1], state), (experts, width, inter), (slice(None), *cols))
     else:  # one expert at a time, as published
         stacked_gate_up, stacked_down = [], []
         for j in range(experts):
             e = f"{base}experts.{j}."
             rows = part or slice(None)
-            stacked_gate_up.append(torch.cat([read(f"{e}{n.gate}.weight", (inter, hidden), rows),
-                                              read(f"{e}{n.up}.weight", (inter, hidden), rows)]))
-            stacked_down.append(read(f"{e}{n.down}.weight", (hidden, inter), cols))
+            stacked_gate_up.append(torch.cat([read(f"{e}{name}.weight", (inter, width), rows)
+                                              for name in (n.gate, n.up)[2 - halves:]]))
+            stacked_down.append(read(f"{e}{n.down}.weight", (width, inter), cols))
         gate_up, down = torch.stack(stacked_gate_up), torch.stack(stacked_down)
     router_weight = read(f"{base}{router}.weight", (experts, hidden))
     layer = MoeLayer(router_weight.float() if spec.router_fp32 else router_weight, gate_up, down, spec.top_k,
@@ -257,11 +284,14 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
             layer.shared_gate_up = gated(s + n.shared_fused[0] + ".weight", size, shared_part)
             layer.shared_down = read(s + n.shared_fused[1] + ".weight", (hidden, size), (slice(None), rows))
         else:
-            layer.shared_gate_up = torch.cat([read(s + "gate_proj.weight", (size, hidden), rows),
-                                              read(s + "up_proj.weight", (size, hidden), rows)])
+            layer.shared_gate_up = torch.cat([read(s + name, (size, hidden), rows)
+                                              for name in ("gate_proj.weight", "up_proj.weight")[2 - halves:]])
             layer.shared_down = read(s + "down_proj.weight", (hidden, size), (slice(None), rows))
         if n.shared_gate:
             layer.shared_gate = read(f"{prefix}{n.shared_gate}.weight", (1, hidden))
+    if spec.latent_size:  # (whole on every rank: the projection out is linear, the ranks' shares sum after it)
+        layer.latent_in = read(f"{base}{n.latent[0]}.weight", (spec.latent_size, hidden))
+        layer.latent_out = read(f"{base}{n.latent[1]}.weight", (hidden, spec.latent_size))
     return layer
 
 
@@ -305,11 +335,13 @@ def _weight(name: str, state: dict) -> str:
 def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
     """The tensors of layer `prefix`'s MoE block by name, the experts stacked as transformers >= 5
     names them (what a random-weight model at a published shape is built from)."""
-    n, e, inter = spec.names, spec.num_experts, spec.intermediate_size
+    n, e, inter, width = spec.names, spec.num_experts, spec.intermediate_size, spec.latent_size or hidden
     base = f"{prefix}{n.blocks[0]}."
     gate_up, down = n.stacked[0]
-    shapes = {f"{base}{n.routers[0]}.weight": (e, hidden), base + gate_up: (e, 2 * inter, hidden),
-              base + down: (e, hidden, inter)}
+    shapes = {f"{base}{n.routers[0]}.weight": (e, hidden), base + gate_up: (e, (2 if spec.gated else 1) * inter, width),
+              base + down: (e, width, inter)}
+    if spec.latent_size:
+        shapes.update({f"{base}{n.latent[0]}.weight": (width, hidden), f"{base}{n.latent[1]}.weight": (hidden, width)})
     if n.columns:
         shapes.update({base + gate_up: (e, hidden, 2 * inter), base + down: (e, inter, hidden)})
     if spec.router_bias:
@@ -324,8 +356,9 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
             shapes.update({f"{s}{n.shared_fused[0]}.weight": (2 * size, hidden),
                            f"{s}{n.shared_fused[1]}.weight": (hidden, size)})
         else:
-            shapes.update({s + "gate_proj.weight": (size, hidden), s + "up_proj.weight": (size, hidden),
-                           s + "down_proj.weight": (hidden, size)})
+            shapes.update({s + "up_proj.weight": (size, hidden), s + "down_proj.weight": (hidden, size)})
+            if spec.gated:
+                shapes[s + "gate_proj.weight"] = (size, hidden)
         if n.shared_gate:
             shapes[f"{prefix}{n.shared_gate}.weight"] = (1, hidden)
     return shapes

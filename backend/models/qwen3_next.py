@@ -38,6 +38,9 @@ class HybridSpec(DecoderSpec):
         at a published shape)."""
         return gated_deltanet.tensor_shapes(self.deltanet, prefix + "linear_attn.", self.hidden_size)
 
+    def split_mixers(self, tp) -> None:
+        gated_deltanet.split(self.deltanet, tp)
+
 
 def layer_kinds(cfg: dict) -> tuple[str | None, ...]:
     """Per layer its mixer kind ("gated_deltanet") or None (full attention): `layer_types`, else every
@@ -104,7 +107,7 @@ def gate_split(cfg: dict, state: dict) -> dict:
 
 class _HalfOfEachHead:
     """Rows `[heads * 2D, hidden]` seen as each head's first (`which` 0) or second (1) D rows `[heads * D, hidden]`:
-    read whole (the hybrid models run on one GPU: nothing reads a part)."""
+    read whole, then indexed (a tensor-parallel rank's rows)."""
 
     def __init__(self, stored, heads: int, which: int):
         self.stored, self.heads, self.which = stored, heads, which
@@ -129,7 +132,7 @@ class HybridDecoder(TransformerDecoder):
         if self.config.mixer(i) != "gated_deltanet":
             return super().load_mixer(i, prefix, weight, read)
         return gated_deltanet.load_gated_deltanet(self.config.deltanet, prefix + "linear_attn.", weight,
-                                                  self.config.hidden_size)
+                                                  self.config.hidden_size, self.tp)
 
 
 MODEL = HybridDecoder

@@ -217,8 +217,9 @@ class DecoderSpec:
         if self.activation not in activations:
             raise ValueError(f"unsupported {'gated' if self.gated_mlp else 'plain'} MLP activation {self.activation!r} "
                              f"(supported: {sorted(activations)})")
-        if not self.gated_mlp and self.moe:
-            raise ValueError("a plain (ungated) MLP with mixture-of-experts layers is not supported")
+        if self.moe and (self.moe.gated != self.gated_mlp or self.activation == "xielu"):
+            raise ValueError("mixture-of-experts layers' experts are gated as the dense MLP is (MoeSpec.gated), "
+                             "plain ones without xIELU")
         if self.learned_positions and not (self.layer_norm and not self.parallel_block):
             raise ValueError("learnt position embeddings are supported with LayerNorms before attention and the MLP")
         if self.learned_positions and self.position_rows is None:  # the checkpoint's table, whatever caps the length
@@ -282,6 +283,18 @@ class DecoderSpec:
 
     def mixer(self, layer: int) -> str | None:
         return self.mixers[layer] if self.mixers else None
+
+    @property
+    def attends(self) -> bool:
+        """Whether any layer attends (attention-free models, Mamba's, have placeholder heads that do not split)."""
+        return not self.mixers or self.parallel_mixers or None in self.mixers
+
+    def split_mixers(self, tp) -> None:
+        """Raise where the recurrent mixers cannot split over `tp`'s ranks (a family whose mixers split
+        overrides this with their heads' checks)."""
+        kinds = ", ".join(sorted({kind for kind in self.mixers if kind}))
+        raise ValueError(f"tensor parallelism is not supported for the recurrent layers ({kinds}) of this family "
+                         f"(supported: gated DeltaNet, Mamba-2 and short-convolution layers)")
 
     def has_mlp(self, layer: int) -> bool:
         return self.mlp_layers[layer] if self.mlp_layers else True
@@ -372,9 +385,10 @@ class TransformerDecoder(DecoderModel):
         q_part = kv_part = mlp_part = expert_part = shared_part = heads_part = None
         first_rank = tp is None or tp.rank == 0  # (the rank that adds the row-parallel linears' biases)
         if tp is not None:
-            heads_part, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
-            q_part = slice(heads_part.start * head, heads_part.stop * head)
-            kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
+            if c.attends:
+                heads_part, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
+                q_part = slice(heads_part.start * head, heads_part.stop * head)
+                kv_part = slice(kv_heads.start * head, kv_heads.stop * head)
             mlp_part = tp.part(c.intermediate_size, "MLP columns (intermediate_size)")
             if c.moe:
                 expert_part = tp.part(c.moe.intermediate_size, "expert columns (moe_intermediate_size)")
@@ -382,14 +396,11 @@ class TransformerDecoder(DecoderModel):
 
         experts = f", {c.moe.num_experts} experts of {c.moe.intermediate_size}" if c.moe else ""
 
+        sizes = (f"hidden {hidden}, heads {c.num_heads}/{c.num_kv_heads} x {head}, intermediate "
+                 f"{c.intermediate_size}{experts}, vocab {c.vocab_size}")
+
         def checked(name: str, shape: tuple[int, ...]) -> str:
-            if name not in state:
-                raise KeyError(f"checkpoint is missing weight {name!r}")
-            if tuple(state[name].shape) != shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
-                                 f"(hidden {hidden}, heads {c.num_heads}/{c.num_kv_heads} x {head}, intermediate "
-                                 f"{c.intermediate_size}{experts}, vocab {c.vocab_size}) needs {shape}")
-            return name
+            return self.checked(state, name, shape, sizes)
 
         def read(name: str, shape: tuple[int, ...], index: tuple | None = None) -> torch.Tensor:
             """The tensor `name` (its shape checked), or its `index` part only (read from the
@@ -398,8 +409,11 @@ class TransformerDecoder(DecoderModel):
                 return self.weight(checked(name, shape))
             return state[checked(name, shape)][index].to(device=device, dtype=dtype).contiguous()
 
-        def w(name: str, *shape: int, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
-            """The tensor, or its `rows` / `cols` only."""
+        def w(name: str, *shape: int, rows: slice | list[slice] | None = None,
+              cols: slice | None = None) -> torch.Tensor:
+            """The tensor, or its `rows` (a range, or ranges whose rows are stacked) / `cols` only."""
+            if isinstance(rows, list):
+                return torch.cat([w(name, *shape, rows=part, cols=cols) for part in rows])
             if rows is None and cols is None:
                 return read(name, shape)
             return read(name, shape, (rows or slice(None),) if cols is None else (rows or slice(None), cols))
@@ -589,9 +603,21 @@ class TransformerDecoder(DecoderModel):
         self.num_kv_layers = kv_layers
         self.activation = (GATED_ACTIVATIONS if c.gated_mlp else PLAIN_ACTIVATIONS)[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
-            self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
+            heads = tp.world if c.attends else 1
+            self.config = replace(c, num_heads=c.num_heads // heads, num_kv_heads=c.num_kv_heads // heads,
                                   intermediate_size=c.intermediate_size // tp.world,
                                   moe=c.moe.split(tp.world) if c.moe else None)
+
+    @staticmethod
+    def checked(state: dict, name: str, shape: tuple[int, ...], sizes: str) -> str:
+        """`name`, once the checkpoint is seen to hold it at `shape`; the errors name the tensor and the
+        config's `sizes` that call for that shape."""
+        if name not in state:
+            raise KeyError(f"checkpoint is missing weight {name!r}")
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
+                             f"({sizes}) needs {shape}")
+        return name
 
     def load_mixer(self, i: int, prefix: str, weight, read):
         """Layer i's recurrent token mixer (a hybrid family's, which overrides this: mixers.py has

@@ -80,6 +80,10 @@ class Zamba2Spec(HybridSpec):
     # hybrid layer's copy its own
     tied_blocks: bool = True
 
+    def split_mixers(self, tp) -> None:
+        raise ValueError("tensor parallelism is not supported for the recurrent layers of model_type 'zamba2' (its "
+                         "shared blocks and their adapters do not split)")
+
     def block_prefix(self, invocation: int) -> str:
         """Where invocation `invocation`'s block and adapters are read: under the first hybrid layer that runs its
         block (tied_blocks), else under its own layer."""
@@ -216,21 +220,17 @@ class Zamba2Decoder(Mamba2Decoder):
 
     def __init__(self, config: Zamba2Spec, state, device, dtype, tp=None):
         if tp is not None:
-            raise ValueError("tensor parallelism is not supported for model_type 'zamba2' (hybrid models run on one "
-                             "GPU)")
+            config.split_mixers(tp)
         super().__init__(config, state, device, dtype)
         c = self.config
         h, wide, inter, r = c.hidden_size, 2 * c.hidden_size, c.intermediate_size, c.adapter_rank
         q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
 
+        sizes = (f"hidden {h}, heads {c.num_heads}/{c.num_kv_heads} x {c.head_dim}, intermediate {inter}, "
+                 f"adapter rank {r}")
+
         def read(name: str, *shape: int) -> torch.Tensor:
-            if name not in state:
-                raise KeyError(f"checkpoint is missing weight {name!r}")
-            if tuple(state[name].shape) != shape:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
-                                 f"(hidden {h}, heads {c.num_heads}/{c.num_kv_heads} x {c.head_dim}, intermediate "
-                                 f"{inter}, adapter rank {r}) needs {shape}")
-            return self.weight(name)
+            return self.weight(self.checked(state, name, shape, sizes))
 
         def block(p: str) -> SharedBlock:
             attn, mlp = p + "self_attn.", p + "feed_forward."

@@ -88,7 +88,9 @@ def worker_main(source: ShardSource, rank: int, world: int, address: str, conn) 
         model, tp = load_rank(source, rank, world, address)
         conn.send(("loaded", None))
         _, (num_blocks, block_size, max_running, cuda_graphs) = conn.recv()
-        runner = DecoderRunner(model, model.new_kv_cache(num_blocks, block_size), max_running, cuda_graphs)
+        cache = model.new_kv_cache(num_blocks, block_size)
+        cache.state = model.new_state_cache(max_running)  # (hybrid models: this rank's heads' state, as rank 0's)
+        runner = DecoderRunner(model, cache, max_running, cuda_graphs)
         conn.send(("ready", None))
         sampler, forward = _Broadcasts(), None
         while True:
