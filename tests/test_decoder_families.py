@@ -52,6 +52,11 @@ CASES = [
         "activation_sparsity_pattern": [0.0, 0.9, 0.95, 0.0, 0.0], "altup_num_inputs": 2, "altup_active_idx": 1,
         "altup_correct_scale": False, "tie_word_embeddings": False, "final_logit_softcapping": 10.0,
         "vocab_size_per_layer_input": 320, "initializer_range": 0.1}),
+    # Gemma 3n at its published head width (256: unscaled scores spread at sqrt(256) = 16, near-argmax attention),
+    # MLP width (8,192: the first two layers' sparse gates cut over rows that wide), LAuReL rank and per-layer inputs
+    ("gemma3n-published-head-and-mlp-width", "gemma-3n-e2b", {
+        "head_dim": 256, "intermediate_size": 8192,
+        "laurel_rank": 64, "hidden_size_per_layer_input": 256, "initializer_range": 0.05}),
     ("phi3", "phi-3-mini", {}),
     ("phi3-longrope", "phi-3-mini-128k", {}),
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),

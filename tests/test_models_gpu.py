@@ -378,6 +378,13 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
                 p.add_(torch.randn_like(p) * 0.5)
             elif name.endswith("altup.correct_output_scale"):  # (Gemma 3n's starts at zero: the per-layer inputs on)
                 p.add_(torch.randn_like(p))
+            elif model_type == "gemma3n_text" and name.endswith("self_attn.q_norm.weight"):
+                # Gemma 3n scores unscaled (scale 1): with q and k normed to 1 its 256-wide heads' scores spread
+                # at sqrt(256) = 16, near-argmax attention that over 30 layers turns fp32 rounding into other
+                # logits (on the CPU, 30 layers of its width and heads, MLPs of 512, a 700-token prompt: HF against
+                # itself with its weights * (1 + 1e-7 randn) at cosine 0.907, ours against HF at 0.973). q's norm
+                # at head_dim ** -0.5, the spread a 1 / sqrt(d) scale gives, makes it judgeable: both at 1.000000
+                p.mul_(hf_cfg.head_dim ** -0.5)
     return hf, {k: v.to(dtype) for k, v in strip_prefixes_of(hf.state_dict()).items()}
 
 

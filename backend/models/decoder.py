@@ -52,11 +52,16 @@ class DecoderModel:
         Through `kernels.linear_act`, which routes by rows and shape: a decode row or two runs
         the prefetching GEMV (GPT-2's head 31.0 -> 26.1 us, Llama-1B's 188 -> 167 us on the
         H100, `tools/gpu/time_small_gemm.py --layers "lm head"`), more rows the small GEMM where
-        K is short (GPT-2's) or cuBLAS."""
+        K is short (GPT-2's) or cuBLAS. Soft-capped where the config says (`final_softcap`: Gemma 2,
+        Gemma 3n): cap * tanh(logits / cap), in the projection's dtype as Hugging Face computes it,
+        in place."""
         logits = kernels.linear_act(x, self.output_head, self.output_head_b)
         if self.tp is not None:  # each rank holds a slice of the vocabulary: all of it on every rank
             logits = self.tp.gather_columns(logits)
         logits = logits[:, : self.vocab_size]
+        cap = getattr(self.config, "final_softcap", None)
+        if cap is not None:
+            logits.div_(cap).tanh_().mul_(cap)
         return logits.float() if fp32 else logits
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:

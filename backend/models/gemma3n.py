@@ -430,14 +430,5 @@ class Gemma3nDecoder(DecoderModel):
             h = kernels.gated_act(gate_up, "gelu_tanh_mul")
         return kernels.linear_act(h, layer.down_w)
 
-    def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
-        """DecoderModel.logits soft-capped: cap * tanh(logits / cap), in the projection's dtype, in place."""
-        cap = self.config.final_softcap
-        if cap is None:
-            return super().logits(x, fp32)
-        logits = super().logits(x, fp32=False)
-        logits.div_(cap).tanh_().mul_(cap)
-        return logits.float() if fp32 else logits
-
 
 MODEL = Gemma3nDecoder

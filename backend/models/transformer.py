@@ -868,16 +868,6 @@ class TransformerDecoder(DecoderModel):
         scalars read on the device, in place), or as it is where the activation was the linear's epilogue."""
         return up if layer.act_params is None else kernels.xielu(up, layer.act_params, out=up)
 
-    def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
-        """DecoderModel.logits, soft-capped where the family caps them (Gemma 2): cap *
-        tanh(logits / cap), in the projection's dtype as Hugging Face computes it, in place."""
-        cap = self.config.final_softcap
-        if cap is None:
-            return super().logits(x, fp32)
-        logits = super().logits(x, fp32=False)
-        logits.div_(cap).tanh_().mul_(cap)
-        return logits.float() if fp32 else logits
-
 
 def xielu_params(state: dict, prefix: str, device: torch.device) -> torch.Tensor:
     """xIELU's four scalars `[alpha_p, alpha_n, beta, eps]` in fp32 on `device` as kernels.xielu applies them,
