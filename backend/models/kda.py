@@ -40,14 +40,14 @@ config's hidden_act, as transformers reads it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from tritonformer import kernels
 from tritonformer.kernels import reference
 from tritonformer.backend.decoder.batch import DecoderBatch
-from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.mixers import HeadShare, causal_conv1d
 
 CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")  # the published checkpoints' convolutions, one per projection
 
@@ -126,16 +126,30 @@ def tensor_shapes(spec: KdaSpec, prefix: str, hidden: int) -> dict[str, tuple[in
     return shapes
 
 
-def load_kda(spec: KdaSpec, prefix: str, weight, hidden: int) -> KimiDeltaAttention:
+def split(spec: KdaSpec, tp) -> tuple[KdaSpec, HeadShare]:
+    """This rank's layer sizes under tensor parallelism `tp` (or None) and its share of the heads."""
+    heads = HeadShare.of(tp, spec.num_heads, "KDA heads (linear_attn_config num_heads)")
+    return replace(spec, num_heads=heads.count), heads
+
+
+def load_kda(spec: KdaSpec, prefix: str, weight, hidden: int, tp=None) -> KimiDeltaAttention:
     """A layer's KDA from its tensors under `prefix` (`layers.{i}.self_attn.`, the published names: tensor_shapes);
-    `weight(name, *shape)` reads one in the model's dtype (TransformerDecoder.load_mixer's)."""
-    s, p = spec, prefix
-    dim, hd = s.dim, s.head_dim
-    in_proj = torch.cat([weight(p + "q_proj.weight", dim, hidden), weight(p + "k_proj.weight", dim, hidden),
-                         weight(p + "v_proj.weight", dim, hidden), weight(p + "f_a_proj.weight", hd, hidden),
-                         weight(p + "g_a_proj.weight", hd, hidden), weight(p + "b_proj.weight", s.num_heads, hidden)])
-    conv = torch.cat([weight(p + name + ".weight", dim, 1, s.conv_kernel) for name in CONVS]).view(3 * dim, -1)
-    return KimiDeltaAttention(spec, in_proj.contiguous(), conv.contiguous(), weight(p + "f_b_proj.weight", dim, hd),
-                              weight(p + "g_b_proj.weight", dim, hd), weight(p + "dt_bias", dim),
-                              weight(p + "A_log", 1, 1, s.num_heads, 1), weight(p + "o_norm.weight", hd),
-                              weight(p + "o_proj.weight", hidden, dim))
+    `weight(name, *shape, rows=, cols=)` reads one (or its rows / columns) in the model's dtype
+    (TransformerDecoder.load_mixer's). With `tp`, this rank's heads: their rows of q, k, v, b and of the gates'
+    second projections, their convolutions, decays and output-projection columns; the gates' low-rank first
+    projections and the norm whole."""
+    p = prefix
+    local, heads = split(spec, tp)
+    dim, hd, n = spec.dim, spec.head_dim, spec.num_heads
+    own = heads.rows(hd)
+    in_proj = torch.cat([weight(p + "q_proj.weight", dim, hidden, rows=own),
+                         weight(p + "k_proj.weight", dim, hidden, rows=own),
+                         weight(p + "v_proj.weight", dim, hidden, rows=own), weight(p + "f_a_proj.weight", hd, hidden),
+                         weight(p + "g_a_proj.weight", hd, hidden),
+                         weight(p + "b_proj.weight", n, hidden, rows=heads.rows(1))])
+    conv = torch.cat([weight(p + name + ".weight", dim, 1, spec.conv_kernel, rows=own) for name in CONVS])
+    return KimiDeltaAttention(local, in_proj.contiguous(), conv.view(3 * local.dim, -1).contiguous(),
+                              weight(p + "f_b_proj.weight", dim, hd, rows=own),
+                              weight(p + "g_b_proj.weight", dim, hd, rows=own), weight(p + "dt_bias", dim, rows=own),
+                              weight(p + "A_log", 1, 1, n, 1)[:, :, heads.heads], weight(p + "o_norm.weight", hd),
+                              weight(p + "o_proj.weight", hidden, dim, cols=own))

@@ -67,6 +67,9 @@ class KimiLinearSpec(DecoderSpec):
         published shape)."""
         return kda.tensor_shapes(self.kda, prefix + "self_attn.", self.hidden_size)
 
+    def split_mixers(self, tp) -> None:
+        kda.split(self.kda, tp)
+
 
 def _linear_attn(cfg: dict) -> dict:
     return cfg.get("linear_attn_config") or {}
@@ -151,7 +154,7 @@ class KimiLinearDecoder(TransformerDecoder):
     def load_mixer(self, i: int, prefix: str, weight, read):
         if self.config.mixer(i) != KDA:
             return super().load_mixer(i, prefix, weight, read)
-        return kda.load_kda(self.config.kda, prefix + "self_attn.", weight, self.config.hidden_size)
+        return kda.load_kda(self.config.kda, prefix + "self_attn.", weight, self.config.hidden_size, self.tp)
 
 
 MODEL = KimiLinearDecoder
