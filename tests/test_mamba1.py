@@ -71,9 +71,10 @@ def _mixer(seed: int = 0) -> Mamba1Mixer:
     for name in ("dt_layernorm", "b_layernorm", "c_layernorm"):
         state[f"m.{name}.weight"] += 1.0
 
-    def weight(name, *shape):
+    def weight(name, *shape, rows=None, cols=None):  # (the decoder's reader: rows / cols of a rank's share)
         assert tuple(state[name].shape) == shape, name
-        return state[name]
+        t = state[name] if rows is None else state[name][rows]
+        return t if cols is None else t[:, cols]
 
     return Mamba1Mixer(SPEC, "m.", HIDDEN, weight)
 

@@ -139,7 +139,10 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # (Nemotron-H; Mamba-Codestral, attention-free) or one group whole on each rank and its gated norm's mean
            # square summed over the ranks (Bamba, with projection biases; Falcon-H1 beside attention with its muP
            # vector on each rank's rows, the norm before the gate); LFM2's short convolutions by channel, with biases;
-           # Kimi Linear's KDA by heads (the gates' low-rank first projections whole) beside latent attention
+           # Kimi Linear's KDA by heads (the gates' low-rank first projections whole) beside latent attention;
+           # Mamba-1 by channels, x_proj's partial dt / B / C summed over the ranks (Jamba with its weighted norms
+           # of dt / B / C, biases, experts; Falcon-Mamba, attention-free, its weightless norms)
+           "jamba": ("jamba-mini", {"mamba_proj_bias": True}),
            "qwen3-next": ("qwen3-next-80b-a3b", {"layer_types": ["linear_attention", "full_attention"],
                                                  "num_key_value_heads": 2}),
            "qwen3.5-moe": ("qwen3.5-35b-a3b", {"layer_types": ["linear_attention", "full_attention"],
@@ -177,7 +180,7 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
                                            ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),
                                            ("lfm2-bias", 8), ("mamba-codestral-7b", 8),
-                                           ("kimi-linear-48b-a3b", 8)])
+                                           ("kimi-linear-48b-a3b", 8), ("jamba", 8), ("falcon-mamba-7b", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])
@@ -300,8 +303,9 @@ def test_gpt2_refuses_tensor_parallelism():
 
 
 @pytest.mark.parametrize("shape, changes, message", [
-    # Mixers whose split is not built yet (Jamba's Mamba-1) say so by kind
-    ("jamba-mini", {}, r"recurrent layers \(mamba1\)"),
+    # Mixers whose split is not built (Zamba2's shared blocks) say so
+    ("zamba2-2.7b", {}, r"recurrent layers of model_type 'zamba2'"),
+    ("jamba-mini", {"mamba_expand": 3, "hidden_size": 125}, "Mamba-1 channels"),
     # Heads and groups of the mixers that split must divide
     ("qwen3-next-80b-a3b", {"linear_num_key_heads": 3, "linear_num_value_heads": 6}, "gated DeltaNet key heads"),
     ("nemotron-h-8b", {"n_groups": 1, "mamba_num_heads": 5}, r"Mamba-2 heads"),

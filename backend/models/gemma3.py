@@ -3,7 +3,7 @@ attention soft-capping, five sliding-window layers per global one (`sliding_wind
 and a rotary base of its own for the local layers (`rope_local_base_freq`)."""
 from tritonformer.backend.models.gemma2 import gemma_options
 from tritonformer.backend.models.multimodal import text_part
-from tritonformer.backend.models.rope import Rope
+from tritonformer.backend.models.rope import Rope, params_by_layer_type
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, layer_windows, sliding_pattern,
                                                      spec_from_hf)
 
@@ -20,11 +20,7 @@ def from_hf(cfg: dict) -> DecoderSpec:
         raise ValueError("Gemma 3 with bidirectional attention (an embedding model) is not a generator")
     cfg = {"head_dim": 256, **cfg}
     max_positions = cfg.get("max_position_embeddings", 131072)
-    params = cfg.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5: per layer type
-        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
-    else:
-        full, local = cfg.get("rope_scaling") or params, {}
+    full, local = params_by_layer_type(cfg)
     rope = Rope.from_hf(full, cfg.get("rope_theta", full.get("rope_theta", 1_000_000.0)), max_positions)
     local_rope = Rope.from_hf(local, cfg.get("rope_local_base_freq", local.get("rope_theta", 10_000.0)), max_positions)
     return spec_from_hf(

@@ -61,7 +61,7 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.multimodal import text_part
-from tritonformer.backend.models.rope import Rope
+from tritonformer.backend.models.rope import Rope, params_by_layer_type
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -186,11 +186,7 @@ def from_hf(cfg: dict) -> Gemma3nSpec:
         raise ValueError(f"unsupported Gemma 3n altup_active_idx {active} (supported: altup_active_idx from 0 to "
                          f"altup_num_inputs - 1 = {streams - 1})")
     max_positions = cfg.get("max_position_embeddings", 32768)
-    params = cfg.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5: per layer type
-        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
-    else:
-        full, local = cfg.get("rope_scaling") or params, {}
+    full, local = params_by_layer_type(cfg)
     window = cfg.get("sliding_window", 512)
     heads = cfg.get("num_attention_heads", 8)
     return Gemma3nSpec(

@@ -31,13 +31,13 @@ agree in fp32. Refused by name: an activation other than SiLU, a conv of fewer t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
-from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, WeightNames
 
@@ -82,29 +82,42 @@ def tensor_shapes(spec: Mamba1Spec, prefix: str, hidden: int) -> dict[str, tuple
     return {prefix + name: shape for name, shape in shapes.items()}
 
 
+def split(spec: Mamba1Spec, tp) -> tuple[Mamba1Spec, HeadShare]:
+    """This rank's layer sizes under tensor parallelism `tp` (or None) and its share of the channels."""
+    channels = HeadShare.of(tp, spec.intermediate_size, "Mamba-1 channels (intermediate_size)")
+    return replace(spec, intermediate_size=channels.count), channels
+
+
 class Mamba1Mixer:
-    def __init__(self, spec: Mamba1Spec, prefix: str, hidden: int, weight):
-        """Layer weights under `prefix` ("layers.{i}.mixer."), read by `weight(name, *shape)` (the decoder's:
-        checked, on the device in the model's dtype)."""
-        s = self.spec = spec
-        inner = s.intermediate_size
-        self.in_w = weight(prefix + "in_proj.weight", 2 * inner, hidden)
-        self.in_b = weight(prefix + "in_proj.bias", 2 * inner) if s.proj_bias else None
-        self.conv_w = weight(prefix + "conv1d.weight", inner, 1, s.conv_kernel)[:, 0]
-        self.conv_b = weight(prefix + "conv1d.bias", inner) if s.conv_bias else None
-        self.x_w = weight(prefix + "x_proj.weight", s.dt_rank + 2 * s.state_size, inner)
-        self.dt_w = weight(prefix + "dt_proj.weight", inner, s.dt_rank)
-        self.dt_bias = weight(prefix + "dt_proj.bias", inner).float()  # (added in fp32, as HF adds it)
-        self.A = -torch.exp(weight(prefix + "A_log", inner, s.state_size).float()).contiguous()
-        self.D = weight(prefix + "D", inner).float()
-        self.out_w = weight(prefix + "out_proj.weight", hidden, inner)
-        self.out_b = weight(prefix + "out_proj.bias", hidden) if s.proj_bias else None
+    def __init__(self, spec: Mamba1Spec, prefix: str, hidden: int, weight, tp=None):
+        """Layer weights under `prefix` ("layers.{i}.mixer."), read by `weight(name, *shape, rows=, cols=)` (the
+        decoder's: checked, on the device in the model's dtype). With `tp`, this rank's channels: their rows of
+        x and z, of the convolution, dt_proj and the state, their columns of x_proj (whose partial dt, B and C
+        the ranks sum: one all-reduce in the layer) and of out_proj (whose bias rank 0 adds)."""
+        whole = spec
+        s, channels = split(spec, tp)
+        self.spec, self.tp = s, tp if not channels.whole else None
+        inner, own = whole.intermediate_size, channels.rows(1)
+        in_rows = merged([own, channels.rows(1, inner)])
+        self.in_w = weight(prefix + "in_proj.weight", 2 * inner, hidden, rows=in_rows)
+        self.in_b = weight(prefix + "in_proj.bias", 2 * inner, rows=in_rows) if s.proj_bias else None
+        self.conv_w = weight(prefix + "conv1d.weight", inner, 1, s.conv_kernel, rows=own)[:, 0]
+        self.conv_b = weight(prefix + "conv1d.bias", inner, rows=own) if s.conv_bias else None
+        self.x_w = weight(prefix + "x_proj.weight", s.dt_rank + 2 * s.state_size, inner, cols=own)
+        self.dt_w = weight(prefix + "dt_proj.weight", inner, s.dt_rank, rows=own)
+        self.dt_bias = weight(prefix + "dt_proj.bias", inner, rows=own).float()  # (added in fp32, as HF adds it)
+        self.A = -torch.exp(weight(prefix + "A_log", inner, s.state_size, rows=own).float()).contiguous()
+        self.D = weight(prefix + "D", inner, rows=own).float()
+        self.out_w = weight(prefix + "out_proj.weight", hidden, inner, cols=own)
+        self.out_b = (weight(prefix + "out_proj.bias", hidden) if s.proj_bias and (tp is None or tp.rank == 0)
+                      else None)
         self.norm_w = None
         if s.bcdt_norm == "weighted":
             self.norm_w = tuple(weight(prefix + name, size) for name, size in (
                 ("dt_layernorm.weight", s.dt_rank), ("b_layernorm.weight", s.state_size),
                 ("c_layernorm.weight", s.state_size)))
-        self.state_shapes = {"conv": (inner, s.conv_kernel - 1), "ssm": (inner, s.state_size)}
+        self.state_shapes = {"conv": (s.intermediate_size, s.conv_kernel - 1),
+                             "ssm": (s.intermediate_size, s.state_size)}
 
     def __call__(self, x: torch.Tensor, pre, batch: DecoderBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
         s = self.spec
@@ -112,7 +125,10 @@ class Mamba1Mixer:
         xz = kernels.linear_act(x, self.in_w, self.in_b, prenorm=pre)  # (the layer's norm in its prologue)
         xs, z = xz.split([inner, inner], dim=-1)
         xs = causal_conv1d(xs, self.conv_w, self.conv_b, batch, state["conv"], "silu")
-        dt, b, c = kernels.linear_act(xs, self.x_w).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
+        dbc = kernels.linear_act(xs, self.x_w)
+        if self.tp is not None:  # each rank's channels' share of dt, B and C
+            dbc = self.tp.all_reduce(dbc)
+        dt, b, c = dbc.split([s.dt_rank, s.state_size, s.state_size], dim=-1)
         if s.bcdt_norm != "none":
             weights = self.norm_w or (None, None, None)
             dt, b, c = (_rms(t, w, s.bcdt_norm_eps) for t, w in zip((dt, b, c), weights))
@@ -147,6 +163,9 @@ class Mamba1HybridSpec(DecoderSpec):
     def mixer_tensors(self, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
         """A Mamba-1 layer's checkpoint tensors by name (client/model_shapes.tensor_shapes)."""
         return tensor_shapes(self.mamba1, prefix + self.mixer_prefix, self.hidden_size)
+
+    def split_mixers(self, tp) -> None:
+        split(self.mamba1, tp)
 
 
 def mamba1_spec(spec: DecoderSpec, mamba1: Mamba1Spec, mixer_prefix: str = "mixer.") -> Mamba1HybridSpec:
@@ -233,4 +252,4 @@ class Mamba1Decoder(TransformerDecoder):
         c = self.config
         if c.mixer(i) != KIND:
             return super().load_mixer(i, prefix, weight, read)
-        return Mamba1Mixer(c.mamba1, prefix + c.mixer_prefix, c.hidden_size, weight)
+        return Mamba1Mixer(c.mamba1, prefix + c.mixer_prefix, c.hidden_size, weight, self.tp)

@@ -156,6 +156,15 @@ class Rope:
         return 1.0
 
 
+def params_by_layer_type(cfg: dict) -> tuple[dict, dict]:
+    """(the global layers' rope parameters, the sliding layers'): transformers >= 5 keys `rope_parameters` by
+    layer type; earlier configs hold one `rope_scaling` (or flat `rope_parameters`), the global layers'."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        return params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    return cfg.get("rope_scaling") or params, {}
+
+
 def rotary_order(head_dim: int, rotary_dim: int, interleaved: bool = False) -> torch.Tensor:
     """Partial rotary (Phi-4-mini rotates 96 of its 128 head dims) on kernels that rotate whole
     heads: the order to store each query and key head's dims in, as indices into Hugging

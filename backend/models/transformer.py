@@ -294,7 +294,7 @@ class DecoderSpec:
         overrides this with their heads' checks)."""
         kinds = ", ".join(sorted({kind for kind in self.mixers if kind}))
         raise ValueError(f"tensor parallelism is not supported for the recurrent layers ({kinds}) of this family "
-                         f"(supported: gated DeltaNet, KDA, Mamba-2 and short-convolution layers)")
+                         f"(supported: gated DeltaNet, KDA, Mamba-1, Mamba-2 and short-convolution layers)")
 
     def has_mlp(self, layer: int) -> bool:
         return self.mlp_layers[layer] if self.mlp_layers else True
