@@ -28,6 +28,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     linear_act,
     linear_bias_gelu,
     mamba_gated_norm,
+    mamba_gated_squares,
     mla_kv_to_cache,
     mla_latent_norms,
     moe_mlp,

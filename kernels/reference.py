@@ -561,17 +561,28 @@ def ssd_chunk(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tenso
 
 
 def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | None, num_groups: int, eps: float,
-                     order: str = "gated") -> torch.Tensor:
+                     order: str = "gated", squares: torch.Tensor | None = None,
+                     group_size: int | None = None) -> torch.Tensor:
     """Mamba-2's output norm over rows y `[T, I]` (fp32) with the gate silu(z) (z `[T, I]`, the model's
     dtype), in fp32, rounded once to z's dtype: "gated" RMSNorm(y * silu(z)) per group of I / G values
     times weight (Mamba-2's, Granite's, Bamba's); "before_gate" RMSNorm(y) * weight * silu(z) (Falcon-H1's
-    default); "none" y * silu(z)."""
+    default); "none" y * silu(z). With `squares` `[T, G]` (fp32) each group's mean square is
+    squares / group_size instead of its own values': a group whose values are split over the ranks of a
+    tensor-parallel group, its sums of squares (mamba_gated_squares) all-reduced."""
     gate = F.silu(z.float())
     if order == "none":
         return (y * gate).to(z.dtype)
     g = (y * gate if order == "gated" else y).view(y.shape[0], num_groups, y.shape[1] // num_groups)
-    g = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(y.shape) * weight
+    mean_square = g.pow(2).mean(-1, keepdim=True) if squares is None else squares[..., None] / group_size
+    g = (g * torch.rsqrt(mean_square + eps)).view(y.shape) * weight
     return (g if order == "gated" else g * gate).to(z.dtype)
+
+
+def mamba_gated_squares(y: torch.Tensor, z: torch.Tensor, num_groups: int, order: str = "gated") -> torch.Tensor:
+    """Each group's sum of the squares mamba_gated_norm takes the mean of (of y * silu(z) for "gated", of y
+    for "before_gate"): `[T, G]` fp32."""
+    g = y * F.silu(z.float()) if order == "gated" else y
+    return g.view(y.shape[0], num_groups, y.shape[1] // num_groups).pow(2).sum(-1)
 
 
 def kda_inputs(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor,

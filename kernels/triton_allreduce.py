@@ -88,10 +88,15 @@ NUM_WARPS = 4
 
 # The push kernel: each rank's slot in every buffer holds up to PUSH_SLOT bytes; a slot not yet
 # written holds SENTINEL in every 16-bit element (the bits of -0.0 in fp16 and in bf16, which
-# no pushed value has: -0.0 is pushed as +0.0, which changes no sum of the reference's).
+# no pushed value has: -0.0 is pushed as +0.0, which changes no sum of the reference's). fp32
+# messages move as 32-bit words whose SENTINEL32 is two 16-bit SENTINELs, so an unwritten slot
+# reads the same to either width; the one fp32 value with those bits (-4.6e-41, subnormal) is
+# pushed as +0.0 (fp32 pushes carry norms' sums of squares, where no such value arises).
 PUSH_SLOT = 2 << 20  # 256 decode rows of hidden 4096 in fp16 (backend/parallel/allreduce.py routes by measure)
 PUSH_REGIONS_BYTES = 2 * FLAG_WORLD * PUSH_SLOT  # both parities' slots, in every buffer
 SENTINEL = -32768  # 0x8000 as int16
+SENTINEL32 = -2147450880  # 0x80008000 as int32
+PUSH_BITS = {2: (tl.int16, SENTINEL), 4: (tl.int32, SENTINEL32)}  # element bytes -> (word, its SENTINEL)
 # Push launch shape: PUSH_BLOCK elements per tile, at most PUSH_MAX_PROGRAMS programs (the
 # default and the most: all resident at once on any GPU this serves, and a waiting program
 # spins). On two H100s 128 programs moved 512 KB in 5.0 us where 32 took 9.5 (equal up to
@@ -263,13 +268,13 @@ def _push_region(ptrs_ptr, state_ptr, PUSH_AT: tl.constexpr, SLOT: tl.constexpr,
 @triton.jit
 def _push_out(bits_in, offs, m, ptrs_ptr, region, rank, SLOT: tl.constexpr, WORLD: tl.constexpr,
               SENTINEL: tl.constexpr):
-    """Step 1 for one tile: its elements (16-bit patterns, -0.0 as +0.0) into slot `rank` of
+    """Step 1 for one tile: its elements (bit patterns, the SENTINEL's as +0.0) into slot `rank` of
     every peer's buffer."""
     v = tl.load(bits_in + offs, mask=m)
     v = tl.where(v == SENTINEL, tl.zeros_like(v), v)
     for p in tl.static_range(WORLD):
         if p != rank:
-            theirs = (tl.load(ptrs_ptr + p) + region + rank * SLOT).to(tl.pointer_type(tl.int16))
+            theirs = (tl.load(ptrs_ptr + p) + region + rank * SLOT).to(bits_in.dtype)
             tl.store(tl.multiple_of(theirs, 16) + offs, v, mask=m)
 
 
@@ -285,11 +290,11 @@ def _push_sum(bits_in, offs, m, mine, rank, dtype, SLOT: tl.constexpr, WORLD: tl
         if p == rank:
             acc += own.to(dtype, bitcast=True).to(tl.float32)
         else:
-            slot = tl.multiple_of(mine + p * (SLOT // 2), 16) + offs
+            slot = tl.multiple_of(mine + p * (SLOT // (own.dtype.primitive_bitwidth // 8)), 16) + offs
             v = tl.load(slot, mask=m, other=0, volatile=True)
             while tl.max(((v == SENTINEL) & m).to(tl.int32), axis=0) > 0:
                 v = tl.load(slot, mask=m, other=0, volatile=True)
-            tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=m)
+            tl.store(slot, tl.full([BLOCK], SENTINEL, own.dtype), mask=m)
             acc += v.to(dtype, bitcast=True).to(tl.float32)
     return acc
 
@@ -307,18 +312,18 @@ def _count_call(state_ptr, calls):
 def _push_all_reduce_kernel(x_ptr, out_ptr, n, ptrs_ptr, state_ptr, rank,
                             PUSH_AT: tl.constexpr, SLOT: tl.constexpr, SLOTS: tl.constexpr,
                             WORLD: tl.constexpr, BLOCK: tl.constexpr, SENTINEL: tl.constexpr,
-                            PDL: tl.constexpr):
+                            BITS: tl.constexpr, PDL: tl.constexpr):
     triton_pdl.wait_for_predecessor(PDL)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles = tl.cdiv(n, BLOCK)
     calls, region = _push_region(ptrs_ptr, state_ptr, PUSH_AT, SLOT, SLOTS)
-    bits_in = x_ptr.to(tl.pointer_type(tl.int16))
+    bits_in = x_ptr.to(tl.pointer_type(BITS))
     for t in range(pid, tiles, programs):
         offs = t * BLOCK + tl.arange(0, BLOCK)
         _push_out(bits_in, offs, offs < n, ptrs_ptr, region, rank, SLOT, WORLD, SENTINEL)
 
-    mine = (tl.load(ptrs_ptr + rank) + region).to(tl.pointer_type(tl.int16))
+    mine = (tl.load(ptrs_ptr + rank) + region).to(tl.pointer_type(BITS))
     dtype = out_ptr.dtype.element_ty
     for t in range(pid, tiles, programs):
         offs = t * BLOCK + tl.arange(0, BLOCK)
@@ -332,12 +337,13 @@ def push_all_reduce(x: torch.Tensor, peers: PeerBuffers, out: torch.Tensor | Non
                     block: int | None = None, max_programs: int | None = None,
                     num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
     """one_shot_all_reduce's contract (same buffers, same call counter, same bits) for messages
-    of up to PUSH_SLOT bytes of fp16 or bf16, by pushing: see the notes above the kernel."""
-    if x.element_size() != 2 or not x.is_floating_point() or (out is not None and out.dtype != x.dtype):
-        raise ValueError(f"push_all_reduce sums 16-bit floats into their own dtype, not {x.dtype}")
+    of up to PUSH_SLOT bytes of fp16, bf16 or fp32, by pushing: see the notes above the kernel."""
+    if x.element_size() not in PUSH_BITS or not x.is_floating_point() or (out is not None and out.dtype != x.dtype):
+        raise ValueError(f"push_all_reduce sums fp16, bf16 or fp32 into their own dtype, not {x.dtype}")
+    bits, sentinel = PUSH_BITS[x.element_size()]
     return _launch(_push_all_reduce_kernel, "push_all_reduce", x, out, peers, PUSH_SLOT, "push slots",
                    block or PUSH_BLOCK, max_programs or PUSH_MAX_PROGRAMS, PUSH_MAX_PROGRAMS, num_warps, pdl,
-                   PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, SENTINEL=SENTINEL)
+                   PUSH_AT=push_at(peers.capacity), SLOT=PUSH_SLOT, SLOTS=FLAG_WORLD, SENTINEL=sentinel, BITS=bits)
 
 
 # ---- push, then the residual add and the next RMSNorm (decode rows past the GEMV's) ------------

@@ -240,10 +240,12 @@ def ssd_decode(xbc: torch.Tensor, dt: torch.Tensor, dt_bias: torch.Tensor, A: to
 
 
 @triton.jit
-def _mamba_gated_norm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, stride_z, eps, WIDTH: tl.constexpr, GROUP: tl.constexpr,
-                             ORDER: tl.constexpr, BLOCK: tl.constexpr):
+def _mamba_gated_norm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, sq_ptr, stride_z, eps, group_size, WIDTH: tl.constexpr,
+                             GROUP: tl.constexpr, GROUPS: tl.constexpr, ORDER: tl.constexpr, SQUARES: tl.constexpr,
+                             BLOCK: tl.constexpr):
     """Row t, group g: ORDER 0 ("gated") RMSNorm(y silu(z)) w, 1 ("before_gate") RMSNorm(y) w silu(z),
-    2 ("none") y silu(z); fp32, rounded once."""
+    2 ("none") y silu(z); fp32, rounded once. SQUARES 0: the group's mean square from its values; 1: only its
+    sum of squares, written to sq_ptr `[T, GROUPS]`; 2: the mean square sq_ptr's sum / group_size."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * GROUP + tl.arange(0, BLOCK)
     ok = tl.arange(0, BLOCK) < GROUP
@@ -251,35 +253,64 @@ def _mamba_gated_norm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, stride_z, eps, WIDTH:
     z = tl.load(z_ptr + t * stride_z + cols, mask=ok, other=0.0).to(tl.float32)
     gate = z / (1.0 + tl.exp(-z))
     if ORDER == 2:
-        out = y * gate
+        tl.store(out_ptr + t * WIDTH + cols, (y * gate).to(out_ptr.dtype.element_ty), mask=ok)
     else:
         v = y * gate if ORDER == 0 else y
-        v = v / tl.sqrt(tl.sum(v * v, axis=0) / GROUP + eps) * tl.load(w_ptr + cols, mask=ok, other=0.0)
-        out = v if ORDER == 0 else v * gate
-    tl.store(out_ptr + t * WIDTH + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+        sq_at = sq_ptr + t * GROUPS + tl.program_id(1)
+        if SQUARES == 1:
+            tl.store(sq_at, tl.sum(v * v, axis=0))
+        else:
+            if SQUARES == 2:
+                mean_square = tl.load(sq_at) / group_size
+            else:
+                mean_square = tl.sum(v * v, axis=0) / GROUP
+            v = v / tl.sqrt(mean_square + eps) * tl.load(w_ptr + cols, mask=ok, other=0.0)
+            out = v if ORDER == 0 else v * gate
+            tl.store(out_ptr + t * WIDTH + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 _ORDERS = {"gated": 0, "before_gate": 1, "none": 2}
 
 
-@register("mamba_gated_norm")
-def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | None, num_groups: int, eps: float,
-                     order: str = "gated") -> torch.Tensor:
-    """See reference.mamba_gated_norm. z may be strided over rows."""
+def _gated_norm_launch(y: torch.Tensor, z: torch.Tensor, weight, out: torch.Tensor, squares, num_groups: int,
+                       eps: float, order: str, mode: int, group_size: int) -> None:
     if order not in _ORDERS:
         raise ValueError(f"unsupported gated norm order {order!r} (supported: {', '.join(_ORDERS)})")
     rows, width = y.shape
     assert y.is_contiguous() and y.dtype == torch.float32 and z.stride(1) == 1 and width % num_groups == 0
-    assert weight is not None or order == "none"
-    out = torch.empty((rows, width), dtype=z.dtype, device=z.device)
+    assert weight is not None or order == "none" or mode == 1
+    assert squares is None or (squares.is_contiguous() and squares.shape == (rows, num_groups)
+                               and squares.dtype == torch.float32)
     if rows:
         group = width // num_groups
         block = triton.next_power_of_2(group)
         _mamba_gated_norm_kernel[(rows, num_groups)](
-            y, z, weight if weight is not None else y, out, z.stride(0), float(eps), WIDTH=width, GROUP=group,
-            ORDER=_ORDERS[order], BLOCK=block, num_warps=max(1, min(8, block // 512)),
+            y, z, weight if weight is not None else y, out, squares if squares is not None else y, z.stride(0),
+            float(eps), float(group_size), WIDTH=width, GROUP=group, GROUPS=num_groups, ORDER=_ORDERS[order],
+            SQUARES=mode, BLOCK=block, num_warps=max(1, min(8, block // 512)),
         )
+
+
+@register("mamba_gated_norm")
+def mamba_gated_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor | None, num_groups: int, eps: float,
+                     order: str = "gated", squares: torch.Tensor | None = None,
+                     group_size: int | None = None) -> torch.Tensor:
+    """See reference.mamba_gated_norm. z may be strided over rows."""
+    out = torch.empty(y.shape, dtype=z.dtype, device=z.device)
+    given = squares is not None and order != "none"
+    _gated_norm_launch(y, z, weight, out, squares if given else None, num_groups, eps, order, 2 if given else 0,
+                       group_size or 1)
     return out
+
+
+@register("mamba_gated_squares")
+def mamba_gated_squares(y: torch.Tensor, z: torch.Tensor, num_groups: int, order: str = "gated") -> torch.Tensor:
+    """See reference.mamba_gated_squares. z may be strided over rows."""
+    if order == "none":
+        raise ValueError("the gated norm of order 'none' takes no squares")
+    squares = torch.empty(y.shape[0], num_groups, dtype=torch.float32, device=y.device)
+    _gated_norm_launch(y, z, None, y, squares, num_groups, 0.0, order, 1, 1)
+    return squares
 
 
 @triton.jit(do_not_specialize=["n_channels"])

@@ -21,7 +21,7 @@ from tritonformer.backend.parallel.allreduce import (MAX_BYTES, MODE_ENV, PUSH_M
                                                      route)
 from tritonformer.kernels.reference import all_reduce_sum
 
-F16, BF16 = torch.float16, torch.bfloat16
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
 
 # ---- the reference ---------------------------------------------------------------------------
@@ -80,9 +80,10 @@ KB = 1024
     ("nccl", 8 * KB, F16, True, 2, True, "nccl", None),
     ("push", PUSH_MAX_BYTES, BF16, True, 4, True, "push", None),  # forced: past auto's hand-over at 4 ranks
     ("push", PUSH_MAX_BYTES + 2, F16, True, 2, True, "nccl", "push slots hold"),
-    ("push", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
-    ("auto", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
-    ("oneshot", 8 * KB, torch.float32, True, 2, True, "nccl", "dtype float32"),
+    ("push", 8 * KB, torch.float32, True, 2, True, "push", None),  # a norm's sums of squares
+    ("auto", 8 * KB, torch.float32, True, 2, True, "push", None),
+    ("oneshot", 8 * KB, torch.float32, True, 2, True, "oneshot", None),
+    ("auto", 8 * KB, torch.float64, True, 2, True, "nccl", "dtype float64"),
     ("auto", 8 * KB, F16, False, 2, True, "nccl", "non-contiguous"),
     ("auto", 8 * KB, F16, True, 16, True, "nccl", "16 ranks"),
     ("oneshot", 8 * KB, F16, True, 16, False, "nccl", "16 ranks"),
@@ -203,28 +204,34 @@ class _Simulated:
         flags = self.bufs[rank][2 * self.cap:self.ar.push_at(self.cap)]
         return flags.view(torch.int32).view(2, self.ar.FLAG_PROGRAMS, self.ar.FLAG_WORLD)
 
-    def slots(self, rank: int) -> torch.Tensor:
-        """Rank `rank`'s push slots as 16-bit patterns: [parity, slot, element]."""
-        ar = self.ar
-        return self.bufs[rank][ar.push_at(self.cap):].view(torch.int16).view(2, ar.FLAG_WORLD, ar.PUSH_SLOT // 2)
+    def slots(self, rank: int, bits=torch.int16) -> torch.Tensor:
+        """Rank `rank`'s push slots as bit patterns of `bits`: [parity, slot, element]."""
+        ar, size = self.ar, bits.itemsize
+        return self.bufs[rank][ar.push_at(self.cap):].view(bits).view(2, ar.FLAG_WORLD, ar.PUSH_SLOT // size)
+
+    def _words(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """x's elements as the push kernel moves them (bit patterns of its width), and their SENTINEL."""
+        bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+        return x.reshape(-1).view(bits), self.ar.PUSH_BITS[x.element_size()][1]
 
     def _pushed_to_us(self, inputs) -> int:
-        """The peers' parts of a push call into rank 0's slots (as a peer writes them: -0.0 as
-        +0.0). Returns the call count before it."""
-        calls, sentinel = int(self.peers.state[0]), self.ar.SENTINEL
+        """The peers' parts of a push call into rank 0's slots (as a peer writes them: the SENTINEL's
+        bits, -0.0 at 16 bits, as +0.0). Returns the call count before it."""
+        calls = int(self.peers.state[0])
         for r in range(1, self.world):
-            bits = inputs[r].reshape(-1).view(torch.int16)
-            self.slots(0)[calls & 1, r, :inputs[0].numel()] = torch.where(bits == sentinel, 0, bits)
+            bits, sentinel = self._words(inputs[r])
+            self.slots(0, bits.dtype)[calls & 1, r, :inputs[0].numel()] = torch.where(bits == sentinel, 0, bits)
         return calls
 
     def _check_push_traces(self, inputs, calls: int) -> None:
         """What a push call leaves: rank 0's slots read and reset, its part in slot 0 of every
         peer's region of the call's parity (+0.0 for -0.0), no flag, the counter advanced."""
-        sentinel, q, n = self.ar.SENTINEL, calls & 1, inputs[0].numel()
-        assert self.slots(0).eq(sentinel).all()  # every slot read, and reset for the call after next
-        mine = inputs[0].reshape(-1).view(torch.int16)
+        q, n = calls & 1, inputs[0].numel()
+        # every slot read, and reset for the call after next: 16-bit SENTINELs whatever the width
+        assert self.slots(0).eq(self.ar.SENTINEL).all()
+        mine, sentinel = self._words(inputs[0])
         for r in range(1, self.world):
-            s = self.slots(r)
+            s = self.slots(r, mine.dtype)
             assert torch.equal(s[q, 0, :n], torch.where(mine == sentinel, 0, mine))
             assert s[q, 0, n:].eq(sentinel).all() and s[1 - q].eq(sentinel).all() and s[q, 1:].eq(sentinel).all()
             s.fill_(sentinel)  # (rank r's kernel would read and reset it)
@@ -303,6 +310,7 @@ def test_kernel_sums_the_peers_buffers_over_alternating_regions(world):
         ((1, 512), BF16, 128, 8, False),  # a tile per program
         ((7, 33), F16, 64, 2, True),
         ((2, 1024), BF16, 512, 64, True),
+        ((2, 300), F32, 256, 4, False),
     ]):
         inputs = [(torch.randn(shape, generator=g) * 4).to(dtype) for _ in range(world)]
         sim.call(inputs, block, max_programs, in_place)
@@ -319,11 +327,15 @@ def test_push_kernel_sums_what_the_peers_pushed_and_resets_its_slots(world):
         ((1, 1000), F16, 256, 2, True),  # 4 tiles over 2 programs, the last ragged
         ((2, 512), BF16, 128, 8, False),
         ((5, 7), F16, 64, 32, True),
+        ((3, 300), F32, 128, 4, True),  # 32-bit words in the same slots, then 16-bit ones again
+        ((1, 700), BF16, 256, 4, True),
     ]):
         inputs = [(torch.randn(shape, generator=g) * 4).to(dtype) for _ in range(world)]
         for x in inputs:  # zeros of both signs, and a column of zeros only
             x.view(-1)[:3] = torch.tensor([-0.0, 0.0, -0.0])
             x.view(-1)[5] = -0.0
+        if dtype == F32:  # the one fp32 value whose bits are the SENTINEL: pushed as +0.0
+            inputs[-1].view(-1)[6:7].view(torch.int32)[0] = sim.ar.SENTINEL32
         sim.push(inputs, block, max_programs, in_place)
         sim.call([(torch.randn(64, generator=g)).to(F16) for _ in range(world)], 64, 1)  # a one-shot between
 
@@ -376,8 +388,8 @@ def test_push_kernel_refuses_what_it_cannot_hold():
     sim = _Simulated(2, 1024)
     with pytest.raises(ValueError, match="push slots"):
         sim.ar.push_all_reduce(torch.zeros(sim.ar.PUSH_SLOT, dtype=F16), sim.peers)
-    with pytest.raises(ValueError, match="16-bit floats"):
-        sim.ar.push_all_reduce(torch.zeros(8, dtype=torch.float32), sim.peers)
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        sim.ar.push_all_reduce(torch.zeros(8, dtype=torch.float64), sim.peers)
 
 
 @interpreted
@@ -411,9 +423,10 @@ def _expected(x: torch.Tensor, world: int) -> torch.Tensor:
 
 
 def _check_summer(summer, rank: int, world: int, device, label: str, path=lambda nbytes: "oneshot",
-                  shapes=SHAPES) -> list[str]:
-    """Eager calls, then a graph of every shape and dtype replayed with new inputs (eager calls
-    in between), each call expected to take `path(its bytes)`. Returns what went wrong."""
+                  shapes=SHAPES, limit: int = MAX_BYTES) -> list[str]:
+    """Eager calls, then a graph of every shape and dtype of at most `limit` bytes replayed with new
+    inputs (eager calls in between), each call expected to take `path(its bytes)`. Returns what went
+    wrong."""
     from tritonformer.kernels.triton_allreduce import SENTINEL, push_at
     import torch.distributed as dist
 
@@ -426,12 +439,13 @@ def _check_summer(summer, rank: int, world: int, device, label: str, path=lambda
             wrong.append(f"{label} {what}: ours differs from the reference by "
                          f"{(got.float() - want.float()).abs().max().item():.3g}")
         # NCCL rounds after every addition: a few units in the last place of the largest sums
-        tol = 5e-3 if nccl.dtype == F16 else 4e-2
+        tol = {F16: 5e-3, BF16: 4e-2, F32: 1e-5}[nccl.dtype]
         err = ((nccl.float() - want.float()).abs().max() / want.float().abs().max()).item()
         if err > tol:
             wrong.append(f"{label} {what}: NCCL differs from the reference by {err:.3g} of its largest value")
 
-    cases = [(shape, dtype) for dtype in (F16, BF16) for shape in shapes]
+    cases = [(shape, dtype) for dtype in (F16, BF16, F32) for shape in shapes
+             if shape[0] * shape[1] * dtype.itemsize <= limit]
     for seed, (shape, dtype) in enumerate(cases):
         x = _inputs(shape, dtype, rank, seed, device)
         if summer.route(x) != path(x.numel() * x.element_size()):
@@ -565,9 +579,10 @@ def _rank_main(rank: int, world: int, address: str, results) -> None:
             wrong += _check_summer(ipc, rank, world, device, "ipc")
         for transport in ("symm_mem", "ipc"):  # auto: the push kernel, on both transports
             push = AllReduce.create(rank, world, device, mode="auto", transports=(transport,))
-            # up to 2 MB (256 rows of 4096) at 2 ranks; NCCL's sums past the hand-over are not the reference's bits
-            shapes = [s for s in SHAPES + [(256, 4096)] if s[0] * s[1] * 2 <= push_bytes(world)]
-            wrong += _check_summer(push, rank, world, device, f"push over {transport}", lambda nbytes: "push", shapes)
+            # up to 2 MB (256 rows of 4096 in 16 bits) at 2 ranks; NCCL's sums past the hand-over are not the
+            # reference's bits
+            wrong += _check_summer(push, rank, world, device, f"push over {transport}", lambda nbytes: "push",
+                                   SHAPES + [(256, 4096)], push_bytes(world))
         wrong += _check_fused_norm(rank, world, device)
         results.put((rank, summer.peers.transport, wrong))
     except BaseException:  # noqa: BLE001 - reported to the parent

@@ -171,3 +171,28 @@ def test_mamba_gated_norm_kernel(order, rows, width, groups, dtype):
     torch.testing.assert_close(tr.mamba_gated_norm(y, z, w, groups, 1e-5, order),
                                ref.mamba_gated_norm(y, z, w, groups, 1e-5, order), atol=atol, rtol=rtol)
     assert dispatch._KERNELS["mamba_gated_norm"] is tr.mamba_gated_norm
+
+
+@pytest.mark.parametrize("order", ["gated", "before_gate"])
+@pytest.mark.parametrize("rows,width,groups", [(1, 16, 1), (3, 96, 4), (2, 4096, 1), (0, 16, 2)])
+def test_mamba_gated_norm_over_split_groups(order, rows, width, groups):
+    """Tensor parallelism's form: each rank's sums of squares (mamba_gated_squares), summed, give every rank its
+    half of the whole norm (the halves of each group)."""
+    y = _rand(rows, 2 * width, seed=rows + 5)
+    z = _rand(rows, 2 * width + 2, seed=rows + 6, dtype=torch.bfloat16)[:, 1 : 1 + 2 * width]
+    w = _rand(2 * width, seed=7)
+    group = width // groups
+
+    def half(t, r):  # rank r's half of every group
+        return t.reshape(*t.shape[:-1], groups, 2, group)[..., r, :].reshape(*t.shape[:-1], width)
+
+    parts = [tr.mamba_gated_squares(half(y, r).contiguous(), half(z, r), groups, order) for r in (0, 1)]
+    for r in (0, 1):
+        torch.testing.assert_close(parts[r], ref.mamba_gated_squares(half(y, r).contiguous(), half(z, r), groups, order))
+    squares = parts[0] + parts[1]
+    whole = ref.mamba_gated_norm(y, z, w, groups, 1e-5, order)
+    for r in (0, 1):
+        got = tr.mamba_gated_norm(half(y, r).contiguous(), half(z, r), half(w, r), groups, 1e-5, order,
+                                  squares=squares, group_size=2 * group)
+        torch.testing.assert_close(got, half(whole, r), atol=1e-2, rtol=2.0 ** -6)
+    assert dispatch._KERNELS["mamba_gated_squares"] is tr.mamba_gated_squares

@@ -35,6 +35,7 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, WeightNames, spec_from_hf
+from tritonformer.backend.parallel.group import adds_biases
 
 SHORT_CONV = "short_conv"  # the mixer kind (DecoderSpec.mixers) of a conv layer
 NAMES = WeightNames(o="self_attn.out_proj", q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm",
@@ -170,7 +171,7 @@ class Lfm2Decoder(TransformerDecoder):
                          conv_w=weight(p + "conv.weight", h, 1, c.conv_kernel, rows=own)[:, 0].float(),
                          conv_b=conv_b.float() if conv_b is not None else None,
                          out_w=weight(p + "out_proj.weight", h, h, cols=own),
-                         out_b=bias("out_proj", h, None) if self.tp is None or self.tp.rank == 0 else None)
+                         out_b=bias("out_proj", h, None) if adds_biases(self.tp) else None)
 
 
 MODEL = Lfm2Decoder

@@ -40,6 +40,7 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, WeightNames
+from tritonformer.backend.parallel.group import adds_biases
 
 KIND = "mamba1"  # the mixer kind a family's spec names (DecoderSpec.mixers)
 
@@ -109,7 +110,7 @@ class Mamba1Mixer:
         self.A = -torch.exp(weight(prefix + "A_log", inner, s.state_size, rows=own).float()).contiguous()
         self.D = weight(prefix + "D", inner, rows=own).float()
         self.out_w = weight(prefix + "out_proj.weight", hidden, inner, cols=own)
-        self.out_b = (weight(prefix + "out_proj.bias", hidden) if s.proj_bias and (tp is None or tp.rank == 0)
+        self.out_b = (weight(prefix + "out_proj.bias", hidden) if s.proj_bias and adds_biases(tp)
                       else None)
         self.norm_w = None
         if s.bcdt_norm == "weighted":

@@ -41,6 +41,7 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.models.mixers import HeadShare, causal_conv1d, merged
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder
+from tritonformer.backend.parallel.group import adds_biases
 
 KIND = "mamba2"  # the mixer kind a family's spec names (DecoderSpec.mixers)
 
@@ -168,7 +169,7 @@ class Mamba2Mixer:
         self.norm_tp = tp if not heads.whole and whole.num_groups == 1 and s.norm != "none" else None
         self.norm_width = inter
         out_w = weight(prefix + "out_proj.weight", hidden, inter, cols=heads.rows(hd))
-        out_b = weight(prefix + "out_proj.bias", hidden) if s.has_out_bias and (tp is None or tp.rank == 0) else None
+        out_b = weight(prefix + "out_proj.bias", hidden) if s.has_out_bias and adds_biases(tp) else None
         if out_scale is not None and out_scale != 1.0:
             out_w = (out_w.float() * out_scale).to(out_w.dtype)
             out_b = (out_b.float() * out_scale).to(out_b.dtype) if out_b is not None else None
@@ -201,22 +202,13 @@ class Mamba2Mixer:
                 out = kernels.ssd_chunk(xs[part], dt[part], self.A, b[part], c[part], ssm, slot, s.chunk_size)
                 y[d + row : d + row + n] = out + self.D[:, None] * xs[part]
                 row += n
-        if self.norm_tp is None:
-            normed = kernels.mamba_gated_norm(y.view(rows, -1), z, self.norm_w, s.num_groups, s.norm_eps, s.norm)
-        else:
-            normed = self._norm_over_ranks(y.view(rows, -1), z)
+        y = y.view(rows, -1)
+        squares = None
+        if self.norm_tp is not None:  # one group split over the ranks: their sums of squares, summed (fp32)
+            squares = self.norm_tp.all_reduce(kernels.mamba_gated_squares(y, z, s.num_groups, s.norm))
+        normed = kernels.mamba_gated_norm(y, z, self.norm_w, s.num_groups, s.norm_eps, s.norm, squares=squares,
+                                          group_size=self.norm_width)
         return kernels.linear_act(normed, self.out_w, self.out_b)
-
-    def _norm_over_ranks(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """kernels.mamba_gated_norm of one group whose values the ranks share: each rank's sum of squares,
-        all-reduced (fp32), over the group's whole width."""
-        s = self.spec
-        gate = F.silu(z.float())
-        g = y * gate if s.norm == "gated" else y
-        squares = (g * g).sum(-1, keepdim=True)
-        self.norm_tp.all_reduce(squares)
-        g = g * torch.rsqrt(squares / self.norm_width + s.norm_eps) * self.norm_w
-        return (g if s.norm == "gated" else g * gate).to(z.dtype)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
 from tritonformer.backend.models.mla import MlaLayer, MlaSpec, load_mla_layer
 from tritonformer.backend.models.rope import Rope, rotary_order
-from tritonformer.backend.parallel.group import TensorParallelGroup
+from tritonformer.backend.parallel.group import TensorParallelGroup, adds_biases
 from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 
 # spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
@@ -383,7 +383,7 @@ class TransformerDecoder(DecoderModel):
         self.tp = tp
         # This rank's rows of the Q, K / V and gate / up projections (None: all of them).
         q_part = kv_part = mlp_part = expert_part = shared_part = heads_part = None
-        first_rank = tp is None or tp.rank == 0  # (the rank that adds the row-parallel linears' biases)
+        first_rank = adds_biases(tp)
         if tp is not None:
             if c.attends:
                 heads_part, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")

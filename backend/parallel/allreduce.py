@@ -21,7 +21,7 @@ Measured on two H100s (tools/gpu/time_allreduce.py, 50 in a CUDA graph, fp16, 20
 / one-shot / NCCL 3.1 / 6.2 / 9.6 us at 8 KB, 3.4 / 6.3 / 9.4 at 64 KB, 5.0 / 13.7 / 14.3 at
 512 KB (batch 64 of hidden 4096), 12.2 / - / 33.9 at 2 MB (batch 256).
 
-NCCL also serves what ours does not: dtypes other than fp16/bf16, non-contiguous tensors,
+NCCL also serves what ours does not: dtypes other than fp16/bf16/fp32, non-contiguous tensors,
 larger messages (a prefill's), more than 8 ranks, GPUs without peer access, and any failure to set
 up the peer buffers (logged once, with why). Every rank takes the same decision for the same
 call, so the ranks stay in step.
@@ -67,7 +67,7 @@ def push_bytes(world: int) -> int:
 
 
 MAX_WORLD = 8
-DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: norms' sums of squares (Mamba2Mixer)
 TRANSPORTS = ("symm_mem", "ipc")
 
 
@@ -90,7 +90,7 @@ def route(mode: str, nbytes: int, dtype: torch.dtype, contiguous: bool, world: i
     if not ready:
         return "nccl", "no peer buffers"
     if dtype not in DTYPES:
-        return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (our kernels serve fp16 and bf16)"
+        return "nccl", f"dtype {str(dtype).removeprefix('torch.')} (our kernels serve fp16, bf16 and fp32)"
     if not contiguous:
         return "nccl", "a non-contiguous tensor"
     if mode in ("auto", "fused"):

@@ -102,6 +102,12 @@ class TensorParallelGroup:
             _end_process_group()
 
 
+def adds_biases(tp: TensorParallelGroup | None) -> bool:
+    """Whether this process adds a row-parallel linear's bias: each rank's output is a partial sum that
+    the all-reduce adds up, so one rank adds the bias (rank 0; the only process without `tp`)."""
+    return tp is None or tp.rank == 0
+
+
 def _end_process_group() -> None:
     """Tear the process group down without waiting on a peer's work. NCCL lets a communicator
     go only once every CUDA graph that captured one of its collectives is destroyed (the
