@@ -386,6 +386,40 @@ MIXTRAL_8X7B = {
     "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": None, "num_local_experts": 8,
     "num_experts_per_tok": 2, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
 }
+# microsoft/Phi-3.5-MoE-instruct (model_type phimoe, 42B in all, 6.6B active): 16 experts of 6,400 columns, the top 2
+# by the sparsemixer router (router_jitter_noise 0.01), LayerNorms, biases on attention and on the head, longrope with
+# its own mscales. Uncertain: the 64 short / long factors (recalled only as rising from 1.02 to about 1.1 and equal to
+# each other; a ramp of that kind stands in) and the two mscales (recalled as 1.243163121016122 both); the rest as
+# recalled from its config.json.
+PHI_3_5_MOE = {
+    "model_type": "phimoe", "vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.02 + 0.0015 * i for i in range(64)],
+                     "long_factor": [1.02 + 0.0015 * i for i in range(64)], "short_mscale": 1.243163121016122,
+                     "long_mscale": 1.243163121016122, "original_max_position_embeddings": 4096},
+    "sliding_window": 131072, "num_local_experts": 16, "num_experts_per_tok": 2, "router_jitter_noise": 0.01,
+    "input_jitter_noise": 0.01, "attention_bias": True, "lm_head_bias": True, "hidden_act": "silu",
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 32000,
+}
+# XiaomiMiMo/MiMo-V2-Flash (model_type mimo_v2_flash, 309B in all, 15B active), as transformers' MiMoV2FlashConfig
+# defaults to it: 48 layers, the first and every 6th with full attention over 4 KV heads, the rest a 128-token window
+# (129 keys with the query's) over 8 KV heads with sinks; q / k heads of 192, v heads of 128 scaled by 0.707; a
+# rotary over a third of each head, base 5e6 (full) or 1e4 (windowed); a dense first layer, then 256 experts of 2,048
+# columns, the top 8 by sigmoid score + bias, renormalised. Uncertain: max_position_embeddings (transformers'
+# 131,072; the model card claims a longer context), the special ids (transformers' bos 1, no eos), whether the
+# config.json's own keys (sliding_window_size, swa_*) say anything transformers does not read.
+MIMO_V2_FLASH = {
+    "model_type": "mimo_v2_flash", "vocab_size": 152576, "hidden_size": 4096, "intermediate_size": 16384,
+    "num_hidden_layers": 48, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192, "v_head_dim": 128,
+    "attention_value_scale": 0.707, "sliding_window": 129, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "attention_bias": False, "tie_word_embeddings": False,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}},
+    "bos_token_id": 1,
+}
 # MiniMaxAI/MiniMax-M2 (model_type minimax_m2, 230B in all, 10B active): 256 experts of 1,536 columns, the top 8 by
 # sigmoid score plus a learnt bias, renormalised; 48 query heads of 128 over a hidden size of 3,072 (head_dim not
 # hidden / heads), q / k norms over all heads, a rotary over 64 of each head's 128 dims (config.json's
@@ -395,6 +429,25 @@ MINIMAX_M2 = {
     "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "rotary_dim": 64,
     "num_local_experts": 256, "num_experts_per_tok": 8, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
     "max_position_embeddings": 196608, "tie_word_embeddings": False, "bos_token_id": 200034, "eos_token_id": 200020,
+}
+# MiniMaxAI/MiniMax-Text-01 (model_type minimax, 456B in all, 46B active) in transformers' names (the -hf
+# conversion's), as recalled, not read from the file: 80 layers at 6,144 wide, 64 heads of 128 (head_dim not hidden /
+# heads), 8 KV heads on the softmax layers; every 8th layer softmax attention, the other 7 lightning attention (the
+# original config.json's attn_type_list of 0 / 1); 32 experts of 9,216 columns in every layer, the top 2; residual
+# factors alpha (2 x 80) ** 0.25 = 3.5566 and beta 1 for every kind of layer (the original's
+# layernorm_*_alpha / _beta). Uncertain: rope_theta, max_position_embeddings, the token ids, and the rotary: the
+# original rotates 64 of each head's 128 dims (`rotary_dim`), which transformers' MiniMax does not read (it rotates
+# whole heads) and minimax.from_hf refuses by name, so it is left out here.
+MINIMAX_TEXT_01 = {
+    "model_type": "minimax", "vocab_size": 200064, "hidden_size": 6144, "intermediate_size": 9216,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "layer_types": (["linear_attention"] * 7 + ["full_attention"]) * 10, "block_size": 256,
+    "num_local_experts": 32, "num_experts_per_tok": 2, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "rope_theta": 10000000.0, "max_position_embeddings": 10240000, "sliding_window": None,
+    "full_attn_alpha_factor": 3.5565588200778455, "full_attn_beta_factor": 1.0,
+    "linear_attn_alpha_factor": 3.5565588200778455, "linear_attn_beta_factor": 1.0,
+    "mlp_alpha_factor": 3.5565588200778455, "mlp_beta_factor": 1.0,
+    "tie_word_embeddings": False, "bos_token_id": 200034, "eos_token_id": 200020,
 }
 # Cohere's Command A Plus (model_type cohere2_moe), as transformers' Cohere2MoeConfig defaults to it: Command R7B's
 # parallel block (LayerNorms without a bias, 4,096-token windows on three of every four layers, NoPE global
@@ -979,6 +1032,8 @@ DECODER_SHAPES = {
     "hyperclovax": HYPERCLOVAX,
     "jais2": JAIS2,
     "mixtral-8x7b": MIXTRAL_8X7B,
+    "phi-3.5-moe": PHI_3_5_MOE,
+    "mimo-v2-flash": MIMO_V2_FLASH,
     "minimax-m2": MINIMAX_M2,
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
@@ -1017,6 +1072,7 @@ DECODER_SHAPES = {
     "nemotron-3-nano-30b-a3b": NEMOTRON_3_NANO_30B_A3B,
     "falcon-h1-0.5b": FALCON_H1_0_5B,
     "kimi-linear-48b-a3b": KIMI_LINEAR_48B_A3B,
+    "minimax-text-01": MINIMAX_TEXT_01,
     "zamba2-2.7b": ZAMBA2_2_7B,
     "mamba-2.8b": MAMBA_2_8B,
     "falcon-mamba-7b": FALCON_MAMBA_7B,
@@ -1123,6 +1179,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         period = min(cfg["attn_layer_period"], layers)
         cfg.update(mamba_dt_rank="auto", attn_layer_period=period,
                    attn_layer_offset=min(cfg["attn_layer_offset"], period - 1))
+    if "v_head_dim" in cfg and "kv_lora_rank" not in cfg:  # v heads narrower than q / k's (MiMo-V2-Flash): the ratio
+        published = DECODER_SHAPES[name]
+        cfg["v_head_dim"] = published["v_head_dim"] * cfg["head_dim"] // published["head_dim"]
     if "kv_lora_rank" in cfg:  # latent attention (DeepSeek): its ranks and head dims an eighth of the published
         for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             cfg[key] = cfg[key] // 8 if cfg.get(key) else cfg.get(key)
@@ -1135,6 +1194,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 4, "head_dim": 2 * hidden // heads,
                                      "kda_layers": list(range(1, layers + 1, 2)),
                                      "full_attn_layers": list(range(2, layers + 1, 2))}
+    if cfg["model_type"] == "minimax":  # MiniMax: a lightning layer then a softmax one in turn over the few, blocks
+        # of 16 tokens in transformers' prompt form (so that the prompts cross them)
+        cfg.update(layer_types=(["linear_attention", "full_attention"] * layers)[:layers], block_size=16)
     if "num_kv_shared_layers" in cfg:  # Gemma 3n: a sliding layer then a full one in turn over at least four, the last
         # half reading the keys of the last earlier layer of their type, the first half's MLP gates sparse; per-layer
         # inputs of 16 from a table shorter than the vocabulary (ids past it read its row 0), LAuReL of rank 8

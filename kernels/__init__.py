@@ -25,6 +25,8 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     kda_chunk,
     kda_decode,
     kda_gated_norm,
+    lightning_chunk,
+    lightning_decode,
     linear_act,
     linear_bias_gelu,
     mamba_gated_norm,

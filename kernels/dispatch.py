@@ -33,7 +33,8 @@ def triton_kernels_enabled() -> bool:
 # CPU path never imports triton (and works without it installed).
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
                    "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
-                   "triton_mla", "triton_recurrent", "triton_kda", "triton_recurrent_prefill")
+                   "triton_mla", "triton_recurrent", "triton_kda", "triton_recurrent_prefill",
+                   "triton_lightning")
 _loaded = False
 
 
@@ -105,6 +106,8 @@ gated_rms_norm = _dispatched("gated_rms_norm")
 kda_decode = _dispatched("kda_decode")
 kda_gated_norm = _dispatched("kda_gated_norm")
 kda_chunk = _dispatched("kda_chunk")
+lightning_decode = _dispatched("lightning_decode")
+lightning_chunk = _dispatched("lightning_chunk")
 ssd_chunk = _dispatched("ssd_chunk")
 ssd_decode = _dispatched("ssd_decode")
 mamba_gated_norm = _dispatched("mamba_gated_norm")

@@ -686,6 +686,63 @@ def kda_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     o = o.transpose(0, 1)
     return o if out is None else out.copy_(o)
 
+LIGHTNING_CHUNK = 64  # tokens per block of lightning attention's chunked form (any size gives the same sums)
+
+
+def lightning_inputs(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lightning attention's q, k, v `[T, H, D]` (fp32) from its projection's rows `[T, 3 H D]` (rows at any
+    stride), each head's [q | k | v] side by side: SiLU of each, rounded to the projection's dtype (Hugging Face
+    applies the activation in the model's dtype)."""
+    rows = qkv.shape[0]
+    act = F.silu(qkv.float()).to(qkv.dtype).float().reshape(rows, heads, 3, qkv.shape[1] // (3 * heads))
+    return act[:, :, 0], act[:, :, 1], act[:, :, 2]
+
+
+def lightning_decode(qkv: torch.Tensor, decay: torch.Tensor, state: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor:
+    """One decode step of a lightning-attention layer per row (MiniMax, models/lightning.py): q, k, v from its
+    projection row (lightning_inputs), the state S `[D, D]` of each head at the row's slot (`state`
+    `[slots, H, D, D]` fp32, updated in place) decayed by the head's fixed factor `decay` `[H]` (fp32, e^-slope)
+    plus k^T v, then o = q S: `[rows, H, D]` rounded to qkv's dtype."""
+    q, k, v = lightning_inputs(qkv, state.shape[1])
+    s = state.index_select(0, slots) * decay.float()[None, :, None, None] + k[..., :, None] * v[..., None, :]
+    state.index_copy_(0, slots, s)
+    return (q[..., None, :] @ s)[..., 0, :].to(qkv.dtype)
+
+
+def lightning_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slope: torch.Tensor, state: torch.Tensor,
+                    slot: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Lightning attention (S_t = e^-lambda S_(t-1) + k_t^T v_t, o_t = q_t S_t, lambda = `slope[h]` `[H]` fp32)
+    over one sequence's T prompt tokens, from the state at its slot (`state` `[slots, H, D, D]` fp32, the slot's
+    entry replaced by the state after the last token; `slot` a 1-element long tensor): q, k, v `[T, H, D]` fp32
+    (rows may be strided). Returns o `[T, H, D]` (fp32, or written into `out`, any float dtype, and returned).
+
+    The block form, LIGHTNING_CHUNK tokens at a time: within a block of n tokens (t, s counted from its start),
+    with S0 the state before it,
+
+        o_t = e^(-lambda (t + 1)) q_t S0 + sum_(s <= t) e^(-lambda (t - s)) (q_t . k_s) v_s
+        S_n = e^(-lambda n) S0 + sum_s e^(-lambda (n - 1 - s)) k_s^T v_s
+
+    Every exponent is <= 0 (masked above the diagonal before the exp); only the pass from block to block is
+    sequential. Hugging Face's prompt path computes the same form (in blocks of `block_size`)."""
+    length, heads, _ = q.shape
+    q, k, v = (t.float().transpose(0, 1) for t in (q, k, v))  # [H, T, D]
+    lam = slope.float().reshape(heads, 1, 1)
+    o = torch.empty_like(v)
+    s = state.index_select(0, slot)[0]
+    for start in range(0, length, LIGHTNING_CHUNK):
+        part = slice(start, min(start + LIGHTNING_CHUNK, length))
+        n = part.stop - start
+        qc, kc, vc = q[:, part], k[:, part], v[:, part]
+        pos = torch.arange(n, device=q.device, dtype=torch.float32)
+        gap = pos[:, None] - pos[None, :]  # t - s
+        decay = torch.where(gap >= 0, -lam * gap, float("-inf")).exp()  # [H, n, n]
+        o[:, part] = ((qc @ kc.transpose(1, 2)) * decay) @ vc + (qc * (-lam * (pos[:, None] + 1)).exp()) @ s
+        s = s * (-lam * n).exp() + (kc * (-lam * (n - 1 - pos[:, None])).exp()).transpose(1, 2) @ vc
+    state.index_copy_(0, slot, s[None])
+    o = o.transpose(0, 1)
+    return o if out is None else out.copy_(o)
+
 
 def selective_scan_decode(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, z: torch.Tensor,
                           dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
@@ -1217,7 +1274,7 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     return h if bias is None else h + bias.to(weight.dtype)
 
 
-MOE_SCORINGS = ("softmax", "sigmoid")
+MOE_SCORINGS = ("softmax", "sigmoid", "sparsemixer")
 MOE_GROUP_SCORES = ("top2_sum", "max")
 
 
@@ -1250,7 +1307,7 @@ def moe_grouped(num_experts: int, top_k: int, groups: int, kept_groups: int, gro
 def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
               weights_dtype: torch.dtype | None = None, scoring: str = "softmax",
               score_bias: torch.Tensor | None = None, scale: float = 1.0, groups: int = 1, kept_groups: int = 1,
-              group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor]:
+              group_score: str = "top2_sum", mask_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing of a mixture-of-experts layer over the experts' logits `[T, E]`, in fp32.
     Returns (weights `[T, k]` fp32, expert ids `[T, k]` int64).
 
@@ -1269,9 +1326,17 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     ids; each group is scored from the values that choose (score, or score + bias) by
     `group_score`: `top2_sum`, the sum of its two largest (DeepSeek-V3's `noaux_tc`, GLM-4.5),
     or `max`, its largest (DeepSeek-V2's `group_limited_greedy`); the k experts are chosen only
-    among the `kept_groups` best groups'. Their weights are then as above."""
+    among the `kept_groups` best groups'. Their weights are then as above.
+
+    `sparsemixer` (Phi-3.5-MoE's router at inference): the k experts are taken one at a time, the
+    j-th the largest logit m_j of those not yet taken, weighted by a softmax of the logits over
+    only the experts not yet taken whose logit s is near it, (m_j - s) / max(|s|, m_j) <= 2 *
+    `mask_eps` (the config's `router_jitter_noise`; a 0 / 0 counts as near): w_j = 1 / sum of
+    exp(s - m_j) over those. No renormalisation, bias or groups (the family passes none)."""
     check_moe_scoring(scoring)
     logits = router_logits.float()
+    if scoring == "sparsemixer":
+        return _sparsemixer_route(logits, top_k, weights_dtype, scale, mask_eps)
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
     choice = scores if score_bias is None else scores + score_bias.float()
     if moe_grouped(logits.shape[1], top_k, groups, kept_groups, group_score):
@@ -1291,14 +1356,32 @@ def moe_route(router_logits: torch.Tensor, top_k: int, normalize: bool,
     return weights, ids
 
 
+def _sparsemixer_route(logits: torch.Tensor, top_k: int, weights_dtype: torch.dtype | None, scale: float,
+                       mask_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_route's `sparsemixer` of fp32 `logits` `[T, E]`."""
+    left = logits.clone()  # the experts not yet taken (-inf: taken)
+    weights, ids = [], []
+    for _ in range(top_k):
+        best, pick = left.max(dim=-1, keepdim=True)
+        far = (best - logits) / logits.abs().clamp(min=best) > 2 * mask_eps  # (NaN, 0 / 0: not far)
+        near = torch.exp(left - best).masked_fill(far, 0.0)
+        weights.append(1.0 / near.sum(dim=-1, keepdim=True))  # (exp(m - m) over the sum)
+        ids.append(pick)
+        left = left.scatter(1, pick, float("-inf"))
+    weights = torch.cat(weights, dim=-1) * scale
+    if weights_dtype is not None:
+        weights = weights.to(weights_dtype).float()
+    return weights, torch.cat(ids, dim=-1)
+
+
 def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
             scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
             gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, groups: int = 1,
-            kept_groups: int = 1, group_score: str = "top2_sum") -> torch.Tensor:
+            kept_groups: int = 1, group_score: str = "top2_sum", mask_eps: float = 0.0) -> torch.Tensor:
     """A mixture-of-experts MLP over x `[T, H]`: each token routed by its `router_logits` `[T, E]`
-    (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale, and the group-limited
-    choice's groups, kept_groups, group_score), then the sum over its k experts of
+    (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale, the group-limited
+    choice's groups, kept_groups, group_score, and sparsemixer's mask_eps), then the sum over its k experts of
     weight * expert(x), an expert e a gated MLP:
     down[e] @ act(gate_up[e] @ x + gate_up_bias[e]) + down_bias[e], with gate_up `[E, 2I, H]`
     ([gate; up], `activation` as linear_act's gated ones) or, for a plain activation (Nemotron-H's
@@ -1307,7 +1390,7 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     `[E, H]`; the routing weight multiplies the biased output. Each expert runs once over its
     tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""
     weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale, groups,
-                             kept_groups, group_score)
+                             kept_groups, group_score, mask_eps)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)
@@ -1348,9 +1431,10 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
 def moe_route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                     block_m: int, scoring: str = "softmax", score_bias: torch.Tensor | None = None,
                     scale: float = 1.0, groups: int = 1, kept_groups: int = 1,
-                    group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    group_score: str = "top2_sum",
+                    mask_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_route, then moe_align of its ids: (weights `[T, k]` fp32, pairs, experts), what the
     expert GEMMs read (kernels/triton_moe.py)."""
     weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale, groups,
-                             kept_groups, group_score)
+                             kept_groups, group_score, mask_eps)
     return (weights, *moe_align(ids, router_logits.shape[1], block_m))

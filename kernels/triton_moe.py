@@ -87,15 +87,18 @@ def _keep_groups(left, cols, E, GROUPS: tl.constexpr, KEPT: tl.constexpr, TOP2: 
 
 
 @triton.jit
-def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
-                 ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, K_P2: tl.constexpr,
-                 E_P2: tl.constexpr, GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr):
+def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, eps, TOP_K: tl.constexpr,
+                 NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 K_P2: tl.constexpr, E_P2: tl.constexpr, GROUPS: tl.constexpr, KEPT: tl.constexpr,
+                 GROUP_TOP2: tl.constexpr, SPARSEMIXER: tl.constexpr):
     """reference.moe_route of the logits' `rows`: (weights, expert ids), both [len(rows), K_P2].
     Softmax scoring, or with SIGMOID each expert's sigmoid(logit), chosen by that plus the
     `bias_ptr` vector (HAS_BIAS); where GROUPS > KEPT only among the KEPT best groups'
     experts (_keep_groups; GROUPS = KEPT = 1 where the choice is not group-limited, and none of
-    that code is compiled in); the weights times `scale`, rounded (ROUND, _ROUND_CODE) to
-    fp16 (1) or bf16 (2)."""
+    that code is compiled in); with SPARSEMIXER each pick's weight is one over the sum of
+    exp(logit - its logit) over the experts not yet picked whose logit is within 2 * `eps` of it
+    (reference.moe_route's `sparsemixer`); the weights times `scale`, rounded (ROUND,
+    _ROUND_CODE) to fp16 (1) or bf16 (2)."""
     cols = tl.arange(0, E_P2)
     col_ok = (cols < E)[None, :]
     logits = tl.load(logits_ptr + rows[:, None] * stride_l + cols[None, :],
@@ -122,7 +125,13 @@ def _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K: 
         best = tl.max(left, axis=1)
         pick = tl.min(tl.where(left == best[:, None], cols[None, :], E_P2), axis=1)
         chosen = cols[None, :] == pick[:, None]
-        weights = tl.where(slots[None, :] == j, tl.sum(tl.where(chosen, scores, 0.0), axis=1)[:, None], weights)
+        if SPARSEMIXER:  # (left: the logits of the experts not yet picked; -inf past E and once picked)
+            far = (best[:, None] - logits) / tl.maximum(tl.abs(logits), best[:, None]) > 2 * eps  # (NaN: near)
+            near = tl.where(far | (left == float("-inf")), 0.0, tl.exp(left - best[:, None]))
+            weight = 1.0 / tl.sum(near, axis=1)
+        else:
+            weight = tl.sum(tl.where(chosen, scores, 0.0), axis=1)
+        weights = tl.where(slots[None, :] == j, weight[:, None], weights)
         ids = tl.where(slots[None, :] == j, pick[:, None], ids)
         left = tl.where(chosen, float("-inf"), left)
     if NORMALIZE:
@@ -158,11 +167,11 @@ def _store_owners(experts_ptr, block_end, E, n_blocks):
 
 @triton.jit
 def _route_align_kernel(
-    logits_ptr, weights_ptr, pairs_ptr, experts_ptr, scratch_ptr, bias_ptr, scale,
+    logits_ptr, weights_ptr, pairs_ptr, experts_ptr, scratch_ptr, bias_ptr, scale, eps,
     T, E, stride_l, max_rows, n_blocks,
     TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, T_P2: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr,
-    GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr,
+    GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr, SPARSEMIXER: tl.constexpr,
 ):
     """One program: reference.moe_route of the `[T, E]` logits (weights `[T, TOP_K]` fp32 out),
     then moe_align of the routed pairs (pairs and experts out, as moe_align returns them).
@@ -171,8 +180,8 @@ def _route_align_kernel(
     P2: tl.constexpr = T_P2 * K_P2  # pair slots: pair p = t * TOP_K + j lives in slot t * K_P2 + j
     rows = tl.arange(0, T_P2)
     row_ok = rows < T
-    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K, NORMALIZE, ROUND,
-                                SIGMOID, HAS_BIAS, K_P2, E_P2, GROUPS, KEPT, GROUP_TOP2)
+    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, eps, TOP_K, NORMALIZE, ROUND,
+                                SIGMOID, HAS_BIAS, K_P2, E_P2, GROUPS, KEPT, GROUP_TOP2, SPARSEMIXER)
     slots = tl.arange(0, K_P2)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
@@ -199,10 +208,10 @@ def _route_align_kernel(
 
 @triton.jit
 def _route_chunk_kernel(
-    logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, bias_ptr, scale, T, E, stride_l, max_rows,
+    logits_ptr, weights_ptr, ids_ptr, counts_ptr, pairs_ptr, bias_ptr, scale, eps, T, E, stride_l, max_rows,
     TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROUND: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
     CHUNK: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr,
-    GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr,
+    GROUPS: tl.constexpr, KEPT: tl.constexpr, GROUP_TOP2: tl.constexpr, SPARSEMIXER: tl.constexpr,
 ):
     """Many tokens, step 1 of 3; one program per CHUNK tokens: their routing (weights and ids
     out), how many of their pairs go to each expert (counts `[chunks, E_P2]`), and FILL rows of
@@ -211,8 +220,8 @@ def _route_chunk_kernel(
     c = tl.program_id(0)
     rows = c * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < T
-    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, TOP_K, NORMALIZE, ROUND,
-                                SIGMOID, HAS_BIAS, K_P2, E_P2, GROUPS, KEPT, GROUP_TOP2)
+    weights, ids = _route_top_k(logits_ptr, stride_l, rows, row_ok, E, bias_ptr, scale, eps, TOP_K, NORMALIZE, ROUND,
+                                SIGMOID, HAS_BIAS, K_P2, E_P2, GROUPS, KEPT, GROUP_TOP2, SPARSEMIXER)
     slots = tl.arange(0, K_P2)
     slot_ok = row_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + rows[:, None] * TOP_K + slots[None, :], weights, mask=slot_ok)
@@ -295,13 +304,14 @@ def _routing_constants(router_logits: torch.Tensor, top_k: int, normalize: bool,
     return dict(TOP_K=top_k, NORMALIZE=normalize, ROUND=_ROUND_CODE[weights_dtype], SIGMOID=scoring == "sigmoid",
                 HAS_BIAS=score_bias is not None, K_P2=triton.next_power_of_2(top_k),
                 E_P2=triton.next_power_of_2(experts), GROUPS=groups if grouped else 1,
-                KEPT=kept_groups if grouped else 1, GROUP_TOP2=grouped and group_score == "top2_sum")
+                KEPT=kept_groups if grouped else 1, GROUP_TOP2=grouped and group_score == "top2_sum",
+                SPARSEMIXER=scoring == "sparsemixer")
 
 
 def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weights_dtype: torch.dtype | None,
                 block_m: int, scoring: str = "softmax", score_bias: torch.Tensor | None = None,
-                scale: float = 1.0, groups: int = 1, kept_groups: int = 1,
-                group_score: str = "top2_sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                scale: float = 1.0, groups: int = 1, kept_groups: int = 1, group_score: str = "top2_sum",
+                mask_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reference.moe_route_align (same contract, the same pairs in the same order): in one launch
     where T * top_k <= FUSED_MAX_PAIRS, in three past it (route and count per chunk of tokens,
     the offsets, the scatter), where E <= FUSED_MAX_EXPERTS; the reference otherwise."""
@@ -310,7 +320,7 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
                                 kept_groups, group_score)
     if common is None:
         return reference.moe_route_align(router_logits, top_k, normalize, weights_dtype, block_m, scoring, score_bias,
-                                         scale, groups, kept_groups, group_score)
+                                         scale, groups, kept_groups, group_score, mask_eps)
     router_logits = router_logits.contiguous()
     device = router_logits.device
     bias = score_bias.float().contiguous() if score_bias is not None else router_logits  # (unused without HAS_BIAS)
@@ -323,8 +333,8 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     if tokens * top_k <= FUSED_MAX_PAIRS:
         scratch = torch.empty(4 * e_p2, device=device, dtype=torch.int32)
         warps = 1 if tokens <= ONE_WARP_ROUTING_TOKENS else 4
-        _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, bias, float(scale), tokens, experts,
-                                  router_logits.stride(0), pairs.numel(), n_blocks, BLOCK_M=block_m,
+        _route_align_kernel[(1,)](router_logits, weights, pairs, owners, scratch, bias, float(scale), float(mask_eps),
+                                  tokens, experts, router_logits.stride(0), pairs.numel(), n_blocks, BLOCK_M=block_m,
                                   T_P2=triton.next_power_of_2(tokens), num_warps=warps, **pdl, **common)
         return weights, pairs, owners
     chunks = triton.cdiv(tokens, CHUNK_TOKENS)
@@ -332,8 +342,9 @@ def route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, weight
     counts = torch.empty(chunks, e_p2, device=device, dtype=torch.int32)
     offsets = torch.empty_like(counts)
     fill = triton.next_power_of_2(triton.cdiv(pairs.numel(), chunks))
-    _route_chunk_kernel[(chunks,)](router_logits, weights, ids, counts, pairs, bias, float(scale), tokens, experts,
-                                   router_logits.stride(0), pairs.numel(), CHUNK=CHUNK_TOKENS, FILL=fill,
+    _route_chunk_kernel[(chunks,)](router_logits, weights, ids, counts, pairs, bias, float(scale), float(mask_eps),
+                                   tokens, experts, router_logits.stride(0), pairs.numel(), CHUNK=CHUNK_TOKENS,
+                                   FILL=fill,
                                    num_warps=4, **pdl, **common)
     _align_offsets_kernel[(1,)](counts, offsets, owners, chunks, experts, n_blocks, BLOCK_M=block_m, E_P2=e_p2,
                                 ROWS=16, num_warps=4, **pdl)
@@ -447,7 +458,7 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
             scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
             gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, groups: int = 1,
-            kept_groups: int = 1, group_score: str = "top2_sum") -> torch.Tensor:
+            kept_groups: int = 1, group_score: str = "top2_sum", mask_eps: float = 0.0) -> torch.Tensor:
     """reference.moe_mlp over the pairs sorted by expert: route_align (with the group-limited
     choice where groups > kept_groups), the two grouped GEMMs, the k-row sum (four launches at
     any token count). The expert biases (gate_up_bias `[E, 2I]`, down_bias `[E, H]`, gpt-oss's)
@@ -458,7 +469,8 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     first, second = gemm_config(pairs, num_experts, gated), gemm_config(pairs, num_experts, False)
     assert first["BLOCK_M"] == second["BLOCK_M"]  # (one sort of the pairs serves both GEMMs)
     weights, sorted_pairs, experts = route_align(router_logits, top_k, normalize, weights_dtype, first["BLOCK_M"],
-                                                 scoring, score_bias, scale, groups, kept_groups, group_score)
+                                                 scoring, score_bias, scale, groups, kept_groups, group_score,
+                                                 mask_eps)
     x = x.contiguous()
     inner = torch.empty(pairs, gate_up.shape[1] // 2 if gated else gate_up.shape[1], device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first, gate_up_bias)

@@ -70,6 +70,25 @@ CASES = [
      {"moe_layer_start_index": 0, "moe_layer_end_index": 0, "moe_num_shared_experts": 0}),
     ("helium", "helium-1-2b", {}),
     ("mixtral", "mixtral-8x7b", {}),
+    # Phi-3.5-MoE: LayerNorms with biases, biases on attention and the head, longrope scaled by its own mscales, a
+    # window on every layer, 2 of 8 experts by the sparsemixer router (each weight a softmax over the experts near its
+    # pick); and no window or biases, short_mscale alone in reach (the original length the model's), a router band
+    # 30 times the published one (most picks weighted over several experts)
+    ("phimoe", "phi-3.5-moe", {}),
+    # MiMo-V2-Flash: a full layer (1 KV head, no sink) then a windowed one (2 KV heads, sinks), q / k heads of 32 and
+    # v heads of 21 scaled by 0.707, a rotary over 10 of 32 dims on a base per layer type, a dense MLP then 8 of 16
+    # experts by sigmoid score + bias; and windowed first, biases on Q / K / V, two KV heads, experts first in 4
+    # groups (the best 2 kept), unrenormalised and scaled, v heads as wide as q's
+    ("mimo-v2-flash", "mimo-v2-flash", {}),
+    ("mimo-v2-flash-windowed-first-biases-groups", "mimo-v2-flash", {
+        "layer_types": ["sliding_attention", "full_attention"], "mlp_layer_types": ["sparse", "dense"],
+        "attention_bias": True, "num_key_value_heads": 2, "n_group": 4, "topk_group": 3, "norm_topk_prob": False,
+        "routed_scaling_factor": 2.5, "v_head_dim": 32}),
+    ("phimoe-unwindowed-unbiased-wide-band", "phi-3.5-moe", {
+        "sliding_window": None, "attention_bias": False, "lm_head_bias": False, "router_jitter_noise": 0.3,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(12)],
+                         "long_factor": [1.0] * 12, "short_mscale": 1.1, "long_mscale": 1.4,
+                         "original_max_position_embeddings": 256}}),
     # DBRX: a fused QKV clamped to +-clip_qkv (low enough here to bite), LayerNorms without a bias, 8 experts (the
     # published 16 shrunk) stored as w1 / v1 / w2, softmax top 4 renormalised; and unnormalised, one KV head, the
     # published clip (transformers' model cannot run without one: its clamp of (None, None) raises)
@@ -403,6 +422,15 @@ CASES = [
         "layer_types": ["full_attention", "linear_attention"], "mlp_layer_types": ["sparse", "dense"],
         "q_lora_rank": 96, "attention_bias": True, "n_group": 4, "topk_group": 3, "norm_topk_prob": False,
         "n_shared_experts": 2, "linear_attn_config": {"head_dim": 24, "num_heads": 3, "short_conv_kernel_size": 3}}),
+    # MiniMax: a lightning-attention layer (fixed per-head decays, its state carried between prompt chunks of 64 and
+    # decodes, transformers' prompt blocks of 16) then softmax attention (GQA), Mixtral's experts in both, every
+    # residual factor alpha 3.56; and softmax first over an 8-token window, then two lightning layers (decays of two
+    # depths), full heads, betas other than 1 on every kind of layer and an MLP alpha of 1
+    ("minimax", "minimax-text-01", {}),
+    ("minimax-attention-first-windowed-betas-mha", "minimax-text-01", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+        "sliding_window": 8, "num_key_value_heads": 8, "full_attn_beta_factor": 0.7, "linear_attn_beta_factor": 1.3,
+        "mlp_alpha_factor": 1.0, "mlp_beta_factor": 0.8}),
     # OLMo hybrid: a gated DeltaNet layer (separate q / k / v / g / b / a projections, beta in [0, 2]) in a pre-norm
     # block, a NoPE OLMo 3 attention layer in a post-norm block (no norm between them), then DeltaNet again (the
     # attention block's post norm, then the pre norm); and attention first with a rotary, GQA, beta in [0, 1],
@@ -487,7 +515,10 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
                    "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "qwen2-moe", "granite-moe-shared",
+                   "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "phimoe",
+                   "phimoe-unwindowed-unbiased-wide-band", "mimo-v2-flash",
+                   "mimo-v2-flash-windowed-first-biases-groups",
+                   "qwen2-moe", "granite-moe-shared",
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
@@ -502,6 +533,7 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "mamba", "mamba-biases-3-taps-untied", "falcon-mamba", "mamba2", "mamba2-biases-one-group-tied",
                    "jamba", "jamba-moe-after-mamba-biases-mha",
                    "kimi-linear", "kimi-linear-mla-first-q-latent-groups",
+                   "minimax", "minimax-attention-first-windowed-betas-mha",
                    "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
@@ -552,6 +584,29 @@ def test_longrope_uses_short_factors_inside_and_long_factors_past_the_original_l
     long = rotary(torch.zeros(1), torch.arange(200)[None])  # one past it: HF's long factors
     torch.testing.assert_close(ours[:64, 0], short[0][0, :, : head // 2], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ours[64:200, 0], long[0][0, 64:, : head // 2], atol=1e-6, rtol=1e-5)
+
+
+def test_phimoe_rope_tables_are_hf_rotary_scaled_by_its_mscales():
+    """Phi-3.5-MoE's longrope table against transformers' PhimoeRotaryEmbedding, whose cos and sin are scaled by
+    `short_mscale` (not longrope's default attention factor) inside the original length; and past it by
+    `long_mscale` where the two factor lists are equal (HF keeps the short factors for a whole call)."""
+    from tritonformer.backend.models import phimoe
+
+    short = [1.0 + 0.1 * i for i in range(12)]
+    for long_factor in ([1.0 + 0.3 * i for i in range(12)], short):
+        cfg = {**shrunk("phi-3.5-moe"), "rope_scaling": {
+            "type": "longrope", "short_factor": short, "long_factor": long_factor, "short_mscale": 1.1,
+            "long_mscale": 1.3, "original_max_position_embeddings": 64}}
+        hf_cfg = transformers.PhimoeConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+        rotary = transformers.models.phimoe.modeling_phimoe.PhimoeRotaryEmbedding(hf_cfg)
+        spec = phimoe.from_hf(hf_cfg.to_dict())
+        ours = spec.rope.cos_sin(200, spec.head_dim, CPU)
+        inside, past = (rotary(torch.zeros(1), torch.arange(n)[None]) for n in (64, 200))
+        half = spec.head_dim // 2
+        for i in (0, 1):  # cos, sin
+            torch.testing.assert_close(ours[:64, i], inside[i][0, :, :half], atol=1e-5, rtol=1e-5)
+            if long_factor is short:
+                torch.testing.assert_close(ours[64:, i], past[i][0, 64:, :half], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("head_dim,rotary_dim,interleaved", [(128, 96, False), (24, 18, False), (16, 8, False),
@@ -629,6 +684,18 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
      "moe_normalize_expert_weights"),
     ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "ffn_act_fn": {"name": "gelu"}}}, "ffn_act_fn"),
     ("llama-4-scout", {"num_experts_per_tok": 2}, "num_experts_per_tok"),
+    ("phi-3.5-moe", {"num_experts_per_tok": 4}, "num_experts_per_tok"),  # (sparsemixer picks two)
+    ("phi-3.5-moe", {"hidden_act": "gelu"}, "hidden_act"),
+    ("mimo-v2-flash", {"layer_types": ["sliding_attention"] * 2}, "layer_types"),
+    ("mimo-v2-flash", {"swa_num_key_value_heads": 3}, "swa_num_key_value_heads"),
+    ("mimo-v2-flash", {"add_full_attention_sink_bias": True}, "add_full_attention_sink_bias"),
+    ("mimo-v2-flash", {"v_head_dim": 64}, "v_head_dim"),
+    ("mimo-v2-flash", {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.334}}},
+     "partial_rotary_factor"),
+    ("phi-3.5-moe", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 12, "long_factor": [1.0] * 12,
+                                      "original_max_position_embeddings": 64}}, "short_mscale"),
     ("llama-4-scout", {"hidden_act": "gelu"}, "hidden_act"),
     ("llama-4-scout", {"attention_chunk_size": None}, "attention_chunk_size"),
     ("deepseek-v2-lite", {"norm_topk_prob": True}, "norm_topk_prob"),
@@ -675,6 +742,13 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("kimi-linear-48b-a3b", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
     ("kimi-linear-48b-a3b", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("kimi-linear-48b-a3b", {"linear_attn_config": {"short_conv_kernel_size": 1}}, "short_conv_kernel_size"),
+    ("minimax-text-01", {"rotary_dim": 16}, "rotary_dim"),  # (the original's partial rotary: transformers' rotates all)
+    ("minimax-text-01", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor"),
+    ("minimax-text-01", {"postnorm": False}, "postnorm"),
+    ("minimax-text-01", {"hidden_act": "gelu"}, "hidden_act"),
+    ("minimax-text-01", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+    ("minimax-text-01", {"layer_types": None, "attn_type_list": [0, 2]}, "layer_types"),
     ("zamba2-2.7b", {"layers_block_type": ["mamba", "attention"]}, "layers_block_type"),
     ("nemotron-3-nano-30b-a3b", {"mlp_bias": True}, "mlp_bias"),
     ("zamba2-2.7b", {"hybrid_layer_ids": [0]}, "hybrid_layer_ids"),
@@ -702,6 +776,27 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
         load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
+def test_minimax_reads_the_original_config_names():
+    """MiniMax-Text-01's original config.json names the layer kinds `attn_type_list` (0 lightning, 1 softmax) and the
+    residual factors `layernorm_*_alpha` / `_beta`: read where transformers' names are absent, which win where both
+    are; with neither list, transformers' rule (the even layers attend)."""
+    from tritonformer.backend.models import minimax
+
+    cfg = {k: v for k, v in shrunk("minimax-text-01").items() if k != "layer_types" and not k.endswith("_factor")}
+    original = {**cfg, "attn_type_list": [1, 0], "layernorm_full_attention_alpha": 2.0,
+                "layernorm_full_attention_beta": 0.5, "layernorm_linear_attention_alpha": 3.0,
+                "layernorm_linear_attention_beta": 0.25, "layernorm_mlp_alpha": 4.0, "layernorm_mlp_beta": 0.75}
+    spec = minimax.from_hf(original)
+    assert spec.mixers == (None, minimax.LIGHTNING)
+    assert (spec.full_factors, spec.linear_factors, spec.mlp_factors) == ((2.0, 0.5), (3.0, 0.25), (4.0, 0.75))
+    both = minimax.from_hf({**original, "layer_types": ["linear_attention", "full_attention"],
+                            "full_attn_alpha_factor": 1.5, "mlp_beta_factor": 1.0})
+    assert both.mixers == (minimax.LIGHTNING, None)
+    assert both.full_factors == (1.5, 0.5) and both.mlp_factors == (4.0, 1.0)
+    plain = minimax.from_hf({**cfg, "num_hidden_layers": 3})
+    assert plain.mixers == (None, minimax.LIGHTNING, None) and plain.mlp_factors == (1.0, 1.0)
 
 
 def test_lfm2_reads_its_published_config_as_transformers_does():
@@ -1063,6 +1158,7 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
 
 @pytest.mark.parametrize("case,block,names", [
     ("mixtral", "block_sparse_moe", ("w1", "w3", "w2")),
+    ("minimax", "block_sparse_moe", ("w1", "w3", "w2")),  # (MiniMax-Text-01's, as Mixtral's)
     ("qwen2-moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
     ("olmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),
     ("afmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (its router `mlp.router.gate`, bias `mlp.expert_bias`)
@@ -1114,6 +1210,10 @@ def test_kimi_linear_loads_its_published_layout():
 @pytest.mark.parametrize("case,renamed", [
     ("olmo-hybrid", ("attention_layer_norm", "feedforward_layer_norm", "linear_attn.q_conv1d")),
     ("lfm3", ("self_attn.gate_proj",)),
+    ("phimoe", ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.3.w1", "block_sparse_moe.experts.7.w2")),
+    # (MiMo-V2-Flash's sinks as `attention_sink_bias`, its experts one by one)
+    ("mimo-v2-flash", ("layers.1.self_attn.attention_sink_bias", "mlp.experts.3.gate_proj",
+                       "mlp.experts.15.down_proj")),
     # (Nemotron 3's blocks under `backbone.layers.{i}.mixer`, their experts one by one)
     ("nemotron-h-moe-latent-groups-unnormalised", ("backbone.layers.0.mixer.in_proj", "mixer.experts.11.up_proj",
                                                    "mixer.gate.e_score_correction_bias", "mixer.fc2_latent_proj",

@@ -56,6 +56,8 @@ FAMILIES = [
     ("gen_arcee", "arcee-afm", {}),
     ("gen_apertus", "apertus-8b", {}),
     ("gen_dbrx", "dbrx-132b", {}),
+    ("gen_phimoe", "phi-3.5-moe", {}),  # (LayerNorms, biases, longrope's mscales, the sparsemixer router)
+    ("gen_mimo_v2_flash", "mimo-v2-flash", {}),  # (sinks and twice the KV heads on windowed layers, narrow v heads)
     ("gen_internlm3", "llama-3.1-8b", {"model_type": "internlm3", "head_dim": 16, "attention_bias": True,
                                        "mlp_bias": True}),
     ("gen_iquestcoder", "llama-3.1-8b", {"model_type": "iquestcoder", "head_dim": 16}),
@@ -106,6 +108,7 @@ FAMILIES = [
     ("gen_mamba2", "mamba-codestral-7b", {}),
     ("gen_jamba", "jamba-mini", {}),  # (Mamba-1 with dt / B / C norms and a dense MLP, attention with experts)
     ("gen_kimi_linear", "kimi-linear-48b-a3b", {}),
+    ("gen_minimax", "minimax-text-01", {}),  # (a lightning-attention layer, then softmax attention; experts in both)
     ("gen_zamba2", "zamba2-2.7b", {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid",
                                                                                  "hybrid"], "initializer_range": 0.1}),
     # Gemma 3n: AltUp streams, LAuReL, per-layer inputs, the last two layers reading the first two's keys

@@ -95,10 +95,13 @@ def prefill_kernels_shared() -> list[str]:
 def compile_all() -> list[str]:
     """Compile each kernel; returns one line per kernel variant: its name and whether its PTX
     waits for its predecessor (PDL) first."""
+    import triton.language as tl
+
     from tritonformer.kernels import triton_allreduce as ar
     from tritonformer.kernels import triton_attention as ta
     from tritonformer.kernels import triton_elementwise as te
     from tritonformer.kernels import triton_kda as tk
+    from tritonformer.kernels import triton_lightning as tlg
     from tritonformer.kernels import triton_moe as moe
     from tritonformer.kernels import triton_norms as tn
     from tritonformer.kernels import triton_recurrent as tr
@@ -116,12 +119,13 @@ def compile_all() -> list[str]:
                "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_be": "i32"}
     gemm = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, PRECISION="tf32", PDL=True)
     route = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "pairs_ptr": "*i32", "experts_ptr": "*i32",
-             "scratch_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
-             "max_rows": "i32", "n_blocks": "i32"}
+             "scratch_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "eps": "fp32", "T": "i32", "E": "i32",
+             "stride_l": "i32", "max_rows": "i32", "n_blocks": "i32"}
     chunk = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "counts_ptr": "*i32",
-             "pairs_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "T": "i32", "E": "i32", "stride_l": "i32",
-             "max_rows": "i32"}
-    ungrouped = dict(GROUPS=1, KEPT=1, GROUP_TOP2=False)  # (the routing's constexprs where the choice is not limited)
+             "pairs_ptr": "*i32", "bias_ptr": "*fp32", "scale": "fp32", "eps": "fp32", "T": "i32", "E": "i32",
+             "stride_l": "i32", "max_rows": "i32"}
+    # (the routing's constexprs where the choice is plain: not group-limited, not sparsemixer's)
+    ungrouped = dict(GROUPS=1, KEPT=1, GROUP_TOP2=False, SPARSEMIXER=False)
     attention = {**{name: "*bf16" for name in ("Q", "K", "V", "Out")}, "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32",
                  **{f"stride_{t}": "i32" for t in ("qt", "qh", "kt", "kh", "vt", "vh", "ot", "oh")}, "qk_scale": "fp32",
                  "PartialOut": "*fp32", "PartialLse": "*fp32", "split_stride": "i32", "BlockTables": "*i32",
@@ -130,7 +134,9 @@ def compile_all() -> list[str]:
     chunked = dict(GROUP=5, CAUSAL=True, PRECISION="tf32", BLOCK_D=128, PAGE=16, PDL=True, HAS_WINDOW=True,
                    SOFTCAP=False, HEAD_DIM=128, D_PADDED=False, HAS_SINKS=False, CHUNKED=True)
     variants = [
-        ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024}),
+        ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024, "BITS": tl.int16}),
+        ("push fp32", ar._push_all_reduce_kernel, {**plain, "x_ptr": "*fp32", "out_ptr": "*fp32"},
+         {**push, "BLOCK": 1024, "BITS": tl.int32, "SENTINEL": ar.SENTINEL32}),
         ("one-shot", ar._one_shot_all_reduce_kernel, plain, dict(
             CAPACITY=ar.region_bytes(1 << 20), WORLD=2, WORLD_P2=2, BLOCK=2048, FLAG_PROGRAMS=ar.FLAG_PROGRAMS,
             FLAG_WORLD=ar.FLAG_WORLD, PDL=True)),
@@ -162,10 +168,14 @@ def compile_all() -> list[str]:
             PDL=True, **ungrouped)),
         ("moe route-align DeepSeek-V3 groups", moe._route_align_kernel, {**route, "logits_ptr": "*fp32"}, dict(
             TOP_K=8, NORMALIZE=True, ROUND=0, SIGMOID=True, HAS_BIAS=True, BLOCK_M=16, T_P2=16, K_P2=8, E_P2=256,
-            PDL=True, GROUPS=8, KEPT=4, GROUP_TOP2=True)),
+            PDL=True, GROUPS=8, KEPT=4, GROUP_TOP2=True, SPARSEMIXER=False)),
         ("moe route-chunk DeepSeek-V2 groups", moe._route_chunk_kernel, chunk, dict(
             TOP_K=6, NORMALIZE=False, ROUND=0, SIGMOID=False, HAS_BIAS=False, CHUNK=16, K_P2=8, E_P2=256,
-            FILL=256, PDL=True, GROUPS=8, KEPT=3, GROUP_TOP2=False)),
+            FILL=256, PDL=True, GROUPS=8, KEPT=3, GROUP_TOP2=False, SPARSEMIXER=False)),
+        # Phi-3.5-MoE's sparsemixer router (2 of 16, the weights rounded to bf16), a decode batch's
+        ("moe route-align sparsemixer", moe._route_align_kernel, route, dict(
+            TOP_K=2, NORMALIZE=False, ROUND=2, SIGMOID=False, HAS_BIAS=False, BLOCK_M=16, T_P2=16, K_P2=2, E_P2=16,
+            PDL=True, GROUPS=1, KEPT=1, GROUP_TOP2=False, SPARSEMIXER=True)),
         ("moe prefill gate-up", moe._moe_gemm, grouped, dict(X_PER_PAIR=8, ACT=3, GATED=True, SCALED=False,
                                                              HAS_BIAS=False,
                                                              **{**gemm, "BLOCK_M": 128, "BLOCK_N": 128,
@@ -200,6 +210,11 @@ def compile_all() -> list[str]:
           "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64",
           **{f"stride_{t}": "i32" for t in ("m", "f", "b", "slot", "out")}},
          dict(HEADS=32, K=128, V=128, BK=128, BV=32)),
+        # MiniMax's lightning-attention decode step at MiniMax-Text-01's heads (64 of 128)
+        ("lightning decode", tlg._lightning_decode_kernel,
+         {"qkv_ptr": "*bf16", "decay_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64", "out_ptr": "*bf16",
+          **{f"stride_{t}": "i32" for t in ("m", "slot", "out")}},
+         dict(D=128, BD=128, BV=32)),
         ("kda gated norm", tr._gated_rms_norm_kernel,
          {**{f"{name}_ptr": "*bf16" for name in ("o", "z", "w", "out")}, "n_heads": "i32", "stride_z": "i32",
           "eps": "fp32"}, dict(V=128, BV=128, SIGMOID=True)),
@@ -213,16 +228,18 @@ def test_interpreted_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.split("\n")
-    for name in ("push", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled",
+    for name in ("push", "push fp32", "one-shot", "push-norm", "push-norm post-norm", "embedding-part", "embedding-part scaled",
                  "moe gate-up", "moe down", "moe gate-up gpt-oss", "moe down gpt-oss", "moe up relu2",
                  "moe route-align", "moe route-align sigmoid", "moe route-align softmax bias",
                  "moe route-align DeepSeek-V3 groups", "moe route-chunk DeepSeek-V2 groups", "moe sum-pairs",
+                 "moe route-align sparsemixer",
                  "moe route-chunk", "moe align-offsets", "moe scatter-chunk", "split-rotary q/k norms",
                  "attention chunked prefill", "attention chunked split decode"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
     assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
+    assert "lightning decode: no wait" in lines, done.stdout  # (MiniMax's)
     shared = {line.split(": shared ")[0]: int(line.split(": shared ")[1]) for line in lines if ": shared " in line}
     assert len(shared) == 9 and max(shared.values()) <= HOPPER_SHARED_BYTES, done.stdout
 

@@ -179,6 +179,32 @@ def test_group_limited_routing_chooses_only_in_the_kept_groups_and_checks_its_gr
             ref.moe_route(logits, top_k, True, None, "sigmoid", bias, 1.0, *bad)
 
 
+def _sparsemixer_logits(tokens, experts, seed):
+    """Router logits whose runners-up sit at every distance from the best: some inside
+    sparsemixer's 2 * eps band (relative to max(|logit|, best)), some outside, some negative."""
+    logits = _rand(tokens, experts, seed=seed, scale=0.05)
+    return logits + _rand(tokens, 1, seed=seed + 1, scale=1.0)
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.05])
+def test_reference_sparsemixer_routing_is_phimoe_at_inference(eps):
+    """Hugging Face's Phi-3.5-MoE router (`sparsemixer`, not training): the same two experts per
+    token and the same masked-softmax weights, in fp32 and rounded to bf16; its masks do drop
+    experts (the weights differ from plain softmax's)."""
+    phimoe = pytest.importorskip("transformers.models.phimoe.modeling_phimoe")
+    logits = _sparsemixer_logits(40, 16, seed=60)
+    hf_weights, hf_ids = phimoe.sparsemixer(logits, jitter_eps=eps, training=False)
+    weights, ids = ref.moe_route(logits, 2, False, None, "sparsemixer", mask_eps=eps)
+    assert torch.equal(ids, hf_ids)
+    torch.testing.assert_close(weights, hf_weights, atol=1e-6, rtol=1e-6)
+    hf16 = phimoe.sparsemixer(logits.bfloat16(), jitter_eps=eps, training=False)
+    w16, ids16 = ref.moe_route(logits.bfloat16(), 2, False, torch.bfloat16, "sparsemixer", mask_eps=eps)
+    assert torch.equal(ids16, hf16[1]) and torch.equal(w16, hf16[0].float())
+    plain = ref.moe_route(logits, 2, False)[0]
+    assert not torch.allclose(weights, plain, atol=1e-3)
+    assert (weights > 0.999).any() and (weights < 0.9).any()  # some tokens with no near runner-up, some with
+
+
 def _oai_expert(x, gate_up, gate_up_bias, down, down_bias):
     """One gpt-oss expert on one token, as Hugging Face's GptOssExperts writes it (float64; the
     gate/up rows here [gate; up], not its interleaved columns)."""
@@ -344,6 +370,22 @@ def test_the_kernels_route_group_limited_as_the_reference(tokens, experts, group
     assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
     ungrouped = ref.moe_route_align(*args[:8])
     assert not torch.equal(got[1], ungrouped[1])  # the limit did choose
+
+
+@pytest.mark.parametrize("tokens,experts", [(1, 16), (5, 16), (70, 16), (9, 12)])  # decode, prefill, chunked, E odd
+def test_the_kernels_route_sparsemixer_as_the_reference(tokens, experts):
+    logits = _sparsemixer_logits(tokens, experts, seed=tokens + 100)
+    for dtype in (None, torch.bfloat16):
+        args = (logits, 2, False, dtype, 16, "sparsemixer", None, 1.0, 1, 1, "top2_sum", 0.01)
+        got, expected = route_align(*args), ref.moe_route_align(*args)
+        # (bf16: within one step; Triton's interpreter converts by truncation, the GPU rounds to nearest)
+        torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5 if dtype is None else 2 ** -7)
+        assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
+    x, _, gate_up, down = _moe_inputs(tokens, 32, 24, experts, seed=tokens + 110)
+    routing = dict(scoring="sparsemixer", mask_eps=0.01)
+    torch.testing.assert_close(moe_mlp(x, logits, gate_up, down, 2, False, None, "silu_mul", **routing),
+                               ref.moe_mlp(x, logits, gate_up, down, 2, False, None, "silu_mul", **routing),
+                               atol=2e-4, rtol=2e-4)
 
 
 def test_kernel_with_group_limited_routing_matches_reference():

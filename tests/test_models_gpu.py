@@ -273,7 +273,8 @@ def test_decode_rounds_on_graphs_give_the_tokens_of_single_iterations():
 FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
                  "phi-4-mini", "granite-3.1-8b", "smollm3-3b", "glm-4-9b",
                  "gemma-7b", "ministral-8b", "ernie-4.5-0.3b", "helium-1-2b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b",
-                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b", "command-r7b",
+                 "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b", "command-r7b", "phi-3.5-moe",
+                 "mimo-v2-flash",
                  "gpt-oss-20b", "ernie-4.5-21b-a3b", "dots.llm1", "starcoder2-3b", "stablelm-2-1.6b",
                  "nemotron-mini-4b", "arcee-afm", "jais2", "solar-open-100b", "phi-2", "pythia-6.9b",
                  "flex-olmo-7x7b", "falcon-7b", "falcon-40b",
@@ -286,7 +287,7 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
                  "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
                  "lfm3-1.7b", "zamba2-2.7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
-                 "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b"]
+                 "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -307,19 +308,25 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # its per-layer embeddings).
 # Kimi-Linear-48B-A3B: its first four layers (LAYER_LISTS: the published lists cut to them), three KDA layers and a
 # latent-attention one, the dense first MLP and three MoE ones of 1.8B weights in 256 experts.
+# Phi-3.5-MoE: two layers, 1.3B weights each in its 16 experts of 6,400 columns over 4,096 (as Mixtral's two).
+# MiMo-V2-Flash: two layers, its dense full-attention first one and a windowed MoE one (6.4B weights in 256 experts).
 # Jamba-Mini: its first five layers, Mamba-1 with a dense MLP (0, 2) and with 16 experts (1, 3: 2.8B weights each),
 # the first attending one (4).
+# MiniMax-Text-01: two layers (LAYER_LISTS: a lightning one, then softmax attention, where the published list's first
+# softmax layer is the 8th), 5.4B weights each in its 32 experts of 9,216 columns over 6,144.
 LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
           "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
           "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
           "dbrx-132b": 2, "qwen3-next-80b-a3b": 4, "qwen3.5-35b-a3b": 4, "granite-4.0-h-tiny": 40, "bamba-9b": 10,
           "zamba2-2.7b": 54, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
-          "gemma-3n-e2b": 30}
+          "gemma-3n-e2b": 30, "phi-3.5-moe": 2, "minimax-text-01": 2,
+          "mimo-v2-flash": 2}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
     "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4, "full_attn_layers": [4], "kda_layers": [1, 2, 3]}},
-    "nemotron-3-nano-30b-a3b": {"hybrid_override_pattern": "MEMEM*EM"}}
+    "nemotron-3-nano-30b-a3b": {"hybrid_override_pattern": "MEMEM*EM"},
+    "minimax-text-01": {"layer_types": ["linear_attention", "full_attention"]}}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -334,19 +341,25 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
 # The MoE hybrids likewise from the start: Qwen3-Next's top 10 of 512 and Qwen3.5-35B-A3B's top 8 of 256 by softmax,
 # Granite-4.0-H-Tiny's top 6 of 64 (their dense kin, Qwen3.5-27B, Bamba, Nemotron-H, Falcon-H1, LFM2-1.2B, in bf16),
 # Kimi-Linear-48B-A3B's top 8 of 256 by sigmoid score + bias, Jamba-Mini's top 2 of 16 by softmax, Nemotron-3-Nano's
-# top 6 of 128 by sigmoid score + bias (not yet measured in bf16).
+# top 6 of 128 by sigmoid score + bias (not yet measured in bf16). Phi-3.5-MoE's top 2 of 16 by its sparsemixer
+# router, whose relative band (2 x 0.01 of the best logit) bf16 logits can put an expert on either side of: fp32 from
+# the start (not yet measured in bf16); MiMo-V2-Flash's top 8 of 256 by sigmoid score + bias likewise.
 # Granite-4.0-SWA's random model is one bf16 cannot judge at all: on the H200 HF's own bf16 model was at
 # cosine 0.19 of its fp32 one (ours at 0.74). DBRX's top 4 of 16 by softmax: on the H200 in bf16 one check
 # was at cosine 0.9941 where HF's own bf16 was at 0.9988 (not yet looked into); in fp32 every check passed.
 FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open-100b", "exaone_moe", "minimax-m2",
         "hy3-preview", "flint", "trinity-mini", "glm-4.7-flash", "lfm2-8b-a1b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b",
-        "granite-4.0-h-tiny", "kimi-linear-48b-a3b", "jamba-mini", "nemotron-3-nano-30b-a3b",
+        "granite-4.0-h-tiny", "kimi-linear-48b-a3b", "jamba-mini", "nemotron-3-nano-30b-a3b", "phi-3.5-moe",
+        "mimo-v2-flash",
         # (HF's Mamba and Mamba-2 models keep their residual stream in fp32, `residual_in_fp32`; ours is in the model's
         # dtype, so in bf16 HF's own model stays the closer one: checked in fp32, where the two are the same math)
         "mamba-2.8b", "mamba-codestral-7b",
         # Gemma-3n-E2B's random model is one bf16 cannot judge: on the H200 HF's own bf16 model was at cosine 0.38 of
         # its fp32 one at the first step (ours at 0.41)
-        "gemma-3n-e2b"}
+        "gemma-3n-e2b",
+        # MiniMax-Text-01's top 2 of 32 experts and its bf16 lightning state in HF: on the H200 in bf16 ours was at cosine
+        # 0.9576 at the second step where HF's own bf16 model was at 0.9571
+        "minimax-text-01"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):

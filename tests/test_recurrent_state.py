@@ -71,6 +71,16 @@ def kimi_linear():
     return _pair("kimi-linear-48b-a3b", {"max_position_embeddings": 64}, seed=3)
 
 
+@pytest.fixture(scope="module")
+def minimax():
+    """A tiny MiniMax (a lightning-attention layer, whose state is a decaying matrix per head, then softmax attention;
+    experts in both) in HF and ours, as the family tests build it, at most 64 tokens a sequence."""
+    from test_decoder_families import _pair
+
+    # (weights drawn wider: 0.02 and 0.1 repeat a few tokens, the stream being mostly 3.56 x the normed input)
+    return _pair("minimax-text-01", {"max_position_embeddings": 64, "initializer_range": 0.3}, seed=3)
+
+
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -78,7 +88,7 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear"])
+@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "minimax"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_engine_with_queued_preempted_sequences_is_hf_greedy(family, steps, request):
     hf, model = request.getfixturevalue(family)  # (LFM2: a hybrid; Mamba: attention-free, a KV cache of no layer)

@@ -151,6 +151,7 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            "falcon-h1-norm": ("falcon-h1-0.5b", {"mamba_rms_norm": True, "mamba_norm_before_gate": True,
                                                  "projectors_bias": True}),
            "lfm2-bias": ("lfm2-1.2b", {"conv_bias": True}),
+           "minimax": ("minimax-text-01", {"num_key_value_heads": 2}),  # (lightning heads split, their norm summed)
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -180,7 +181,8 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
                                            ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),
                                            ("lfm2-bias", 8), ("mamba-codestral-7b", 8),
-                                           ("kimi-linear-48b-a3b", 8), ("jamba", 8), ("falcon-mamba-7b", 8)])
+                                           ("kimi-linear-48b-a3b", 8), ("jamba", 8), ("falcon-mamba-7b", 8),
+                                           ("minimax", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])
@@ -305,6 +307,7 @@ def test_gpt2_refuses_tensor_parallelism():
 @pytest.mark.parametrize("shape, changes, message", [
     # Mixers whose split is not built (Zamba2's shared blocks) say so
     ("zamba2-2.7b", {}, r"recurrent layers of model_type 'zamba2'"),
+    ("minimax-text-01", {"num_attention_heads": 3, "num_key_value_heads": 1}, "lightning attention heads"),
     ("jamba-mini", {"mamba_expand": 3, "hidden_size": 125}, "Mamba-1 channels"),
     # Heads and groups of the mixers that split must divide
     ("qwen3-next-80b-a3b", {"linear_num_key_heads": 3, "linear_num_value_heads": 6}, "gated DeltaNet key heads"),

@@ -96,6 +96,8 @@ DECODER_FAMILIES = {
     "mistral3": "mistral",
     "ministral3": "mistral",
     "mixtral": "mixtral",
+    "phimoe": "phimoe",  # (Phi-3.5-MoE: the sparsemixer router)
+    "mimo_v2_flash": "mimo_v2_flash",  # (windowed layers with sinks and twice the KV heads, v heads narrower)
     "dbrx": "dbrx",
     "cohere2_moe": "cohere2_moe",
     "hy_v3": "hy_v3",
@@ -141,6 +143,7 @@ DECODER_FAMILIES = {
     "nemotron_h": "nemotron_h",
     "falcon_h1": "falcon_h1",
     "kimi_linear": "kimi_linear",  # (Kimi Delta Attention layers beside latent attention without a rotary)
+    "minimax": "minimax",  # (lightning attention layers beside softmax attention, experts in every layer)
     "mamba": "mamba",  # (attention-free: Mamba-1 layers only, no KV cache layers)
     "falcon_mamba": "mamba",
     "mamba2": "mamba2_lm",  # (attention-free: Mamba-2 layers only)

@@ -86,7 +86,7 @@ class MoeSpec:
     layers: tuple[bool, ...]  # per layer: MoE, or the dense MLP of the decoder's intermediate_size
     shared_intermediate_size: int = 0  # a shared expert's columns (Qwen2-MoE, Granite, GLM), 0: none
     names: MoeNames = field(default_factory=MoeNames)
-    scoring: str = "softmax"  # or "sigmoid" (GLM-4.5): reference.moe_route
+    scoring: str = "softmax"  # or "sigmoid" (GLM-4.5), "sparsemixer" (Phi-3.5-MoE): reference.moe_route
     score_bias: bool = False  # the choice's bias (the checkpoint's e_score_correction_bias): reference.moe_route
     scale: float = 1.0  # the routing weights times this (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 x and weights (GLM-4.5's router casts both)
@@ -107,6 +107,8 @@ class MoeSpec:
     # > 0: the routed experts read and write rows of this width (Nemotron 3 Super's moe_latent_size): the
     # normalised rows times `latent[0]` `[L, H]` before them, their weighted sum times `latent[1]` `[H, L]` after.
     latent_size: int = 0
+    # sparsemixer's band (scoring "sparsemixer", the config's router_jitter_noise): reference.moe_route
+    mask_eps: float = 0.0
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
@@ -150,6 +152,7 @@ class MoeLayer:
     scale_input: bool = False  # (MoeSpec.scale_input)
     latent_in: torch.Tensor | None = None  # [L, H]: the rows into the routed experts' space (MoeSpec.latent_size)
     latent_out: torch.Tensor | None = None  # [H, L]: their weighted sum back out of it
+    mask_eps: float = 0.0  # (MoeSpec.mask_eps)
 
     def __call__(self, x: torch.Tensor, activation: str, prenorm: kernels.PreNorm | None = None) -> torch.Tensor:
         """The block's output `[T, H]` for its input x `[T, H]`, normalised or (`prenorm`) to be
@@ -176,7 +179,8 @@ class MoeLayer:
             out = kernels.moe_mlp(routed, logits, self.gate_up, self.down, self.top_k, self.normalize,
                                   x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
                                   self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
-                                  groups=self.groups, kept_groups=self.kept_groups, group_score=self.group_score)
+                                  groups=self.groups, kept_groups=self.kept_groups, group_score=self.group_score,
+                                  mask_eps=self.mask_eps)
             if self.latent_out is not None:
                 out = kernels.linear_act(out, self.latent_out)
         if self.shared_gate_up is not None:
@@ -266,7 +270,8 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     router_weight = read(f"{base}{router}.weight", (experts, hidden))
     layer = MoeLayer(router_weight.float() if spec.router_fp32 else router_weight, gate_up, down, spec.top_k,
                      spec.normalize, spec.round_weights, scoring=spec.scoring, scale=spec.scale, groups=spec.groups,
-                     kept_groups=spec.kept_groups, group_score=spec.group_score, scale_input=spec.scale_input)
+                     kept_groups=spec.kept_groups, group_score=spec.group_score, scale_input=spec.scale_input,
+                     mask_eps=spec.mask_eps)
     if spec.router_bias:
         layer.router_bias = read(f"{base}{router}.bias", (experts,))
     if biases is not None:

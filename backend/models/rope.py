@@ -16,7 +16,8 @@ The variants are the published ones (Hugging Face's `rope_scaling` / `rope_param
             scaled by an attention factor (0.1 ln(factor) + 1 unless given)
 - longrope: inv_freq / short_factor[i] for positions inside the original length and
             inv_freq / long_factor[i] past it, cos/sin scaled by
-            sqrt(1 + ln(factor) / ln(original length)) unless given
+            sqrt(1 + ln(factor) / ln(original length)) unless given; where a family gives
+            `short_mscale` / `long_mscale` (Phi-3.5-MoE's), by those inside / past it instead
 - dynamic:  NTK-aware: inside the original length the default table; past it, position p uses
             the base theta * (factor * (p + 1) / original - (factor - 1))^(d / (d - 2))
 - proportional: a share of the whole head's frequencies (LFM3's full-attention layers): inv_freq[i] =
@@ -61,6 +62,8 @@ class Rope:
     mscale_all_dim: float | None = None
     short_factor: tuple[float, ...] | None = None  # longrope
     long_factor: tuple[float, ...] | None = None  # longrope
+    short_mscale: float | None = None  # longrope (Phi-3.5-MoE): cos and sin scaled by this inside the original length
+    long_mscale: float | None = None  # and by this past it (None: cos_sin_scale)
     proportion: float = 1.0  # proportional: the share of the head's frequency pairs that rotate
 
     @classmethod
@@ -116,6 +119,9 @@ class Rope:
             short = base / torch.tensor(self.short_factor, device=device)
             long = base / torch.tensor(self.long_factor, device=device)
             angles = torch.where(inside[:, None], pos[:, None] * short, pos[:, None] * long)
+            if self.short_mscale is not None and self.long_mscale is not None:
+                scale = torch.where(inside, self.short_mscale, self.long_mscale)[:, None]
+                return torch.stack([angles.cos() * scale, angles.sin() * scale], dim=1)
         elif self.rope_type == "dynamic":
             angles = pos[:, None] * base
             past = pos >= self.original_max_positions
