@@ -274,9 +274,6 @@ def _check_split(config: dict, spec, tp) -> None:
         raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
     if spec.mixers:  # (their heads divide, or the family's mixers do not split: it says which)
         spec.split_mixers(tp)
-    if spec.qk_norm_full:
-        raise ValueError("tensor parallelism is not supported with q/k norms over all heads (OLMo 2 / 3, OLMoE, "
-                         "MiniMax-M2): each rank holds only its heads")
     if spec.attends:
         tp.part(spec.num_heads, "attention heads")
         tp.part(spec.num_kv_heads, "KV heads")

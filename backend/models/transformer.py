@@ -27,7 +27,9 @@ and runs it. What differs between the families is data, read here in one place:
                      with one (norm_bias: Starcoder2, Phi)
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
                      weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such; with a
-                     partial rotary each head's share of them stored in the rotary's order, as its rows)
+                     partial rotary each head's share of them stored in the rotary's order, as its rows;
+                     under tensor parallelism each rank's heads' rows, normalised by every rank's squares:
+                     TransformerDecoder._norms_over_ranks)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
     qk_norm_layers   per layer: whether it has the q / k norms (Llama 4's rope layers do, its NoPE ones not)
     qk_norm_bias     the per-head q / k norms are LayerNorms with biases (Persimmon), before the rotary
@@ -433,12 +435,14 @@ class TransformerDecoder(DecoderModel):
             """The bias beside a LayerNorm's weight `name` (norm_bias), else None."""
             return w(name.removesuffix(".weight") + ".bias", hidden) if c.norm_bias else None
 
-        def norm(name: str, size: int = hidden) -> torch.Tensor:
+        def norm(name: str, size: int = hidden, rows: slice | None = None) -> torch.Tensor:
+            """A norm's weight (`rows` of it: a whole-width q / k norm's, this rank's heads')."""
             if not c.norm_offset:
-                return w(name, size)
+                return w(name, size, rows=rows)
             # (offset + w) once, in fp32, never rounded to the activation dtype: what the family's
             # norm multiplies by (kernels accept an fp32 norm weight beside fp16/bf16 activations).
-            return state[checked(name, (size,))].to(device=device, dtype=torch.float32) + c.norm_offset
+            weight = state[checked(name, (size,))][rows if rows is not None else slice(None)]
+            return weight.to(device=device, dtype=torch.float32) + c.norm_offset
 
         tied = c.tie_word_embeddings or n.lm_head not in state
         head_b = n.lm_head.removesuffix(".weight") + ".bias" if c.head_bias else None
@@ -518,8 +522,11 @@ class TransformerDecoder(DecoderModel):
                          torch.cat([w(p + n.q + ".bias", q_rows, rows=q_part), w(p + n.k + ".bias", kv_rows, rows=kv_part),
                                     w(p + n.v + ".bias", kv_rows, rows=kv_part)]))
             qk_norm = c.qk_norm and (not c.qk_norm_layers or c.qk_norm_layers[i])
-            q_norm = norm(p + n.q_norm + ".weight", q_rows if c.qk_norm_full else head) if qk_norm else None
-            k_norm = norm(p + n.k_norm + ".weight", kv_rows if c.qk_norm_full else head) if qk_norm else None
+            # (whole-width norms: this rank's heads' rows of them)
+            q_norm = (norm(p + n.q_norm + ".weight", *((q_rows, q_part) if c.qk_norm_full else (head,)))
+                      if qk_norm else None)
+            k_norm = (norm(p + n.k_norm + ".weight", *((kv_rows, kv_part) if c.qk_norm_full else (head,)))
+                      if qk_norm else None)
             q_norm_b = w(p + n.q_norm + ".bias", head) if c.qk_norm_bias else None
             k_norm_b = w(p + n.k_norm + ".bias", head) if c.qk_norm_bias else None
             if order is not None:
@@ -808,6 +815,8 @@ class TransformerDecoder(DecoderModel):
         table = local if layer.local else cos_sin
         cos, sin = (table[:, 0], table[:, 1]) if layer.rotary else (None, None)
         gate = None
+        # whole-width q / k norms over heads that the ranks share: their sums of squares are summed first
+        split_norms = self.tp is not None and c.qk_norm_full and layer.q_norm is not None
         if layer.attn_gate_w is not None and pre is not None:
             normed = torch.empty_like(x)
             gate = kernels.linear_act(x, layer.attn_gate_w, prenorm=replace(pre, normed_out=normed))
@@ -816,8 +825,8 @@ class TransformerDecoder(DecoderModel):
             gate = kernels.linear_act(x, layer.attn_gate_w)
         if layer.mla is not None:  # multi-head latent attention: its projections write the cache (mla.py)
             q = layer.mla.to_cache(x, pre, cos, sin, cache.keys(li), cache.values(li), batch.slot_mapping)
-        elif not (c.qk_norm_after_rope or c.qk_norm_bias or c.clip_qkv is not None):  # (whole-width q/k norms: their
-            # [H * D] weights say so)
+        elif not (c.qk_norm_after_rope or c.qk_norm_bias or c.clip_qkv is not None or split_norms):
+            # (whole-width q/k norms: their [H * D] weights say so)
             q = kernels.prenorm_qkv_to_cache(
                 x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
                 cache.keys(li), cache.values(li), batch.slot_mapping,
@@ -829,10 +838,14 @@ class TransformerDecoder(DecoderModel):
                 qkv = qkv.clamp_(-c.clip_qkv, c.clip_qkv)
             # One split, rotated there (a NoPE layer: not at all) unless LayerNorms come first (qk_norm_bias).
             heads = (c.num_heads, c.num_kv_heads, c.head_dim)
-            rotate_now = cos is not None and not c.qk_norm_bias
+            rotate_now = cos is not None and not c.qk_norm_bias and not split_norms
             q, k, v = (kernels.qkv_split_rotary(qkv, None, *heads, cos, sin) if rotate_now
                        else kernels.qkv_split(qkv, None, *heads))
-            if c.qk_norm_after_rope and layer.q_norm is not None:  # (a layer without them (qk_norm_layers): none)
+            if split_norms:  # each rank's share of the rows, normalised by every rank's squares, then rotated
+                q, k = self._norms_over_ranks(q, k, layer, eps)
+                if cos is not None:
+                    q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
+            elif c.qk_norm_after_rope and layer.q_norm is not None:  # (a layer without them (qk_norm_layers): none)
                 q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
             elif c.qk_norm_bias:  # each head LayerNorm'd with its bias, then rotated
                 q = kernels.add_bias_residual_layer_norm(q.reshape(-1, c.head_dim), None, None, layer.q_norm,
@@ -854,6 +867,21 @@ class TransformerDecoder(DecoderModel):
             ctx = layer.mla.values(ctx)
         out = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w, layer.o_b)
         return out if beside is None else beside + out  # (Falcon-H1 adds the mixer's output first)
+
+    def _norms_over_ranks(self, q: torch.Tensor, k: torch.Tensor, layer: _Layer,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole-width q / k RMSNorms (qk_norm_full) of rows `[T, heads, D]` whose heads the ranks share: each rank's
+        sums of squares of its q and k rows, summed over the ranks in one fp32 all-reduce, give every rank the whole
+        width's mean squares (in fp32, rounded once, as kernels.rms_norm)."""
+        rows, world = q.shape[0], self.tp.world
+        qf, kf = q.reshape(rows, -1).float(), k.reshape(rows, -1).float()
+        squares = self.tp.all_reduce(torch.stack([qf.pow(2).sum(-1), kf.pow(2).sum(-1)], dim=1))
+
+        def normed(t, whole, weight, like):
+            mean_square = whole / (t.shape[1] * world)
+            return (t * torch.rsqrt(mean_square + eps) * weight.float()).to(like.dtype).view(like.shape)
+
+        return normed(qf, squares[:, :1], layer.q_norm, q), normed(kf, squares[:, 1:], layer.k_norm, k)
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """The layer's MLP (dense or mixture of experts) over its input rows x."""
