@@ -77,7 +77,7 @@ class LightningAttention:
                  out_proj: torch.Tensor, tp=None):
         """`spec`: the whole layer's sizes; with `tp` the weights are this rank's heads' (split)."""
         local, heads = split(spec, tp)
-        self.spec, self.norm_tp, self.norm_width = local, (None if heads.whole else tp), spec.dim
+        self.spec, self.norm_tp = local, (None if heads.whole else tp)
         self.in_proj, self.norm, self.out_proj = in_proj, norm, out_proj
         self.slope = spec.slopes(layer)[heads.heads].to(norm.device)  # lambda per head (the prompt's block form)
         self.decay = torch.exp(-self.slope)  # e^-lambda per head (a decode step's factor)
@@ -106,9 +106,7 @@ class LightningAttention:
         if self.norm_tp is None:
             normed, _ = kernels.rms_norm(out, self.norm, NORM_EPS)
         else:  # the heads split over the ranks: their sums of squares summed, then the whole width's mean square
-            h = out.float()
-            squares = self.norm_tp.all_reduce(h.pow(2).sum(-1, keepdim=True))
-            normed = (h * torch.rsqrt(squares / self.norm_width + NORM_EPS) * self.norm.float()).to(out.dtype)
+            normed = self.norm_tp.rms_norms([out], [self.norm], NORM_EPS)[0]
         return kernels.linear_act(kernels.sigmoid_mul(normed, gate), self.out_proj)
 
 

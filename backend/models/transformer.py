@@ -872,16 +872,10 @@ class TransformerDecoder(DecoderModel):
                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole-width q / k RMSNorms (qk_norm_full) of rows `[T, heads, D]` whose heads the ranks share: each rank's
         sums of squares of its q and k rows, summed over the ranks in one fp32 all-reduce, give every rank the whole
-        width's mean squares (in fp32, rounded once, as kernels.rms_norm)."""
-        rows, world = q.shape[0], self.tp.world
-        qf, kf = q.reshape(rows, -1).float(), k.reshape(rows, -1).float()
-        squares = self.tp.all_reduce(torch.stack([qf.pow(2).sum(-1), kf.pow(2).sum(-1)], dim=1))
-
-        def normed(t, whole, weight, like):
-            mean_square = whole / (t.shape[1] * world)
-            return (t * torch.rsqrt(mean_square + eps) * weight.float()).to(like.dtype).view(like.shape)
-
-        return normed(qf, squares[:, :1], layer.q_norm, q), normed(kf, squares[:, 1:], layer.k_norm, k)
+        width's mean squares (TensorParallelGroup.rms_norms)."""
+        rows = q.shape[0]
+        qn, kn = self.tp.rms_norms([q.reshape(rows, -1), k.reshape(rows, -1)], [layer.q_norm, layer.k_norm], eps)
+        return qn.view(q.shape), kn.view(k.shape)
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """The layer's MLP (dense or mixture of experts) over its input rows x."""

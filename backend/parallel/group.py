@@ -81,6 +81,17 @@ class TensorParallelGroup:
             return self.reducer.all_reduce_norm(x, prenorm), None
         return self.all_reduce(x), prenorm
 
+    def rms_norms(self, parts: list[torch.Tensor], weights: list[torch.Tensor], eps: float) -> list[torch.Tensor]:
+        """RMSNorms whose width the ranks share (a norm over every head, the heads split): each of `parts`
+        is this rank's `[rows, n]` share of one norm's rows and each of `weights` its `[n]` share of the
+        weight. Every rank's sums of squares, all norms in one fp32 all-reduce `[rows, len(parts)]`, give
+        the whole width's (`world * n`) mean squares; the rows come back normalised in their own dtype,
+        computed in fp32 and rounded once, as kernels.rms_norm."""
+        floats = [p.float() for p in parts]
+        squares = self.all_reduce(torch.stack([f.pow(2).sum(-1) for f in floats], dim=1))
+        return [(f * torch.rsqrt(squares[:, i : i + 1] / (f.shape[1] * self.world) + eps) * w.float()).to(p.dtype)
+                for i, (f, w, p) in enumerate(zip(floats, weights, parts))]
+
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
         """`[rows, n]` on every rank -> `[rows, world * n]`, rank r's columns at r * n: the
         vocabulary-parallel head's logits, whole on every rank (each samples the same ids)."""
