@@ -37,6 +37,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     qkv_split,
     qkv_split_rotary,
     qkv_to_cache,
+    qk_squares,
     rms_norm,
     rotary_cos_sin,
     rotary_in_place,

@@ -115,6 +115,7 @@ mamba_gated_squares = _dispatched("mamba_gated_squares")
 selective_scan_decode = _dispatched("selective_scan_decode")
 selective_scan_chunk = _dispatched("selective_scan_chunk")
 qkv_to_cache = _dispatched("qkv_to_cache")
+qk_squares = _dispatched("qk_squares")
 # Tables, not kernels: always computed by torch.
 rotary_cos_sin = reference.rotary_cos_sin
 gelu_activation = reference.gelu_activation

@@ -1095,6 +1095,8 @@ def qkv_to_cache(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
+    norm_squares: torch.Tensor | None = None,
+    norm_ranks: int = 1,
 ) -> torch.Tensor:
     """A decoder layer's QKV epilogue: bias, split, rotary (when cos/sin are given) and the
     write of k and v into the paged cache (`write_kv`); returns q `[T, H, D]`.
@@ -1103,7 +1105,12 @@ def qkv_to_cache(
     every q (k) head is RMS-normalised over its D values with that weight (`rms_norm`: fp32
     statistics, the result rounded to qkv's dtype); v is never normalised. A weight of the
     whole width, `[H * D]` (`[Hkv * D]` for k; OLMo 2's), normalises each token's q (k) over all
-    its heads at once instead (`head_norm`)."""
+    its heads at once instead (`head_norm`).
+
+    `norm_squares` (fp32 `[T, 2]`, with whole-width norms split over `norm_ranks` tensor-parallel
+    ranks, each holding H and Hkv of the heads): each token's sums of squares of its q and of its
+    k over every rank's heads (`qk_squares` of each rank, all-reduced), in place of this rank's
+    own; the mean squares are over the whole width, `norm_ranks * H * D` (`* Hkv * D`)."""
     if q_norm is None and k_norm is None:
         if cos is None:
             q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
@@ -1111,14 +1118,31 @@ def qkv_to_cache(
             q, k, v = qkv_split_rotary(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin)
     else:
         q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
-        if q_norm is not None:
-            q = head_norm(q, q_norm, norm_eps)
-        if k_norm is not None:
-            k = head_norm(k, k_norm, norm_eps)
+        for i, norm in ((0, q_norm), (1, k_norm)):
+            if norm is None:
+                continue
+            heads = (q, k)[i]
+            if norm_squares is None:
+                heads = head_norm(heads, norm, norm_eps)
+            else:  # the whole width's mean square from every rank's sums of squares
+                rows = heads.reshape(heads.shape[0], -1).float()
+                mean = norm_squares[:, i : i + 1].float() / (rows.shape[1] * norm_ranks)
+                heads = (rows * torch.rsqrt(mean + norm_eps) * norm.float()).to(qkv.dtype).view(heads.shape)
+            q, k = (heads, k) if i == 0 else (q, heads)
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
+
+
+def qk_squares(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Each token's sums of squares of its q heads and of its k heads, fp32 `[T, 2]`, of QKV
+    projection rows `[T, (H + 2 * Hkv) * D]` (no bias): what a rank holding H and Hkv of the heads
+    contributes to whole-width q / k norms split over tensor-parallel ranks (qkv_to_cache's
+    `norm_squares`, once all-reduced)."""
+    q_width, k_width = num_heads * head_dim, num_kv_heads * head_dim
+    h = qkv[:, : q_width + k_width].float()
+    return torch.stack([h[:, :q_width].pow(2).sum(-1), h[:, q_width:].pow(2).sum(-1)], dim=1)
 
 
 def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -1262,7 +1286,7 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
       fp32, each column times its weight scale, plus the bias, rounded once (the GEMV and the
       small GEMM apply the scale and bias on their fp32 accumulator);
     * more rows: x quantised per token (`quantize_rows_fp8`), the E4M3 product in fp32 times
-      both scales, rounded (torch._scaled_mm's output), then the bias added in that dtype.
+      both scales plus the bias, rounded once (torch._scaled_mm's output, the bias in its epilogue).
 
     The weight is dequantised on every call: fine for the tests and the CPU, which this serves."""
     w = weight.data.float()
@@ -1270,8 +1294,8 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
         h = F.linear(x.float(), w) * weight.scale
         return (h if bias is None else h + bias.float()).to(weight.dtype)
     q, scale = quantize_rows_fp8(x)
-    h = (F.linear(q.float(), w) * scale * weight.scale).to(weight.dtype)
-    return h if bias is None else h + bias.to(weight.dtype)
+    h = F.linear(q.float(), w) * scale * weight.scale
+    return (h if bias is None else h + bias.float()).to(weight.dtype)
 
 
 MOE_SCORINGS = ("softmax", "sigmoid", "sparsemixer")

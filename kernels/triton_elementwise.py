@@ -338,10 +338,11 @@ def _row_sum_of_squares(row_ptr, start, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _full_norm_factors(ss_q, ss_k, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads, head_dim, eps,
-                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
+                       ranks, Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
     """_head_norm_factors of whole-width q / k norms (OLMo 2's): every q head takes the token's
-    q statistics (`ss_q` over all its q heads) and q_norm's weight at its own columns
-    (head * D + col), every k head likewise; other head rows get 1 and 1."""
+    q statistics (`ss_q` over all its q heads, of `ranks` ranks' heads where they are split) and
+    q_norm's weight at its own columns (head * D + col), every k head likewise; other head rows
+    get 1 and 1."""
     is_q = heads < n_q_heads
     is_k = (heads >= n_q_heads) & (heads < n_q_heads + n_kv_heads)
     is_q_normed = is_q
@@ -350,8 +351,8 @@ def _full_norm_factors(ss_q, ss_k, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_he
         is_q_normed = heads < 0  # none
     if not K_NORM:
         is_k_normed = heads < 0
-    rstd = tl.where(is_q_normed, tl.math.rsqrt(ss_q / (n_q_heads * head_dim) + eps),
-                    tl.where(is_k_normed, tl.math.rsqrt(ss_k / (n_kv_heads * head_dim) + eps), 1.0))
+    rstd = tl.where(is_q_normed, tl.math.rsqrt(ss_q / (n_q_heads * head_dim * ranks) + eps),
+                    tl.where(is_k_normed, tl.math.rsqrt(ss_k / (n_kv_heads * head_dim * ranks) + eps), 1.0))
     w_q = tl.load(qn_ptr + heads * head_dim + cols, mask=is_q_normed & col_mask, other=1.0).to(tl.float32)
     w_k = tl.load(kn_ptr + (heads - n_q_heads) * head_dim + cols, mask=is_k_normed & col_mask,
                   other=1.0).to(tl.float32)
@@ -360,12 +361,12 @@ def _full_norm_factors(ss_q, ss_k, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_he
 
 @triton.jit
 def _split_rotary_kernel(
-    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr,
+    src_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qn_ptr, kn_ptr, sq_ptr,
     src_stride_t, src_stride_h, cos_stride_t, sin_stride_t,
-    n_q_heads, n_kv_heads, head_dim, half, norm_eps,
+    n_q_heads, n_kv_heads, head_dim, half, norm_eps, norm_ranks,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, FULL_NORM: tl.constexpr,
-    FULL_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SUMMED: tl.constexpr, FULL_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 
@@ -380,7 +381,9 @@ def _split_rotary_kernel(
     (a program holds whole heads) with weight qn / kn, and rounded to the output dtype.
     FULL_NORM (no bias; heads contiguous in the row): the norms are over each token's whole q
     (k) width instead, weights `[H * D]` (`[Hkv * D]`): every program first sums the squares of
-    its token's q and k rows (a few KB, from L2), then normalises its own heads with them.
+    its token's q and k rows (a few KB, from L2), then normalises its own heads with them. SUMMED
+    (FULL_NORM split over `norm_ranks` tensor-parallel ranks): the sums come from sq_ptr `[T, 2]`
+    (every rank's, all-reduced) and the widths are norm_ranks times this rank's.
     PDL: launched early, it waits for the previous kernel before anything else.
     """
     triton_pdl.wait_for_predecessor(PDL)
@@ -395,7 +398,10 @@ def _split_rotary_kernel(
     src = src_ptr + t * src_stride_t + heads * src_stride_h
     ss_q = 0.0
     ss_k = 0.0
-    if FULL_NORM:
+    if SUMMED:
+        ss_q = tl.load(sq_ptr + 2 * t)
+        ss_k = tl.load(sq_ptr + 2 * t + 1)
+    elif FULL_NORM:
         row = src_ptr + t * src_stride_t
         if Q_NORM:
             ss_q = _row_sum_of_squares(row, 0, n_q_heads * head_dim, FULL_BLOCK)
@@ -415,9 +421,9 @@ def _split_rotary_kernel(
             x2 = x2.to(q_ptr.dtype.element_ty).to(tl.float32)
         if FULL_NORM:
             rstd, w1 = _full_norm_factors(ss_q, ss_k, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
-                                          head_dim, norm_eps, Q_NORM, K_NORM)
+                                          head_dim, norm_eps, norm_ranks, Q_NORM, K_NORM)
             _, w2 = _full_norm_factors(ss_q, ss_k, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads,
-                                       n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
+                                       n_kv_heads, head_dim, norm_eps, norm_ranks, Q_NORM, K_NORM)
         elif Q_NORM or K_NORM:  # both halves of every head are here: its statistics
             ss = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None]
             rstd, w1 = _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
@@ -442,7 +448,7 @@ def _split_rotary_kernel(
             x += tl.load(bias_ptr + heads * head_dim + cols, mask=mask, other=0.0).to(tl.float32)
         if FULL_NORM:
             rstd, w = _full_norm_factors(ss_q, ss_k, heads, cols, cols < head_dim, qn_ptr, kn_ptr, n_q_heads,
-                                         n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
+                                         n_kv_heads, head_dim, norm_eps, norm_ranks, Q_NORM, K_NORM)
             x = x * rstd * w
         elif Q_NORM or K_NORM:
             if HAS_BIAS:  # the norm sees qkv + bias as the unfused path stores it
@@ -455,11 +461,12 @@ def _split_rotary_kernel(
 
 def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, sin,
                          n_q_heads, n_kv_heads, head_dim, slots=None, q_norm=None, k_norm=None, norm_eps=1e-6,
-                         full_norm=False):
+                         full_norm=False, norm_squares=None, norm_ranks=1):
     """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary; `slots`
     (int64 `[T]`) sends k and v to those rows of flattened cache tensors; q_norm / k_norm
     (`[D]`; with `full_norm` the whole width, `[H * D]` / `[Hkv * D]`) RMS-normalise q / k
-    heads before rotary."""
+    heads before rotary; `norm_squares` (fp32 `[T, 2]`) and `norm_ranks`: whole-width norms split
+    over ranks (reference.qkv_to_cache)."""
     n_tokens = q.shape[0]
     n_slots = n_q_heads + 2 * n_kv_heads
     if n_tokens == 0 or head_dim == 0 or n_slots == 0:
@@ -481,12 +488,14 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
         src, bias if bias is not None else src, q, k, v,
         cos if rotary else src, sin if rotary else src, slots if slots is not None else src,
         q_norm if q_norm is not None else src, k_norm if k_norm is not None else src,
+        norm_squares if norm_squares is not None else src,
         src_stride_t, src_stride_h,
         cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
-        n_q_heads, n_kv_heads, head_dim, head_dim // 2, float(norm_eps),
+        n_q_heads, n_kv_heads, head_dim, head_dim // 2, float(norm_eps), int(norm_ranks),
         HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
         TO_SLOTS=slots is not None, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, FULL_NORM=full_norm,
-        FULL_BLOCK=_FULL_NORM_BLOCK, PDL=pdl, num_warps=num_warps, **triton_pdl.launch_options(pdl),
+        SUMMED=norm_squares is not None, FULL_BLOCK=_FULL_NORM_BLOCK, PDL=pdl, num_warps=num_warps,
+        **triton_pdl.launch_options(pdl),
     )
 
 
@@ -567,6 +576,8 @@ def qkv_to_cache(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
+    norm_squares: torch.Tensor | None = None,
+    norm_ranks: int = 1,
 ) -> torch.Tensor:
     """Bias, split, the q/k head norms, rotary and the paged-cache write in one pass; see
     reference.qkv_to_cache. The norm weights may be of any float dtype (read as fp32)."""
@@ -576,7 +587,11 @@ def qkv_to_cache(
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
     if k_cache.dtype != qkv.dtype or (bias is not None and bias.dtype != qkv.dtype):
         raise ValueError("qkv, bias and the caches must share one dtype")
-    full_norm = any(t is not None and t.numel() != head_dim for t in (q_norm, k_norm))
+    full_norm = norm_squares is not None or any(t is not None and t.numel() != head_dim for t in (q_norm, k_norm))
+    if norm_squares is not None and (norm_squares.shape != (qkv.shape[0], 2) or norm_squares.dtype != torch.float32
+                                     or not norm_squares.is_contiguous()):
+        raise ValueError(f"norm_squares must be contiguous fp32 [tokens, 2], got {norm_squares.dtype} "
+                         f"{list(norm_squares.shape)}")
     for name, t, heads in (("q_norm", q_norm, num_heads), ("k_norm", k_norm, num_kv_heads)):
         if t is not None and t.shape != ((heads * head_dim,) if full_norm else (head_dim,)):
             raise ValueError(f"{name} must be [head_dim] = [{head_dim}], or both norms the whole width "
@@ -589,5 +604,27 @@ def qkv_to_cache(
                          v_cache, cos, sin, num_heads, num_kv_heads, head_dim, slots=slot_mapping.contiguous(),
                          q_norm=None if q_norm is None else _contig(q_norm),
                          k_norm=None if k_norm is None else _contig(k_norm), norm_eps=norm_eps,
-                         full_norm=full_norm)
+                         full_norm=full_norm, norm_squares=norm_squares, norm_ranks=norm_ranks)
     return q
+
+
+@triton.jit
+def _qk_squares_kernel(qkv_ptr, out_ptr, stride_t, q_width, k_width, BLOCK: tl.constexpr):
+    """Token t's sums of squares of its q columns and of its k columns -> out[t, 0:2] (fp32). Grid: (T,)."""
+    row = qkv_ptr + tl.program_id(0).to(tl.int64) * stride_t
+    out = out_ptr + tl.program_id(0).to(tl.int64) * 2
+    tl.store(out, _row_sum_of_squares(row, 0, q_width, BLOCK))
+    tl.store(out + 1, _row_sum_of_squares(row, q_width, k_width, BLOCK))
+
+
+@register("qk_squares")
+def qk_squares(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """See reference.qk_squares: one program per token."""
+    assert qkv.dim() == 2 and qkv.shape[1] == (num_heads + 2 * num_kv_heads) * head_dim, \
+        f"qkv must be [tokens, (H + 2*Hkv) * D], got {list(qkv.shape)}"
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    out = torch.empty((qkv.shape[0], 2), dtype=torch.float32, device=qkv.device)
+    if qkv.shape[0]:
+        _qk_squares_kernel[(qkv.shape[0],)](qkv, out, qkv.stride(0), num_heads * head_dim, num_kv_heads * head_dim,
+                                            BLOCK=_FULL_NORM_BLOCK, num_warps=4)
+    return out

@@ -401,12 +401,12 @@ def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.numel() * weight.element_size() <= SPLIT_MAX_BYTES)
 
 
-def _fp8_matmul(x: torch.Tensor, weight: Fp8Weight, r: str) -> torch.Tensor:
-    """x @ W^T of an FP8 weight past the few-row kernels, in its activation dtype: the FP8
-    tensor-core GEMM (route SCALED_MM) or the reference (TORCH), no bias."""
+def _fp8_matmul(x: torch.Tensor, weight: Fp8Weight, r: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W^T + bias of an FP8 weight past the few-row kernels, in its activation dtype: the FP8
+    tensor-core GEMM (route SCALED_MM, the bias in its epilogue) or the reference (TORCH)."""
     if r == SCALED_MM:
-        return triton_fp8.scaled_mm(x, weight)
-    return reference.fp8_linear(x, weight)
+        return triton_fp8.scaled_mm(x, weight, bias=bias)
+    return reference.fp8_linear(x, weight, bias)
 
 
 @register("linear_act")
@@ -536,7 +536,7 @@ def _unfused(x, weight, bias, activation, out, many_rows=False, fp8_route=TORCH)
     MANY_ROW_GEMM) in the fused many-row GEMM instead. An FP8 weight: `_fp8_matmul` on
     `fp8_route`, then the bias and the activation as below."""
     if isinstance(weight, Fp8Weight):
-        return _fp8_epilogue(_fp8_matmul(x, weight, fp8_route), bias, activation, out)
+        return _fp8_epilogue(_fp8_matmul(x, weight, fp8_route, bias), activation, out)
     gelu = reference.GELU_APPROXIMATE.get(activation)
     if gelu is not None:
         if many_rows:
@@ -564,16 +564,14 @@ def _relu_(h: torch.Tensor, activation: str) -> torch.Tensor:
     return h.square_() if activation == "relu2" else h
 
 
-def _fp8_epilogue(h: torch.Tensor, bias, activation, out):
-    """bias and activation after an FP8 GEMM's `[M, N]` output h (in place where it can be): the
-    GELUs in the bias_gelu kernel, a gated activation after the bias, a plain bias added."""
+def _fp8_epilogue(h: torch.Tensor, activation, out):
+    """The activation after an FP8 GEMM's `[M, N]` output h, its bias already added (in place where
+    it can be): the GELUs in the bias_gelu kernel, a gated activation, a ReLU."""
     gelu = reference.GELU_APPROXIMATE.get(activation)
     if gelu is not None:
-        h = dispatch.bias_gelu(h, bias, gelu, out=h)
+        h = dispatch.bias_gelu(h, None, gelu, out=h)
     elif activation in GATED_ACTIVATIONS:
-        h = dispatch.gated_act(h if bias is None else h.add_(bias), activation)
+        h = dispatch.gated_act(h, activation)
     elif activation in _RELUS:
-        h = _relu_(h if bias is None else h.add_(bias), activation)
-    elif bias is not None:
-        h = h.add_(bias)
+        h = _relu_(h, activation)
     return h if out is None else out.copy_(h)

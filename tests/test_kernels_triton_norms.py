@@ -567,6 +567,56 @@ def test_qkv_to_cache_with_whole_width_norms(dtype, heads, kv_heads, head_dim, r
         te.qkv_to_cache(qkv, rand(qkv.shape[1], dtype=dtype), *args, kc, vc, slots, q_norm, k_norm)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary,norms", [(4, 4, 16, True, "qk"), (4, 2, 20, True, "qk"),
+                                                                  (2, 2, 12, False, "k"), (6, 2, 256, True, "qk")])
+def test_whole_width_norms_split_over_two_ranks(dtype, heads, kv_heads, head_dim, rotary, norms):
+    """Tensor parallelism's form of OLMo 2's q / k norms: each of two ranks holds half the heads, sums its q's and
+    k's squares (qk_squares), and normalises its heads by both ranks' sums (qkv_to_cache's norm_squares): its
+    q and cache rows are the whole model's (the reference on every head) at its heads."""
+    rand = make_rand(seed_of("split", dtype, heads, kv_heads, head_dim, rotary, norms))
+    n_tokens, d = 5, head_dim
+    whole = rand(n_tokens, (heads + 2 * kv_heads) * d, dtype=dtype)
+    cos, sin = _cos_sin(n_tokens, d, dtype) if rotary else (None, None)
+    q_norm = rand(heads * d, mean=1.0, std=0.3) if "q" in norms else None
+    k_norm = rand(kv_heads * d, mean=1.0, std=0.3)
+    slots = torch.randperm(12, generator=torch.Generator().manual_seed(1))[:n_tokens].to(DEVICE)
+    kc, vc = torch.zeros(3, 4, kv_heads, d, dtype=dtype, device=DEVICE), torch.zeros(3, 4, kv_heads, d, dtype=dtype,
+                                                                                   device=DEVICE)
+    q_whole = ref.qkv_to_cache(whole, None, heads, kv_heads, d, cos, sin, kc, vc, slots, q_norm, k_norm, 1e-6)
+    h, hk = heads // 2, kv_heads // 2
+
+    def share(r):  # rank r's rows of the QKV projection: its q heads, its k heads, its v heads
+        cols = [whole[:, (start + r * n) * d : (start + (r + 1) * n) * d]
+                for start, n in ((0, h), (heads, hk), (heads + kv_heads, hk))]
+        return torch.cat(cols, dim=1).contiguous()
+
+    parts = [share(r) for r in (0, 1)]
+    squares = [te.qk_squares(p, h, hk, d) for p in parts]
+    for p, sq in zip(parts, squares):
+        torch.testing.assert_close(sq, ref.qk_squares(p, h, hk, d), rtol=1e-5, atol=1e-4)
+    summed = (squares[0] + squares[1]).contiguous()
+    for r, p in enumerate(parts):
+        kc_r, vc_r = torch.zeros_like(kc[:, :, :hk]), torch.zeros_like(vc[:, :, :hk])
+        own_q = None if q_norm is None else q_norm[r * h * d : (r + 1) * h * d]
+        own_k = k_norm[r * hk * d : (r + 1) * hk * d]
+        args = (p, None, h, hk, d, cos, sin, kc_r, vc_r, slots, own_q, own_k, 1e-6)
+        q = te.qkv_to_cache(*args, norm_squares=summed, norm_ranks=2)
+        kc_ref, vc_ref = kc_r.clone(), vc_r.clone()
+        q_ref = ref.qkv_to_cache(p, None, h, hk, d, cos, sin, kc_ref, vc_ref, slots, own_q, own_k, 1e-6,
+                                 norm_squares=summed, norm_ranks=2)
+        heads_of = slice(r * h, (r + 1) * h)
+        for a, e in ((q_ref, q_whole[:, heads_of]), (kc_ref, kc[:, :, r * hk : (r + 1) * hk]),
+                     (vc_ref, vc[:, :, r * hk : (r + 1) * hk])):
+            close(a, e)  # the split reference is the whole model's at this rank's heads
+        loose = INTERPRETED and dtype == torch.bfloat16 and rotary
+        for a, e in ((q, q_ref), (kc_r, kc_ref), (vc_r, vc_ref)):
+            if loose:  # (the interpreter's bf16 rounding, as _check_normed_qkv_to_cache allows)
+                torch.testing.assert_close(a, e, atol=2.0**-7 * 8, rtol=1.6e-2)
+            else:
+                close(a, e)
+
+
 def test_empty_inputs():
     x = torch.empty(0, 16, device=DEVICE)
     w = torch.ones(16, device=DEVICE)

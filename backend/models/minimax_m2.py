@@ -7,7 +7,7 @@ GLM-4.5 routes: sigmoid(logit) scores, the top k chosen by score plus the block'
 logits come from the activations as they are, not fp32 (transformers' MiniMax-M2 router casts to the
 router weight's dtype). Published checkpoints name the block `block_sparse_moe` and an expert's gate /
 down / up `w1` / `w2` / `w3`, as Mixtral's. The multi-token-prediction modules are not read.
-Its whole-width q / k norms split over tensor-parallel ranks as OLMo 2's do (the decoder's _norms_over_ranks)."""
+Its whole-width q / k norms split over tensor-parallel ranks as OLMo 2's do (kernels.qk_squares, all-reduced)."""
 from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
 from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf
 

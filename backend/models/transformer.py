@@ -28,8 +28,8 @@ and runs it. What differs between the families is data, read here in one place:
     qk_norm_full     the q / k norms over all of a token's query / key heads at once (OLMo 2;
                      weights [H * D] / [Hkv * D], which kernels.qkv_to_cache reads as such; with a
                      partial rotary each head's share of them stored in the rotary's order, as its rows;
-                     under tensor parallelism each rank's heads' rows, normalised by every rank's squares:
-                     TransformerDecoder._norms_over_ranks)
+                     under tensor parallelism each rank's heads' rows, normalised by every rank's sums of
+                     squares: kernels.qk_squares, all-reduced, read by kernels.qkv_to_cache)
     qk_norm_after_rope  the per-head q / k norms after the rotary, not before (Hunyuan)
     qk_norm_layers   per layer: whether it has the q / k norms (Llama 4's rope layers do, its NoPE ones not)
     qk_norm_bias     the per-head q / k norms are LayerNorms with biases (Persimmon), before the rotary
@@ -825,7 +825,13 @@ class TransformerDecoder(DecoderModel):
             gate = kernels.linear_act(x, layer.attn_gate_w)
         if layer.mla is not None:  # multi-head latent attention: its projections write the cache (mla.py)
             q = layer.mla.to_cache(x, pre, cos, sin, cache.keys(li), cache.values(li), batch.slot_mapping)
-        elif not (c.qk_norm_after_rope or c.qk_norm_bias or c.clip_qkv is not None or split_norms):
+        elif split_norms:  # each rank's sums of squares of its q and k, summed over the ranks, normalise its heads
+            qkv = kernels.linear_act(x, layer.qkv_w, layer.qkv_b, prenorm=pre)
+            heads = (c.num_heads, c.num_kv_heads, c.head_dim)
+            squares = self.tp.all_reduce(kernels.qk_squares(qkv, *heads))
+            q = kernels.qkv_to_cache(qkv, None, *heads, cos, sin, cache.keys(li), cache.values(li), batch.slot_mapping,
+                                     layer.q_norm, layer.k_norm, eps, norm_squares=squares, norm_ranks=self.tp.world)
+        elif not (c.qk_norm_after_rope or c.qk_norm_bias or c.clip_qkv is not None):
             # (whole-width q/k norms: their [H * D] weights say so)
             q = kernels.prenorm_qkv_to_cache(
                 x, pre, layer.qkv_w, layer.qkv_b, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin,
@@ -838,14 +844,10 @@ class TransformerDecoder(DecoderModel):
                 qkv = qkv.clamp_(-c.clip_qkv, c.clip_qkv)
             # One split, rotated there (a NoPE layer: not at all) unless LayerNorms come first (qk_norm_bias).
             heads = (c.num_heads, c.num_kv_heads, c.head_dim)
-            rotate_now = cos is not None and not c.qk_norm_bias and not split_norms
+            rotate_now = cos is not None and not c.qk_norm_bias
             q, k, v = (kernels.qkv_split_rotary(qkv, None, *heads, cos, sin) if rotate_now
                        else kernels.qkv_split(qkv, None, *heads))
-            if split_norms:  # each rank's share of the rows, normalised by every rank's squares, then rotated
-                q, k = self._norms_over_ranks(q, k, layer, eps)
-                if cos is not None:
-                    q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
-            elif c.qk_norm_after_rope and layer.q_norm is not None:  # (a layer without them (qk_norm_layers): none)
+            if c.qk_norm_after_rope and layer.q_norm is not None:  # (a layer without them (qk_norm_layers): none)
                 q, k = kernels.rms_norm(q, layer.q_norm, eps)[0], kernels.rms_norm(k, layer.k_norm, eps)[0]
             elif c.qk_norm_bias:  # each head LayerNorm'd with its bias, then rotated
                 q = kernels.add_bias_residual_layer_norm(q.reshape(-1, c.head_dim), None, None, layer.q_norm,
@@ -867,15 +869,6 @@ class TransformerDecoder(DecoderModel):
             ctx = layer.mla.values(ctx)
         out = kernels.linear_act(ctx.reshape(ctx.shape[0], -1), layer.o_w, layer.o_b)
         return out if beside is None else beside + out  # (Falcon-H1 adds the mixer's output first)
-
-    def _norms_over_ranks(self, q: torch.Tensor, k: torch.Tensor, layer: _Layer,
-                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Whole-width q / k RMSNorms (qk_norm_full) of rows `[T, heads, D]` whose heads the ranks share: each rank's
-        sums of squares of its q and k rows, summed over the ranks in one fp32 all-reduce, give every rank the whole
-        width's mean squares (TensorParallelGroup.rms_norms)."""
-        rows = q.shape[0]
-        qn, kn = self.tp.rms_norms([q.reshape(rows, -1), k.reshape(rows, -1)], [layer.q_norm, layer.k_norm], eps)
-        return qn.view(q.shape), kn.view(k.shape)
 
     def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """The layer's MLP (dense or mixture of experts) over its input rows x."""

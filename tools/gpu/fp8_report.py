@@ -25,7 +25,9 @@
   * bert-base at 64 sequences x 512 tokens: the encoder's forward, bf16 vs fp8;
   * one GEMM of M=32768, K=768, N=3072 (bert-base's FFN up-projection at that batch): bf16
     cuBLAS vs torch._scaled_mm with row-wise scales, alone and with the per-token activation
-    quantisation kernel.
+    quantisation kernel;
+  * `--parts encoder-profile`: bert-base's (64, 512) forward under torch.profiler, bf16 and fp8,
+    its kernels' time per forward by name.
 
 tests/data/fp8_eval.txt is real English prose: the module docstrings of Python 3.11's standard
 library (heapq's `__about__` essay, then sched, io, cmd, turtle, ast, copy, http.server,
@@ -277,6 +279,43 @@ def encoder_speed(dev) -> None:
         f"{ms['fp8']:.2f}", f"{ms['none'] / ms['fp8']:.2f}x faster (target > 1)")
 
 
+def encoder_profile(dev, top: int = 14) -> None:
+    """Where bert-base's (64, 512) forward spends its GPU time, bf16 against fp8: torch.profiler's CUDA
+    kernels over 5 forwards, summed by kernel name (us per forward), the largest `top` of each side."""
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    from tritonformer.backend import quantization
+    from tritonformer.backend.checkpoints.weights import strip_prefixes_of
+
+    cfg = transformers.BertConfig()
+    torch.manual_seed(0)
+    state = strip_prefixes_of(transformers.BertModel(cfg).eval().state_dict())
+    seqs, length, reps = 64, 512, 5
+    ids = torch.randint(1000, 30000, (seqs * length,), device=dev)
+    cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32, device=dev)
+    with torch.inference_mode():
+        for name in ("none", "fp8"):
+            model = quantization.load_encoder(cfg.to_dict(), state, dev, torch.bfloat16, name)
+            for _ in range(3):
+                model.forward(ids, cu, max_seqlen=length)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    model.forward(ids, cu, max_seqlen=length)
+                torch.cuda.synchronize()
+            rows = sorted(((e.device_time_total / reps, e.count / reps, e.key) for e in prof.key_averages()
+                           if e.device_time_total > 0), reverse=True)
+            total = sum(r[0] for r in rows)
+            label = "bf16" if name == "none" else "fp8"
+            print(f"\n### bert-base (64, 512) {label}: kernels {total:,.0f} us per forward")
+            print("| us per forward | launches | kernel |\n|---:|---:|---|")
+            for us, n, key in rows[:top]:
+                print(f"| {us:,.0f} | {n:.0f} | {key[:110]} |")
+            del model
+            torch.cuda.empty_cache()
+
+
 def gemm_speed(dev) -> None:
     from tritonformer.kernels import fp8, triton_fp8
 
@@ -338,6 +377,8 @@ def main() -> int:
             smollm2_accuracy(args.smollm2, dev)
         if args.minilm:
             minilm_accuracy(args.minilm, dev)
+    if "encoder-profile" in parts:
+        encoder_profile(dev)
     if "speed" in parts:
         gemm_speed(dev)
         encoder_speed(dev)
