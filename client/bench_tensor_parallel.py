@@ -135,11 +135,12 @@ def model_config(name: str) -> dict:
 
 
 def split_problem(config: dict, size: int) -> str | None:
-    """Why `config` cannot be split `size` ways (heads, KV heads or MLP columns do not divide), or None."""
-    heads = config["num_attention_heads"]
+    """Why `config` cannot be split `size` ways (heads, KV heads or MLP columns do not divide), or None.
+    A model without attention (Mamba) has no heads to check; the family's loader checks the rest."""
+    heads = config.get("num_attention_heads")
     for what, n in (("attention heads", heads), ("KV heads", config.get("num_key_value_heads", heads)),
-                    ("MLP columns", config["intermediate_size"])):
-        if n % size:
+                    ("MLP columns", config.get("intermediate_size"))):
+        if n is not None and n % size:
             return f"its {n} {what} do not divide by {size}"
     return None
 

@@ -42,6 +42,7 @@ def test_sizes_beyond_the_gpus_or_the_heads_are_skipped_with_a_note():
     runnable, notes = bench.plan_sizes([1, 2, 4, 8], None, DECODER_SHAPES["qwen2.5-7b"])  # 28 heads, 4 KV heads
     assert runnable == [1, 2, 4] and "28 attention heads do not divide by 8" in notes[0]
     assert bench.plan_sizes([1, 2, 4, 8], 8, DECODER_SHAPES["llama-3.1-8b"]) == ([1, 2, 4, 8], [])
+    assert bench.plan_sizes([1, 2], 2, DECODER_SHAPES["falcon-mamba-7b"]) == ([1, 2], [])  # no attention heads
     assert bench.replica_counts(None, [1, 2, 4], 4) == ([], [])
     assert bench.replica_counts("sizes", [1, 2, 4], 4) == ([2, 4], [])
     counts, notes = bench.replica_counts("2,8", [1, 2], 4)
