@@ -36,7 +36,9 @@ if want tests; then
     tests/test_kernels_gemv.py tests/test_sampling.py tests/test_kernels_triton_sampling.py \
     tests/test_kernels_triton_decode_steps.py tests/test_kernels_triton_rotary.py tests/test_modernbert.py \
     tests/test_encoder_heads_gpu.py tests/test_sampling_options.py tests/test_prefix_cache.py \
-    tests/test_decoder_runner_gpu.py tests/test_fp8.py 2>&1 | tee "$OUT/gpu-tests.log"
+    tests/test_decoder_runner_gpu.py tests/test_fp8.py tests/test_deberta_v2.py \
+    tests/test_kernels_disentangled_attention.py tests/test_encoder_families_vs_hf.py \
+    tests/test_kernels_relative_attention.py 2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
 bench_rc=0

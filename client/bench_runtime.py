@@ -62,6 +62,39 @@ XLM_ROBERTA_LARGE = {
     "num_attention_heads": 16, "intermediate_size": 4096, "hidden_act": "gelu", "max_position_embeddings": 8194,
     "type_vocab_size": 1, "layer_norm_eps": 1e-05, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
 }
+# distilbert-base-uncased (and its fine-tunes: distilbert-base-uncased-finetuned-sst-2-english, the
+# sentence-transformers msmarco-distilbert models), in DistilBERT's own key names.
+DISTILBERT_BASE = {
+    "model_type": "distilbert", "vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
+    "activation": "gelu", "max_position_embeddings": 512, "sinusoidal_pos_embds": False, "pad_token_id": 0,
+}
+# google/electra-base-discriminator (cross-encoder/ms-marco-electra-base's encoder): embeddings as wide as the layers.
+ELECTRA_BASE_DISCRIMINATOR = {
+    "model_type": "electra", "vocab_size": 30522, "embedding_size": 768, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512,
+    "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+}
+# microsoft/mpnet-base (sentence-transformers/all-mpnet-base-v2's encoder): 512 tokens after the offset of 2.
+# Not a `--model` (FAMILY_MODELS): Hugging Face runs MPNet with eager attention only, and this
+# benchmark's baseline is HF SDPA; the GPU tests read the shape from here.
+MPNET_BASE = {
+    "model_type": "mpnet", "vocab_size": 30527, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 514, "layer_norm_eps": 1e-05,
+    "relative_attention_num_buckets": 32, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+}
+# microsoft/deberta-v3-base and -large (NLI zero-shot classifiers, prompt-injection detectors and
+# cross-encoder rerankers are fine-tuned from them): 256 log buckets over 512 relative positions, no
+# absolute positions, no token types. Published shapes for the GPU tests (tests/test_deberta_v2.py);
+# not in FAMILY_MODELS: Hugging Face's DeBERTa-v2 has no SDPA attention for run_family's baseline.
+DEBERTA_V3_BASE = {
+    "model_type": "deberta-v2", "vocab_size": 128100, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512,
+    "relative_attention": True, "position_buckets": 256, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+    "pos_att_type": "p2c|c2p", "layer_norm_eps": 1e-7, "max_relative_positions": -1, "position_biased_input": False,
+    "type_vocab_size": 0, "pad_token_id": 0,
+}
+DEBERTA_V3_LARGE = dict(DEBERTA_V3_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                        intermediate_size=4096)
 # Qwen/Qwen3-Embedding-0.6B: a decoder family as the embedder (backend/models/decoder_encoder.py:
 # causal attention over the packed batch), against HF's Qwen3Model.
 QWEN3_EMBEDDING_0_6B = {
@@ -75,6 +108,8 @@ FAMILY_MODELS = {
     "modernbert-base": (MODERNBERT_BASE, "ModernBertModel", [(1, 32), (64, 512), (8, 8192)], 8192),
     "xlm-roberta-large": (XLM_ROBERTA_LARGE, "XLMRobertaModel", [(1, 32), (64, 512)], 8192),
     "qwen3-embedding-0.6b": (QWEN3_EMBEDDING_0_6B, "Qwen3Model", [(1, 32), (64, 512), (8, 8192)], 8192),
+    "distilbert-base": (DISTILBERT_BASE, "DistilBertModel", [(1, 32), (64, 512)], 512),
+    "electra-base-discriminator": (ELECTRA_BASE_DISCRIMINATOR, "ElectraModel", [(1, 32), (64, 512)], 512),
 }
 MODELS = ("bert-base", *FAMILY_MODELS)
 # The targets set for these encoders: ours vs HF SDPA measured in the same run, by the point's
@@ -379,7 +414,8 @@ def build_ours(name: str, hf_model, device, dtype):
 
 
 def run_family(args) -> int:
-    """ModernBERT-base or XLM-R-large (`--model`): for each point, HF SDPA eager-mode, HF SDPA
+    """A FAMILY_MODELS encoder (`--model`: ModernBERT-base, XLM-R-large, DistilBERT, ELECTRA, ...):
+    for each point, HF SDPA eager-mode, HF SDPA
     compiled for that shape (warm-up untimed) and ours (packed, Triton kernels, the activation
     arena; a CUDA-graph replay where a bucket fits), all fp16 on the same random weights, in one
     run; the baseline's attention dispatch is checked first (one SDPA call per layer)."""
@@ -402,7 +438,7 @@ def run_family(args) -> int:
     meta = {"gpu": torch.cuda.get_device_name(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command_line(), "git_commit": git_commit(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "model": args.model, "layers": config["num_hidden_layers"],
+            "transformers": transformers.__version__, "model": args.model, "layers": hf.config.num_hidden_layers,
             "dtype": "float16", "compile_mode": args.compile_mode, "iters": args.iters}
     try:
         meta["attention_dispatch"] = verify_dispatch({"hf_sdpa": hf}, torch.randint(1000, 20000, (2, 16), device=dev))

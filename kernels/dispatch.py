@@ -34,7 +34,8 @@ def triton_kernels_enabled() -> bool:
 _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "triton_gemm", "triton_small_gemm",
                    "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
                    "triton_mla", "triton_recurrent", "triton_kda", "triton_recurrent_prefill",
-                   "triton_lightning")
+                   "triton_lightning", "triton_disentangled_attention",
+                   "triton_relative_attention")
 _loaded = False
 
 
@@ -94,6 +95,8 @@ rotary_in_place = _dispatched("rotary_in_place")
 qkv_split = _dispatched("qkv_split")
 qkv_split_rotary = _dispatched("qkv_split_rotary")
 varlen_attention = _dispatched("varlen_attention")
+disentangled_attention = _dispatched("disentangled_attention")
+relative_bias_attention = _dispatched("relative_bias_attention")
 paged_attention = _dispatched("paged_attention")
 write_kv = _dispatched("write_kv")
 mla_latent_norms = _dispatched("mla_latent_norms")

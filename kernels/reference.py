@@ -968,6 +968,50 @@ def varlen_attention(
     return out
 
 
+def disentangled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    c2p: torch.Tensor,
+    p2c: torch.Tensor,
+    rel_index: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+    max_seqlen: int | None = None,
+    out: torch.Tensor | None = None,
+    first_column: int = 0,
+) -> torch.Tensor:
+    """DeBERTa's disentangled attention over packed sequences (bidirectional, no mask tensor).
+
+    q, k, v: `[T, H, D]`; c2p, p2c: `[T, H, R]` (any strides), the per-token position scores
+    c2p[t, h, r] = q_t . pos_k[h, r] and p2c[t, h, r] = k_t . pos_q[h, r]; rel_index: int `[2 * reach + 1]`,
+    the position-score column of a relative distance, idx(d) = rel_index[clamp(d, -reach, reach) + reach]
+    (the caller makes it saturate past `reach`). Within each sequence of cu_seqlens, query i and key j:
+    score = scale * (q_i . k_j + c2p[i, h, idx(i - j)] + p2c[j, h, idx(i - j)]), softmax over j, then
+    the weighted sum of v. `first_column`: c2p and p2c hold only the columns from that one on
+    (column c is read at c - first_column: a batch of short sequences needs only the columns of
+    its distances). `max_seqlen` is unused here (the kernel sizes its grid with it).
+    Returns `[T, H, D]` (in `out` when given)."""
+    reach = (rel_index.shape[0] - 1) // 2
+    out = torch.empty_like(q) if out is None else out
+    cu = cu_seqlens.tolist()
+    for b in range(len(cu) - 1):
+        lo, hi = cu[b], cu[b + 1]
+        if hi == lo:
+            continue
+        pos = torch.arange(hi - lo, device=q.device)
+        idx = rel_index.long()[(pos[:, None] - pos[None, :]).clamp(-reach, reach) + reach] - first_column  # [i, j]
+        qs, ks, vs = (x[lo:hi].transpose(0, 1).float() for x in (q, k, v))  # [H, L, D]
+        heads = qs.shape[0]
+        c = c2p[lo:hi].transpose(0, 1).float()  # [H, L, R], row i
+        p = p2c[lo:hi].transpose(0, 1).float()  # [H, L, R], row j
+        c2p_ij = torch.gather(c, 2, idx[None].expand(heads, -1, -1))  # c2p[i, idx(i - j)]
+        p2c_ij = torch.gather(p, 2, idx.t()[None].expand(heads, -1, -1)).transpose(1, 2)  # p2c[j, idx(i - j)]
+        s = (qs @ ks.transpose(1, 2) + c2p_ij + p2c_ij) * scale
+        out[lo:hi] = (torch.softmax(s, dim=-1) @ vs).transpose(0, 1).to(q.dtype)
+    return out
+
+
 def linear_bias_gelu(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -1026,6 +1070,43 @@ def linear_act(
     elif activation != "none":
         h = bias_gelu(h, None, GELU_APPROXIMATE[activation])
     return h if out is None else out.copy_(h)
+
+
+def relative_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    bias: torch.Tensor,
+    max_seqlen: int | None = None,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bidirectional attention over packed sequences with a relative position bias (MPNet, T5-style
+    encoders), no mask tensor.
+
+    q, k, v: `[T, H, D]` (any strides along T and H); bias: `[H, 2R + 1]` (read as fp32), the bias
+    of a relative distance clamped to [-R, R]. Within each sequence of cu_seqlens, query i and key
+    j (indices within the sequence) score scale * q_i . k_j + bias[h, clamp(j - i, -R, R) + R],
+    softmax over j, then the weighted sum of v. `scale` defaults to head_dim ** -0.5; `max_seqlen`
+    is unused here (the kernel sizes its grid with it). Returns `[T, H, D]` (in `out` when given)."""
+    if bias.dim() != 2 or bias.shape[0] != q.shape[1] or bias.shape[1] % 2 != 1:
+        raise ValueError(f"bias must be [heads {q.shape[1]}, 2R + 1], got {list(bias.shape)}")
+    reach = bias.shape[1] // 2
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.empty_like(q) if out is None else out
+    cu = cu_seqlens.tolist()
+    bias = bias.float()
+    for i in range(len(cu) - 1):
+        n = cu[i + 1] - cu[i]
+        if n == 0:
+            continue
+        qs, ks, vs = (t[cu[i] : cu[i + 1]].transpose(0, 1).float() for t in (q, k, v))
+        pos = torch.arange(n, device=q.device)
+        rel = (pos[None, :] - pos[:, None]).clamp(-reach, reach) + reach  # [query, key]
+        s = qs @ ks.transpose(-1, -2) * scale + bias[:, rel]
+        out[cu[i] : cu[i + 1]] = (torch.softmax(s, dim=-1) @ vs).transpose(0, 1).to(out.dtype)
+    return out
 
 
 def write_kv(

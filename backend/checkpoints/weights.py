@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from .mxfp4 import dequantize_mxfp4, mxfp4_pairs
 
 # Prefixes under which Hugging Face heads store the bare encoder/decoder weights.
-_STRIP_PREFIXES = ("bert.", "roberta.", "model.", "transformer.", "gpt_neox.", "biogpt.")
+_STRIP_PREFIXES = ("bert.", "roberta.", "distilbert.", "electra.", "mpnet.", "model.", "transformer.", "gpt_neox.",
+                   "biogpt.")
 
 
 def _special_float(obj: dict):

@@ -27,8 +27,9 @@ The contract a family's model class satisfies (`Encoder` below, written for impl
   (`*ForSequenceClassification`), else None; `classify(hidden [T, hidden], cu_seqlens) ->
   [B, num_labels]` fp32 logits from that head, applied as the family's Hugging Face class does
   (BERT: pooler dense + tanh on each sequence's first token, then the classifier; RoBERTa /
-  XLM-R: dense + tanh + out_proj on the first token). Probabilities are not the family's
-  business: encoder/heads.py applies one rule to every family.
+  XLM-R / MPNet: dense + tanh + out_proj on the first token; DistilBERT: pre_classifier + ReLU,
+  then the classifier; ELECTRA: dense + GELU + out_proj; bert.py's LAYOUTS). Probabilities
+  are not the family's business: encoder/heads.py applies one rule to every family.
 """
 from __future__ import annotations
 
@@ -91,13 +92,18 @@ class Encoder(Protocol):
 # `from_hf(hf_config: dict) -> its config` (raising ValueError for what it cannot run) and
 # `MODEL`, the class built as MODEL(config, state, device, dtype, labels) where `labels` is the
 # ClassifierLabels of a checkpoint with a classification head (None otherwise; the family finds
-# its head's tensors in `state`). Adding a family: one file and one line here.
+# its head's tensors in `state`). Adding a family: one file and one line here (a family that runs
+# BERT's post-LN block: a Layout in bert.py's LAYOUTS and one line).
 ENCODER_FAMILIES = {
     "bert": "bert",
     "roberta": "bert",
     "xlm-roberta": "bert",
     "camembert": "bert",
+    "distilbert": "bert",
+    "electra": "bert",
+    "mpnet": "bert",
     "modernbert": "modernbert",
+    "deberta-v2": "deberta_v2",  # DeBERTa-v2 / v3 (v1's "deberta" is refused: not in this table)
     # Decoders that embed or score (Qwen3-Embedding, gte-Qwen2, e5-mistral, decoder rerankers).
     **{t: "decoder_encoder" for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")},
 }

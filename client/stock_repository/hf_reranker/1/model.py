@@ -17,9 +17,11 @@ class TritonPythonModel:
     def initialize(self, args):
         self.model, self.device = load_checkpoint_model(args, AutoModelForSequenceClassification)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model.name_or_path)
-        # RoBERTa-family position tables start at padding_idx + 1: two rows fewer for tokens.
+        # RoBERTa-family position tables start at padding_idx + 1: two rows fewer for tokens
+        # (BERT's, DistilBERT's and ELECTRA's at 0).
         config = self.model.config
-        positions = config.max_position_embeddings - (0 if config.model_type == "bert" else config.pad_token_id + 1)
+        offset = 0 if config.model_type in ("bert", "distilbert", "electra") else config.pad_token_id + 1
+        positions = config.max_position_embeddings - offset
         self.max_length = min(self.tokenizer.model_max_length, positions)
 
     def execute(self, requests):
