@@ -1017,16 +1017,22 @@ def test_a_gemma3n_checkpoint_serves_its_text_model():
         assert tokens == _hf_greedy(hf, prompt, 16)
 
 
-def test_gemma3n_refuses_tensor_parallelism_and_fp8_by_name():
+def test_gemma3n_refuses_a_split_that_does_not_divide_and_fp8_by_name():
+    """Gemma 3n splits over tensor-parallel ranks (test_tensor_parallel.py) where its KV heads and each layer's MLP
+    columns divide by them; where they do not, the load says which, before any tensor is read."""
     from tritonformer.backend.models import gemma3n
     from tritonformer.backend.models.decoder import check_tensor_parallel
     from tritonformer.backend.parallel.group import TensorParallelGroup
 
-    cfg = shrunk("gemma-3n-e2b")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma3n_text'"):
-        check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma3n'"):
-        gemma3n.Gemma3nDecoder(gemma3n.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    cfg = shrunk("gemma-3n-e2b")  # (8 query heads over 2 KV heads)
+    check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match=r"KV heads \(2\) do not divide by tensor_parallel_size 4"):
+        check_tensor_parallel(cfg, 4)
+    with pytest.raises(ValueError, match=r"KV heads \(2\) do not divide by tensor_parallel_size 4"):
+        gemma3n.Gemma3nDecoder(gemma3n.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 4))
+    uneven = {**cfg, "intermediate_size": [288, 288, 289, 288]}
+    with pytest.raises(ValueError, match=r"layer 2's MLP columns \(intermediate_size\) \(289\) do not divide"):
+        check_tensor_parallel({"model_type": "gemma3n", "text_config": uneven}, 2)  # (the multimodal checkpoint's)
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'gemma3n_text'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 

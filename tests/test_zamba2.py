@@ -98,9 +98,15 @@ def test_untied_blocks_are_each_layers_own_and_a_file_saved_tied_reads_the_first
     assert len(shared.blocks) == 2 and _greedy(shared, PROMPT) == _hf_greedy(tied, PROMPT)
 
 
-def test_tensor_parallelism_is_refused_by_name():
+def test_the_published_shape_splits_and_a_split_that_does_not_divide_is_refused_by_name():
+    """Tensor parallelism (test_tensor_parallel.py runs it): Zamba2-2.7B splits 2 and 8 ways; its 80 Mamba-2 heads
+    do not split 3 ways, nor 20 shared-block heads 8 ways, and the load says which."""
     from tritonformer.backend.models.decoder import check_tensor_parallel
 
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for the recurrent layers of model_type "
-                                         "'zamba2'"):
-        check_tensor_parallel(shrunk("zamba2-2.7b"), 2)
+    published = DECODER_SHAPES["zamba2-2.7b"]
+    check_tensor_parallel(published, 2)
+    check_tensor_parallel(published, 8)
+    with pytest.raises(ValueError, match=r"Mamba-2 heads \(n_mamba_heads\) \(80\) do not divide by tensor_parallel"):
+        check_tensor_parallel(published, 3)
+    with pytest.raises(ValueError, match=r"attention heads \(20\) do not divide by tensor_parallel_size 8"):
+        check_tensor_parallel({**published, "num_attention_heads": 20, "num_key_value_heads": 20}, 8)

@@ -270,6 +270,9 @@ def decoder_family(config: dict, state: dict):
 
 def _check_split(config: dict, spec, tp) -> None:
     """The split a tensor-parallel rank makes of `spec` (the family's config) is possible."""
+    if hasattr(spec, "check_split"):  # a family with a model of its own that splits (Gemma 3n): its own checks
+        spec.check_split(tp)
+        return
     if not hasattr(spec, "names"):  # the shared decoder's spec (transformer.py) splits; GPT-2's does not
         raise ValueError(f"tensor parallelism is not supported for model_type {config.get('model_type', 'llama')!r}")
     if spec.mixers:  # (their heads divide, or the family's mixers do not split: it says which)

@@ -44,14 +44,25 @@ Decode rows are one batched pass per layer (the linears through kernels.linear_a
 cache write through kernels.qkv_to_cache, the attention over the paged cache, the rest plain element-wise and
 small batched PyTorch ops): no host sync, nothing per sequence, as a CUDA graph replays it.
 
+Tensor parallelism (Megatron-LM's split, as the shared decoder's): each rank holds its query heads' rows of q_proj
+and its KV heads' of k_proj / v_proj (its KV heads' cache; a sharing layer reads its source's on the same rank), the
+matching columns of o_proj, one all-reduce after it (before RMSNorm_pa); its columns of each MLP (rows of gate and
+up, columns of down), one all-reduce after down (before RMSNorm_pf); a sparse gate's row mean and spread come from
+each rank's sums of its values and their squares (fp32), summed by one more small all-reduce. The embedding, the
+head and the per-layer table E_pl are split by vocabulary rows: each rank looks up the ids it holds of both tables
+and one all-reduce of the two side by side joins them. Whole on every rank (small, or run once a step): the norms,
+AltUp's router, prediction and correction coefficients and its in / out projections, LAuReL's L and R, the
+per-layer gate and projection, W_pl. Heads, KV heads or a layer's MLP columns that do not divide by the ranks are
+refused at load, by name (Gemma-3n-E2B / E4B's 2 KV heads split 2 ways, not 4).
+
 Refused by name: a `hidden_activation` other than gelu_pytorch_tanh, `attention_bias`, `layer_types` other than
 sliding_attention / full_attention, a `num_kv_shared_layers` whose shared layers have no earlier layer of their type
-(transformers' own error), an activation sparsity outside [0, 1), an `altup_active_idx` outside the streams, tensor
-parallelism and FP8 linears (decoder.py: the spec is not the shared decoder's)."""
+(transformers' own error), an activation sparsity outside [0, 1), an `altup_active_idx` outside the streams, and FP8
+linears (decoder.py: the spec is not the shared decoder's)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -62,6 +73,7 @@ from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope, params_by_layer_type
+from tritonformer.backend.models.transformer import TransformerDecoder
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -93,6 +105,15 @@ class Gemma3nSpec:
     per_layer_vocab: int = 262144  # vocab_size_per_layer_input
     final_softcap: float | None = 30.0
     norm_offset: ClassVar[float] = 0.0  # (norm weights applied as they are: model_shapes draws them around 1)
+    attends: ClassVar[bool] = True  # (every layer attends: its heads split over tensor-parallel ranks)
+
+    def check_split(self, tp) -> None:
+        """Raise where this model cannot split over `tp`'s ranks (decoder._check_split): its attention heads, KV
+        heads and each layer's MLP columns must divide by them."""
+        tp.part(self.num_heads, "attention heads")
+        tp.part(self.num_kv_heads, "KV heads")
+        for i, inter in enumerate(self.intermediate_sizes):
+            tp.part(inter, f"layer {i}'s MLP columns (intermediate_size)")
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor a checkpoint holds, by name (the model prefix stripped): client/model_shapes.tensor_shapes."""
@@ -239,15 +260,22 @@ class _Layer:
 class Gemma3nDecoder(DecoderModel):
     """Gemma 3n's text model over the paged KV cache (see the module's docstring)."""
 
+    # (a `[vocab, width]` table's rows of this rank, padded as the shared decoder pads its embedding and head)
+    _vocab_rows = TransformerDecoder._vocab_rows
+
     def __init__(self, config: Gemma3nSpec, state, device, dtype, tp=None):
+        """With `tp`, this rank's share (see the module's docstring): its heads' rows of q, k, v and columns of
+        o_proj, its columns of each MLP, its vocabulary rows of the embedding, the head and the per-layer table;
+        the rest whole. `self.config` then describes the share (heads, KV heads, MLP widths divided)."""
         if tp is not None:
-            raise ValueError("tensor parallelism is not supported for model_type 'gemma3n' / 'gemma3n_text' (its "
-                             "AltUp streams and per-layer inputs run on one GPU)")
+            config.check_split(tp)
         super().__init__(config, state, device, dtype)
+        self.tp = tp
         c = config
+        d = c.head_dim
         shapes = c.tensor_shapes()
 
-        def read(name: str) -> torch.Tensor:
+        def checked(name: str) -> str:
             if name not in state:
                 raise KeyError(f"checkpoint is missing weight {name!r}")
             if tuple(state[name].shape) != shapes[name]:
@@ -255,13 +283,32 @@ class Gemma3nDecoder(DecoderModel):
                                  f"(hidden {c.hidden_size}, heads {c.num_heads}/{c.num_kv_heads} x {c.head_dim}, "
                                  f"per-layer inputs {c.per_layer_size}, LAuReL rank {c.laurel_rank}, "
                                  f"{c.altup_inputs} AltUp streams) needs {shapes[name]}")
-            return self.weight(name)
+            return name
 
-        self.embed = read("embed_tokens.weight")
+        def read(name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+            """The tensor (its shape checked), or this rank's `rows` / `cols` of it only."""
+            if tp is None or (rows is None and cols is None):
+                return self.weight(checked(name))
+            index = (rows or slice(None),) if cols is None else (rows or slice(None), cols)
+            return state[checked(name)][index].to(device=device, dtype=dtype).contiguous()
+
+        # This rank's rows of q and of k / v (all of them without tp)
+        q_part, kv_part = slice(0, c.num_heads * d), slice(0, c.num_kv_heads * d)
+        if tp is not None:
+            heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
+            q_part, kv_part = slice(heads.start * d, heads.stop * d), slice(kv_heads.start * d, kv_heads.stop * d)
+
         untied = not c.tie_word_embeddings and "lm_head.weight" in state
-        self.set_output_head(read("lm_head.weight") if untied else self.embed)
+        if tp is None:
+            self.embed = read("embed_tokens.weight")
+            self.set_output_head(read("lm_head.weight") if untied else self.embed)
+            self.per_layer_embed = read("embed_tokens_per_layer.weight")
+        else:  # vocabulary-parallel: this rank's rows of the embedding, the head and the per-layer table
+            self.vocab_size = c.vocab_size
+            self.embed = self._vocab_rows(state[checked("embed_tokens.weight")])
+            self.output_head = self._vocab_rows(state[checked("lm_head.weight")]) if untied else self.embed
+            self.per_layer_embed = self._vocab_rows(state[checked("embed_tokens_per_layer.weight")])
         self.final_norm = read("norm.weight")
-        self.per_layer_embed = read("embed_tokens_per_layer.weight")
         self.per_layer_proj = read("per_layer_model_projection.weight")
         self.per_layer_norm = read("per_layer_projection_norm.weight")
         # (the scales as transformers applies them: buffers rounded to the model's dtype)
@@ -283,18 +330,23 @@ class Gemma3nDecoder(DecoderModel):
             own = source == i
             if own:
                 kv_index[i] = len(kv_index)
-            rows = [read(p + "self_attn.q_proj.weight")]
+            rows = [read(p + "self_attn.q_proj.weight", rows=q_part)]
             if own:
-                rows += [read(p + "self_attn.k_proj.weight"), read(p + "self_attn.v_proj.weight")]
+                rows += [read(p + "self_attn.k_proj.weight", rows=kv_part),
+                         read(p + "self_attn.v_proj.weight", rows=kv_part)]
+            mlp_part = tp.part(c.intermediate_sizes[i], f"layer {i}'s MLP columns") if tp is not None else None
             sparsity = c.sparsity[i]
             self.layers.append(_Layer(
                 attn_norm=read(p + "input_layernorm.weight"), qkv_w=torch.cat(rows),
                 q_norm=read(p + "self_attn.q_norm.weight"),
-                k_norm=read(p + "self_attn.k_norm.weight") if own else None, o_w=read(p + "self_attn.o_proj.weight"),
+                k_norm=read(p + "self_attn.k_norm.weight") if own else None,
+                o_w=read(p + "self_attn.o_proj.weight", cols=q_part),
                 attn_post_norm=read(p + "post_attention_layernorm.weight"),
                 mlp_norm=read(p + "pre_feedforward_layernorm.weight"),
-                gate_up_w=torch.cat([read(p + "mlp.gate_proj.weight"), read(p + "mlp.up_proj.weight")]),
-                down_w=read(p + "mlp.down_proj.weight"), mlp_post_norm=read(p + "post_feedforward_layernorm.weight"),
+                gate_up_w=torch.cat([read(p + "mlp.gate_proj.weight", rows=mlp_part),
+                                     read(p + "mlp.up_proj.weight", rows=mlp_part)]),
+                down_w=read(p + "mlp.down_proj.weight", cols=mlp_part),
+                mlp_post_norm=read(p + "post_feedforward_layernorm.weight"),
                 # (the standard normal's inverse CDF as torch.distributions computes it, in fp32, once)
                 cutoff_std=((torch.erfinv(2 * torch.tensor(sparsity, dtype=torch.float32) - 1) * math.sqrt(2))
                             .to(device=device, dtype=dtype) if sparsity > 0 else None),
@@ -308,6 +360,9 @@ class Gemma3nDecoder(DecoderModel):
                 pl_norm=read(p + "post_per_layer_input_norm.weight"), window=c.layer_windows[i],
                 kv_index=kv_index[source], writes_kv=own))
         self.num_kv_layers = len(kv_index)  # (the sharing layers hold none of their own)
+        if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
+            self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=c.num_kv_heads // tp.world,
+                                  intermediate_sizes=tuple(i // tp.world for i in c.intermediate_sizes))
 
     @torch.inference_mode()
     def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
@@ -322,12 +377,26 @@ class Gemma3nDecoder(DecoderModel):
         """p's rows at the root-mean-square `target` (AltUp's projections of the streams)."""
         return p * target / torch.sqrt(torch.mean(p ** 2, dim=-1, keepdim=True).clamp(min=1e-5))
 
-    def _per_layer_inputs(self, ids: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """u `[T, L, P]`: each layer's per-layer input of each token."""
+    def _embeddings(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e `[T, H]`, the token embeddings times sqrt(H); the per-layer table's rows `[T, L P]` times sqrt(P)).
+        Under tensor parallelism each rank looks up the ids it holds of both tables, zeros for the rest, and one
+        all-reduce of the two side by side sums them (exactly: one rank gives each row)."""
         c = self.config
-        rows, p = ids.shape[0], c.per_layer_size
         held = torch.where((ids >= 0) & (ids < c.per_layer_vocab), ids, torch.zeros_like(ids))
-        table = kernels.embedding_part(held, self.per_layer_embed, 0, p ** 0.5).view(rows, c.num_layers, p)
+        rank = self.tp.rank if self.tp is not None else 0
+        e = kernels.embedding_part(ids, self.embed, rank * self.embed.shape[0], c.hidden_size ** 0.5)
+        table = kernels.embedding_part(held, self.per_layer_embed, rank * self.per_layer_embed.shape[0],
+                                       c.per_layer_size ** 0.5)
+        if self.tp is None:
+            return e, table
+        both = self.tp.all_reduce(torch.cat([e, table], dim=1))
+        return both[:, : c.hidden_size].contiguous(), both[:, c.hidden_size :].contiguous()
+
+    def _per_layer_inputs(self, e: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """u `[T, L, P]`: each layer's per-layer input of each token, from e and its per-layer table rows."""
+        c = self.config
+        rows, p = e.shape[0], c.per_layer_size
+        table = table.view(rows, c.num_layers, p)
         projected = kernels.linear_act(e, self.per_layer_proj) * self.per_layer_proj_scale
         projected = self._norm(projected.view(rows * c.num_layers, p), self.per_layer_norm)
         return (projected.view(rows, c.num_layers, p) + table) * self.per_layer_input_scale
@@ -344,8 +413,8 @@ class Gemma3nDecoder(DecoderModel):
         c = self.config
         ids = batch.input_ids
         rows, n = ids.shape[0], c.altup_inputs
-        e = kernels.embedding_part(ids, self.embed, 0, c.hidden_size ** 0.5)
-        per_layer = self._per_layer_inputs(ids, e)
+        e, table = self._embeddings(ids)
+        per_layer = self._per_layer_inputs(e, table)
         streams = [e]
         if n > 1:
             target = torch.mean(e ** 2, dim=-1, keepdim=True) ** 0.5
@@ -408,7 +477,8 @@ class Gemma3nDecoder(DecoderModel):
             q = self._norm(qkv.view(-1, d), layer.q_norm).view(rows, c.num_heads, d)
             q = kernels.apply_rotary(q, cos, sin)
         ctx = batch.attention(q, keys, values, scale=1.0, window=layer.window)
-        return kernels.linear_act(ctx.reshape(rows, -1), layer.o_w)
+        out = kernels.linear_act(ctx.reshape(rows, -1), layer.o_w)
+        return out if self.tp is None else self.tp.all_reduce(out)  # (each rank's heads' partial sums, summed)
 
     def _mlp(self, y: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """W_down (gelu_tanh(sparse(W_gate m)) * W_up m), m = RMSNorm_ff(y): the gate's sparsity (where the layer's
@@ -419,12 +489,27 @@ class Gemma3nDecoder(DecoderModel):
         else:
             gate_up = kernels.linear_act(y, layer.gate_up_w, prenorm=pre)
             gate = gate_up[:, : gate_up.shape[1] // 2]
-            mean = torch.mean(gate, dim=-1, keepdim=True)
-            std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)
+            if self.tp is None:
+                mean = torch.mean(gate, dim=-1, keepdim=True)
+                std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)
+            else:
+                mean, std = self._row_statistics(gate)
             cutoff = mean + std * layer.cutoff_std
             gate_up[:, : gate.shape[1]] = torch.relu(gate - cutoff)
             h = kernels.gated_act(gate_up, "gelu_tanh_mul")
-        return kernels.linear_act(h, layer.down_w)
+        down = kernels.linear_act(h, layer.down_w)
+        return down if self.tp is None else self.tp.all_reduce(down)  # (each rank's columns' partial sums, summed)
+
+    def _row_statistics(self, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean and the standard deviation (not Bessel-corrected) of each row of the gate, whose columns the
+        ranks share: each rank's sums of its values and of their squares in fp32, summed over the ranks in one
+        all-reduce; the variance E[g^2] - E[g]^2 (clamped at 0) in fp32, both rounded to the gate's dtype once."""
+        g = gate.float()
+        sums = self.tp.all_reduce(torch.stack([g.sum(-1), g.pow(2).sum(-1)], dim=1))
+        width = gate.shape[1] * self.tp.world
+        mean = sums[:, :1] / width
+        variance = (sums[:, 1:] / width - mean * mean).clamp(min=0.0)
+        return mean.to(gate.dtype), variance.sqrt().to(gate.dtype)
 
 
 MODEL = Gemma3nDecoder

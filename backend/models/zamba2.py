@@ -40,10 +40,20 @@ Zamba2's Mamba-2 is mamba2.py's as transformers builds it: the conv always has a
 read), the gated norm's epsilon is 1e-5 whatever rms_norm_eps says, dt is clamped from below at
 `time_step_min`, the head width is mamba_expand x hidden / n_mamba_heads (`mamba_headdim` not read).
 
+Tensor parallelism (Megatron-LM's split, as the shared decoder's): the embedding and the head by vocabulary rows;
+the Mamba-2 layers by heads (mamba2.Mamba2Mixer, as Bamba's: one group of B / C whole on every rank, its gated
+norm's mean square summed over the ranks; more groups split); each shared block's attention by heads (its rows of
+q, k, v, each rank its KV heads' cache, its columns of W_o, one all-reduce after it) and its MLP by columns (its
+rows of gate and of up, its columns of W_down, whose bias rank 0 adds). Whole on every rank: the norms, the
+adapters' A (rank x width: small), their B's rows those of the projection they add to, and each hybrid layer's own
+linear L_i (hidden x hidden), which maps each rank's partial sum of W_down's output as it is, so that one
+all-reduce after L_i sums both (L_i is linear). Heads, KV heads, MLP columns or Mamba-2 heads that do not divide by
+the ranks are refused at load, by name.
+
 Refused by name: layer kinds other than mamba / linear_attention and hybrid, a `hybrid_layer_ids` unlike the
 layers `layers_block_type` names hybrid, `use_shared_mlp_adapter` false (transformers always builds the MLP's
 adapters), attention adapters with fewer KV heads than query heads (their outputs are 2 x hidden wide), a
-hidden_act other than those above, tensor parallelism and FP8 linears (hybrid models: decoder.py)."""
+hidden_act other than those above, and FP8 linears (hybrid models: decoder.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -55,6 +65,7 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.mamba2 import KIND, HybridSpec, Mamba2Decoder, Mamba2Spec, hybrid_spec
 from tritonformer.backend.models.transformer import WeightNames, spec_from_hf
+from tritonformer.backend.parallel.group import adds_biases
 
 NAMES = WeightNames(final_norm="final_layernorm.weight")
 HYBRID = "hybrid"
@@ -80,9 +91,16 @@ class Zamba2Spec(HybridSpec):
     # hybrid layer's copy its own
     tied_blocks: bool = True
 
+    @property
+    def attends(self) -> bool:
+        """The shared blocks attend (their heads split over the ranks, each rank its KV heads' cache)."""
+        return True
+
     def split_mixers(self, tp) -> None:
-        raise ValueError("tensor parallelism is not supported for the recurrent layers of model_type 'zamba2' (its "
-                         "shared blocks and their adapters do not split)")
+        """The Mamba-2 layers' heads (and groups) divide by the ranks; the shared blocks' heads, KV heads and MLP
+        columns are checked as attention's (decoder._check_split)."""
+        tp.part(self.mamba.num_heads, "Mamba-2 heads (n_mamba_heads)")
+        super().split_mixers(tp)
 
     def block_prefix(self, invocation: int) -> str:
         """Where invocation `invocation`'s block and adapters are read: under the first hybrid layer that runs its
@@ -219,36 +237,59 @@ class Zamba2Decoder(Mamba2Decoder):
     Zamba2's own that feeds the hybrid layers from the shared blocks (see the module's docstring)."""
 
     def __init__(self, config: Zamba2Spec, state, device, dtype, tp=None):
+        """With `tp`, this rank's share (see the module's docstring): the Mamba-2 layers split by heads
+        (mamba2.Mamba2Mixer), the shared blocks' QKV rows of its heads, its columns of the output projection, its
+        rows of gate and of up and columns of down; the adapters' A, the layers' own linear and the norms whole."""
         if tp is not None:
             config.split_mixers(tp)
-        super().__init__(config, state, device, dtype)
-        c = self.config
+        super().__init__(config, state, device, dtype, tp=tp)
+        c = config  # (the whole model's sizes, as the checkpoint holds them; self.config: this rank's share's)
         h, wide, inter, r = c.hidden_size, 2 * c.hidden_size, c.intermediate_size, c.adapter_rank
         q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        # This rank's rows of q, of k / v and of gate / up (each of its half of gate_up): all of them without tp
+        q_part, kv_part, mlp_part = slice(0, q_rows), slice(0, kv_rows), slice(0, inter)
+        if tp is not None:
+            heads, kv_heads = tp.part(c.num_heads, "attention heads"), tp.part(c.num_kv_heads, "KV heads")
+            q_part = slice(heads.start * c.head_dim, heads.stop * c.head_dim)
+            kv_part = slice(kv_heads.start * c.head_dim, kv_heads.stop * c.head_dim)
+            mlp_part = tp.part(inter, "MLP columns (intermediate_size)")
+        gate_up_rows = [mlp_part, slice(inter + mlp_part.start, inter + mlp_part.stop)]
+        first_rank = adds_biases(tp)
 
         sizes = (f"hidden {h}, heads {c.num_heads}/{c.num_kv_heads} x {c.head_dim}, intermediate {inter}, "
                  f"adapter rank {r}")
 
-        def read(name: str, *shape: int) -> torch.Tensor:
-            return self.weight(self.checked(state, name, shape, sizes))
+        def read(name: str, *shape: int, rows: slice | list[slice] | None = None,
+                 cols: slice | None = None) -> torch.Tensor:
+            """The tensor (its shape checked), or its `rows` (a range, or ranges stacked) / `cols` only."""
+            name = self.checked(state, name, shape, sizes)
+            if tp is None or (rows is None and cols is None):  # (without tp: every row and column)
+                return self.weight(name)
+            if isinstance(rows, list):
+                return torch.cat([read(name, *shape, rows=part, cols=cols) for part in rows])
+            index = (rows or slice(None),) if cols is None else (rows or slice(None), cols)
+            return state[name][index].to(device=device, dtype=dtype).contiguous()
 
         def block(p: str) -> SharedBlock:
             attn, mlp = p + "self_attn.", p + "feed_forward."
             return SharedBlock(
                 attn_norm=read(p + "input_layernorm.weight", wide),
-                qkv_w=torch.cat([read(attn + "q_proj.weight", q_rows, wide),
-                                 read(attn + "k_proj.weight", kv_rows, wide),
-                                 read(attn + "v_proj.weight", kv_rows, wide)]),
-                o_w=read(attn + "o_proj.weight", h, q_rows), mlp_norm=read(p + "pre_ff_layernorm.weight", h),
-                gate_up_w=read(mlp + "gate_up_proj.weight", 2 * inter, h),
-                gate_up_b=read(mlp + "gate_up_proj.bias", 2 * inter) if c.block_bias else None,
-                down_w=read(mlp + "down_proj.weight", h, inter),
-                down_b=read(mlp + "down_proj.bias", h) if c.block_bias else None)
+                qkv_w=torch.cat([read(attn + "q_proj.weight", q_rows, wide, rows=q_part),
+                                 read(attn + "k_proj.weight", kv_rows, wide, rows=kv_part),
+                                 read(attn + "v_proj.weight", kv_rows, wide, rows=kv_part)]),
+                o_w=read(attn + "o_proj.weight", h, q_rows, cols=q_part),
+                mlp_norm=read(p + "pre_ff_layernorm.weight", h),
+                gate_up_w=read(mlp + "gate_up_proj.weight", 2 * inter, h, rows=gate_up_rows),
+                gate_up_b=read(mlp + "gate_up_proj.bias", 2 * inter, rows=gate_up_rows) if c.block_bias else None,
+                down_w=read(mlp + "down_proj.weight", h, inter, cols=mlp_part),
+                # (one rank adds it: the all-reduce after the layer's linear sums the ranks' outputs)
+                down_b=read(mlp + "down_proj.bias", h) if c.block_bias and first_rank else None)
 
         self.blocks: list[SharedBlock] = []  # (one per tensor prefix they are read from)
         sources: dict[str, int] = {}
         # Per layer its invocation of a shared block, or None (a plain Mamba-2 layer).
         self.invocations: list[Invocation | None] = [None] * c.num_layers
+        parts = (q_part, kv_part, kv_part)
         for j, layer in enumerate(c.hybrid_layers):
             p = c.block_prefix(j)
             if p + "input_layernorm.weight" not in state:  # (untied blocks saved tied: the block's first copy)
@@ -260,14 +301,18 @@ class Zamba2Decoder(Mamba2Decoder):
             if c.attention_adapter:
                 lists = [f"{p}self_attn.linear_{part}_adapter_list.{j}." for part in "qkv"]
                 qkv_a = torch.cat([read(a + "0.weight", r, wide) for a in lists])
-                qkv_b = torch.zeros(q_rows + 2 * kv_rows, 3 * r, device=device, dtype=dtype)
-                for k, (a, rows) in enumerate(zip(lists, (q_rows, kv_rows, kv_rows))):
-                    start = (0, q_rows, q_rows + kv_rows)[k]
-                    qkv_b[start : start + rows, k * r : (k + 1) * r] = read(a + "1.weight", rows, r)
+                # (B block-diagonal over this rank's rows of q, k and v: the adapters' A whole on every rank)
+                own = [part.stop - part.start for part in parts]
+                qkv_b = torch.zeros(sum(own), 3 * r, device=device, dtype=dtype)
+                start = 0
+                for k, (a, rows, part) in enumerate(zip(lists, (q_rows, kv_rows, kv_rows), parts)):
+                    qkv_b[start : start + own[k], k * r : (k + 1) * r] = read(a + "1.weight", rows, r, rows=part)
+                    start += own[k]
             adapter = f"{p}feed_forward.gate_up_proj_adapter_list.{j}."
             self.invocations[layer] = Invocation(
                 block=sources[p], kv_index=j, qkv_a=qkv_a, qkv_b=qkv_b, mlp_a=read(adapter + "0.weight", r, h),
-                mlp_b=read(adapter + "1.weight", 2 * inter, r), out_w=read(f"layers.{layer}.linear.weight", h, h))
+                mlp_b=read(adapter + "1.weight", 2 * inter, r, rows=gate_up_rows),
+                out_w=read(f"layers.{layer}.linear.weight", h, h))
         self.num_kv_layers = len(c.hybrid_layers)  # (each invocation's keys and values: a cache layer of its own)
 
     @torch.inference_mode()
@@ -279,27 +324,33 @@ class Zamba2Decoder(Mamba2Decoder):
         embedded = self._embed(batch.input_ids)  # (the shared blocks' second input, and the first residual stream)
         cos_sin = self.rope_cos_sin[batch.positions] if c.mem_rope else None
         h, out = embedded, None  # the residual stream; the last layer's output, not yet added to it
+        # (under tensor parallelism each rank's partial sums of an output: one all-reduce, fused with the norm
+        # that follows it where the all-reduce kernel can)
+        reduced = (lambda x, pre: (x, pre)) if self.tp is None else self.tp.all_reduce_then
         for li, layer in enumerate(self.layers):
             invocation = self.invocations[li]
-            if invocation is None:
-                x = h if out is None else out
-                pre = kernels.PreNorm(layer.attn_norm, None, eps, residual=None if out is None else h,
-                                      sum_out=None if out is None else torch.empty_like(h))
-                h = h if out is None else pre.sum_out
+            if invocation is None and out is None:
+                x, pre = h, kernels.PreNorm(layer.attn_norm, None, eps)
+            elif invocation is None:
+                pre = kernels.PreNorm(layer.attn_norm, None, eps, residual=h, sum_out=torch.empty_like(h))
+                h = pre.sum_out
+                x, pre = reduced(out, pre)
             else:
                 if out is not None:
-                    h = h + out
+                    h = h + reduced(out, None)[0]
                 x = self._shared_block(h, embedded, invocation, batch, cache, cos_sin)
                 # (h + t in the norm, h itself the stream: the sum is the norm's input only)
-                pre = kernels.PreNorm(layer.attn_norm, None, eps, residual=h, sum_out=torch.empty_like(h))
+                x, pre = reduced(x, kernels.PreNorm(layer.attn_norm, None, eps, residual=h,
+                                                    sum_out=torch.empty_like(h)))
             out = layer.mixer(x, pre, batch, cache.state.layer(layer.state_index))
         if not batch.logits_every_row:
             out, h = out[batch.logits_index], h[batch.logits_index]
-        return kernels.rms_norm(out, self.final_norm, eps, h)[0]
+        return kernels.rms_norm(reduced(out, None)[0], self.final_norm, eps, h)[0]
 
     def _shared_block(self, h: torch.Tensor, embedded: torch.Tensor, inv: Invocation, batch: DecoderBatch,
                       cache: PagedKVCache, cos_sin: torch.Tensor | None) -> torch.Tensor:
-        """One invocation of a shared block over the residual stream h and the embeddings: t_i `[T, H]`."""
+        """One invocation of a shared block over the residual stream h and the embeddings: t_i `[T, H]` (under
+        tensor parallelism this rank's partial sum of it)."""
         c, eps, blk = self.config, self.config.norm_eps, self.blocks[inv.block]
         rows = h.shape[0]
         joined = torch.cat([h, embedded], dim=-1)  # [T, 2H]
@@ -314,11 +365,15 @@ class Zamba2Decoder(Mamba2Decoder):
                                  batch.slot_mapping)
         ctx = batch.attention(q, keys, values, scale=c.attn_scale)
         attended = kernels.linear_act(ctx.reshape(rows, -1), blk.o_w)
+        if self.tp is not None:  # (each rank's heads' share of the output projection, summed)
+            attended = self.tp.all_reduce(attended)
         normed = torch.empty_like(attended)
         gate_up = kernels.linear_act(attended, blk.gate_up_w, blk.gate_up_b,
                                      prenorm=kernels.PreNorm(blk.mlp_norm, None, eps, normed_out=normed))
         gate_up = gate_up + kernels.linear_act(kernels.linear_act(normed, inv.mlp_a), inv.mlp_b)
         down = kernels.linear_act(kernels.gated_act(gate_up, c.block_activation), blk.down_w, blk.down_b)
+        # (under tensor parallelism `down` is this rank's partial sum: the layer's linear maps it as it is, and the
+        # caller's one all-reduce sums L_i down_r over the ranks, which is L_i of their sum)
         return kernels.linear_act(down, inv.out_w)
 
 
