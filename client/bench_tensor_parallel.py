@@ -263,7 +263,7 @@ def build(task: dict):
     from tritonformer.client.model_shapes import seeded_shard_state
 
     cfg, size, cuda = task["config"], task["size"], task["device"] == "cuda"
-    max_len = min(4096, cfg["max_position_embeddings"])
+    max_len = min(4096, cfg.get("max_position_embeddings", 4096))  # (a Mamba has no position limit)
     workers = None
     if size == 1:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")

@@ -289,7 +289,7 @@ def test_route_table_for_fp8_weights(monkeypatch):
     assert tsg.route(x(1, 4096), weight(6144, 4096), prenorm=ref.PreNorm(x(1, 4096)[0], None, 1e-5)) == tsg.GEMV
     assert tsg.route(x(2, 4096), weight(8192, 4096), "silu_mul") == tsg.GEMV
     assert tsg.route(x(3, 4096), weight(4096, 4096)) == tsg.SMALL_GEMM
-    assert tsg.route(x(64, 14336), weight(4096, 14336)) == tsg.SMALL_GEMM
+    assert tsg.route(x(fp8.WEIGHT_ONLY_MAX_ROWS, 14336), weight(4096, 14336)) == tsg.SMALL_GEMM
     assert tsg.route(x(many, 4096), weight(4096, 4096)) == tsg.SCALED_MM
     assert tsg.route(x(many, 4096), weight(4096, 4096), "gelu") == tsg.SCALED_MM  # not the 16-bit GELU GEMM
     assert tsg.route(x(many, 40), weight(4096, 40)) == tsg.TORCH  # K not a multiple of 16

@@ -62,7 +62,7 @@ def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads:
     return folder
 
 
-def _serve(model, workers=None):
+def _serve(model, workers=None, prompts=PROMPTS):
     on_gpu = model.device.type == "cuda"  # there: the decode CUDA graphs, NCCL captured in them
     options = EngineOptions(max_running_sequences=8, max_tokens_per_iteration=64, kv_cache_tokens="1024",
                             kv_block_size=8, cuda_graphs=on_gpu)
@@ -71,18 +71,18 @@ def _serve(model, workers=None):
     if on_gpu:
         engine.runner.warm_up()
     engine.admit([engine.new_sequence(i, p, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True), True)
-                  for i, p in enumerate(PROMPTS)])
+                  for i, p in enumerate(prompts)])
     while engine.has_work():
         engine.step()
     # One more forward, a prefill of every prompt at once: its logits, compared below.
     entries, block = [], 0
     recurrent = engine.runner.cache.state is not None  # (hybrid models: a state slot each, zeroed as they start)
-    for i, p in enumerate(PROMPTS):
+    for i, p in enumerate(prompts):
         blocks = list(range(block, block + -(-len(p) // 8)))
         block += len(blocks)
         entries.append(BatchEntry(p, 0, blocks, True, i if recurrent else -1))
     logits = engine.runner.run(entries).logits
-    return [sink.ids[i] for i in range(len(PROMPTS))], logits, engine.runner
+    return [sink.ids[i] for i in range(len(prompts))], logits, engine.runner
 
 
 # Every family: separate projections (Llama); fused qkv / gate_up (Phi-3); a scaled, tied embedding
@@ -270,10 +270,12 @@ def test_fp8_ranks_quantise_their_own_slices_as_accurately_as_one_gpu(tmp_path):
 def test_an_fp8_checkpoint_splits_as_stored(tmp_path, per_tensor):
     """An FP8 checkpoint (E4M3 values with per-channel or per-tensor weight_scale) at TP=2: each
     rank reads its slices of the values and the scales that go with them, so the split model is
-    the one-rank FP8 model: the same tokens, the same logits."""
+    the one-rank FP8 model: the same tokens, the same logits. Every forward stays within
+    fp8.WEIGHT_ONLY_MAX_ROWS rows (weight-only: the activations 16-bit): past it each rank would quantise
+    its own share of a row-parallel linear's input per token, with scales of its own, as it should."""
     from test_fp8 import _random_llama, _write_fp8_checkpoint
 
-    from tritonformer.kernels.fp8 import Fp8Weight
+    from tritonformer.kernels.fp8 import WEIGHT_ONLY_MAX_ROWS, Fp8Weight
 
     config, state = _random_llama(seed=7)
     folder = tmp_path / "fp8"
@@ -281,14 +283,16 @@ def test_an_fp8_checkpoint_splits_as_stored(tmp_path, per_tensor):
     config = load_config(folder)
     one = load_decoder(config, load_state_dict(folder), CPU, torch.float32)
     assert isinstance(one.layers[0].o_w, Fp8Weight)
-    tokens_one, logits_one, _ = _serve(one)
+    prompts = [[5, 9, 217, 33, 2, 319], [100, 3], list(range(20, 40)), [7]]
+    assert sum(map(len, prompts)) <= WEIGHT_ONLY_MAX_ROWS
+    tokens_one, logits_one, _ = _serve(one, prompts=prompts)
     model, workers = start_ranks(ShardSource(str(folder), config, "float32", "cpu", 0), 2)
     try:
         layer, whole = model.layers[0], one.layers[0]
         assert isinstance(layer.qkv_w, Fp8Weight) and isinstance(layer.down_w, Fp8Weight)
         assert layer.down_w.data.shape[1] * 2 == whole.down_w.data.shape[1]  # half the columns, every scale
         torch.testing.assert_close(layer.down_w.scale, whole.down_w.scale, rtol=0, atol=0)
-        tokens_two, logits_two, _ = _serve(model, workers)
+        tokens_two, logits_two, _ = _serve(model, workers, prompts)
     finally:
         workers.stop()
         model.tp.leave()

@@ -27,7 +27,9 @@
     cuBLAS vs torch._scaled_mm with row-wise scales, alone and with the per-token activation
     quantisation kernel;
   * `--parts encoder-profile`: bert-base's (64, 512) forward under torch.profiler, bf16 and fp8,
-    its kernels' time per forward by name.
+    its kernels' time per forward by name;
+  * `--parts crossover`: the llama-3.1-8b FP8 decode step at batches 8-64, weight-only against
+    the FP8 tensor cores (where fp8.WEIGHT_ONLY_MAX_ROWS belongs).
 
 tests/data/fp8_eval.txt is real English prose: the module docstrings of Python 3.11's standard
 library (heapq's `__about__` essay, then sched, io, cmd, turtle, ast, copy, http.server,
@@ -233,10 +235,11 @@ def decoder_speed(dev, bandwidth: float) -> None:
         quantization.quantize_model(model)  # in place: each fp16 weight freed as its FP8 copy replaces it
         torch.cuda.empty_cache()
         floor8 = read_bytes_per_step(model) / bandwidth * 1e3
-        b1_8, b64_8 = decode_step_ms(model, 1), decode_step_ms(model, 64)
         saved = fp8.WEIGHT_ONLY_MAX_ROWS
         try:
-            fp8.WEIGHT_ONLY_MAX_ROWS = 32  # 64 rows through the FP8 tensor cores
+            fp8.WEIGHT_ONLY_MAX_ROWS = 64  # 64 rows weight-only, in the small GEMM
+            b1_8, b64_8 = decode_step_ms(model, 1), decode_step_ms(model, 64)
+            fp8.WEIGHT_ONLY_MAX_ROWS = 32  # 64 rows through the FP8 tensor cores (the default)
             b64_mm = decode_step_ms(model, 64)
         finally:
             fp8.WEIGHT_ONLY_MAX_ROWS = saved
@@ -252,6 +255,34 @@ def decoder_speed(dev, bandwidth: float) -> None:
         f"{b64_8 / b64_16:.3f}x fp16; {b64_8 / floor8:.2f}x the floor")
     row("llama-3.1-8b decode", "batch 64 ms, fp8 on FP8 tensor cores (_scaled_mm)", f"{b64_16:.3f}", f"{b64_mm:.3f}",
         f"{b64_mm / b64_16:.3f}x fp16")
+    del model
+    torch.cuda.empty_cache()
+
+
+def route_crossover(dev, batches=(8, 16, 24, 32, 48, 64)) -> None:
+    """The llama-3.1-8b FP8 decode step at each batch through both many-row routes: weight-only
+    (the GEMV / small GEMM read E4M3 weights, activations 16-bit) and the FP8 tensor cores
+    (activations quantised per token, _scaled_mm): where fp8.WEIGHT_ONLY_MAX_ROWS should sit."""
+    from tritonformer.backend import quantization
+    from tritonformer.client.model_shapes import random_decoder
+    from tritonformer.kernels import fp8
+
+    model = random_decoder("llama-3.1-8b", dev, torch.float16, max_model_len=1024)
+    saved = fp8.WEIGHT_ONLY_MAX_ROWS
+    with torch.inference_mode():
+        quantization.prepare({}, "fp8", dev, torch.float16)
+        quantization.quantize_model(model)
+        torch.cuda.empty_cache()
+        try:
+            for b in batches:
+                fp8.WEIGHT_ONLY_MAX_ROWS = b
+                weight_only = decode_step_ms(model, b)
+                fp8.WEIGHT_ONLY_MAX_ROWS = b - 1
+                cores = decode_step_ms(model, b)
+                row("llama-3.1-8b fp8 decode", f"batch {b} ms: weight-only / FP8 tensor cores", f"{weight_only:.3f}",
+                    f"{cores:.3f}", f"tensor cores {weight_only / cores:.2f}x faster")
+        finally:
+            fp8.WEIGHT_ONLY_MAX_ROWS = saved
     del model
     torch.cuda.empty_cache()
 
@@ -377,6 +408,8 @@ def main() -> int:
             smollm2_accuracy(args.smollm2, dev)
         if args.minilm:
             minilm_accuracy(args.minilm, dev)
+    if "crossover" in parts:
+        route_crossover(dev)
     if "encoder-profile" in parts:
         encoder_profile(dev)
     if "speed" in parts:
