@@ -169,3 +169,16 @@ class ActivationArena:
             self._plans = {k: p for k, p in self._plans.items() if all(c in self._chunks for c, _ in p.values())}
         self.stats.reserved_bytes = sum(t.numel() for t in self._chunks.values())
         self.stats.in_use_bytes = sum(self._chunks[c].numel() for c in used if c in self._chunks)
+
+
+def buffer_getter(arena: ActivationArena | None, records: list[UsageRecord], widths: dict[str, int], rows: int,
+                  device, dtype):
+    """A forward's intermediates by name, each `[rows, width]`: views of the arena's plan for `records`, or,
+    without an arena, tensors of their own. Returns the getter, `name -> tensor`."""
+    if arena is None:
+        import torch  # (this module's planning needs none)
+
+        return lambda name: torch.empty((rows, widths[name]), device=device, dtype=dtype)
+    plan = arena.plan(records)
+    views = {name: arena.view(plan, name, (rows, width), dtype) for name, width in widths.items()}
+    return views.__getitem__

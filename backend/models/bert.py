@@ -313,12 +313,12 @@ class BertEncoder:
             h = kernels.embedding_layer_norm(input_ids, self.word_emb, rows, self.pos_type_emb, None,
                                              *self.emb_ln, cfg.layer_norm_eps, out=emb_out)
         if self.emb_proj is not None:
-            h = _linear(h, *self.emb_proj, bufs["hidden"])
+            h = linear_into(h, *self.emb_proj, bufs["hidden"])
         head_dim = hsz // cfg.num_heads
         for layer in self.layers:
             # The QKV bias rides in the GEMM's epilogue; q, k and v are strided views of its
             # output (the attention kernel reads strides), so no split/copy pass is needed.
-            qkv = _linear(h, layer["qkv_w"], layer["qkv_b"], bufs["qkv"]).view(-1, 3, cfg.num_heads, head_dim)
+            qkv = linear_into(h, layer["qkv_w"], layer["qkv_b"], bufs["qkv"]).view(-1, 3, cfg.num_heads, head_dim)
             ctx = bufs["ctx"]
             ctx = None if ctx is None else ctx.view(-1, cfg.num_heads, head_dim)
             if self.relative_bias is None:
@@ -327,12 +327,12 @@ class BertEncoder:
             else:
                 ctx = kernels.relative_bias_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, self.relative_bias,
                                                       max_seqlen=max_seqlen, out=ctx)
-            attn_out = _linear(ctx.reshape(-1, hsz), layer["out_w"], None, bufs["attn_out"])
+            attn_out = linear_into(ctx.reshape(-1, hsz), layer["out_w"], None, bufs["attn_out"])
             h1 = kernels.add_bias_residual_layer_norm(
                 attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=bufs["h1"]
             )
             ffn = kernels.linear_act(h1, layer["ffn_in_w"], layer["ffn_in_b"], self.activation, out=bufs["ffn"])
-            ffn_out = _linear(ffn, layer["ffn_out_w"], None, bufs["ffn_out"])
+            ffn_out = linear_into(ffn, layer["ffn_out_w"], None, bufs["ffn_out"])
             h = kernels.add_bias_residual_layer_norm(
                 ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if arena is not None else None
             )
@@ -347,9 +347,11 @@ def from_hf(cfg: dict) -> BertConfig:
 MODEL = BertEncoder
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor | None):
+def linear_into(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
+                out: torch.Tensor | None):
     """x @ weight^T (+ bias in the GEMM epilogue), into `out` when given (an arena view). An FP8
-    weight runs kernels.linear_act, which routes it (kernels/fp8.py)."""
+    weight runs kernels.linear_act, which routes it (kernels/fp8.py). The encoder families' linears
+    (BERT's, ModernBERT's, DeBERTa's)."""
     if isinstance(weight, Fp8Weight):
         return kernels.linear_act(x, weight, bias, out=out)
     if out is None:

@@ -50,10 +50,10 @@ import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.checkpoints.weights import weight_getter
-from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
-from tritonformer.backend.models.bert import position_ids
+from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord, buffer_getter
+from tritonformer.backend.models.bert import linear_into, position_ids
 from tritonformer.backend.models.encoder import ClassifierLabels, first_token_rows
-from tritonformer.kernels.fp8 import Fp8Weight, cat_rows
+from tritonformer.kernels.fp8 import cat_rows
 
 # config `pooler_hidden_act` -> the function the head applies (on fp32 values)
 _POOLER_ACTIVATIONS = {
@@ -348,15 +348,7 @@ class DebertaV2Encoder:
         if positions is None and self.pos_emb is not None:
             positions = position_ids(cu_seqlens, total, 0)
         widths = {name: width for name, _, _, width in self._intermediates()}
-        if arena is not None:
-            plan = arena.plan(self.usage_records(total))
-            bufs = {name: arena.view(plan, name, (total, width), self.dtype) for name, width in widths.items()}
-
-            def buf(name: str) -> torch.Tensor:
-                return bufs[name]
-        else:
-            def buf(name: str) -> torch.Tensor:
-                return torch.empty((total, widths[name]), device=self.device, dtype=self.dtype)
+        buf = buffer_getter(arena, self.usage_records(total), widths, total, self.device, self.dtype)
 
         # Only the columns the batch's distances reach (|i - j| < max_seqlen; the table is monotone):
         # a batch of 32-token sequences needs 63 of deberta-v3's 512.
@@ -370,7 +362,7 @@ class DebertaV2Encoder:
 
         h = self._embed(input_ids, positions, token_type_ids, buf("hidden"))
         for layer in self.layers:
-            qkv = _linear(h, layer["qkv_w"], layer["qkv_b"], buf("qkv")).view(total, 3, heads, head_dim)
+            qkv = linear_into(h, layer["qkv_w"], layer["qkv_b"], buf("qkv")).view(total, 3, heads, head_dim)
             q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
             # every token's scores against those relative-position columns: [H, T, D] @ [H, D, width]
             c2p = torch.bmm(q.transpose(0, 1), layer["pos_k"][:, :, first : last + 1], out=scores("c2p"))
@@ -378,26 +370,15 @@ class DebertaV2Encoder:
             ctx = kernels.disentangled_attention(q, k, v, c2p.transpose(0, 1), p2c.transpose(0, 1), self.rel_index,
                                                  cu_seqlens, self.scale, max_seqlen,
                                                  out=buf("ctx").view(total, heads, head_dim), first_column=first)
-            attn_out = _linear(ctx.view(total, hsz), layer["out_w"], None, buf("attn_out"))
+            attn_out = linear_into(ctx.view(total, hsz), layer["out_w"], None, buf("attn_out"))
             h1 = kernels.add_bias_residual_layer_norm(attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps,
                                                       out=buf("h1"))
             ffn = kernels.linear_act(h1, layer["ffn_in_w"], layer["ffn_in_b"], self.activation,
-                                     out=bufs["ffn"] if arena is not None else None)
-            ffn_out = _linear(ffn, layer["ffn_out_w"], None, buf("ffn_out"))
+                                     out=buf("ffn") if arena is not None else None)
+            ffn_out = linear_into(ffn, layer["ffn_out_w"], None, buf("ffn_out"))
             h = kernels.add_bias_residual_layer_norm(ffn_out, layer["ffn_out_b"], h1, *layer["ln2"],
                                                      cfg.layer_norm_eps, out=h)
         return h
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
-            out: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T (+ bias in the GEMM epilogue) into `out`. An FP8 weight runs
-    kernels.linear_act, which routes it (kernels/fp8.py)."""
-    if isinstance(weight, Fp8Weight):
-        return kernels.linear_act(x, weight, bias, out=out)
-    if bias is None:
-        return torch.mm(x, weight.t(), out=out)
-    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def from_hf(cfg: dict) -> DebertaV2Config:

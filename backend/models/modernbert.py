@@ -34,10 +34,10 @@ import torch.nn.functional as F
 
 from tritonformer import kernels
 from tritonformer.backend.checkpoints.weights import weight_getter
-from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
-from tritonformer.backend.models.bert import position_ids
+from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord, buffer_getter
+from tritonformer.backend.models.bert import linear_into, position_ids
 from tritonformer.backend.models.encoder import ClassifierLabels
-from tritonformer.kernels.fp8 import Fp8Weight
+
 
 # config `hidden_activation` -> kernels.linear_act's gated activation (act on the first half)
 _MLP_ACTIVATIONS = {"gelu": "gelu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul", "gelu_new": "gelu_tanh_mul",
@@ -272,15 +272,7 @@ class ModernBertEncoder:
         if positions is None:
             positions = position_ids(cu_seqlens, total, 0)
         widths = {name: width for name, _, _, width in self._intermediates()}
-        if arena is not None:
-            plan = arena.plan(self.usage_records(total))
-            bufs = {name: arena.view(plan, name, (total, width), self.dtype) for name, width in widths.items()}
-
-            def buf(name: str) -> torch.Tensor:
-                return bufs[name]
-        else:
-            def buf(name: str) -> torch.Tensor:
-                return torch.empty((total, widths[name]), device=self.device, dtype=self.dtype)
+        buf = buffer_getter(arena, self.usage_records(total), widths, total, self.device, self.dtype)
 
         # Token embeddings (gathered into `attn_in`, free until layer 0 ends) and their norm, which
         # is layer 0's attention input as it is (its attention norm is the identity) and the
@@ -291,7 +283,7 @@ class ModernBertEncoder:
         kernels.add_bias_residual_layer_norm(rows, None, None, *self.emb_norm, cfg.norm_eps, out=residual)
         attn_in = residual
         for i, layer in enumerate(self.layers):
-            qkv = _linear(attn_in, layer["qkv_w"], layer["qkv_b"], buf("qkv"))
+            qkv = linear_into(attn_in, layer["qkv_w"], layer["qkv_b"], buf("qkv"))
             cos, sin = self.rotary[layer["kind"]]
             kernels.rotary_in_place(qkv.view(total, 3 * heads, head_dim)[:, : 2 * heads], cos, sin, positions)
             qkv4 = qkv.view(total, 3, heads, head_dim)
@@ -299,13 +291,13 @@ class ModernBertEncoder:
                 qkv4[:, 0], qkv4[:, 1], qkv4[:, 2], cu_seqlens, cu_seqlens, causal=False, max_seqlen_q=max_seqlen,
                 out=buf("ctx").view(total, heads, head_dim), window=layer["window"],
             )
-            attn_out = _linear(ctx.view(total, hsz), layer["out_w"], layer["out_b"], buf("attn_out"))
+            attn_out = linear_into(ctx.view(total, hsz), layer["out_w"], layer["out_b"], buf("attn_out"))
             # residual + attn_out (the new residual stream) and the MLP's norm of it, one pass
             mlp_in = kernels.add_bias_residual_layer_norm(attn_out, None, residual, *layer["mlp_norm"], cfg.norm_eps,
                                                           out=buf("mlp_in"), sum_out=spare)
             residual, spare = spare, residual
             act = kernels.linear_act(mlp_in, layer["wi_w"], layer["wi_b"], self.activation)
-            mlp_out = _linear(act, layer["wo_w"], layer["wo_b"], buf("mlp_out"))
+            mlp_out = linear_into(act, layer["wo_w"], layer["wo_b"], buf("mlp_out"))
             # residual + mlp_out and the next layer's attention norm of it; after the last layer
             # the final norm, whose residual sum nobody reads
             last = i == len(self.layers) - 1
@@ -315,17 +307,6 @@ class ModernBertEncoder:
             if not last:
                 residual, spare = spare, residual
         return attn_in
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
-            out: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T (+ bias in the GEMM epilogue) into `out`. An FP8 weight runs
-    kernels.linear_act, which routes it (kernels/fp8.py)."""
-    if isinstance(weight, Fp8Weight):
-        return kernels.linear_act(x, weight, bias, out=out)
-    if bias is None:
-        return torch.mm(x, weight.t(), out=out)
-    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def from_hf(cfg: dict) -> ModernBertConfig:
