@@ -137,3 +137,39 @@ def test_qwen3_embedding_baseline_dispatches_sdpa_and_ours_matches_it():
     with torch.inference_mode():
         ref = hf(input_ids=ids).last_hidden_state
     assert bench._min_cosine(ours.forward(ids.reshape(-1), cu, 40), ref) >= 0.999
+
+
+@pytest.mark.parametrize("name", ["mpnet-base", "deberta-v3-base"])
+def test_eager_only_family_baseline_dispatches_eager_and_ours_matches_it(name):
+    """`--model mpnet-base` / `deberta-v3-base`: Hugging Face has no SDPA path for these classes,
+    so the baseline is HF eager, named so (`hf_eager`), and the check sees it run eager (config
+    "eager", no SDPA call); ours built from its weights computes the same hidden states (two
+    layers, a 2,048-token vocabulary, on the CPU; 150 tokens: past the 128 exact distances)."""
+    assert bench.family_baseline_name(name) == "hf_eager"
+    hf, config = bench.build_family_baseline(name, layers=2, overrides={"vocab_size": 2048})
+    assert config["num_hidden_layers"] == 2
+    results = bench.verify_dispatch({"hf_eager": hf}, _ids())
+    assert results["hf_eager"]["ok"] and results["hf_eager"]["config"] == "eager"
+    assert results["hf_eager"]["sdpa_calls"] == 0
+    with pytest.raises(RuntimeError, match="hf_sdpa"):  # under the SDPA name the same model is caught
+        bench.verify_dispatch({"hf_sdpa": hf}, _ids())
+    ours = bench.build_ours(name, hf, torch.device("cpu"), torch.float32)
+    ids = torch.randint(3, 2048, (2, 150), generator=torch.Generator().manual_seed(1))
+    cu = torch.tensor([0, 150, 300], dtype=torch.int32)
+    with torch.inference_mode():
+        ref = hf(input_ids=ids).last_hidden_state
+    assert bench._min_cosine(ours.forward(ids.reshape(-1), cu, 150), ref) >= 0.999
+
+
+def test_eager_family_table_names_the_eager_baseline(capsys):
+    meta = {"gpu": "cpu", "date": "2026-01-01T00:00:00+00:00", "command": bench.command_line(), "git_commit": None,
+            "torch": torch.__version__, "transformers": "x", "model": "deberta-v3-base", "layers": 12,
+            "compile_mode": "auto", "baseline": "hf_eager",
+            "attention_dispatch": {"hf_eager": {"config": "eager", "sdpa_calls": 0, "ok": True}}}
+    rows = [{"shape": "(1,32)", "hf_eager_ms": 10.0, "hf_eager_compiled_ms": 4.0, "ours_ms": 1.0,
+             "ours_no_graph_ms": 3.0, "vs_eager": 10.0, "vs_compiled": 4.0, "target_vs_eager": None,
+             "min_cosine_vs_hf_eager": 0.9999, "compiled": {"mode": "default", "error": None}, "peak_memory_GiB": 1.0}]
+    bench.print_family_table(meta, rows)
+    out = capsys.readouterr().out
+    assert "HF eager ms" in out and "vs eager" in out and "SDPA ms" not in out
+    assert "10.00x" in next(line for line in out.splitlines() if line.split()[:1] == ["(1,32)"])
