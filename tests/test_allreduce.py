@@ -655,6 +655,37 @@ def _cpu_rank(rank: int, world: int, address: str, results) -> None:
         os._exit(0)
 
 
+def _transport_rank(rank: int, world: int, address: str, results) -> None:
+    """A CPU rank choosing its peer buffers' transport with both transports faked: a group whose ranks never
+    opened symmetric memory takes it; once any rank's process has (rank 0's here, as a pytest process making a
+    second group), every rank takes CUDA IPC instead, and none waits in a rendezvous its peers skip."""
+    try:
+        import torch.distributed as dist
+
+        from tritonformer.backend.parallel import allreduce
+
+        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
+        allreduce._obstacle = lambda *args: None
+        allreduce._OPEN = {t: (lambda *args, t=t: t) for t in allreduce.TRANSPORTS}
+        first = allreduce._set_up_peers(rank, world, torch.device("cpu"), allreduce.TRANSPORTS, 1 << 10)
+        wrong = [] if first == "symm_mem" and allreduce._symm_mem_opened else [f"first group: {first}"]
+        allreduce._symm_mem_opened = rank == 0  # rank 0's process opened it before, rank 1 is fresh
+        second = allreduce._set_up_peers(rank, world, torch.device("cpu"), allreduce.TRANSPORTS, 1 << 10)
+        wrong += [] if second == "ipc" else [f"second group: {second}"]
+        results.put((rank, second, wrong))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, None, [traceback.format_exc()]))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)
+
+
+def test_a_group_any_of_whose_ranks_opened_symmetric_memory_before_takes_ipc_on_every_rank():
+    got = _run_ranks(_transport_rank, 2, timeout=120)
+    assert not _problems(got), _problems(got)
+
+
 def test_without_peer_buffers_every_rank_sums_through_the_process_group():
     got = _run_ranks(_cpu_rank, 2, timeout=120)
     assert not _problems(got), _problems(got)

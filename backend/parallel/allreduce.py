@@ -69,6 +69,12 @@ def push_bytes(world: int) -> int:
 MAX_WORLD = 8
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fp32: norms' sums of squares (Mamba2Mixer)
 TRANSPORTS = ("symm_mem", "ipc")
+# Whether this process has opened symmetric-memory buffers for a process group. torch registers a group's
+# symmetric-memory rendezvous by the group's name, and a group made again after the first one left gets the
+# same name: a process's second rendezvous then waits on the first group's store while a fresh rank waits
+# on the new one (seen on two H200s: the second of two two-GPU checks in one pytest process never met).
+# A group any of whose ranks has opened them before skips them for CUDA IPC handles.
+_symm_mem_opened = False
 
 
 def read_mode(environ=os.environ) -> str:
@@ -213,6 +219,7 @@ def _obstacle(rank: int, world: int, device: torch.device) -> str | None:
 
 def _set_up_peers(rank: int, world: int, device: torch.device, transports, max_bytes: int):
     """The peer buffers on every rank, or None on every rank (logged once, with why)."""
+    global _symm_mem_opened
     try:
         why = _obstacle(rank, world, device)
     except Exception as e:  # noqa: BLE001 - any failure here means NCCL only
@@ -221,6 +228,9 @@ def _set_up_peers(rank: int, world: int, device: torch.device, transports, max_b
         log.warning("one-shot all-reduce off, NCCL for every all-reduce: %s", why or "a peer cannot use it")
         return None
     reasons = []
+    if "symm_mem" in transports and not _all_ranks(not _symm_mem_opened, device):
+        transports = tuple(t for t in transports if t != "symm_mem")
+        reasons.append("symm_mem: opened before in a rank's process (its rendezvous is registered by group name)")
     for transport in transports:
         peers, why = None, None
         try:
@@ -229,6 +239,8 @@ def _set_up_peers(rank: int, world: int, device: torch.device, transports, max_b
             why = f"{transport}: {type(e).__name__}: {e}"
         if _all_ranks(peers is not None, device):  # also: every rank's flags are zero before any kernel
             log.info("one-shot all-reduce over %s peer buffers, %d ranks, up to %d bytes", transport, world, max_bytes)
+            if transport == "symm_mem":
+                _symm_mem_opened = True
             return peers
         reasons.append(why or f"{transport}: failed on a peer")
     log.warning("one-shot all-reduce off, NCCL for every all-reduce: %s", "; ".join(reasons))
