@@ -25,7 +25,7 @@ pass. This one is
 - split in its epilogue (EPILOGUE_SPLIT): the accumulator is finished and stored in column
   halves, which halves the registers and shared memory the store path holds at once.
 
-What it gets (H100, fp16, N = 3072, K = 768; `tools/gpu/time_ffn_gemm.py`, docs/benchmarks.md):
+What it gets (H100, fp16, N = 3072, K = 768; `tools/gpu/time_ffn_gemm.py`, docs/benchmarks/defaults.md):
 its main loop alone runs at 88-100% of cuBLAS's GEMM (0.269 vs 0.237 ms at 32,768 rows), and
 with the erf epilogue it is 3-12% faster than cuBLAS + the separate bias + GELU pass from
 8,192 rows on (0.380-0.386 vs 0.395-0.406 ms at 32,768 rows; 0.739-0.760 vs 0.818-0.838 at

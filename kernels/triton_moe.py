@@ -23,7 +23,7 @@ At decode (a few tokens) a block holds one row or few: each selected expert's we
 once per step, which is what bounds a small batch. Tried and removed: for one token, routing
 inside GEMV-style gate-up programs and the k-pair sum inside the down programs (two launches
 instead of four) took 42.6 us a Qwen3-30B-A3B layer at its best setting against these four
-launches' 32.2 (H200; docs/benchmarks.md, "Mixture of experts"). What a decode step's chain
+launches' 32.2 (H200; docs/benchmarks/decoder-families.md, "Mixture of experts"). What a decode step's chain
 does instead: every kernel here launches with PDL (PDL_MAX_PAIRS), so each one's launch overlaps
 the tail of the one before; the block's norm runs in the router linear's prologue, which writes
 the normalised rows for the experts (PreNorm.normed_out); a decode row's routing program is one

@@ -5,7 +5,7 @@ must call `wait_for_predecessor` before it reads anything that kernel (or any be
 writes, or writes anything they read. Calling it also lets the next kernel launch early, so a
 chain of such kernels overlaps each one's launch, and whatever it loads before waiting (the
 weights of a linear: triton_gemv.py), with the tail of the one before. A kernel that never
-waits is not launched this way. Measured on the H100: docs/benchmarks.md, "Defaults".
+waits is not launched this way. Measured on the H100: docs/benchmarks/defaults.md, "Defaults".
 """
 from __future__ import annotations
 

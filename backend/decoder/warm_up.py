@@ -7,7 +7,7 @@ kernel is compiled once per *specialisation* of its integer arguments (equal to 
 16, neither) and per block-size choice its launcher makes from the shape. Each first sight of a
 new combination compiles for 0.1-1 s while every stream in the batch waits: measured through
 tritonserver on an H100, a fresh server's first two seconds at 128 req/s had a time to first
-token of 756 ms at p50 (docs/benchmarks.md, "Orca trace, served").
+token of 756 ms at p50 (docs/benchmarks/serving.md, "Orca trace, served").
 
 So the engine serves a short synthetic burst of its own before READY, through its real scheduler
 and runner: prompts from one token to several iteration budgets long arriving in waves while

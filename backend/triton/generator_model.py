@@ -9,7 +9,7 @@ Where the engine runs is the parameter `engine_process`: false, on a thread of t
 process; true, in a process of its own shared by this model's instances on the GPU
 (backend/engine_process/), so that the stub's IPC with tritonserver never competes with the
 engine for one GIL; auto (the default), true on a GPU and false on the CPU. Measured on an H100
-(docs/benchmarks.md, "Engine process"): 1.30x the output tokens/s of the thread at 1,000 req/s
+(docs/benchmarks/serving.md, "Engine process"): 1.30x the output tokens/s of the thread at 1,000 req/s
 and a third of its time to first token; on the CPU the model, not the stub, sets the pace.
 """
 from __future__ import annotations
