@@ -133,6 +133,10 @@ def compile_all() -> list[str]:
     # Llama 4's chunked attention (CHUNKED: the window's machinery with the chunk's lower edge), paged
     chunked = dict(GROUP=5, CAUSAL=True, PRECISION="tf32", BLOCK_D=128, PAGE=16, PDL=True, HAS_WINDOW=True,
                    SOFTCAP=False, HEAD_DIM=128, D_PADDED=False, HAS_SINKS=False, CHUNKED=True)
+    split_rotary = {**{f"{name}_ptr": "*bf16" for name in ("src", "bias", "q", "k", "v", "cos", "sin", "qn", "kn")},
+                    "sq_ptr": "*fp32", "slot_ptr": "*i64", "src_stride_t": "i32", "src_stride_h": "i32",
+                    "cos_stride_t": "i32", "sin_stride_t": "i32", "n_q_heads": "i32", "n_kv_heads": "i32",
+                    "head_dim": "i32", "half": "i32", "norm_eps": "fp32", "norm_ranks": "i32"}
     variants = [
         ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024, "BITS": tl.int16}),
         ("push fp32", ar._push_all_reduce_kernel, {**plain, "x_ptr": "*fp32", "out_ptr": "*fp32"},
@@ -195,13 +199,16 @@ def compile_all() -> list[str]:
          dict(BLOCK_M=64, BLOCK_N=64, NUM_SPLITS=1, **chunked)),
         ("attention chunked split decode", ta._varlen_attention_kernel, attention,
          dict(BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, **chunked)),
-        ("split-rotary q/k norms", te._split_rotary_kernel,
-         {**{f"{name}_ptr": "*bf16" for name in ("src", "bias", "q", "k", "v", "cos", "sin", "qn", "kn")},
-          "slot_ptr": "*i64", "src_stride_t": "i32", "src_stride_h": "i32", "cos_stride_t": "i32",
-          "sin_stride_t": "i32", "n_q_heads": "i32", "n_kv_heads": "i32", "head_dim": "i32", "half": "i32",
-          "norm_eps": "fp32"},
+        ("split-rotary q/k norms", te._split_rotary_kernel, split_rotary,
          dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
-              FULL_NORM=False, FULL_BLOCK=1024, PDL=True)),
+              FULL_NORM=False, SUMMED=False, FULL_BLOCK=1024, PDL=True)),
+        # OLMo 2's whole-width q / k norms split over ranks: every rank's sums of squares read (norm_squares)
+        ("split-rotary q/k norms over ranks", te._split_rotary_kernel, split_rotary,
+         dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
+              FULL_NORM=True, SUMMED=True, FULL_BLOCK=1024, PDL=True)),
+        ("qk squares", te._qk_squares_kernel,
+         {"qkv_ptr": "*bf16", "out_ptr": "*fp32", "stride_t": "i32", "q_width": "i32", "k_width": "i32"},
+         dict(BLOCK=1024)),
         ("xielu", te._xielu_kernel, {"x_ptr": "*bf16", "p_ptr": "*fp32", "out_ptr": "*bf16", "n": "i32"},
          dict(BLOCK=4096)),
         # Kimi Linear's KDA decode step and its output norm at Kimi-Linear-48B-A3B's heads (32 of 128)
@@ -234,12 +241,14 @@ def test_interpreted_kernels_compile_for_hopper():
                  "moe route-align DeepSeek-V3 groups", "moe route-chunk DeepSeek-V2 groups", "moe sum-pairs",
                  "moe route-align sparsemixer",
                  "moe route-chunk", "moe align-offsets", "moe scatter-chunk", "split-rotary q/k norms",
+                 "split-rotary q/k norms over ranks",
                  "attention chunked prefill", "attention chunked split decode"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
     assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
     assert "lightning decode: no wait" in lines, done.stdout  # (MiniMax's)
+    assert "qk squares: no wait" in lines, done.stdout  # (OLMo 2's split norms: no PDL)
     shared = {line.split(": shared ")[0]: int(line.split(": shared ")[1]) for line in lines if ": shared " in line}
     assert len(shared) == 9 and max(shared.values()) <= HOPPER_SHARED_BYTES, done.stdout
 
