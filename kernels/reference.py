@@ -1199,21 +1199,30 @@ def qkv_to_cache(
             q, k, v = qkv_split_rotary(qkv, bias, num_heads, num_kv_heads, head_dim, cos, sin)
     else:
         q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
-        for i, norm in ((0, q_norm), (1, k_norm)):
+
+        def normed(heads, norm, column):
             if norm is None:
-                continue
-            heads = (q, k)[i]
+                return heads
             if norm_squares is None:
-                heads = head_norm(heads, norm, norm_eps)
-            else:  # the whole width's mean square from every rank's sums of squares
-                rows = heads.reshape(heads.shape[0], -1).float()
-                mean = norm_squares[:, i : i + 1].float() / (rows.shape[1] * norm_ranks)
-                heads = (rows * torch.rsqrt(mean + norm_eps) * norm.float()).to(qkv.dtype).view(heads.shape)
-            q, k = (heads, k) if i == 0 else (q, heads)
+                return head_norm(heads, norm, norm_eps)
+            rows = heads.reshape(heads.shape[0], -1)  # the whole width's mean square from every rank's sums
+            return summed_rms_norm(rows, norm, norm_eps, norm_squares[:, column : column + 1],
+                                   rows.shape[1] * norm_ranks).view(heads.shape)
+
+        q, k = normed(q, q_norm, 0), normed(k, k_norm, 1)
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
+
+
+def summed_rms_norm(rows: torch.Tensor, weight: torch.Tensor, eps: float, squares: torch.Tensor,
+                    width: int) -> torch.Tensor:
+    """RMSNorm of `rows` `[T, n]` whose sums of squares over the whole width `width` are given
+    (`squares` `[T, 1]`, every tensor-parallel rank's share summed): fp32 statistics, rounded once
+    to the rows' dtype, as rms_norm."""
+    mean = squares.float() / width
+    return (rows.float() * torch.rsqrt(mean + eps) * weight.float()).to(rows.dtype)
 
 
 def qk_squares(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:

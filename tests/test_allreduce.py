@@ -10,6 +10,7 @@ bounded by a timeout and never calls destroy_process_group (it can hang at exit)
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 import traceback
@@ -631,22 +632,14 @@ def _problems(got: dict) -> str:
     return "\n".join(f"rank {r}: {w}" for r, (_, wrong) in sorted(got.items()) for w in wrong)
 
 
-def _cpu_rank(rank: int, world: int, address: str, results) -> None:
-    """A CPU rank: no peer buffers can exist, so even `oneshot` sums through the group (gloo)."""
+def _reported_rank(body, rank: int, world: int, address: str, results) -> None:
+    """A spawned rank running `body(rank, world)` -> (transport, what went wrong) over a gloo group, its
+    answer (or its traceback) put in `results`, the process ended without waiting on the group."""
     try:
         import torch.distributed as dist
 
-        from tritonformer.backend.parallel.allreduce import AllReduce
-
         dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
-        summer = AllReduce.create(rank, world, torch.device("cpu"), mode="oneshot")
-        wrong = [] if summer.peers is None else ["peer buffers on a CPU"]
-        x = torch.full((3, 5), float(rank + 1), dtype=BF16)
-        if summer.route(x) != "nccl":
-            wrong.append(f"routed to {summer.route(x)}")
-        if summer(x) is not x or not torch.equal(x, torch.full((3, 5), world * (world + 1) / 2, dtype=BF16)):
-            wrong.append(f"sum {x}")
-        results.put((rank, None, wrong))
+        results.put((rank, *body(rank, world)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, None, [traceback.format_exc()]))
     finally:
@@ -655,30 +648,38 @@ def _cpu_rank(rank: int, world: int, address: str, results) -> None:
         os._exit(0)
 
 
-def _transport_rank(rank: int, world: int, address: str, results) -> None:
+def _cpu_sum(rank: int, world: int):
+    """A CPU rank: no peer buffers can exist, so even `oneshot` sums through the group (gloo)."""
+    from tritonformer.backend.parallel.allreduce import AllReduce
+
+    summer = AllReduce.create(rank, world, torch.device("cpu"), mode="oneshot")
+    wrong = [] if summer.peers is None else ["peer buffers on a CPU"]
+    x = torch.full((3, 5), float(rank + 1), dtype=BF16)
+    if summer.route(x) != "nccl":
+        wrong.append(f"routed to {summer.route(x)}")
+    if summer(x) is not x or not torch.equal(x, torch.full((3, 5), world * (world + 1) / 2, dtype=BF16)):
+        wrong.append(f"sum {x}")
+    return None, wrong
+
+
+def _transport_choice(rank: int, world: int):
     """A CPU rank choosing its peer buffers' transport with both transports faked: a group whose ranks never
     opened symmetric memory takes it; once any rank's process has (rank 0's here, as a pytest process making a
     second group), every rank takes CUDA IPC instead, and none waits in a rendezvous its peers skip."""
-    try:
-        import torch.distributed as dist
+    from tritonformer.backend.parallel import allreduce
 
-        from tritonformer.backend.parallel import allreduce
+    allreduce._obstacle = lambda *args: None
+    allreduce._OPEN = {t: (lambda *args, t=t: t) for t in allreduce.TRANSPORTS}
+    first = allreduce._set_up_peers(rank, world, torch.device("cpu"), allreduce.TRANSPORTS, 1 << 10)
+    wrong = [] if first == "symm_mem" and allreduce._symm_mem_opened else [f"first group: {first}"]
+    allreduce._symm_mem_opened = rank == 0  # rank 0's process opened it before, rank 1 is fresh
+    second = allreduce._set_up_peers(rank, world, torch.device("cpu"), allreduce.TRANSPORTS, 1 << 10)
+    wrong += [] if second == "ipc" else [f"second group: {second}"]
+    return second, wrong
 
-        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
-        allreduce._obstacle = lambda *args: None
-        allreduce._OPEN = {t: (lambda *args, t=t: t) for t in allreduce.TRANSPORTS}
-        first = allreduce._set_up_peers(rank, world, torch.device("cpu"), allreduce.TRANSPORTS, 1 << 10)
-        wrong = [] if first == "symm_mem" and allreduce._symm_mem_opened else [f"first group: {first}"]
-        allreduce._symm_mem_opened = rank == 0  # rank 0's process opened it before, rank 1 is fresh
-        second = allreduce._set_up_peers(rank, world, torch.device("cpu"), allreduce.TRANSPORTS, 1 << 10)
-        wrong += [] if second == "ipc" else [f"second group: {second}"]
-        results.put((rank, second, wrong))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        results.put((rank, None, [traceback.format_exc()]))
-    finally:
-        results.close()
-        results.join_thread()
-        os._exit(0)
+
+_cpu_rank = functools.partial(_reported_rank, _cpu_sum)  # (module-level parts: spawned processes unpickle them)
+_transport_rank = functools.partial(_reported_rank, _transport_choice)
 
 
 def test_a_group_any_of_whose_ranks_opened_symmetric_memory_before_takes_ipc_on_every_rank():

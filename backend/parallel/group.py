@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tritonformer.backend.parallel.allreduce import AllReduce
+from tritonformer.kernels import reference
 
 
 # torch >= 2.12 renamed it (the old name warns there)
@@ -87,10 +88,9 @@ class TensorParallelGroup:
         weight. Every rank's sums of squares, all norms in one fp32 all-reduce `[rows, len(parts)]`, give
         the whole width's (`world * n`) mean squares; the rows come back normalised in their own dtype,
         computed in fp32 and rounded once, as kernels.rms_norm."""
-        floats = [p.float() for p in parts]
-        squares = self.all_reduce(torch.stack([f.pow(2).sum(-1) for f in floats], dim=1))
-        return [(f * torch.rsqrt(squares[:, i : i + 1] / (f.shape[1] * self.world) + eps) * w.float()).to(p.dtype)
-                for i, (f, w, p) in enumerate(zip(floats, weights, parts))]
+        squares = self.all_reduce(torch.stack([p.float().pow(2).sum(-1) for p in parts], dim=1))
+        return [reference.summed_rms_norm(p, w, eps, squares[:, i : i + 1], p.shape[1] * self.world)
+                for i, (p, w) in enumerate(zip(parts, weights))]
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
         """`[rows, n]` on every rank -> `[rows, world * n]`, rank r's columns at r * n: the
