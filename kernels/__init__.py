@@ -43,6 +43,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     rms_norm,
     rotary_cos_sin,
     rotary_in_place,
+    segment_rms_norms,
     selective_scan_chunk,
     selective_scan_decode,
     sigmoid_mul,

@@ -79,6 +79,24 @@ def rms_norm(
     return (result if out is None else out.copy_(result)), summed
 
 
+def segment_rms_norms(
+    x: torch.Tensor, sizes: tuple[int, ...], eps: float, weight: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """Each row of x `[T, sum(sizes)]` cut into segments of `sizes` columns, each segment RMS-normalised
+    on its own (Mamba-1's dt, B and C in Falcon-Mamba and Jamba): in fp32, rounded to x's dtype, then,
+    where `weight` (`[sum(sizes)]`, the segments' weights end to end) is given, times its part in x's
+    dtype (one rounding). Returns one contiguous `[T, size]` tensor per segment."""
+    out, start = [], 0
+    for size in sizes:
+        f = x[:, start : start + size].float()
+        normed = (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        if weight is not None:
+            normed = normed * weight[start : start + size]
+        out.append(normed.contiguous())
+        start += size
+    return out
+
+
 def bias_gelu(
     x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none", out: torch.Tensor | None = None
 ) -> torch.Tensor:

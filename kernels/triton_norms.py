@@ -318,6 +318,44 @@ def rms_norm(
     return out, summed
 
 
+@triton.jit(do_not_specialize=["n_rows"])
+def _segment_rms_norms_kernel(x_ptr, w_ptr, out_ptr, n_rows, stride_x, eps, S0: tl.constexpr, S1: tl.constexpr,
+                              S2: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+    """Segment pid(1) of row pid(0), normalised. The outputs lie end to end in out: segment j's `[n_rows, S_j]`
+    from n_rows * (S_0 + .. + S_{j-1}) on, each contiguous."""
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    start = tl.where(seg == 0, 0, tl.where(seg == 1, S0, S0 + S1))
+    size = tl.where(seg == 0, S0, tl.where(seg == 1, S1, S2))
+    cols = tl.arange(0, BLOCK)
+    mask = cols < size
+    h = tl.load(x_ptr + row * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (h * tl.math.rsqrt(tl.sum(h * h, axis=0) / size + eps)).to(out_ptr.dtype.element_ty)
+    if HAS_WEIGHT:
+        normed = (normed.to(tl.float32) * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32))
+    tl.store(out_ptr + n_rows * start + row * size + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@register("segment_rms_norms")
+def segment_rms_norms(x: torch.Tensor, sizes: tuple[int, ...], eps: float,
+                      weight: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """reference.segment_rms_norms in one launch (up to three segments: Mamba-1's dt, B and C, which took
+    ~18 PyTorch launches a layer); x's rows may be strided. The segments' outputs share one allocation."""
+    assert 1 <= len(sizes) <= 3 and x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == sum(sizes)
+    rows = x.shape[0]
+    flat = torch.empty(rows * x.shape[1], dtype=x.dtype, device=x.device)
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(flat[rows * start : rows * (start + size)].view(rows, size))
+        start += size
+    if rows:
+        s = tuple(sizes) + (0,) * (3 - len(sizes))
+        _segment_rms_norms_kernel[(rows, len(sizes))](
+            x, _contig(weight) if weight is not None else x, flat, rows, x.stride(0), float(eps), S0=s[0], S1=s[1],
+            S2=s[2], HAS_WEIGHT=weight is not None, BLOCK=triton.next_power_of_2(max(sizes)), num_warps=4)
+    return parts
+
+
 @register("embedding_rms_norm")
 def embedding_rms_norm(
     ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float, scale: float | None = None

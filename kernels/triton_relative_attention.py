@@ -8,20 +8,25 @@ Same semantics and signature as `reference.relative_bias_attention`; registered 
   the sequence's keys and values in BLOCK_N blocks and keeps the online-softmax state (row max,
   row sum, output accumulator) in fp32; the `[L, L]` score matrix never exists.
 * The bias is a table by distance, `[H, 2R + 1]` fp32: score(i, j) = scale * q_i . k_j +
-  bias[h, clamp(j - i, -R, R) + R]. Each score tile gathers its entries from the head's row (a
-  few hundred floats, resident in L1 / L2), so the bias costs one load and one add per score, and
-  nothing of the size of the sequence is materialised. Scores live in the log2 domain (exp2 in
-  place of exp): both terms are multiplied by log2(e).
+  bias[h, clamp(j - i, -R, R) + R]. With square tiles (BLOCK query rows, BLOCK keys) a score tile's
+  bias depends only on its offset n0 - m0 = t * BLOCK: it is a Toeplitz tile, and past |t| = T =
+  ceil((R + BLOCK - 1) / BLOCK) every distance in it is clamped, so 2T + 1 tiles per head hold every
+  tile's bias (`_bias_tiles`, made once per table and block, 7 x 64 x 64 per head for MPNet's R =
+  128). The kernel loads its tile whole, contiguous, like a key block, where gathering each score's
+  entry from the table by index ran 5.3x BERT's attention at MPNet's (64, 512) (0.893 against 0.167
+  ms, H200, tools/gpu/tune_relative_attention.py). Scores live in the log2 domain (exp2 in place of
+  exp): both terms are multiplied by log2(e), the tiles when they are made.
 * Any head_dim in [16, 256]: one that is not a power of two runs in a tile padded to the next
   power of two, its extra lanes masked (D_PADDED, a constexpr: the power-of-two build is
   unchanged).
 
-Grid: (cdiv(max_seqlen, BLOCK_M), num_seqs, H). Programs whose rows start past their sequence's
+Grid: (cdiv(max_seqlen, BLOCK), num_seqs, H). Programs whose rows start past their sequence's
 end exit at once, so the grid can be sized from the longest sequence.
 """
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import triton
@@ -32,27 +37,29 @@ from tritonformer.kernels.dispatch import register
 _LOG2E = 1.4426950408889634
 
 
-# The sequence bounds and the reach are read at run time (not specialised): a new batch shape must
-# not stall serving on a compile.
+# The sequence bounds and the tiles' reach are read at run time (not specialised): a new batch shape
+# must not stall serving on a compile.
 @triton.jit(do_not_specialize=["reach"])
 def _relative_bias_attention_kernel(
-    Q, K, V, Out, Bias, cu_seqlens,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bh,
+    Q, K, V, Out, Tiles, cu_seqlens,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_th,
     qk_scale, reach,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PADDED: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
+    """`reach`: T, the tiles' offsets run -T..T (Tiles `[H, 2T + 1, BLOCK, BLOCK]`, log2 domain)."""
     block_m = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
     start = tl.load(cu_seqlens + seq).to(tl.int64)
     seqlen = (tl.load(cu_seqlens + seq + 1) - start).to(tl.int32)
-    m_lo = block_m * BLOCK_M
+    m_lo = block_m * BLOCK
     if m_lo >= seqlen:
         return
 
-    offs_m = m_lo + tl.arange(0, BLOCK_M)  # query index within the sequence
+    offs_m = m_lo + tl.arange(0, BLOCK)  # query index within the sequence
     offs_d = tl.arange(0, BLOCK_D)
+    offs_b = tl.arange(0, BLOCK)
     row_ok = (offs_m < seqlen)[:, None]
     if D_PADDED:
         d_ok = (offs_d < HEAD_DIM)[None, :]
@@ -61,22 +68,22 @@ def _relative_bias_attention_kernel(
     q = tl.load(Q + q_tok[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=row_ok, other=0.0)
     k_base = K + start * stride_kt + head * stride_kh
     v_base = V + start * stride_vt + head * stride_vh
-    bias_row = Bias + head * stride_bh
+    tile_cells = Tiles + head * stride_th + offs_b[:, None] * BLOCK + offs_b[None, :]
 
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(0, seqlen, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, seqlen, BLOCK):
+        offs_n = start_n + offs_b
         in_seq = offs_n < seqlen
         kv_mask = in_seq[:, None]
         if D_PADDED:
             kv_mask = kv_mask & d_ok
         k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        # The bias of distance j - i, clamped to the table's reach (always a valid index).
-        rel = tl.minimum(tl.maximum(offs_n[None, :] - offs_m[:, None], -reach), reach) + reach
-        s += tl.load(bias_row + rel) * 1.4426950408889634
+        # This tile's offset in blocks (start_n - m_lo is a multiple of BLOCK), clamped: its bias tile.
+        t = tl.minimum(tl.maximum((start_n - m_lo) // BLOCK, -reach), reach) + reach
+        s += tl.load(tile_cells + t * (BLOCK * BLOCK))
         s = tl.where(in_seq[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -90,17 +97,43 @@ def _relative_bias_attention_kernel(
              mask=row_ok)
 
 
-def _launch_config(head_dim: int, dtype: torch.dtype, max_seqlen: int, on_gpu: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Not tuned: varlen_attention's non-causal rows
-    for 16-bit tiles (128 x 64 and 8 warps for long sequences, 64-row blocks for short ones),
-    smaller fp32 tiles; 16 x 16 in the CPU interpreter (the smallest tl.dot takes)."""
+def _launch_config(head_dim: int, dtype: torch.dtype, max_seqlen: int, on_gpu: bool) -> tuple[int, int, int]:
+    """(BLOCK, num_warps, num_stages): square tiles (the bias tiles need BLOCK_M = BLOCK_N). 64 x 64,
+    4 warps, 2 stages were the fastest square tiles at MPNet's (64, 512) (H200,
+    tools/gpu/tune_relative_attention.py); 32 for fp32 or heads past 128; 16 in the CPU interpreter (the
+    smallest tl.dot takes)."""
     if not on_gpu:
-        return 16, 16, 4, 1
+        return 16, 4, 1
     if dtype == torch.float32 or head_dim > 128:
-        return 64, 32, 4 if head_dim <= 64 else 8, 2
-    if max_seqlen > 512:
-        return 128, 64, 8, 3
-    return min(64, max(16, triton.next_power_of_2(max_seqlen))), 64, 4, 3
+        return 32, 4 if head_dim <= 64 else 8, 2
+    return 64, 4, 2
+
+
+# id(bias table) -> (a weak reference to it, {BLOCK: (the table's version when made, tiles, T)}); an
+# entry goes with its table (tensors compare element-wise, so they cannot key a WeakKeyDictionary).
+_TILES: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _bias_tiles(bias: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
+    """(tiles `[H, 2T + 1, block, block]` fp32 in the log2 domain, T) of a bias table `[H, 2R + 1]`:
+    tiles[h, t + T, a, b] = bias[h, clamp(t * block + b - a, -R, R) + R] * log2(e). Made once per
+    table and block (a forward's first call, outside any CUDA-graph capture: capture_graph runs its
+    function once first), again if the table is written in place."""
+    key = id(bias)
+    entry = _TILES.get(key)
+    if entry is None or entry[0]() is not bias:
+        entry = _TILES[key] = (weakref.ref(bias, lambda _, key=key: _TILES.pop(key, None)), {})
+    made = entry[1]
+    version, tiles, reach = made.get(block, (-1, None, 0))
+    if version != bias._version:
+        r = (bias.shape[1] - 1) // 2
+        reach = -(-(r + block - 1) // block)
+        offsets = torch.arange(-reach, reach + 1, device=bias.device)
+        cells = torch.arange(block, device=bias.device)
+        distance = offsets[:, None, None] * block + cells[None, None, :] - cells[None, :, None]
+        tiles = (bias[:, distance.clamp(-r, r) + r] * _LOG2E).contiguous()
+        made[block] = (bias._version, tiles, reach)
+    return tiles, reach
 
 
 @register("relative_bias_attention")
@@ -139,12 +172,13 @@ def relative_bias_attention(
     bias = bias.to(device=q.device, dtype=torch.float32).contiguous()  # a no-op for the models' tables
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     block_d = triton.next_power_of_2(head_dim)
-    block_m, block_n, num_warps, num_stages = _launch_config(block_d, q.dtype, max_seqlen, q.is_cuda)
-    _relative_bias_attention_kernel[(triton.cdiv(max_seqlen, block_m), num_seqs, num_heads)](
-        q, k, v, out, bias, cu_seqlens.contiguous(),
+    block, num_warps, num_stages = _launch_config(block_d, q.dtype, max_seqlen, q.is_cuda)
+    tiles, reach = _bias_tiles(bias, block)
+    _relative_bias_attention_kernel[(triton.cdiv(max_seqlen, block), num_seqs, num_heads)](
+        q, k, v, out, tiles, cu_seqlens.contiguous(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        bias.stride(0), scale * _LOG2E, bias.shape[1] // 2,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
+        tiles.stride(0), scale * _LOG2E, reach,
+        BLOCK=block, BLOCK_D=block_d, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )

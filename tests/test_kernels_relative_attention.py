@@ -61,6 +61,9 @@ def test_bias_and_scale_change_the_result_as_the_reference_does():
                                msg=f"seed {seed}")
     flat = relative_bias_attention(q, k, v, cu, torch.zeros_like(bias), scale=0.5)
     assert (flat - got).abs().max() > 1e-2
+    bias.mul_(-2.0)  # written in place: its tiles are made again, not read from the first call's
+    torch.testing.assert_close(relative_bias_attention(q, k, v, cu, bias, scale=0.5),
+                               ref.relative_bias_attention(q, k, v, cu, bias, scale=0.5), atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="bias must be"):
         relative_bias_attention(q, k, v, cu, bias[:, :-1])
 

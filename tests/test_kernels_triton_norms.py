@@ -74,6 +74,7 @@ def long_rows(monkeypatch):
 def test_kernels_are_registered_with_the_dispatcher():
     for name, mod in [
         ("add_bias_residual_layer_norm", tn), ("embedding_layer_norm", tn), ("rms_norm", tn), ("embedding_rms_norm", tn), ("embedding_part", tn),
+        ("segment_rms_norms", tn),
         ("softmax", tn),
         ("bias_gelu", te), ("silu_and_mul", te), ("gated_act", te), ("apply_rotary", te),
         ("qkv_split", te), ("qkv_split_rotary", te), ("qkv_to_cache", te), ("feed_tokens", te),
@@ -203,6 +204,23 @@ def test_rms_norm(dtype, with_res, n_rows, hidden):
     close(summed, exp_sum)
     if res is None:
         assert summed is x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("sizes", [(24, 16, 16), (7, 5)])
+def test_segment_rms_norms(dtype, weighted, sizes):
+    """Mamba-1's dt, B and C norms in one launch: each segment of strided rows normalised on its own,
+    (Jamba) times its weight; contiguous outputs."""
+    rand = make_rand(seed_of(dtype, weighted, sizes))
+    wide = rand(9, sum(sizes) + 11, dtype=dtype, mean=0.3)
+    x = wide[:, 3 : 3 + sum(sizes)]  # a strided view, as x_proj's output split from the layer's
+    w = rand(sum(sizes), dtype=dtype, mean=1.0) if weighted else None
+    got, want = tn.segment_rms_norms(x, sizes, 1e-5, w), ref.segment_rms_norms(x, sizes, 1e-5, w)
+    assert len(got) == len(sizes)
+    for actual, expected in zip(got, want):
+        assert actual.is_contiguous()
+        close(actual, expected)
 
 
 @pytest.mark.parametrize("with_res", [True, False])

@@ -112,11 +112,11 @@ class Mamba1Mixer:
         self.out_w = weight(prefix + "out_proj.weight", hidden, inner, cols=own)
         self.out_b = (weight(prefix + "out_proj.bias", hidden) if s.proj_bias and adds_biases(tp)
                       else None)
-        self.norm_w = None
+        self.norm_w = None  # Jamba's dt, B and C norms' weights, end to end (kernels.segment_rms_norms)
         if s.bcdt_norm == "weighted":
-            self.norm_w = tuple(weight(prefix + name, size) for name, size in (
+            self.norm_w = torch.cat([weight(prefix + name, size) for name, size in (
                 ("dt_layernorm.weight", s.dt_rank), ("b_layernorm.weight", s.state_size),
-                ("c_layernorm.weight", s.state_size)))
+                ("c_layernorm.weight", s.state_size))])
         self.state_shapes = {"conv": (s.intermediate_size, s.conv_kernel - 1),
                              "ssm": (s.intermediate_size, s.state_size)}
 
@@ -129,13 +129,18 @@ class Mamba1Mixer:
         dbc = kernels.linear_act(xs, self.x_w)
         if self.tp is not None:  # each rank's channels' share of dt, B and C
             dbc = self.tp.all_reduce(dbc)
-        dt, b, c = dbc.split([s.dt_rank, s.state_size, s.state_size], dim=-1)
-        if s.bcdt_norm != "none":
-            weights = self.norm_w or (None, None, None)
-            dt, b, c = (_rms(t, w, s.bcdt_norm_eps) for t, w in zip((dt, b, c), weights))
-        dt = kernels.linear_act(dt.contiguous(), self.dt_w)  # [T, I]: dt before its bias
-        y = torch.empty_like(xs)
+        sizes = (s.dt_rank, s.state_size, s.state_size)
+        if s.bcdt_norm != "none":  # the three norms in one launch, each output contiguous
+            dt, b, c = kernels.segment_rms_norms(dbc, sizes, s.bcdt_norm_eps, self.norm_w)
+        else:
+            dt, b, c = dbc.split(sizes, dim=-1)
+            dt = dt.contiguous()
+        dt = kernels.linear_act(dt, self.dt_w)  # [T, I]: dt before its bias
         d, ssm = batch.num_decode, state["ssm"]
+        if d == xs.shape[0]:  # decode rows only (a decode graph's step): the scan's output is y, no copy
+            return kernels.linear_act(kernels.selective_scan_decode(xs, dt, b, c, z, self.dt_bias, self.A, self.D,
+                                                                    ssm, batch.state_slots[:d]), self.out_w, self.out_b)
+        y = torch.empty_like(xs)
         if d:  # one step of every decoding sequence, its state read and written at its slot: one kernel
             y[:d] = kernels.selective_scan_decode(xs[:d], dt[:d], b[:d], c[:d], z[:d], self.dt_bias, self.A, self.D,
                                                   ssm, batch.state_slots[:d])
@@ -146,13 +151,6 @@ class Mamba1Mixer:
                                          ssm, batch.state_slots[d + j : d + j + 1], y[part])
             row += n
         return kernels.linear_act(y, self.out_w, self.out_b)
-
-
-def _rms(t: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """An RMSNorm of t's rows in fp32, rounded to t's dtype, then times `weight` where there is one (Jamba's)."""
-    f = t.float()
-    normed = (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(t.dtype)
-    return normed if weight is None else normed * weight
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Sweep the relative-bias attention's launch configuration (MPNet's kernel) on the GPU, beside BERT's.
 
 MPNet-base at (64,512) took 22.0 ms for 12 layers where DistilBERT's 6 BERT layers took 7.6 (H200,
-docs/benchmarks/encoders.md): its attention, `kernels.relative_bias_attention` (the bias gathered per
-score from a `[H, 2R + 1]` table by distance), is the difference. This times it as MPNet calls it (q, k,
-v strided views of one packed QKV, 12 heads of 64, fp16) under each (BLOCK_M, BLOCK_N, num_warps,
-num_stages) of a small grid, with `kernels.varlen_attention` (BERT's, no bias) at the same shape and
-the current configuration for reference:
+docs/benchmarks/encoders.md): its attention, `kernels.relative_bias_attention`, was the difference. This
+times it as MPNet calls it (q, k, v strided views of one packed QKV, 12 heads of 64, fp16) under each
+(BLOCK, num_warps, num_stages) of a small grid (square tiles: the bias tiles need them), with
+`kernels.varlen_attention` (BERT's, no bias) at the same shape and the current configuration for
+reference:
 
     python3 tools/gpu/tune_relative_attention.py [--workloads 64x512,8x128]
 """
@@ -21,7 +21,7 @@ from tritonformer.kernels import triton_attention as ta
 from tritonformer.kernels import triton_relative_attention as tr
 
 HEADS, HEAD_DIM, REACH = 12, 64, 128  # all-mpnet-base-v2: 12 heads of 64, distances clamped at 128
-CANDIDATES = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)))  # BLOCK_M, BLOCK_N, warps, stages
+CANDIDATES = list(itertools.product((32, 64, 128), (4, 8), (2, 3)))  # BLOCK (square tiles), warps, stages
 
 
 def main() -> int:
