@@ -137,7 +137,7 @@ class Mamba1Mixer:
             dt = dt.contiguous()
         dt = kernels.linear_act(dt, self.dt_w)  # [T, I]: dt before its bias
         d, ssm = batch.num_decode, state["ssm"]
-        if d == xs.shape[0]:  # decode rows only (a decode graph's step): the scan's output is y, no copy
+        if d and d == xs.shape[0]:  # decode rows only (a decode graph's step): the scan's output is y, no copy
             return kernels.linear_act(kernels.selective_scan_decode(xs, dt, b, c, z, self.dt_bias, self.A, self.D,
                                                                     ssm, batch.state_slots[:d]), self.out_w, self.out_b)
         y = torch.empty_like(xs)

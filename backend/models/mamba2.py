@@ -183,9 +183,13 @@ class Mamba2Mixer:
         zxbcdt = kernels.linear_act(x, self.in_w, self.in_b, prenorm=pre)  # (the layer's norm in its prologue)
         z, xbc, dt = zxbcdt.split([s.intermediate_size, s.conv_dim, s.num_heads], dim=-1)
         xbc = causal_conv1d(xbc, self.conv_w, self.conv_b, batch, state["conv"], "silu")
-        y = torch.empty(rows, s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
         d, ssm = batch.num_decode, state["ssm"]
-        if d:  # one step of every decoding sequence, its state read and written at its slot: one kernel
+        if d and d == rows:  # decode rows only (a decode graph's step): the kernel's output is y, no copy
+            y = kernels.ssd_decode(xbc, dt, self.dt_bias, self.A, self.D, ssm, batch.state_slots[:d], s.num_groups,
+                                   s.time_step_limit)
+        else:
+            y = torch.empty(rows, s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
+        if d and d < rows:  # one step of every decoding sequence, its state read and written at its slot: one kernel
             y[:d] = kernels.ssd_decode(xbc[:d], dt[:d], self.dt_bias, self.A, self.D, ssm, batch.state_slots[:d],
                                        s.num_groups, s.time_step_limit)
         if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form

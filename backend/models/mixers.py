@@ -82,9 +82,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     as here)."""
     if batch.state_slots is None:
         raise ValueError("a recurrent layer needs its sequences' state slots (DecoderBatch.state_slots)")
-    out = torch.empty_like(x)
     d = batch.num_decode
     slots = batch.state_slots
+    if d and d == x.shape[0]:  # decode rows only (a decode graph's step): the kernel's output as it is, no copy
+        return kernels.conv1d_decode(x, weight, bias, conv_state, slots[:d], activation)
+    out = torch.empty_like(x)
     if d:  # each decode row: its window is the saved inputs and its own (one kernel)
         out[:d] = kernels.conv1d_decode(x[:d], weight, bias, conv_state, slots[:d], activation)
     row = d
