@@ -64,6 +64,52 @@ GEMMA_3N_E4B = {
     "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7, "num_kv_shared_layers": 15,
     "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 25,
 }
+# google/gemma-4-31B's text_config (the file's model_type is gemma4, the text model's gemma4_text), from the published
+# figures as collected (model card and third-party readers of its config.json): 60 layers at 5,376 wide, 32 query
+# heads; the sliding layers (five of each six, 1,024 tokens) 16 KV heads of 256, the full ones 4 of 512 whose values are
+# the keys' projection (attention_k_eq_v), the proportional rotary over a quarter of their frequencies (base 1e6),
+# logits capped at 30, no per-layer inputs. Uncertain: intermediate_size 21,504 (4 x hidden, as one listing gives the
+# FFN), max_position_embeddings 262,144 (the 256K context), eos 1 (the instruction-tuned files add 106).
+GEMMA_4_31B = {
+    "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 5376, "intermediate_size": 21504,
+    "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": 4, "attention_k_eq_v": True,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+    "sliding_window": 1024, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0}},
+    "final_logit_softcapping": 30.0, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 262144,
+    "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False, "attention_bias": False,
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+}
+# google/gemma-4-26B-A4B's text_config, as collected likewise: 30 layers at 2,816, 16 query heads, sliding layers 8 KV
+# heads of 256, full ones 2 of 512 (values from keys); in every layer a dense GeGLU MLP of 2,112 beside 128 experts of
+# 704, the top 8 chosen. Uncertain as the 31B's (the layer pattern five sliding to one full, as the 31B's).
+GEMMA_4_26B_A4B = {
+    **GEMMA_4_31B, "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "num_global_key_value_heads": 2,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5, "enable_moe_block": True, "num_experts": 128,
+    "top_k_experts": 8, "moe_intermediate_size": 704,
+}
+# google/gemma-4-E2B's text_config, as collected likewise: 35 layers at 1,536, MLPs of 6,144 (twice that on the last
+# 20 layers, which read the keys of earlier ones), 8 query heads over 1 KV head (256 wide on sliding layers, 512 on the
+# full ones: values their own projection's), four 512-token sliding layers then a full one, per-layer inputs of 256.
+# Uncertain: max_position_embeddings 131,072 (the 128K context), eos 1.
+GEMMA_4_E2B = {
+    **GEMMA_4_31B, "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": 35, "num_attention_heads": 8,
+    "num_key_value_heads": 1, "num_global_key_value_heads": None, "attention_k_eq_v": False,
+    "max_position_embeddings": 131072, "sliding_window": 512,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7, "hidden_size_per_layer_input": 256,
+    "num_kv_shared_layers": 20, "use_double_wide_mlp": True,
+}
+# google/gemma-4-E4B's text_config, as collected likewise: 42 layers at 2,560, MLPs of 10,240, 2 KV heads, five sliding
+# layers then a full one, the last 18 layers reading earlier ones' keys; the rest as E2B's. Uncertain as E2B's.
+GEMMA_4_E4B = {
+    **GEMMA_4_E2B, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 42, "num_key_value_heads": 2,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7, "num_kv_shared_layers": 18,
+    "use_double_wide_mlp": False,
+}
 GEMMA_7B = {
     "model_type": "gemma", "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
     "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
@@ -228,6 +274,31 @@ FALCON_40B = {
     "num_attention_heads": 128, "num_kv_heads": 8, "new_decoder_architecture": True, "parallel_attn": True,
     "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
     "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 11, "eos_token_id": 11,
+}
+
+# bigscience/bloom-560m and bloom-7b1, as their config.json files were recalled (not checked against them here), in
+# transformers' canonical names (the files say n_layer, n_head): ALiBi and no position table, so no
+# max_position_embeddings (trained on 2,048 tokens: the family's default), a LayerNorm on the embeddings, 4 x hidden
+# MLPs, a tied head. pad 3 and unk 0 beside bos 1 / eos 2; bloom-7b1's pretraining_tp (1 or 4: not sure, and it does
+# not change the math) left out.
+BLOOM_560M = {
+    "model_type": "bloom", "vocab_size": 250880, "hidden_size": 1024, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "layer_norm_epsilon": 1e-5, "apply_residual_connection_post_layernorm": False,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+}
+BLOOM_7B1 = {**BLOOM_560M, "hidden_size": 4096, "num_hidden_layers": 30, "num_attention_heads": 32}
+
+# mosaicml/mpt-7b, as its config.json was recalled (not checked against it here), in its own names: ALiBi (slopes
+# from alibi_bias_max 8), LayerNorms without biases, no linear biases, 4 x hidden MLPs, a tied head. Its file names no
+# bos / eos ids (its tokenizer, GPT-NeoX-20B's, ends text with id 0: not written here); learned_pos_emb true there is
+# unused under ALiBi (transformers reads neither).
+MPT_7B = {
+    "model_type": "mpt", "vocab_size": 50432, "d_model": 4096, "n_layers": 32, "n_heads": 32, "max_seq_len": 2048,
+    "expansion_ratio": 4, "no_bias": True, "norm_type": "low_precision_layernorm", "layer_norm_epsilon": 1e-5,
+    "learned_pos_emb": True, "logit_scale": None, "tie_word_embeddings": True,
+    "attn_config": {"attn_type": "multihead_attention", "attn_impl": "torch", "alibi": True, "alibi_bias_max": 8,
+                    "clip_qkv": None, "softmax_scale": None, "prefix_lm": False, "qk_ln": False,
+                    "attn_uses_sequence_id": False, "attn_pdrop": 0},
 }
 
 # bigcode/starcoder (StarCoder-15.5B), as its config.json was recalled (not checked against it here),
@@ -909,6 +980,52 @@ YOUTU_LLM_2B = {
     "rope_theta": 10000.0, "rope_interleave": True, "max_position_embeddings": 131072, "attention_bias": False,
     "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
 }
+# The text model of mistralai/Mistral-Small-4-119B-2603 (model_type mistral4 inside its multimodal mistral3
+# checkpoint; 119B in all), as transformers' Mistral4Config defaults to it: latent attention at 32 heads (a query
+# latent of 1,024, a key / value latent of 256 plus a shared 64-dim rotary key, 64 + 64 query / key dims and 128
+# value dims a head, the rotary interleaved: transformers' partial rotary of 64 / 128), YaRN (factor 128 over 8,192
+# positions, mscale = mscale_all_dim = 1) with Llama 4's query scaling (beta 0.1) past 8,192; 128 experts of 2,048
+# in every layer, the top 4 by softmax probability, renormalised, one shared expert. Uncertain: max_position_embeddings
+# (1,048,576, transformers' default, = 128 x 8,192), the rope base (10,000) and the token ids (1, 2).
+MISTRAL_SMALL_4 = {
+    "model_type": "mistral4", "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "q_lora_rank": 1024, "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0,
+    "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "rms_norm_eps": 1e-6,
+    "rope_interleave": True, "max_position_embeddings": 1048576,
+    "rope_scaling": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+                     "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1, "partial_rotary_factor": 0.5},
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+# openbmb/MiniCPM3-4B (model_type minicpm3), as transformers' MiniCPM3Config defaults to it: Llama's block at 2,560
+# wide, 62 layers, a dense MLP of 6,400 columns, latent attention at 40 heads (a query latent of 768, a key / value
+# latent of 256 plus a shared 32-dim rotary key, 64 + 32 query / key dims, 64 value dims, Llama's rotate-half
+# rotary), muP's scalars (embeddings times 12, residual branches times 1.4 / sqrt(62), logits divided by
+# 2,560 / 256), a tied head; longrope whose original length is its longest (32,768: the short factors only).
+# Uncertain: the factors, which are its own (these have its shape, 16 = qk_rope_head_dim / 2, and a range),
+# the rope base (10,000) and the end-of-sequence ids (2 here).
+MINICPM3_4B = {
+    "model_type": "minicpm3", "vocab_size": 73448, "hidden_size": 2560, "intermediate_size": 6400,
+    "num_hidden_layers": 62, "num_attention_heads": 40, "num_key_value_heads": 40, "q_lora_rank": 768,
+    "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "rms_norm_eps": 1e-5,
+    "scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256, "rope_theta": 10000.0,
+    "max_position_embeddings": 32768,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(16)],
+                     "long_factor": [1.0 + 2.0 * i for i in range(16)], "original_max_position_embeddings": 32768},
+    "attention_bias": False, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+}
+# facebook/xglm-564M (model_type xglm), as transformers' XGLMConfig defaults to it, under transformers' canonical
+# names for its d_model, attention_heads and num_layers: OPT's pre-LN block at 1,024 wide, 24 layers, 16 heads, a
+# GELU MLP of 4,096 (`ffn_dim`), fairseq's sinusoidal positions (2,048, offset by 2), embeddings scaled by
+# sqrt(1,024), a tied head over 256,008 tokens.
+XGLM_564M = {
+    "model_type": "xglm", "vocab_size": 256008, "hidden_size": 1024, "ffn_dim": 4096, "intermediate_size": 4096,
+    "num_hidden_layers": 24, "num_attention_heads": 16, "activation_function": "gelu", "scale_embedding": True,
+    "max_position_embeddings": 2048, "tie_word_embeddings": True, "pad_token_id": 1, "bos_token_id": 0,
+    "eos_token_id": 2,
+}
 
 # upstage/Solar-Open-100B (the shape transformers' SolarOpenConfig defaults to): Llama's attention
 # with GLM-4.5's mixture of experts in every layer, 128 experts, the top 8, one shared.
@@ -999,6 +1116,10 @@ DECODER_SHAPES = {
     "gemma-3-1b": GEMMA_3_1B,
     "gemma-3n-e2b": GEMMA_3N_E2B,
     "gemma-3n-e4b": GEMMA_3N_E4B,
+    "gemma-4-31b": GEMMA_4_31B,
+    "gemma-4-26b-a4b": GEMMA_4_26B_A4B,
+    "gemma-4-e2b": GEMMA_4_E2B,
+    "gemma-4-e4b": GEMMA_4_E4B,
     "phi-3-mini": PHI_3_MINI_4K,
     "phi-3-mini-128k": PHI_3_MINI_128K,
     "phi-4-mini": PHI_4_MINI,
@@ -1019,6 +1140,9 @@ DECODER_SHAPES = {
     "pythia-6.9b": PYTHIA_6_9B,
     "falcon-7b": FALCON_7B,
     "falcon-40b": FALCON_40B,
+    "bloom-560m": BLOOM_560M,
+    "bloom-7b1": BLOOM_7B1,
+    "mpt-7b": MPT_7B,
     "starcoder-15b": STARCODER_15B,
     "opt-125m": OPT_125M,
     "gpt-j-6b": GPT_J_6B,
@@ -1058,6 +1182,9 @@ DECODER_SHAPES = {
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "glm-4.7-flash": GLM_4_7_FLASH,
     "youtu-llm-2b": YOUTU_LLM_2B,
+    "mistral-small-4": MISTRAL_SMALL_4,
+    "minicpm3-4b": MINICPM3_4B,
+    "xglm-564m": XGLM_564M,
     "solar-open-100b": SOLAR_OPEN_100B,
     "olmo-2-7b": OLMO_2_7B,
     "olmo-hybrid-7b": OLMO_HYBRID_7B,
@@ -1091,8 +1218,10 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     (where it has any) of `window` tokens, keeping its head-count ratios and everything else."""
     cfg = dict(DECODER_SHAPES[name])
     dbrx = "ffn_config" in cfg  # (DBRX's own top-level names: shrunk under transformers' canonical ones, then back)
-    if dbrx:
+    mpt = cfg["model_type"] == "mpt"  # (MPT's: the same names)
+    if dbrx or mpt:
         cfg = {_DBRX_NAMES.get(k, k): v for k, v in cfg.items()}
+    if dbrx:
         cfg["num_key_value_heads"] = cfg["attn_config"]["kv_n_heads"]
     if "num_attention_heads" not in cfg and "state_size" in cfg:  # attention-free (Mamba, Mamba-2): no heads
         return _shrunk_attention_free(cfg, layers, hidden, vocab)
@@ -1104,8 +1233,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         hidden = heads * 24  # head_dim = hidden / heads, not a power of two (Phi-3's is 96)
     cfg.update(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 32, num_hidden_layers=layers,
                num_attention_heads=heads, num_key_value_heads=max(1, heads // ratio),
-               max_position_embeddings=min(cfg["max_position_embeddings"], 256), bos_token_id=1, eos_token_id=2,
-               pad_token_id=0)
+               # (BLOOM's config has no max_position_embeddings: ALiBi; the family's default is 2,048)
+               max_position_embeddings=min(cfg.get("max_position_embeddings", 2048), 256), bos_token_id=1,
+               eos_token_id=2, pad_token_id=0)
     if "num_kv_heads" in cfg:  # (Falcon's name for them)
         cfg["num_kv_heads"] = cfg["num_key_value_heads"]
     if "intermediate_size_mlp" in cfg:  # (Llama 4's dense MLP width beside its experts' intermediate_size)
@@ -1141,6 +1271,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["ffn_config"] = {**ffn, "ffn_hidden_size": hidden + 16,
                              "moe_num_experts": min(ffn["moe_num_experts"], max(8, 2 * ffn["moe_top_k"]))}
         del cfg["intermediate_size"]
+        cfg = {next((own for own, canonical in _DBRX_NAMES.items() if canonical == k), k): v for k, v in cfg.items()}
+    if mpt:  # (back to its own names; its MLP width and KV heads are not in its config: 4 x hidden, every head)
+        del cfg["intermediate_size"], cfg["num_key_value_heads"]
         cfg = {next((own for own, canonical in _DBRX_NAMES.items() if canonical == k), k): v for k, v in cfg.items()}
     if "conv_L_cache" in cfg:  # LFM2: a short-conv layer and an attending one in turn over the few, the MLP's width
         # where transformers reads it (block_ff_dim over intermediate_size), a dense layer before the MoE ones
@@ -1197,13 +1330,31 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     if cfg["model_type"] == "minimax":  # MiniMax: a lightning layer then a softmax one in turn over the few, blocks
         # of 16 tokens in transformers' prompt form (so that the prompts cross them)
         cfg.update(layer_types=(["linear_attention", "full_attention"] * layers)[:layers], block_size=16)
-    if "num_kv_shared_layers" in cfg:  # Gemma 3n: a sliding layer then a full one in turn over at least four, the last
-        # half reading the keys of the last earlier layer of their type, the first half's MLP gates sparse; per-layer
-        # inputs of 16 from a table shorter than the vocabulary (ids past it read its row 0), LAuReL of rank 8
+    if "num_kv_shared_layers" in cfg and cfg["model_type"] == "gemma3n_text":  # Gemma 3n: a sliding layer then a full
+        # one in turn over at least four, the last half reading the keys of the last earlier layer of their type, the
+        # first half's MLP gates sparse; per-layer inputs of 16 from a table shorter than the vocabulary (ids past it
+        # read its row 0), LAuReL of rank 8
         n = max(layers, 4)
         cfg.update(num_hidden_layers=n, layer_types=(["sliding_attention", "full_attention"] * n)[:n],
                    num_kv_shared_layers=n // 2, activation_sparsity_pattern=[0.95] * (n // 2) + [0.0] * (n - n // 2),
                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=vocab - 64, laurel_rank=8)
+    if cfg["model_type"] == "gemma4_text":  # Gemma 4: the full layers' heads as much wider than the sliding ones' as
+        # published (512 to 256) and their KV heads in the published ratio, a sliding layer then a full one in turn (the
+        # last full); the E models' per-layer inputs of 16 and at least four layers, the last half reading the keys of
+        # earlier ones; the 26B's experts fewer and narrower, k kept
+        published = DECODER_SHAPES[name]
+        cfg["global_head_dim"] = published["global_head_dim"] * cfg["head_dim"] // published["head_dim"]
+        if published.get("num_global_key_value_heads"):
+            cfg["num_global_key_value_heads"] = max(
+                1, heads * published["num_global_key_value_heads"] // published["num_attention_heads"])
+        n = max(layers, 4) if published.get("num_kv_shared_layers") else layers
+        cfg.update(num_hidden_layers=n, layer_types=(["sliding_attention", "full_attention"] * n)[:n],
+                   num_kv_shared_layers=n // 2 if published.get("num_kv_shared_layers") else 0)
+        if published.get("hidden_size_per_layer_input"):
+            cfg.update(hidden_size_per_layer_input=16, vocab_size_per_layer_input=vocab)
+        if published.get("enable_moe_block"):
+            cfg.update(num_experts=min(published["num_experts"], 2 * published["top_k_experts"]),
+                       moe_intermediate_size=hidden + 16)
     if "full_attention_interval" in cfg:  # a full-attention layer among the few (Qwen3-Next: every 4th)
         cfg["full_attention_interval"] = min(cfg["full_attention_interval"], layers)
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)
@@ -1214,9 +1365,15 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["rope_scaling"] = {**cfg["rope_scaling"], "original_max_position_embeddings": 64}
     if cfg.get("rope_scaling") and "long_factor" in cfg["rope_scaling"]:  # longrope: a factor per frequency
         half = int(cfg["hidden_size"] // heads * cfg.get("partial_rotary_factor", 1.0)) // 2
+        if "kv_lora_rank" in cfg:  # (latent attention, MiniCPM3's: the shared rotary key's frequencies)
+            half = cfg["qk_rope_head_dim"] // 2
         cfg["rope_scaling"] = {**cfg["rope_scaling"], "short_factor": cfg["rope_scaling"]["short_factor"][:half],
                                "long_factor": cfg["rope_scaling"]["long_factor"][:half]}
         cfg["original_max_position_embeddings"] = 64
+        published = DECODER_SHAPES[name]
+        if published["rope_scaling"].get("original_max_position_embeddings") == published["max_position_embeddings"]:
+            longest = cfg["max_position_embeddings"]  # (MiniCPM3: the original length its longest, kept so)
+            cfg["rope_scaling"]["original_max_position_embeddings"] = cfg["original_max_position_embeddings"] = longest
     return cfg
 
 
@@ -1340,6 +1497,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
             for name in (n.gate, n.up, n.down, n.gate_up, n.mlp_norm):
                 for suffix in (".weight", ".bias"):
                     shapes.pop(f"{p}{name}{suffix}", None)
+    if hasattr(spec, "extra_tensor_shapes"):  # (a family's own beside the shared decoder's: BLOOM's embedding norm)
+        shapes.update(spec.extra_tensor_shapes())
     return shapes
 
 

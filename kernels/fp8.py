@@ -101,6 +101,64 @@ class Fp8Weight:
         return f"Fp8Weight({list(self.shape)}, serves {self.dtype}, on {self.device})"
 
 
+class Fp8Activation:
+    """An activation `[M, K]` already quantised per token, as the many-row FP8 linear's GEMM reads
+    it: `q` E4M3 `[M, K]` (contiguous rows) and `scale` fp32 `[M, 1]`, x ~ q * scale (see
+    reference.quantize_rows_fp8); `dtype` is the dtype of the 16-bit activation it stands for
+    (an FP8 weight serving that dtype takes it). It is what an FP8 linear with `fp8_out` returns
+    (its activation fused into the quantisation) and what the next FP8 linear takes as x, which
+    then skips its own quantisation pass (kernels.linear_act). Only rows that the FP8 linear
+    quantises anyway (more than WEIGHT_ONLY_MAX_ROWS) travel so: a few-row linear reads its
+    activation 16-bit."""
+
+    __slots__ = ("q", "scale", "dtype")
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        if q.dtype != E4M3 or q.dim() != 2 or q.stride(1) != 1:
+            raise ValueError(f"an FP8 activation is float8_e4m3fn [M, K] with contiguous rows, got {q.dtype} "
+                             f"{list(q.shape)}")
+        if scale.dtype != torch.float32 or scale.shape != (q.shape[0], 1):
+            raise ValueError(f"an FP8 activation's scale is fp32 [M, 1] = [{q.shape[0]}, 1], got {scale.dtype} "
+                             f"{list(scale.shape)}")
+        self.q = q
+        self.scale = scale
+        self.dtype = dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.q.is_cuda
+
+    def dim(self) -> int:
+        return 2
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """q * scale, in `dtype` (default: the activation's)."""
+        return (self.q.float() * self.scale).to(dtype or self.dtype)
+
+    @classmethod
+    def empty(cls, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> "Fp8Activation":
+        """An uninitialised one, for an op to fill (add_bias_residual_layer_norm's `fp8_out`)."""
+        return cls(torch.empty((rows, cols), dtype=E4M3, device=device),
+                   torch.empty((rows, 1), dtype=torch.float32, device=device), dtype)
+
+    def __repr__(self) -> str:
+        return f"Fp8Activation({list(self.shape)}, stands for {self.dtype}, on {self.device})"
+
+
+def quantizes_activations(weight, rows: int) -> bool:
+    """Whether a linear of `weight` on `rows` rows quantises its activations per token (an FP8
+    weight past WEIGHT_ONLY_MAX_ROWS), so that it may take them as an Fp8Activation."""
+    return isinstance(weight, Fp8Weight) and rows > WEIGHT_ONLY_MAX_ROWS
+
+
 def quantize_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Weight:
     """`weight` `[N, K]` (any float dtype) as E4M3 with one scale per output channel: scale =
     amax(|row|) / 448, data = round-to-nearest(row / scale). Serves `dtype` (default: the

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonformer.kernels import fp8
-from tritonformer.kernels.fp8 import Fp8Weight
+from tritonformer.kernels.fp8 import Fp8Activation, Fp8Weight
 
 
 def add_bias_residual_layer_norm(
@@ -27,10 +27,14 @@ def add_bias_residual_layer_norm(
     eps: float,
     out: torch.Tensor | None = None,
     sum_out: torch.Tensor | None = None,
+    fp8_out: Fp8Activation | None = None,
 ) -> torch.Tensor:
     """LayerNorm(x + bias + residual): BERT's post-attention / post-FFN block, statistics in fp32.
     `out` (optional) receives the result (an activation-arena view, say); `sum_out` (optional,
-    not overlapping the inputs) receives x + bias + residual, a pre-norm decoder's next residual."""
+    not overlapping the inputs) receives x + bias + residual, a pre-norm decoder's next residual;
+    `fp8_out` (optional, an Fp8Activation `[M, hidden]`) receives the result as rounded to x's
+    dtype, quantised per token (`quantize_rows_fp8`): the operand of the next FP8 linear, which
+    then skips its own quantisation pass (an encoder's QKV and FFN up projections)."""
     h = x.float()
     if bias is not None:
         h = h + bias.float()
@@ -39,6 +43,10 @@ def add_bias_residual_layer_norm(
     if sum_out is not None:
         sum_out.copy_(h)
     result = F.layer_norm(h, (h.shape[-1],), weight.float(), ln_bias.float(), eps).to(x.dtype)
+    if fp8_out is not None:
+        q, scale = quantize_rows_fp8(result.reshape(-1, result.shape[-1]))
+        fp8_out.q.copy_(q)
+        fp8_out.scale.copy_(scale)
     return result if out is None else out.copy_(result)
 
 
@@ -891,6 +899,18 @@ def check_attention_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
                          f"got {sinks.dtype} {tuple(sinks.shape)}")
 
 
+def check_attention_alibi(alibi_slopes: torch.Tensor | None, num_heads: int, causal: bool) -> None:
+    """ValueError unless `alibi_slopes` is None or a float tensor `[num_heads]` on causal attention:
+    one ALiBi slope per query head (the attention ops' rule, kernels' and references' alike)."""
+    if alibi_slopes is None:
+        return
+    if tuple(alibi_slopes.shape) != (num_heads,) or not alibi_slopes.is_floating_point():
+        raise ValueError(f"alibi_slopes must be a float tensor [num_heads] = [{num_heads}], "
+                         f"got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    if not causal:
+        raise ValueError("ALiBi (alibi_slopes) is supported on causal attention")
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -905,6 +925,7 @@ def varlen_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences, no padding and no mask tensor.
 
@@ -925,13 +946,18 @@ def varlen_attention(
     exp(sinks[h])), Hugging Face's softmax over the scores with the sink's column appended, that
     column then dropped. `chunk` (Llama 4's chunked attention, causal only, no window) narrows
     the causal keys to the query's chunk: p // chunk * chunk <= k <= p (Hugging Face's chunked
-    mask keeps kv_idx // chunk == q_idx // chunk). A query that sees no key gets zeros.
+    mask keeps kv_idx // chunk == q_idx // chunk). `alibi_slopes` (ALiBi: BLOOM, MPT, Falcon-RW;
+    `[H]`, any float dtype, read as fp32; causal only) adds slope_h * (k - p) to query head h's
+    score of key k at query position p, after the scaling and any soft-capping: Hugging Face's
+    slope_h * k (or MPT's slope_h * (k - Lk + 1)) up to a constant per query row, which the
+    softmax cancels. A query that sees no key gets zeros.
     `max_seqlen_q` (optional) spares a kernel a device-to-host sync to size its grid.
     Returns `[Tq, H, D]` (in `out` when given).
     """
     check_attention_options(causal, window, softcap)
     check_attention_sinks(sinks, q.shape[1])
     check_attention_chunk(causal, window, chunk)
+    check_attention_alibi(alibi_slopes, q.shape[1], causal)
     if sinks is not None:
         sinks = sinks.to(device=q.device, dtype=torch.float32)
     group = q.shape[1] // k.shape[1]
@@ -962,12 +988,16 @@ def varlen_attention(
             q_pos = torch.arange(lk - lq, lk, device=q.device)[:, None]
             k_pos = torch.arange(lk, device=q.device)[None, :]
             mask = (k_pos - q_pos).abs() <= window // 2
-        if softcap is None and sinks is None:
+        if softcap is None and sinks is None and alibi_slopes is None:
             o = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), attn_mask=mask, scale=scale)
         else:
             s = qs.float() @ ks.float().transpose(-1, -2) * (qs.shape[-1] ** -0.5 if scale is None else scale)
             if softcap is not None:
                 s = softcap * torch.tanh(s / softcap)
+            if alibi_slopes is not None:  # slope_h * (key position - query position), in fp32
+                keys, queries = torch.arange(lk, device=q.device), torch.arange(lk - lq, lk, device=q.device)
+                distance = keys[None, :] - queries[:, None]
+                s = s + alibi_slopes.to(device=q.device, dtype=torch.float32)[:, None, None] * distance
             if mask is not None:
                 s = s.masked_fill(~mask, float("-inf"))
             if sinks is None:
@@ -1063,7 +1093,8 @@ def linear_act(
     activation: str = "none",
     out: torch.Tensor | None = None,
     prenorm: PreNorm | None = None,
-) -> torch.Tensor:
+    fp8_out: bool = False,
+) -> torch.Tensor | Fp8Activation:
     """activation(PreNorm(x) @ weight^T + bias): a linear layer with what precedes and follows
     it in the model (prenorm None: x as it is).
 
@@ -1074,11 +1105,23 @@ def linear_act(
     GeGLU with the exact GELU, or "swiglu_oai", gpt-oss's clamped SwiGLU: weight is `[gate; up]`,
     `[2I, K]`, and the result `[M, I]` is act(gate, up), see `gated_act`). A kernel computes
     the activation on the GEMM's fp32 accumulator; here the linear's output is rounded to x's
-    dtype first, as the unfused ops do."""
+    dtype first, as the unfused ops do.
+
+    FP8 chains (kernels/fp8.py): x may be an Fp8Activation (a previous linear's `fp8_out`; an
+    FP8 weight, no prenorm): its quantised rows are the GEMM's operand as they are. `fp8_out`:
+    where `fp8_out_applies`, the result is act_quantize_rows_fp8 of the linear's output instead
+    (`out` unused), for the next FP8 linear to take as x; elsewhere the flag changes nothing."""
     if activation not in LINEAR_ACTIVATIONS:
         raise ValueError(f"activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
-    operand = apply_prenorm(x, prenorm, weight.dtype)
+    if isinstance(x, Fp8Activation):
+        if not isinstance(weight, Fp8Weight) or prenorm is not None:
+            raise ValueError("an Fp8Activation is the operand of an FP8 weight's linear, without a prenorm")
+        operand = x
+    else:
+        operand = apply_prenorm(x, prenorm, weight.dtype)
     h = fp8_linear(operand, weight, bias) if isinstance(weight, Fp8Weight) else F.linear(operand, weight, bias)
+    if fp8_out and fp8_out_applies(weight, x.shape[0], activation):
+        return act_quantize_rows_fp8(h, activation)
     if activation in GATED_ACTIVATIONS:
         h = gated_act(h, activation)
     elif activation == "relu2":
@@ -1152,6 +1195,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`varlen_attention` whose keys/values live in a paged cache (vLLM's layout).
 
@@ -1159,8 +1203,8 @@ def paged_attention(
     row i lists sequence i's blocks in order (entries past its length are ignored); seqlens_k:
     `[B]` int32, keys of sequence i (cached + this iteration's, already written). Queries are
     packed by `cu_seqlens_q` and aligned to the end of their keys as in `varlen_attention`.
-    `window`, `softcap`, `sinks` and `chunk` as in `varlen_attention`. `num_splits` is a kernel tuning knob
-    (split keys over programs); the reference ignores it.
+    `window`, `softcap`, `sinks`, `chunk` and `alibi_slopes` as in `varlen_attention`. `num_splits` is a kernel
+    tuning knob (split keys over programs); the reference ignores it.
     """
     block_size = k_cache.shape[1]
     lengths = seqlens_k.tolist()
@@ -1177,7 +1221,7 @@ def paged_attention(
     cu_k = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=q.device)
     cu_k[1:] = torch.cumsum(seqlens_k.to(torch.int32), 0)
     return varlen_attention(q, keys, values, cu_seqlens_q, cu_k, causal, scale, max_seqlen_q, out, window, softcap,
-                            sinks, chunk)
+                            sinks, chunk, alibi_slopes)
 
 
 def qkv_to_cache(
@@ -1386,7 +1430,37 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3), scale
 
 
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+FP8_OUT_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu2", "relu")  # act_quantize_rows_fp8's
+
+
+def fp8_out_applies(weight, rows: int, activation: str) -> bool:
+    """Whether linear_act with `fp8_out` returns an Fp8Activation: an FP8 weight past
+    fp8.WEIGHT_ONLY_MAX_ROWS rows (fp8.quantizes_activations: its linear quantises activations
+    per token anyway, and so will the next one's on the same rows) and an activation of
+    FP8_OUT_ACTIVATIONS (not a gated one)."""
+    return fp8.quantizes_activations(weight, rows) and activation in FP8_OUT_ACTIVATIONS
+
+
+def act_quantize_rows_fp8(h: torch.Tensor, activation: str = "none") -> Fp8Activation:
+    """activation(h) quantised per token, for the next FP8 linear (an FFN's down projection): h
+    `[M, N]` is the up projection's output with its bias already added (the GEMM's epilogue);
+    the activation (FP8_OUT_ACTIVATIONS: linear_act's names) is computed in fp32 on h and
+    rounded to h's dtype, as the unfused path's activation pass writes it (bias_gelu's kernel,
+    the ReLUs), and that is what `quantize_rows_fp8` quantises: the same values and scales as
+    the activation and the next linear's quantisation run one after the other. The kernel
+    never writes the rounded activation; it rounds in registers."""
+    if activation not in FP8_OUT_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {FP8_OUT_ACTIVATIONS}, got {activation!r}")
+    if activation in GELU_APPROXIMATE:
+        h = bias_gelu(h, None, GELU_APPROXIMATE[activation])
+    elif activation != "none":
+        h = torch.relu(h).square() if activation == "relu2" else torch.relu(h)
+    q, scale = quantize_rows_fp8(h)
+    return Fp8Activation(q, scale, h.dtype)
+
+
+def fp8_linear(x: torch.Tensor | Fp8Activation, weight: Fp8Weight,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
     """x `[M, K]` @ W^T + bias for an FP8 weight, in the activation dtype `weight.dtype`, as the
     GPU computes it (kernels/fp8.py):
 
@@ -1395,13 +1469,20 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
       small GEMM apply the scale and bias on their fp32 accumulator);
     * more rows: x quantised per token (`quantize_rows_fp8`), the E4M3 product in fp32 times
       both scales plus the bias, rounded once (torch._scaled_mm's output, the bias in its epilogue).
+      An Fp8Activation x (more rows only) is that quantised x already.
 
     The weight is dequantised on every call: fine for the tests and the CPU, which this serves."""
     w = weight.data.float()
-    if x.shape[0] <= fp8.WEIGHT_ONLY_MAX_ROWS:
+    if isinstance(x, Fp8Activation):
+        if x.shape[0] <= fp8.WEIGHT_ONLY_MAX_ROWS:
+            raise ValueError(f"an Fp8Activation of {x.shape[0]} rows: up to fp8.WEIGHT_ONLY_MAX_ROWS = "
+                             f"{fp8.WEIGHT_ONLY_MAX_ROWS} an FP8 linear reads its activation 16-bit")
+        q, scale = x.q, x.scale
+    elif x.shape[0] <= fp8.WEIGHT_ONLY_MAX_ROWS:
         h = F.linear(x.float(), w) * weight.scale
         return (h if bias is None else h + bias.float()).to(weight.dtype)
-    q, scale = quantize_rows_fp8(x)
+    else:
+        q, scale = quantize_rows_fp8(x)
     h = F.linear(q.float(), w) * scale * weight.scale
     return (h if bias is None else h + bias.float()).to(weight.dtype)
 

@@ -37,7 +37,7 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   kernel with a `lookahead` of w added to every query's position: the same block skipping (a
   long sequence under a 128-key window costs only the window) and the same masking. A window
   whose reach covers every key of the batch runs the plain non-causal kernel.
-* Any head_dim in [16, 256]: one that is not a power of two (Phi-3's 96) runs in a tile
+* Any head_dim in [16, 512] (512: Gemma 4's full layers): one that is not a power of two (Phi-3's 96) runs in a tile
   padded to the next power of two, its extra lanes masked on every load and store.
 * Attention sinks (gpt-oss): one learned logit per query head that joins every softmax's
   normaliser but carries no value, p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink)). The key loop
@@ -47,8 +47,14 @@ Same semantics and signature as `reference.varlen_attention`; registered for CUD
   (p // C) * C <= k <= p, its own chunk of C positions up to itself. It runs as the window
   kernel (HAS_WINDOW, the chunk size in `window`'s place) with CHUNKED choosing that lower edge:
   the same block skipping and masking (a long context costs at most one chunk), splits included.
-  Each of these is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED, HAS_SINKS, CHUNKED): without
-  them the kernel compiles to the same code as before they existed.
+* ALiBi (BLOOM, MPT, Falcon-RW): with `alibi_slopes` (`[H]` fp32) query head h's score of key
+  position k for the query at position p gains slope_h * (k - p), after the scaling (and any
+  soft-capping). Hugging Face adds slope_h * k (BLOOM, Falcon) or slope_h * (k - Lk + 1) (MPT):
+  on one causal row these differ from ours by a constant, which the softmax cancels; ours stays
+  small (0 on the diagonal) whatever the context. Key splits need nothing more: each split's
+  log-sum-exp carries its keys' biases.
+  Each of these is a constexpr flag (HAS_WINDOW, SOFTCAP, D_PADDED, HAS_SINKS, CHUNKED, ALIBI):
+  without them the kernel compiles to the same code as before they existed.
 
 Grid: (cdiv(max_seqlen_q * G, BLOCK_M) * NUM_SPLITS, num_seqs, Hkv). Programs whose rows start
 past their sequence's end exit at once, so the grid can be sized from the longest sequence.
@@ -73,10 +79,10 @@ def _attend_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kt, stride_vt,
     offs_q, offs_d, q_shift, seqlen_k, qk_scale,
-    start, end, block_table, window, softcap_log2e,
+    start, end, block_table, window, softcap_log2e, alibi_log2e,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PADDED: tl.constexpr, CHUNKED: tl.constexpr,
+    D_PADDED: tl.constexpr, CHUNKED: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Fold key/value blocks [start, end) of one sequence into the online-softmax state.
 
@@ -89,7 +95,9 @@ def _attend_blocks(
     block size works, whatever BLOCK_N is). With SOFTCAP the log2-domain score is
     `softcap_log2e * tanh(q.k * scale / softcap)`, where the caller passes
     `qk_scale = 2 * scale / softcap * log2(e)` (tanh x = 1 - 2 / (e^2x + 1)). With D_PADDED the
-    tile's head dim BLOCK_D exceeds HEAD_DIM and the lanes past it are loaded as zeros.
+    tile's head dim BLOCK_D exceeds HEAD_DIM and the lanes past it are loaded as zeros. With ALIBI
+    each row's slope times log2(e) (`alibi_log2e`, `[BLOCK_M]` fp32) times (key position - query
+    position) is added to the log2-domain score (after any soft-capping, before masking).
     """
     if D_PADDED:
         d_ok = (offs_d < HEAD_DIM)[None, :]
@@ -121,6 +129,8 @@ def _attend_blocks(
             s = softcap_log2e * (1.0 - 2.0 / (tl.exp2(s * qk_scale) + 1.0))
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if ALIBI:  # (<= 0 on the causal keys: 0 on the diagonal, falling linearly into the past)
+            s += alibi_log2e[:, None] * (offs_n[None, :] - (q_shift + offs_q)[:, None]).to(tl.float32)
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
@@ -154,12 +164,12 @@ def _varlen_attention_kernel(
     Q, K, V, Out, cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale, PartialOut, PartialLse, split_stride, BlockTables, stride_bt, window, softcap_log2e, lookahead,
-    Sinks,
+    Sinks, Slopes,
     GROUP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr, PDL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PADDED: tl.constexpr,
-    HAS_SINKS: tl.constexpr, CHUNKED: tl.constexpr,
+    HAS_SINKS: tl.constexpr, CHUNKED: tl.constexpr, ALIBI: tl.constexpr,
 ):
     triton_pdl.wait_for_predecessor(PDL)
     # One program: BLOCK_M rows of one sequence and one kv head. Row r is query r // GROUP of
@@ -201,6 +211,10 @@ def _varlen_attention_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if ALIBI:  # each row's head's ALiBi slope (fp32 [H]), in the log2 domain
+        alibi_log2e = tl.load(Slopes + heads) * 1.4426950408889634
+    else:
+        alibi_log2e = 0.0
 
     # Query j sits at key position q_shift + j (causal queries are aligned to the end). A
     # symmetric window moves every query's diagonal `lookahead` keys ahead (0 for causal ones).
@@ -247,14 +261,14 @@ def _varlen_attention_kernel(
         acc, l_i, m_i = _attend_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
             offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_lo, end), block_table,
-            window, softcap_log2e,
-            BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
+            window, softcap_log2e, alibi_log2e,
+            BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED, ALIBI,
         )
         acc, l_i, m_i = _attend_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
             offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_lo, lo), tl.minimum(full_end, end),
-            block_table, window, softcap_log2e,
-            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
+            block_table, window, softcap_log2e, alibi_log2e,
+            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED, ALIBI,
         )
     else:
         # This program's keys: all of [0, end), or with splits one BLOCK_N-aligned chunk of it.
@@ -266,14 +280,14 @@ def _varlen_attention_kernel(
         acc, l_i, m_i = _attend_blocks(
             acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
             offs_q, offs_d, q_shift, seqlen_k, qk_scale, lo, tl.minimum(full_end, end), block_table,
-            window, softcap_log2e,
-            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
+            window, softcap_log2e, alibi_log2e,
+            BLOCK_N, False, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED, ALIBI,
         )
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
         offs_q, offs_d, q_shift, seqlen_k, qk_scale, tl.maximum(full_end, lo), end, block_table,
-        window, softcap_log2e,
-        BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED,
+        window, softcap_log2e, alibi_log2e,
+        BLOCK_N, True, CAUSAL, PRECISION, PAGE, HAS_WINDOW, SOFTCAP, HEAD_DIM, D_PADDED, CHUNKED, ALIBI,
     )
 
     # A query that sees no key at all (only possible when Lk < Lq, or Lk == 0) gets zeros.
@@ -363,6 +377,8 @@ def _launch_config(head_dim: int, dtype: torch.dtype, rows: int, on_gpu: bool,
     """
     if not on_gpu:
         return 16, 16, 4, 1
+    if head_dim > 256:  # (Gemma 4's full layers, 512 wide: the smallest tiles, one stage; not yet measured)
+        return 16, 16, 8, 1
     if hopper and dtype != torch.float32 and head_dim > 128 and rows > 512:
         return 128, 64, 8, 2
     if dtype == torch.float32 or head_dim > 128:
@@ -404,7 +420,7 @@ def _split_decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool,
     -> 5.533), which a CUDA graph captured once cannot choose between: 64 there (H100,
     2026-11-27, docs/results/decoder-families/2026-11-27/tune_split_block_n.log).
     """
-    if on_gpu and dtype != torch.float32 and head_dim >= 128:
+    if on_gpu and dtype != torch.float32 and 128 <= head_dim <= 256:  # (wider heads keep their small tiles)
         return (32, 4, 1) if group == 1 else (64, 4, 1)
     return unsplit
 
@@ -441,6 +457,7 @@ def varlen_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton flash attention with exactly `reference.varlen_attention`'s contract.
 
@@ -453,7 +470,7 @@ def varlen_attention(
     num_seqs = cu_seqlens_q.numel() - 1
     keys_per_seq = k.shape[0] / max(num_seqs, 1)
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, 0, keys_per_seq, causal, scale, max_seqlen_q, out,
-                      None, window, softcap, sinks, chunk)
+                      None, window, softcap, sinks, chunk, alibi_slopes)
 
 
 @register("paged_attention")
@@ -473,6 +490,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton flash attention over a paged KV cache, `reference.paged_attention`'s contract.
 
@@ -495,16 +513,17 @@ def paged_attention(
     keys_per_seq = block_tables.shape[1] * page
     return _attention(
         q, k, v, cu_seqlens_q, seqlens_k.to(torch.int32), block_tables, page, keys_per_seq,
-        causal, scale, max_seqlen_q, out, num_splits, window, softcap, sinks, chunk,
+        causal, scale, max_seqlen_q, out, num_splits, window, softcap, sinks, chunk, alibi_slopes,
     )
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per_seq, causal, scale, max_seqlen_q,
-               out, num_splits, window, softcap, sinks=None, chunk=None):
+               out, num_splits, window, softcap, sinks=None, chunk=None, alibi_slopes=None):
     """Checks, launch configuration and the launch shared by the contiguous and paged entry
     points. Paged (`page` > 0): k/v are the flattened caches and `cu_seqlens_k` holds key counts.
-    `sinks` (`[H]`, any float dtype) reaches the kernels as fp32 on q's device. `chunk` runs as a
-    window of the chunk's size with CHUNKED set."""
+    `sinks` (`[H]`, any float dtype) reaches the kernels as fp32 on q's device, as do
+    `alibi_slopes` (ALIBI; a decoder keeps them so, on its device from the load, so that a
+    captured graph replays no copy). `chunk` runs as a window of the chunk's size with CHUNKED set."""
     assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q, k, v must be [tokens, heads, head_dim]"
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
@@ -513,12 +532,13 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     assert num_kv_heads > 0 and num_heads % num_kv_heads == 0, (
         f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}"
     )
-    assert 16 <= head_dim <= 256, f"triton attention needs a head_dim in [16, 256], got {head_dim}"
+    assert 16 <= head_dim <= 512, f"triton attention needs a head_dim in [16, 512], got {head_dim}"
     assert q.dtype == k.dtype == v.dtype, f"q/k/v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     assert cu_seqlens_q.device == q.device, f"cu_seqlens_q must be on q's device {q.device}"
     reference.check_attention_options(causal, window, softcap)
     reference.check_attention_sinks(sinks, num_heads)
     reference.check_attention_chunk(causal, window, chunk)
+    reference.check_attention_alibi(alibi_slopes, num_heads, causal)
     chunked = chunk is not None
     if chunked:  # (a query reads at most `chunk` keys, from its chunk's start: the window's machinery)
         window = chunk
@@ -573,6 +593,9 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
     if sinks is not None:  # a no-op for an fp32 contiguous tensor on q's device
         sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     sinks_arg = sinks if sinks is not None else out  # unused without sinks
+    if alibi_slopes is not None:  # (likewise)
+        alibi_slopes = alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
+    slopes_arg = alibi_slopes if alibi_slopes is not None else out  # unused without ALiBi
     if softcap is not None:
         # log2-domain score = softcap * log2(e) * tanh(x), x = scale * q.k / softcap, with
         # tanh(x) = 1 - 2 / (exp2(2 * log2(e) * x) + 1): the kernel's qk_scale is 2 log2(e) scale / softcap.
@@ -586,13 +609,13 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, block_tables, page, keys_per
         out.stride(0), out.stride(1),
         qk_scale, partial_out, partial_lse, split_stride,
         tables, tables.stride(0) if block_tables is not None else 0,
-        min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead, sinks_arg,
+        min(int(window), 2**30) if window is not None else 0, softcap_log2e, lookahead, sinks_arg, slopes_arg,
         GROUP=group,
         CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=splits, PAGE=page, PDL=pdl,
         HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HEAD_DIM=head_dim, D_PADDED=block_d != head_dim,
-        HAS_SINKS=sinks is not None, CHUNKED=chunked,
+        HAS_SINKS=sinks is not None, CHUNKED=chunked, ALIBI=alibi_slopes is not None,
         num_warps=num_warps, num_stages=num_stages, **triton_pdl.launch_options(pdl),
     )
     if splits > 1:

@@ -14,6 +14,9 @@ written as batch reductions:
   registers between the statistics and the normalisation; longer rows (e.g. LayerNorm at
   hidden 12288) are walked in `_LOOP_BLOCK` chunks twice (statistics, then normalise), the
   second pass mostly hitting L2. Softmax's long-row path is an online softmax.
+* The LayerNorm can also write its output quantised per token (E4M3 + fp32 row scales, an
+  fp8.Fp8Activation, `fp8_out`) from the same registers: the next FP8 linear's operand (BERT's
+  QKV and FFN up projections), which then skips its own quantisation pass over the rows.
 
 Every wrapper has the signature and result of its counterpart in `reference.py`, computes in
 fp32 and writes the input dtype.
@@ -24,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import triton_pdl
+from tritonformer.kernels import fp8, triton_fp8, triton_pdl
 from tritonformer.kernels.dispatch import register
 
 # Elements per program tile for short rows (ROWS = _TILE_ELEMS // BLOCK). Measured on an
@@ -78,12 +81,24 @@ def _load_sum(x_ptr, bias_ptr, res_ptr, row_start, res_start, cols, mask, HAS_BI
     return h
 
 
+@triton.jit
+def _store_fp8_rows(y, q_ptrs, scale_ptrs, mask, row_ok, MIN_AMAX: tl.constexpr, FP8_MAX: tl.constexpr):
+    """A tile of rows y `[ROWS, BLOCK]` (fp32, the values as stored) quantised per row as
+    reference.quantize_rows_fp8 does: E4M3 values at q_ptrs, scale = max(amax, MIN_AMAX) /
+    FP8_MAX at scale_ptrs `[ROWS]`."""
+    scale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), MIN_AMAX) / FP8_MAX
+    q = tl.clamp(y / scale[:, None], -FP8_MAX, FP8_MAX)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
+    tl.store(scale_ptrs, scale, mask=row_ok)
+
+
 @triton.jit(do_not_specialize=["n_rows"])  # one compiled kernel whatever the row count
 def _add_bias_residual_layer_norm_kernel(
-    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, x_rows_ptr, res_rows_ptr,
+    x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, x_rows_ptr, res_rows_ptr, q_ptr, q_scale_ptr,
     n_rows, n_cols, eps,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr, GATHER: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr,
+    QUANT: tl.constexpr, MIN_AMAX: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     """out = LayerNorm(x + bias + residual) * w + b for ROWS rows.
 
@@ -93,6 +108,8 @@ def _add_bias_residual_layer_norm_kernel(
     stores h = x + bias + residual (a pre-norm decoder's residual stream, GPT-2).
     GATHER: x and residual are tables, row r reads x row x_rows[r] and residual row
     res_rows[r] (token and position embeddings: the embedding layer in one launch).
+    QUANT (ONE_TILE only): the output rows as stored are also quantised per token, E4M3 values
+    at q_ptr (out's layout) and fp32 row scales at q_scale_ptr (the next FP8 linear's operand).
     """
     triton_pdl.wait_for_predecessor(PDL)
     pid = tl.program_id(0)
@@ -125,6 +142,9 @@ def _add_bias_residual_layer_norm_kernel(
         b = tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = (d - mean_d[:, None]) * rstd[:, None] * w + b
         tl.store(out_ptr + out_start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if QUANT:
+            _store_fp8_rows(y.to(out_ptr.dtype.element_ty).to(tl.float32), q_ptr + out_start + cols,
+                            q_scale_ptr + rows, mask, rows < n_rows, MIN_AMAX, FP8_MAX)
     else:
         # Pass 1: lane-wise partial sums, reduced across the tile only once at the end.
         acc1 = tl.zeros([ROWS, BLOCK], tl.float32)
@@ -164,12 +184,15 @@ def add_bias_residual_layer_norm(
     eps: float,
     out: torch.Tensor | None = None,
     sum_out: torch.Tensor | None = None,
+    fp8_out: fp8.Fp8Activation | None = None,
 ) -> torch.Tensor:
-    """LayerNorm(x + bias + residual), one fused kernel; see reference.add_bias_residual_layer_norm."""
+    """LayerNorm(x + bias + residual), one fused kernel; see reference.add_bias_residual_layer_norm.
+    `fp8_out` is filled by the same kernel where a row fits one tile, else by the quantisation
+    kernel after it."""
     x = _contig(x)
     if out is None:
         out = torch.empty_like(x)
-    return _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, None, None)
+    return _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, None, None, fp8_out)
 
 
 @register("embedding_layer_norm")
@@ -197,14 +220,18 @@ def embedding_layer_norm(
                             _contig(ids), _contig(positions))
 
 
-def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_rows, res_rows):
+def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_rows, res_rows, fp8_out=None):
     """Launch _add_bias_residual_layer_norm_kernel over out's rows; with x_rows/res_rows, x and
-    residual are tables whose rows those index tensors pick."""
+    residual are tables whose rows those index tensors pick; `fp8_out` (an fp8.Fp8Activation
+    shaped like out) receives out quantised per token."""
     assert out.is_contiguous() and (x_rows is not None or out.shape == x.shape), (
         "out must be a contiguous tensor shaped like x"
     )
     assert sum_out is None or (sum_out.shape == out.shape and sum_out.is_contiguous()), (
         "sum_out must be a contiguous tensor shaped like x"
+    )
+    assert fp8_out is None or (fp8_out.shape == out.shape and fp8_out.q.is_contiguous()), (
+        "fp8_out must be an Fp8Activation shaped like the output, contiguous"
     )
     if out.numel() == 0:
         return out
@@ -212,17 +239,24 @@ def _launch_add_norm(x, bias, residual, weight, ln_bias, eps, out, sum_out, x_ro
     n_rows = out.numel() // n_cols
     rows, block, one_tile, num_warps = _row_launch(n_rows, n_cols)
     pdl = triton_pdl.enabled(out.device)
+    quant = fp8_out is not None and one_tile
     _add_bias_residual_layer_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x,
         _contig(bias) if bias is not None else x,  # dummy pointers when absent, never read
         _contig(residual) if residual is not None else x,
         _contig(weight), _contig(ln_bias), out, sum_out if sum_out is not None else out,
         x_rows if x_rows is not None else x, res_rows if res_rows is not None else x,
+        fp8_out.q if quant else out, fp8_out.scale if quant else out,
         n_rows, n_cols, float(eps),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, WRITE_SUM=sum_out is not None,
-        GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile, PDL=pdl, num_warps=num_warps,
+        GATHER=x_rows is not None, ROWS=rows, BLOCK=block, ONE_TILE=one_tile, PDL=pdl,
+        QUANT=quant, MIN_AMAX=fp8.MIN_AMAX, FP8_MAX=fp8.E4M3_MAX, num_warps=num_warps,
         **triton_pdl.launch_options(pdl),
     )
+    if fp8_out is not None and not quant:  # rows past one tile: the quantisation's own pass
+        q, scale = triton_fp8.quantize_rows_fp8(out.view(n_rows, n_cols))
+        fp8_out.q.copy_(q)
+        fp8_out.scale.copy_(scale)
     return out
 
 

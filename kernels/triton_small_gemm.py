@@ -45,7 +45,7 @@ import triton.language as tl
 
 from tritonformer.kernels import dispatch, fp8, reference, triton_fp8, triton_gemm, triton_gemv, triton_pdl
 from tritonformer.kernels.dispatch import register
-from tritonformer.kernels.fp8 import Fp8Weight
+from tritonformer.kernels.fp8 import Fp8Activation, Fp8Weight
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm
 from tritonformer.kernels.triton_linear_parts import (ACT_CODE, NORM_LAYER, NORM_NONE, NORM_RMS, NORM_SUM, OUT_PLAIN,
                                                         OUT_QKV, column_tile, store_epilogue)
@@ -362,11 +362,14 @@ def route(x: torch.Tensor, weight: torch.Tensor, activation: str = "none", preno
     above, then the small GEMM up to fp8.WEIGHT_ONLY_MAX_ROWS (weight-only: a decode batch is
     memory-bound and cuBLAS has no GEMM of fp16 rows by FP8 weights); past that SCALED_MM where
     the GPU has a row-wise FP8 GEMM and K, N are multiples of 16, else TORCH, which for an FP8
-    weight is its reference (the weight dequantised: correct, slow).
+    weight is its reference (the weight dequantised: correct, slow). An activation that comes
+    quantised already (an fp8.Fp8Activation: many rows) goes the same way, SCALED_MM or TORCH.
     """
     m, k = x.shape
     if m == 0 or k == 0:
         return TORCH
+    if isinstance(x, Fp8Activation):
+        return SCALED_MM if triton_fp8.supported(x, weight) else TORCH
     if triton_gemv.supported(m, x, prenorm, plain=activation not in GATED_ACTIVATIONS and not qkv_epilogue):
         return GEMV
     if isinstance(weight, Fp8Weight):
@@ -401,9 +404,11 @@ def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.numel() * weight.element_size() <= SPLIT_MAX_BYTES)
 
 
-def _fp8_matmul(x: torch.Tensor, weight: Fp8Weight, r: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+def _fp8_matmul(x: torch.Tensor | Fp8Activation, weight: Fp8Weight, r: str,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W^T + bias of an FP8 weight past the few-row kernels, in its activation dtype: the FP8
-    tensor-core GEMM (route SCALED_MM, the bias in its epilogue) or the reference (TORCH)."""
+    tensor-core GEMM (route SCALED_MM, the bias in its epilogue) or the reference (TORCH); x
+    quantised per token there, unless it comes so (an Fp8Activation)."""
     if r == SCALED_MM:
         return triton_fp8.scaled_mm(x, weight, bias=bias)
     return reference.fp8_linear(x, weight, bias)
@@ -417,17 +422,27 @@ def linear_act(
     activation: str = "none",
     out: torch.Tensor | None = None,
     prenorm: PreNorm | None = None,
-) -> torch.Tensor:
+    fp8_out: bool = False,
+) -> torch.Tensor | Fp8Activation:
     """activation(PreNorm(x) @ weight^T + bias); see reference.linear_act. The kernel is
     `route`'s: the GEMV runs the PreNorm in its prologue; every other route runs it as its own
     kernel first, then the small fused GEMM, the many-row fused GELU GEMM, or torch's GEMM and
-    the activation's own kernel."""
+    the activation's own kernel. FP8 chains: x may be an Fp8Activation (its GEMM skips the
+    quantisation); with `fp8_out` where reference.fp8_out_applies, the GEMM writes its output with
+    the bias, and the activation and the per-token quantisation run in one kernel
+    (triton_fp8.act_quantize_rows_fp8) whose Fp8Activation is returned (`out` unused)."""
     m, n = _check_linear(x, weight, bias, activation)
     assert weight.dtype == x.dtype, f"x and weight dtypes differ: {x.dtype} vs {weight.dtype}"
+    if isinstance(x, Fp8Activation):
+        assert fp8.quantizes_activations(weight, m) and prenorm is None, \
+            "an Fp8Activation is the operand of an FP8 weight's linear on many rows, without a prenorm"
     x, prenorm = _gemv_prenorm(x, prenorm)
     r = route(x, weight, activation, prenorm)
     if r != GEMV:
         x, prenorm = _unfused_prenorm(x, prenorm), None
+    if fp8_out and reference.fp8_out_applies(weight, m, activation):
+        assert r in (SCALED_MM, TORCH), r  # an FP8 weight past the weight-only rows
+        return triton_fp8.act_quantize_rows_fp8(_fp8_matmul(x, weight, r, bias), activation)
     if r in (TORCH, MANY_ROW_GEMM, SCALED_MM):
         return _unfused(x, weight, bias, activation, out, many_rows=r == MANY_ROW_GEMM, fp8_route=r)
     if out is None:

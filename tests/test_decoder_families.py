@@ -57,6 +57,25 @@ CASES = [
     ("gemma3n-published-head-and-mlp-width", "gemma-3n-e2b", {
         "head_dim": 256, "intermediate_size": 8192,
         "laurel_rank": 64, "hidden_size_per_layer_input": 256, "initializer_range": 0.05}),
+    # Gemma 4 (31B's kind): a sliding layer (4 KV heads of 32, the default rotary) then a full one (1 KV head of 64,
+    # values from the keys' projection, the proportional rotary over a quarter of its frequencies): two cache shapes;
+    # unscaled scores, v's norm, learnt layer scalars, logits capped. And a full layer first and last with their own
+    # v_proj (attention_k_eq_v false), a proportional half of base 5e5, no soft-capping, an untied head, and the larger
+    # checkpoints' use_bidirectional_attention "vision" (image tokens only: text attends causally)
+    ("gemma4-31b", "gemma-4-31b", {"initializer_range": 0.05}),
+    ("gemma4-full-first-own-values-untied", "gemma-4-31b", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+        "attention_k_eq_v": False, "final_logit_softcapping": None, "tie_word_embeddings": False,
+        "use_bidirectional_attention": "vision",
+        "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 5e5,
+                                               "partial_rotary_factor": 0.5},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        "initializer_range": 0.05}),
+    # Gemma 4 E2B's kind: per-layer inputs, the last two of four layers reading the keys of the first two (one of each
+    # type) with MLPs twice as wide, full layers' one KV head twice as wide as the sliding ones'
+    ("gemma4-e2b", "gemma-4-e2b", {"initializer_range": 0.05}),
+    # Gemma 4 26B-A4B's kind: a dense MLP beside 16 experts (top 8) in every layer, routed from the layer's input
+    ("gemma4-26b-a4b", "gemma-4-26b-a4b", {"initializer_range": 0.05}),
     ("phi3", "phi-3-mini", {}),
     ("phi3-longrope", "phi-3-mini-128k", {}),
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),
@@ -266,6 +285,31 @@ CASES = [
                                                                       "attention_bias": True}),
     # Youtu-LLM: Llama's block with latent attention, a tied head
     ("youtu", "youtu-llm-2b", {}),
+    # Mistral Small 4: latent attention with a query latent, the rotary interleaved, YaRN with mscale_all_dim, Llama 4's
+    # query scaling past the original length (64 here: the long prompt crosses it), softmax experts in every layer
+    # (renormalised, a shared one); and queries from q_proj, rotate-half, mscale unlike mscale_all_dim (cos / sin
+    # scaled too), queries scaled hard (beta 1) past 16 positions, a dense first layer, group-limited choice
+    # unrenormalised and scaled, attention biases
+    ("mistral-small-4", "mistral-small-4", {}),
+    ("mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases", "mistral-small-4", {
+        "q_lora_rank": None, "rope_interleave": False, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+        "norm_topk_prob": False, "routed_scaling_factor": 2.0, "attention_bias": True,
+        "rope_scaling": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
+                         "mscale_all_dim": 1.0, "llama_4_scaling_beta": 1.0, "partial_rotary_factor": 0.5}}),
+    # MiniCPM3: latent attention with Llama's rotate-half rotary and narrower value heads, longrope, muP's embedding,
+    # residual and logit scalars, a tied head; and queries from q_proj, attention and MLP biases (o_proj's scaled
+    # with the residual branch, here by 4 / sqrt(2): the published 1.4 / sqrt(2) is near 1), an untied head
+    ("minicpm3", "minicpm3-4b", {}),
+    ("minicpm3-no-q-latent-biases-untied", "minicpm3-4b", {"q_lora_rank": None, "attention_bias": True,
+                                                           "mlp_bias": True, "tie_word_embeddings": False,
+                                                           "scale_depth": 4.0}),
+    # XGLM: OPT's block with fairseq's sinusoidal positions (offset 2) and scaled embeddings; and an odd width (a zero
+    # column in the table), the padding id's row zeroed where a position reads it (5: position 3), ReLU, unscaled
+    ("xglm", "xglm-564m", {}),
+    ("xglm-odd-width-pad-row-relu-unscaled", "xglm-564m", {"hidden_size": 135, "num_attention_heads": 9,
+                                                            "pad_token_id": 5, "activation_function": "relu",
+                                                            "scale_embedding": False, "tie_word_embeddings": False}),
     ("deepseek-v2-q-latent-biases-scaled", "deepseek-v2-lite", {"q_lora_rank": 96, "attention_bias": True,
                                                                 "first_k_dense_replace": 0,
                                                                 "routed_scaling_factor": 2.0}),
@@ -345,6 +389,17 @@ CASES = [
     ("falcon-new-architecture", "falcon-40b", {"num_kv_heads": 2}),
     ("falcon-new-architecture-one-norm", "falcon-40b", {"num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
     ("falcon-mha-sequential-biases", "falcon-7b", {"multi_query": False, "parallel_attn": False, "bias": True}),
+    # ALiBi (slope * (key - query position) on every score; no rotary, no position table). Falcon-RW's: the biases
+    # before the scaling, a sequential block with biases, each head's q, k, v (HF's SDPA path, see _pair). BLOOM: the
+    # biases after the scaling, the embeddings LayerNorm'd, a per-head fused QKV; and 6 heads, whose slopes are 4 of
+    # one series and 2 of the next. MPT: LayerNorms without biases, no biases at all; and 6 heads (its own order of the
+    # next power of two's slopes), a softmax_scale of its own and q, k, v clamped (clip_qkv) low enough to bite
+    ("falcon-rw-alibi", "falcon-7b", {"alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}),
+    ("bloom", "bloom-560m", {}),
+    ("bloom-six-heads", "bloom-560m", {"num_attention_heads": 6, "hidden_size": 96}),
+    ("mpt", "mpt-7b", {}),
+    ("mpt-six-heads-scale-clip", "mpt-7b", {"n_heads": 6, "d_model": 96, "attn_config": {
+        "alibi": True, "alibi_bias_max": 8, "softmax_scale": 0.4, "clip_qkv": 0.15}}),
     # GPT-BigCode (StarCoder): learnt positions, no rotary, one KV head; and each head's q, k, v, exact GELU
     ("gpt-bigcode", "starcoder-15b", {}),
     ("gpt-bigcode-mha-gelu", "starcoder-15b", {"multi_query": False, "activation_function": "gelu"}),
@@ -459,7 +514,8 @@ CASES = [
         "initializer_range": 0.1}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
-HF_CLASSES = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+HF_CLASSES = {**transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+              "mistral4": "Mistral4ForCausalLM"}  # (which transformers maps as a multimodal LM only)
 CONFIG_CLASSES = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
 
 
@@ -469,7 +525,10 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
     model_type = cfg.pop("model_type")
     hf_cfg = getattr(transformers, CONFIG_CLASSES[model_type])(**cfg)
     torch.manual_seed(seed)
-    hf = getattr(transformers, HF_CLASSES[model_type])._from_config(hf_cfg, attn_implementation="eager").eval()
+    # (Falcon with ALiBi: transformers' eager attention adds the biases twice, in the scores and again in the mask;
+    # its SDPA path, once, is the original model's math)
+    impl = "sdpa" if model_type == "falcon" and cfg.get("alibi") else "eager"
+    hf = getattr(transformers, HF_CLASSES[model_type])._from_config(hf_cfg, attn_implementation=impl).eval()
     with torch.no_grad():  # HF initialises norms to 1 (or 0 for (1 + w)): make them matter
         for name, p in hf.named_parameters():
             if "norm" in name or name.endswith((".bias", "_bias")):  # (gpt-oss's experts' biases: `_bias`)
@@ -478,6 +537,8 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p))
             if name.endswith("altup.correct_output_scale"):  # (Gemma 3n's starts at zero, which mutes the per-layer
                 p.add_(torch.randn_like(p))  # inputs)
+            if name.endswith(("router.scale", "router.per_expert_scale")):  # (Gemma 4's router scales start at 1)
+                p.add_(torch.randn_like(p) * 0.1)
             if name.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
@@ -487,6 +548,8 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):  # (LFM2-MoE's too)
+                b.add_(torch.randn_like(b) * 0.1)
+            if name.endswith("layer_scalar"):  # (Gemma 4's per-layer scalar: a buffer that starts at 1)
                 b.add_(torch.randn_like(b) * 0.1)
             if name.endswith("act_fn.beta"):  # (xIELU's beta: a buffer, read from the checkpoint as the alphas are)
                 b.add_(torch.rand_like(b) * 0.5)
@@ -522,10 +585,13 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
+                   "falcon-rw-alibi", "bloom-six-heads", "mpt-six-heads-scale-clip",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
-                   "gpt-neo", "hy-v3", "biogpt", "flint", "afmoe", "persimmon",
-                   "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "apertus", "dbrx",
+                   "gpt-neo", "hy-v3", "biogpt", "xglm", "xglm-odd-width-pad-row-relu-unscaled",
+                   "flint", "afmoe", "persimmon",
+                   "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
+                   "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
                    "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
                    "nemotron-h-biases-mlp-less-end", "nemotron-h-moe", "nemotron-h-moe-latent-groups-unnormalised",
@@ -537,7 +603,8 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
-                   "gemma3n", "gemma3n-untied-second-stream-active-uneven-mlps")
+                   "gemma3n", "gemma3n-untied-second-stream-active-uneven-mlps",
+                   "gemma4-31b", "gemma4-full-first-own-values-untied", "gemma4-e2b", "gemma4-26b-a4b")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -664,7 +731,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     # (the vision-language checkpoints and their text models' own types: test_a_vl_checkpoint_serves_its_text_model)
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
-    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n"}
+    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -703,6 +770,12 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("deepseek-v3", {"v_head_dim": 32}, "v_head_dim"),
     ("glm-4.7-flash", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
+    ("xglm-564m", {"add_cross_attention": True}, "add_cross_attention"),
+    # (the rotary turns exactly the rope dims: Mistral 4's partial rotary of qk_rope / qk_head, MiniCPM3's head_dim)
+    ("mistral-small-4", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                          "partial_rotary_factor": 1.0}}, "partial_rotary_factor"),
+    ("minicpm3-4b", {"rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                               "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     ("trinity-mini", {"n_group": 4, "topk_group": 2}, "topk_group"),
     ("trinity-mini", {"num_expert_groups": 4, "num_limited_groups": 1}, "num_limited_groups"),
     ("trinity-mini", {"score_func": "softmax"}, "score_func"),
@@ -772,6 +845,25 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("gemma-3n-e2b", {"hidden_activation": "gelu"}, "hidden_activation"),
     ("gemma-3n-e2b", {"num_kv_shared_layers": 3}, "num_kv_shared_layers"),  # (a shared full layer, none before it)
     ("gemma-3n-e2b", {"activation_sparsity_pattern": [1.0, 0.0, 0.0, 0.0]}, "activation_sparsity_pattern"),
+    ("gemma-4-31b", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ("gemma-4-31b", {"attention_bias": True}, "attention_bias"),
+    ("gemma-4-31b", {"hidden_activation": "gelu"}, "hidden_activation"),
+    ("gemma-4-31b", {"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types"),
+    ("gemma-4-e2b", {"num_kv_shared_layers": 3}, "num_kv_shared_layers"),  # (a shared sliding layer, none before it)
+    ("gemma-4-31b", {"per_layer_config": {"1": {"intermediate_size": 64}}}, "per_layer_config"),
+    ("gemma-4-26b-a4b", {"top_k_experts": None}, "enable_moe_block"),
+    ("bloom-560m", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+    ("mpt-7b", {"attn_config": {"alibi": False}}, "alibi"),  # (learnt positions: transformers' MPT has no table)
+    ("mpt-7b", {"attn_config": {"prefix_lm": True}}, "prefix_lm"),
+    ("mpt-7b", {"attn_config": {"qk_ln": True}}, "qk_ln"),
+    ("mpt-7b", {"attn_config": {"attn_type": "multiquery_attention"}}, "attn_type"),
+    ("mpt-7b", {"attn_config": {"attn_uses_sequence_id": True}}, "attn_uses_sequence_id"),
+    ("mpt-7b", {"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),  # (transformers builds 8's, always)
+    ("mpt-7b", {"attn_config": {"attn_impl": "xformers"}}, "attn_impl"),
+    ("mpt-7b", {"no_bias": False}, "no_bias"),
+    ("mpt-7b", {"expansion_ratio": 2}, "expansion_ratio"),
+    ("mpt-7b", {"logit_scale": 0.5}, "logit_scale"),
+    ("mpt-7b", {"norm_type": "rmsnorm"}, "norm_type"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
@@ -963,6 +1055,13 @@ def _multimodal(kind: str):
         cfg = transformers.Mistral3Config(text_config=transformers.MistralConfig(**text), vision_config=vision,
                                           tie_word_embeddings=False)  # an output head of its own, as published
         return transformers.Mistral3ForConditionalGeneration(cfg)
+    if kind == "mistral3-mistral4":  # (Mistral-Small-4's checkpoint: Mistral 4's text model inside mistral3's)
+        text = {k: v for k, v in shrunk("mistral-small-4").items() if k != "model_type"}
+        vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                  num_attention_heads=2, image_size=32, patch_size=16)
+        cfg = transformers.Mistral3Config(text_config=transformers.Mistral4Config(**text), vision_config=vision,
+                                          tie_word_embeddings=False)
+        return transformers.Mistral3ForConditionalGeneration(cfg)
     if kind == "llama4":  # (chunks of 16 tokens: the prompts cross them; a NoPE second layer)
         text = {k: v for k, v in {**shrunk("llama-4-scout"), "attention_chunk_size": 16, "floor_scale": 4}.items()
                 if k != "model_type"}
@@ -980,7 +1079,7 @@ def _multimodal(kind: str):
     return transformers.Gemma3ForConditionalGeneration(cfg)
 
 
-@pytest.mark.parametrize("kind", ["mistral3", "gemma3", "llama4"])
+@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3) and Llama 4 (llama4) checkpoints: the text model's config and
     tensors (output head included, wherever the layout keeps it), greedy text as HF's."""
@@ -1034,6 +1133,74 @@ def test_gemma3n_refuses_a_split_that_does_not_divide_and_fp8_by_name():
     with pytest.raises(ValueError, match=r"layer 2's MLP columns \(intermediate_size\) \(289\) do not divide"):
         check_tensor_parallel({"model_type": "gemma3n", "text_config": uneven}, 2)  # (the multimodal checkpoint's)
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'gemma3n_text'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
+def test_a_gemma4_checkpoint_serves_its_text_model():
+    """A multimodal Gemma 4 checkpoint (model_type gemma4: the text config nested as config.json writes it, with
+    global_head_dim / num_global_key_value_heads rather than per_layer_config; the text model's tensors under
+    `model.language_model.`, a tower's beside them unread): greedy text as HF's text model on the same weights."""
+    hf, _ = _pair("gemma-4-e2b", {"initializer_range": 0.05, "attention_k_eq_v": True, "num_global_key_value_heads": 1})
+    text = {k: v for k, v in {**shrunk("gemma-4-e2b"), "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+                              "initializer_range": 0.05}.items() if k not in ("bos_token_id", "eos_token_id")}
+    cfg = {"model_type": "gemma4", "text_config": text, "bos_token_id": 2, "eos_token_id": [1, 106]}
+    state = {f"model.language_model.{k.removeprefix('model.')}": v for k, v in hf.state_dict().items()
+             if k != "lm_head.weight"}
+    state["model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight"] = torch.zeros(4, 4)  # (not the text's)
+    ours = load_decoder(cfg, state, CPU, torch.float32)
+    assert ours.config.eos_token_ids == (1, 106) and ours.num_kv_layers == 2
+    assert ours.kv_shapes == [(1, 32), (1, 64)] and ours.kv_bytes_per_token() == 2 * (32 + 64) * 4
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
+    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 16)
+
+
+def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_outputs():
+    """Gemma 4 (E2B's kind: two cache shapes, the last layers reading earlier ones' keys) served by the engine over a
+    KV pool too small for every sequence at once: sequences are preempted and recomputed, the cache's per-shape
+    tensors sized by the model; every output is HF's greedy continuation of its prompt alone."""
+    from tritonformer.backend.decoder.engine import GeneratorEngine
+    from tritonformer.backend.decoder.runner import DecoderRunner
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+    from tritonformer.client.engine_drive import CountingSink, IdsOnly
+    from tritonformer.scheduler.iteration import IterationScheduler
+    from tritonformer.scheduler.kv_blocks import BlockManager
+
+    hf, ours = _pair("gemma-4-e2b", {"initializer_range": 0.05})
+    block, blocks = 4, 20  # 80 tokens of KV for 4 sequences of up to 14 + 16 tokens
+    cache = ours.new_kv_cache(blocks, block)
+    assert cache.data is None and cache.nbytes() == ours.kv_bytes_per_token() * block * (blocks + 1)
+    scheduler = IterationScheduler(BlockManager(blocks, block), 4, 32, max_seq_len=32)
+    engine = GeneratorEngine(DecoderRunner(ours, cache, 4), IdsOnly(), CountingSink(), scheduler,
+                             cancel_check_interval_s=3600)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (14, 3, 9, 12)]
+    seqs = [engine.new_sequence(i, prompt, SamplingParams(max_tokens=16, ignore_eos=True), False)
+            for i, prompt in enumerate(prompts)]
+    engine.admit(seqs)
+    while engine.has_work():
+        engine.step()
+    assert scheduler.num_preemptions > 0 and scheduler.blocks.num_used == 0
+    for seq, prompt in zip(seqs, prompts):
+        assert seq.output_ids == _hf_greedy(hf, prompt, 16)
+
+
+def test_gemma4_refuses_tensor_parallelism_and_fp8_by_name():
+    """Gemma 4 is not split over tensor-parallel ranks: the load says so before any tensor is read."""
+    from tritonformer.backend.models import gemma4
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = shrunk("gemma-4-31b")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma4_text'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma4_text'"):
+        check_tensor_parallel({"model_type": "gemma4", "text_config": cfg}, 2)  # (the multimodal checkpoint's)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported"):
+        gemma4.Gemma4Decoder(gemma4.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'gemma4_text'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 
@@ -1169,6 +1336,7 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
     ("olmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),
     ("afmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (its router `mlp.router.gate`, bias `mlp.expert_bias`)
     ("lfm2-moe", "feed_forward", ("w1", "w3", "w2")),  # (LFM2-8B-A1B's: router `feed_forward.gate`, `expert_bias`)
+    ("mistral-small-4", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (no conversion in transformers: either form)
 ])
 def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, names):
     """A published MoE checkpoint stores each expert's projections apart; it builds the same

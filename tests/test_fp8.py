@@ -3,9 +3,11 @@
 On the CPU: weight quantisation's error bounds on fresh random weights; the GEMV and the small
 GEMM reading FP8 weights in Triton's interpreter against reference.fp8_linear (fp32 and fp16
 activations, PreNorms, gated activations, the QKV epilogue, split K, the GEMV's long rows); the
-per-token activation quantisation kernel; the many-row route's wiring (torch._scaled_mm runs on
-the CPU too); `route`'s FP8 cases; a random Llama-family decoder and a random BERT with
-quantization fp8 against the same models unquantised; an FP8 checkpoint folder (E4M3 weights
+per-token activation quantisation kernel, the FFN activation fused into it and the LayerNorm
+writing its output's E4M3 copy (fp8.Fp8Activation); the many-row route's wiring (torch._scaled_mm
+runs on the CPU too), an FFN handing its activation on quantised, and `route`'s FP8 cases; a
+random Llama-family decoder and a random BERT with quantization fp8 against the same models
+unquantised, and the BERT's linears taking their inputs quantised; an FP8 checkpoint folder (E4M3 weights
 + weight_scale, per channel and per tensor, with input_scale) loading as FP8 without the
 parameter; the load errors. The accuracy targets on the real checkpoints, on the CPU's
 reference path: MiniLM's fp8 embeddings against fp32 Hugging Face (cosine >= 0.995) and
@@ -13,11 +15,13 @@ SmolLM2's perplexity of tests/data/fp8_eval.txt within 2% of fp32 (slow; the dec
 and last layers stay 16-bit, see backend/quantization.py).
 
 The interpreter rounds fp32 -> E4M3 wrongly where a value rounds up into the next binade
-(125.1 becomes 64, not 128; Triton 3.9 on the CPU; a GPU converts in hardware): the activation
-quantisation kernel is compared exactly on a GPU only, on the CPU up to that. Loading E4M3
-values and converting them to fp32 / fp16 is exact in the interpreter.
+(125.1 becomes 64, not 128; Triton 3.9 on the CPU; a GPU converts in hardware), rounds E4M3's
+subnormals toward zero and exact ties away from zero: the activation quantisation kernels are
+compared exactly on a GPU only, on the CPU up to those. Loading E4M3 values and converting
+them to fp32 / fp16 is exact in the interpreter.
 
 On a GPU (marked gpu): the three routes on Llama-3.1-8B's layer shapes against the reference,
+bert-base's FFN and encoder with the fused activation quantisation against the unfused path,
 and a decoder of real width (Llama-3.1-8B's layer, 2 layers) in fp8 against bf16, eager and in
 the decode CUDA graphs.
 """
@@ -268,6 +272,141 @@ def test_many_rows_run_the_scaled_mm_route(monkeypatch, activation, with_out):
         assert got.data_ptr() == out.data_ptr()
 
 
+def _interpreter_slips(got: torch.Tensor, want: torch.Tensor, scaled: torch.Tensor | None = None) -> torch.Tensor:
+    """_binade_slips, E4M3's subnormals (below 2^-6), which the interpreter rounds toward zero (one
+    subnormal step, 2^-9, short of the right value), and with `scaled` (the fp32 values converted)
+    exact ties, which it rounds away from zero, not to the even neighbour. None on a GPU."""
+    g, w = got.float(), want.float()
+    short = (g != w) & (w.abs() <= 2.0 ** -6) & (w.abs() - g.abs() == 2.0 ** -9) & (g * w >= 0)
+    tie = (g != w) & (scaled == (g + w) / 2) if scaled is not None else torch.zeros_like(short)
+    return _binade_slips(got, want) | short | tie
+
+
+@pytest.mark.parametrize("activation", ref.FP8_OUT_ACTIVATIONS)
+@pytest.mark.parametrize("dtype,m,k", [(torch.float32, 5, 100), (torch.float16, 4, 72)])
+def test_act_quantize_kernel_matches_the_unfused_path(monkeypatch, activation, dtype, m, k):
+    """The fused activation + per-token quantisation (triton_fp8.act_quantize_rows_fp8) against
+    its reference, which is what the unfused path computes (the activation's pass over h in fp32,
+    rounded to h's dtype, then quantize_rows_fp8: checked here on the unfused path's own ops):
+    scales exact, values up to the interpreter's E4M3 rounding. A zero row, a strided h, the
+    two-pass loop (k = 72); fp16 h, where the rounding to h's dtype moves the amax."""
+    rand = Rand("fp8-act-rows", activation, dtype, dtype=dtype)
+    h = rand(m, k, std=1.5)  # the amax where GELU(h) is not h: rounded or not, its scale differs
+    h[1] = 0.0
+    if k == 72:
+        monkeypatch.setattr(triton_fp8, "_ONE_PASS_K", 32)
+        monkeypatch.setattr(triton_fp8, "_CHUNK_K", 16)
+    got = triton_fp8.act_quantize_rows_fp8(h[:, : k - 1], activation)
+    want = ref.act_quantize_rows_fp8(h[:, : k - 1], activation)
+    activated = tsg._fp8_epilogue(h[:, : k - 1].clone(), activation, None)
+    unfused = ref.quantize_rows_fp8(activated)
+    assert torch.equal(want.scale, unfused[1]) and torch.equal(want.q.float(), unfused[0].float())
+    assert isinstance(got, fp8.Fp8Activation) and got.dtype == dtype and got.q.is_contiguous()
+    torch.testing.assert_close(got.scale, want.scale, atol=0, rtol=1e-6)
+    assert (got.q[1].float() == 0).all()
+    g, w = got.q.float(), want.q.float()
+    mismatch = g != w
+    # Triton's erf / exp and torch's differ by an ulp or two of fp32 (of 1 + erf(h / sqrt 2), ~h ulp
+    # in GELU(h)): where the scaled value sits that close to a rounding tie between two E4M3
+    # values, either is right.
+    slack = 2.0 ** -21 * h[:, : k - 1].float().abs() / want.scale
+    tie = ((activated.float() / want.scale) - (g + w) / 2).abs() <= slack
+    mismatch &= ~tie
+    if DEVICE == "cpu":
+        mismatch &= ~_interpreter_slips(got.q, want.q)
+    assert not mismatch.any(), (g[mismatch], w[mismatch])
+
+
+@pytest.mark.parametrize("activation,dtype", [("gelu", torch.float16), ("relu", torch.float32)])
+def test_fp8_ffn_hands_the_quantised_activation_on(monkeypatch, activation, dtype):
+    """An FP8 FFN past fp8.WEIGHT_ONLY_MAX_ROWS with `fp8_out` (the encoder's): the up projection
+    returns an Fp8Activation (its GEMM with the bias, then act + quantise in one pass), which the
+    down projection takes without quantising again (one quantisation pass in all: the up
+    projection's input), and every number is the unfused path's: the up projection's 16-bit
+    output through the activation's pass, quantised by the down projection. torch._scaled_mm runs
+    on the CPU (fp32 out, rounded to x's dtype); the fused kernel is the reference's here (the
+    interpreter's rounding, see the module docstring), checked on its own above."""
+    monkeypatch.setattr(fp8, "scaled_mm_dtype", lambda device, dtype: torch.float32)
+    quantised = []
+
+    def counted(x):
+        quantised.append(tuple(x.shape))
+        return ref.quantize_rows_fp8(x)
+
+    monkeypatch.setattr(triton_fp8, "quantize_rows_fp8", counted)
+    monkeypatch.setattr(triton_fp8, "act_quantize_rows_fp8", ref.act_quantize_rows_fp8)
+    rand = Rand("fp8-ffn", activation, dtype, dtype=dtype)
+    m = fp8.WEIGHT_ONLY_MAX_ROWS + 6
+    x, w_up, b_up = _fp8_inputs(rand, m, 64, 32, activation, True)
+    w_down = quantize_weight(rand(32, 64, std=64 ** -0.5))
+    act = tsg.linear_act(x, w_up, b_up, activation, fp8_out=True)
+    assert isinstance(act, fp8.Fp8Activation) and act.shape == (m, 64) and act.dtype == dtype
+    assert tsg.route(act, w_down) == tsg.SCALED_MM
+    got = tsg.linear_act(act, w_down)
+    assert quantised == [(m, 32)]  # x's, for the up projection; none for the down projection
+    unfused = tsg.linear_act(x, w_up, b_up, activation)
+    q, scale = ref.quantize_rows_fp8(unfused)
+    assert torch.equal(act.scale, scale) and torch.equal(act.q.float(), q.float())
+    assert torch.equal(got, tsg.linear_act(unfused, w_down))
+    # the references chain the same way
+    chained = ref.linear_act(ref.linear_act(x, w_up, b_up, activation, fp8_out=True), w_down)
+    assert torch.equal(chained, ref.linear_act(ref.linear_act(x, w_up, b_up, activation), w_down))
+    torch.testing.assert_close(got, chained, atol=2e-3, rtol=2e-3)
+
+
+def test_fp8_out_changes_nothing_elsewhere(monkeypatch):
+    """`fp8_out` is a request: up to fp8.WEIGHT_ONLY_MAX_ROWS (weight-only rows), for a gated
+    activation or a 16-bit weight, the linear returns what it returns without it. An
+    Fp8Activation goes to an FP8 weight's linear on many rows only."""
+    monkeypatch.setattr(fp8, "scaled_mm_dtype", lambda device, dtype: torch.float32)
+    monkeypatch.setattr(triton_fp8, "quantize_rows_fp8", ref.quantize_rows_fp8)
+    rand = Rand("fp8-out-not")
+    few, many = fp8.WEIGHT_ONLY_MAX_ROWS, fp8.WEIGHT_ONLY_MAX_ROWS + 1
+    x, w, b = _fp8_inputs(rand, many, 32, 48, "gelu", True)
+    for op in (tsg.linear_act, ref.linear_act):
+        assert torch.equal(op(x[:few], w, b, "gelu", fp8_out=True), op(x[:few], w, b, "gelu"))
+        assert torch.equal(op(x, w.dequantize(), b, "gelu", fp8_out=True), op(x, w.dequantize(), b, "gelu"))
+    _, wg, bg = _fp8_inputs(rand, many, 32, 48, "gelu_mul", True)
+    assert torch.equal(ref.linear_act(x, wg, bg, "gelu_mul", fp8_out=True), ref.linear_act(x, wg, bg, "gelu_mul"))
+    act = ref.act_quantize_rows_fp8(x, "gelu")
+    with pytest.raises(ValueError, match="WEIGHT_ONLY_MAX_ROWS"):
+        ref.fp8_linear(fp8.Fp8Activation(act.q[:few], act.scale[:few], x.dtype), w)
+    with pytest.raises(ValueError, match="FP8 weight"):
+        ref.linear_act(act, w.dequantize().t().contiguous())
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ref.act_quantize_rows_fp8(x, "silu_mul")
+
+
+@pytest.mark.parametrize("dtype,one_tile", [(torch.float32, True), (torch.float16, True), (torch.float16, False)])
+def test_layer_norm_writes_the_fp8_copy(monkeypatch, dtype, one_tile):
+    """add_bias_residual_layer_norm with `fp8_out`: the output unchanged, and its E4M3 copy and row
+    scales those of quantize_rows_fp8 on the output as stored (in the LayerNorm kernel's own
+    tile; for rows past one tile, _MAX_ONE_TILE made small here, by the quantisation kernel after
+    it); the reference fills it the same way. 37 rows: a partial last tile of rows."""
+    from tritonformer.kernels import triton_norms
+
+    if not one_tile:
+        monkeypatch.setattr(triton_norms, "_MAX_ONE_TILE", 32)
+        monkeypatch.setattr(triton_norms, "_LOOP_BLOCK", 32)
+    rand = Rand("fp8-ln", dtype, one_tile, dtype=dtype)
+    m, k = 37, 80
+    x, bias, res = rand(m, k), rand(k, std=0.1), rand(m, k, std=2.0)
+    w, b = rand(k, std=0.2, mean=1.0), rand(k, std=0.1)
+    copy = fp8.Fp8Activation.empty(m, k, dtype, x.device)
+    out = triton_norms.add_bias_residual_layer_norm(x, bias, res, w, b, 1e-5, fp8_out=copy)
+    assert torch.equal(out, triton_norms.add_bias_residual_layer_norm(x, bias, res, w, b, 1e-5))
+    q, scale = ref.quantize_rows_fp8(out)
+    torch.testing.assert_close(copy.scale, scale, atol=0, rtol=1e-6)
+    mismatch = copy.q.float() != q.float()
+    if DEVICE == "cpu":  # fp16 rows over their amax / 448 make exact ties
+        mismatch &= ~_interpreter_slips(copy.q, q, out.float() / scale)
+    assert not mismatch.any(), (copy.q.float()[mismatch], q.float()[mismatch])
+    ref_copy = fp8.Fp8Activation.empty(m, k, dtype, x.device)
+    want = ref.add_bias_residual_layer_norm(x, bias, res, w, b, 1e-5, fp8_out=ref_copy)
+    q, scale = ref.quantize_rows_fp8(want)
+    assert torch.equal(ref_copy.scale, scale) and torch.equal(ref_copy.q.float(), q.float())
+
+
 def test_route_table_for_fp8_weights(monkeypatch):
     """FP8 weights: the GEMV for 1-2 rows, the small GEMM up to fp8.WEIGHT_ONLY_MAX_ROWS (also
     plain linears, which 16-bit leave to cuBLAS), SCALED_MM past it where supported (K and N
@@ -293,8 +432,12 @@ def test_route_table_for_fp8_weights(monkeypatch):
     assert tsg.route(x(many, 4096), weight(4096, 4096)) == tsg.SCALED_MM
     assert tsg.route(x(many, 4096), weight(4096, 4096), "gelu") == tsg.SCALED_MM  # not the 16-bit GELU GEMM
     assert tsg.route(x(many, 40), weight(4096, 40)) == tsg.TORCH  # K not a multiple of 16
+    quantised = fp8.Fp8Activation(torch.empty(many, 4096, dtype=fp8.E4M3, device="meta"),
+                                  torch.empty(many, 1, device="meta"), torch.bfloat16)
+    assert tsg.route(quantised, weight(4096, 4096)) == tsg.SCALED_MM  # an activation quantised already
     monkeypatch.setattr(fp8, "scaled_mm_dtype", lambda device, dtype: None)
     assert tsg.route(x(many, 4096), weight(4096, 4096)) == tsg.TORCH
+    assert tsg.route(quantised, weight(4096, 4096)) == tsg.TORCH
     assert tsg.route(x(0, 4096), weight(4096, 4096)) == tsg.TORCH
 
 
@@ -466,6 +609,33 @@ def test_random_bert_fp8_is_close_to_unquantised():
         assert cosine(plain.forward(ids, cu), quant.forward(ids, cu)).min() > 0.99
 
 
+def test_random_bert_fp8_linears_take_their_activations_quantised(monkeypatch):
+    """The encoder's FP8 linears on many rows read their inputs quantised by the op before them:
+    the FFN down projection an Fp8Activation from the up projection (linear_act's fp8_out: act +
+    quantise in one pass), the QKV (but the first layer's, after the embeddings) and FFN up
+    projections one from the LayerNorm before them (its fp8_out); the attention output
+    projection quantises its input itself. The forward is the unfused path's bit for bit (on
+    the CPU's reference ops: each of those is the rounded output, quantised as the linear did);
+    a decode-sized batch (weight-only rows) builds none."""
+    config, state = _random_bert()
+    quant = quantization.load_encoder(config, state, CPU, torch.float32, "fp8")
+    taken = []
+    linear = ref.fp8_linear
+    monkeypatch.setattr(ref, "fp8_linear", lambda x, w, b=None: taken.append(isinstance(x, fp8.Fp8Activation))
+                        or linear(x, w, b))
+    g = torch.Generator().manual_seed(10)
+    ids = torch.randint(5, 200, (73,), generator=g)
+    cu = torch.tensor([0, 40, 73], dtype=torch.int32)
+    fused = quant.forward(ids, cu)
+    # per layer: QKV, attention output, FFN up, FFN down
+    assert taken == [False, False, True, True] + [True, False, True, True]
+    taken.clear()
+    quant.forward(ids[:5], torch.tensor([0, 5], dtype=torch.int32))
+    assert taken == [False] * 8
+    monkeypatch.setattr(fp8, "quantizes_activations", lambda weight, rows: False)
+    assert torch.equal(fused, quant.forward(ids, cu))
+
+
 def test_real_minilm_fp8_embeddings_against_fp32_hf(minilm_dir):
     """The accuracy target for encoders on the real all-MiniLM-L6-v2: cosine of our fp8 pooled
     embeddings (fp32 activations on the CPU) to fp32 Hugging Face >= 0.995 over the embedder
@@ -540,6 +710,63 @@ def test_gpu_fp8_routes_on_llama_8b_shapes(dtype, m, name, n, k, activation):
     exact = ref.linear_act(x.float(), w.dequantize(torch.float32), b.float() if b is not None else None, activation)
     rel = ((out.float() - exact).norm() / exact.norm()).item()
     assert rel < (5e-2 if m > fp8.WEIGHT_ONLY_MAX_ROWS else 1e-2), rel
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_gpu_fused_ffn_act_quantize_against_unfused(monkeypatch, activation):
+    """bert-base's FFN (768 -> 3072 -> 768) at 4,096 rows, bf16, FP8 weights, on the FP8 tensor
+    cores: the fused path (the up projection with fp8_out: _scaled_mm with the bias, then the act +
+    quantise kernel; the down projection on its Fp8Activation) against the unfused one (the same
+    GEMM, the activation's own pass writing bf16, the down projection's quantisation pass): the
+    same E4M3 values and scales (the two kernels' fp32 activations may differ by an ulp, moving a
+    value at a rounding tie), the same output within the FP8 tolerances above; the LayerNorm's
+    E4M3 copy of its output exactly quantize_rows_fp8's; and a random bert-base of 2 layers,
+    every layer FP8, fused (the LayerNorms' copies, act + quantise) against unfused."""
+    dev = torch.device("cuda")
+    fp8.check_device(dev)
+    if fp8.scaled_mm_dtype(dev, torch.bfloat16) is None:
+        pytest.skip("no row-wise torch._scaled_mm on this GPU")
+    rand = Rand("fp8-ffn-gpu", activation, dtype=torch.bfloat16)
+    m = 4096
+    x, w_up, b_up = rand(m, 768), quantize_weight(rand(3072, 768, std=768 ** -0.5)), rand(3072, std=0.1)
+    w_down = quantize_weight(rand(768, 3072, std=3072 ** -0.5))
+    assert tsg.route(x, w_up, activation) == tsg.SCALED_MM
+    act = tsg.linear_act(x, w_up, b_up, activation, fp8_out=True)
+    assert isinstance(act, fp8.Fp8Activation) and tsg.route(act, w_down) == tsg.SCALED_MM
+    unfused = tsg.linear_act(x, w_up, b_up, activation)  # bf16, the activation's own pass
+    q, scale = triton_fp8.quantize_rows_fp8(unfused)
+    torch.testing.assert_close(act.scale, scale, atol=0, rtol=2 ** -7)  # a bf16 ulp of the amax, at most
+    same = act.scale[:, 0] == scale[:, 0]
+    assert same.float().mean().item() > 0.99
+    assert (act.q[same].float() != q[same].float()).float().mean().item() < 1e-4
+    # against the reference (torch's erf / tanh, not the kernels' formulas: more ulps apart in
+    # GELU's negative tail)
+    want = ref.act_quantize_rows_fp8(tsg.linear_act(x, w_up, b_up), activation)
+    assert (act.q.float() != want.q.float()).float().mean().item() < 1e-2
+    got = tsg.linear_act(act, w_down)
+    torch.testing.assert_close(got.float(), tsg.linear_act(unfused, w_down).float(), atol=5e-2, rtol=2e-2)
+
+    from tritonformer import kernels
+
+    copy = fp8.Fp8Activation.empty(m, 768, torch.bfloat16, dev)
+    normed = kernels.add_bias_residual_layer_norm(got, rand(768, std=0.1), x, rand(768, std=0.2, mean=1.0),
+                                                  rand(768, std=0.1), 1e-12, fp8_out=copy)
+    q, scale = triton_fp8.quantize_rows_fp8(normed)
+    assert torch.equal(copy.scale, scale) and torch.equal(copy.q.float(), q.float())
+
+    hidden_act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[activation]
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_act=hidden_act)  # bert-base's widths
+    torch.manual_seed(0)
+    state = dict(transformers.BertModel(cfg).eval().state_dict())
+    model = quantization.load_encoder(cfg.to_dict(), state, dev, torch.bfloat16, "fp8")  # 2 layers: both FP8
+    ids = torch.randint(1000, 30000, (8 * 256,), device=dev)
+    cu = torch.arange(0, 8 * 256 + 1, 256, dtype=torch.int32, device=dev)
+    fused = model.forward(ids, cu, max_seqlen=256).float()
+    monkeypatch.setattr(fp8, "quantizes_activations", lambda weight, rows: False)
+    plain = model.forward(ids, cu, max_seqlen=256).float()
+    assert cosine(fused, plain).min() > 0.999, cosine(fused, plain).min()
 
 
 @pytest.mark.gpu

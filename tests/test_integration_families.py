@@ -67,6 +67,10 @@ FAMILIES = [
     ("gen_gpt_neox", "pythia-6.9b", {}),
     ("gen_falcon", "falcon-7b", {}),
     ("gen_falcon_40b", "falcon-40b", {}),
+    # ALiBi (Falcon-RW's is not served here: transformers' eager attention, which this compares with, adds its biases
+    # twice; tests/test_decoder_families.py checks it against the SDPA path)
+    ("gen_bloom", "bloom-560m", {}),
+    ("gen_mpt", "mpt-7b", {}),
     ("gen_gpt_bigcode", "starcoder-15b", {}),
     ("gen_opt", "opt-125m", {}),
     ("gen_gptj", "gpt-j-6b", {}),
@@ -113,11 +117,16 @@ FAMILIES = [
                                                                                  "hybrid"], "initializer_range": 0.1}),
     # Gemma 3n: AltUp streams, LAuReL, per-layer inputs, the last two layers reading the first two's keys
     ("gen_gemma3n", "gemma-3n-e2b", {"initializer_range": 0.05}),
+    # Gemma 4: sliding and full layers of different KV shapes (values from keys on the full one) in one paged cache
+    ("gen_gemma4", "gemma-4-31b", {"initializer_range": 0.05}),
     ("gen_persimmon", "persimmon-8b", {}),
     ("gen_deepseek_v3", "deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     ("gen_deepseek_v2", "deepseek-v2-lite", {}),
     ("gen_glm4_moe_lite", "glm-4.7-flash", {}),
     ("gen_youtu", "youtu-llm-2b", {}),
+    ("gen_mistral4", "mistral-small-4", {}),  # (latent attention, softmax experts, queries scaled past 64 positions)
+    ("gen_minicpm3", "minicpm3-4b", {}),  # (latent attention with muP's scalars, longrope)
+    ("gen_xglm", "xglm-564m", {}),  # (OPT's block with fairseq's sinusoidal positions, scaled embeddings)
     ("gen_cohere2_moe", "command-a-plus", {"layer_types": ["sliding_attention", "full_attention"],
                                            "mlp_layer_types": ["dense", "sparse"], "num_shared_experts": 1}),
     ("gen_hyperclovax", "hyperclovax", {"residual_multiplier": 0.5, "logits_scaling": 0.5}),

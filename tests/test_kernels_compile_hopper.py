@@ -4,9 +4,11 @@ The interpreter accepts code the compiler refuses (a scalar mask on a block load
 does not broadcast), so a kernel can pass every interpreter test and fail at its first launch on
 the GPU. Here the tensor-parallel and embedding kernels are compiled ahead of time for sm_90, no
 GPU needed (Triton's own PTX assembler), with their launches' constants; so are the mixture-of-experts
-kernels (the routing's group-limited choice included) and the split + rotary kernel with and
-without PDL. The compile runs in a child process: in this one the conftest's TRITON_INTERPRET=1
-made every kernel an interpreted function, which cannot be compiled.
+kernels (the routing's group-limited choice included), the split + rotary kernel with and
+without PDL, the FP8 per-token quantisation kernels (the FFN activation fused in) and the
+LayerNorm writing an E4M3 copy of its output. The compile runs in a child process: in this one
+the conftest's TRITON_INTERPRET=1 made every kernel an interpreted function, which cannot be
+compiled.
 """
 from __future__ import annotations
 
@@ -99,7 +101,9 @@ def compile_all() -> list[str]:
 
     from tritonformer.kernels import triton_allreduce as ar
     from tritonformer.kernels import triton_attention as ta
+    from tritonformer.kernels import fp8
     from tritonformer.kernels import triton_elementwise as te
+    from tritonformer.kernels import triton_fp8 as tf8
     from tritonformer.kernels import triton_kda as tk
     from tritonformer.kernels import triton_lightning as tlg
     from tritonformer.kernels import triton_moe as moe
@@ -129,14 +133,20 @@ def compile_all() -> list[str]:
     attention = {**{name: "*bf16" for name in ("Q", "K", "V", "Out")}, "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32",
                  **{f"stride_{t}": "i32" for t in ("qt", "qh", "kt", "kh", "vt", "vh", "ot", "oh")}, "qk_scale": "fp32",
                  "PartialOut": "*fp32", "PartialLse": "*fp32", "split_stride": "i32", "BlockTables": "*i32",
-                 "stride_bt": "i32", "window": "i32", "softcap_log2e": "fp32", "lookahead": "i32", "Sinks": "*fp32"}
+                 "stride_bt": "i32", "window": "i32", "softcap_log2e": "fp32", "lookahead": "i32", "Sinks": "*fp32",
+                 "Slopes": "*fp32"}
     # Llama 4's chunked attention (CHUNKED: the window's machinery with the chunk's lower edge), paged
     chunked = dict(GROUP=5, CAUSAL=True, PRECISION="tf32", BLOCK_D=128, PAGE=16, PDL=True, HAS_WINDOW=True,
-                   SOFTCAP=False, HEAD_DIM=128, D_PADDED=False, HAS_SINKS=False, CHUNKED=True)
+                   SOFTCAP=False, HEAD_DIM=128, D_PADDED=False, HAS_SINKS=False, CHUNKED=True, ALIBI=False)
+    # ALiBi (BLOOM-7B1's 32 heads of 128, one query head per KV head), paged, no window
+    alibi = dict(GROUP=1, CAUSAL=True, PRECISION="tf32", BLOCK_D=128, PAGE=16, PDL=True, HAS_WINDOW=False,
+                 SOFTCAP=False, HEAD_DIM=128, D_PADDED=False, HAS_SINKS=False, CHUNKED=False, ALIBI=True)
     split_rotary = {**{f"{name}_ptr": "*bf16" for name in ("src", "bias", "q", "k", "v", "cos", "sin", "qn", "kn")},
                     "sq_ptr": "*fp32", "slot_ptr": "*i64", "src_stride_t": "i32", "src_stride_h": "i32",
                     "cos_stride_t": "i32", "sin_stride_t": "i32", "n_q_heads": "i32", "n_kv_heads": "i32",
                     "head_dim": "i32", "half": "i32", "norm_eps": "fp32", "norm_ranks": "i32"}
+    quantize = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "K": "i32"}
+    fp8_consts = dict(MIN_AMAX=fp8.MIN_AMAX, FP8_MAX=fp8.E4M3_MAX)
     variants = [
         ("push", ar._push_all_reduce_kernel, plain, {**push, "BLOCK": 1024, "BITS": tl.int16}),
         ("push fp32", ar._push_all_reduce_kernel, {**plain, "x_ptr": "*fp32", "out_ptr": "*fp32"},
@@ -199,6 +209,10 @@ def compile_all() -> list[str]:
          dict(BLOCK_M=64, BLOCK_N=64, NUM_SPLITS=1, **chunked)),
         ("attention chunked split decode", ta._varlen_attention_kernel, attention,
          dict(BLOCK_M=16, BLOCK_N=64, NUM_SPLITS=8, **chunked)),
+        ("attention alibi prefill", ta._varlen_attention_kernel, attention,
+         dict(BLOCK_M=64, BLOCK_N=64, NUM_SPLITS=1, **alibi)),
+        ("attention alibi split decode", ta._varlen_attention_kernel, attention,
+         dict(BLOCK_M=16, BLOCK_N=32, NUM_SPLITS=16, **alibi)),
         ("split-rotary q/k norms", te._split_rotary_kernel, split_rotary,
          dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
               FULL_NORM=False, SUMMED=False, FULL_BLOCK=1024, PDL=True)),
@@ -225,6 +239,25 @@ def compile_all() -> list[str]:
         ("kda gated norm", tr._gated_rms_norm_kernel,
          {**{f"{name}_ptr": "*bf16" for name in ("o", "z", "w", "out")}, "n_heads": "i32", "stride_z": "i32",
           "eps": "fp32"}, dict(V=128, BV=128, SIGMOID=True)),
+        # FP8 per-token quantisation, and the FFN's activation fused into it: bert-base's 3,072-wide
+        # up projection output (one pass, erf GELU), the two-pass loop of rows longer than
+        # _ONE_PASS_K (tanh GELU, fp16), ReLU
+        ("fp8 quantize rows", tf8._quantize_rows_kernel, {"x_ptr": "*bf16", **quantize, "stride_xm": "i32"},
+         dict(**fp8_consts, BLOCK_K=1024, ONE_PASS=True)),
+        ("fp8 act-quantize gelu", tf8._act_quantize_rows_kernel, {"h_ptr": "*bf16", **quantize, "stride_hm": "i32"},
+         dict(**fp8_consts, BLOCK_K=4096, ONE_PASS=True, ACT=te.ACT_CODE["gelu"])),
+        ("fp8 act-quantize gelu_tanh two-pass", tf8._act_quantize_rows_kernel,
+         {"h_ptr": "*fp16", **quantize, "stride_hm": "i32"},
+         dict(**fp8_consts, BLOCK_K=tf8._CHUNK_K, ONE_PASS=False, ACT=te.ACT_CODE["gelu_tanh"])),
+        ("fp8 act-quantize relu", tf8._act_quantize_rows_kernel, {"h_ptr": "*bf16", **quantize, "stride_hm": "i32"},
+         dict(**fp8_consts, BLOCK_K=4096, ONE_PASS=True, ACT=te.ACT_CODE["relu"])),
+        # BERT's residual add + LayerNorm writing the E4M3 copy of its output as well (bert-base's 768)
+        ("layer-norm fp8 copy", tn._add_bias_residual_layer_norm_kernel,
+         {**{f"{n}_ptr": "*bf16" for n in ("x", "bias", "res", "w", "b", "out", "sum")}, "x_rows_ptr": "*i64",
+          "res_rows_ptr": "*i64", "q_ptr": "*fp8e4nv", "q_scale_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+          "eps": "fp32"},
+         dict(HAS_BIAS=True, HAS_RESIDUAL=True, WRITE_SUM=False, GATHER=False, ROWS=2, BLOCK=1024, ONE_TILE=True,
+              PDL=True, QUANT=True, **fp8_consts)),
     ]
     return [f"{name}: {'waits' if 'griddepcontrol.wait' in _compile(fn, args, consts).asm['ptx'] else 'no wait'}"
             for name, fn, args, consts in variants]
@@ -242,13 +275,18 @@ def test_interpreted_kernels_compile_for_hopper():
                  "moe route-align sparsemixer",
                  "moe route-chunk", "moe align-offsets", "moe scatter-chunk", "split-rotary q/k norms",
                  "split-rotary q/k norms over ranks",
-                 "attention chunked prefill", "attention chunked split decode"):
+                 "attention chunked prefill", "attention chunked split decode",
+                 "attention alibi prefill", "attention alibi split decode"):
         assert f"{name}: waits" in lines, done.stdout  # compiled, and launched with PDL it waits first
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
     assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
     assert "lightning decode: no wait" in lines, done.stdout  # (MiniMax's)
     assert "qk squares: no wait" in lines, done.stdout  # (OLMo 2's split norms: no PDL)
+    for name in ("fp8 quantize rows", "fp8 act-quantize gelu", "fp8 act-quantize gelu_tanh two-pass",
+                 "fp8 act-quantize relu"):
+        assert f"{name}: no wait" in lines, done.stdout  # (the FP8 linears' activation quantisation: no PDL)
+    assert "layer-norm fp8 copy: waits" in lines, done.stdout
     shared = {line.split(": shared ")[0]: int(line.split(": shared ")[1]) for line in lines if ": shared " in line}
     assert len(shared) == 9 and max(shared.values()) <= HOPPER_SHARED_BYTES, done.stdout
 

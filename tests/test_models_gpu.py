@@ -165,6 +165,36 @@ def test_decode_graph_replay_equals_eager():
     assert _cos_min(replayed, eager) >= 0.9999
 
 
+def test_alibi_decode_graph_replay_equals_eager():
+    """ALiBi's slopes (a device tensor made at load) read by captured decode iterations: a shrunk
+    BLOOM (6 heads of 64, its own slopes) replays the eager logits, 16 key splits included."""
+    from tritonformer.backend.decoder.graphs import DecodeGraphs
+    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
+    from tritonformer.client.model_shapes import random_decoder, shrunk
+
+    cfg = {**shrunk("bloom-560m", hidden=384, heads=6), "max_position_embeddings": 2048}
+    ours = random_decoder(cfg, CUDA, torch.float16)
+    assert ours.alibi_slopes.device.type == "cuda"
+    cache = ours.new_kv_cache(256, 16)
+    graphs = DecodeGraphs(ours, cache, 16, 64, torch.zeros(16, dtype=torch.long, device=CUDA))
+    graphs.warm_up()
+    gen = torch.Generator().manual_seed(8)
+    lengths = [700, 3, 129, 40, 1000]
+    tables, next_block = [], 0
+    for n in lengths:
+        nb = -(-(n + 1) // 16)
+        tables.append(list(range(next_block, next_block + nb)))
+        next_block += nb
+    prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in lengths]
+    ours.forward(build_batch([BatchEntry(p, 0, t, True) for p, t in zip(prompts, tables)], 16, CUDA), cache)
+    entries = [BatchEntry([7 + i], n, t, True) for i, (n, t) in enumerate(zip(lengths, tables))]
+    logits, _ = graphs.run(entries)
+    replayed = logits[: len(entries)].float()
+    eager = ours.forward(build_batch(entries, 16, CUDA), cache)
+    torch.testing.assert_close(replayed, eager, atol=2e-2, rtol=2e-2)
+    assert _cos_min(replayed, eager) >= 0.9999
+
+
 def _replays_equal_eager(batches, seed):
     """A 2-layer random bert-base: each batch of lengths run eagerly and replayed from its
     CUDA-graph bucket agree; returns the graphs (for their replay and capture counts)."""
@@ -277,17 +307,19 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "mimo-v2-flash",
                  "gpt-oss-20b", "ernie-4.5-21b-a3b", "dots.llm1", "starcoder2-3b", "stablelm-2-1.6b",
                  "nemotron-mini-4b", "arcee-afm", "jais2", "solar-open-100b", "phi-2", "pythia-6.9b",
-                 "flex-olmo-7x7b", "falcon-7b", "falcon-40b",
+                 "flex-olmo-7x7b", "falcon-7b", "falcon-40b", "bloom-560m", "bloom-7b1", "mpt-7b",
                  "starcoder-15b", "opt-125m", "gpt-j-6b", "cwm-32b",
                  "granite-swash-2b", "granitemoe-swa-3b", "olmo-7b", "nanochat-d32", "hyperclovax",
                  "mellum2-12b-a2.5b", "minimax-m2", "command-a-plus",
                  "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint", "trinity-mini",
                  "lfm2-1.2b", "lfm2-8b-a1b", "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
-                 "glm-4.7-flash", "youtu-llm-2b", "apertus-8b", "llama-4-scout",
+                 "glm-4.7-flash", "youtu-llm-2b", "mistral-small-4", "minicpm3-4b", "xglm-564m", "apertus-8b",
+                 "llama-4-scout",
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
                  "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
                  "lfm3-1.7b", "zamba2-2.7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
-                 "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01"]
+                 "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
+                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -314,19 +346,25 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # the first attending one (4).
 # MiniMax-Text-01: two layers (LAYER_LISTS: a lightning one, then softmax attention, where the published list's first
 # softmax layer is the 8th), 5.4B weights each in its 32 experts of 9,216 columns over 6,144.
+# Mistral-Small-4: two layers, 3.2B weights each in its 128 experts of 2,048 columns over 4,096 (fp32: 13 GB a layer).
+# Gemma-4-31B and 26B-A4B: six layers (LAYER_LISTS: five sliding ones and a full one, the published pattern's first
+# six), 0.48B weights a layer (31B) / 0.76B in 128 experts (26B); Gemma-4-E2B: all 35, its last 20 sharing keys
+# (2.3B weights in its per-layer embeddings).
 LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
           "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
           "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
           "dbrx-132b": 2, "qwen3-next-80b-a3b": 4, "qwen3.5-35b-a3b": 4, "granite-4.0-h-tiny": 40, "bamba-9b": 10,
           "zamba2-2.7b": 54, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
           "gemma-3n-e2b": 30, "phi-3.5-moe": 2, "minimax-text-01": 2,
-          "mimo-v2-flash": 2}
+          "mimo-v2-flash": 2, "mistral-small-4": 2, "gemma-4-31b": 6, "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
     "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4, "full_attn_layers": [4], "kda_layers": [1, 2, 3]}},
     "nemotron-3-nano-30b-a3b": {"hybrid_override_pattern": "MEMEM*EM"},
-    "minimax-text-01": {"layer_types": ["linear_attention", "full_attention"]}}
+    "minimax-text-01": {"layer_types": ["linear_attention", "full_attention"]},
+    "gemma-4-31b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+    "gemma-4-26b-a4b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -351,6 +389,9 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "hy3-preview", "flint", "trinity-mini", "glm-4.7-flash", "lfm2-8b-a1b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b",
         "granite-4.0-h-tiny", "kimi-linear-48b-a3b", "jamba-mini", "nemotron-3-nano-30b-a3b", "phi-3.5-moe",
         "mimo-v2-flash",
+        # Mistral-Small-4's top 4 of 128 experts by softmax probability, which transformers takes in the activation
+        # dtype: fp32 from the start (not yet measured in bf16)
+        "mistral-small-4",
         # (HF's Mamba and Mamba-2 models keep their residual stream in fp32, `residual_in_fp32`; ours is in the model's
         # dtype, so in bf16 HF's own model stays the closer one: checked in fp32, where the two are the same math)
         "mamba-2.8b", "mamba-codestral-7b",
@@ -359,7 +400,10 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "gemma-3n-e2b",
         # MiniMax-Text-01's top 2 of 32 experts and its bf16 lightning state in HF: on the H200 in bf16 ours was at cosine
         # 0.9576 at the second step where HF's own bf16 model was at 0.9571
-        "minimax-text-01"}
+        "minimax-text-01",
+        # Gemma-4-26B-A4B's top 8 of 128 experts by softmax, and Gemma-4-E2B (per-layer inputs as Gemma 3n's): fp32 from
+        # the start (not yet measured in bf16)
+        "gemma-4-26b-a4b", "gemma-4-e2b"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
@@ -375,7 +419,8 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
     torch.manual_seed(seed)
     # The experts as modeling_*.py writes them (a loop over the experts), not transformers' default
     # grouped-GEMM path for MoE models: the reference is the model's own math.
-    experts = {"experts_implementation": "eager"} if "num_experts_per_tok" in cfg else {}
+    experts = {"experts_implementation": "eager"} if "num_experts_per_tok" in cfg or cfg.get("enable_moe_block") \
+        else {}
     with torch.device(CUDA):
         hf = getattr(transformers, classes[model_type])._from_config(hf_cfg, attn_implementation="eager",
                                                                      dtype=torch.float32, **experts).eval()
@@ -391,13 +436,14 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
                 p.add_(torch.randn_like(p) * 0.5)
             elif name.endswith("altup.correct_output_scale"):  # (Gemma 3n's starts at zero: the per-layer inputs on)
                 p.add_(torch.randn_like(p))
-            elif model_type == "gemma3n_text" and name.endswith("self_attn.q_norm.weight"):
+            elif model_type in ("gemma3n_text", "gemma4_text") and name.endswith("self_attn.q_norm.weight"):
                 # Gemma 3n scores unscaled (scale 1): with q and k normed to 1 its 256-wide heads' scores spread
                 # at sqrt(256) = 16, near-argmax attention that over 30 layers turns fp32 rounding into other
                 # logits (on the CPU, 30 layers of its width and heads, MLPs of 512, a 700-token prompt: HF against
                 # itself with its weights * (1 + 1e-7 randn) at cosine 0.907, ours against HF at 0.973). q's norm
-                # at head_dim ** -0.5, the spread a 1 / sqrt(d) scale gives, makes it judgeable: both at 1.000000
-                p.mul_(hf_cfg.head_dim ** -0.5)
+                # at head_dim ** -0.5, the spread a 1 / sqrt(d) scale gives, makes it judgeable: both at 1.000000.
+                # Gemma 4 scores unscaled too, its heads 256 and 512 wide (each layer's own: the norm's width)
+                p.mul_(p.shape[0] ** -0.5)
     return hf, {k: v.to(dtype) for k, v in strip_prefixes_of(hf.state_dict()).items()}
 
 

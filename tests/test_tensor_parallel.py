@@ -45,7 +45,10 @@ def _checkpoint(tmp_path, name: str, hidden: int = 128, vocab: int = 320, heads:
     cfg = {**shrunk(name, layers=2, hidden=hidden, heads=heads, vocab=vocab), **(changes or {})}
     config = transformers.AutoConfig.for_model(**cfg)
     torch.manual_seed(3)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    # (Mistral 4's causal LM, which transformers' Auto class maps as a multimodal one only)
+    mistral4 = cfg["model_type"] == "mistral4"
+    model = (transformers.Mistral4ForCausalLM._from_config(config, dtype=torch.float32) if mistral4
+             else transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)).eval()
     with torch.no_grad():  # norms away from 1, so a norm taken whole vs split would show (and the
         # biases and gpt-oss's sinks away from 0, so one split or added twice would)
         for pname, p in model.named_parameters():
@@ -169,6 +172,9 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # AltUp, LAuReL and the per-layer gates whole
            "gemma3n": ("gemma-3n-e2b", {"initializer_range": 0.05}),
            "minimax-m2-kv2": ("minimax-m2", {"num_key_value_heads": 2}),
+           # ALiBi: each rank its heads' slopes (BLOOM's, MPT's, Falcon-RW's over sqrt(head_dim))
+           "falcon-rw-alibi": ("falcon-7b", {"alibi": True, "multi_query": False, "parallel_attn": False,
+                                             "bias": True}),
            "hunyuan-moe": {"model_type": "hunyuan_v1_moe", "head_dim": 16, "num_experts": 8, "moe_topk": 2,
                            "rope_parameters": {"rope_type": "dynamic", "alpha": 1e3, "factor": 1.0, "rope_theta": 1e4}}}
 
@@ -195,6 +201,10 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("trinity-mini", 16), ("persimmon-8b", 8),
                                            ("deepseek-v3", 8), ("deepseek-v2-lite", 8), ("glm-4.7-flash", 8),
                                            ("youtu-llm-2b", 8), ("apertus-8b", 8),
+                                           # (latent attention: Mistral 4's queries scaled by position, its softmax
+                                           # experts; MiniCPM3's muP scalars folded into each rank's weights)
+                                           ("mistral-small-4", 8), ("minicpm3-4b", 8),
+                                           ("xglm-564m", 8),  # (each rank: the sinusoidal table built whole)
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
                                            ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),
                                            ("lfm2-bias", 8), ("mamba-codestral-7b", 8),
@@ -205,7 +215,8 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            # gated DeltaNet)
                                            ("olmo-2-7b", 8), ("olmoe-1b-7b", 8), ("flex-olmo-7x7b", 8),
                                            ("minimax-m2-kv2", 8), ("olmo-hybrid-7b", 8),
-                                           ("zamba2", 8), ("zamba2-adapters", 8), ("gemma3n", 8)])
+                                           ("zamba2", 8), ("zamba2-adapters", 8), ("gemma3n", 8),
+                                           ("bloom-560m", 8), ("mpt-7b", 8), ("falcon-rw-alibi", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])

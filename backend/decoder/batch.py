@@ -55,25 +55,27 @@ class DecoderBatch:
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, scale: float | None = None,
                   window: int | None = None, softcap: float | None = None,
-                  sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, chunk: int | None = None,
+                  alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of every row against its sequence's cached keys (this iteration's
         already written). `scale` (default 1/sqrt(head_dim)), `window` (sliding window: the last
         `window` keys), `softcap` (score soft-capping) and `sinks` (gpt-oss's per-head sink
         logits, `[num_heads]`) and `chunk` (Llama 4's chunked attention: the keys of the query's
-        chunk of `chunk` positions, up to its own) as in `kernels.paged_attention`."""
+        chunk of `chunk` positions, up to its own) and `alibi_slopes` (ALiBi's per-head slopes, `[num_heads]`
+        fp32 on the device) as in `kernels.paged_attention`."""
         out = torch.empty_like(q)
         d = self.num_decode
         if d:
             kernels.paged_attention(
                 q[:d], k_cache, v_cache, self.decode_tables, self.decode_cu_q, self.decode_seqlens, True,
                 scale=scale, max_seqlen_q=1, out=out[:d], num_splits=self.decode_splits, window=window, softcap=softcap,
-                sinks=sinks, chunk=chunk,
+                sinks=sinks, chunk=chunk, alibi_slopes=alibi_slopes,
             )
         if self.prefill_cu_q is not None:
             kernels.paged_attention(
                 q[d:], k_cache, v_cache, self.prefill_tables, self.prefill_cu_q, self.prefill_seqlens, True,
                 scale=scale, max_seqlen_q=self.prefill_max_q, out=out[d:], window=window, softcap=softcap,
-                sinks=sinks, chunk=chunk,
+                sinks=sinks, chunk=chunk, alibi_slopes=alibi_slopes,
             )
         return out
 

@@ -41,7 +41,8 @@ from tritonformer import kernels
 from tritonformer.backend.encoder.activation_arena import ActivationArena, UsageRecord
 from tritonformer.backend.checkpoints.weights import weight_getter
 from tritonformer.backend.models.encoder import ClassifierLabels, first_token_rows
-from tritonformer.kernels.fp8 import Fp8Weight, cat_rows
+from tritonformer.kernels import fp8
+from tritonformer.kernels.fp8 import Fp8Activation, Fp8Weight, cat_rows
 
 # config `hidden_act` (DistilBERT: `activation`) -> kernels.linear_act's activation
 _FFN_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -315,10 +316,15 @@ class BertEncoder:
         if self.emb_proj is not None:
             h = linear_into(h, *self.emb_proj, bufs["hidden"])
         head_dim = hsz // cfg.num_heads
-        for layer in self.layers:
+        # FP8 linears on many rows read their input quantised per token: the LayerNorm before an
+        # FP8 QKV or FFN up projection writes that E4M3 copy too (`fp8_out`), so the linear skips
+        # its own quantisation pass; h_fp8 / h1_fp8 are None where no FP8 linear takes one.
+        h_fp8 = None
+        for i, layer in enumerate(self.layers):
             # The QKV bias rides in the GEMM's epilogue; q, k and v are strided views of its
             # output (the attention kernel reads strides), so no split/copy pass is needed.
-            qkv = linear_into(h, layer["qkv_w"], layer["qkv_b"], bufs["qkv"]).view(-1, 3, cfg.num_heads, head_dim)
+            qkv = linear_into(h if h_fp8 is None else h_fp8, layer["qkv_w"], layer["qkv_b"],
+                              bufs["qkv"]).view(-1, 3, cfg.num_heads, head_dim)
             ctx = bufs["ctx"]
             ctx = None if ctx is None else ctx.view(-1, cfg.num_heads, head_dim)
             if self.relative_bias is None:
@@ -328,13 +334,22 @@ class BertEncoder:
                 ctx = kernels.relative_bias_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, self.relative_bias,
                                                       max_seqlen=max_seqlen, out=ctx)
             attn_out = linear_into(ctx.reshape(-1, hsz), layer["out_w"], None, bufs["attn_out"])
+            h1_fp8 = _fp8_operand(layer["ffn_in_w"], total, hsz, self.dtype, h.device)
             h1 = kernels.add_bias_residual_layer_norm(
-                attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=bufs["h1"]
+                attn_out, layer["out_b"], h, *layer["ln1"], cfg.layer_norm_eps, out=bufs["h1"], fp8_out=h1_fp8
             )
-            ffn = kernels.linear_act(h1, layer["ffn_in_w"], layer["ffn_in_b"], self.activation, out=bufs["ffn"])
+            # FP8 FFN on many rows: the down projection takes the activation quantised, act + quantise in
+            # one pass after the up projection's GEMM (`fp8_out`, kernels/triton_fp8.py); ffn is then an
+            # Fp8Activation, not written to bufs["ffn"]. Elsewhere fp8_out changes nothing.
+            ffn = kernels.linear_act(h1 if h1_fp8 is None else h1_fp8, layer["ffn_in_w"], layer["ffn_in_b"],
+                                     self.activation, out=bufs["ffn"],
+                                     fp8_out=isinstance(layer["ffn_out_w"], Fp8Weight))
             ffn_out = linear_into(ffn, layer["ffn_out_w"], None, bufs["ffn_out"])
+            following = self.layers[i + 1]["qkv_w"] if i + 1 < len(self.layers) else None
+            h_fp8 = _fp8_operand(following, total, hsz, self.dtype, h.device)
             h = kernels.add_bias_residual_layer_norm(
-                ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps, out=h if arena is not None else None
+                ffn_out, layer["ffn_out_b"], h1, *layer["ln2"], cfg.layer_norm_eps,
+                out=h if arena is not None else None, fp8_out=h_fp8
             )
         return h
 
@@ -347,10 +362,11 @@ def from_hf(cfg: dict) -> BertConfig:
 MODEL = BertEncoder
 
 
-def linear_into(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
+def linear_into(x: torch.Tensor | Fp8Activation, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
                 out: torch.Tensor | None):
     """x @ weight^T (+ bias in the GEMM epilogue), into `out` when given (an arena view). An FP8
-    weight runs kernels.linear_act, which routes it (kernels/fp8.py). The encoder families' linears
+    weight runs kernels.linear_act, which routes it (kernels/fp8.py) and takes x quantised
+    already (an Fp8Activation: a previous FP8 linear's `fp8_out`). The encoder families' linears
     (BERT's, ModernBERT's, DeBERTa's)."""
     if isinstance(weight, Fp8Weight):
         return kernels.linear_act(x, weight, bias, out=out)
@@ -359,6 +375,12 @@ def linear_into(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.T
     if bias is None:
         return torch.mm(x, weight.t(), out=out)
     return torch.addmm(bias, x, weight.t(), out=out)
+
+
+def _fp8_operand(weight, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> Fp8Activation | None:
+    """An empty Fp8Activation `[rows, width]` for a norm to fill where a linear of `weight` takes
+    its input quantised (an FP8 weight on many rows: fp8.quantizes_activations), else None."""
+    return Fp8Activation.empty(rows, width, dtype, device) if fp8.quantizes_activations(weight, rows) else None
 
 
 def sinusoidal_table(positions: int, width: int) -> torch.Tensor:

@@ -131,6 +131,8 @@ DECODER_FAMILIES = {
     "gemma3": "gemma3",
     "gemma3n_text": "gemma3n",  # (AltUp streams, LAuReL, per-layer inputs, KV shared by the last layers)
     "gemma3n": "gemma3n",  # (Gemma 3n's multimodal checkpoint: its text model)
+    "gemma4_text": "gemma4",  # (per-layer head shapes, values from keys, per-layer inputs, shared KV, experts)
+    "gemma4": "gemma4",  # (Gemma 4's multimodal checkpoint: its text model)
     "phi3": "phi3",
     "granite": "granite",
     "granitemoe": "granitemoe",
@@ -166,6 +168,8 @@ DECODER_FAMILIES = {
     "deepseek_v2": "deepseek_v2",
     "glm4_moe_lite": "glm4_moe_lite",
     "youtu": "youtu",
+    "mistral4": "mistral4",  # (Mistral Small 4: latent attention, softmax experts, Llama 4's query scaling)
+    "minicpm3": "minicpm3",  # (latent attention with muP's scalars)
     "dots1": "dots1",
     "solar_open": "solar_open",
     "olmo": "olmo",
@@ -198,12 +202,15 @@ DECODER_FAMILIES = {
     "persimmon": "persimmon",
     "gpt_neox": "gpt_neox",
     "falcon": "falcon",
+    "bloom": "bloom",  # (ALiBi, a LayerNorm on the embeddings)
+    "mpt": "mpt",  # (ALiBi, LayerNorms without biases)
     "gpt_bigcode": "gpt_bigcode",
     "opt": "opt",
     "gptj": "gptj",
     "codegen": "codegen",
     "gpt_neo": "gpt_neo",
     "biogpt": "biogpt",
+    "xglm": "xglm",  # (OPT's block with fairseq's sinusoidal positions)
     "nanochat": "nanochat",
     "gpt2": "gpt2",
 }

@@ -7,8 +7,21 @@ architecture" (40B, 180B, 11B) `num_kv_heads` groups of query heads, each follow
 and value heads. Attention and the MLP run side by side (`parallel_attn`; always in the new
 architecture) on one LayerNorm, or each on its own (`ln_attn`, `ln_mlp`: the new
 architecture's default, `num_ln_in_parallel_attn` 2); without `parallel_attn`, one after the
-other. Its layers are `h.{i}` and its names older configs' (`n_layer`, `n_head`); ALiBi
-(`alibi`) is refused."""
+other. Its layers are `h.{i}` and its names older configs' (`n_layer`, `n_head`).
+
+With `alibi` (Falcon-RW-1B / -7B) ALiBi in place of the rotary: query head h's score of key
+position k for the query at position p is (q.k + m_h * (k - p)) / sqrt(head_dim), the bias added
+before the scaling, as the original RefinedWeb code and transformers' SDPA path do (they add m_h * k:
+the same up to a constant per query row, which the softmax cancels). The slopes are BLOOM's
+(bloom.alibi_slopes) rounded to bfloat16, as transformers rounds them, then divided by
+sqrt(head_dim) here once, in fp32. (transformers also rounds each product m_h * k to bfloat16, exact
+for its power-of-two slopes (up to 8 heads) below 256 positions, and its eager attention adds the
+biases twice, once in the scores and once more in the mask: its SDPA path is the model's math.)"""
+import math
+
+import torch
+
+from tritonformer.backend.models.bloom import alibi_slopes
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, config_renamed,
                                                      layers_renamed, plain_activation, spec_from_hf)
 
@@ -22,8 +35,6 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
-    if cfg.get("alibi"):
-        raise ValueError("Falcon with ALiBi (alibi) is not supported (supported: alibi false)")
     cfg = config_renamed(cfg, _OLD_KEYS)
     heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     new_arch = bool(cfg.get("new_decoder_architecture", False))
@@ -41,9 +52,14 @@ def from_hf(cfg: dict) -> DecoderSpec:
                         mlp_norm="ln_mlp" if two_norms else "post_attention_layernorm",
                         embed="word_embeddings.weight", final_norm="ln_f.weight")
     cfg.update(num_key_value_heads=kv_heads, intermediate_size=cfg.get("ffn_hidden_size") or 4 * hidden)
+    alibi = None
+    if cfg.get("alibi"):  # (no rotary; the slopes rounded as transformers rounds them, over sqrt(head_dim))
+        rounded = torch.tensor(alibi_slopes(heads), dtype=torch.float32).bfloat16().float()
+        alibi = tuple((rounded / math.sqrt(hidden // heads)).tolist())
     return spec_from_hf(cfg, tie_default=True, norm_eps=cfg.get("layer_norm_epsilon", 1e-5), layer_norm=True,
                         norm_bias=True, gated_mlp=False, activation=act, mlp_bias=bias, qkv_bias=bias, o_bias=bias,
                         parallel_block=new_arch or bool(cfg.get("parallel_attn", True)), parallel_mlp_norm=two_norms,
+                        alibi_slopes=alibi, rope_layers=(False,) * cfg["num_hidden_layers"] if alibi else (),
                         names=names)
 
 

@@ -45,7 +45,14 @@ and runs it. What differs between the families is data, read here in one place:
     nope_temperature  (floor_scale, attn_scale): on the NoPE layers each query times
                      log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1 at its position p, in
                      fp32 (Llama 4's attention temperature tuning)
+    query_scaling    (beta, original): on every layer each query times 1 + beta * log(1 + floor(p / original)) at
+                     its position p, rounded to the activation dtype as transformers does (Mistral 4's
+                     `llama_4_scaling_beta`; exactly 1 below `original`)
     rope_layers      per layer: whether it rotates q and k (SmolLM3's NoPE layers do not)
+    alibi_slopes     ALiBi (BLOOM, MPT, Falcon-RW): one slope per query head, every layer's score of key
+                     position k for the query at position p plus slope * (k - p) after the scaling, in fp32
+                     (kernels.paged_attention's alibi_slopes); a device tensor made once at load (this rank's
+                     heads' under tensor parallelism), which the decode graphs read as they are
     attn_scale       query scale (Gemma: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5)
     attn_softcap     tanh soft-capping of attention scores (Gemma 2)
     final_softcap    tanh soft-capping of the logits (Gemma 2)
@@ -187,6 +194,8 @@ class DecoderSpec:
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
     layer_chunks: tuple[int | None, ...] = ()  # empty: no layer's attention is chunked
     nope_temperature: tuple[float, float] | None = None
+    alibi_slopes: tuple[float, ...] | None = None  # one per query head (ALiBi), None: no linear biases
+    query_scaling: tuple[float, int] | None = None  # (beta, original): see the module's docstring
     rope_layers: tuple[bool, ...] = ()  # empty: every layer rotates q and k
     attn_scale: float | None = None
     attn_softcap: float | None = None
@@ -274,6 +283,9 @@ class DecoderSpec:
             raise ValueError("q/k norms after the rotary need per-head qk_norm")
         if self.clip_qkv is not None and (self.qk_norm or self.mla):
             raise ValueError("a clamped QKV projection (clip_qkv) is supported without q/k norms or latent attention")
+        if self.alibi_slopes is not None and (len(self.alibi_slopes) != self.num_heads or self.mla):
+            raise ValueError(f"{len(self.alibi_slopes)} ALiBi slopes for {self.num_heads} heads (one per query head; "
+                             f"supported without latent attention)")
         if self.qk_norm_bias and (not self.qk_norm or self.qk_norm_full or self.qk_norm_after_rope):
             raise ValueError("q/k LayerNorms with biases are per-head norms (qk_norm) before the rotary")
 
@@ -458,6 +470,11 @@ class TransformerDecoder(DecoderModel):
             if head_b:
                 self.output_head_b = self._vocab_rows(state[checked(head_b, (c.vocab_size,))])
         self.position_embed = None  # (learned_positions: the rows of positions 0, 1, ...)
+        self.alibi_slopes = None  # (alibi_slopes: this rank's heads' slopes, fp32 on the device)
+        alibi_part = None
+        if c.alibi_slopes is not None:
+            alibi_part = c.alibi_slopes[heads_part.start:heads_part.stop] if heads_part else c.alibi_slopes
+            self.alibi_slopes = torch.tensor(alibi_part, dtype=torch.float32, device=device)
         if c.learned_positions:
             table = w(n.positions, c.position_offset + c.position_rows, hidden,
                       rows=slice(0, c.position_offset + c.max_position_embeddings))
@@ -539,7 +556,7 @@ class TransformerDecoder(DecoderModel):
             return dict(qkv_w=qkv_w, qkv_b=qkv_b, q_norm=q_norm, k_norm=k_norm, q_norm_b=q_norm_b, k_norm_b=k_norm_b,
                         o_w=scaled(w(p + n.o + ".weight", hidden, o_cols, cols=o_part), c.residual_scale),
                         # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
-                        o_b=w(p + n.o + ".bias", hidden) if c.o_bias and first_rank else None,
+                        o_b=scaled(w(p + n.o + ".bias", hidden), c.residual_scale) if c.o_bias and first_rank else None,
                         sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None, mla=mla,
                         # (the output gate's rows are split by heads as Q's are)
                         attn_gate_w=(w(p + n.attn_gate + ".weight", q_rows, hidden, rows=q_part)
@@ -612,7 +629,7 @@ class TransformerDecoder(DecoderModel):
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
             heads = tp.world if c.attends else 1
             self.config = replace(c, num_heads=c.num_heads // heads, num_kv_heads=c.num_kv_heads // heads,
-                                  intermediate_size=c.intermediate_size // tp.world,
+                                  intermediate_size=c.intermediate_size // tp.world, alibi_slopes=alibi_part,
                                   moe=c.moe.split(tp.world) if c.moe else None)
 
     @staticmethod
@@ -861,8 +878,13 @@ class TransformerDecoder(DecoderModel):
             floor_scale, strength = c.nope_temperature
             t = torch.log1p(torch.floor((batch.positions.float() + 1.0) / floor_scale)) * strength + 1.0
             q = (q.float() * t[:, None, None]).to(q.dtype)
+        if c.query_scaling is not None:  # every layer's q times its position's factor, rounded to q's dtype first
+            beta, original = c.query_scaling
+            t = 1.0 + beta * torch.log(1.0 + torch.floor(batch.positions.float() / original))
+            q = q * t.to(q.dtype)[:, None, None]
         ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
-                              softcap=c.attn_softcap, sinks=layer.sinks, chunk=layer.chunk)
+                              softcap=c.attn_softcap, sinks=layer.sinks, chunk=layer.chunk,
+                              alibi_slopes=self.alibi_slopes)
         if gate is not None:
             ctx = kernels.sigmoid_mul(ctx, gate)
         if layer.mla is not None:  # (each head's values, past their zero padding)

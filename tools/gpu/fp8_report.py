@@ -26,8 +26,12 @@
   * one GEMM of M=32768, K=768, N=3072 (bert-base's FFN up-projection at that batch): bf16
     cuBLAS vs torch._scaled_mm with row-wise scales, alone and with the per-token activation
     quantisation kernel;
+  * the FP8 FFN's activation at that batch (`[32768, 3072]` bf16): the GELU pass then the down
+    projection's quantisation pass (the unfused path) vs the fused act + quantise kernel
+    (triton_fp8.act_quantize_rows_fp8, what the encoder runs);
   * `--parts encoder-profile`: bert-base's (64, 512) forward under torch.profiler, bf16 and fp8,
-    its kernels' time per forward by name;
+    its kernels' time per forward by name, and the activation passes' sum (`_quantize_rows_kernel`,
+    `_act_quantize_rows_kernel`, `_bias_gelu_kernel`);
   * `--parts crossover`: the llama-3.1-8b FP8 decode step at batches 8-64, weight-only against
     the FP8 tensor cores (where fp8.WEIGHT_ONLY_MAX_ROWS belongs).
 
@@ -310,6 +314,9 @@ def encoder_speed(dev) -> None:
         f"{ms['fp8']:.2f}", f"{ms['none'] / ms['fp8']:.2f}x faster (target > 1)")
 
 
+_ACTIVATION_PASSES = ("_quantize_rows_kernel", "_act_quantize_rows_kernel", "_bias_gelu_kernel")
+
+
 def encoder_profile(dev, top: int = 14) -> None:
     """Where bert-base's (64, 512) forward spends its GPU time, bf16 against fp8: torch.profiler's CUDA
     kernels over 5 forwards, summed by kernel name (us per forward), the largest `top` of each side."""
@@ -343,6 +350,9 @@ def encoder_profile(dev, top: int = 14) -> None:
             print("| us per forward | launches | kernel |\n|---:|---:|---|")
             for us, n, key in rows[:top]:
                 print(f"| {us:,.0f} | {n:.0f} | {key[:110]} |")
+            passes = {key: (us, n) for us, n, key in rows if any(k in key for k in _ACTIVATION_PASSES)}
+            print(f"\nactivation passes (quantise, act + quantise, GELU): {sum(u for u, _ in passes.values()):,.0f} "
+                  f"us per forward: " + ", ".join(f"{k} {u:,.0f} us x {n:.0f}" for k, (u, n) in passes.items()))
             del model
             torch.cuda.empty_cache()
 
@@ -370,6 +380,21 @@ def gemm_speed(dev) -> None:
         f"{mm:.3f} ({tflops(mm):.0f})", f"{bf16 / mm:.2f}x faster")
     row("GEMM 32768x768x3072", "ms: with per-token quantisation of A (kernel alone)", f"{bf16:.3f}",
         f"{both:.3f} ({quant:.3f})", f"{bf16 / both:.2f}x faster (target > 1)")
+
+
+def act_quantize_speed(dev) -> None:
+    """The FP8 FFN's activation on bert-base's (64, 512) up-projection output: the unfused path's
+    two passes (bias_gelu's kernel in place, then the down projection's quantisation) against the
+    fused act + quantise kernel, which never writes the bf16 activation."""
+    from tritonformer.kernels import dispatch, triton_fp8
+
+    m, n = 32768, 3072
+    h = torch.randn(m, n, device=dev, generator=torch.Generator(device=dev).manual_seed(0)).to(torch.bfloat16)
+    work = torch.empty_like(h)  # (the path runs the GELU in place: the same bytes read and written)
+    unfused = cuda_ms(lambda: triton_fp8.quantize_rows_fp8(dispatch.bias_gelu(h, None, "none", out=work)))
+    fused = cuda_ms(lambda: triton_fp8.act_quantize_rows_fp8(h, "gelu"))
+    row("FFN activation 32768x3072 bf16", "ms: GELU pass + quantise pass vs act + quantise in one",
+        f"{unfused:.3f}", f"{fused:.3f}", f"{unfused / fused:.2f}x faster")
 
 
 def main() -> int:
@@ -414,6 +439,7 @@ def main() -> int:
         encoder_profile(dev)
     if "speed" in parts:
         gemm_speed(dev)
+        act_quantize_speed(dev)
         encoder_speed(dev)
         decoder_speed(dev, bandwidth)
     print(f"\n## FP8 report, {name} ({time.perf_counter() - t0:.0f} s)")

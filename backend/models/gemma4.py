@@ -1,0 +1,461 @@
+"""Gemma 4 (text): `gemma4_text`, and the text model of a multimodal `gemma4` checkpoint (Gemma-4-E2B / E4B / 26B-A4B /
+31B), text in and text out, as transformers' Gemma4TextModel / Gemma4ForCausalLM compute it.
+
+Every RMSNorm here is x * (mean(x^2) + eps)^-1/2 in fp32 times its weight as it is (no 1 + w), rounded to x's dtype.
+With e the token embeddings times sqrt(H) (the scale rounded to the table's dtype), layer i of L:
+
+    x = x + RMSNorm_pa(W_o Attention_i(RMSNorm_in(x)))
+    m = RMSNorm_ff(x)
+    f = W_down (gelu_tanh(W_gate m) * W_up m)
+    MoE layers (`enable_moe_block`, the 26B-A4B): f = RMSNorm_f1(f) + RMSNorm_f2(Experts(RMSNorm_ff2(x), route(x)))
+    x = x + RMSNorm_pf(f)
+    per-layer inputs (`hidden_size_per_layer_input` P > 0, the E models):
+        x = x + RMSNorm_ppl(W_proj (gelu_tanh(W_g x) * u_i))
+    x = x * s_i                                                        (`layer_scalar`, one learnt scalar per layer)
+
+then h = RMSNorm_final(x); logits = cap * tanh((E h) / cap) where `final_logit_softcapping` is set (head tied to the
+embeddings unless `tie_word_embeddings` is false and the checkpoint has one).
+
+The attention of layer i: sliding layers (`layer_types` "sliding_attention") have heads of `head_dim` over
+`num_key_value_heads` KV heads, the last `sliding_window` keys (the query's own included), the default rotary of
+their base; full layers heads of `global_head_dim` (512) over `num_global_key_value_heads` where `attention_k_eq_v`
+(else `num_key_value_heads`), or whatever a config's `per_layer_config` says per layer, all keys, the 'proportional'
+rotary (rope.py: the first int(partial_rotary_factor * d // 2) frequency pairs (j, j + d/2) of the whole head turn,
+the rest do not). q = rope(RMSNorm_q(W_q n)), k = rope(RMSNorm_k(W_k n)) per head, v = RMSNorm(W_v n) per head without
+a weight; on full layers with `attention_k_eq_v` there is no W_v: v = RMSNorm(W_k n), the key projection's output
+before k's norm and rotary. Scores are not scaled (scale 1): the q / k norms set their size.
+
+Per-layer inputs (as Gemma 3n's): with E_pl the per-layer table (`embed_tokens_per_layer`, [V_pl, L P]) and W_pl
+`per_layer_model_projection`, u_i = (RMSNorm_pl((W_pl e) * H^-1/2)_i + E_pl[id]_i * sqrt(P)) * 2^-1/2, the two scales
+Python floats as transformers applies them (ids past V_pl, which transformers cannot look up, read row 0 here).
+
+KV sharing (`num_kv_shared_layers`, the E models): the last layers compute only q and attend over the keys and values
+of the last earlier layer of their type (transformers' kv_sharing_modes "store" / "reuse"); their MLPs are twice as
+wide where `use_double_wide_mlp`. The cache holds the other layers only, each at its own (KV heads, head dim): the
+paged cache keeps one tensor per distinct shape (decoder/kv_cache.py's layer_shapes), so nothing is padded (the 31B's
+full layers hold 4 x 512 per token beside the sliding layers' 16 x 256; one padded shape would cost 1.09x there and
+1.7x on E2B, whose full layers' single KV head is 512 wide beside 256).
+
+The experts (26B-A4B): route(x) = the top `top_k_experts` of softmax(W_r (RMSNorm(x) * s * H^-1/2)) in fp32 (RMSNorm
+without a weight, s the router's `scale`, over the layer's input x, not m), renormalised to sum to 1, each weight
+times the expert's `per_expert_scale` (folded into its down projection at load, a linear map: in bf16 the folded
+weights round once where transformers rounds the weighted outputs); expert j is
+W_down_j (gelu_tanh(W_gate_j y) * W_up_j y) over y = RMSNorm_ff2(x), the chosen ones' outputs weighted and summed
+(kernels.moe_mlp).
+
+Decode rows are one batched pass per layer (the linears through kernels.linear_act, q / k norms, rotary and the cache
+write through kernels.qkv_to_cache, the attention over the paged cache, the experts through kernels.moe_mlp, the rest
+plain element-wise ops): no host sync, nothing per sequence, as a CUDA graph replays it.
+
+`use_bidirectional_attention` "vision" (the larger multimodal checkpoints') makes only image tokens attend both ways:
+text tokens attend causally, as transformers masks a text-only input, so it is served as None is.
+
+Refused by name: `use_bidirectional_attention` "all" (every token both ways: an encoder), a `hidden_activation`
+other than gelu_pytorch_tanh, `attention_bias`, `layer_types` other than sliding_attention / full_attention, a
+`num_kv_shared_layers` whose shared layers have no earlier layer of their type (transformers' own error), a
+`per_layer_config` entry other than a layer's head_dim / num_key_value_heads, MoE without its sizes, tensor
+parallelism (the full layers' 1 to 4 KV heads and the experts do not split as the other families do; not built) and
+FP8 linears (decoder.py: the spec is not the shared decoder's)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from tritonformer import kernels
+from tritonformer.backend.decoder.batch import DecoderBatch
+from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.models.decoder import DecoderModel, eos_ids
+from tritonformer.backend.models.multimodal import text_part
+from tritonformer.backend.models.rope import Rope, params_by_layer_type
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+# transformers' Gemma4TextConfig rotary where a config has none
+DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}
+
+
+@dataclass(frozen=True)
+class Gemma4Spec:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # the sliding layers' (what the decode graphs size their key splits by)
+    head_dim: int  # the sliding layers'
+    norm_eps: float
+    rope: Rope  # the full-attention layers'
+    local_rope: Rope  # the sliding layers'
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    intermediate_sizes: tuple[int, ...]  # per layer (double-wide on shared layers where use_double_wide_mlp)
+    layer_windows: tuple[int | None, ...]  # per layer: the sliding window, or None (full attention)
+    layer_heads: tuple[tuple[int, int], ...]  # per layer: (KV heads, head dim)
+    values_from_keys: tuple[bool, ...]  # per layer: v is W_k's output (attention_k_eq_v on a full layer)
+    kv_sources: tuple[int, ...]  # per layer: the layer whose keys and values it attends over (itself, or shared)
+    per_layer_size: int = 0  # hidden_size_per_layer_input (0: no per-layer inputs)
+    per_layer_vocab: int = 262144
+    final_softcap: float | None = None
+    num_experts: int = 0  # 0: no experts (enable_moe_block false)
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    norm_offset: ClassVar[float] = 0.0  # (norm weights applied as they are: model_shapes draws them around 1)
+
+    def check_split(self, tp) -> None:
+        """decoder._check_split: Gemma 4 is not split over tensor-parallel ranks."""
+        raise ValueError("tensor parallelism is not supported for model_type 'gemma4_text' (Gemma 4: its layers' "
+                         "different head shapes, a full layer's 1 to 4 KV heads and its experts are not split; "
+                         "supported: tensor_parallel_size 1)")
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor a checkpoint holds, by name (the model prefix stripped): client/model_shapes.tensor_shapes."""
+        h, p, layers = self.hidden_size, self.per_layer_size, self.num_layers
+        shapes = {"embed_tokens.weight": (self.vocab_size, h), "norm.weight": (h,)}
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (self.vocab_size, h)
+        if p:
+            shapes.update({"embed_tokens_per_layer.weight": (self.per_layer_vocab, layers * p),
+                           "per_layer_model_projection.weight": (layers * p, h),
+                           "per_layer_projection_norm.weight": (p,)})
+        for i, inter in enumerate(self.intermediate_sizes):
+            kv, d = self.layer_heads[i]
+            q = self.num_heads * d
+            layer = {"self_attn.q_proj.weight": (q, h), "self_attn.q_norm.weight": (d,),
+                     "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (inter, h),
+                     "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter), "layer_scalar": (1,)}
+            if self.kv_sources[i] == i:
+                layer.update({"self_attn.k_proj.weight": (kv * d, h), "self_attn.k_norm.weight": (d,)})
+                if not self.values_from_keys[i]:
+                    layer["self_attn.v_proj.weight"] = (kv * d, h)
+            norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"]
+            if p:
+                layer.update({"per_layer_input_gate.weight": (p, h), "per_layer_projection.weight": (h, p)})
+                norms.append("post_per_layer_input_norm")
+            if self.num_experts:
+                e, m = self.num_experts, self.moe_intermediate_size
+                layer.update({"router.proj.weight": (e, h), "router.scale": (h,), "router.per_expert_scale": (e,),
+                              "experts.gate_up_proj": (e, 2 * m, h), "experts.down_proj": (e, h, m)})
+                norms += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"]
+            layer.update({f"{norm}.weight": (h,) for norm in norms})
+            shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
+        return shapes
+
+
+def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
+    """A multimodal Gemma 4 checkpoint (model_type gemma4): its text model's config and tensors."""
+    if cfg.get("model_type") != "gemma4":
+        return cfg, state
+    return text_part(cfg, state, "gemma4_text")
+
+
+def kv_sources(layer_types: list[str], shared: int) -> tuple[int, ...]:
+    """Per layer the layer whose keys and values it reads: itself, or for the last `shared` layers the last layer
+    before them of the same type (transformers' kv_sharing_modes)."""
+    layers = len(layer_types)
+    first = layers - shared
+    if not 0 <= shared < layers:
+        raise ValueError(f"unsupported Gemma 4 num_kv_shared_layers {shared} (supported: num_kv_shared_layers from 0 "
+                         f"to {layers - 1}, the shared layers after at least one that keeps its keys)")
+    sources = list(range(layers))
+    for i in range(first, layers):
+        earlier = [j for j in range(first) if layer_types[j] == layer_types[i]]
+        if not earlier:
+            raise ValueError(f"unsupported Gemma 4 num_kv_shared_layers {shared}: shared layer {i} "
+                             f"({layer_types[i]}) has no earlier layer of its type to read (supported: "
+                             f"num_kv_shared_layers whose layers' types each have a layer before them)")
+        sources[i] = earlier[-1]
+    return tuple(sources)
+
+
+def _layer_types(cfg: dict, layers: int) -> list[str]:
+    """The config's layer_types, or transformers' default (every 6th layer full); the last layer full either way."""
+    types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                            for i in range(layers)])
+    if len(types) != layers or not set(types) <= set(LAYER_TYPES):
+        raise ValueError(f"unsupported Gemma 4 layer_types {types!r} (supported: layer_types sliding_attention / "
+                         f"full_attention for each of the {layers} layers)")
+    types[-1] = "full_attention"  # (as transformers forces it)
+    return types
+
+
+def _layer_heads(cfg: dict, types: list[str], kv: int, head_dim: int) -> list[tuple[int, int]]:
+    """Per layer (KV heads, head dim): a config.json's `global_head_dim` / `num_global_key_value_heads` on the full
+    layers (the latter only where attention_k_eq_v, as transformers reads it), or a saved config's `per_layer_config`
+    (layer index -> head_dim / num_key_value_heads overrides)."""
+    heads = [(kv, head_dim)] * len(types)
+    overrides = cfg.get("per_layer_config")
+    if overrides is None:
+        global_kv = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
+        full = (global_kv or kv, cfg.get("global_head_dim") or 512)
+        return [full if t == "full_attention" else h for t, h in zip(types, heads)]
+    for key, values in dict(overrides).items():
+        try:
+            layer = int(key)
+        except (TypeError, ValueError):
+            layer = -1
+        if not 0 <= layer < len(types) or not isinstance(values, dict) or \
+                set(values) - {"head_dim", "num_key_value_heads"}:
+            raise ValueError(f"unsupported Gemma 4 per_layer_config entry {key!r}: {values!r} (supported: "
+                             f"per_layer_config by layer index of head_dim / num_key_value_heads)")
+        heads[layer] = (values.get("num_key_value_heads") or kv, values.get("head_dim") or head_dim)
+    return heads
+
+
+def from_hf(cfg: dict) -> Gemma4Spec:
+    if cfg.get("use_bidirectional_attention") not in (None, "vision"):
+        raise ValueError(f"unsupported Gemma 4 use_bidirectional_attention {cfg['use_bidirectional_attention']!r} "
+                         f"(supported: use_bidirectional_attention None, or 'vision', whose text tokens attend "
+                         f"causally: text in, text out)")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported Gemma 4 hidden_activation {act!r} (supported: hidden_activation "
+                         f"gelu_pytorch_tanh)")
+    if cfg.get("attention_bias"):
+        raise ValueError("Gemma 4 with attention_bias is not supported (supported: attention_bias false, as "
+                         "published)")
+    layers, hidden = cfg.get("num_hidden_layers", 30), cfg.get("hidden_size", 2304)
+    heads = cfg.get("num_attention_heads", 8)
+    kv, head_dim = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or 256
+    types = _layer_types(cfg, layers)
+    layer_heads = _layer_heads(cfg, types, kv, head_dim)
+    if any(heads % n for n, _ in layer_heads):
+        raise ValueError(f"unsupported Gemma 4 KV heads {sorted({n for n, _ in layer_heads})} for {heads} attention "
+                         f"heads (supported: num_key_value_heads that divide num_attention_heads)")
+    sources = kv_sources(types, cfg.get("num_kv_shared_layers") or 0)
+    inter = cfg.get("intermediate_size", 9216)
+    double = bool(cfg.get("use_double_wide_mlp"))
+    moe = bool(cfg.get("enable_moe_block"))
+    experts, top_k, moe_inter = (cfg.get("num_experts"), cfg.get("top_k_experts"), cfg.get("moe_intermediate_size"))
+    if moe and not (experts and top_k and moe_inter and 0 < top_k <= experts):
+        raise ValueError(f"unsupported Gemma 4 enable_moe_block with num_experts {experts}, top_k_experts {top_k}, "
+                         f"moe_intermediate_size {moe_inter} (supported: enable_moe_block with num_experts, "
+                         f"top_k_experts (at most num_experts) and moe_intermediate_size set)")
+    max_positions = cfg.get("max_position_embeddings", 131072)
+    params = cfg.get("rope_parameters") or DEFAULT_ROPE
+    full, local = params_by_layer_type({"rope_parameters": params})
+    window = cfg.get("sliding_window") or 512
+    return Gemma4Spec(
+        vocab_size=cfg.get("vocab_size", 262144), hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv, head_dim=head_dim, norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope=Rope.from_hf(full or DEFAULT_ROPE["full_attention"], 1_000_000.0, max_positions),
+        local_rope=Rope.from_hf(local or DEFAULT_ROPE["sliding_attention"], 10_000.0, max_positions),
+        max_position_embeddings=max_positions, tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+        bos_token_id=cfg.get("bos_token_id", 2), eos_token_ids=eos_ids({"eos_token_id": 1, **cfg}),
+        intermediate_sizes=tuple(inter * (2 if double and sources[i] != i else 1) for i in range(layers)),
+        layer_windows=tuple(window if t == "sliding_attention" else None for t in types),
+        layer_heads=tuple(layer_heads),
+        values_from_keys=tuple(bool(cfg.get("attention_k_eq_v")) and t == "full_attention" for t in types),
+        kv_sources=sources, per_layer_size=cfg.get("hidden_size_per_layer_input") or 0,
+        per_layer_vocab=cfg.get("vocab_size_per_layer_input") or cfg.get("vocab_size", 262144),
+        final_softcap=cfg.get("final_logit_softcapping"),
+        num_experts=experts if moe else 0, top_k=top_k if moe else 0, moe_intermediate_size=moe_inter if moe else 0)
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv_w: torch.Tensor  # [q; k; v] rows, [q; k] where v is k's output, or q's only in a layer that reads another's
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor | None
+    o_w: torch.Tensor
+    attn_post_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up_w: torch.Tensor  # [gate; up]
+    down_w: torch.Tensor
+    mlp_post_norm: torch.Tensor
+    scalar: torch.Tensor  # [1]: layer_scalar
+    kv_heads: int
+    head_dim: int
+    window: int | None
+    values_from_keys: bool
+    kv_index: int  # the cache layer it attends over (its own, or its source's)
+    writes_kv: bool
+    gate_pl_w: torch.Tensor | None = None  # [P, H]
+    proj_pl_w: torch.Tensor | None = None  # [H, P]
+    pl_norm: torch.Tensor | None = None
+    router_w: torch.Tensor | None = None  # [E, H]
+    router_scale: torch.Tensor | None = None  # [H]
+    experts_gate_up: torch.Tensor | None = None  # [E, 2I, H]
+    experts_down: torch.Tensor | None = None  # [E, H, I], times each expert's per_expert_scale
+    moe_pre_norm: torch.Tensor | None = None  # pre_feedforward_layernorm_2
+    mlp_post_norm_1: torch.Tensor | None = None
+    moe_post_norm: torch.Tensor | None = None  # post_feedforward_layernorm_2
+
+
+class Gemma4Decoder(DecoderModel):
+    """Gemma 4's text model over the paged KV cache (see the module's docstring)."""
+
+    def __init__(self, config: Gemma4Spec, state, device, dtype, tp=None):
+        if tp is not None:
+            config.check_split(tp)
+        super().__init__(config, state, device, dtype)
+        c = config
+        shapes = c.tensor_shapes()
+
+        def read(name: str) -> torch.Tensor:
+            if name not in state:
+                raise KeyError(f"checkpoint is missing weight {name!r}")
+            if tuple(state[name].shape) != shapes[name]:
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
+                                 f"(hidden {c.hidden_size}, {c.num_heads} heads, per layer (KV heads, head dim) "
+                                 f"{sorted(set(c.layer_heads))}, per-layer inputs {c.per_layer_size}, "
+                                 f"{c.num_experts} experts) needs {shapes[name]}")
+            return self.weight(name)
+
+        self.embed = read("embed_tokens.weight")
+        untied = not c.tie_word_embeddings and "lm_head.weight" in state
+        self.set_output_head(read("lm_head.weight") if untied else self.embed)
+        self.final_norm = read("norm.weight")
+        if c.per_layer_size:
+            self.per_layer_embed = read("embed_tokens_per_layer.weight")
+            self.per_layer_proj = read("per_layer_model_projection.weight")
+            self.per_layer_norm = read("per_layer_projection_norm.weight")
+        self.ones = {d: torch.ones(d, device=device, dtype=dtype) for d in {d for _, d in c.layer_heads}}
+        self.ones[c.hidden_size] = torch.ones(c.hidden_size, device=device, dtype=dtype)  # (the router's norm)
+        full_dims = {d for (_, d), w in zip(c.layer_heads, c.layer_windows) if w is None}
+        local_dims = {d for (_, d), w in zip(c.layer_heads, c.layer_windows) if w is not None}
+        # rotary tables by (local, head dim): the full layers' proportional one, the sliding layers' default one
+        self.tables = {**{(False, d): c.rope.cos_sin(c.max_position_embeddings, d, device) for d in full_dims},
+                       **{(True, d): c.local_rope.cos_sin(c.max_position_embeddings, d, device) for d in local_dims}}
+        kv_index: dict[int, int] = {}
+        self.kv_shapes: list[tuple[int, int]] = []
+        self.layers: list[_Layer] = []
+        for i, source in enumerate(c.kv_sources):
+            p = f"layers.{i}."
+            own = source == i
+            kv, d = c.layer_heads[source]
+            if own:
+                kv_index[i] = len(kv_index)
+                self.kv_shapes.append((kv, d))
+            rows = [read(p + "self_attn.q_proj.weight")]
+            if own:
+                rows.append(read(p + "self_attn.k_proj.weight"))
+                if not c.values_from_keys[i]:
+                    rows.append(read(p + "self_attn.v_proj.weight"))
+            layer = _Layer(
+                attn_norm=read(p + "input_layernorm.weight"), qkv_w=torch.cat(rows),
+                q_norm=read(p + "self_attn.q_norm.weight"),
+                k_norm=read(p + "self_attn.k_norm.weight") if own else None,
+                o_w=read(p + "self_attn.o_proj.weight"), attn_post_norm=read(p + "post_attention_layernorm.weight"),
+                mlp_norm=read(p + "pre_feedforward_layernorm.weight"),
+                gate_up_w=torch.cat([read(p + "mlp.gate_proj.weight"), read(p + "mlp.up_proj.weight")]),
+                down_w=read(p + "mlp.down_proj.weight"), mlp_post_norm=read(p + "post_feedforward_layernorm.weight"),
+                scalar=read(p + "layer_scalar"), kv_heads=kv, head_dim=d, window=c.layer_windows[i],
+                values_from_keys=c.values_from_keys[source], kv_index=kv_index[source], writes_kv=own)
+            if c.per_layer_size:
+                layer.gate_pl_w = read(p + "per_layer_input_gate.weight")
+                layer.proj_pl_w = read(p + "per_layer_projection.weight")
+                layer.pl_norm = read(p + "post_per_layer_input_norm.weight")
+            if c.num_experts:
+                layer.router_w = read(p + "router.proj.weight")
+                layer.router_scale = read(p + "router.scale")
+                layer.experts_gate_up = read(p + "experts.gate_up_proj")
+                scale = state[p + "router.per_expert_scale"]
+                if tuple(scale.shape) != shapes[p + "router.per_expert_scale"]:
+                    read(p + "router.per_expert_scale")  # (raises, naming the shapes)
+                down = state[p + "experts.down_proj"]
+                read(p + "experts.down_proj")  # (its shape checked)
+                layer.experts_down = (down.float() * scale.float()[:, None, None].to(down.device)).to(
+                    device=device, dtype=dtype).contiguous()
+                layer.moe_pre_norm = read(p + "pre_feedforward_layernorm_2.weight")
+                layer.mlp_post_norm_1 = read(p + "post_feedforward_layernorm_1.weight")
+                layer.moe_post_norm = read(p + "post_feedforward_layernorm_2.weight")
+            self.layers.append(layer)
+        self.num_kv_layers = len(kv_index)  # (the sharing layers hold none of their own)
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """One cache layer per layer that keeps its keys, each at its own (KV heads, head dim)."""
+        c = self.config
+        return PagedKVCache(self.num_kv_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device,
+                            self.dtype, layer_shapes=self.kv_shapes)
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * sum(kv * d for kv, d in self.kv_shapes) * self.dtype.itemsize
+
+    @torch.inference_mode()
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
+        """One iteration over the batch's packed tokens; `[S, vocab]` logits of the rows in `batch.logits_index`."""
+        return self.logits(self.hidden_states(batch, cache), fp32_logits)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return kernels.rms_norm(x, weight, self.config.norm_eps)[0]
+
+    def _per_layer_inputs(self, ids: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """u `[T, L, P]`: each layer's per-layer input of each token, from its id and e."""
+        c = self.config
+        rows, p = e.shape[0], c.per_layer_size
+        held = torch.where((ids >= 0) & (ids < c.per_layer_vocab), ids, torch.zeros_like(ids))
+        table = kernels.embedding_part(held, self.per_layer_embed, 0, p ** 0.5).view(rows, c.num_layers, p)
+        projected = kernels.linear_act(e, self.per_layer_proj) * (c.hidden_size ** -0.5)
+        projected = self._norm(projected.view(rows * c.num_layers, p), self.per_layer_norm)
+        return (projected.view(rows, c.num_layers, p) + table) * (2.0 ** -0.5)
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
+        """The final norm's rows `[S, hidden]` for the rows in `batch.logits_index`."""
+        c = self.config
+        ids = batch.input_ids
+        x = kernels.embedding_part(ids, self.embed, 0, c.hidden_size ** 0.5)
+        per_layer = self._per_layer_inputs(ids, x) if c.per_layer_size else None
+        cos_sin = {key: table[batch.positions] for key, table in self.tables.items()}
+        for i, layer in enumerate(self.layers):
+            x = self._layer(x, None if per_layer is None else per_layer[:, i], layer, batch, cache,
+                            cos_sin[(layer.window is not None, layer.head_dim)])
+        if not batch.logits_every_row:
+            x = x[batch.logits_index]
+        return self._norm(x, self.final_norm)
+
+    def _layer(self, x: torch.Tensor, per_layer: torch.Tensor | None, layer: _Layer, batch: DecoderBatch,
+               cache: PagedKVCache, cos_sin: torch.Tensor) -> torch.Tensor:
+        """One decoder layer over the rows x `[T, H]` (see the module's docstring)."""
+        x = x + self._norm(self._attend(self._norm(x, layer.attn_norm), layer, batch, cache, cos_sin),
+                           layer.attn_post_norm)
+        pre = kernels.PreNorm(layer.mlp_norm, None, self.config.norm_eps)
+        f = kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, None, "gelu_tanh_mul", prenorm=pre),
+                               layer.down_w)
+        if layer.experts_down is not None:
+            f = self._norm(f, layer.mlp_post_norm_1) + self._norm(self._experts(x, layer), layer.moe_post_norm)
+        x = x + self._norm(f, layer.mlp_post_norm)
+        if per_layer is not None:
+            gated = kernels.linear_act(x, layer.gate_pl_w, activation="gelu_tanh") * per_layer
+            x = x + self._norm(kernels.linear_act(gated, layer.proj_pl_w), layer.pl_norm)
+        return x * layer.scalar
+
+    def _experts(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """The experts' weighted sum over RMSNorm_ff2(x), routed by softmax(W_r (RMSNorm(x) * s * H^-1/2))."""
+        c = self.config
+        routed = self._norm(x, self.ones[c.hidden_size]) * layer.router_scale * (c.hidden_size ** -0.5)
+        logits = kernels.linear_act(routed, layer.router_w)
+        return kernels.moe_mlp(self._norm(x, layer.moe_pre_norm), logits, layer.experts_gate_up, layer.experts_down,
+                               c.top_k, True, None, "gelu_tanh_mul", "softmax")
+
+    def _attend(self, x: torch.Tensor, layer: _Layer, batch: DecoderBatch, cache: PagedKVCache,
+                cos_sin: torch.Tensor) -> torch.Tensor:
+        """The attention's output projection `[T, H]` over the normalised rows x: q (and k, v where the layer
+        keeps its own, into its cache layer) normalised per head and rotated; keys and values those of its
+        cache layer (its own or its source's); scores unscaled."""
+        c = self.config
+        rows, d, kv = x.shape[0], layer.head_dim, layer.kv_heads
+        cos, sin = cos_sin[:, 0], cos_sin[:, 1]
+        keys, values = cache.keys(layer.kv_index), cache.values(layer.kv_index)
+        qkv = kernels.linear_act(x, layer.qkv_w)
+        if layer.writes_kv:
+            v_start = (c.num_heads + kv) * d
+            if layer.values_from_keys:  # v from W_k's output, before k's norm and rotary
+                qkv = torch.cat([qkv, qkv[:, c.num_heads * d : v_start]], dim=1)
+            qkv[:, v_start:] = self._norm(qkv[:, v_start:].reshape(-1, d), self.ones[d]).view(rows, -1)
+            q = kernels.qkv_to_cache(qkv, None, c.num_heads, kv, d, cos, sin, keys, values, batch.slot_mapping,
+                                     q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=c.norm_eps)
+        else:
+            q = self._norm(qkv.view(-1, d), layer.q_norm).view(rows, c.num_heads, d)
+            q = kernels.apply_rotary(q, cos, sin)
+        ctx = batch.attention(q, keys, values, scale=1.0, window=layer.window)
+        return kernels.linear_act(ctx.reshape(rows, -1), layer.o_w)
+
+
+MODEL = Gemma4Decoder
