@@ -623,6 +623,21 @@ JAMBA_MINI = {
     "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256, "mamba_conv_bias": True,
     "mamba_proj_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
 }
+# google/recurrentgemma-2b's config.json (model_type recurrent_gemma), from memory of the published file: 26 layers
+# at 2,560 wide in turn recurrent, recurrent, attention (block_types); RG-LRU width 2,560 in 10 heads of 256, a conv
+# of 4 taps; local attention over 2,048 tokens, 10 query heads of 256 over one KV head, half of each head rotating
+# (base 10,000); the MLP 7,680 wide (intermediate_size 15,360, halved by transformers); logits soft-capped at 30; a
+# 256,000-token vocabulary, the head tied. Uncertain: intermediate_size 15,360 (transformers' default is 3 x 2,560,
+# which would make the MLP 3,840 wide).
+RECURRENTGEMMA_2B = {
+    "model_type": "recurrent_gemma", "vocab_size": 256000, "hidden_size": 2560, "intermediate_size": 15360,
+    "num_hidden_layers": 26, "num_attention_heads": 10, "num_key_value_heads": 1, "head_dim": 256,
+    "lru_width": 2560, "attention_window_size": 2048, "conv1d_width": 4, "logits_soft_cap": 30.0,
+    "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh", "partial_rotary_factor": 0.5,
+    "rope_theta": 10000.0, "block_types": ["recurrent", "recurrent", "attention"], "attention_bias": False,
+    "embeddings_scale_by_sqrt_dim": True, "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+    "pad_token_id": 0,
+}
 # LiquidAI/LFM2-1.2B's config.json (model_type lfm2), from memory of the published file: 16 layers at 2,048 wide,
 # six of them attending (full_attn_idxs; later revisions also write them as layer_types), the other ten gated short
 # convolutions of 3 taps; 32 query heads of 64 over 8 KV heads with q / k norms; block_ff_dim 12,288 auto-adjusted
@@ -939,6 +954,12 @@ DEEPSEEK_V3 = {
                      "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
 }
+# deepseek-ai/DeepSeek-V3.2 (model_type deepseek_v32; DeepSeek-V3.2-Exp's shape too): DeepSeek-V3's (above) with
+# DeepSeek Sparse Attention's indexer in every layer (64 heads of 128, the top 2,048 keys a query), as recalled (not
+# read from the file); served dense up to index_topk (2,048) tokens a sequence. Uncertain: whether the published
+# config.json names `rope_scaling` or `rope_parameters` (the values are DeepSeek-V3's). FP8 weights as published.
+DEEPSEEK_V3_2 = {**DEEPSEEK_V3, "model_type": "deepseek_v32", "index_topk": 2048, "index_head_dim": 128,
+                 "index_n_heads": 64}
 # deepseek-ai/DeepSeek-V2-Lite (model_type deepseek_v2, 16B in all, 2.4B active), its config.json's values as
 # recalled (not read from the file): latent attention without a query latent (16 heads, q_proj straight from the
 # hidden row), keys and values from a latent of 512 plus a shared 64-dim rotary key, YaRN with mscale_all_dim
@@ -968,6 +989,23 @@ GLM_4_7_FLASH = {
     "norm_topk_prob": True, "routed_scaling_factor": 1.8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
     "rope_interleave": True, "max_position_embeddings": 202752, "attention_bias": False, "tie_word_embeddings": False,
     "bos_token_id": 0, "eos_token_id": 1,
+}
+# zai-org/GLM-5 (model_type glm_moe_dsa, 744B in all, 40B active; GLM-5.1's shape too), as transformers'
+# GlmMoeDsaConfig defaults to it and GLM-5's report lists it: 78 layers at 6,144 wide, latent attention at 64 heads (a
+# query latent of 2,048, a key / value latent of 512 plus a shared 64-dim rotary key, 192 + 64 query / key dims and
+# 256 value dims a head), DSA's indexer of 32 heads of 128 keeping the top 2,048 keys (served dense up to 2,048 tokens
+# a sequence); the first 3 layers dense (12,288 columns), then 256 experts of 2,048, the top 8 by sigmoid score plus a
+# learnt bias, renormalised, scaled by 2.5, one shared expert; 202,752 positions. Uncertain: the rope base and token ids
+# (transformers' defaults: 10,000; 0 and 1), the experts' groups (1 of 1) and scale (2.5: transformers' defaults), and
+# the indexer kinds (every layer "full", transformers' default rule).
+GLM_5 = {
+    "model_type": "glm_moe_dsa", "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64,
+    "q_lora_rank": 2048, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 202752, "index_topk": 2048, "index_head_dim": 128,
+    "index_n_heads": 32, "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
 }
 # The shape transformers' YoutuConfig defaults to (tencent/Youtu-LLM-2B, model_type youtu): Llama's block at 2,048
 # wide, 32 layers, a dense MLP of 6,144 columns, with DeepSeek-V3's latent attention at 16 heads (a query latent of
@@ -1164,6 +1202,7 @@ DECODER_SHAPES = {
     "llama-4-scout": LLAMA_4_SCOUT,
     "flint": FLINT,
     "trinity-mini": TRINITY_MINI,
+    "recurrentgemma-2b": RECURRENTGEMMA_2B,
     "lfm2-1.2b": LFM2_1_2B,
     "lfm2-8b-a1b": LFM2_8B_A1B,
     "lfm3-1.7b": LFM3_1_7B,
@@ -1179,6 +1218,8 @@ DECODER_SHAPES = {
     "glm-4.5-air": GLM_4_5_AIR,
     "dots.llm1": DOTS_LLM1,
     "deepseek-v3": DEEPSEEK_V3,
+    "deepseek-v3.2": DEEPSEEK_V3_2,
+    "glm-5": GLM_5,
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "glm-4.7-flash": GLM_4_7_FLASH,
     "youtu-llm-2b": YOUTU_LLM_2B,
@@ -1283,6 +1324,11 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
             cfg["block_ff_dim"] = cfg["intermediate_size"]
         if "num_dense_layers" in cfg:
             cfg["num_dense_layers"] = min(cfg["num_dense_layers"], 1)
+    if "lru_width" in cfg:  # RecurrentGemma: the RG-LRU as wide as hidden (8 heads of 16), a recurrent layer then an
+        # attending one in turn over the few, a window of `window` tokens
+        cfg.update(lru_width=hidden, block_types=["recurrent", "attention"])
+        if window:
+            cfg["attention_window_size"] = window
     if "mamba_n_heads" in cfg:  # Mamba-2 hybrids: 8 heads over expand x hidden, a small state, 16-token chunks (so
         # that the prompts cross them), a Mamba-2 layer then an attending one in turn over the few
         cfg.update(mamba_n_heads=8, mamba_d_head=cfg.get("mamba_expand", 2) * hidden // 8, mamba_d_state=16,
@@ -1318,6 +1364,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     if "kv_lora_rank" in cfg:  # latent attention (DeepSeek): its ranks and head dims an eighth of the published
         for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             cfg[key] = cfg[key] // 8 if cfg.get(key) else cfg.get(key)
+    if "index_topk" in cfg:  # DSA's indexer (DeepSeek-V3.2, GLM-5): 4 heads, an eighth of the published head width
+        cfg.update(index_n_heads=4, index_head_dim=cfg["index_head_dim"] // 8)
     if "linear_num_value_heads" in cfg:  # gated DeltaNet (Qwen3-Next, Qwen3.5): 2 key heads, the value heads' ratio
         ratio = cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"]  # kept, heads as wide as attention's
         cfg.update(linear_num_key_heads=2, linear_num_value_heads=2 * ratio, linear_key_head_dim=2 * hidden // heads,
@@ -1406,6 +1454,8 @@ def random_decoder(name_or_config, device, dtype, max_model_len: int | None = No
     for name, shape in tensor_shapes(spec).items():
         t = torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
         state[name] = t.add_(1.0 - spec.norm_offset) if _is_norm_weight(name) else t
+    if max_model_len is not None and hasattr(spec, "check_max_model_len"):  # (a benchmark's length, as a cap: DSA's
+        max_model_len = min(max_model_len, spec.max_position_embeddings)  # families refuse one past index_topk)
     return load_decoder(cfg, state, device, dtype, max_model_len, quantization=quantization)
 
 

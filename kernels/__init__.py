@@ -40,6 +40,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     qkv_to_cache,
     qk_squares,
     relative_bias_attention,
+    rglru_decode,
     rms_norm,
     rotary_cos_sin,
     rotary_in_place,

@@ -790,6 +790,40 @@ def selective_scan_decode(x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c:
     return ((y + D * xf) * F.silu(z).float()).to(dtype)
 
 
+def rglru_decode(x: torch.Tensor, y: torch.Tensor, input_gate_w: torch.Tensor, input_gate_b: torch.Tensor,
+                 a_gate_w: torch.Tensor, a_gate_b: torch.Tensor, a_rate: torch.Tensor, state: torch.Tensor,
+                 slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One decode step of RecurrentGemma's RG-LRU per row (models/recurrent_gemma.py): from its convolved row x
+    `[rows, W]` and its GELU branch y `[rows, W]` (the model's dtype, rows at any stride), per head h of the
+    W / H channels of a block (weights `[H, B, B]`, biases `[H, B]`, the model's dtype) the input gate
+    i = sigmoid(x_h W_i + b_i) and the recurrence gate r = sigmoid(x_h W_a + b_a); log a = -8 r a_rate (a_rate
+    `[W]`: softplus of the recurrent parameter, in the model's dtype), a = exp(log a); the input normalised
+    x i sqrt(1 - a^2) (at position 0: x i, and a = 0); the state h `[W]` at its slot (`state` `[slots, W]` fp32,
+    updated in place) h = a h + that, in fp32; returns h (rounded) times y. Every step before the state rounds to
+    the model's dtype as Hugging Face computes it there (each op's result in the model's dtype)."""
+    dtype = x.dtype
+    rows, width = x.shape
+    heads, block = input_gate_w.shape[:2]
+
+    def r(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).float()
+
+    xf = x.float()
+    xh = xf.view(rows, heads, block)
+    gi = r(torch.sigmoid(r(torch.einsum("thi,hij->thj", xh, input_gate_w.float()) + input_gate_b.float())))
+    ga = r(torch.sigmoid(r(torch.einsum("thi,hij->thj", xh, a_gate_w.float()) + a_gate_b.float())))
+    log_a = r(-8.0 * ga.reshape(rows, width) * a_rate.float())
+    a = r(torch.exp(log_a))
+    multiplier = r(torch.sqrt(r(1.0 - r(torch.exp(2.0 * log_a)))))
+    reset = (positions == 0)[:, None]
+    multiplier = torch.where(reset, torch.ones_like(multiplier), multiplier)
+    a = torch.where(reset, torch.zeros_like(a), a)
+    normed = r(r(xf * gi.reshape(rows, width)) * multiplier)
+    new = a * state.index_select(0, slots) + normed
+    state.index_copy_(0, slots, new)
+    return (r(new) * y.float()).to(dtype)
+
+
 SCAN_ELEMENTS = 1 << 24  # selective_scan_chunk's block: at most this many [tokens, intermediate, state] fp32 values
 
 

@@ -297,6 +297,21 @@ CASES = [
         "rope_scaling": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
                          "mscale_all_dim": 1.0, "llama_4_scaling_beta": 1.0, "partial_rotary_factor": 0.5}}),
+    # DeepSeek-V3.2 / GLM-5 (DeepSeek Sparse Attention, its index_topk of 2,048 past these sequences: dense latent
+    # attention, the indexers read-checked only): DeepSeek-V3's block with a query latent, YaRN with mscale_all_dim, a
+    # dense first layer then sigmoid experts among the best 4 of 8 groups; GLM-5's sizes (value heads as wide as the
+    # query / key heads), its groups of 1; and GLM-5 with "shared" indexer layers (no indexer tensors: index_topk_freq
+    # 2), experts first and third (mlp_layer_types over first_k_dense_replace), YaRN with mscale unlike mscale_all_dim,
+    # groups, unrenormalised, attention biases
+    ("deepseek-v3.2", "deepseek-v3.2", {"first_k_dense_replace": 1}),
+    ("glm-5", "glm-5", {"first_k_dense_replace": 1}),
+    ("glm-5-shared-indexers-moe-first-yarn-groups-biases", "glm-5", {
+        "num_hidden_layers": 3, "index_topk_freq": 2, "first_k_dense_replace": 1,
+        "mlp_layer_types": ["sparse", "dense", "sparse"], "n_group": 4, "topk_group": 2,
+        "norm_topk_prob": False, "attention_bias": True,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "original_max_position_embeddings": 64, "mscale": 0.707,
+                            "mscale_all_dim": 1.0}}),
     # MiniCPM3: latent attention with Llama's rotate-half rotary and narrower value heads, longrope, muP's embedding,
     # residual and logit scalars, a tied head; and queries from q_proj, attention and MLP biases (o_proj's scaled
     # with the residual branch, here by 4 / sqrt(2): the published 1.4 / sqrt(2) is near 1), an untied head
@@ -512,6 +527,17 @@ CASES = [
                                                "partial_rotary_factor": 0.25},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
         "initializer_range": 0.1}),
+    # RecurrentGemma: an RG-LRU recurrent layer (a conv state and a recurrent state per sequence), a local multi-query
+    # attending one (8 tokens, half of each head rotating, a bias on o_proj) and a recurrent one again; and attention
+    # first, q / k / v biases, 2 KV heads, a conv of 3 taps, an RG-LRU wider than hidden (8 heads of 24), another
+    # rotary base (greedy only: transformers' cache of a one-token sequence is hidden wide, so the iterations' HF
+    # side cannot run an RG-LRU of another width). Weights drawn wider (w_init_variance_scale 1, transformers' own
+    # initialisation: at 0.01 the scaled embeddings drown the layers and every continuation repeats its last token)
+    ("recurrent-gemma", "recurrentgemma-2b", {"num_hidden_layers": 3, "w_init_variance_scale": 1.0}),
+    ("recurrent-gemma-attention-first-biases-gqa-wide-lru", "recurrentgemma-2b", {
+        "num_hidden_layers": 3, "block_types": ["attention", "recurrent", "recurrent"], "attention_bias": True,
+        "num_key_value_heads": 2, "conv1d_width": 3, "lru_width": 192, "rope_theta": 500.0,
+        "w_init_variance_scale": 1.0}),
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = {**transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -592,6 +618,7 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "flint", "afmoe", "persimmon",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
+                   "deepseek-v3.2", "glm-5-shared-indexers-moe-first-yarn-groups-biases",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
                    "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
                    "nemotron-h-biases-mlp-less-end", "nemotron-h-moe", "nemotron-h-moe-latent-groups-unnormalised",
@@ -602,6 +629,7 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "minimax", "minimax-attention-first-windowed-betas-mha",
                    "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
+                   "recurrent-gemma",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
                    "gemma3n", "gemma3n-untied-second-stream-active-uneven-mlps",
                    "gemma4-31b", "gemma4-full-first-own-values-untied", "gemma4-e2b", "gemma4-26b-a4b")
@@ -768,6 +796,10 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("deepseek-v2-lite", {"norm_topk_prob": True}, "norm_topk_prob"),
     ("deepseek-v2-lite", {"mlp_bias": True}, "mlp_bias"),
     ("deepseek-v3", {"v_head_dim": 32}, "v_head_dim"),
+    ("deepseek-v3.2", {"q_lora_rank": None}, "q_lora_rank"),  # (transformers builds q_a / q_b only)
+    ("deepseek-v3.2", {"rope_interleave": False}, "rope_interleave"),  # (transformers interleaves whatever it says)
+    ("glm-5", {"indexer_types": ["shared", "full"]}, "indexer_types"),  # (a shared layer needs a full one before it)
+    ("glm-5", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("glm-4.7-flash", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
     ("xglm-564m", {"add_cross_attention": True}, "add_cross_attention"),
@@ -798,6 +830,12 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("lfm2-1.2b", {"use_pos_enc": False}, "use_pos_enc"),
     ("lfm2-1.2b", {"block_use_swiglu": False}, "block_use_swiglu"),
     ("lfm2-8b-a1b", {"layer_types": None}, "layer_types"),
+    ("recurrentgemma-2b", {"block_types": ["recurrent", "mlp"]}, "block_types"),
+    ("recurrentgemma-2b", {"hidden_activation": "gelu"}, "hidden_activation"),
+    ("recurrentgemma-2b", {"conv1d_width": 1}, "conv1d_width"),
+    ("recurrentgemma-2b", {"lru_width": 100}, "lru_width"),
+    ("recurrentgemma-2b", {"embeddings_scale_by_sqrt_dim": False}, "embeddings_scale_by_sqrt_dim"),
+    ("recurrentgemma-2b", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type"),
     ("mamba-2.8b", {"hidden_act": "gelu"}, "hidden_act"),
     ("mamba-2.8b", {"conv_kernel": 1}, "conv_kernel"),
     ("mamba-codestral-7b", {"num_heads": 4}, "num_heads"),
@@ -909,6 +947,25 @@ def test_lfm2_reads_its_published_config_as_transformers_does():
     assert lfm2.mlp_width({**cfg, "block_ff_dim": 1000, "block_auto_adjust_ff_dim": False}) == 1000
 
 
+def test_recurrent_gemma_reads_its_published_config_as_transformers_does():
+    """RecurrentGemma-2B's config: transformers' head_dim (hidden / heads), half of each head rotating, the MLP half
+    of intermediate_size, the layers' kinds, the bf16 embedding scale; tensor parallelism refused by name."""
+    from tritonformer.backend.models import recurrent_gemma
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+
+    cfg = DECODER_SHAPES["recurrentgemma-2b"]
+    spec = recurrent_gemma.from_hf(cfg)
+    hf = transformers.RecurrentGemmaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+    assert (spec.head_dim, spec.rotary_dim, spec.num_kv_heads) == (hf.head_dim, hf.head_dim // 2, 1)
+    assert spec.intermediate_size == hf.intermediate_size // 2 and spec.embed_scale == 50.5
+    kinds = ["attention" if kind is None else "recurrent" for kind in spec.mixers]
+    assert kinds == [t.replace("linear_attention", "recurrent").replace("sliding_attention", "attention")
+                     for t in hf.layers_block_type]
+    assert {spec.window(i) for i in range(spec.num_layers) if spec.mixer(i) is None} == {2048}
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for the recurrent layers"):
+        check_tensor_parallel(cfg, 2)
+
+
 def test_apertus_refuses_an_activation_other_than_xielu_by_name():
     with pytest.raises(ValueError, match=r"Apertus hidden_act 'gelu' \(supported: xielu\)"):
         load_decoder({**shrunk("apertus-8b"), "hidden_act": "gelu"}, {}, CPU, torch.float32)
@@ -982,6 +1039,30 @@ def test_max_model_len_caps_the_longest_sequence():
     capped = load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=100)
     assert capped.config.max_position_embeddings == 100 and ours.config.max_position_embeddings == 256
     torch.testing.assert_close(capped.rope_cos_sin, ours.rope_cos_sin[:100])
+
+
+@pytest.mark.parametrize("shape", ["deepseek-v3.2", "glm-5"])
+def test_sparse_attention_families_serve_up_to_index_topk_and_refuse_a_longer_max_model_len(shape):
+    """DeepSeek Sparse Attention is served as dense latent attention, the same only while a sequence is at most
+    index_topk tokens: HF given a small index_topk (16) matches ours up to there (a 5-token prompt, 11 tokens more),
+    past it HF's attention is sparse and is not expected to match, so the longest sequence is capped at index_topk
+    and a max_model_len past it is refused by name."""
+    hf, ours = _pair(shape, {"first_k_dense_replace": 1, "index_topk": 16})
+    assert ours.config.max_position_embeddings == 16
+    prompt = [5, 17, 42, 8, 99]
+    assert PagedSteps(ours, num_blocks=8, block_size=8).greedy([prompt], 11)[0] == _hf_greedy(hf, prompt, 11)
+    state = strip_prefixes_of(hf.state_dict())
+    capped = load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=16)
+    assert capped.config.max_position_embeddings == 16
+    with pytest.raises(ValueError, match="max_model_len 17 is not supported.*supported: max_model_len up to index_top"):
+        load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=17)
+    from tritonformer.client.model_shapes import random_decoder  # (the benchmarks' lengths: caps, as elsewhere)
+
+    cfg = {**shrunk(shape), "first_k_dense_replace": 1, "index_topk": 16}
+    assert random_decoder(cfg, CPU, torch.float32, max_model_len=4096).config.max_position_embeddings == 16
+    without = {k: v for k, v in state.items() if not k.startswith("layers.1.self_attn.indexer.wk.")}
+    with pytest.raises(KeyError, match="layers.1.self_attn.indexer.wk.weight"):  # (read-checked, though not used)
+        load_decoder(hf.config.to_dict(), without, CPU, torch.float32)
 
 
 def test_a_kv_cache_short_of_one_sequence_names_max_model_len():

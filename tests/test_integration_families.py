@@ -100,6 +100,9 @@ FAMILIES = [
                                      "initializer_range": 0.1}),
     ("gen_lfm3", "lfm3-1.7b", {"num_hidden_layers": 4, "initializer_range": 0.1,
                                "layer_types": ["conv", "sliding_attention", "full_attention", "conv"]}),
+    # RecurrentGemma: RG-LRU layers (conv and recurrent state per sequence), local multi-query attention (weights drawn
+    # wider by its own initialisation's scale: continuations that vary)
+    ("gen_recurrent_gemma", "recurrentgemma-2b", {"num_hidden_layers": 3, "w_init_variance_scale": 1.0}),
     ("gen_granite_4_h", "granite-4.0-h-tiny", {}),
     ("gen_bamba", "bamba-9b", {}),
     ("gen_nemotron_h", "nemotron-h-8b", {}),
@@ -123,6 +126,9 @@ FAMILIES = [
     ("gen_deepseek_v3", "deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     ("gen_deepseek_v2", "deepseek-v2-lite", {}),
     ("gen_glm4_moe_lite", "glm-4.7-flash", {}),
+    # DeepSeek Sparse Attention served dense below index_topk (DeepSeek-V3.2; GLM-5 with a "shared" indexer layer)
+    ("gen_deepseek_v32", "deepseek-v3.2", {"first_k_dense_replace": 1}),
+    ("gen_glm_moe_dsa", "glm-5", {"num_hidden_layers": 3, "first_k_dense_replace": 1, "index_topk_freq": 2}),
     ("gen_youtu", "youtu-llm-2b", {}),
     ("gen_mistral4", "mistral-small-4", {}),  # (latent attention, softmax experts, queries scaled past 64 positions)
     ("gen_minicpm3", "minicpm3-4b", {}),  # (latent attention with muP's scalars, longrope)

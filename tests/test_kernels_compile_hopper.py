@@ -109,6 +109,7 @@ def compile_all() -> list[str]:
     from tritonformer.kernels import triton_moe as moe
     from tritonformer.kernels import triton_norms as tn
     from tritonformer.kernels import triton_recurrent as tr
+    from tritonformer.kernels import triton_rglru as trg
 
     push = dict(PUSH_AT=ar.push_at(ar.region_bytes(1 << 20)), SLOT=ar.PUSH_SLOT, SLOTS=ar.FLAG_WORLD, WORLD=2,
                 SENTINEL=ar.SENTINEL, PDL=True)
@@ -236,6 +237,12 @@ def compile_all() -> list[str]:
          {"qkv_ptr": "*bf16", "decay_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64", "out_ptr": "*bf16",
           **{f"stride_{t}": "i32" for t in ("m", "slot", "out")}},
          dict(D=128, BD=128, BV=32)),
+        # RecurrentGemma's RG-LRU decode step at RecurrentGemma-2B's and -9B's heads (blocks of 256 channels)
+        ("rglru decode", trg._rglru_decode_kernel,
+         {**{f"{name}_ptr": "*bf16" for name in ("x", "y", "wi", "bi", "wa", "ba", "rate", "out")},
+          "state_ptr": "*fp32", "slots_ptr": "*i64", "pos_ptr": "*i64",
+          **{f"stride_{t}": "i32" for t in ("x", "y", "slot", "out")}},
+         dict(B=256, BJ=trg.BLOCK_J, BK=trg.BLOCK_K)),
         ("kda gated norm", tr._gated_rms_norm_kernel,
          {**{f"{name}_ptr": "*bf16" for name in ("o", "z", "w", "out")}, "n_heads": "i32", "stride_z": "i32",
           "eps": "fp32"}, dict(V=128, BV=128, SIGMOID=True)),
@@ -282,6 +289,7 @@ def test_interpreted_kernels_compile_for_hopper():
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
     assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
     assert "lightning decode: no wait" in lines, done.stdout  # (MiniMax's)
+    assert "rglru decode: no wait" in lines, done.stdout  # (RecurrentGemma's)
     assert "qk squares: no wait" in lines, done.stdout  # (OLMo 2's split norms: no PDL)
     for name in ("fp8 quantize rows", "fp8 act-quantize gelu", "fp8 act-quantize gelu_tanh two-pass",
                  "fp8 act-quantize relu"):

@@ -314,10 +314,12 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint", "trinity-mini",
                  "lfm2-1.2b", "lfm2-8b-a1b", "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
                  "glm-4.7-flash", "youtu-llm-2b", "mistral-small-4", "minicpm3-4b", "xglm-564m", "apertus-8b",
+                 "deepseek-v3.2", "glm-5",
                  "llama-4-scout",
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
                  "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
-                 "lfm3-1.7b", "zamba2-2.7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
+                 "lfm3-1.7b", "recurrentgemma-2b",
+                 "zamba2-2.7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
                  "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
                  "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
@@ -347,6 +349,9 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # MiniMax-Text-01: two layers (LAYER_LISTS: a lightning one, then softmax attention, where the published list's first
 # softmax layer is the 8th), 5.4B weights each in its 32 experts of 9,216 columns over 6,144.
 # Mistral-Small-4: two layers, 3.2B weights each in its 128 experts of 2,048 columns over 4,096 (fp32: 13 GB a layer).
+# DeepSeek-V3.2: two of its three dense layers, as DeepSeek-V3 (its latent attention and indexers at its width, bf16);
+# GLM-5: two layers, a dense one and a MoE one (LAYER_LISTS: first_k_dense_replace 1; 9.7B weights in 256 experts of
+# 2,048 over 6,144, 39 GB in fp32, twice: HF's and ours, on the H200's 139 GB).
 # Gemma-4-31B and 26B-A4B: six layers (LAYER_LISTS: five sliding ones and a full one, the published pattern's first
 # six), 0.48B weights a layer (31B) / 0.76B in 128 experts (26B); Gemma-4-E2B: all 35, its last 20 sharing keys
 # (2.3B weights in its per-layer embeddings).
@@ -356,7 +361,8 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           "dbrx-132b": 2, "qwen3-next-80b-a3b": 4, "qwen3.5-35b-a3b": 4, "granite-4.0-h-tiny": 40, "bamba-9b": 10,
           "zamba2-2.7b": 54, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
           "gemma-3n-e2b": 30, "phi-3.5-moe": 2, "minimax-text-01": 2,
-          "mimo-v2-flash": 2, "mistral-small-4": 2, "gemma-4-31b": 6, "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35}
+          "mimo-v2-flash": 2, "mistral-small-4": 2, "deepseek-v3.2": 2, "glm-5": 2, "gemma-4-31b": 6,
+          "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
@@ -364,7 +370,8 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
     "nemotron-3-nano-30b-a3b": {"hybrid_override_pattern": "MEMEM*EM"},
     "minimax-text-01": {"layer_types": ["linear_attention", "full_attention"]},
     "gemma-4-31b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
-    "gemma-4-26b-a4b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}}
+    "gemma-4-26b-a4b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+    "glm-5": {"first_k_dense_replace": 1}}  # (not a list: its second layer a MoE one)
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -392,6 +399,9 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         # Mistral-Small-4's top 4 of 128 experts by softmax probability, which transformers takes in the activation
         # dtype: fp32 from the start (not yet measured in bf16)
         "mistral-small-4",
+        # GLM-5's top 8 of 256 experts by sigmoid score + bias (DeepSeek-V3.2's rows are dense layers only, in bf16, as
+        # DeepSeek-V3's): fp32 from the start (not yet measured in bf16)
+        "glm-5",
         # (HF's Mamba and Mamba-2 models keep their residual stream in fp32, `residual_in_fp32`; ours is in the model's
         # dtype, so in bf16 HF's own model stays the closer one: checked in fp32, where the two are the same math)
         "mamba-2.8b", "mamba-codestral-7b",

@@ -45,6 +45,8 @@ def test_context_length_reads_the_checkpoint_and_max_model_len():
     assert context_length({"max_position_embeddings": 8192}, "auto") == 8192
     assert context_length({"max_position_embeddings": 8192}, "2048") == 2048
     assert context_length({"n_positions": 1024}, "") == 1024  # GPT-2's name
+    # (DeepSeek-V3.2 / GLM-5: served up to index_topk tokens a sequence)
+    assert context_length({"max_position_embeddings": 163840, "index_topk": 2048}, "auto") == 2048
 
 
 def test_only_the_keys_a_request_sets_reach_the_generator():

@@ -81,14 +81,28 @@ def minimax():
     return _pair("minimax-text-01", {"max_position_embeddings": 64, "initializer_range": 0.3}, seed=3)
 
 
+@pytest.fixture(scope="module")
+def recurrent_gemma():
+    """A tiny RecurrentGemma (an RG-LRU layer, whose state is a convolution's inputs and a vector per channel, local
+    attention over 8 tokens, an RG-LRU layer) in HF and ours, as the family tests build it, at most 64 tokens a
+    sequence."""
+    from test_decoder_families import _pair
+
+    return _pair("recurrentgemma-2b", {"num_hidden_layers": 3, "w_init_variance_scale": 1.0,
+                                       "max_position_embeddings": 64}, seed=3)
+
+
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    if hf.config.model_type == "recurrent_gemma":  # (a stateful model: its blocks keep the last generation's conv
+        # inputs, which a one-token prompt's first step, a decode step, would read; zeroed, as a new sequence's)
+        hf._setup_cache(hf.config, 1, CPU, torch.float32)
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                           max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "minimax"])
+@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "minimax", "recurrent_gemma"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_engine_with_queued_preempted_sequences_is_hf_greedy(family, steps, request):
     hf, model = request.getfixturevalue(family)  # (LFM2: a hybrid; Mamba: attention-free, a KV cache of no layer)

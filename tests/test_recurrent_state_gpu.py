@@ -28,7 +28,7 @@ pytestmark = [
 CUDA = torch.device("cuda")
 
 
-@pytest.mark.parametrize("case", ["lfm2", "mamba", "mamba2", "jamba"])
+@pytest.mark.parametrize("case", ["lfm2", "mamba", "mamba2", "jamba", "recurrent-gemma"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_hybrid_engine_with_graphs_is_hf_greedy(case, steps):
     _, shape, changes = next(c for c in CASES if c[0] == case)
@@ -50,6 +50,8 @@ def test_hybrid_engine_with_graphs_is_hf_greedy(case, steps):
     assert engine.scheduler.num_preemptions > 0 and engine.runner.graphs.replays > 0
     for i, (prompt, n) in enumerate(zip(prompts, new)):
         ids = [t for outputs, _ in sink.responses[i] for t in outputs["output_ids"].tolist()]
+        if hf.config.model_type == "recurrent_gemma":  # (stateful: the last generation's conv inputs zeroed, which a
+            hf._setup_cache(hf.config, 1, CUDA, torch.float32)  # one-token prompt's first step would read)
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt], device=CUDA), max_new_tokens=n, do_sample=False,
                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=CUDA),

@@ -138,6 +138,10 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            "deepseek-v3": ("deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
                                            "attention_bias": True}),
            "deepseek-v2-lite": ("deepseek-v2-lite", {}),
+           # DeepSeek Sparse Attention served dense (DeepSeek-V3.2, GLM-5): latent attention split as above, the
+           # indexers' tensors checked on every rank and not read
+           "deepseek-v3.2-moe": ("deepseek-v3.2", {"first_k_dense_replace": 1, "attention_bias": True}),
+           "glm-5-moe": ("glm-5", {"first_k_dense_replace": 1}),
            # Recurrent mixers, each rank with its heads' (or channels') rows of the input projection and the
            # convolution, their state and their columns of the output projection: gated DeltaNet with Qwen3-Next's
            # grouped projections (and Qwen3.5's flat ones, experts beside them); Mamba-2 with its B / C groups split
@@ -204,6 +208,7 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            # (latent attention: Mistral 4's queries scaled by position, its softmax
                                            # experts; MiniCPM3's muP scalars folded into each rank's weights)
                                            ("mistral-small-4", 8), ("minicpm3-4b", 8),
+                                           ("deepseek-v3.2-moe", 8), ("glm-5-moe", 8),
                                            ("xglm-564m", 8),  # (each rank: the sinusoidal table built whole)
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
                                            ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),

@@ -164,6 +164,8 @@ DECODER_FAMILIES = {
     "glm4v_moe": "glm_v",
     "glm4v_moe_text": "glm_v",
     "deepseek_v3": "deepseek_v3",
+    "deepseek_v32": "deepseek_v32",  # (DeepSeek Sparse Attention served dense, up to index_topk tokens a sequence)
+    "glm_moe_dsa": "glm_moe_dsa",  # (GLM-5: DeepSeek-V3.2's block at GLM's sizes, likewise)
     "kimi_k2": "deepseek_v3",  # (Kimi K2: DeepSeek-V3's architecture under its own name)
     "deepseek_v2": "deepseek_v2",
     "glm4_moe_lite": "glm4_moe_lite",
@@ -197,6 +199,7 @@ DECODER_FAMILIES = {
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "lfm3": "lfm3",  # (LFM2 with windowed layers, sandwich norms and per-head attention gates)
+    "recurrent_gemma": "recurrent_gemma",  # (RG-LRU recurrent layers beside local multi-query attention)
     "jais2": "jais2",
     "phi": "phi",
     "persimmon": "persimmon",
@@ -238,6 +241,8 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     if max_model_len is not None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {max_model_len}")
+        if hasattr(family_config, "check_max_model_len"):  # (a family whose longest sequence is a hard limit: DSA's)
+            family_config.check_max_model_len(max_model_len)
         longest = family_config.max_position_embeddings
         family_config = dataclasses.replace(family_config, max_position_embeddings=min(longest, max_model_len))
     if tp is None:

@@ -92,8 +92,11 @@ def head_checkpoint(kind: str, value: str) -> Path | None:
 
 def context_length(hf_config: dict, max_model_len: str) -> int:
     """Longest sequence (prompt + output): the checkpoint's positions, capped by `max_model_len`
-    (GPT-2 calls them `n_positions`), as backend/models/decoder.load_decoder sizes the model."""
+    (GPT-2 calls them `n_positions`), as backend/models/decoder.load_decoder sizes the model; a sparse-attention
+    checkpoint's (`index_topk`: DeepSeek-V3.2, GLM-5) at most index_topk, as its family serves it."""
     longest = hf_config.get("max_position_embeddings") or hf_config.get("n_positions") or 2048
+    if hf_config.get("index_topk"):
+        longest = min(longest, int(hf_config["index_topk"]))
     if max_model_len not in ("", "auto"):
         longest = min(longest, int(max_model_len))
     return int(longest)
