@@ -21,6 +21,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels.triton_attention import paged_attention, varlen_attention  # noqa: E402
+from paged_inputs import random_paged_pool  # noqa: E402  (tests/ helper)
 
 # (atol, rtol) against the fp32 reference, as in the other attention tests.
 TOL = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (1.6e-2, 1.6e-2)}
@@ -50,23 +51,10 @@ def paged(lq, lk, heads, kv_heads, head_dim, block_size, dtype=torch.float32, se
     """Random q and sinks, each sequence's keys scattered over random blocks of a pool (a few
     blocks owned by nobody), its block tables, cu_seqlens_q and key counts."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    blocks_each = [-(-n // block_size) for n in lk]
-    num_blocks = sum(blocks_each) + 3
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    tables = torch.zeros(len(lk), max(blocks_each + [1]), dtype=torch.int32)
-    for i, nb in enumerate(blocks_each):
-        tables[i, :nb] = torch.tensor(order[:nb], dtype=torch.int32)
-        order = order[nb:]
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
-
-    k_cache = rand(num_blocks, block_size, kv_heads, head_dim)
-    v_cache = rand(num_blocks, block_size, kv_heads, head_dim)
-    q = rand(sum(lq), heads, head_dim)
+    q, k_cache, v_cache, tables, seqlens = random_paged_pool(lq, lk, heads, kv_heads, head_dim, block_size, dtype, gen,
+                                                             DEVICE)
     sinks = (torch.randn(heads, generator=gen) * 1.5 + 1.5).to(DEVICE)
-    seqlens = torch.tensor(lk, dtype=torch.int32, device=DEVICE)
-    return q, k_cache, v_cache, tables.to(DEVICE), cu(lq), seqlens, sinks
+    return q, k_cache, v_cache, tables, cu(lq), seqlens, sinks
 
 
 def hf_sink_attention(q, k, v, cu_q, cu_k, sinks, window=None):

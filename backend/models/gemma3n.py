@@ -146,19 +146,19 @@ class Gemma3nSpec:
         return shapes
 
 
-def kv_sources(layer_types: list[str], shared: int) -> tuple[int, ...]:
+def kv_sources(layer_types: list[str], shared: int, family: str = "Gemma 3n") -> tuple[int, ...]:
     """Per layer the layer whose keys and values it reads: itself, or for the last `shared` layers the last layer
-    before them of the same type (transformers' kv_sharing_modes)."""
+    before them of the same type (transformers' kv_sharing_modes; Gemma 3n's and Gemma 4's, `family` naming it)."""
     layers = len(layer_types)
     first = layers - shared
     if not 0 <= shared <= layers or (shared and first == 0):
-        raise ValueError(f"unsupported Gemma 3n num_kv_shared_layers {shared} (supported: num_kv_shared_layers from 0 "
+        raise ValueError(f"unsupported {family} num_kv_shared_layers {shared} (supported: num_kv_shared_layers from 0 "
                          f"to {layers - 1}, the shared layers after at least one that keeps its keys)")
     sources = list(range(layers))
     for i in range(first, layers):
         earlier = [j for j in range(first) if layer_types[j] == layer_types[i]]
         if not earlier:
-            raise ValueError(f"unsupported Gemma 3n num_kv_shared_layers {shared}: shared layer {i} "
+            raise ValueError(f"unsupported {family} num_kv_shared_layers {shared}: shared layer {i} "
                              f"({layer_types[i]}) has no earlier layer of its type to read (supported: "
                              f"num_kv_shared_layers whose layers' types each have a layer before them)")
         sources[i] = earlier[-1]

@@ -67,6 +67,7 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
+from tritonformer.backend.models.gemma3n import kv_sources
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope, params_by_layer_type
 
@@ -153,25 +154,6 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     return text_part(cfg, state, "gemma4_text")
 
 
-def kv_sources(layer_types: list[str], shared: int) -> tuple[int, ...]:
-    """Per layer the layer whose keys and values it reads: itself, or for the last `shared` layers the last layer
-    before them of the same type (transformers' kv_sharing_modes)."""
-    layers = len(layer_types)
-    first = layers - shared
-    if not 0 <= shared < layers:
-        raise ValueError(f"unsupported Gemma 4 num_kv_shared_layers {shared} (supported: num_kv_shared_layers from 0 "
-                         f"to {layers - 1}, the shared layers after at least one that keeps its keys)")
-    sources = list(range(layers))
-    for i in range(first, layers):
-        earlier = [j for j in range(first) if layer_types[j] == layer_types[i]]
-        if not earlier:
-            raise ValueError(f"unsupported Gemma 4 num_kv_shared_layers {shared}: shared layer {i} "
-                             f"({layer_types[i]}) has no earlier layer of its type to read (supported: "
-                             f"num_kv_shared_layers whose layers' types each have a layer before them)")
-        sources[i] = earlier[-1]
-    return tuple(sources)
-
-
 def _layer_types(cfg: dict, layers: int) -> list[str]:
     """The config's layer_types, or transformers' default (every 6th layer full); the last layer full either way."""
     types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
@@ -226,7 +208,7 @@ def from_hf(cfg: dict) -> Gemma4Spec:
     if any(heads % n for n, _ in layer_heads):
         raise ValueError(f"unsupported Gemma 4 KV heads {sorted({n for n, _ in layer_heads})} for {heads} attention "
                          f"heads (supported: num_key_value_heads that divide num_attention_heads)")
-    sources = kv_sources(types, cfg.get("num_kv_shared_layers") or 0)
+    sources = kv_sources(types, cfg.get("num_kv_shared_layers") or 0, "Gemma 4")
     inter = cfg.get("intermediate_size", 9216)
     double = bool(cfg.get("use_double_wide_mlp"))
     moe = bool(cfg.get("enable_moe_block"))
