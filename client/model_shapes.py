@@ -405,6 +405,16 @@ HYPERCLOVAX = {
     "eos_token_id": 2,
 }
 
+# microsoft/bitnet-b1.58-2B-4T (model_type bitnet), as its config.json reads to our knowledge: the widths, heads,
+# vocabulary, relu2, tied head and token ids are sure; rms_norm_eps 1e-5, rope_theta 500000 and 4096 positions are
+# less so. The packed checkpoint's quantization_config (autobitlinear, offline) is left to the test rows.
+BITNET_B158_2B_4T = {
+    "model_type": "bitnet", "vocab_size": 128256, "hidden_size": 2560, "intermediate_size": 6912,
+    "num_hidden_layers": 30, "num_attention_heads": 20, "num_key_value_heads": 5, "hidden_act": "relu2",
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+    "bos_token_id": 128000, "eos_token_id": 128001,
+}
+
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
 # squared-ReLU MLP.
 ARCEE_AFM = {
@@ -1172,6 +1182,7 @@ DECODER_SHAPES = {
     "stablelm-2-1.6b": STABLELM_2_1_6B,
     "nemotron-mini-4b": NEMOTRON_MINI_4B,
     "arcee-afm": ARCEE_AFM,
+    "bitnet-b1.58-2b-4t": BITNET_B158_2B_4T,
     "apertus-8b": APERTUS_8B,
     "dbrx-132b": DBRX_132B,
     "phi-2": PHI_2,

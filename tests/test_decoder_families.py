@@ -379,6 +379,9 @@ CASES = [
     ("nemotron", "nemotron-mini-4b", {}),
     ("nemotron-biases", "nemotron-mini-4b", {"attention_bias": True, "mlp_bias": True, "partial_rotary_factor": 0.25}),
     ("arcee", "arcee-afm", {"num_key_value_heads": 8, "attention_bias": True, "mlp_bias": True}),
+    # BitNet b1.58: sub norms before o_proj and down_proj, gated relu2, tied head (the -bf16 form: plain linears);
+    # the quantised linears' math is checked against transformers' BitLinear / AutoBitLinear in test_bitnet.py
+    ("bitnet", "bitnet-b1.58-2b-4t", {}),
     # Apertus: per-head q / k norms, llama3 rope scaling, a plain MLP with xIELU's learnt scalars per layer; and with
     # attention biases, MHA, beta and eps of its own
     ("apertus", "apertus-8b", {}),
@@ -615,7 +618,7 @@ ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narr
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
                    "gpt-neo", "hy-v3", "biogpt", "xglm", "xglm-odd-width-pad-row-relu-unscaled",
-                   "flint", "afmoe", "persimmon",
+                   "flint", "afmoe", "persimmon", "bitnet",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
                    "deepseek-v3.2", "glm-5-shared-indexers-moe-first-yarn-groups-biases",

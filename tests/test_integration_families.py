@@ -54,6 +54,7 @@ FAMILIES = [
     ("gen_stablelm", "stablelm-2-1.6b", {}),
     ("gen_nemotron", "nemotron-mini-4b", {}),
     ("gen_arcee", "arcee-afm", {}),
+    ("gen_bitnet", "bitnet-b1.58-2b-4t", {}),  # (the -bf16 form: sub norms, gated relu2, tied head)
     ("gen_apertus", "apertus-8b", {}),
     ("gen_dbrx", "dbrx-132b", {}),
     ("gen_phimoe", "phi-3.5-moe", {}),  # (LayerNorms, biases, longrope's mscales, the sparsemixer router)

@@ -306,7 +306,7 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "granite-3.1-3b-a800m", "glm-4.5-air", "olmo-2-7b", "olmoe-1b-7b", "command-r7b", "phi-3.5-moe",
                  "mimo-v2-flash",
                  "gpt-oss-20b", "ernie-4.5-21b-a3b", "dots.llm1", "starcoder2-3b", "stablelm-2-1.6b",
-                 "nemotron-mini-4b", "arcee-afm", "jais2", "solar-open-100b", "phi-2", "pythia-6.9b",
+                 "nemotron-mini-4b", "arcee-afm", "bitnet-b1.58-2b-4t", "jais2", "solar-open-100b", "phi-2", "pythia-6.9b",
                  "flex-olmo-7x7b", "falcon-7b", "falcon-40b", "bloom-560m", "bloom-7b1", "mpt-7b",
                  "starcoder-15b", "opt-125m", "gpt-j-6b", "cwm-32b",
                  "granite-swash-2b", "granitemoe-swa-3b", "olmo-7b", "nanochat-d32", "hyperclovax",

@@ -216,6 +216,7 @@ DECODER_FAMILIES = {
     "xglm": "xglm",  # (OPT's block with fairseq's sinusoidal positions)
     "nanochat": "nanochat",
     "gpt2": "gpt2",
+    "bitnet": "bitnet",  # (BitNet b1.58: sub norms, ternary linears with per-token int8 activations)
 }
 
 
@@ -234,7 +235,8 @@ def load_decoder(config: dict, state: dict[str, torch.Tensor], device: torch.dev
     family_config = family.from_hf(config)
     if (quant.parse(quantization) != "none" or quant.is_fp8_checkpoint(state)) and (
             not hasattr(family_config, "names") or getattr(family_config, "moe", None)
-            or getattr(family_config, "mla", None) or getattr(family_config, "mixers", None)):
+            or getattr(family_config, "mla", None) or getattr(family_config, "mixers", None)
+            or getattr(family_config, "fp8_refused", False)):
         raise ValueError(f"FP8 linears are not supported for model_type {model_type!r} (supported: the dense families "
                          f"built on the shared decoder, transformer.py, without latent attention or recurrent layers)")
     state, quantize = quant.prepare(state, quantization, device, dtype, tensor_parallel=tp is not None)
