@@ -36,6 +36,10 @@ CASES = [
     ("ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),
+    # and past `original` (8 positions): queries scaled from position 8 on, strongly (beta 2)
+    ("ministral3-query-scaling", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 2.0}}),
     ("gemma", "gemma-7b", {}),
     ("gemma2", "gemma-2-9b", {}),
     ("gemma3", "gemma-3-1b", {"sliding_window_pattern": 2}),
@@ -605,7 +609,8 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-ITERATION_CASES = ("qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
+ITERATION_CASES = ("ministral3-query-scaling",
+                   "qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
                    "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "phimoe",
                    "phimoe-unwindowed-unbiased-wide-band", "mimo-v2-flash",
@@ -1548,9 +1553,10 @@ def test_olmo3_reads_a_published_config_as_transformers_own():
     assert ours.layer_windows == theirs.layer_windows == (4096, 4096, 4096, None)
 
 
-def test_ministral3_is_served_up_to_where_its_query_scaling_starts():
+def test_ministral3_scales_its_queries_past_original_positions():
     """Ministral 3 scales queries by 1 + beta * log(1 + floor(p / original)) (Hugging Face's
-    get_llama_4_attn_scale), 1 below `original` positions: its longest sequence is capped there."""
+    get_llama_4_attn_scale), 1 below `original` positions: served to its max_position_embeddings with that
+    scaling (the ministral3-query-scaling case checks the tokens past it)."""
     from transformers.models.ministral3 import modeling_ministral3
 
     scale = modeling_ministral3.get_llama_4_attn_scale(torch.tensor([[0, 16383, 16384]]), 0.1, 16384).flatten()
@@ -1559,7 +1565,8 @@ def test_ministral3_is_served_up_to_where_its_query_scaling_starts():
                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=320)
     state = {k.removeprefix("model."): v for k, v in transformers.Ministral3ForCausalLM(cfg).state_dict().items()}
     model = load_decoder(cfg.to_dict(), state, CPU, torch.float32)
-    assert model.config.max_position_embeddings == 16384 < cfg.max_position_embeddings
+    assert model.config.max_position_embeddings == cfg.max_position_embeddings > 16384
+    assert model.config.query_scaling == (0.1, 16384)
 
 
 def test_granite_moe_loads_under_its_published_names():

@@ -4,11 +4,10 @@ its windowed layers named by `layer_types`. A Mistral 3 checkpoint (model_type m
 Mistral-Small-3.1 / 3.2, the Ministral 3 models, multimodal) serves its text model; one whose text model is
 Mistral 4's (`mistral4`: Mistral-Small-4) is built by mistral4.py.
 
-Ministral 3 (`ministral3`) adds Llama 4's query scaling: past the rope's
-`original_max_position_embeddings` (16,384), queries at position p are multiplied by
-1 + llama_4_scaling_beta * log(1 + floor(p / original)); below it the factor is exactly 1. That
-scaling is not implemented, so such a checkpoint is served up to `original` positions (the
-longest sequence it takes, its max_position_embeddings, is capped there)."""
+Ministral 3 (`ministral3`) adds Llama 4's query scaling (DecoderSpec.query_scaling, as Mistral 4's): past the
+rope's `original_max_position_embeddings` (16,384), queries at position p (after the rotary) are multiplied by
+1 + llama_4_scaling_beta * log(1 + floor(p / original)), the factor rounded to q's dtype; below it the factor is
+exactly 1. Served up to its max_position_embeddings."""
 from tritonformer.backend.models import mistral4
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, layer_windows, rope_parameters,
@@ -26,9 +25,12 @@ def from_hf(cfg: dict) -> DecoderSpec:
         return mistral4.from_hf(cfg)
     params = rope_parameters(cfg) or {}
     beta, original = params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings")
-    if cfg.get("model_type") == "ministral3" and beta and original:
-        cfg = {**cfg, "max_position_embeddings": min(cfg.get("max_position_embeddings", original), original)}
-    return spec_from_hf(cfg, layer_windows=layer_windows(cfg, cfg.get("sliding_window", 4096)))
+    scaling = None
+    if cfg.get("model_type") == "ministral3" and beta:
+        if not original:
+            raise ValueError("Ministral 3's llama_4_scaling_beta needs the rope's original_max_position_embeddings")
+        scaling = (float(beta), int(original))
+    return spec_from_hf(cfg, layer_windows=layer_windows(cfg, cfg.get("sliding_window", 4096)), query_scaling=scaling)
 
 
 MODEL = TransformerDecoder
