@@ -816,6 +816,21 @@ ZAMBA2_2_7B = {
     "max_position_embeddings": 4096, "use_long_context": False, "tie_word_embeddings": True, "bos_token_id": 1,
     "eos_token_id": 2, "pad_token_id": 0,
 }
+# Zyphra/Zamba-7B-v1's config.json (model_type zamba), from memory of the published file (transformers' ZambaConfig
+# defaults are this checkpoint's): 76 Mamba-1 layers at 3,712 wide (2 Mamba heads over 2 x 3,712 channels, state 16,
+# 4 conv taps, dt rank 232 = ceil(3,712 / 16)), the third and every 6th from the 8th (2, 7, 13, ..., 73: 13 of them,
+# transformers' layout from attn_layer_period / offset 6 / 4) fed by one shared block (16 heads of 464
+# over the 7,424-wide concatenation, an exact-GELU GeGLU MLP of 14,848); Mistral's vocabulary, a tied head.
+# Uncertain: whether the file lists layers_block_type itself (not set here: transformers derives it as above),
+# mamba_conv_bias / mamba_proj_bias (the defaults, true / false) and max_position_embeddings.
+ZAMBA_7B = {
+    "model_type": "zamba", "vocab_size": 32000, "hidden_size": 3712, "intermediate_size": 14848,
+    "num_hidden_layers": 76, "num_attention_heads": 16, "num_key_value_heads": 16, "n_mamba_heads": 2,
+    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": "auto", "mamba_conv_bias": True,
+    "mamba_proj_bias": False, "attn_layer_period": 6, "attn_layer_offset": 4, "hidden_act": "gelu",
+    "hidden_mamba_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
 # adept/persimmon-8b-base, as its config.json reads (a snapshot of the Hub's file): 36 layers at 4,096 wide, 64
 # heads of 64 (as many KV heads), per-head q / k LayerNorms with biases, a rotary over half of each head
 # (transformers' default: the file has no partial_rotary_factor), a squared-ReLU MLP of 16,384 columns.
@@ -894,6 +909,18 @@ QWEN1_5_MOE_A2_7B = {
     "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
     "rope_theta": 1000000.0, "max_position_embeddings": 8192, "use_sliding_window": False,
     "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151643,
+}
+# JetMoE-8B (model_type jetmoe), from memory of the published config.json: 24 layers of hidden 2,048, a mixture of
+# attention heads (8 experts, the top 2, each 16 heads of kv_channels 128; 16 KV heads shared) and of MLP experts
+# (8 of 5,632 columns, the top 2), Llama's 32,000-token vocabulary, the head tied. Sure: the widths, experts, k,
+# layers, vocabulary. Uncertain: rms_norm_eps (1e-5 here; only the final norm reads it), rope_theta (10,000),
+# max_position_embeddings (4,096). num_attention_heads is transformers' derived kv heads x k.
+JETMOE_8B = {
+    "model_type": "jetmoe", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 16, "kv_channels": 128,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "activation_function": "silu", "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": True, "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 # Granite-3.1-3B-A800M (model_type granitemoe): Granite's block and muP scalars, 40 experts of 512
 # columns in every layer, the top 8 (a softmax over their logits); head_dim 64.
@@ -1224,6 +1251,7 @@ DECODER_SHAPES = {
     "qwen3.5-35b-a3b": QWEN3_5_35B_A3B,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
+    "jetmoe-8b": JETMOE_8B,
     "granitemoe-swa-3b": GRANITEMOE_SWA_3B,
     "mellum2-12b-a2.5b": MELLUM2_12B,
     "glm-4.5-air": GLM_4_5_AIR,
@@ -1253,6 +1281,7 @@ DECODER_SHAPES = {
     "kimi-linear-48b-a3b": KIMI_LINEAR_48B_A3B,
     "minimax-text-01": MINIMAX_TEXT_01,
     "zamba2-2.7b": ZAMBA2_2_7B,
+    "zamba-7b": ZAMBA_7B,
     "mamba-2.8b": MAMBA_2_8B,
     "falcon-mamba-7b": FALCON_MAMBA_7B,
     "mamba-codestral-7b": MAMBA_CODESTRAL_7B,
@@ -1300,6 +1329,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         published = DECODER_SHAPES[name]
         own = published["head_dim"] != published["hidden_size"] // published["num_attention_heads"]
         cfg["head_dim"] = 2 * hidden // heads if own or name.startswith("qwen3") else hidden // heads
+    if "kv_channels" in cfg:  # (JetMoE's head width)
+        cfg["kv_channels"] = hidden // heads
     if "rotary_dim" in cfg:  # the published share of a head that rotates (GPT-J-6B: 64 of 256, MiniMax-M2: 64 of 128)
         published = DECODER_SHAPES[name]
         published_head = published.get("head_dim") or published["hidden_size"] // published["num_attention_heads"]
@@ -1352,7 +1383,10 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
             cfg["attn_layer_indices"] = list(range(1, layers, 2))
         if cfg.get("shared_intermediate_size"):
             cfg["shared_intermediate_size"] = hidden + 48
-    if "n_mamba_heads" in cfg:  # Zamba2: Mamba-2 as above, rank-16 adapters, a Mamba-2 layer then a hybrid one in
+    if cfg["model_type"] == "zamba":  # Zamba: its Mamba-1 heads (2) and state kept, dt's rank derived ("auto"), a
+        # Mamba layer then a hybrid one in turn over the few
+        cfg.update(mamba_dt_rank="auto", layers_block_type=(["mamba", "hybrid"] * layers)[:layers])
+    elif "n_mamba_heads" in cfg:  # Zamba2: Mamba-2 as above, rank-16 adapters, a Mamba-2 layer then a hybrid one in
         # turn over the few (hybrid_layer_ids left to follow them)
         cfg.update(n_mamba_heads=8, mamba_headdim=cfg.get("mamba_expand", 2) * hidden // 8, mamba_d_state=16,
                    chunk_size=16, adapter_rank=16, layers_block_type=(["mamba", "hybrid"] * layers)[:layers])
@@ -1365,7 +1399,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                    chunk_size=16, n_groups=2, hybrid_override_pattern=pattern, num_hidden_layers=len(pattern))
         if cfg.get("n_routed_experts"):
             cfg["moe_shared_expert_intermediate_size"] = hidden + 48
-    if "mamba_dt_rank" in cfg:  # Jamba: dt's rank as transformers derives it ("auto"), an attending layer among the few
+    if "mamba_dt_rank" in cfg and cfg["model_type"] == "jamba":  # Jamba: dt's rank as transformers derives it
+        # ("auto"), an attending layer among the few
         period = min(cfg["attn_layer_period"], layers)
         cfg.update(mamba_dt_rank="auto", attn_layer_period=period,
                    attn_layer_offset=min(cfg["attn_layer_offset"], period - 1))

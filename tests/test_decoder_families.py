@@ -261,6 +261,19 @@ CASES = [
         "num_hidden_layers": 3, "layers_block_type": ["hybrid", "mamba", "hybrid"], "num_mem_blocks": 1,
         "use_shared_attention_adapter": True, "use_mem_rope": True, "add_bias_linear": True, "mamba_ngroups": 2,
         "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": False, "initializer_range": 0.1}),
+    # Zamba: Mamba-1 layers of two Mamba heads (each its own x_proj / dt_proj: its own dt, B and C; in_proj's rows
+    # interleaving x and the gate) fed by ONE shared block run twice (its own KV cache layer at each), the block's
+    # input [h; embeddings], GQA, scores scaled by (head_dim / 2) ** -0.5, an exact-GELU GeGLU MLP, each hybrid layer's
+    # own linear; and a hybrid layer first, one Mamba head, biases on in_proj / out_proj, no conv bias, a head width
+    # the config names (attention_head_dim), an explicit dt rank, the tanh GELU, an untied head (with which
+    # transformers unties the block's copies too: each hybrid layer its own). Weights drawn wider (initializer_range
+    # 0.2, 0.1) so the continuations vary
+    ("zamba", "zamba-7b", {"num_hidden_layers": 4, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+                           "num_key_value_heads": 2, "initializer_range": 0.2}),
+    ("zamba-hybrid-first-one-head-biases-untied", "zamba-7b", {
+        "num_hidden_layers": 3, "layers_block_type": ["hybrid", "mamba", "hybrid"], "n_mamba_heads": 1,
+        "mamba_proj_bias": True, "mamba_conv_bias": False, "attention_head_dim": 24, "mamba_dt_rank": 12,
+        "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": False, "initializer_range": 0.1}),
     ("glm4-moe", "glm-4.5-air", {}),
     # group-limited choice (DeepSeek-V3's): 32 experts in 4 groups, the top 8 among the best 2 groups' 16
     ("glm4-moe-group-limited", "glm-4.5-air", {"n_routed_experts": 32, "n_group": 4, "topk_group": 2}),
@@ -341,6 +354,15 @@ CASES = [
     ("dots1-windowed", "dots.llm1", {"sliding_window": 8, "max_window_layers": 1, "norm_topk_prob": False}),
     ("olmo2", "olmo-2-7b", {"num_key_value_heads": 2}),  # (GQA, as OLMo-2-32B has)
     ("olmoe", "olmoe-1b-7b", {"num_key_value_heads": 2}),
+    # JetMoE: a mixture of attention heads (each expert's q and output projections, keys and values shared) and of
+    # MLP experts, both the top 2 of 8 with biases; and the top 3 of 4 attention and MLP experts, 2 KV heads, the
+    # head untied, the final norm's eps (rms_norm_eps, large here: the iterations' logits see it) not the layers'
+    # (1e-6). Weights drawn wider than the published initializer_range (0.01), under which the biases drown the
+    # experts and the attention
+    ("jetmoe", "jetmoe-8b", {"initializer_range": 0.2}),
+    ("jetmoe-top3-of-4-two-kv-heads-untied-eps", "jetmoe-8b", {
+        "num_local_experts": 4, "num_experts_per_tok": 3, "num_key_value_heads": 2, "tie_word_embeddings": False,
+        "rms_norm_eps": 1.0, "initializer_range": 0.2}),
     # FlexOlmo: OLMo 2's post-norm block with OLMoE's experts (renormalised here)
     ("flex-olmo", "flex-olmo-7x7b", {"norm_topk_prob": True}),
     # Hunyuan on Llama's sizes: q/k norms after the rotary, the NTK-alpha rope
@@ -623,7 +645,7 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
                    "gpt-neo", "hy-v3", "biogpt", "xglm", "xglm-odd-width-pad-row-relu-unscaled",
-                   "flint", "afmoe", "persimmon", "bitnet",
+                   "flint", "afmoe", "persimmon", "bitnet", "jetmoe", "jetmoe-top3-of-4-two-kv-heads-untied-eps",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
                    "deepseek-v3.2", "glm-5-shared-indexers-moe-first-yarn-groups-biases",
@@ -639,6 +661,7 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
                    "recurrent-gemma",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
+                   "zamba", "zamba-hybrid-first-one-head-biases-untied",
                    "gemma3n", "gemma3n-untied-second-stream-active-uneven-mlps",
                    "gemma4-31b", "gemma4-full-first-own-values-untied", "gemma4-e2b", "gemma4-26b-a4b")
 
@@ -874,6 +897,11 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("zamba2-2.7b", {"use_shared_mlp_adapter": False}, "use_shared_mlp_adapter"),
     ("zamba2-2.7b", {"use_shared_attention_adapter": True, "num_key_value_heads": 2}, "num_key_value_heads"),
     ("zamba2-2.7b", {"hidden_act": "relu"}, "hidden_act"),
+    ("zamba-7b", {"n_mamba_heads": 3}, "n_mamba_heads"),
+    ("zamba-7b", {"hidden_mamba_act": "gelu"}, "hidden_mamba_act"),
+    ("zamba-7b", {"attention_hidden_size": 64}, "attention_hidden_size"),
+    ("zamba-7b", {"layers_block_type": ["mamba", "attention"]}, "layers_block_type"),
+    ("zamba-7b", {"hidden_act": "relu"}, "hidden_act"),
     ("olmo-hybrid-7b", {"attention_bias": True}, "attention_bias"),
     ("olmo-hybrid-7b", {"linear_num_value_heads": 4}, "linear_num_value_heads"),
     ("olmo-hybrid-7b", {"hidden_act": "gelu"}, "hidden_act"),
@@ -910,6 +938,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("mpt-7b", {"expansion_ratio": 2}, "expansion_ratio"),
     ("mpt-7b", {"logit_scale": 0.5}, "logit_scale"),
     ("mpt-7b", {"norm_type": "rmsnorm"}, "norm_type"),
+    ("jetmoe-8b", {"activation_function": "gelu"}, "activation_function"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
@@ -1292,6 +1321,20 @@ def test_gemma4_refuses_tensor_parallelism_and_fp8_by_name():
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'gemma4_text'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
+
+
+def test_jetmoe_refuses_tensor_parallelism_and_fp8_by_name():
+    from tritonformer.backend.models import jetmoe
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = shrunk("jetmoe-8b")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'jetmoe'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'jetmoe'"):
+        jetmoe.JetMoeDecoder(jetmoe.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'jetmoe'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 # Vision-language checkpoints served by their text model: (model_type, its text model's published shape shrunk,
 # the multimodal rotary's sections for the shrunk head (the published ones scaled: Qwen2-VL's [16, 24, 24] of 64

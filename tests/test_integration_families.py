@@ -47,6 +47,7 @@ FAMILIES = [
     ("gen_cohere2", "olmo-2-7b", {"model_type": "cohere2", "sliding_window": 8,
                                   "layer_types": ["sliding_attention", "full_attention"]}),
     ("gen_olmoe", "olmoe-1b-7b", {}),
+    ("gen_jetmoe", "jetmoe-8b", {}),
     ("gen_flex_olmo", "flex-olmo-7x7b", {"norm_topk_prob": True}),
     ("gen_hunyuan", "llama-3.1-8b", {"model_type": "hunyuan_v1_dense", **HUNYUAN_ON_LLAMA}),
     ("gen_gpt_oss", "gpt-oss-20b", {}),
@@ -119,6 +120,9 @@ FAMILIES = [
     ("gen_minimax", "minimax-text-01", {}),  # (a lightning-attention layer, then softmax attention; experts in both)
     ("gen_zamba2", "zamba2-2.7b", {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid",
                                                                                  "hybrid"], "initializer_range": 0.1}),
+    # Zamba: Mamba-1 layers of two Mamba heads fed by one shared block, run twice
+    ("gen_zamba", "zamba-7b", {"num_hidden_layers": 4, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+                               "initializer_range": 0.2}),
     # Gemma 3n: AltUp streams, LAuReL, per-layer inputs, the last two layers reading the first two's keys
     ("gen_gemma3n", "gemma-3n-e2b", {"initializer_range": 0.05}),
     # Gemma 4: sliding and full layers of different KV shapes (values from keys on the full one) in one paged cache

@@ -319,9 +319,9 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
                  "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
                  "lfm3-1.7b", "recurrentgemma-2b",
-                 "zamba2-2.7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
+                 "zamba2-2.7b", "zamba-7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
                  "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
-                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b"]
+                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "jetmoe-8b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -354,12 +354,13 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # 2,048 over 6,144, 39 GB in fp32, twice: HF's and ours, on the H200's 139 GB).
 # Gemma-4-31B and 26B-A4B: six layers (LAYER_LISTS: five sliding ones and a full one, the published pattern's first
 # six), 0.48B weights a layer (31B) / 0.76B in 128 experts (26B); Gemma-4-E2B: all 35, its last 20 sharing keys
-# (2.3B weights in its per-layer embeddings).
+# (2.3B weights in its per-layer embeddings). Zamba-7B: 14 of its 76 layers (for time), the shared block run at 2,
+# 7 and 13.
 LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
           "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
           "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
           "dbrx-132b": 2, "qwen3-next-80b-a3b": 4, "qwen3.5-35b-a3b": 4, "granite-4.0-h-tiny": 40, "bamba-9b": 10,
-          "zamba2-2.7b": 54, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
+          "zamba2-2.7b": 54, "zamba-7b": 14, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
           "gemma-3n-e2b": 30, "phi-3.5-moe": 2, "minimax-text-01": 2,
           "mimo-v2-flash": 2, "mistral-small-4": 2, "deepseek-v3.2": 2, "glm-5": 2, "gemma-4-31b": 6,
           "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35}
@@ -405,6 +406,9 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         # (HF's Mamba and Mamba-2 models keep their residual stream in fp32, `residual_in_fp32`; ours is in the model's
         # dtype, so in bf16 HF's own model stays the closer one: checked in fp32, where the two are the same math)
         "mamba-2.8b", "mamba-codestral-7b",
+        # JetMoE-8B's top 2 of 8 attention and MLP experts by softmax over bf16 logits: fp32 from the start (not yet
+        # measured in bf16)
+        "jetmoe-8b",
         # Gemma-3n-E2B's random model is one bf16 cannot judge: on the H200 HF's own bf16 model was at cosine 0.38 of
         # its fp32 one at the first step (ours at 0.41)
         "gemma-3n-e2b",

@@ -346,6 +346,7 @@ def test_gpt2_refuses_tensor_parallelism():
     ("zamba2-2.7b", {"hidden_size": 96, "n_mamba_heads": 3}, r"Mamba-2 heads \(n_mamba_heads\) \(3\) do not divide"),
     ("minimax-text-01", {"num_attention_heads": 3, "num_key_value_heads": 1}, "lightning attention heads"),
     ("jamba-mini", {"mamba_expand": 3, "hidden_size": 125}, "Mamba-1 channels"),
+    ("zamba-7b", {}, "Zamba with tensor parallelism is not supported"),  # (refused whole, by name)
     # Heads and groups of the mixers that split must divide
     ("qwen3-next-80b-a3b", {"linear_num_key_heads": 3, "linear_num_value_heads": 6}, "gated DeltaNet key heads"),
     ("nemotron-h-8b", {"n_groups": 1, "mamba_num_heads": 5}, r"Mamba-2 heads"),

@@ -137,6 +137,7 @@ DECODER_FAMILIES = {
     "granite": "granite",
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",
+    "jetmoe": "jetmoe",  # (mixtures of attention heads and of MLP experts)
     "granite_swa": "granite_swa",
     "hyperclovax": "hyperclovax",
     "granitemoe_swa": "granite_swa",
@@ -151,6 +152,7 @@ DECODER_FAMILIES = {
     "mamba2": "mamba2_lm",  # (attention-free: Mamba-2 layers only)
     "jamba": "jamba",  # (hybrid: Mamba-1 layers beside attending ones)
     "zamba2": "zamba2",  # (Mamba-2 layers fed by shared transformer blocks)
+    "zamba": "zamba",  # (Mamba-1 layers fed by one shared transformer block)
     "smollm3": "smollm3",
     "seed_oss": "seed_oss",
     "ernie4_5": "ernie4_5",

@@ -209,6 +209,7 @@ class DecoderSpec:
     learned_positions: bool = False
     position_offset: int = 0
     position_rows: int | None = None
+    final_norm_eps: float | None = None  # the final norm's eps where it is not norm_eps (JetMoE)
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
     # Hybrid models: layer i's recurrent token mixer in place of attention, named by its kind (a
@@ -754,7 +755,7 @@ class TransformerDecoder(DecoderModel):
             x, _ = kernels.rms_norm(x, last.mlp_post_norm, eps)
         if c.layer_norm:
             return self._norm(x, self.final_norm, residual, self.final_norm_b)[0]
-        x, _ = kernels.rms_norm(x, self.final_norm, eps, residual)
+        x, _ = kernels.rms_norm(x, self.final_norm, eps if c.final_norm_eps is None else c.final_norm_eps, residual)
         return x
 
     def _parallel_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,

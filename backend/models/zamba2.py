@@ -227,8 +227,8 @@ class Invocation:
     kv_index: int
     qkv_a: torch.Tensor | None  # [3 rank, 2H]: the q, k, v adapters' A stacked (use_shared_attention_adapter)
     qkv_b: torch.Tensor | None  # [(heads + 2 kv heads) * head_dim, 3 rank]: their B, block-diagonal
-    mlp_a: torch.Tensor  # [rank, H]
-    mlp_b: torch.Tensor  # [2I, rank]
+    mlp_a: torch.Tensor | None  # [rank, H] (None: no adapters, adapter_rank 0: Zamba v1's block)
+    mlp_b: torch.Tensor | None  # [2I, rank]
     out_w: torch.Tensor  # [H, H]: the layer's `linear`
 
 
@@ -310,8 +310,9 @@ class Zamba2Decoder(Mamba2Decoder):
                     start += own[k]
             adapter = f"{p}feed_forward.gate_up_proj_adapter_list.{j}."
             self.invocations[layer] = Invocation(
-                block=sources[p], kv_index=j, qkv_a=qkv_a, qkv_b=qkv_b, mlp_a=read(adapter + "0.weight", r, h),
-                mlp_b=read(adapter + "1.weight", 2 * inter, r, rows=gate_up_rows),
+                block=sources[p], kv_index=j, qkv_a=qkv_a, qkv_b=qkv_b,
+                mlp_a=read(adapter + "0.weight", r, h) if r else None,  # (adapter_rank 0: none, Zamba v1's block)
+                mlp_b=read(adapter + "1.weight", 2 * inter, r, rows=gate_up_rows) if r else None,
                 out_w=read(f"layers.{layer}.linear.weight", h, h))
         self.num_kv_layers = len(c.hybrid_layers)  # (each invocation's keys and values: a cache layer of its own)
 
@@ -370,7 +371,8 @@ class Zamba2Decoder(Mamba2Decoder):
         normed = torch.empty_like(attended)
         gate_up = kernels.linear_act(attended, blk.gate_up_w, blk.gate_up_b,
                                      prenorm=kernels.PreNorm(blk.mlp_norm, None, eps, normed_out=normed))
-        gate_up = gate_up + kernels.linear_act(kernels.linear_act(normed, inv.mlp_a), inv.mlp_b)
+        if inv.mlp_a is not None:
+            gate_up = gate_up + kernels.linear_act(kernels.linear_act(normed, inv.mlp_a), inv.mlp_b)
         down = kernels.linear_act(kernels.gated_act(gate_up, c.block_activation), blk.down_w, blk.down_b)
         # (under tensor parallelism `down` is this rank's partial sum: the layer's linear maps it as it is, and the
         # caller's one all-reduce sums L_i down_r over the ranks, which is L_i of their sum)
