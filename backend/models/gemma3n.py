@@ -182,14 +182,20 @@ def _per_layer(cfg: dict, key: str, layers: int, default) -> list:
     return values
 
 
-def from_hf(cfg: dict) -> Gemma3nSpec:
+def check_activation_and_bias(cfg: dict, family: str = "Gemma 3n") -> None:
+    """Refuse (by name) what Gemma 3n and Gemma 4 do not publish: an MLP activation other than the tanh GELU, and
+    biases on the attention's projections."""
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise ValueError(f"unsupported Gemma 3n hidden_activation {act!r} (supported: hidden_activation "
+        raise ValueError(f"unsupported {family} hidden_activation {act!r} (supported: hidden_activation "
                          f"gelu_pytorch_tanh)")
     if cfg.get("attention_bias"):
-        raise ValueError("Gemma 3n with attention_bias is not supported (supported: attention_bias false, as "
+        raise ValueError(f"{family} with attention_bias is not supported (supported: attention_bias false, as "
                          "published)")
+
+
+def from_hf(cfg: dict) -> Gemma3nSpec:
+    check_activation_and_bias(cfg)
     layers, hidden = cfg.get("num_hidden_layers", 35), cfg.get("hidden_size", 2048)
     types = cfg.get("layer_types") or ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
                                        for i in range(layers)]

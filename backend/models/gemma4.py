@@ -67,7 +67,7 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
-from tritonformer.backend.models.gemma3n import kv_sources
+from tritonformer.backend.models.gemma3n import check_activation_and_bias, kv_sources
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope, params_by_layer_type
 
@@ -193,13 +193,7 @@ def from_hf(cfg: dict) -> Gemma4Spec:
         raise ValueError(f"unsupported Gemma 4 use_bidirectional_attention {cfg['use_bidirectional_attention']!r} "
                          f"(supported: use_bidirectional_attention None, or 'vision', whose text tokens attend "
                          f"causally: text in, text out)")
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise ValueError(f"unsupported Gemma 4 hidden_activation {act!r} (supported: hidden_activation "
-                         f"gelu_pytorch_tanh)")
-    if cfg.get("attention_bias"):
-        raise ValueError("Gemma 4 with attention_bias is not supported (supported: attention_bias false, as "
-                         "published)")
+    check_activation_and_bias(cfg, "Gemma 4")
     layers, hidden = cfg.get("num_hidden_layers", 30), cfg.get("hidden_size", 2304)
     heads = cfg.get("num_attention_heads", 8)
     kv, head_dim = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or 256
