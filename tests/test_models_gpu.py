@@ -132,10 +132,27 @@ def test_gpt2_iterations_match_hf_on_gpu(dtype):
     _check_decoder_steps(hf, ours, [torch.randint(0, 50256, (n,), generator=gen).tolist() for n in (700, 3, 129)])
 
 
+def _prefilled_decode_rows(model, cache, low: int, high: int) -> list:
+    """Five sequences (700, 3, 129, 40 and 1,000 tokens, ids in [low, high)) prefilled into `cache`, their blocks
+    laid out in turn; their next decode rows (BatchEntry each)."""
+    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
+
+    gen = torch.Generator().manual_seed(8)
+    lengths = [700, 3, 129, 40, 1000]
+    tables, next_block = [], 0
+    for n in lengths:
+        nb = -(-(n + 1) // 16)
+        tables.append(list(range(next_block, next_block + nb)))
+        next_block += nb
+    prompts = [torch.randint(low, high, (n,), generator=gen).tolist() for n in lengths]
+    model.forward(build_batch([BatchEntry(p, 0, t, True) for p, t in zip(prompts, tables)], 16, CUDA), cache)
+    return [BatchEntry([7 + i], n, t, True) for i, (n, t) in enumerate(zip(lengths, tables))]
+
+
 def test_decode_graph_replay_equals_eager():
     """Captured decode iterations (padded to a bucket, fixed key splits) give the eager logits."""
     from tritonformer.backend.decoder.graphs import DecodeGraphs
-    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
+    from tritonformer.backend.decoder.batch import build_batch
 
     cfg = transformers.GPT2Config(n_layer=2)
     torch.manual_seed(7)
@@ -145,16 +162,7 @@ def test_decode_graph_replay_equals_eager():
     # Every fed token here is a real id, so the previous samples (last_ids) are never read.
     graphs = DecodeGraphs(ours, cache, 16, 64, torch.zeros(16, dtype=torch.long, device=CUDA))
     graphs.warm_up()
-    gen = torch.Generator().manual_seed(8)
-    lengths = [700, 3, 129, 40, 1000]
-    tables, next_block = [], 0
-    for n in lengths:  # fill each sequence's cache with a prefill, blocks laid out in turn
-        nb = -(-(n + 1) // 16)
-        tables.append(list(range(next_block, next_block + nb)))
-        next_block += nb
-    prompts = [torch.randint(0, 50256, (n,), generator=gen).tolist() for n in lengths]
-    ours.forward(build_batch([BatchEntry(p, 0, t, True) for p, t in zip(prompts, tables)], 16, CUDA), cache)
-    entries = [BatchEntry([7 + i], n, t, True) for i, (n, t) in enumerate(zip(lengths, tables))]
+    entries = _prefilled_decode_rows(ours, cache, 0, 50256)
     logits, greedy_ids = graphs.run(entries)
     replayed, n = logits[: len(entries)].float(), len(entries)  # (the graph keeps fp16 logits)
     assert greedy_ids.tolist()[:n] == replayed.argmax(-1).tolist()  # the replay's own argmax
@@ -169,7 +177,7 @@ def test_alibi_decode_graph_replay_equals_eager():
     """ALiBi's slopes (a device tensor made at load) read by captured decode iterations: a shrunk
     BLOOM (6 heads of 64, its own slopes) replays the eager logits, 16 key splits included."""
     from tritonformer.backend.decoder.graphs import DecodeGraphs
-    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
+    from tritonformer.backend.decoder.batch import build_batch
     from tritonformer.client.model_shapes import random_decoder, shrunk
 
     cfg = {**shrunk("bloom-560m", hidden=384, heads=6), "max_position_embeddings": 2048}
@@ -178,16 +186,7 @@ def test_alibi_decode_graph_replay_equals_eager():
     cache = ours.new_kv_cache(256, 16)
     graphs = DecodeGraphs(ours, cache, 16, 64, torch.zeros(16, dtype=torch.long, device=CUDA))
     graphs.warm_up()
-    gen = torch.Generator().manual_seed(8)
-    lengths = [700, 3, 129, 40, 1000]
-    tables, next_block = [], 0
-    for n in lengths:
-        nb = -(-(n + 1) // 16)
-        tables.append(list(range(next_block, next_block + nb)))
-        next_block += nb
-    prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in lengths]
-    ours.forward(build_batch([BatchEntry(p, 0, t, True) for p, t in zip(prompts, tables)], 16, CUDA), cache)
-    entries = [BatchEntry([7 + i], n, t, True) for i, (n, t) in enumerate(zip(lengths, tables))]
+    entries = _prefilled_decode_rows(ours, cache, 3, 320)
     logits, _ = graphs.run(entries)
     replayed = logits[: len(entries)].float()
     eager = ours.forward(build_batch(entries, 16, CUDA), cache)
