@@ -1164,6 +1164,16 @@ def test_every_published_shape_builds_with_random_weights(name):
     assert logits.shape[-1] == 320 and torch.isfinite(logits).all()
 
 
+def _assert_two_prompts_greedy_as_hf(ours, hf) -> None:
+    """Two prompts (6 and 21 ids in [3, 320)) decode 16 greedy tokens each as HF's model does (a checkpoint's text
+    model against HF's on the same weights)."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
+    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 16)
+
+
 def _multimodal(kind: str):
     """A tiny multimodal HF model (random weights) whose text model is a shrunk published shape."""
     if kind == "mistral3":
@@ -1209,11 +1219,7 @@ def test_a_multimodal_checkpoint_serves_its_text_model(kind):
                 p.add_(torch.randn_like(p) * 0.1)
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
     ours = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
-    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
-    for prompt, tokens in zip(prompts, got):
-        assert tokens == _hf_greedy(hf, prompt, 16)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
 
 
 def test_a_gemma3n_checkpoint_serves_its_text_model():
@@ -1227,11 +1233,7 @@ def test_a_gemma3n_checkpoint_serves_its_text_model():
     state["model.vision_tower.timm_model.stem.conv.weight"] = torch.zeros(4, 3, 3, 3)  # (not the text model's)
     ours = load_decoder(cfg, state, CPU, torch.float32)
     assert ours.config.eos_token_ids == (1, 106) and ours.num_kv_layers == 2
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
-    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
-    for prompt, tokens in zip(prompts, got):
-        assert tokens == _hf_greedy(hf, prompt, 16)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
 
 
 def test_gemma3n_refuses_a_split_that_does_not_divide_and_fp8_by_name():
@@ -1268,11 +1270,7 @@ def test_a_gemma4_checkpoint_serves_its_text_model():
     ours = load_decoder(cfg, state, CPU, torch.float32)
     assert ours.config.eos_token_ids == (1, 106) and ours.num_kv_layers == 2
     assert ours.kv_shapes == [(1, 32), (1, 64)] and ours.kv_bytes_per_token() == 2 * (32 + 64) * 4
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (6, 21)]
-    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 16)
-    for prompt, tokens in zip(prompts, got):
-        assert tokens == _hf_greedy(hf, prompt, 16)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
 
 
 def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_outputs():
