@@ -44,10 +44,14 @@ def read_bytes_per_step(model, rows: int | None = 1) -> int:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
 
+    top_k = getattr(model.config, "top_k", 0)
     for layer in model.layers:
-        for value in vars(layer).values():
+        for name, value in vars(layer).items():
             if hasattr(value, "read_bytes"):  # a MoE layer
                 total += int(value.read_bytes(rows))
+            elif name.startswith("experts_") and rows is not None and top_k:  # a family's own expert tensors
+                experts = value.shape[0]  # [E, ...]: the experts uniform routing of `rows` reaches
+                total += int(value.nbytes * (1 - (1 - top_k / experts) ** rows))
             elif hasattr(value, "state_shapes"):  # a recurrent mixer (models/mixers.py): all its tensors
                 for t in vars(value).values():
                     add(t)
@@ -87,9 +91,12 @@ def prefill_flops(model, tokens: int) -> float:
     import torch
 
     c = model.config
-    layer_weights = sum(t.numel() for layer in model.layers for t in (layer.qkv_w, layer.o_w, layer.gate_up_w,
-                                                                       layer.down_w, layer.attn_gate_w)
+    names = ("qkv_w", "o_w", "gate_up_w", "down_w", "attn_gate_w")  # (a family's own layer may lack some)
+    layer_weights = sum(t.numel() for layer in model.layers for t in (getattr(layer, n, None) for n in names)
                         if t is not None)
+    top_k = getattr(c, "top_k", 0)  # a family's own expert tensors ([E, ...]): k experts a token
+    layer_weights += sum(t[0].numel() * top_k for layer in model.layers for n, t in vars(layer).items()
+                         if n.startswith("experts_") and t is not None)
     layer_weights += sum(layer.moe.active_params() for layer in model.layers if getattr(layer, "moe", None))
     layer_weights += sum(layer.mla.params() for layer in model.layers if getattr(layer, "mla", None))  # (latent)
     layer_weights += sum(t.numel() for layer in model.layers if getattr(layer, "mixer", None) is not None

@@ -416,7 +416,10 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "minimax-text-01",
         # Gemma-4-26B-A4B's top 8 of 128 experts by softmax, and Gemma-4-E2B (per-layer inputs as Gemma 3n's): fp32 from
         # the start (not yet measured in bf16)
-        "gemma-4-26b-a4b", "gemma-4-e2b"}
+        "gemma-4-26b-a4b", "gemma-4-e2b",
+        # Zamba-7B's random model is one bf16 cannot judge: on the H200 HF's own bf16 model was at cosine 0.949 of its
+        # fp32 one at the first step (ours at 0.960; its Mamba-1 layers keep no fp32 residual, as the Mamba rows above)
+        "zamba-7b"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
