@@ -1303,16 +1303,20 @@ def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_out
         assert seq.output_ids == _hf_greedy(hf, prompt, 16)
 
 
-def test_gemma4_refuses_tensor_parallelism_and_fp8_by_name():
-    """Gemma 4 is not split over tensor-parallel ranks: the load says so before any tensor is read."""
+def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
+    """Gemma 4 splits over tensor-parallel ranks (test_tensor_parallel.py) where its heads allow: a layer's KV heads
+    that neither divide by the ranks nor divide them are refused, naming the layer, before any tensor is read (the
+    multimodal checkpoint's too); FP8 linears are refused by name."""
     from tritonformer.backend.models import gemma4
     from tritonformer.backend.models.decoder import check_tensor_parallel
     from tritonformer.backend.parallel.group import TensorParallelGroup
 
-    cfg = shrunk("gemma-4-31b")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma4_text'"):
+    check_tensor_parallel(shrunk("gemma-4-31b"), 2)  # (its full layer's single KV head replicated)
+    cfg = {**shrunk("gemma-4-31b"), "num_attention_heads": 12, "num_key_value_heads": 6,
+           "num_global_key_value_heads": 3}
+    with pytest.raises(ValueError, match=r"layer 1's KV heads \(3, over 12 attention heads\)"):
         check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gemma4_text'"):
+    with pytest.raises(ValueError, match=r"layer 1's KV heads \(3, over 12 attention heads\)"):
         check_tensor_parallel({"model_type": "gemma4", "text_config": cfg}, 2)  # (the multimodal checkpoint's)
     with pytest.raises(ValueError, match="tensor parallelism is not supported"):
         gemma4.Gemma4Decoder(gemma4.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))

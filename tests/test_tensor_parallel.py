@@ -175,6 +175,9 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # by columns (a sparse gate's mean and spread summed over the ranks), the per-layer table by vocabulary rows;
            # AltUp, LAuReL and the per-layer gates whole
            "gemma3n": ("gemma-3n-e2b", {"initializer_range": 0.05}),
+           # RecurrentGemma: the RG-LRU by heads (blocks of channels: their gates, taps, rates and state), linear_out's
+           # bias added by one rank; 2 KV heads (the published models' one does not split)
+           "recurrent-gemma": ("recurrentgemma-2b", {"num_key_value_heads": 2}),
            "minimax-m2-kv2": ("minimax-m2", {"num_key_value_heads": 2}),
            # ALiBi: each rank its heads' slopes (BLOOM's, MPT's, Falcon-RW's over sqrt(head_dim))
            "falcon-rw-alibi": ("falcon-7b", {"alibi": True, "multi_query": False, "parallel_attn": False,
@@ -221,7 +224,15 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("olmo-2-7b", 8), ("olmoe-1b-7b", 8), ("flex-olmo-7x7b", 8),
                                            ("minimax-m2-kv2", 8), ("olmo-hybrid-7b", 8),
                                            ("zamba2", 8), ("zamba2-adapters", 8), ("gemma3n", 8),
-                                           ("bloom-560m", 8), ("mpt-7b", 8), ("falcon-rw-alibi", 8)])
+                                           ("bloom-560m", 8), ("mpt-7b", 8), ("falcon-rw-alibi", 8),
+                                           # Gemma 4: a sliding layer (8 KV heads of 32) and a full one (2 of 64,
+                                           # values from the keys), each rank its share of both cache shapes (31B's
+                                           # kind); the full layer's single KV head replicated, a dense MLP beside
+                                           # experts split by columns (26B-A4B's); one KV head on every layer,
+                                           # replicated, per-layer inputs, two layers reading the first two's KV
+                                           # (E2B's)
+                                           ("gemma-4-31b", 16), ("gemma-4-26b-a4b", 8), ("gemma-4-e2b", 8),
+                                           ("recurrent-gemma", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)
         shape, changes = CHANGES[family] if isinstance(CHANGES[family], tuple) else ("olmo-2-7b", CHANGES[family])
@@ -334,6 +345,23 @@ def test_a_split_that_cannot_be_made_fails_before_any_rank_starts(tmp_path):
     assert not dist.is_initialized()
 
 
+def test_gemma4_kv_heads_split_or_replicate_and_the_rest_is_refused_by_layer():
+    """Gemma 4's KV heads, layer by layer: shared out where they divide by the ranks; where the ranks are a
+    multiple of them, each rank the one its query heads read (replicated); else refused, the layer named."""
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.models.gemma4 import kv_heads_part
+
+    # 8 query heads over 2 KV heads on 4 ranks: ranks 0 and 1 read KV head 0, ranks 2 and 3 KV head 1
+    assert [kv_heads_part(2, 8, TensorParallelGroup(r, 4), 1) for r in range(4)] == \
+        [slice(0, 1), slice(0, 1), slice(1, 2), slice(1, 2)]
+    assert kv_heads_part(4, 8, TensorParallelGroup(1, 2), 0) == slice(2, 4)
+    cfg = {**shrunk("gemma-4-31b", layers=2), "num_attention_heads": 12, "num_key_value_heads": 6,
+           "num_global_key_value_heads": 3}
+    check_tensor_parallel({**cfg, "num_global_key_value_heads": 2}, 2)
+    with pytest.raises(ValueError, match=r"layer 1's KV heads \(3, over 12 attention heads\) neither divide"):
+        check_tensor_parallel(cfg, 2)
+
+
 def test_gpt2_refuses_tensor_parallelism():
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2).to_dict()
     with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'gpt2'"):
@@ -423,12 +451,14 @@ def test_a_dead_rank_fails_every_request_within_seconds_and_refuses_new_ones(tmp
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("family", ["llama-3.1-8b", "phi-3-mini", "bamba-9b", "lfm2-1.2b", "olmo-2-7b",
-                                    "zamba2-2.7b", "gemma-3n-e2b"])
+                                    "zamba2-2.7b", "gemma-3n-e2b", "gemma-4-31b", "gemma-4-26b-a4b",
+                                    "gemma-4-e2b"])
 def test_two_gpus_give_the_tokens_and_logits_of_one(tmp_path, family):
     """fp16 on two GPUs (NCCL, all-reduces captured in the decode graphs) against one GPU (and two
     hybrids: Bamba's Mamba-2 layers, one group of B / C, and LFM2's convolutions, split too; OLMo 2's
     whole-width q / k norms over the ranks; Zamba2's shared block and Gemma 3n's AltUp model, models of
-    their own): the
+    their own; Gemma 4's two cache shapes, its full layers' single KV head replicated, the 26B's experts
+    and E2B's per-layer inputs): the
     logits of a prefill of every prompt close (cosine >= 0.999 per row), the greedy tokens equal
     over the first 8 of each answer (later ones may part at a near tie: the sums are ordered
     differently)."""

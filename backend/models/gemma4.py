@@ -47,18 +47,32 @@ Decode rows are one batched pass per layer (the linears through kernels.linear_a
 write through kernels.qkv_to_cache, the attention over the paged cache, the experts through kernels.moe_mlp, the rest
 plain element-wise ops): no host sync, nothing per sequence, as a CUDA graph replays it.
 
+Tensor parallelism (Megatron-LM's split, as Gemma 3n's): each rank holds its query heads' rows of q_proj and the
+matching columns of o_proj, one all-reduce after it (before RMSNorm_pa); on every layer that keeps its keys, its KV
+heads' rows of k_proj (and v_proj) and its KV heads' cache, at that layer's shape: the heads' share where they
+divide by the ranks, else, where the ranks are a multiple of them (E2B's single KV head at TP 2, the 26B-A4B's full
+layers' 2 at TP 4, the 31B's 4 at TP 8), the one KV head its query heads read, replicated on the ranks that read it
+(each holds that head's cache: world / KV heads copies of it in all); a sharing layer reads its source's on the same
+rank. Its columns of the dense MLP (rows of gate and up, columns of down) and of every expert (rows of each expert's
+gate and up halves, columns of its down projection, per_expert_scale folded in on every rank), one all-reduce after
+them (the dense and the experts' partial sums side by side in one, before their own norms); the router whole, so
+every rank routes alike. The embedding, the head and the per-layer table E_pl split by vocabulary rows: each rank
+looks up the ids it holds and one all-reduce (of both tables' rows side by side) joins them. Whole on every rank:
+the norms, layer scalars, the per-layer gate and projection, W_pl. Query heads, MLP or expert columns that do not
+divide by the ranks, and a layer's KV heads that neither divide by the ranks nor divide them, are refused at load,
+the layer and the numbers named.
+
 `use_bidirectional_attention` "vision" (the larger multimodal checkpoints') makes only image tokens attend both ways:
 text tokens attend causally, as transformers masks a text-only input, so it is served as None is.
 
 Refused by name: `use_bidirectional_attention` "all" (every token both ways: an encoder), a `hidden_activation`
 other than gelu_pytorch_tanh, `attention_bias`, `layer_types` other than sliding_attention / full_attention, a
 `num_kv_shared_layers` whose shared layers have no earlier layer of their type (transformers' own error), a
-`per_layer_config` entry other than a layer's head_dim / num_key_value_heads, MoE without its sizes, tensor
-parallelism (the full layers' 1 to 4 KV heads and the experts do not split as the other families do; not built) and
-FP8 linears (decoder.py: the spec is not the shared decoder's)."""
+`per_layer_config` entry other than a layer's head_dim / num_key_value_heads, MoE without its sizes, and FP8
+linears (decoder.py: the spec is not the shared decoder's)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -70,6 +84,7 @@ from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.gemma3n import check_activation_and_bias, kv_sources
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope, params_by_layer_type
+from tritonformer.backend.models.transformer import TransformerDecoder
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # transformers' Gemma4TextConfig rotary where a config has none
@@ -105,12 +120,18 @@ class Gemma4Spec:
     top_k: int = 0
     moe_intermediate_size: int = 0
     norm_offset: ClassVar[float] = 0.0  # (norm weights applied as they are: model_shapes draws them around 1)
+    attends: ClassVar[bool] = True  # (every layer attends: its heads split over tensor-parallel ranks)
 
     def check_split(self, tp) -> None:
-        """decoder._check_split: Gemma 4 is not split over tensor-parallel ranks."""
-        raise ValueError("tensor parallelism is not supported for model_type 'gemma4_text' (Gemma 4: its layers' "
-                         "different head shapes, a full layer's 1 to 4 KV heads and its experts are not split; "
-                         "supported: tensor_parallel_size 1)")
+        """Raise where this model cannot split over `tp`'s ranks (decoder._check_split): its attention heads, each
+        layer's KV heads (dividing by the ranks, or a divisor of them: replicated), MLP and expert columns."""
+        tp.part(self.num_heads, "attention heads")
+        for i, source in enumerate(self.kv_sources):
+            if source == i:
+                kv_heads_part(self.layer_heads[i][0], self.num_heads, tp, i)
+            tp.part(self.intermediate_sizes[i], f"layer {i}'s MLP columns (intermediate_size)")
+        if self.num_experts:
+            tp.part(self.moe_intermediate_size, "expert columns (moe_intermediate_size)")
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor a checkpoint holds, by name (the model prefix stripped): client/model_shapes.tensor_shapes."""
@@ -145,6 +166,21 @@ class Gemma4Spec:
             layer.update({f"{norm}.weight": (h,) for norm in norms})
             shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
         return shapes
+
+
+def kv_heads_part(kv: int, heads: int, tp, layer: int) -> slice:
+    """This rank's KV heads of a layer with `kv` of them over `heads` query heads: its share where they divide by the
+    ranks; where the ranks are a multiple of them (a full layer's 1 or 2 KV heads, E2B's one), the one KV head its
+    query heads read, replicated on the ranks whose query heads read it."""
+    world = tp.world
+    if kv % world == 0:
+        return tp.part(kv, f"layer {layer}'s KV heads")
+    if world % kv or heads % world:
+        raise ValueError(f"layer {layer}'s KV heads ({kv}, over {heads} attention heads) neither divide by "
+                         f"tensor_parallel_size {world} nor divide it (supported: KV heads that divide by "
+                         f"tensor_parallel_size, or divide it: replicated)")
+    head = tp.rank * kv // world
+    return slice(head, head + 1)
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
@@ -266,14 +302,21 @@ class _Layer:
 class Gemma4Decoder(DecoderModel):
     """Gemma 4's text model over the paged KV cache (see the module's docstring)."""
 
+    # (a `[vocab, width]` table's rows of this rank, padded as the shared decoder pads its embedding and head)
+    _vocab_rows = TransformerDecoder._vocab_rows
+
     def __init__(self, config: Gemma4Spec, state, device, dtype, tp=None):
+        """With `tp`, this rank's share (see the module's docstring): its query heads' rows of q and columns of
+        o_proj, its KV heads' rows of k and v, its columns of each MLP and of every expert, its vocabulary rows of
+        the embedding, the head and the per-layer table; the rest whole. `self.config` then describes the share."""
         if tp is not None:
             config.check_split(tp)
         super().__init__(config, state, device, dtype)
+        self.tp = tp
         c = config
         shapes = c.tensor_shapes()
 
-        def read(name: str) -> torch.Tensor:
+        def checked(name: str) -> str:
             if name not in state:
                 raise KeyError(f"checkpoint is missing weight {name!r}")
             if tuple(state[name].shape) != shapes[name]:
@@ -281,14 +324,26 @@ class Gemma4Decoder(DecoderModel):
                                  f"(hidden {c.hidden_size}, {c.num_heads} heads, per layer (KV heads, head dim) "
                                  f"{sorted(set(c.layer_heads))}, per-layer inputs {c.per_layer_size}, "
                                  f"{c.num_experts} experts) needs {shapes[name]}")
-            return self.weight(name)
+            return name
 
-        self.embed = read("embed_tokens.weight")
+        def read(name: str, index: tuple | None = None) -> torch.Tensor:
+            """The tensor (its shape checked), or this rank's `index` of it only."""
+            if tp is None or index is None:
+                return self.weight(checked(name))
+            return state[checked(name)][index].to(device=device, dtype=dtype).contiguous()
+
         untied = not c.tie_word_embeddings and "lm_head.weight" in state
-        self.set_output_head(read("lm_head.weight") if untied else self.embed)
+        if tp is None:
+            self.embed = read("embed_tokens.weight")
+            self.set_output_head(read("lm_head.weight") if untied else self.embed)
+        else:  # vocabulary-parallel: this rank's rows of the embedding, the head (and the per-layer table)
+            self.vocab_size = c.vocab_size
+            self.embed = self._vocab_rows(state[checked("embed_tokens.weight")])
+            self.output_head = self._vocab_rows(state[checked("lm_head.weight")]) if untied else self.embed
         self.final_norm = read("norm.weight")
         if c.per_layer_size:
-            self.per_layer_embed = read("embed_tokens_per_layer.weight")
+            self.per_layer_embed = read("embed_tokens_per_layer.weight") if tp is None else \
+                self._vocab_rows(state[checked("embed_tokens_per_layer.weight")])
             self.per_layer_proj = read("per_layer_model_projection.weight")
             self.per_layer_norm = read("per_layer_projection_norm.weight")
         self.ones = {d: torch.ones(d, device=device, dtype=dtype) for d in {d for _, d in c.layer_heads}}
@@ -298,29 +353,40 @@ class Gemma4Decoder(DecoderModel):
         # rotary tables by (local, head dim): the full layers' proportional one, the sliding layers' default one
         self.tables = {**{(False, d): c.rope.cos_sin(c.max_position_embeddings, d, device) for d in full_dims},
                        **{(True, d): c.local_rope.cos_sin(c.max_position_embeddings, d, device) for d in local_dims}}
+        heads = tp.part(c.num_heads, "attention heads") if tp is not None else slice(0, c.num_heads)
+        all_rows = slice(None)
         kv_index: dict[int, int] = {}
         self.kv_shapes: list[tuple[int, int]] = []
+        local_heads: list[tuple[int, int]] = []  # per layer: (this rank's KV heads, head dim)
         self.layers: list[_Layer] = []
         for i, source in enumerate(c.kv_sources):
             p = f"layers.{i}."
             own = source == i
             kv, d = c.layer_heads[source]
+            kv_part = kv_heads_part(kv, c.num_heads, tp, source) if tp is not None else slice(0, kv)
+            kv = kv_part.stop - kv_part.start
+            local_heads.append((kv, c.layer_heads[i][1]))
+            q_rows, kv_rows = slice(heads.start * d, heads.stop * d), slice(kv_part.start * d, kv_part.stop * d)
             if own:
                 kv_index[i] = len(kv_index)
                 self.kv_shapes.append((kv, d))
-            rows = [read(p + "self_attn.q_proj.weight")]
+            rows = [read(p + "self_attn.q_proj.weight", (q_rows,))]
             if own:
-                rows.append(read(p + "self_attn.k_proj.weight"))
+                rows.append(read(p + "self_attn.k_proj.weight", (kv_rows,)))
                 if not c.values_from_keys[i]:
-                    rows.append(read(p + "self_attn.v_proj.weight"))
+                    rows.append(read(p + "self_attn.v_proj.weight", (kv_rows,)))
+            mlp = tp.part(c.intermediate_sizes[i], f"layer {i}'s MLP columns") if tp is not None else None
             layer = _Layer(
                 attn_norm=read(p + "input_layernorm.weight"), qkv_w=torch.cat(rows),
                 q_norm=read(p + "self_attn.q_norm.weight"),
                 k_norm=read(p + "self_attn.k_norm.weight") if own else None,
-                o_w=read(p + "self_attn.o_proj.weight"), attn_post_norm=read(p + "post_attention_layernorm.weight"),
+                o_w=read(p + "self_attn.o_proj.weight", (all_rows, q_rows)),
+                attn_post_norm=read(p + "post_attention_layernorm.weight"),
                 mlp_norm=read(p + "pre_feedforward_layernorm.weight"),
-                gate_up_w=torch.cat([read(p + "mlp.gate_proj.weight"), read(p + "mlp.up_proj.weight")]),
-                down_w=read(p + "mlp.down_proj.weight"), mlp_post_norm=read(p + "post_feedforward_layernorm.weight"),
+                gate_up_w=torch.cat([read(p + "mlp.gate_proj.weight", mlp and (mlp,)),
+                                     read(p + "mlp.up_proj.weight", mlp and (mlp,))]),
+                down_w=read(p + "mlp.down_proj.weight", mlp and (all_rows, mlp)),
+                mlp_post_norm=read(p + "post_feedforward_layernorm.weight"),
                 scalar=read(p + "layer_scalar"), kv_heads=kv, head_dim=d, window=c.layer_windows[i],
                 values_from_keys=c.values_from_keys[source], kv_index=kv_index[source], writes_kv=own)
             if c.per_layer_size:
@@ -328,21 +394,39 @@ class Gemma4Decoder(DecoderModel):
                 layer.proj_pl_w = read(p + "per_layer_projection.weight")
                 layer.pl_norm = read(p + "post_per_layer_input_norm.weight")
             if c.num_experts:
-                layer.router_w = read(p + "router.proj.weight")
-                layer.router_scale = read(p + "router.scale")
-                layer.experts_gate_up = read(p + "experts.gate_up_proj")
-                scale = state[p + "router.per_expert_scale"]
-                if tuple(scale.shape) != shapes[p + "router.per_expert_scale"]:
-                    read(p + "router.per_expert_scale")  # (raises, naming the shapes)
-                down = state[p + "experts.down_proj"]
-                read(p + "experts.down_proj")  # (its shape checked)
-                layer.experts_down = (down.float() * scale.float()[:, None, None].to(down.device)).to(
-                    device=device, dtype=dtype).contiguous()
-                layer.moe_pre_norm = read(p + "pre_feedforward_layernorm_2.weight")
-                layer.mlp_post_norm_1 = read(p + "post_feedforward_layernorm_1.weight")
-                layer.moe_post_norm = read(p + "post_feedforward_layernorm_2.weight")
+                self._read_experts(layer, p, state, checked, read, tp)
             self.layers.append(layer)
         self.num_kv_layers = len(kv_index)  # (the sharing layers hold none of their own)
+        if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
+            sliding = next((kv for (kv, _), w in zip(local_heads, c.layer_windows) if w is not None), local_heads[0][0])
+            self.config = replace(c, num_heads=c.num_heads // tp.world, num_kv_heads=sliding,
+                                  layer_heads=tuple(local_heads),
+                                  intermediate_sizes=tuple(n // tp.world for n in c.intermediate_sizes),
+                                  moe_intermediate_size=c.moe_intermediate_size // tp.world)
+
+    def _read_experts(self, layer: _Layer, p: str, state, checked, read, tp) -> None:
+        """The router (whole on every rank), and every expert's gate / up rows and down columns (this rank's share
+        of each under `tp`), the down projections times their per_expert_scale."""
+        c = self.config
+        layer.router_w = read(p + "router.proj.weight")
+        layer.router_scale = read(p + "router.scale")
+        scale = state[checked(p + "router.per_expert_scale")].to(torch.float32)
+        down = state[checked(p + "experts.down_proj")]
+        if tp is None:
+            layer.experts_gate_up = read(p + "experts.gate_up_proj")
+            down = down.to(torch.float32)
+        else:  # this rank's columns of every expert: its rows of the gate and of the up halves, its down columns
+            m, every = c.moe_intermediate_size, slice(None)
+            cols = tp.part(m, "expert columns (moe_intermediate_size)")
+            upper = slice(m + cols.start, m + cols.stop)
+            layer.experts_gate_up = torch.cat([read(p + "experts.gate_up_proj", (every, cols)),
+                                               read(p + "experts.gate_up_proj", (every, upper))], dim=1)
+            down = down[every, every, cols].to(torch.float32)
+        layer.experts_down = (down * scale[:, None, None].to(down.device)).to(device=self.device,
+                                                                             dtype=self.dtype).contiguous()
+        layer.moe_pre_norm = read(p + "pre_feedforward_layernorm_2.weight")
+        layer.mlp_post_norm_1 = read(p + "post_feedforward_layernorm_1.weight")
+        layer.moe_post_norm = read(p + "post_feedforward_layernorm_2.weight")
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """One cache layer per layer that keeps its keys, each at its own (KV heads, head dim)."""
@@ -361,24 +445,39 @@ class Gemma4Decoder(DecoderModel):
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return kernels.rms_norm(x, weight, self.config.norm_eps)[0]
 
-    def _per_layer_inputs(self, ids: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """u `[T, L, P]`: each layer's per-layer input of each token, from its id and e."""
+    def _embeddings(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(e `[T, H]`, the token embeddings times sqrt(H); the per-layer table's rows `[T, L P]` times sqrt(P), or
+        None without per-layer inputs). Under tensor parallelism each rank looks up the ids it holds of both tables,
+        zeros for the rest, and one all-reduce of the two side by side sums them (exactly: one rank gives each row)."""
+        c = self.config
+        rank = self.tp.rank if self.tp is not None else 0
+        e = kernels.embedding_part(ids, self.embed, rank * self.embed.shape[0], c.hidden_size ** 0.5)
+        table = None
+        if c.per_layer_size:
+            held = torch.where((ids >= 0) & (ids < c.per_layer_vocab), ids, torch.zeros_like(ids))
+            table = kernels.embedding_part(held, self.per_layer_embed, rank * self.per_layer_embed.shape[0],
+                                           c.per_layer_size ** 0.5)
+        if self.tp is None:
+            return e, table
+        if table is None:
+            return self.tp.all_reduce(e), None
+        both = self.tp.all_reduce(torch.cat([e, table], dim=1))
+        return both[:, : c.hidden_size].contiguous(), both[:, c.hidden_size :].contiguous()
+
+    def _per_layer_inputs(self, e: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """u `[T, L, P]`: each layer's per-layer input of each token, from e and its per-layer table rows."""
         c = self.config
         rows, p = e.shape[0], c.per_layer_size
-        held = torch.where((ids >= 0) & (ids < c.per_layer_vocab), ids, torch.zeros_like(ids))
-        table = kernels.embedding_part(held, self.per_layer_embed, 0, p ** 0.5).view(rows, c.num_layers, p)
         projected = kernels.linear_act(e, self.per_layer_proj) * (c.hidden_size ** -0.5)
         projected = self._norm(projected.view(rows * c.num_layers, p), self.per_layer_norm)
-        return (projected.view(rows, c.num_layers, p) + table) * (2.0 ** -0.5)
+        return (projected.view(rows, c.num_layers, p) + table.view(rows, c.num_layers, p)) * (2.0 ** -0.5)
 
     @torch.inference_mode()
     def hidden_states(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
         """The final norm's rows `[S, hidden]` for the rows in `batch.logits_index`."""
-        c = self.config
-        ids = batch.input_ids
-        x = kernels.embedding_part(ids, self.embed, 0, c.hidden_size ** 0.5)
-        per_layer = self._per_layer_inputs(ids, x) if c.per_layer_size else None
-        cos_sin = {key: table[batch.positions] for key, table in self.tables.items()}
+        x, table = self._embeddings(batch.input_ids)
+        per_layer = None if table is None else self._per_layer_inputs(x, table)
+        cos_sin = {key: rotary[batch.positions] for key, rotary in self.tables.items()}
         for i, layer in enumerate(self.layers):
             x = self._layer(x, None if per_layer is None else per_layer[:, i], layer, batch, cache,
                             cos_sin[(layer.window is not None, layer.head_dim)])
@@ -395,7 +494,13 @@ class Gemma4Decoder(DecoderModel):
         f = kernels.linear_act(kernels.linear_act(x, layer.gate_up_w, None, "gelu_tanh_mul", prenorm=pre),
                                layer.down_w)
         if layer.experts_down is not None:
-            f = self._norm(f, layer.mlp_post_norm_1) + self._norm(self._experts(x, layer), layer.moe_post_norm)
+            experts = self._experts(x, layer)
+            if self.tp is not None:  # (each rank's columns' partial sums of both, summed in one all-reduce)
+                both = self.tp.all_reduce(torch.cat([f, experts], dim=1))
+                f, experts = both[:, : f.shape[1]].contiguous(), both[:, f.shape[1] :].contiguous()
+            f = self._norm(f, layer.mlp_post_norm_1) + self._norm(experts, layer.moe_post_norm)
+        elif self.tp is not None:
+            f = self.tp.all_reduce(f)  # (each rank's columns' partial sums, summed)
         x = x + self._norm(f, layer.mlp_post_norm)
         if per_layer is not None:
             gated = kernels.linear_act(x, layer.gate_pl_w, activation="gelu_tanh") * per_layer
@@ -431,7 +536,8 @@ class Gemma4Decoder(DecoderModel):
             q = self._norm(qkv.view(-1, d), layer.q_norm).view(rows, c.num_heads, d)
             q = kernels.apply_rotary(q, cos, sin)
         ctx = batch.attention(q, keys, values, scale=1.0, window=layer.window)
-        return kernels.linear_act(ctx.reshape(rows, -1), layer.o_w)
+        out = kernels.linear_act(ctx.reshape(rows, -1), layer.o_w)
+        return out if self.tp is None else self.tp.all_reduce(out)  # (each rank's heads' partial sums, summed)
 
 
 MODEL = Gemma4Decoder

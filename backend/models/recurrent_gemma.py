@@ -33,10 +33,16 @@ each tap's product and the bias add in the model's dtype, which in bf16 may land
 kernel (kernels.rglru_decode), a prompt chunk a prefix scan in PyTorch from its slot's state (linear_scan).
 `final_w_init_variance_scale` and `w_init_variance_scale` are initialisation only.
 
+Tensor parallelism: the recurrent layers split by RG-LRU heads, each a block of W / H channels (the gates are
+block-diagonal per head, the convolution and the recurrence per channel): each rank holds its heads' rows of
+linear_y, linear_x, the taps, the gates and the rate, its columns of linear_out (one all-reduce after it, its bias
+added by rank 0) and its channels' state; attention and the MLP split as the shared decoder's. Its KV heads must
+divide by the ranks as the shared decoder's: the published checkpoints' single KV head does not (refused at load,
+saying so), so only a checkpoint with as many KV heads as ranks (or a multiple) splits today.
+
 Refused by name: block types other than recurrent / attention, `hidden_activation` other than tanh GELU, a rope
-type other than default, lru_width not a multiple of the heads, a convolution of fewer than 2 taps,
-`embeddings_scale_by_sqrt_dim` false (transformers always scales) and tensor parallelism of the recurrent layers
-(the shared decoder's split_mixers)."""
+type other than default, lru_width not a multiple of the heads, a convolution of fewer than 2 taps and
+`embeddings_scale_by_sqrt_dim` false (transformers always scales)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -45,9 +51,10 @@ import torch
 
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
-from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.mixers import HeadShare, causal_conv1d
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, rope_parameters,
                                                      spec_from_hf)
+from tritonformer.backend.parallel.group import adds_biases
 
 KIND = "rg_lru"  # the mixer kind (DecoderSpec.mixers) of a recurrent layer
 NAMES = WeightNames(q="temporal_block.q_proj", k="temporal_block.k_proj", v="temporal_block.v_proj",
@@ -67,6 +74,10 @@ class RecurrentGemmaSpec(DecoderSpec):
 
     lru_width: int = 0
     conv_width: int = 4
+
+    def split_mixers(self, tp) -> None:
+        """The RG-LRU splits by its heads (blocks of lru_width / heads channels): they must divide by the ranks."""
+        HeadShare.of(tp, self.num_heads, "RG-LRU heads (num_attention_heads)")
 
     def mixer_tensors(self, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
         """A recurrent layer's checkpoint tensors by name (client/model_shapes.tensor_shapes)."""
@@ -184,7 +195,7 @@ class RgLru:
     gate_a_b: torch.Tensor
     rate: torch.Tensor  # [W]: softplus(recurrent_param)
     out_w: torch.Tensor  # [H, W]
-    out_b: torch.Tensor
+    out_b: torch.Tensor | None  # (None on ranks other than 0: rank 0 adds it)
 
     @property
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -226,17 +237,22 @@ class RecurrentGemmaDecoder(TransformerDecoder):
             return super().load_mixer(i, prefix, weight, read)
         h, w, p = c.hidden_size, c.lru_width, prefix + "temporal_block."
         heads, block = c.num_heads, c.lru_width // c.num_heads
-        param = weight(p + "rg_lru.recurrent_param", w)
-        return RgLru(y_w=weight(p + "linear_y.weight", w, h), y_b=weight(p + "linear_y.bias", w),
-                     x_w=weight(p + "linear_x.weight", w, h), x_b=weight(p + "linear_x.bias", w),
-                     conv_w=weight(p + "conv_1d.weight", w, 1, c.conv_width)[:, 0].float().contiguous(),
-                     conv_b=weight(p + "conv_1d.bias", w).float(),
-                     gate_i_w=weight(p + "rg_lru.input_gate_weight", heads, block, block),
-                     gate_i_b=weight(p + "rg_lru.input_gate_bias", heads, block),
-                     gate_a_w=weight(p + "rg_lru.recurrent_gate_weight", heads, block, block),
-                     gate_a_b=weight(p + "rg_lru.recurrent_gate_bias", heads, block),
+        # (tensor parallelism: this rank's RG-LRU heads, each a block of channels: its rows of linear_y, linear_x,
+        # the taps, the gates and the rate, its columns of linear_out, whose bias rank 0 adds)
+        share = HeadShare.of(self.tp, heads, "RG-LRU heads (num_attention_heads)")
+        own, gates = (None, None) if share.whole else (share.rows(block), share.heads)
+        param = weight(p + "rg_lru.recurrent_param", w, rows=own)
+        return RgLru(y_w=weight(p + "linear_y.weight", w, h, rows=own), y_b=weight(p + "linear_y.bias", w, rows=own),
+                     x_w=weight(p + "linear_x.weight", w, h, rows=own), x_b=weight(p + "linear_x.bias", w, rows=own),
+                     conv_w=weight(p + "conv_1d.weight", w, 1, c.conv_width, rows=own)[:, 0].float().contiguous(),
+                     conv_b=weight(p + "conv_1d.bias", w, rows=own).float(),
+                     gate_i_w=weight(p + "rg_lru.input_gate_weight", heads, block, block, rows=gates),
+                     gate_i_b=weight(p + "rg_lru.input_gate_bias", heads, block, rows=gates),
+                     gate_a_w=weight(p + "rg_lru.recurrent_gate_weight", heads, block, block, rows=gates),
+                     gate_a_b=weight(p + "rg_lru.recurrent_gate_bias", heads, block, rows=gates),
                      rate=torch.nn.functional.softplus(param).contiguous(),
-                     out_w=weight(p + "linear_out.weight", h, w), out_b=weight(p + "linear_out.bias", h))
+                     out_w=weight(p + "linear_out.weight", h, w, cols=own),
+                     out_b=weight(p + "linear_out.bias", h) if adds_biases(self.tp) else None)
 
 
 MODEL = RecurrentGemmaDecoder
