@@ -648,6 +648,19 @@ RECURRENTGEMMA_2B = {
     "embeddings_scale_by_sqrt_dim": True, "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
     "pad_token_id": 0,
 }
+# Zyphra/ZAYA1-8B (model_type zaya), from transformers' ZayaConfig defaults and docstring (its checkpoint): 40
+# layers at 2,048 wide, each attending through CCA projections (8 query heads of 128 over 2 KV heads; convolutions of
+# 2 and 2 taps) and routing each token to one of 16 experts of 2,048 (or to none) by an MLP router of 256; half of each
+# head rotating at theta 5e6; the head tied. Uncertain: whether the published config.json writes other values than
+# those defaults (layer_types, sliding_window, the token ids 2 / 106 / 0, max_position_embeddings).
+ZAYA1_8B = {
+    "model_type": "zaya", "vocab_size": 262272, "hidden_size": 2048, "num_hidden_layers": 40,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16, "num_experts_per_tok": 1,
+    "moe_intermediate_size": 2048, "router_hidden_size": 256, "cca_time0": 2, "cca_time1": 2, "hidden_act": "silu",
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "attention_bias": False, "lm_head_bias": False,
+    "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5}},
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 106, "pad_token_id": 0,
+}
 # LiquidAI/LFM2-1.2B's config.json (model_type lfm2), from memory of the published file: 16 layers at 2,048 wide,
 # six of them attending (full_attn_idxs; later revisions also write them as layer_types), the other ten gated short
 # convolutions of 3 taps; 32 query heads of 64 over 8 KV heads with q / k norms; block_ff_dim 12,288 auto-adjusted
@@ -798,6 +811,26 @@ KIMI_LINEAR_48B_A3B = {
     "routed_scaling_factor": 2.446, "n_group": 1, "topk_group": 1, "hidden_act": "silu", "rms_norm_eps": 1e-5,
     "max_position_embeddings": 1048576, "attention_bias": False, "tie_word_embeddings": False,
     "bos_token_id": 163584, "eos_token_id": 163586, "pad_token_id": 163839,
+}
+# inclusionAI/Ling-3.0-Flash (model_type bailing_hybrid) at transformers' BailingHybridConfig defaults, which its
+# docstring names as that checkpoint's (not read from the published config.json): 42 layers at 2,560 wide, the last of
+# every 6 latent attention (32 heads, keys and values from a latent of 512 plus a 64-dim rotary key every head shares,
+# queries from q_proj, 128 + 64 query / key dims and 128 value dims a head, the interleaved rotary of base 6e6, a gate
+# per head), Kimi Delta Attention in the other 35 (32 heads of 128, 4-tap convolutions, the bounded forget gate of
+# lower bound -5); the first two layers a dense SwiGLU of 6,144, then 512 experts of 768, the top 8 by sigmoid score
+# plus a learnt bias among the best 4 of 8 groups, renormalised, scaled by 2.5, one shared expert; one MTP layer (not
+# read). Uncertain: all of it as published (the config.json may write the options under its own names:
+# num_experts_per_token, num_shared_experts, ...; bailing_hybrid.from_hf reads either), the vocabulary and token ids.
+LING_3_0_FLASH = {
+    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2560, "intermediate_size": 6144,
+    "num_hidden_layers": 42, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "layer_group_size": 6, "short_conv_kernel_size": 4, "kda_safe_gate": True, "kda_lower_bound": -5.0,
+    "num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "n_shared_experts": 1,
+    "first_k_dense_replace": 2, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "rope_theta": 6000000.0,
+    "attention_bias": False, "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
+    "pad_token_id": 156892, "eos_token_id": 156895,
 }
 # Zyphra/Zamba2-2.7B's config.json (model_type zamba2), from memory of the published file: 54 Mamba-2 layers at 2,560
 # wide (80 heads of 64 over 2 x 2,560, state 64, one group, 4 conv taps), nine of them (6, 12, ..., 42, 47, 51) fed by
@@ -997,6 +1030,54 @@ DEEPSEEK_V3 = {
 # config.json names `rope_scaling` or `rope_parameters` (the values are DeepSeek-V3's). FP8 weights as published.
 DEEPSEEK_V3_2 = {**DEEPSEEK_V3, "model_type": "deepseek_v32", "index_topk": 2048, "index_head_dim": 128,
                  "index_n_heads": 64}
+# skt/A.X-K1 (model_type axk1): DeepSeek-V3's block with a norm after each expert block, at the values of
+# transformers' AXK1Config defaults (its docstring's checkpoint; not read from the published config.json): 61 layers
+# of 7,168, 64 latent-attention heads (a query latent of 1,536, keys and values from one of 512 plus a shared 64-dim
+# rotary key), the first layer dense (18,432 columns), then 192 experts of 2,048, the top 8 by sigmoid score among
+# the best 4 of 8 groups, scaled by 2.5, one shared expert. Uncertain: the rope (the default's theta 10,000 and no
+# YaRN here) and max_position_embeddings (32,768, the default).
+# poolside/Laguna-XS.2 (model_type laguna, 33B in all, 3B active), its config.json's values as quoted by public copies
+# of it (not read from the file here): 40 layers of 2,048, 48 heads of 128 over 8 KV heads with a softplus gate per
+# head, the full layers' rotary YaRN (factor 32 over 4,096) over half of each head at theta 500,000, the sliding
+# layers' (512 tokens) the whole head at theta 10,000; 256 experts of 512, the top 8 by sigmoid score + bias, a
+# shared expert of 512, a dense first layer of 8,192. Uncertain: which layers slide (mixed, the pattern not known
+# here: three sliding then a full one assumed), the dense layers (transformers' default: the first only),
+# moe_routed_scaling_factor (transformers' default 1.0 assumed) and num_attention_heads_per_layer (48 in every layer
+# assumed).
+LAGUNA_XS2 = {
+    "model_type": "laguna", "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 40, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 131072, "attention_bias": False, "rms_norm_eps": 1e-6, "num_experts": 256,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "gating": True,
+    "sliding_window": 512, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 10,
+    "rope_parameters": {
+        "full_attention": {"rope_theta": 500000.0, "rope_type": "yarn", "factor": 32.0,
+                           "original_max_position_embeddings": 4096, "beta_slow": 1.0, "beta_fast": 64.0,
+                           "attention_factor": 1.0, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}},
+    "tie_word_embeddings": False, "bos_token_id": 2, "eos_token_id": [2, 24], "pad_token_id": 9,
+}
+# Aleph-Alpha/Kolibri-1 (model_type kolibri1), at the values of transformers' Kolibri1Config defaults (its
+# docstring's checkpoint; not read from the published config.json): 50 layers of 2,560, 48 heads of 128 over 4 KV
+# heads, four of every five layers windowed (513 tokens; the fifth global, NoPE), 384 experts of 512 in every layer,
+# the top 6 by logit + bias, unrenormalised, one shared expert of 512. Uncertain: the rope (the default's theta
+# 10,000), max_position_embeddings (262,144, the default) and the special ids (none in the defaults).
+KOLIBRI1 = {
+    "model_type": "kolibri1", "vocab_size": 128000, "hidden_size": 2560, "num_hidden_layers": 50,
+    "num_attention_heads": 48, "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 262144,
+    "sliding_window": 513, "num_experts": 384, "num_experts_per_tok": 6, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "norm_topk_prob": False, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "tie_word_embeddings": False,
+}
+AXK1 = {
+    "model_type": "axk1", "vocab_size": 163840, "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 192, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+    "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "rope_interleave": True, "max_position_embeddings": 32768,
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 163691, "eos_token_id": 163691,
+}
 # deepseek-ai/DeepSeek-V2-Lite (model_type deepseek_v2, 16B in all, 2.4B active), its config.json's values as
 # recalled (not read from the file): latent attention without a query latent (16 heads, q_proj straight from the
 # hidden row), keys and values from a latent of 512 plus a shared 64-dim rotary key, YaRN with mscale_all_dim
@@ -1012,6 +1093,21 @@ DEEPSEEK_V2_LITE = {
     "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
                      "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
     "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 100000, "eos_token_id": 100001,
+}
+# meituan-longcat/LongCat-Flash-Chat (model_type longcat_flash, 560B in all, 18.6-31.3B active), its config.json's
+# values as recalled (not read from the file; they are transformers' LongcatFlashConfig defaults, which follow it):
+# 28 layers of two latent-attention sublayers (64 heads, a query latent of 1,536, a key / value latent of 512 plus a
+# shared 64-dim rotary key), two dense MLPs of 12,288 and one shortcut MoE: the top 12 of 512 experts of 2,048 and
+# 256 identity experts by softmax probability + bias, times 6. Uncertain: the `mla_scale_*` / `zero_expert_type` /
+# `router_bias` keys (the original code's, transformers reads none of them) and whether `head_dim` is written.
+LONGCAT_FLASH_CHAT = {
+    "model_type": "longcat_flash", "vocab_size": 131072, "hidden_size": 6144, "ffn_hidden_size": 12288,
+    "expert_ffn_hidden_size": 2048, "num_layers": 28, "num_attention_heads": 64, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 512, "zero_expert_num": 256, "zero_expert_type": "identity", "moe_topk": 12,
+    "routed_scaling_factor": 6.0, "router_bias": False, "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000000.0, "max_position_embeddings": 131072, "attention_bias": False,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
 }
 # The shape transformers' Glm4MoeLiteConfig defaults to (zai-org/GLM-4.7-Flash, model_type glm4_moe_lite, 30B in all,
 # 3B active): DeepSeek-V3's latent attention at 20 heads (a query latent of 768, a key / value latent of 512 plus a
@@ -1242,6 +1338,7 @@ DECODER_SHAPES = {
     "trinity-mini": TRINITY_MINI,
     "recurrentgemma-2b": RECURRENTGEMMA_2B,
     "lfm2-1.2b": LFM2_1_2B,
+    "zaya1-8b": ZAYA1_8B,
     "lfm2-8b-a1b": LFM2_8B_A1B,
     "lfm3-1.7b": LFM3_1_7B,
     "persimmon-8b": PERSIMMON_8B,
@@ -1258,11 +1355,15 @@ DECODER_SHAPES = {
     "dots.llm1": DOTS_LLM1,
     "deepseek-v3": DEEPSEEK_V3,
     "deepseek-v3.2": DEEPSEEK_V3_2,
+    "a.x-k1": AXK1,
+    "kolibri-1": KOLIBRI1,
+    "laguna-xs.2": LAGUNA_XS2,
     "glm-5": GLM_5,
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "glm-4.7-flash": GLM_4_7_FLASH,
     "youtu-llm-2b": YOUTU_LLM_2B,
     "mistral-small-4": MISTRAL_SMALL_4,
+    "longcat-flash-chat": LONGCAT_FLASH_CHAT,
     "minicpm3-4b": MINICPM3_4B,
     "xglm-564m": XGLM_564M,
     "solar-open-100b": SOLAR_OPEN_100B,
@@ -1279,6 +1380,7 @@ DECODER_SHAPES = {
     "nemotron-3-nano-30b-a3b": NEMOTRON_3_NANO_30B_A3B,
     "falcon-h1-0.5b": FALCON_H1_0_5B,
     "kimi-linear-48b-a3b": KIMI_LINEAR_48B_A3B,
+    "ling-3.0-flash": LING_3_0_FLASH,
     "minimax-text-01": MINIMAX_TEXT_01,
     "zamba2-2.7b": ZAMBA2_2_7B,
     "zamba-7b": ZAMBA_7B,
@@ -1410,17 +1512,33 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
     if "kv_lora_rank" in cfg:  # latent attention (DeepSeek): its ranks and head dims an eighth of the published
         for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             cfg[key] = cfg[key] // 8 if cfg.get(key) else cfg.get(key)
+    if cfg["model_type"] == "longcat_flash":  # LongCat-Flash, under its own names: `layers` sublayers (two a layer),
+        # the rotary as wide as the shrunk rotary key (transformers' is head_dim wide), fewer, narrower experts (k kept)
+        # and identity experts in the published ratio to them (1 to 2)
+        published = DECODER_SHAPES[name]
+        top_k = cfg["moe_topk"]
+        routed = min(published["n_routed_experts"], max(8, 2 * top_k))
+        cfg.update(num_layers=max(1, layers // 2), ffn_hidden_size=cfg.pop("intermediate_size"),
+                   head_dim=cfg["qk_rope_head_dim"], n_routed_experts=routed, expert_ffn_hidden_size=hidden + 16,
+                   zero_expert_num=routed * published["zero_expert_num"] // published["n_routed_experts"])
     if "index_topk" in cfg:  # DSA's indexer (DeepSeek-V3.2, GLM-5): 4 heads, an eighth of the published head width
         cfg.update(index_n_heads=4, index_head_dim=cfg["index_head_dim"] // 8)
     if "linear_num_value_heads" in cfg:  # gated DeltaNet (Qwen3-Next, Qwen3.5): 2 key heads, the value heads' ratio
         ratio = cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"]  # kept, heads as wide as attention's
         cfg.update(linear_num_key_heads=2, linear_num_value_heads=2 * ratio, linear_key_head_dim=2 * hidden // heads,
                    linear_value_head_dim=2 * hidden // heads)
+    if cfg["model_type"] == "bailing_hybrid":  # Ling 3.0: a KDA layer then a latent-attention one in turn over the
+        # few (the last of each group of `layers`), experts from the second layer on
+        cfg.update(layer_group_size=min(cfg["layer_group_size"], layers),
+                   first_k_dense_replace=min(cfg["first_k_dense_replace"], 1))
     if "linear_attn_config" in cfg:  # Kimi Linear: 4 KDA heads as wide as attention's, a KDA layer then a
         # latent-attention one in turn over the few (its lists count from 1)
         cfg["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 4, "head_dim": 2 * hidden // heads,
                                      "kda_layers": list(range(1, layers + 1, 2)),
                                      "full_attn_layers": list(range(2, layers + 1, 2))}
+    if cfg["model_type"] == "laguna":  # Laguna: a sliding layer then a full one in turn over the few (each type's own
+        # rotary: the full layers' over half of each head)
+        cfg["layer_types"] = (["sliding_attention", "full_attention"] * layers)[:layers]
     if cfg["model_type"] == "minimax":  # MiniMax: a lightning layer then a softmax one in turn over the few, blocks
         # of 16 tokens in transformers' prompt form (so that the prompts cross them)
         cfg.update(layer_types=(["linear_attention", "full_attention"] * layers)[:layers], block_size=16)

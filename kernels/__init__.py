@@ -9,6 +9,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     advance_decode_inputs,
     apply_rotary,
     argmax_rows,
+    cca_conv_decode,
     apply_penalties,
     bias_gelu,
     conv1d_chunk,

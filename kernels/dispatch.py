@@ -35,7 +35,7 @@ _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "tr
                    "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
                    "triton_mla", "triton_recurrent", "triton_kda", "triton_recurrent_prefill",
                    "triton_lightning", "triton_disentangled_attention",
-                   "triton_relative_attention", "triton_rglru")
+                   "triton_relative_attention", "triton_rglru", "triton_cca")
 _loaded = False
 
 
@@ -104,6 +104,7 @@ mla_latent_norms = _dispatched("mla_latent_norms")
 mla_kv_to_cache = _dispatched("mla_kv_to_cache")
 conv1d_decode = _dispatched("conv1d_decode")
 conv1d_chunk = _dispatched("conv1d_chunk")
+cca_conv_decode = _dispatched("cca_conv_decode")
 gated_delta_chunk = _dispatched("gated_delta_chunk")
 gated_delta_decode = _dispatched("gated_delta_decode")
 gated_rms_norm = _dispatched("gated_rms_norm")

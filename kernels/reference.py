@@ -416,6 +416,24 @@ def conv1d_chunk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return y.to(x.dtype)
 
 
+def cca_conv_decode(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                    conv_state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One step of ZAYA's CCA convolutions per row (models/zaya.py): row i `x[i]` `[C]` (G heads of D channels)
+    of the sequence holding state slot `slots[i]` sees the window [its last K inputs (`conv_state[slots[i]]`,
+    `[C, K]` fp32, oldest first); x[i]], K = (T0 - 1) + (T1 - 1). A depthwise convolution of T0 taps (w1 `[C, T0]`,
+    b1 `[C]`) gives T1 outputs, rounded to x's dtype (transformers' first Conv1d, in the model's dtype); a
+    convolution of T1 taps grouped by head (w2 `[C, D, T1]`: output channel o of head g reads that head's D
+    channels, b2 `[C]`) gives the row's output, in fp32, rounded once to x's dtype. Shifts x[i] into the state
+    (in place). w1, b1, w2, b2 fp32."""
+    d = w2.shape[1]
+    held = conv_state.index_select(0, slots)
+    window = torch.cat([held, x[:, :, None].float()], dim=2)  # [N, C, K + 1]
+    dw = F.conv1d(window, w1.float()[:, None, :], b1.float(), groups=w1.shape[0]).to(x.dtype).float()
+    y = F.conv1d(dw, w2.float(), b2.float(), groups=w2.shape[0] // d)[:, :, 0]
+    conv_state.index_copy_(0, slots, window[:, :, 1:])
+    return y.to(x.dtype)
+
+
 def gated_delta_inputs(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, neg_a: torch.Tensor,
                        dt_bias: torch.Tensor, num_k_heads: int, head_k_dim: int,
                        beta_scale: float = 1.0) -> tuple[torch.Tensor, ...]:
@@ -612,13 +630,16 @@ def mamba_gated_squares(y: torch.Tensor, z: torch.Tensor, num_groups: int, order
 
 
 def kda_inputs(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor,
-               dt_bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+               dt_bias: torch.Tensor, lower_bound: float | None = None,
+               round_decay: bool = False) -> tuple[torch.Tensor, ...]:
     """A Kimi Delta Attention layer's per-token rule inputs (models/kda.py), all fp32: from the convolved
     rows mixed `[T, 2 H K + H V]` ([q; k; v], the model's dtype), the forget gate's logits f `[T, H K]` and the
     beta logits b `[T, H]` (the model's dtype; rows at any stride): q and k `[T, H, K]` L2-normalised (x /
     sqrt(sum x^2 + 1e-6); q also times K ** -0.5), v `[T, H, V]`, the per-channel log decay
     g = neg_a[h] * softplus(f + dt_bias) `[T, H, K]` (neg_a `[H]`, dt_bias `[H K]` fp32; softplus as
-    log(1 + exp(x)), x itself above 20: Hugging Face's form) and beta = sigmoid(b) rounded to b's dtype."""
+    log(1 + exp(x)), x itself above 20: Hugging Face's form) and beta = sigmoid(b) rounded to b's dtype.
+    `lower_bound` (Ling 3.0's bounded gate): g = lower_bound * sigmoid(-neg_a[h] * (f + dt_bias)) instead;
+    `round_decay`: g rounded to f's dtype (and back to fp32), as Ling 3.0's forget gate returns it."""
     rows, heads = b.shape
     kd = f.shape[1]
     k_dim = kd // heads
@@ -630,7 +651,12 @@ def kda_inputs(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: tor
     q, k = l2(mixed[:, :kd]) * k_dim ** -0.5, l2(mixed[:, kd : 2 * kd])
     v = mixed[:, 2 * kd :].reshape(rows, heads, (mixed.shape[1] - 2 * kd) // heads).float()
     x = f.float() + dt_bias
-    g = neg_a[:, None] * torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x))).view(rows, heads, k_dim)
+    if lower_bound is None:
+        g = neg_a[:, None] * torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x))).view(rows, heads, k_dim)
+    else:
+        g = lower_bound * torch.sigmoid(-neg_a[:, None] * x.view(rows, heads, k_dim))
+    if round_decay:
+        g = g.to(f.dtype).float()
     return q, k, v, g, torch.sigmoid(b).float()
 
 
@@ -646,11 +672,12 @@ def kda_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 def kda_decode(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor,
-               state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+               state: torch.Tensor, slots: torch.Tensor, lower_bound: float | None = None,
+               round_decay: bool = False) -> torch.Tensor:
     """One decode step of a Kimi Delta Attention layer per row: the rule's inputs from its convolved row and gate
-    logits (kda_inputs), one step of the rule on the state at its slot (`state` `[slots, H, K, V]` fp32, updated
-    in place), the output `[rows, H, V]` rounded to mixed's dtype."""
-    q, k, v, g, beta = kda_inputs(mixed, f, b, neg_a, dt_bias)
+    logits (kda_inputs, with its `lower_bound` and `round_decay`), one step of the rule on the state at its slot
+    (`state` `[slots, H, K, V]` fp32, updated in place), the output `[rows, H, V]` rounded to mixed's dtype."""
+    q, k, v, g, beta = kda_inputs(mixed, f, b, neg_a, dt_bias, lower_bound, round_decay)
     out, new = kda_step(state.index_select(0, slots), q, k, v, g, beta)
     state.index_copy_(0, slots, new)
     return out.to(mixed.dtype)
@@ -1625,7 +1652,8 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
             scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
             gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, groups: int = 1,
-            kept_groups: int = 1, group_score: str = "top2_sum", mask_eps: float = 0.0) -> torch.Tensor:
+            kept_groups: int = 1, group_score: str = "top2_sum", mask_eps: float = 0.0,
+            identity_experts: int = 0) -> torch.Tensor:
     """A mixture-of-experts MLP over x `[T, H]`: each token routed by its `router_logits` `[T, E]`
     (moe_route: top_k, normalize, weights_dtype, scoring, score_bias, scale, the group-limited
     choice's groups, kept_groups, group_score, and sparsemixer's mask_eps), then the sum over its k experts of
@@ -1635,12 +1663,22 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
     "relu2"), the up projection `[E, I, H]` alone, down `[E, H, I]` and the optional
     biases (gpt-oss's experts have them) gate_up_bias `[E, 2I]` ([gate; up]) and down_bias
     `[E, H]`; the routing weight multiplies the biased output. Each expert runs once over its
-    tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once."""
+    tokens (as Hugging Face's loop does); the weighted rows are summed in fp32 and rounded once.
+
+    `identity_experts` Z > 0 (LongCat-Flash's zero-computation experts): the logits are `[T, E + Z]`, the
+    last Z ids routed to as any other, each of them the identity (weight * x, no weights of its own): gate_up
+    and down hold the E experts that compute."""
+    if router_logits.shape[1] != gate_up.shape[0] + identity_experts:
+        raise ValueError(f"{router_logits.shape[1]} router logits for {gate_up.shape[0]} experts and "
+                         f"{identity_experts} identity experts")
     weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale, groups,
                              kept_groups, group_score, mask_eps)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     for e in ids.unique().tolist():
         token, slot = torch.where(ids == e)
+        if e >= gate_up.shape[0]:  # an identity expert: the rows as they are
+            out.index_add_(0, token, x[token].float() * weights[token, slot, None])
+            continue
         h = linear_act(x[token], gate_up[e], None if gate_up_bias is None else gate_up_bias[e], activation)
         y = F.linear(h, down[e], None if down_bias is None else down_bias[e])
         out.index_add_(0, token, y.float() * weights[token, slot, None])

@@ -26,10 +26,12 @@ def _l2_normalised(x, eps):
 
 @triton.jit
 def _kda_decode_kernel(mixed_ptr, f_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
-                       stride_m, stride_f, stride_b, stride_slot, stride_out,
-                       HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       stride_m, stride_f, stride_b, stride_slot, stride_out, lower_bound,
+                       HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       BOUNDED: tl.constexpr, ROUND_DECAY: tl.constexpr):
     """Row i, head h, value columns v0 .. v0 + BV - 1: its share of the state S `[K, BV]` decayed per key
-    channel, corrected toward v by the delta rule, read by q."""
+    channel, corrected toward v by the delta rule, read by q. BOUNDED: the log decay lower_bound *
+    sigmoid(-neg_a (f + dt_bias)) (Ling 3.0's); ROUND_DECAY: it rounded to f's dtype first."""
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     kc = tl.arange(0, BK)
@@ -44,8 +46,14 @@ def _kda_decode_kernel(mixed_ptr, f_ptr, b_ptr, neg_a_ptr, dt_bias_ptr, state_pt
     beta = (1.0 / (1.0 + tl.exp(-b))).to(b_ptr.dtype.element_ty).to(tl.float32)  # (rounded as HF takes it)
     x = (tl.load(f_ptr + i * stride_f + h * K + kc, mask=k_ok, other=0.0).to(tl.float32)
          + tl.load(dt_bias_ptr + h * K + kc, mask=k_ok, other=0.0))
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))  # (HF's log(1 + exp(x)))
-    decay = tl.exp(tl.load(neg_a_ptr + h) * softplus)  # [BK]: one per key channel
+    if BOUNDED:
+        g = lower_bound / (1.0 + tl.exp(tl.load(neg_a_ptr + h) * x))  # lower_bound * sigmoid(-neg_a x)
+    else:
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))  # (HF's log(1 + exp(x)))
+        g = tl.load(neg_a_ptr + h) * softplus
+    if ROUND_DECAY:
+        g = g.to(f_ptr.dtype.element_ty).to(tl.float32)
+    decay = tl.exp(g)  # [BK]: one per key channel
     slot = tl.load(slots_ptr + i).to(tl.int64)
     cell = state_ptr + slot * stride_slot + h * (K * V) + kc[:, None] * V + vc[None, :]
     mask = k_ok[:, None] & v_ok[None, :]
@@ -67,7 +75,8 @@ def _check_slot_state(state: torch.Tensor) -> None:
 
 @register("kda_decode")
 def kda_decode(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor,
-               state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+               state: torch.Tensor, slots: torch.Tensor, lower_bound: float | None = None,
+               round_decay: bool = False) -> torch.Tensor:
     """See reference.kda_decode. mixed, f and b may be strided over rows; the state's slots at any stride,
     each slot's `[H, K, V]` contiguous."""
     rows, heads = b.shape
@@ -84,7 +93,8 @@ def kda_decode(mixed: torch.Tensor, f: torch.Tensor, b: torch.Tensor, neg_a: tor
     _kda_decode_kernel[(rows, heads, triton.cdiv(v, bv))](
         mixed, f, b, neg_a, dt_bias, state, slots, out,
         mixed.stride(0), f.stride(0), b.stride(0), state.stride(0), out.stride(0),
-        HEADS=heads, K=k, V=v, BK=bk, BV=bv, num_warps=4,
+        float(lower_bound or 0.0), HEADS=heads, K=k, V=v, BK=bk, BV=bv, BOUNDED=lower_bound is not None,
+        ROUND_DECAY=bool(round_decay), num_warps=4,
     )
     return out
 

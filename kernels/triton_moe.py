@@ -458,11 +458,16 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
             normalize: bool, weights_dtype: torch.dtype | None = None, activation: str = "silu_mul",
             scoring: str = "softmax", score_bias: torch.Tensor | None = None, scale: float = 1.0,
             gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, groups: int = 1,
-            kept_groups: int = 1, group_score: str = "top2_sum", mask_eps: float = 0.0) -> torch.Tensor:
+            kept_groups: int = 1, group_score: str = "top2_sum", mask_eps: float = 0.0,
+            identity_experts: int = 0) -> torch.Tensor:
     """reference.moe_mlp over the pairs sorted by expert: route_align (with the group-limited
     choice where groups > kept_groups), the two grouped GEMMs, the k-row sum (four launches at
     any token count). The expert biases (gate_up_bias `[E, 2I]`, down_bias `[E, H]`, gpt-oss's)
-    are added in the GEMMs' epilogues, before the activation and before the routing weight."""
+    are added in the GEMMs' epilogues, before the activation and before the routing weight.
+
+    Identity experts (`identity_experts`, the logits' last ids): their pairs' rows are weight * x, written
+    before the GEMMs, whose blocks of those ids are skipped (expert -1), so the pair sum adds them as it adds
+    the others'. Static shapes, no host sync."""
     tokens, num_experts = router_logits.shape
     pairs = tokens * top_k
     gated = activation in reference.GATED_ACTIVATIONS  # (else a plain one: gate_up is the experts' up `[E, I, H]`)
@@ -472,9 +477,20 @@ def moe_mlp(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor,
                                                  scoring, score_bias, scale, groups, kept_groups, group_score,
                                                  mask_eps)
     x = x.contiguous()
+    rows = torch.empty(pairs, down.shape[1], device=x.device, dtype=torch.float32)
+    if identity_experts:
+        if num_experts != gate_up.shape[0] + identity_experts:
+            raise ValueError(f"{num_experts} router logits for {gate_up.shape[0]} experts and "
+                             f"{identity_experts} identity experts")
+        computing = gate_up.shape[0]
+        # each pair's expert, from the block it was sorted into (the padding's sentinel pairs into a spare slot)
+        pair_expert = torch.full((pairs + 1,), -1, dtype=experts.dtype, device=x.device)
+        pair_expert.scatter_(0, sorted_pairs.long(), experts.repeat_interleave(first["BLOCK_M"]))
+        identity = (pair_expert[:pairs] >= computing).float() * weights.reshape(-1).float()
+        rows = torch.mul(x.repeat_interleave(top_k, dim=0).float(), identity[:, None], out=rows)
+        experts = torch.where(experts < computing, experts, -1)
     inner = torch.empty(pairs, gate_up.shape[1] // 2 if gated else gate_up.shape[1], device=x.device, dtype=x.dtype)
     _grouped(x, gate_up, inner, sorted_pairs, experts, None, top_k, activation, first, gate_up_bias)
-    rows = torch.empty(pairs, down.shape[1], device=x.device, dtype=torch.float32)
     _grouped(inner, down, rows, sorted_pairs, experts, weights.reshape(-1).float().contiguous(), 1, "none", second,
              down_bias)
     out = torch.empty(tokens, down.shape[1], device=x.device, dtype=x.dtype)

@@ -180,6 +180,18 @@ CASES = [
                                                               "norm_topk_prob": False,
                                                               "routed_scaling_factor": 2.0,
                                                               "initializer_range": 0.1}),
+    # ZAYA: CCA projections (q / k mixed by two causal convolutions whose inputs a sequence carries, half of each
+    # KV head's values the previous token's), L2 q / k norms with key temperatures, half of each head rotating, fp32
+    # residual scalings, an MLP router carried from layer to layer with a skip class (balancing biases drawn so that
+    # some tokens skip); and a windowed layer first, 3 + 2 taps, biases on the projections and the head, untied.
+    # Weights drawn wider (initializer_range 0.3): at 0.02 every continuation repeats one token
+    ("zaya", "zaya1-8b", {"router_hidden_size": 64, "initializer_range": 0.3}),
+    ("zaya-windowed-first-taps-biases-untied", "zaya1-8b", {
+        "router_hidden_size": 48, "initializer_range": 0.3, "layer_types": ["hybrid_sliding", "hybrid"],
+        "sliding_window": 8, "cca_time0": 3, "attention_bias": True, "lm_head_bias": True, "tie_word_embeddings": False,
+        "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+                            "hybrid_sliding": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.5}}}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -291,6 +303,31 @@ CASES = [
                          "original_max_position_embeddings": 64, "mscale": 0.707, "mscale_all_dim": 1.0}}),
     ("deepseek-v3-attention-biases", "deepseek-v3", {"attention_bias": True, "first_k_dense_replace": 1, "n_group": 1,
                                                      "topk_group": 1, "norm_topk_prob": False}),
+    # A.X-K1: DeepSeek-V3's block (a query latent, the rotary interleaved, a dense first layer, then sigmoid experts
+    # among the best 4 of 8 groups) with a norm after the expert block; and experts in every layer (each layer's norm
+    # after them), ungrouped, unrenormalised, rotate-half, attention biases
+    ("axk1", "a.x-k1", {}),
+    ("axk1-all-moe-ungrouped-unnormalised-rotate-half-biases", "a.x-k1", {
+        "mlp_layer_types": ["sparse", "sparse"], "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
+        "rope_interleave": False, "attention_bias": True}),
+    # Laguna: a sliding layer rotating the whole head, a full one YaRN over half of each head (its q / k rows in the
+    # kernels' order), softplus output gates per head, q / k norms, a dense first layer then sigmoid experts (bias,
+    # renormalised, rounded) and a shared one; and experts in both layers, scaled, per-element gates, attention
+    # biases, two KV heads, the full layer first, both types rotating part of each head on plain tables
+    ("laguna", "laguna-xs.2", {}),
+    ("laguna-moe-first-per-element-gates-biases-scaled-partial-ropes", "laguna-xs.2", {
+        "mlp_layer_types": ["sparse", "sparse"], "gating": "per-element", "attention_bias": True,
+        "moe_routed_scaling_factor": 2.5, "num_key_value_heads": 2, "layer_types": ["full_attention",
+                                                                                    "sliding_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}}}),
+    # Kolibri-1: a windowed layer that alone rotates, then a global NoPE one, GLM-4's sandwich norms, experts in both
+    # chosen by logit + bias (weighted by sigmoid score, unrenormalised) beside a shared one; and the global layer
+    # first, two KV heads, the weights renormalised
+    ("kolibri1", "kolibri-1", {"layer_types": ["sliding_attention", "full_attention"]}),
+    ("kolibri1-global-first-renormalised-two-kv-heads", "kolibri-1", {
+        "layer_types": ["full_attention", "sliding_attention"], "norm_topk_prob": True, "num_key_value_heads": 2}),
     # DeepSeek-V2-Lite: queries from q_proj, its complex-number rotary, YaRN with mscale_all_dim 0.707, a dense first
     # layer then softmax experts (greedy, unnormalised), two shared; and a query latent, biases, a scaled choice
     ("deepseek-v2-lite", "deepseek-v2-lite", {}),
@@ -347,6 +384,16 @@ CASES = [
                                                                 "routed_scaling_factor": 2.0}),
     ("deepseek-v2-group-limited", "deepseek-v2-lite", {"topk_method": "group_limited_greedy", "n_group": 4,
                                                        "topk_group": 2}),
+    # LongCat-Flash: two layers of two latent-attention sublayers (the LoRA-scaled latents, the interleaved rotary
+    # at theta 1e7), two dense MLPs and a shortcut MoE whose top 12 of 24 experts and 12 identity experts (softmax
+    # + bias, times 6) joins after the second MLP; and one layer under YaRN with mscale_all_dim, no identity
+    # experts, the top 3 times 2
+    ("longcat-flash", "longcat-flash-chat", {"num_hidden_layers": 4}),
+    ("longcat-flash-one-layer-yarn-no-identity-experts", "longcat-flash-chat", {
+        "zero_expert_num": 0, "moe_topk": 3, "routed_scaling_factor": 2.0, "rope_theta": None,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale": 0.707, "mscale_all_dim": 1.0}}),
     ("dots1", "dots.llm1", {}),
     ("solar-open", "solar-open-100b", {}),
     ("solar-open-biased-scaled", "solar-open-100b", {"attention_bias": True, "n_shared_experts": 2,
@@ -521,6 +568,16 @@ CASES = [
         "layer_types": ["full_attention", "linear_attention"], "mlp_layer_types": ["sparse", "dense"],
         "q_lora_rank": 96, "attention_bias": True, "n_group": 4, "topk_group": 3, "norm_topk_prob": False,
         "n_shared_experts": 2, "linear_attn_config": {"head_dim": 24, "num_heads": 3, "short_conv_kernel_size": 3}}),
+    # Ling 3.0 (bailing_hybrid): a KDA layer (full-rank forget and output gates, the bounded log decay, the state
+    # carried between prompt chunks of 64 and decodes) with a dense MLP, then latent attention over the interleaved
+    # rotary gated per head and sigmoid experts in 8 groups (the best 4 kept; bias, renormalised, scaled, a shared
+    # one); and latent attention first with experts unrenormalised, two shared, in 4 groups (the best 3 kept), then
+    # a KDA layer of 24-wide heads with the unbounded (softplus) decay and 3-tap convolutions, a dense MLP
+    ("ling-3.0", "ling-3.0-flash", {}),
+    ("ling-3.0-mla-first-unbounded-decay-groups", "ling-3.0-flash", {
+        "layer_types": ["full_attention", "linear_attention"], "mlp_layer_types": ["sparse", "dense"],
+        "kda_safe_gate": False, "norm_topk_prob": False, "n_shared_experts": 2, "n_group": 4, "topk_group": 3,
+        "head_dim": 24, "short_conv_kernel_size": 3}),
     # MiniMax: a lightning-attention layer (fixed per-head decays, its state carried between prompt chunks of 64 and
     # decodes, transformers' prompt blocks of 16) then softmax attention (GQA), Mixtral's experts in both, every
     # residual factor alpha 3.56; and softmax first over an 8-token window, then two lightning layers (decays of two
@@ -598,6 +655,9 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
                 p.add_(torch.randn_like(p))
+            if name.endswith(("qk_norm.temp", "residual_scale.hidden_states_scale", "residual_scale.residual_scale",
+                              "input_hidden_states_scale", "router_states_scale")):  # (ZAYA's key temperatures start
+                p.add_(torch.randn_like(p) * 0.3)  # at zero, which mutes the keys; its residual scalings at 1)
             if name.endswith(("linear_attn.A_log", "forget_gate.A_log")):  # (gated DeltaNet, Kimi's KDA: HF draws decay
                 # rates up to 16, which forget the state within a token; slower ones keep it)
                 p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())
@@ -608,6 +668,8 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 b.add_(torch.randn_like(b) * 0.1)
             if name.endswith("act_fn.beta"):  # (xIELU's beta: a buffer, read from the checkpoint as the alphas are)
                 b.add_(torch.rand_like(b) * 0.5)
+            if name.endswith("gate.balancing_biases"):  # (ZAYA's: its skip class's -1 drawn near the others, so that
+                b.copy_(torch.randn_like(b) * 0.01)  # some tokens skip the experts)
     state = strip_prefixes_of(hf.state_dict())  # (`model.`; GPT-NeoX's `gpt_neox.`)
     return hf, load_decoder(hf_cfg.to_dict(), state, CPU, torch.float32)
 
@@ -648,7 +710,11 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "flint", "afmoe", "persimmon", "bitnet", "jetmoe", "jetmoe-top3-of-4-two-kv-heads-untied-eps",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
+                   "longcat-flash", "longcat-flash-one-layer-yarn-no-identity-experts",
                    "deepseek-v3.2", "glm-5-shared-indexers-moe-first-yarn-groups-biases",
+                   "axk1", "axk1-all-moe-ungrouped-unnormalised-rotate-half-biases",
+                   "kolibri1", "kolibri1-global-first-renormalised-two-kv-heads",
+                   "laguna", "laguna-moe-first-per-element-gates-biases-scaled-partial-ropes",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
                    "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
                    "nemotron-h-biases-mlp-less-end", "nemotron-h-moe", "nemotron-h-moe-latent-groups-unnormalised",
@@ -656,9 +722,11 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "mamba", "mamba-biases-3-taps-untied", "falcon-mamba", "mamba2", "mamba2-biases-one-group-tied",
                    "jamba", "jamba-moe-after-mamba-biases-mha",
                    "kimi-linear", "kimi-linear-mla-first-q-latent-groups",
+                   "ling-3.0", "ling-3.0-mla-first-unbounded-decay-groups",
                    "minimax", "minimax-attention-first-windowed-betas-mha",
                    "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
+                   "zaya", "zaya-windowed-first-taps-biases-untied",
                    "recurrent-gemma",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
                    "zamba", "zamba-hybrid-first-one-head-biases-untied",
@@ -828,7 +896,21 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("deepseek-v2-lite", {"mlp_bias": True}, "mlp_bias"),
     ("deepseek-v3", {"v_head_dim": 32}, "v_head_dim"),
     ("deepseek-v3.2", {"q_lora_rank": None}, "q_lora_rank"),  # (transformers builds q_a / q_b only)
+    ("a.x-k1", {"q_lora_rank": None}, "q_lora_rank"),  # (likewise)
+    # (Laguna: one head count in every layer; no router soft-capping, no routing weight on the experts' input)
+    ("laguna-xs.2", {"num_attention_heads_per_layer": [8, 4]}, "num_attention_heads_per_layer"),
+    ("laguna-xs.2", {"moe_router_logit_softcapping": 30.0}, "moe_router_logit_softcapping"),
+    ("laguna-xs.2", {"moe_apply_router_weight_on_input": True}, "moe_apply_router_weight_on_input"),
+    ("laguna-xs.2", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("a.x-k1", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("deepseek-v3.2", {"rope_interleave": False}, "rope_interleave"),  # (transformers interleaves whatever it says)
+    ("longcat-flash-chat", {"zero_expert_type": "zero"}, "zero_expert_type"),
+    ("longcat-flash-chat", {"router_bias": True}, "router_bias"),  # (transformers' router never adds its bias)
+    ("longcat-flash-chat", {"mla_scale_q_lora": False}, "mla_scale_q_lora"),  # (transformers always scales)
+    ("longcat-flash-chat", {"mla_scale_kv_lora": False}, "mla_scale_kv_lora"),
+    ("longcat-flash-chat", {"q_lora_rank": None}, "q_lora_rank"),
+    ("longcat-flash-chat", {"head_dim": 16}, "head_dim"),  # (transformers' rotary is head_dim wide)
+    ("longcat-flash-chat", {"hidden_act": "gelu"}, "hidden_act"),
     ("glm-5", {"indexer_types": ["shared", "full"]}, "indexer_types"),  # (a shared layer needs a full one before it)
     ("glm-5", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("glm-4.7-flash", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
@@ -884,6 +966,11 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("kimi-linear-48b-a3b", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
     ("kimi-linear-48b-a3b", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("kimi-linear-48b-a3b", {"linear_attn_config": {"short_conv_kernel_size": 1}}, "short_conv_kernel_size"),
+    ("ling-3.0-flash", {"hidden_act": "gelu"}, "hidden_act"),
+    ("ling-3.0-flash", {"attention_bias": True}, "attention_bias"),
+    ("ling-3.0-flash", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+    ("ling-3.0-flash", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("ling-3.0-flash", {"short_conv_kernel_size": 1}, "short_conv_kernel_size"),
     ("minimax-text-01", {"rotary_dim": 16}, "rotary_dim"),  # (the original's partial rotary: transformers' rotates all)
     ("minimax-text-01", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
@@ -939,6 +1026,14 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("mpt-7b", {"logit_scale": 0.5}, "logit_scale"),
     ("mpt-7b", {"norm_type": "rmsnorm"}, "norm_type"),
     ("jetmoe-8b", {"activation_function": "gelu"}, "activation_function"),
+    ("zaya1-8b", {"num_experts_per_tok": 2}, "num_experts_per_tok"),
+    ("zaya1-8b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("zaya1-8b", {"layer_types": ["hybrid", "full_attention"]}, "layer_types"),
+    ("zaya1-8b", {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window": None}, "sliding_window"),
+    ("zaya1-8b", {"cca_time0": 1, "cca_time1": 1}, "cca_time0"),
+    ("zaya1-8b", {"rope_parameters": {"hybrid": {"rope_type": "yarn", "factor": 4.0}}}, "rope_type"),
+    ("zaya1-8b", {"rope_parameters": {"hybrid": {"rope_theta": 1e4, "partial_rotary_factor": 0.03}}},
+     "partial_rotary_factor"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
@@ -986,7 +1081,8 @@ def test_lfm2_reads_its_published_config_as_transformers_does():
 
 def test_recurrent_gemma_reads_its_published_config_as_transformers_does():
     """RecurrentGemma-2B's config: transformers' head_dim (hidden / heads), half of each head rotating, the MLP half
-    of intermediate_size, the layers' kinds, the bf16 embedding scale; tensor parallelism refused by name."""
+    of intermediate_size, the layers' kinds, the bf16 embedding scale; tensor parallelism refused for its one KV head
+    (the RG-LRU's 10 heads split: test_tensor_parallel.py)."""
     from tritonformer.backend.models import recurrent_gemma
     from tritonformer.backend.models.decoder import check_tensor_parallel
 
@@ -999,8 +1095,10 @@ def test_recurrent_gemma_reads_its_published_config_as_transformers_does():
     assert kinds == [t.replace("linear_attention", "recurrent").replace("sliding_attention", "attention")
                      for t in hf.layers_block_type]
     assert {spec.window(i) for i in range(spec.num_layers) if spec.mixer(i) is None} == {2048}
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for the recurrent layers"):
+    with pytest.raises(ValueError, match=r"KV heads \(1\) do not divide by tensor_parallel_size 2"):
         check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match=r"RG-LRU heads \(num_attention_heads\) \(10\) do not divide"):
+        check_tensor_parallel({**cfg, "num_key_value_heads": 10}, 4)
 
 
 def test_apertus_refuses_an_activation_other_than_xielu_by_name():
@@ -1017,6 +1115,20 @@ def test_kimi_k2_loads_as_deepseek_v3():
     prompt = [[5, 17, 42, 8, 99, 3, 250]]
     assert PagedSteps(kimi, num_blocks=16, block_size=8).greedy(prompt, 8) == \
         PagedSteps(ours, num_blocks=16, block_size=8).greedy(prompt, 8)
+
+
+def test_axk1_without_a_choice_bias_routes_as_with_a_zero_one():
+    """A.X-K1's released checkpoints have no e_score_correction_bias (transformers leaves it at zero): they load, and
+    route as HF's model with a zero bias, token for token."""
+    hf, _ = _pair("a.x-k1", {})
+    state = {k: v for k, v in strip_prefixes_of(hf.state_dict()).items() if not k.endswith("e_score_correction_bias")}
+    with torch.no_grad():
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.zero_()
+    ours = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
+    prompt = [5, 17, 42, 8, 99, 3, 250]
+    assert PagedSteps(ours, num_blocks=16, block_size=8).greedy([prompt], 16) == [_hf_greedy(hf, prompt, 16)]
 
 
 def test_solar_open_loads_hf_config_without_a_dense_mlp_size():
@@ -1318,7 +1430,7 @@ def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
         check_tensor_parallel(cfg, 2)
     with pytest.raises(ValueError, match=r"layer 1's KV heads \(3, over 12 attention heads\)"):
         check_tensor_parallel({"model_type": "gemma4", "text_config": cfg}, 2)  # (the multimodal checkpoint's)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported"):
+    with pytest.raises(ValueError, match=r"layer 1's KV heads \(3, over 12 attention heads\)"):
         gemma4.Gemma4Decoder(gemma4.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'gemma4_text'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
@@ -1336,6 +1448,60 @@ def test_jetmoe_refuses_tensor_parallelism_and_fp8_by_name():
     with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'jetmoe'"):
         jetmoe.JetMoeDecoder(jetmoe.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'jetmoe'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
+def test_longcat_flash_refuses_tensor_parallelism_and_fp8_by_name():
+    from tritonformer.backend.models import longcat_flash
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = shrunk("longcat-flash-chat")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'longcat_flash'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'longcat_flash'"):
+        longcat_flash.MODEL(longcat_flash.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'longcat_flash'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
+def test_longcat_flash_loads_its_published_layout():
+    """A checkpoint as published (the experts one by one, `model.` names) and one saved by transformers (the experts
+    stacked with rows for the identity experts too) load the same model; the MTP layer is not read."""
+    from tritonformer.backend.models.longcat_flash import adapt
+
+    hf, ours = _pair("longcat-flash-chat", {})
+    state = strip_prefixes_of(hf.state_dict())
+    gate_up, down = state.pop("layers.0.mlp.experts.gate_up_proj"), state.pop("layers.0.mlp.experts.down_proj")
+    experts, inter = down.shape[0], down.shape[2]
+    assert gate_up.shape[0] > experts  # (transformers' rows for the identity experts)
+    for j in range(experts):
+        state.update({f"layers.0.mlp.experts.{j}.gate_proj.weight": gate_up[j, :inter],
+                      f"layers.0.mlp.experts.{j}.up_proj.weight": gate_up[j, inter:],
+                      f"layers.0.mlp.experts.{j}.down_proj.weight": down[j]})
+    state["mtp.layers.0.eh_proj.weight"] = torch.zeros(4, 4)
+    published = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
+    assert torch.equal(published.shortcuts[0].gate_up, ours.shortcuts[0].gate_up)
+    assert torch.equal(published.shortcuts[0].down, ours.shortcuts[0].down)
+    renamed = adapt({}, {"layers.3.self_attn.1.q_a_proj.weight": 0, "layers.3.mlps.0.up_proj.weight": 1,
+                         "layers.3.post_attention_layernorm.1.weight": 2, "layers.3.mlp.router.classifier.weight": 3,
+                         "layers.7.mlp.up_proj.weight": 4})[1]
+    assert renamed == {"layers.7.self_attn.q_a_proj.weight": 0, "layers.6.mlp.up_proj.weight": 1,
+                       "layers.7.post_attention_layernorm.weight": 2, "shortcut.3.mlp.router.weight": 3,
+                       "layers.7.mlp.up_proj.weight": 4}  # (a name already the decoder's stays)
+
+
+def test_zaya_refuses_tensor_parallelism_and_fp8_by_name():
+    from tritonformer.backend.models import zaya
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = shrunk("zaya1-8b")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'zaya'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'zaya'"):
+        zaya.ZayaDecoder(zaya.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'zaya'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 # Vision-language checkpoints served by their text model: (model_type, its text model's published shape shrunk,
@@ -1525,7 +1691,13 @@ def test_kimi_linear_loads_its_published_layout():
     # (Nemotron 3's blocks under `backbone.layers.{i}.mixer`, their experts one by one)
     ("nemotron-h-moe-latent-groups-unnormalised", ("backbone.layers.0.mixer.in_proj", "mixer.experts.11.up_proj",
                                                    "mixer.gate.e_score_correction_bias", "mixer.fc2_latent_proj",
-                                                   "mixer.shared_experts.down_proj"))])
+                                                   "mixer.shared_experts.down_proj")),
+    # (Kolibri-1's sandwich norms as `post_attn_norm` / `post_ffn_norm`, its choice bias as `moe.router.expert_bias`;
+    # A.X-K1's norm after the experts beside the layer)
+    ("kolibri1", ("layers.1.post_attn_norm", "post_ffn_norm", "layers.0.moe.router.expert_bias")),
+    ("axk1", ("layers.1.post_mlp_layernorm",)),
+    # (Laguna's choice bias under `mlp.experts`, its shared expert as `mlp.shared_expert`)
+    ("laguna", ("layers.1.mlp.experts.e_score_correction_bias", "layers.1.mlp.shared_expert.up_proj"))])
 def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):
     """transformers writes these families' checkpoints under their published names, which it renames as it loads
     (OLMo hybrid's DeltaNet norms and its convolution in three parts, LFM3's per-head gates as `gate_proj`): the

@@ -106,6 +106,9 @@ FAMILIES = [
     # RecurrentGemma: RG-LRU layers (conv and recurrent state per sequence), local multi-query attention (weights drawn
     # wider by its own initialisation's scale: continuations that vary)
     ("gen_recurrent_gemma", "recurrentgemma-2b", {"num_hidden_layers": 3, "w_init_variance_scale": 1.0}),
+    # ZAYA: CCA projections (conv and delayed-value state per sequence), an MLP router carried across layers, a skip
+    # class (weights drawn wider: continuations that vary)
+    ("gen_zaya", "zaya1-8b", {"router_hidden_size": 64, "initializer_range": 0.3}),
     ("gen_granite_4_h", "granite-4.0-h-tiny", {}),
     ("gen_bamba", "bamba-9b", {}),
     ("gen_nemotron_h", "nemotron-h-8b", {}),
@@ -118,6 +121,7 @@ FAMILIES = [
     ("gen_mamba2", "mamba-codestral-7b", {}),
     ("gen_jamba", "jamba-mini", {}),  # (Mamba-1 with dt / B / C norms and a dense MLP, attention with experts)
     ("gen_kimi_linear", "kimi-linear-48b-a3b", {}),
+    ("gen_bailing_hybrid", "ling-3.0-flash", {}),  # (bounded-decay KDA, then latent attention gated per head; experts)
     ("gen_minimax", "minimax-text-01", {}),  # (a lightning-attention layer, then softmax attention; experts in both)
     ("gen_zamba2", "zamba2-2.7b", {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid",
                                                                                  "hybrid"], "initializer_range": 0.1}),
@@ -134,6 +138,11 @@ FAMILIES = [
     ("gen_glm4_moe_lite", "glm-4.7-flash", {}),
     # DeepSeek Sparse Attention served dense below index_topk (DeepSeek-V3.2; GLM-5 with a "shared" indexer layer)
     ("gen_deepseek_v32", "deepseek-v3.2", {"first_k_dense_replace": 1}),
+    ("gen_axk1", "a.x-k1", {}),  # (DeepSeek-V3 with a norm after the experts of its second layer)
+    # (a windowed rotating layer, then a global NoPE one; experts chosen by logit + bias)
+    ("gen_kolibri1", "kolibri-1", {"layer_types": ["sliding_attention", "full_attention"]}),
+    # (softplus gates per head, a sliding layer rotating whole heads, then a full one YaRN over half of each)
+    ("gen_laguna", "laguna-xs.2", {}),
     ("gen_glm_moe_dsa", "glm-5", {"num_hidden_layers": 3, "first_k_dense_replace": 1, "index_topk_freq": 2}),
     ("gen_youtu", "youtu-llm-2b", {}),
     ("gen_mistral4", "mistral-small-4", {}),  # (latent attention, softmax experts, queries scaled past 64 positions)
@@ -151,6 +160,8 @@ FAMILIES = [
     ("gen_ministral3", "mistral-7b", {"model_type": "ministral3", "head_dim": 16, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),
+    # LongCat-Flash: two layers of two latent-attention sublayers and a shortcut MoE with identity experts
+    ("gen_longcat_flash", "longcat-flash-chat", {"num_hidden_layers": 4}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

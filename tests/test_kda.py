@@ -78,3 +78,32 @@ def test_chunked_form_and_recurrence_equal_transformers_fallbacks(length):
                               output_final_state=True, use_qk_l2norm_in_kernel=True)
         torch.testing.assert_close(out[0].transpose(0, 1), ours, atol=2e-5, rtol=2e-5)
         torch.testing.assert_close(final[0], ours_state, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("safe,dtype", [(True, torch.float32), (False, torch.float32), (True, torch.bfloat16)])
+def test_ling_decay_equals_transformers_forget_gate(safe, dtype):
+    """Ling 3.0's log decay (reference.kda_inputs with `lower_bound` and `round_decay`, bailing_hybrid.py) against
+    transformers' BailingHybridForgetGate on the same weights: the bounded form where kda_safe_gate, else Kimi's
+    softplus one, rounded to the model's dtype (bf16: equal to the rounding; fp32's softplus as log(1 + exp(x)), where
+    transformers' F.softplus differs in the last bits)."""
+    from transformers.models.bailing_hybrid import modeling_bailing_hybrid as hf
+    from tritonformer.kernels.reference import kda_inputs
+
+    heads, dim, hidden, rows = 3, 8, 16, 5
+    config = transformers.BailingHybridConfig(hidden_size=hidden, num_attention_heads=heads, head_dim=dim,
+                                              kda_safe_gate=safe, kda_lower_bound=-3.0, num_hidden_layers=1)
+    gate = hf.BailingHybridForgetGate(config)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        gate.A_log.copy_(torch.rand(heads, generator=gen).mul(3.0).log())
+        gate.dt_bias.copy_(torch.randn(heads * dim, generator=gen))
+        gate.f_proj.weight.copy_(torch.randn(heads * dim, hidden, generator=gen))
+        x = torch.randn(1, rows, hidden, generator=gen).to(dtype)
+        gate.f_proj.to(dtype)  # (A_log and dt_bias stay fp32, as transformers keeps them)
+        theirs = gate(x)[0]
+        f = gate.f_proj(x)[0]
+    assert theirs.dtype == dtype
+    mixed = torch.zeros(rows, 3 * heads * dim, dtype=dtype)
+    g = kda_inputs(mixed, f, torch.zeros(rows, heads, dtype=dtype), -gate.A_log.detach().exp(),
+                   gate.dt_bias.detach(), -3.0 if safe else None, True)[3]
+    torch.testing.assert_close(g, theirs.float(), atol=0 if dtype == torch.bfloat16 else 1e-6, rtol=1e-6)

@@ -230,8 +230,14 @@ def compile_all() -> list[str]:
         ("kda decode", tk._kda_decode_kernel,
          {**{f"{name}_ptr": "*bf16" for name in ("mixed", "f", "b", "out")}, "neg_a_ptr": "*fp32",
           "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64",
-          **{f"stride_{t}": "i32" for t in ("m", "f", "b", "slot", "out")}},
-         dict(HEADS=32, K=128, V=128, BK=128, BV=32)),
+          **{f"stride_{t}": "i32" for t in ("m", "f", "b", "slot", "out")}, "lower_bound": "fp32"},
+         dict(HEADS=32, K=128, V=128, BK=128, BV=32, BOUNDED=False, ROUND_DECAY=False)),
+        # Ling 3.0's (bailing_hybrid): the bounded forget gate, rounded to bf16, at Ling-3.0-Flash's heads (32 of 128)
+        ("kda decode bounded", tk._kda_decode_kernel,
+         {**{f"{name}_ptr": "*bf16" for name in ("mixed", "f", "b", "out")}, "neg_a_ptr": "*fp32",
+          "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64",
+          **{f"stride_{t}": "i32" for t in ("m", "f", "b", "slot", "out")}, "lower_bound": "fp32"},
+         dict(HEADS=32, K=128, V=128, BK=128, BV=32, BOUNDED=True, ROUND_DECAY=True)),
         # MiniMax's lightning-attention decode step at MiniMax-Text-01's heads (64 of 128)
         ("lightning decode", tlg._lightning_decode_kernel,
          {"qkv_ptr": "*bf16", "decay_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64", "out_ptr": "*bf16",
@@ -288,6 +294,7 @@ def test_interpreted_kernels_compile_for_hopper():
     assert "moe prefill gate-up: no wait" in lines, done.stdout  # compiled (a prefill's GEMM: no PDL)
     assert "xielu: no wait" in lines, done.stdout  # compiled (Apertus's activation, its scalars loaded: no PDL)
     assert "kda decode: no wait" in lines and "kda gated norm: no wait" in lines, done.stdout  # (Kimi Linear's)
+    assert "kda decode bounded: no wait" in lines, done.stdout  # (Ling 3.0's bounded, rounded decay)
     assert "lightning decode: no wait" in lines, done.stdout  # (MiniMax's)
     assert "rglru decode: no wait" in lines, done.stdout  # (RecurrentGemma's)
     assert "qk squares: no wait" in lines, done.stdout  # (OLMo 2's split norms: no PDL)

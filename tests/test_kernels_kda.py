@@ -68,15 +68,24 @@ SUM_TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-3, 2.0 ** -6)}
 NORM_TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 2.0 ** -6)}
 
 
-@pytest.mark.parametrize("rows,heads,kd,vd,dtype", [
-    (1, 1, 16, 16, torch.float32), (3, 2, 32, 24, torch.float32), (2, 3, 64, 128, torch.float32),
-    (4, 2, 128, 128, torch.bfloat16), (0, 2, 16, 16, torch.float32), (3, 2, 24, 40, torch.float32),
+# The last three: Ling 3.0's (bailing_hybrid) bounded forget gate, g = lower_bound * sigmoid(-neg_a (f + dt_bias)),
+# rounded to f's dtype where its transformers layer rounds it (bf16 here; in fp32 rounding is the identity)
+@pytest.mark.parametrize("rows,heads,kd,vd,dtype,bound,rounded", [
+    (1, 1, 16, 16, torch.float32, None, False), (3, 2, 32, 24, torch.float32, None, False),
+    (2, 3, 64, 128, torch.float32, None, False), (4, 2, 128, 128, torch.bfloat16, None, False),
+    (0, 2, 16, 16, torch.float32, None, False), (3, 2, 24, 40, torch.float32, None, False),
+    (3, 2, 32, 24, torch.float32, -5.0, False), (2, 3, 16, 16, torch.float32, -1.5, True),
+    (4, 2, 64, 64, torch.bfloat16, -5.0, True),
 ])
-def test_kda_decode_kernel(rows, heads, kd, vd, dtype):
-    mixed, f, b, neg_a, dt_bias, state, slots = _kda_case(rows, heads, kd, vd, dtype, seed=rows + kd)
+def test_kda_decode_kernel(rows, heads, kd, vd, dtype, bound, rounded):
+    mixed, f, b, neg_a, dt_bias, state, slots = _kda_case(rows, heads, kd, vd, dtype,
+                                                          seed=rows + kd + (bound is not None))
     mine, theirs = state.clone(), state.clone()
-    got = tk.kda_decode(mixed, f, b, neg_a, dt_bias, mine, slots)
-    expected = ref.kda_decode(mixed, f, b, neg_a, dt_bias, theirs, slots)
+    got = tk.kda_decode(mixed, f, b, neg_a, dt_bias, mine, slots, bound, rounded)
+    expected = ref.kda_decode(mixed, f, b, neg_a, dt_bias, theirs, slots, bound, rounded)
+    if bound is not None:
+        g = ref.kda_inputs(mixed, f, b, neg_a, dt_bias, bound, rounded)[3]
+        assert bool((g < 0).all() and (g >= bound).all())  # (the bound: never more than e^bound of the state forgotten)
     atol, rtol = SUM_TOL[dtype]
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
     state_tol = (1e-5, 1e-4) if dtype == torch.float32 else (5e-3, 1e-2)

@@ -276,6 +276,34 @@ def test_align_puts_every_routed_pair_once_in_a_block_of_its_expert(tokens, top_
     assert (owners[used.numel():] == -1).all()
 
 
+def test_reference_identity_experts_add_their_weighted_input_token_by_token():
+    """LongCat-Flash's zero-computation experts: softmax over the E computing and Z identity experts' logits,
+    the k of the largest probability + bias, weighted by probability times the scale, unnormalised; an identity
+    expert's output is its input. Against that written out token by token in float64."""
+    tokens, hidden, inter, experts, zero, top_k, scale = 9, 16, 24, 6, 3, 4, 6.0
+    x = _rand(tokens, hidden, seed=70)
+    logits, bias = _rand(tokens, experts + zero, seed=71, scale=2.0), _rand(experts + zero, seed=72, scale=0.1)
+    gate_up, down = _rand(experts, 2 * inter, hidden, seed=73, scale=0.3), _rand(experts, hidden, inter, seed=74,
+                                                                                scale=0.3)
+    got = ref.moe_mlp(x, logits, gate_up, down, top_k, False, None, "silu_mul", "softmax", bias, scale,
+                      identity_experts=zero)
+    hit = set()
+    for t in range(tokens):
+        probs = torch.softmax(logits[t].double(), -1)
+        expected = torch.zeros(hidden, dtype=torch.float64, device=DEVICE)
+        for e in (probs + bias.double()).argsort(descending=True)[:top_k].tolist():
+            hit.add(e >= experts)
+            row = x[t].double()
+            if e < experts:
+                h = gate_up[e].double() @ row
+                row = down[e].double() @ (F.silu(h[:inter]) * h[inter:])
+            expected += probs[e] * scale * row
+        torch.testing.assert_close(got[t].double(), expected, atol=1e-5, rtol=1e-5)
+    assert hit == {True, False}  # (both kinds of expert were routed to)
+    with pytest.raises(ValueError, match="identity experts"):
+        ref.moe_mlp(x, logits, gate_up, down, top_k, False, identity_experts=zero + 1)
+
+
 def _moe_inputs(tokens, hidden, inter, experts, seed):
     """x, router logits, [gate; up] and down weights of a MoE layer, fresh from `seed`."""
     return (_rand(tokens, hidden, seed=seed), _rand(tokens, experts, seed=seed + 1, scale=2.0),
@@ -346,6 +374,30 @@ def test_the_kernels_route_by_sigmoid_scores_and_a_bias_as_the_reference(tokens,
     bias = _rand(experts, seed=tokens + 1, scale=0.5)
     got = route_align(logits, top_k, normalize, None, 16, "sigmoid", bias, 2.5)
     expected = ref.moe_route_align(logits, top_k, normalize, None, 16, "sigmoid", bias, 2.5)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5)
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,normalize", [(3, 16, 4, True), (9, 40, 6, False), (70, 24, 4, True)])
+def test_logits_kept_for_the_chosen_route_by_logit_plus_bias_weighted_by_sigmoid(tokens, experts, top_k, normalize):
+    """Kolibri-1's router (moe.chosen_by_logit, then sigmoid routing without a bias): the k of the largest
+    logit + bias, weighted by sigmoid(logit), renormalised or not; the kernels (one program and chunked) as the
+    reference on those logits."""
+    from tritonformer.backend.models.moe import chosen_by_logit
+
+    logits = _rand(tokens, experts, seed=tokens + 5, scale=2.0)
+    bias = _rand(experts, seed=tokens + 6, scale=1.0)
+    kept = chosen_by_logit(logits, top_k, bias)
+    ids = (logits + bias).topk(top_k, dim=-1).indices
+    weights = torch.sigmoid(logits).gather(1, ids)
+    if normalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    got_weights, got_ids = ref.moe_route(kept, top_k, normalize, None, "sigmoid")
+    order = got_ids.sort(-1).indices, ids.sort(-1).indices
+    assert torch.equal(got_ids.gather(1, order[0]), ids.gather(1, order[1]))
+    torch.testing.assert_close(got_weights.gather(1, order[0]), weights.gather(1, order[1]), atol=1e-6, rtol=1e-5)
+    got = route_align(kept, top_k, normalize, None, 16, "sigmoid")
+    expected = ref.moe_route_align(kept, top_k, normalize, None, 16, "sigmoid")
     torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5)
     assert torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
 
@@ -470,3 +522,15 @@ def test_kernel_top_1_of_a_scaled_input_is_llama4s_moe(tokens):
                                atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(ref.moe_mlp(scaled, logits, gate_up, down, 1, True, None, "silu_mul"), expected,
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 140])
+def test_kernel_identity_experts_match_reference(tokens):
+    """The kernel's identity experts (their pairs' rows written before the GEMMs, which skip those ids) give the
+    reference's sums: a decode row, a few rows, and more than 256 pairs (the prefill's row blocks)."""
+    experts, zero, top_k = 6, 4, 3
+    x, _, gate_up, down = _moe_inputs(tokens, 32, 24, experts, seed=80)
+    logits, bias = _rand(tokens, experts + zero, seed=85, scale=2.0), _rand(experts + zero, seed=86, scale=0.1)
+    args = (x, logits, gate_up, down, top_k, False, None, "silu_mul", "softmax", bias, 6.0)
+    expected = ref.moe_mlp(*args, identity_experts=zero)
+    torch.testing.assert_close(moe_mlp(*args, identity_experts=zero), expected, atol=2e-4, rtol=2e-4)

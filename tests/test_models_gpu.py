@@ -313,14 +313,14 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint", "trinity-mini",
                  "lfm2-1.2b", "lfm2-8b-a1b", "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
                  "glm-4.7-flash", "youtu-llm-2b", "mistral-small-4", "minicpm3-4b", "xglm-564m", "apertus-8b",
-                 "deepseek-v3.2", "glm-5",
+                 "deepseek-v3.2", "glm-5", "a.x-k1", "kolibri-1", "laguna-xs.2", "longcat-flash-chat",
                  "llama-4-scout",
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
                  "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
                  "lfm3-1.7b", "recurrentgemma-2b",
-                 "zamba2-2.7b", "zamba-7b", "kimi-linear-48b-a3b", "mamba-2.8b", "falcon-mamba-7b",
+                 "zamba2-2.7b", "zamba-7b", "kimi-linear-48b-a3b", "ling-3.0-flash", "mamba-2.8b", "falcon-mamba-7b",
                  "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
-                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "jetmoe-8b"]
+                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "jetmoe-8b", "zaya1-8b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -362,7 +362,27 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           "zamba2-2.7b": 54, "zamba-7b": 14, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
           "gemma-3n-e2b": 30, "phi-3.5-moe": 2, "minimax-text-01": 2,
           "mimo-v2-flash": 2, "mistral-small-4": 2, "deepseek-v3.2": 2, "glm-5": 2, "gemma-4-31b": 6,
-          "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35}
+          "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35,
+          # A.X-K1: its dense first layer and one MoE layer (8.5B weights in 192 experts of 2,048 over 7,168: 34 GB in
+          # fp32, twice), the layer whose norm after the experts is its one change to DeepSeek-V3
+          "a.x-k1": 2,
+          # Kolibri-1: five layers, four windowed ones and the first global (NoPE) one, 1.5B weights a layer in 384
+          # experts of 512 over 2,560 (fp32: 30 GB, twice)
+          "kolibri-1": 5,
+          # Laguna-XS.2: four layers (LAYER_LISTS: three sliding ones, then a full one, as assumed published), its dense
+          # first layer and three MoE ones of 0.8B weights in 256 experts of 512 over 2,048
+          "laguna-xs.2": 4,
+          # Ling-3.0-Flash: its first six layers, five KDA ones then its first latent-attention one (the last of its
+          # group of 6), its two dense MLPs and four MoE ones of 3.0B weights each in 512 experts of 768 over 2,560
+          # (12 GB a layer in fp32, twice: HF's and ours, about 105 GB with the embeddings on the H200's 139 GB)
+          "ling-3.0-flash": 6,
+          # ZAYA1-8B: four of its 40 layers (for time), 0.4B weights each in its 16 experts of 2,048 over 2,048, the
+          # router's hidden state carried through three of them
+          "zaya1-8b": 4,
+          # LongCat-Flash: one layer (num_hidden_layers counts its two sublayers), 26B weights in HF's model (512
+          # experts of 2,048 over 6,144, [gate; up] stacked for the 256 identity experts too): ~110 GB in fp32 with
+          # the embeddings, which ours reads in place (fp32: no copy), on the H200's 139 GB
+          "longcat-flash-chat": 2}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
@@ -371,7 +391,8 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
     "minimax-text-01": {"layer_types": ["linear_attention", "full_attention"]},
     "gemma-4-31b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
     "gemma-4-26b-a4b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
-    "glm-5": {"first_k_dense_replace": 1}}  # (not a list: its second layer a MoE one)
+    "glm-5": {"first_k_dense_replace": 1},  # (not a list: its second layer a MoE one)
+    "laguna-xs.2": {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -402,6 +423,19 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         # GLM-5's top 8 of 256 experts by sigmoid score + bias (DeepSeek-V3.2's rows are dense layers only, in bf16, as
         # DeepSeek-V3's): fp32 from the start (not yet measured in bf16)
         "glm-5",
+        # A.X-K1's top 8 of 192 experts by sigmoid score + bias among the best 4 of 8 groups: fp32 from the start (not
+        # yet measured in bf16)
+        "a.x-k1",
+        # Kolibri-1's top 6 of 384 experts by logit + bias: fp32 from the start (not yet measured in bf16)
+        "kolibri-1",
+        # Laguna-XS.2's top 8 of 256 experts by sigmoid score + bias: fp32 from the start (not yet measured in bf16)
+        "laguna-xs.2",
+        # LongCat-Flash's top 12 of 512 experts and 256 identity ones by softmax probability + bias: fp32 from the start
+        # (bf16 does not fit: HF's bf16 copy beside its fp32 model and the bf16 tensors)
+        "longcat-flash-chat",
+        # Ling-3.0-Flash's top 8 of 512 experts by sigmoid score + bias among the best 4 of 8 groups, and its KDA's
+        # decay rounded to the model's dtype: fp32 from the start (not yet measured in bf16)
+        "ling-3.0-flash",
         # (HF's Mamba and Mamba-2 models keep their residual stream in fp32, `residual_in_fp32`; ours is in the model's
         # dtype, so in bf16 HF's own model stays the closer one: checked in fp32, where the two are the same math)
         "mamba-2.8b", "mamba-codestral-7b",
@@ -419,7 +453,10 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "gemma-4-26b-a4b", "gemma-4-e2b",
         # Zamba-7B's random model is one bf16 cannot judge: on the H200 HF's own bf16 model was at cosine 0.949 of its
         # fp32 one at the first step (ours at 0.960; its Mamba-1 layers keep no fp32 residual, as the Mamba rows above)
-        "zamba-7b"}
+        "zamba-7b",
+        # ZAYA1-8B's top 1 of 16 experts (or the skip class) by softmax probability + balancing bias, which
+        # transformers takes in the activation dtype: fp32 from the start (not yet measured in bf16)
+        "zaya1-8b"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
@@ -451,6 +488,8 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
             elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU scalars: off their init)
                 p.add_(torch.randn_like(p) * 0.5)
             elif name.endswith("altup.correct_output_scale"):  # (Gemma 3n's starts at zero: the per-layer inputs on)
+                p.add_(torch.randn_like(p))
+            elif name.endswith("qk_norm.temp"):  # (ZAYA's key temperatures start at zero: keys on)
                 p.add_(torch.randn_like(p))
             elif model_type in ("gemma3n_text", "gemma4_text") and name.endswith("self_attn.q_norm.weight"):
                 # Gemma 3n scores unscaled (scale 1): with q and k normed to 1 its 256-wide heads' scores spread

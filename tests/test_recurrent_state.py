@@ -72,6 +72,15 @@ def kimi_linear():
 
 
 @pytest.fixture(scope="module")
+def ling():
+    """A tiny Ling 3.0 (a KDA layer with the bounded decay, then latent attention gated per head and experts) in HF
+    and ours, as the family tests build it, at most 64 tokens a sequence."""
+    from test_decoder_families import _pair
+
+    return _pair("ling-3.0-flash", {"max_position_embeddings": 64}, seed=3)
+
+
+@pytest.fixture(scope="module")
 def minimax():
     """A tiny MiniMax (a lightning-attention layer, whose state is a decaying matrix per head, then softmax attention;
     experts in both) in HF and ours, as the family tests build it, at most 64 tokens a sequence."""
@@ -102,7 +111,7 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "minimax", "recurrent_gemma"])
+@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "ling", "minimax", "recurrent_gemma"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_engine_with_queued_preempted_sequences_is_hf_greedy(family, steps, request):
     hf, model = request.getfixturevalue(family)  # (LFM2: a hybrid; Mamba: attention-free, a KV cache of no layer)

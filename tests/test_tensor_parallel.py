@@ -142,6 +142,17 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # indexers' tensors checked on every rank and not read
            "deepseek-v3.2-moe": ("deepseek-v3.2", {"first_k_dense_replace": 1, "attention_bias": True}),
            "glm-5-moe": ("glm-5", {"first_k_dense_replace": 1}),
+           # A.X-K1: DeepSeek-V3's split (above) with the expert layers' norm after the MLP whole on each rank, after
+           # the all-reduce; its published norm names (beside the layer, as save_pretrained writes them)
+           "a.x-k1-biases": ("a.x-k1", {"attention_bias": True}),
+           # Kolibri-1: heads, q / k norms and sandwich norms as Qwen3's and GLM-4's split, its experts by columns with
+           # the router whole (each rank chooses by logit + bias the same way), a windowed layer and a NoPE one
+           "kolibri-1-kv2": ("kolibri-1", {"num_key_value_heads": 2, "layer_types": ["sliding_attention",
+                                                                                   "full_attention"]}),
+           # Laguna: the softplus gate's rows (a per-head gate's repeated over its head's columns) split by heads as
+           # q's, the full layer's q / k rows in the kernels' order within each head, experts by columns; its
+           # published names (the choice bias under `mlp.experts`, `mlp.shared_expert`), as save_pretrained writes them
+           "laguna-xs.2-kv2-biases": ("laguna-xs.2", {"num_key_value_heads": 2, "attention_bias": True}),
            # Recurrent mixers, each rank with its heads' (or channels') rows of the input projection and the
            # convolution, their state and their columns of the output projection: gated DeltaNet with Qwen3-Next's
            # grouped projections (and Qwen3.5's flat ones, experts beside them); Mamba-2 with its B / C groups split
@@ -212,11 +223,16 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            # experts; MiniCPM3's muP scalars folded into each rank's weights)
                                            ("mistral-small-4", 8), ("minicpm3-4b", 8),
                                            ("deepseek-v3.2-moe", 8), ("glm-5-moe", 8),
+                                           ("a.x-k1-biases", 8), ("kolibri-1-kv2", 8),
+                                           ("laguna-xs.2-kv2-biases", 8),
                                            ("xglm-564m", 8),  # (each rank: the sinusoidal table built whole)
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
                                            ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),
                                            ("lfm2-bias", 8), ("mamba-codestral-7b", 8),
                                            ("kimi-linear-48b-a3b", 8), ("jamba", 8), ("falcon-mamba-7b", 8),
+                                           # (Ling 3.0: KDA heads split as Kimi's, the latent attention's per-head
+                                           # gate rows with their heads)
+                                           ("ling-3.0-flash", 8),
                                            ("minimax", 8),
                                            # whole-width q / k norms (their squares summed over the ranks): OLMo 2,
                                            # OLMoE, FlexOlmo, MiniMax-M2 (a partial rotary), OLMo hybrid (beside

@@ -146,6 +146,7 @@ DECODER_FAMILIES = {
     "nemotron_h": "nemotron_h",
     "falcon_h1": "falcon_h1",
     "kimi_linear": "kimi_linear",  # (Kimi Delta Attention layers beside latent attention without a rotary)
+    "bailing_hybrid": "bailing_hybrid",  # (Ling 3.0: bounded-gate KDA layers beside head-gated latent attention)
     "minimax": "minimax",  # (lightning attention layers beside softmax attention, experts in every layer)
     "mamba": "mamba",  # (attention-free: Mamba-1 layers only, no KV cache layers)
     "falcon_mamba": "mamba",
@@ -169,6 +170,10 @@ DECODER_FAMILIES = {
     "deepseek_v32": "deepseek_v32",  # (DeepSeek Sparse Attention served dense, up to index_topk tokens a sequence)
     "glm_moe_dsa": "glm_moe_dsa",  # (GLM-5: DeepSeek-V3.2's block at GLM's sizes, likewise)
     "kimi_k2": "deepseek_v3",  # (Kimi K2: DeepSeek-V3's architecture under its own name)
+    "longcat_flash": "longcat_flash",  # (two latent-attention sublayers a layer, a shortcut MoE with identity experts)
+    "axk1": "axk1",  # (A.X-K1: DeepSeek-V3 with a norm after each expert block)
+    "laguna": "laguna",  # (AFMoE's attention with a softplus gate, a rotary per layer type, sigmoid experts)
+    "kolibri1": "kolibri1",  # (EXAONE 4's hybrid attention, GLM-4's sandwich, experts chosen by logit)
     "deepseek_v2": "deepseek_v2",
     "glm4_moe_lite": "glm4_moe_lite",
     "youtu": "youtu",
@@ -198,6 +203,7 @@ DECODER_FAMILIES = {
     "apertus": "apertus",
     "arcee": "arcee",
     "afmoe": "afmoe",
+    "zaya": "zaya",  # (CCA convolutions into attention, residual scalings, an MLP router carried across layers)
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "lfm3": "lfm3",  # (LFM2 with windowed layers, sandwich norms and per-head attention gates)

@@ -54,12 +54,19 @@ CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")  # the published checkpoints' convo
 
 @dataclass(frozen=True)
 class KdaSpec:
-    """A KDA layer's sizes (Kimi Linear's `linear_attn_config`): heads of head_dim keys and as many values."""
+    """A KDA layer's sizes (Kimi Linear's `linear_attn_config`): heads of head_dim keys and as many values.
+    Ling 3.0's (bailing_hybrid.py) options: `full_rank_gates`, the forget gate's logits and the output gate each
+    one `[dim, hidden]` projection (f_proj, g_proj) instead of two low-rank ones; `lower_bound`, the bounded log
+    decay g = lower_bound * sigmoid(exp(A_log) (f + dt_bias)) in place of -exp(A_log) softplus(f + dt_bias);
+    `round_decay`, g rounded to the model's dtype before the rule (kernels.kda_decode's options)."""
 
     num_heads: int
     head_dim: int
     conv_kernel: int
     norm_eps: float
+    full_rank_gates: bool = False
+    lower_bound: float | None = None
+    round_decay: bool = False
 
     def __post_init__(self):
         if self.conv_kernel < 2:
@@ -73,7 +80,8 @@ class KdaSpec:
 
 class KimiDeltaAttention:
     """One layer's KDA (the mixer contract: mixers.py). Its input projections are stored as one
-    `[3 dim + 2 head_dim + num_heads, hidden]` matrix, rows [q; k; v; f_a; g_a; b]: one GEMM for all six."""
+    `[3 dim + 2 head_dim + num_heads, hidden]` matrix, rows [q; k; v; f_a; g_a; b]: one GEMM for all six
+    (full_rank_gates: `[5 dim + num_heads, hidden]`, rows [q; k; v; f; g; b], f_b and g_b None)."""
 
     def __init__(self, spec: KdaSpec, in_proj: torch.Tensor, conv: torch.Tensor, f_b: torch.Tensor,
                  g_b: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, norm: torch.Tensor,
@@ -92,15 +100,20 @@ class KimiDeltaAttention:
         rows, c, d_head = x.shape[0], 3 * s.dim, s.head_dim
         proj = kernels.linear_act(x, self.in_proj)
         mixed = causal_conv1d(proj[:, :c], self.conv, None, batch, state["conv"], "silu")
-        f = kernels.linear_act(proj[:, c : c + d_head].contiguous(), self.f_b)  # the forget gate's logits [T, dim]
-        gate = kernels.linear_act(proj[:, c + d_head : c + 2 * d_head].contiguous(), self.g_b)  # [T, dim]
-        b = proj[:, c + 2 * d_head :]
+        if s.full_rank_gates:  # (the gates' logits straight from the one GEMM)
+            f, gate, b = proj[:, c : c + s.dim], proj[:, c + s.dim : c + 2 * s.dim], proj[:, c + 2 * s.dim :]
+        else:
+            f = kernels.linear_act(proj[:, c : c + d_head].contiguous(), self.f_b)  # the forget gate's logits [T, dim]
+            gate = kernels.linear_act(proj[:, c + d_head : c + 2 * d_head].contiguous(), self.g_b)  # [T, dim]
+            b = proj[:, c + 2 * d_head :]
         out = torch.empty(rows, s.num_heads, d_head, dtype=x.dtype, device=x.device)
         held, d = state["recurrent"], batch.num_decode
         if d:  # one step for every decoding sequence, its state read and written at its slot: one kernel
-            out[:d] = kernels.kda_decode(mixed[:d], f[:d], b[:d], self.neg_a, self.dt_bias, held, batch.state_slots[:d])
+            out[:d] = kernels.kda_decode(mixed[:d], f[:d], b[:d], self.neg_a, self.dt_bias, held, batch.state_slots[:d],
+                                         s.lower_bound, s.round_decay)
         if batch.prefill_lens:  # each prompt chunk from its sequence's state, in the chunked form: one op each
-            q, k, v, g, beta = reference.kda_inputs(mixed[d:], f[d:], b[d:], self.neg_a, self.dt_bias)
+            q, k, v, g, beta = reference.kda_inputs(mixed[d:], f[d:], b[d:], self.neg_a, self.dt_bias, s.lower_bound,
+                                                    s.round_decay)
             row = 0
             for j, n in enumerate(batch.prefill_lens):  # (the op reads and writes the slot, rows in the model's dtype)
                 part = slice(row, row + n)

@@ -7,7 +7,9 @@ shares; c_kv is RMS-normalised (`kv_a_layernorm`) and kv_b maps it to every head
 (`qk_nope_head_dim`) and v (`v_head_dim`). Queries come from q_proj, or through a latent of their own
 (`q_lora_rank`): q_b(RMSNorm(q_a(x))). A head's key is [k_nope; rotary(k_pe)], its query
 [q_nope; rotary(q_pe)], and the scores are q . k times qk_head_dim ** -0.5 (times mscale ** 2 under a
-YaRN rope with `mscale_all_dim`, as DeepSeek scales them).
+YaRN rope with `mscale_all_dim`, as DeepSeek scales them). LongCat-Flash multiplies the query latent's norm
+output by sqrt(hidden / q_lora_rank) and c_kv's by sqrt(hidden / kv_lora_rank) (MlaSpec.q_scale / kv_scale):
+folded into those norms' weights at load.
 
 Here the cache holds the expanded keys and values ("expanded MLA"): per head a full key of
 qk_head_dim = nope + rope dims and the value padded with zeros to that size, as many KV heads as
@@ -62,10 +64,14 @@ class MlaSpec:
     bias: bool = False  # biases on q_a and kv_a (attention_bias; o_proj's is DecoderSpec.o_bias)
     norm_eps: float = 1e-6  # the latent norms' (transformers builds them with the default eps)
     names: MlaNames = field(default_factory=MlaNames)
+    q_scale: float = 1.0  # the query latent's norm output times this (LongCat-Flash's LoRA scale), in its weight
+    kv_scale: float = 1.0  # c_kv's norm output likewise
 
     def __post_init__(self):
         if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim <= 0:
             raise ValueError(f"qk_rope_head_dim must be even and positive, got {self.qk_rope_head_dim}")
+        if self.q_scale != 1.0 and self.q_lora_rank is None:
+            raise ValueError("a query latent scale (q_scale) needs the query latent (q_lora_rank)")
         if self.v_head_dim > self.qk_head_dim:
             raise ValueError(f"v_head_dim {self.v_head_dim} above qk_nope_head_dim + qk_rope_head_dim "
                              f"({self.qk_head_dim}) is not supported (supported: v_head_dim at most the query's)")
@@ -189,13 +195,19 @@ def load_mla_layer(spec: MlaSpec, read: Callable[..., torch.Tensor], prefix: str
     else:
         q_w = read(p + n.q_a + ".weight", (spec.q_lora_rank, hidden))
         q_b = read(p + n.q_a + ".bias", (spec.q_lora_rank,)) if spec.bias else None
-        q_norm = read(p + n.q_a_norm + ".weight", (spec.q_lora_rank,))
+        q_norm = _scaled_norm(read(p + n.q_a_norm + ".weight", (spec.q_lora_rank,)), spec.q_scale)
         q_b_w = ordered(read(p + n.q_b + ".weight", (heads * d, spec.q_lora_rank), mine), q_rows)
     kv_width = spec.qk_nope_head_dim + spec.v_head_dim
     kv_b_w = read(p + n.kv_b + ".weight", (heads * kv_width, kv_rank),
                   (slice(part.start * kv_width, part.stop * kv_width),))
     return MlaLayer(spec, local, cat_rows([q_w, kv_a]), None if q_b is None else torch.cat([q_b, kv_a_b]),
-                    q_norm, q_b_w, read(p + n.kv_a_norm + ".weight", (kv_rank,)), kv_b_w)
+                    q_norm, q_b_w, _scaled_norm(read(p + n.kv_a_norm + ".weight", (kv_rank,)), spec.kv_scale), kv_b_w)
+
+
+def _scaled_norm(weight: torch.Tensor, scale: float) -> torch.Tensor:
+    """A latent norm's weight with the scale of its output folded in (computed in fp32, as the norm's output
+    is scaled), or as it is."""
+    return weight if scale == 1.0 else (weight.float() * scale).to(weight.dtype)
 
 
 def tensor_shapes(spec: MlaSpec, prefix: str, hidden: int, heads: int) -> dict[str, tuple[int, ...]]:

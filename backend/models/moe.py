@@ -15,6 +15,8 @@ output (MoeSpec.scale_input). Nemotron-H's experts (and shared expert) are plain
 squared ReLU, down, with no gate (MoeSpec.gated False); Nemotron 3 Super's routed experts work in
 a latent space, the normalised rows projected down to it before them and their weighted sum back
 up after (MoeSpec.latent_size), the router and the shared expert on the rows as they are.
+LongCat-Flash adds zero-computation experts (MoeSpec.identity_experts): the router scores them beside the
+others, and one chosen adds its weight times the input rows (no weights of its own).
 The op: `kernels.moe_mlp` (routing and grouped GEMMs over the routed rows on a GPU,
 kernels/triton_moe.py; reference.moe_mlp's loop over the experts elsewhere).
 
@@ -109,10 +111,27 @@ class MoeSpec:
     latent_size: int = 0
     # sparsemixer's band (scoring "sparsemixer", the config's router_jitter_noise): reference.moe_route
     mask_eps: float = 0.0
+    # > 0: that many identity experts after the num_experts that compute (LongCat-Flash's zero_expert_num): the
+    # router's rows (and its choice bias) cover both; a stacked [gate; up] of either count loads (transformers'
+    # LongCat stacks rows for the identity experts too, which it never reads)
+    identity_experts: int = 0
+    # Sigmoid scoring whose k are chosen by logit + score bias, not score + bias (Kolibri-1's router; without a bias
+    # the same choice): weighted by their scores as sigmoid routing weighs them (MoeLayer.__call__, chosen_by_logit)
+    logit_choice: bool = False
 
     def __post_init__(self):
-        if not 0 < self.top_k <= self.num_experts:
-            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
+        if self.logit_choice and (self.scoring != "sigmoid" or self.groups > 1 or self.scale_input
+                                  or self.identity_experts):
+            raise ValueError("a choice by logit + bias (logit_choice) is sigmoid scoring's, ungrouped, without "
+                             "scale_input or identity experts")
+        if not 0 < self.top_k <= self.num_experts + self.identity_experts:
+            extra = f" plus {self.identity_experts} identity experts" if self.identity_experts else ""
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be between 1 and num_experts "
+                             f"({self.num_experts}){extra}")
+        if self.identity_experts and (self.scale_input or self.latent_size or self.groups > self.kept_groups
+                                      or self.names.columns or not self.gated):
+            raise ValueError("identity experts are supported beside gated experts stored [E, out, in], without "
+                             "scale_input, a latent space or group-limited routing")
         moe_grouped(self.num_experts, self.top_k, self.groups, self.kept_groups, self.group_score)  # (raises)
         if self.scale_input and (self.top_k != 1 or self.scoring != "sigmoid" or self.normalize or self.score_bias
                                  or self.scale != 1.0 or self.groups > 1 or self.expert_bias):
@@ -153,6 +172,8 @@ class MoeLayer:
     latent_in: torch.Tensor | None = None  # [L, H]: the rows into the routed experts' space (MoeSpec.latent_size)
     latent_out: torch.Tensor | None = None  # [H, L]: their weighted sum back out of it
     mask_eps: float = 0.0  # (MoeSpec.mask_eps)
+    identity_experts: int = 0  # (MoeSpec.identity_experts: the router's last ids)
+    logit_choice: bool = False  # (MoeSpec.logit_choice)
 
     def __call__(self, x: torch.Tensor, activation: str, prenorm: kernels.PreNorm | None = None) -> torch.Tensor:
         """The block's output `[T, H]` for its input x `[T, H]`, normalised or (`prenorm`) to be
@@ -175,12 +196,15 @@ class MoeLayer:
             scaled_x = x * torch.sigmoid(logits.max(dim=-1, keepdim=True).values.float()).to(x.dtype)
             out = kernels.moe_mlp(scaled_x, logits, self.gate_up, self.down, 1, True, None, activation, "softmax")
         else:
+            bias = self.score_bias
+            if self.logit_choice:  # the chosen k's logits, the others' -inf: sigmoid routing then takes those k
+                logits, bias = chosen_by_logit(logits, self.top_k, bias), None
             routed = x if self.latent_in is None else kernels.linear_act(x, self.latent_in)
             out = kernels.moe_mlp(routed, logits, self.gate_up, self.down, self.top_k, self.normalize,
-                                  x.dtype if self.round_weights else None, activation, self.scoring, self.score_bias,
+                                  x.dtype if self.round_weights else None, activation, self.scoring, bias,
                                   self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
                                   groups=self.groups, kept_groups=self.kept_groups, group_score=self.group_score,
-                                  mask_eps=self.mask_eps)
+                                  mask_eps=self.mask_eps, **self._identity())
             if self.latent_out is not None:
                 out = kernels.linear_act(out, self.latent_out)
         if self.shared_gate_up is not None:
@@ -189,6 +213,10 @@ class MoeLayer:
                 shared = torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
             out = out + shared
         return out
+
+    def _identity(self) -> dict:
+        """moe_mlp's identity_experts argument where there are any (the kernels without it otherwise)."""
+        return {"identity_experts": self.identity_experts} if self.identity_experts else {}
 
     def scale_output(self, factor: float | None) -> None:
         """The block's output times `factor` (Granite's residual multiplier), folded into the
@@ -224,6 +252,15 @@ class MoeLayer:
         return self.shared_params() + self.top_k * (self.gate_up[0].numel() + self.down[0].numel())
 
 
+def chosen_by_logit(logits: torch.Tensor, top_k: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """`[T, E]` router logits with each row's k largest logit + `bias` (`[E]`, or none) kept, the others -inf: the
+    k experts that sigmoid routing (score sigmoid(logit), no bias) then chooses, weighted sigmoid(logit) (the
+    others' scores 0). In fp32, on the device, no host sync (a decode graph replays it)."""
+    logits = logits.float()
+    ids = (logits if bias is None else logits + bias).topk(top_k, dim=-1).indices
+    return torch.full_like(logits, float("-inf")).scatter_(1, ids, logits.gather(1, ids))
+
+
 def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor], prefix: str, hidden: int,
                    part: slice | None = None, shared_part: slice | None = None, first_rank: bool = True) -> MoeLayer:
     """Layer `prefix`'s MoE block from the checkpoint's tensors (`state`, to see which names it
@@ -240,12 +277,13 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     width = spec.latent_size or hidden  # (the rows the routed experts read and write)
     halves = 2 if spec.gated else 1  # (an expert's [gate; up], or its up projection alone)
 
-    def gated(weight: str, size: int, rows: slice | None, *lead: int, width: int = hidden) -> torch.Tensor:
+    def gated(weight: str, size: int, rows: slice | None, *lead: int, width: int = hidden,
+              kept: int | None = None) -> torch.Tensor:
         """[gate; up] rows (up alone where ungated) of a stacked `[..., halves * size, width]` tensor, this rank's
-        of each half."""
+        of each half; `kept`: the first that many of the (one) leading dim only."""
+        pick = (slice(None),) * len(lead) if kept is None else (slice(0, kept),)
         if rows is None:
-            return read(weight, (*lead, halves * size, width))
-        pick = (slice(None),) * len(lead)
+            return read(weight, (*lead, halves * size, width), None if kept is None else pick)
         return torch.cat([read(weight, (*lead, halves * size, width), (*pick, slice(half * size + rows.start,
                                                                                      half * size + rows.stop)))
                           for half in range(halves)], dim=len(lead))
@@ -256,7 +294,10 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
     if n.columns:  # x @ W, gate and up columns interleaved (gpt-oss) or not (Llama 4): rows, [gate; up]
         gate_up, down, biases = _column_experts(spec, read, stacked, hidden, part)
     elif stacked is not None:  # stacked, as transformers >= 5 holds them or a family publishes them
-        gate_up = gated(_weight(stacked[0], state), inter, part, experts, width=width)
+        stored, name = experts, _weight(stacked[0], state)
+        if spec.identity_experts and tuple(state[name].shape)[:1] == (experts + spec.identity_experts,):
+            stored = experts + spec.identity_experts  # (rows for the identity experts too: the first ones read)
+        gate_up = gated(name, inter, part, stored, width=width, kept=experts if stored != experts else None)
         down = read(_weight(stacked[1], state), (experts, width, inter), (slice(None), *cols))
     else:  # one expert at a time, as published
         stacked_gate_up, stacked_down = [], []
@@ -267,21 +308,22 @@ def load_moe_layer(spec: MoeSpec, state: dict, read: Callable[..., torch.Tensor]
                                               for name in (n.gate, n.up)[2 - halves:]]))
             stacked_down.append(read(f"{e}{n.down}.weight", (width, inter), cols))
         gate_up, down = torch.stack(stacked_gate_up), torch.stack(stacked_down)
-    router_weight = read(f"{base}{router}.weight", (experts, hidden))
+    scored = experts + spec.identity_experts  # (the router's rows: the identity experts' after the others')
+    router_weight = read(f"{base}{router}.weight", (scored, hidden))
     layer = MoeLayer(router_weight.float() if spec.router_fp32 else router_weight, gate_up, down, spec.top_k,
                      spec.normalize, spec.round_weights, scoring=spec.scoring, scale=spec.scale, groups=spec.groups,
                      kept_groups=spec.kept_groups, group_score=spec.group_score, scale_input=spec.scale_input,
-                     mask_eps=spec.mask_eps)
+                     mask_eps=spec.mask_eps, identity_experts=spec.identity_experts, logit_choice=spec.logit_choice)
     if spec.router_bias:
-        layer.router_bias = read(f"{base}{router}.bias", (experts,))
+        layer.router_bias = read(f"{base}{router}.bias", (scored,))
     if biases is not None:
         layer.gate_up_bias, down_bias = biases
         layer.down_bias = down_bias if first_rank else None
     if spec.score_bias:  # beside the router's weight or the block's (ERNIE's published names), `[E]` or `[1, E]`
         key = next((k for k in (f"{base}{router}.{n.score_bias}", base + n.score_bias) if k in state),
                    f"{base}{router}.{n.score_bias}")
-        shape = (1, experts) if tuple(getattr(state.get(key), "shape", ())) == (1, experts) else (experts,)
-        layer.score_bias = read(key, shape).reshape(experts).float()
+        shape = (1, scored) if tuple(getattr(state.get(key), "shape", ())) == (1, scored) else (scored,)
+        layer.score_bias = read(key, shape).reshape(scored).float()
     if spec.shared_intermediate_size:
         size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
         rows = shared_part or slice(None)
@@ -343,18 +385,20 @@ def tensor_shapes(spec: MoeSpec, prefix: str, hidden: int) -> dict[str, tuple[in
     n, e, inter, width = spec.names, spec.num_experts, spec.intermediate_size, spec.latent_size or hidden
     base = f"{prefix}{n.blocks[0]}."
     gate_up, down = n.stacked[0]
-    shapes = {f"{base}{n.routers[0]}.weight": (e, hidden), base + gate_up: (e, (2 if spec.gated else 1) * inter, width),
+    scored = e + spec.identity_experts
+    shapes = {f"{base}{n.routers[0]}.weight": (scored, hidden),
+              base + gate_up: (e, (2 if spec.gated else 1) * inter, width),
               base + down: (e, width, inter)}
     if spec.latent_size:
         shapes.update({f"{base}{n.latent[0]}.weight": (width, hidden), f"{base}{n.latent[1]}.weight": (hidden, width)})
     if n.columns:
         shapes.update({base + gate_up: (e, hidden, 2 * inter), base + down: (e, inter, hidden)})
     if spec.router_bias:
-        shapes[f"{base}{n.routers[0]}.bias"] = (e,)
+        shapes[f"{base}{n.routers[0]}.bias"] = (scored,)
     if spec.expert_bias:
         shapes.update({f"{base}{gate_up}_bias": (e, 2 * inter), f"{base}{down}_bias": (e, hidden)})
     if spec.score_bias:
-        shapes[f"{base}{n.routers[0]}.{n.score_bias}"] = (e,)
+        shapes[f"{base}{n.routers[0]}.{n.score_bias}"] = (scored,)
     if spec.shared_intermediate_size:
         size, s = spec.shared_intermediate_size, f"{prefix}{n.shared}."
         if n.shared_fused:

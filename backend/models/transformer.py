@@ -36,6 +36,8 @@ and runs it. What differs between the families is data, read here in one place:
     attn_output_gate  the attention's output times sigmoid(gate_proj(x)) per element before the output
                      projection (AFMoE). Qwen3-Next's full-attention gate is the same operation, its G the
                      second D of each head's 2D rows of q_proj (query and gate interleaved per head)
+    attn_gate_softplus  that gate's softplus(gate_proj(x)) in fp32, rounded to the activation dtype, in place of
+                     its sigmoid (Laguna; a per-head gate's rows repeated over each head's columns)
     clip_qkv         the QKV projection's outputs clamped to [-clip, clip] before the split and the rotary
                      (DBRX): the projection then runs unfused, the clamp in place on its output
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
@@ -189,6 +191,7 @@ class DecoderSpec:
     qk_norm_layers: tuple[bool, ...] = ()  # empty: every layer has them (with qk_norm)
     qk_norm_bias: bool = False
     attn_output_gate: bool = False
+    attn_gate_softplus: bool = False  # the output gate is softplus(x_n @ G^T), not its sigmoid (Laguna)
     clip_qkv: float | None = None  # the QKV projection's outputs clamped to [-clip_qkv, clip_qkv] (DBRX)
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
@@ -287,6 +290,8 @@ class DecoderSpec:
         if self.alibi_slopes is not None and (len(self.alibi_slopes) != self.num_heads or self.mla):
             raise ValueError(f"{len(self.alibi_slopes)} ALiBi slopes for {self.num_heads} heads (one per query head; "
                              f"supported without latent attention)")
+        if self.attn_gate_softplus and not self.attn_output_gate:
+            raise ValueError("attn_gate_softplus is the output gate's (attn_output_gate)")
         if self.qk_norm_bias and (not self.qk_norm or self.qk_norm_full or self.qk_norm_after_rope):
             raise ValueError("q/k LayerNorms with biases are per-head norms (qk_norm) before the rotary")
 
@@ -886,7 +891,9 @@ class TransformerDecoder(DecoderModel):
         ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
                               softcap=c.attn_softcap, sinks=layer.sinks, chunk=layer.chunk,
                               alibi_slopes=self.alibi_slopes)
-        if gate is not None:
+        if gate is not None and c.attn_gate_softplus:  # (fp32 softplus rounded to ctx's dtype, as transformers)
+            ctx = ctx * torch.nn.functional.softplus(gate.float()).to(ctx.dtype).view_as(ctx)
+        elif gate is not None:
             ctx = kernels.sigmoid_mul(ctx, gate)
         if layer.mla is not None:  # (each head's values, past their zero padding)
             ctx = layer.mla.values(ctx)
