@@ -91,7 +91,7 @@ def prefill_flops(model, tokens: int) -> float:
     import torch
 
     c = model.config
-    names = ("qkv_w", "o_w", "gate_up_w", "down_w", "attn_gate_w")  # (a family's own layer may lack some)
+    names = ("qkv_w", "qk_w", "v_w", "o_w", "gate_up_w", "down_w", "attn_gate_w")  # (a family's own layer: some)
     layer_weights = sum(t.numel() for layer in model.layers for t in (getattr(layer, n, None) for n in names)
                         if t is not None)
     top_k = getattr(c, "top_k", 0)  # a family's own expert tensors ([E, ...]): k experts a token
