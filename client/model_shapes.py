@@ -110,6 +110,26 @@ GEMMA_4_E4B = {
     "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7, "num_kv_shared_layers": 18,
     "use_double_wide_mlp": False,
 }
+# google/gemma-4-12B-it's text_config (the file's model_type gemma4_unified, the text model's gemma4_unified_text), as
+# transformers 5.23's configuration_gemma4_unified.py documents it: the checkpoint its docstrings name, a text model
+# 3,840 wide (the vision config's mm_embed_dim / output_proj_dims, "matches the text model hidden_size"); the rest the
+# config's own defaults (heads of 256 on sliding layers, 512 on full ones, their own v_proj, 1,024-token windows, five
+# sliding layers to one full, 262,144 positions, no kv sharing, no soft-capping). Uncertain (not in the file: Gemma 3
+# 12B's figures at that width): 48 layers, 16 query heads over 8 KV heads, MLPs of 15,360; the soft-capping (the 31B
+# caps at 30); eos 1 (the instruction-tuned files add 106).
+GEMMA_4_12B = {
+    "model_type": "gemma4_unified_text", "vocab_size": 262144, "hidden_size": 3840, "intermediate_size": 15360,
+    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "global_head_dim": 512, "attention_k_eq_v": False, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144, "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 8,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0}},
+    "final_logit_softcapping": None, "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "attention_bias": False,
+    "use_bidirectional_attention": "vision", "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+    "pad_token_id": 0,
+}
 GEMMA_7B = {
     "model_type": "gemma", "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
     "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
@@ -288,6 +308,22 @@ BLOOM_560M = {
 }
 BLOOM_7B1 = {**BLOOM_560M, "hidden_size": 4096, "num_hidden_layers": 30, "num_attention_heads": 32}
 
+# jhu-clsp/ettin-decoder-150m (ModernBERT's decoder; transformers' ModernBertDecoderConfig documents
+# blab-jhu/test-32m-dec): the values below are that config class's defaults, which its docstring calls the
+# modernbert-base decoder style configuration, not checked against either checkpoint's config.json here. Uncertain:
+# local_rope_theta (10,000 is transformers' default; Ettin may train its local layers at 160,000 too),
+# max_position_embeddings (7,999 or 8,192) and the ids of bos / eos (ModernBERT's tokenizer's [CLS] / [SEP]).
+# GeGLU with the exact GELU, a global layer every 3 from the first, local windows of 128 // 2 = 64 tokens, LayerNorms
+# without biases, the prediction head's dense without a bias, a bias on the tied vocabulary projection.
+ETTIN_DECODER_150M = {
+    "model_type": "modernbert-decoder", "vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152,
+    "num_hidden_layers": 22, "num_attention_heads": 12, "hidden_activation": "gelu", "max_position_embeddings": 8192,
+    "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False, "mlp_bias": False, "decoder_bias": True,
+    "classifier_bias": False, "classifier_activation": "gelu", "local_attention": 128, "global_attn_every_n_layers": 3,
+    "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "tie_word_embeddings": True,
+    "bos_token_id": 50281, "eos_token_id": 50282, "pad_token_id": 50283,
+}
+
 # mosaicml/mpt-7b, as its config.json was recalled (not checked against it here), in its own names: ALiBi (slopes
 # from alibi_bias_max 8), LayerNorms without biases, no linear biases, 4 x hidden MLPs, a tied head. Its file names no
 # bos / eos ids (its tokenizer, GPT-NeoX-20B's, ends text with id 0: not written here); learned_pos_emb true there is
@@ -413,6 +449,17 @@ BITNET_B158_2B_4T = {
     "num_hidden_layers": 30, "num_attention_heads": 20, "num_key_value_heads": 5, "hidden_act": "relu2",
     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 4096, "tie_word_embeddings": True,
     "bos_token_id": 128000, "eos_token_id": 128001,
+}
+
+# kajuma/DiffLlama-0.3B-handcut (model_type diffllama), the checkpoint transformers' DiffLlamaConfig docstring names.
+# Its config.json was not at hand: these are DiffLlamaConfig's defaults (Llama's block, multi-head attention), sure
+# for the kind of model only. The widths, layers, heads and vocabulary are uncertain (they add up to about 1B
+# parameters, not 0.3B), as are rope_theta and the token ids.
+DIFFLLAMA_0_3B = {
+    "model_type": "diffllama", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+    "attention_bias": False, "attention_dropout": 0.0, "lambda_std_dev": 0.1, "bos_token_id": 1, "eos_token_id": 2,
 }
 
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
@@ -1078,6 +1125,24 @@ AXK1 = {
     "rope_theta": 10000.0, "rope_interleave": True, "max_position_embeddings": 32768,
     "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 163691, "eos_token_id": 163691,
 }
+# skt/A.X-K2 (model_type axk2): DeepSeek-V3.2's block with gated RMSNorms and a gated query projection, at the
+# values of transformers' AXK2Config defaults (its docstring's checkpoint; not read from a published config.json):
+# 48 layers of 2,048, 32 latent-attention heads (a query latent of 384, keys and values from one of 128 plus a
+# shared 32-dim rotary key, values of 64), the first layer dense (5,120 columns), then 128 experts of 512, the top 8
+# by sigmoid score over all experts (no groups), scaled by 2.5, one shared expert; the indexer 16 heads of 128, the
+# top 2,048 keys; gates of rank 16. Uncertain: which release these are (the config's comments say A.X-K2-Light
+# routes without groups, as here; the larger releases set n_group / topk_group), the rope (the default's theta
+# 10,000, no YaRN) and max_position_embeddings (131,072, the default; served up to index_topk, 2,048).
+AXK2 = {
+    "model_type": "axk2", "vocab_size": 163840, "hidden_size": 2048, "intermediate_size": 5120,
+    "moe_intermediate_size": 512, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "q_lora_rank": 384, "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+    "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+    "n_group": None, "topk_group": None, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "max_position_embeddings": 131072, "index_topk": 2048, "index_head_dim": 128,
+    "index_n_heads": 16, "gated_norm_rank": 16, "attention_bias": False, "tie_word_embeddings": False,
+    "bos_token_id": 163691, "eos_token_id": 163691,
+}
 # deepseek-ai/DeepSeek-V2-Lite (model_type deepseek_v2, 16B in all, 2.4B active), its config.json's values as
 # recalled (not read from the file): latent attention without a query latent (16 heads, q_proj straight from the
 # hidden row), keys and values from a latent of 512 plus a shared 64-dim rotary key, YaRN with mscale_all_dim
@@ -1291,6 +1356,7 @@ DECODER_SHAPES = {
     "gemma-4-26b-a4b": GEMMA_4_26B_A4B,
     "gemma-4-e2b": GEMMA_4_E2B,
     "gemma-4-e4b": GEMMA_4_E4B,
+    "gemma-4-12b": GEMMA_4_12B,
     "phi-3-mini": PHI_3_MINI_4K,
     "phi-3-mini-128k": PHI_3_MINI_128K,
     "phi-4-mini": PHI_4_MINI,
@@ -1306,6 +1372,7 @@ DECODER_SHAPES = {
     "nemotron-mini-4b": NEMOTRON_MINI_4B,
     "arcee-afm": ARCEE_AFM,
     "bitnet-b1.58-2b-4t": BITNET_B158_2B_4T,
+    "diffllama-0.3b": DIFFLLAMA_0_3B,
     "apertus-8b": APERTUS_8B,
     "dbrx-132b": DBRX_132B,
     "phi-2": PHI_2,
@@ -1314,6 +1381,7 @@ DECODER_SHAPES = {
     "falcon-40b": FALCON_40B,
     "bloom-560m": BLOOM_560M,
     "bloom-7b1": BLOOM_7B1,
+    "ettin-decoder-150m": ETTIN_DECODER_150M,
     "mpt-7b": MPT_7B,
     "starcoder-15b": STARCODER_15B,
     "opt-125m": OPT_125M,
@@ -1356,6 +1424,7 @@ DECODER_SHAPES = {
     "deepseek-v3": DEEPSEEK_V3,
     "deepseek-v3.2": DEEPSEEK_V3_2,
     "a.x-k1": AXK1,
+    "a.x-k2": AXK2,
     "kolibri-1": KOLIBRI1,
     "laguna-xs.2": LAGUNA_XS2,
     "glm-5": GLM_5,
@@ -1550,10 +1619,10 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg.update(num_hidden_layers=n, layer_types=(["sliding_attention", "full_attention"] * n)[:n],
                    num_kv_shared_layers=n // 2, activation_sparsity_pattern=[0.95] * (n // 2) + [0.0] * (n - n // 2),
                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=vocab - 64, laurel_rank=8)
-    if cfg["model_type"] == "gemma4_text":  # Gemma 4: the full layers' heads as much wider than the sliding ones' as
-        # published (512 to 256) and their KV heads in the published ratio, a sliding layer then a full one in turn (the
-        # last full); the E models' per-layer inputs of 16 and at least four layers, the last half reading the keys of
-        # earlier ones; the 26B's experts fewer and narrower, k kept
+    if cfg["model_type"] in ("gemma4_text", "gemma4_unified_text"):  # Gemma 4 (and unified): the full layers' heads
+        # as much wider than the sliding ones' as published (512 to 256) and their KV heads in the published ratio, a
+        # sliding layer then a full one in turn (the last full); the E models' per-layer inputs of 16 and at least four
+        # layers, the last half reading the keys of earlier ones; the 26B's experts fewer and narrower, k kept
         published = DECODER_SHAPES[name]
         cfg["global_head_dim"] = published["global_head_dim"] * cfg["head_dim"] // published["head_dim"]
         if published.get("num_global_key_value_heads"):
@@ -1658,6 +1727,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.num_layers):
         p = f"layers.{i}."
         layer = {n.attn_norm: (hidden,), n.mlp_norm: (hidden,)} if spec.layer_pre_norms(i) else {}
+        if not spec.layer_attn_norm(i):  # (a pre-norm layer without its attention norm: ModernBERT decoder's first)
+            layer.pop(n.attn_norm, None)
         layer[n.o] = (hidden, q)
         if spec.mla and (spec.mixer(i) is None or spec.parallel_mixers):  # latent attention's projections (mla.py),
             # o_proj over the heads' values (a layer with a mixer in place of attention: the mixer's, below)
@@ -1696,7 +1767,7 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
                           {p + n.gate + ".bias": (inter,), p + n.up + ".bias": (inter,)} if spec.gated_mlp else
                           {p + n.up + ".bias": (inter,)})
         if spec.norm_bias:
-            shapes.update({p + name + ".bias": (hidden,) for name in (n.attn_norm, n.mlp_norm)})
+            shapes.update({p + name + ".bias": (hidden,) for name in (n.attn_norm, n.mlp_norm) if name in layer})
         if spec.sinks:
             shapes[p + n.sinks] = (spec.num_heads,)
         if spec.mixers and spec.mixer(i) is not None:  # a recurrent mixer in place of attention: its own tensors,
@@ -1711,9 +1782,9 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
             for name in (n.gate, n.up, n.down, n.gate_up, n.mlp_norm):
                 for suffix in (".weight", ".bias"):
                     shapes.pop(f"{p}{name}{suffix}", None)
-    if hasattr(spec, "extra_tensor_shapes"):  # (a family's own beside the shared decoder's: BLOOM's embedding norm)
-        shapes.update(spec.extra_tensor_shapes())
-    return shapes
+    if hasattr(spec, "extra_tensor_shapes"):  # (a family's own beside the shared decoder's: BLOOM's embedding norm;
+        shapes.update(spec.extra_tensor_shapes())  # a name given None: one the family does not hold, A.X-K2's)
+    return {name: shape for name, shape in shapes.items() if shape is not None}
 
 
 class RandomTensor:

@@ -80,6 +80,17 @@ CASES = [
     ("gemma4-e2b", "gemma-4-e2b", {"initializer_range": 0.05}),
     # Gemma 4 26B-A4B's kind: a dense MLP beside 16 experts (top 8) in every layer, routed from the layer's input
     ("gemma4-26b-a4b", "gemma-4-26b-a4b", {"initializer_range": 0.05}),
+    # Gemma 4 unified (12B's kind): Gemma 4's layers without per-layer inputs or experts, a sliding layer (4 KV heads
+    # of 32) then a full one (4 of 64, its own v_proj), no soft-capping. And four layers, the last two reading the keys
+    # of the first two with MLPs twice as wide, the full layers' values from their keys (2 KV heads), logits capped, an
+    # untied head, and Gemma 4's per-layer-input and expert keys set, which transformers' unified model never reads
+    ("gemma4-unified", "gemma-4-12b", {"initializer_range": 0.05}),
+    ("gemma4-unified-shared-kv-double-wide-values-from-keys-untied-stray-keys", "gemma-4-12b", {
+        "num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True, "attention_k_eq_v": True, "num_global_key_value_heads": 2,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": False, "hidden_size_per_layer_input": 16,
+        "vocab_size_per_layer_input": 320, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+        "moe_intermediate_size": 32, "initializer_range": 0.05}),
     ("phi3", "phi-3-mini", {}),
     ("phi3-longrope", "phi-3-mini-128k", {}),
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),
@@ -310,6 +321,17 @@ CASES = [
     ("axk1-all-moe-ungrouped-unnormalised-rotate-half-biases", "a.x-k1", {
         "mlp_layer_types": ["sparse", "sparse"], "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
         "rope_interleave": False, "attention_bias": True}),
+    # A.X-K2: DeepSeek-V3.2's block served dense (a query latent whose norm and raw rows together make the queries
+    # and a per-element output gate, the rotary interleaved) with gated RMSNorms before attention and before the
+    # experts, a dense first layer then sigmoid experts over all 16 (no groups); and experts in both layers among
+    # the best 2 of 4 groups, unrenormalised, attention biases, YaRN with mscale_all_dim, a wider gate rank
+    ("axk2", "a.x-k2", {}),
+    ("axk2-all-moe-groups-unnormalised-biases-yarn", "a.x-k2", {
+        "mlp_layer_types": ["sparse", "sparse"], "n_group": 4, "topk_group": 2, "norm_topk_prob": False,
+        "attention_bias": True, "gated_norm_rank": 24,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32,
+                            "beta_slow": 1, "original_max_position_embeddings": 64, "mscale": 1.0,
+                            "mscale_all_dim": 1.0}}),
     # Laguna: a sliding layer rotating the whole head, a full one YaRN over half of each head (its q / k rows in the
     # kernels' order), softplus output gates per head, q / k norms, a dense first layer then sigmoid experts (bias,
     # renormalised, rounded) and a shared one; and experts in both layers, scaled, per-element gates, attention
@@ -455,6 +477,12 @@ CASES = [
     # BitNet b1.58: sub norms before o_proj and down_proj, gated relu2, tied head (the -bf16 form: plain linears);
     # the quantised linears' math is checked against transformers' BitLinear / AutoBitLinear in test_bitnet.py
     ("bitnet", "bitnet-b1.58-2b-4t", {}),
+    # DiffLlama: differential attention (two maps a head pair, over both halves of V, lambda-weighted difference,
+    # an RMS norm over the pair's 2 x head_dim and (1 - lambda_init)) at its multi-head shape; and grouped queries
+    # (2 query heads a KV head), biases on the attention's projections, lambdas far from 0 and a third layer
+    ("diffllama", "diffllama-0.3b", {}),
+    ("diffllama-gqa-biases-wide-lambdas", "diffllama-0.3b", {"num_key_value_heads": 4, "attention_bias": True,
+                                                             "lambda_std_dev": 0.5, "num_hidden_layers": 3}),
     # Apertus: per-head q / k norms, llama3 rope scaling, a plain MLP with xIELU's learnt scalars per layer; and with
     # attention biases, MHA, beta and eps of its own
     ("apertus", "apertus-8b", {}),
@@ -488,6 +516,20 @@ CASES = [
     ("falcon-rw-alibi", "falcon-7b", {"alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}),
     ("bloom", "bloom-560m", {}),
     ("bloom-six-heads", "bloom-560m", {"num_attention_heads": 6, "hidden_size": 96}),
+    # ModernBERT decoder (Ettin): a LayerNorm'd embedding as the residual stream, the first layer without its attention
+    # norm, a global layer then a local one (16 // 2 = 8 tokens, its own rotary base), GeGLU with the exact GELU, the
+    # prediction head (dense, GELU, LayerNorm) before a tied projection with a bias. And every LayerNorm and linear with
+    # biases, the tanh GELUs, a global layer every 2 (three layers), rotary bases by layer type, an untied projection
+    # without a bias. Weights drawn wider (initializer_range 0.1): at 0.02 a continuation repeats 3 or 4 tokens
+    ("modernbert-decoder", "ettin-decoder-150m", {"local_attention": 16, "cls_token_id": 1, "sep_token_id": 2,
+                                                  "initializer_range": 0.1}),
+    ("modernbert-decoder-biases-tanh-every-2-untied", "ettin-decoder-150m", {
+        "local_attention": 16, "cls_token_id": 1, "sep_token_id": 2, "initializer_range": 0.1, "num_hidden_layers": 3,
+        "global_attn_every_n_layers": 2, "norm_bias": True, "attention_bias": True, "mlp_bias": True,
+        "classifier_bias": True, "decoder_bias": False, "tie_word_embeddings": False,
+        "hidden_activation": "gelu_pytorch_tanh", "classifier_activation": "gelu_pytorch_tanh",
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}}}),
     ("mpt", "mpt-7b", {}),
     ("mpt-six-heads-scale-clip", "mpt-7b", {"n_heads": 6, "d_model": 96, "attn_config": {
         "alibi": True, "alibi_bias_max": 8, "softmax_scale": 0.4, "clip_qkv": 0.15}}),
@@ -704,15 +746,18 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "falcon-rw-alibi", "bloom-six-heads", "mpt-six-heads-scale-clip",
+                   "modernbert-decoder", "modernbert-decoder-biases-tanh-every-2-untied",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
                    "gpt-neo", "hy-v3", "biogpt", "xglm", "xglm-odd-width-pad-row-relu-unscaled",
-                   "flint", "afmoe", "persimmon", "bitnet", "jetmoe", "jetmoe-top3-of-4-two-kv-heads-untied-eps",
+                   "flint", "afmoe", "persimmon", "bitnet", "diffllama", "diffllama-gqa-biases-wide-lambdas",
+                   "jetmoe", "jetmoe-top3-of-4-two-kv-heads-untied-eps",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
                    "longcat-flash", "longcat-flash-one-layer-yarn-no-identity-experts",
                    "deepseek-v3.2", "glm-5-shared-indexers-moe-first-yarn-groups-biases",
                    "axk1", "axk1-all-moe-ungrouped-unnormalised-rotate-half-biases",
+                   "axk2", "axk2-all-moe-groups-unnormalised-biases-yarn",
                    "kolibri1", "kolibri1-global-first-renormalised-two-kv-heads",
                    "laguna", "laguna-moe-first-per-element-gates-biases-scaled-partial-ropes",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
@@ -731,7 +776,8 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
                    "zamba", "zamba-hybrid-first-one-head-biases-untied",
                    "gemma3n", "gemma3n-untied-second-stream-active-uneven-mlps",
-                   "gemma4-31b", "gemma4-full-first-own-values-untied", "gemma4-e2b", "gemma4-26b-a4b")
+                   "gemma4-31b", "gemma4-full-first-own-values-untied", "gemma4-e2b", "gemma4-26b-a4b",
+                   "gemma4-unified", "gemma4-unified-shared-kv-double-wide-values-from-keys-untied-stray-keys")
 
 
 @pytest.mark.parametrize("case,shape,changes", [c for c in CASES if c[0] in ITERATION_CASES],
@@ -858,7 +904,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     # (the vision-language checkpoints and their text models' own types: test_a_vl_checkpoint_serves_its_text_model)
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
-    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4"}
+    assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
+                                               "gemma4_unified"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -903,6 +950,9 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("laguna-xs.2", {"moe_apply_router_weight_on_input": True}, "moe_apply_router_weight_on_input"),
     ("laguna-xs.2", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("a.x-k1", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("a.x-k2", {"n_group": 4}, "n_group"),  # (groups without topk_group: transformers refuses it too)
+    ("a.x-k2", {"q_lora_rank": None}, "q_lora_rank"),
+    ("a.x-k2", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("deepseek-v3.2", {"rope_interleave": False}, "rope_interleave"),  # (transformers interleaves whatever it says)
     ("longcat-flash-chat", {"zero_expert_type": "zero"}, "zero_expert_type"),
     ("longcat-flash-chat", {"router_bias": True}, "router_bias"),  # (transformers' router never adds its bias)
@@ -938,6 +988,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("granite-swash-2b", {"layer_types": ["full_attention"] * 2, "layer_rope_theta": [1e4, 500.0]},
      "layer_rope_theta"),
     ("llama-3.1-8b", {"model_type": "hunyuan_v1_moe", "num_experts": 8, "moe_topk": [2, 4]}, "moe_topk"),
+    ("diffllama-0.3b", {"attention_dropout": 0.1}, "attention_dropout"),
+    ("diffllama-0.3b", {"num_key_value_heads": 1}, "num_key_value_heads"),
     ("lfm2-1.2b", {"layer_types": ["conv", "sliding_attention"]}, "layer_types"),
     ("lfm2-1.2b", {"conv_L_cache": 1}, "conv_L_cache"),
     ("lfm2-1.2b", {"use_pos_enc": False}, "use_pos_enc"),
@@ -1013,7 +1065,14 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("gemma-4-e2b", {"num_kv_shared_layers": 3}, "num_kv_shared_layers"),  # (a shared sliding layer, none before it)
     ("gemma-4-31b", {"per_layer_config": {"1": {"intermediate_size": 64}}}, "per_layer_config"),
     ("gemma-4-26b-a4b", {"top_k_experts": None}, "enable_moe_block"),
+    # Gemma 4 unified: every token attending both ways (an encoder), and an activation other than its GeGLU's
+    ("gemma-4-12b", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ("gemma-4-12b", {"hidden_activation": "gelu"}, "hidden_activation"),
     ("bloom-560m", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+    ("ettin-decoder-150m", {"hidden_activation": "relu"}, "hidden_activation"),
+    ("ettin-decoder-150m", {"classifier_activation": "silu"}, "classifier_activation"),
+    ("ettin-decoder-150m", {"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
+    ("ettin-decoder-150m", {"local_attention": None}, "local_attention"),
     ("mpt-7b", {"attn_config": {"alibi": False}}, "alibi"),  # (learnt positions: transformers' MPT has no table)
     ("mpt-7b", {"attn_config": {"prefix_lm": True}}, "prefix_lm"),
     ("mpt-7b", {"attn_config": {"qk_ln": True}}, "qk_ln"),
@@ -1079,6 +1138,32 @@ def test_lfm2_reads_its_published_config_as_transformers_does():
     assert lfm2.mlp_width({**cfg, "block_ff_dim": 1000, "block_auto_adjust_ff_dim": False}) == 1000
 
 
+@pytest.mark.parametrize("changes", [{}, {"global_rope_theta": 1e6, "local_rope_theta": 5e4,
+                                         "global_attn_every_n_layers": 4, "local_attention": 256}])
+def test_modernbert_decoder_reads_its_published_config_as_transformers_does(changes):
+    """Ettin's config.json names no layer_types or rope_parameters: the layers' kinds from global_attn_every_n_layers,
+    the windows half of local_attention, each kind's rotary base from global_rope_theta / local_rope_theta."""
+    from tritonformer.backend.models import modernbert_decoder
+    from tritonformer.client.model_shapes import tensor_shapes
+
+    cfg = {**DECODER_SHAPES["ettin-decoder-150m"], **changes}
+    spec = modernbert_decoder.from_hf(cfg)
+    hf = transformers.ModernBertDecoderConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+    assert spec.layer_windows == tuple(hf.sliding_window if t == "sliding_attention" else None for t in hf.layer_types)
+    assert None in spec.layer_windows and spec.layer_windows[0] is None
+    positions = hf.max_position_embeddings
+    assert spec.rope == Rope.from_hf(None, hf.rope_parameters["full_attention"]["rope_theta"], positions)
+    assert spec.local_rope == Rope.from_hf(None, hf.rope_parameters["sliding_attention"]["rope_theta"], positions)
+    assert (spec.head_bias, spec.head_dense_bias, spec.tie_word_embeddings) == (
+        hf.decoder_bias, hf.classifier_bias, hf.tie_word_embeddings)
+    # the tensors the benchmarks' random checkpoints hold (model_shapes.tensor_shapes) are transformers' own (the tied
+    # projection aside): no attention norm on the first layer, the embedding norm and the prediction head's
+    with torch.device("meta"):
+        model = transformers.ModernBertDecoderForCausalLM(hf)
+    published = {k: tuple(v.shape) for k, v in strip_prefixes_of(model.state_dict()).items() if k != "decoder.weight"}
+    assert tensor_shapes(spec) == published
+
+
 def test_recurrent_gemma_reads_its_published_config_as_transformers_does():
     """RecurrentGemma-2B's config: transformers' head_dim (hidden / heads), half of each head rotating, the MLP half
     of intermediate_size, the layers' kinds, the bf16 embedding scale; tensor parallelism refused for its one KV head
@@ -1115,6 +1200,18 @@ def test_kimi_k2_loads_as_deepseek_v3():
     prompt = [[5, 17, 42, 8, 99, 3, 250]]
     assert PagedSteps(kimi, num_blocks=16, block_size=8).greedy(prompt, 8) == \
         PagedSteps(ours, num_blocks=16, block_size=8).greedy(prompt, 8)
+
+
+def test_axk2_published_shape_names_the_tensors_transformers_holds():
+    """client/model_shapes.tensor_shapes of A.X-K2 (what the GPU rows and benchmarks build): q_gate_proj in place of
+    q_b, the gated norms' MLPs, the expert layers' norm under `.norm` and not beside it, as transformers' model."""
+    from tritonformer.backend.models import axk2
+    from tritonformer.client.model_shapes import tensor_shapes
+
+    cfg = {k: v for k, v in shrunk("a.x-k2").items() if k != "model_type"}
+    hf = transformers.AXK2ForCausalLM(transformers.AXK2Config(**cfg))
+    assert tensor_shapes(axk2.from_hf(hf.config.to_dict())) == {name: tuple(t.shape) for name, t
+                                                                in strip_prefixes_of(hf.state_dict()).items()}
 
 
 def test_axk1_without_a_choice_bias_routes_as_with_a_zero_one():
@@ -1190,7 +1287,7 @@ def test_max_model_len_caps_the_longest_sequence():
     torch.testing.assert_close(capped.rope_cos_sin, ours.rope_cos_sin[:100])
 
 
-@pytest.mark.parametrize("shape", ["deepseek-v3.2", "glm-5"])
+@pytest.mark.parametrize("shape", ["deepseek-v3.2", "glm-5", "a.x-k2"])
 def test_sparse_attention_families_serve_up_to_index_topk_and_refuse_a_longer_max_model_len(shape):
     """DeepSeek Sparse Attention is served as dense latent attention, the same only while a sequence is at most
     index_topk tokens: HF given a small index_topk (16) matches ours up to there (a 5-token prompt, 11 tokens more),
@@ -1368,21 +1465,45 @@ def test_gemma3n_refuses_a_split_that_does_not_divide_and_fp8_by_name():
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 
-def test_a_gemma4_checkpoint_serves_its_text_model():
-    """A multimodal Gemma 4 checkpoint (model_type gemma4: the text config nested as config.json writes it, with
-    global_head_dim / num_global_key_value_heads rather than per_layer_config; the text model's tensors under
-    `model.language_model.`, a tower's beside them unread): greedy text as HF's text model on the same weights."""
-    hf, _ = _pair("gemma-4-e2b", {"initializer_range": 0.05, "attention_k_eq_v": True, "num_global_key_value_heads": 1})
-    text = {k: v for k, v in {**shrunk("gemma-4-e2b"), "attention_k_eq_v": True, "num_global_key_value_heads": 1,
-                              "initializer_range": 0.05}.items() if k not in ("bos_token_id", "eos_token_id")}
-    cfg = {"model_type": "gemma4", "text_config": text, "bos_token_id": 2, "eos_token_id": [1, 106]}
+@pytest.mark.parametrize("model_type,shape,extra,kv_shapes", [
+    ("gemma4", "gemma-4-e2b", {"num_global_key_value_heads": 1}, [(1, 32), (1, 64)]),
+    # (Gemma 4 unified's, 12B's kind: the full layer's 2 KV heads beside the sliding one's 4; no per-layer inputs,
+    # whose size its text config may carry unread)
+    ("gemma4_unified", "gemma-4-12b", {"num_global_key_value_heads": 2, "hidden_size_per_layer_input": 16},
+     [(4, 32), (2, 64)])])
+def test_a_gemma4_checkpoint_serves_its_text_model(model_type, shape, extra, kv_shapes):
+    """A multimodal Gemma 4 checkpoint (model_type gemma4, or gemma4_unified: the text config nested as config.json
+    writes it, with global_head_dim / num_global_key_value_heads rather than per_layer_config; the text model's tensors
+    under `model.language_model.`, a tower's beside them unread): greedy text as HF's text model on the same weights."""
+    changes = {"initializer_range": 0.05, "attention_k_eq_v": True, **extra}
+    hf, _ = _pair(shape, changes)
+    text = {k: v for k, v in {**shrunk(shape), **changes}.items() if k not in ("bos_token_id", "eos_token_id")}
+    cfg = {"model_type": model_type, "text_config": text, "bos_token_id": 2, "eos_token_id": [1, 106]}
     state = {f"model.language_model.{k.removeprefix('model.')}": v for k, v in hf.state_dict().items()
              if k != "lm_head.weight"}
     state["model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight"] = torch.zeros(4, 4)  # (not the text's)
     ours = load_decoder(cfg, state, CPU, torch.float32)
     assert ours.config.eos_token_ids == (1, 106) and ours.num_kv_layers == 2
-    assert ours.kv_shapes == [(1, 32), (1, 64)] and ours.kv_bytes_per_token() == 2 * (32 + 64) * 4
+    assert ours.kv_shapes == kv_shapes and ours.kv_bytes_per_token() == 2 * sum(n * d for n, d in kv_shapes) * 4
     _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+def test_gemma4_unified_reads_its_own_defaults_and_leaves_gemma4s_options_alone():
+    """A `gemma4_unified_text` config without a window or a length reads transformers' unified defaults (1,024 and
+    262,144, not Gemma 4's 512 and 131,072), and Gemma 4's per-layer-input and expert options, which the unified
+    model has not, do nothing there; a `gemma4_text` config with the same options still has both."""
+    from tritonformer.backend.models import gemma4
+
+    defaults = transformers.Gemma4UnifiedTextConfig()
+    options = {"hidden_size_per_layer_input": 16, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+               "moe_intermediate_size": 32}
+    unified = gemma4.from_hf({"model_type": "gemma4_unified_text", **options})
+    assert unified.layer_windows[0] == defaults.sliding_window == 1024
+    assert unified.max_position_embeddings == defaults.max_position_embeddings == 262144
+    assert (unified.per_layer_size, unified.num_experts) == (0, 0)
+    text = gemma4.from_hf({"model_type": "gemma4_text", **options})
+    assert (text.layer_windows[0], text.max_position_embeddings) == (512, 131072)
+    assert (text.per_layer_size, text.num_experts) == (16, 4)
 
 
 def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_outputs():
@@ -1448,6 +1569,21 @@ def test_jetmoe_refuses_tensor_parallelism_and_fp8_by_name():
     with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'jetmoe'"):
         jetmoe.JetMoeDecoder(jetmoe.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'jetmoe'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
+def test_diffllama_refuses_tensor_parallelism_and_fp8_by_name():
+    """A head pair's two query heads and two KV heads lie half the model apart: no contiguous split."""
+    from tritonformer.backend.models import diffllama
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = shrunk("diffllama-0.3b")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'diffllama'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'diffllama'"):
+        diffllama.DiffLlamaDecoder(diffllama.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'diffllama'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 
@@ -1696,6 +1832,9 @@ def test_kimi_linear_loads_its_published_layout():
     # A.X-K1's norm after the experts beside the layer)
     ("kolibri1", ("layers.1.post_attn_norm", "post_ffn_norm", "layers.0.moe.router.expert_bias")),
     ("axk1", ("layers.1.post_mlp_layernorm",)),
+    # (A.X-K2's gate MLPs as `W_down` / `W_up`, its query and gate projection as `q_b_proj`, its experts one by one)
+    ("axk2", ("layers.1.post_attention_layernorm.W_up", "layers.0.input_layernorm.W_down", "self_attn.q_b_proj",
+              "layers.1.mlp.experts.3.gate_proj")),
     # (Laguna's choice bias under `mlp.experts`, its shared expert as `mlp.shared_expert`)
     ("laguna", ("layers.1.mlp.experts.e_score_correction_bias", "layers.1.mlp.shared_expert.up_proj"))])
 def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):

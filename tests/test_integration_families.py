@@ -57,6 +57,7 @@ FAMILIES = [
     ("gen_nemotron", "nemotron-mini-4b", {}),
     ("gen_arcee", "arcee-afm", {}),
     ("gen_bitnet", "bitnet-b1.58-2b-4t", {}),  # (the -bf16 form: sub norms, gated relu2, tied head)
+    ("gen_diffllama", "diffllama-0.3b", {"num_key_value_heads": 4}),  # (differential attention, grouped queries)
     ("gen_apertus", "apertus-8b", {}),
     ("gen_dbrx", "dbrx-132b", {}),
     ("gen_phimoe", "phi-3.5-moe", {}),  # (LayerNorms, biases, longrope's mscales, the sparsemixer router)
@@ -132,6 +133,8 @@ FAMILIES = [
     ("gen_gemma3n", "gemma-3n-e2b", {"initializer_range": 0.05}),
     # Gemma 4: sliding and full layers of different KV shapes (values from keys on the full one) in one paged cache
     ("gen_gemma4", "gemma-4-31b", {"initializer_range": 0.05}),
+    # Gemma 4 unified: Gemma 4's layers without per-layer inputs or experts (two cache shapes, each its own v_proj)
+    ("gen_gemma4_unified", "gemma-4-12b", {"initializer_range": 0.05}),
     ("gen_persimmon", "persimmon-8b", {}),
     ("gen_deepseek_v3", "deepseek-v3", {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     ("gen_deepseek_v2", "deepseek-v2-lite", {}),
@@ -139,6 +142,7 @@ FAMILIES = [
     # DeepSeek Sparse Attention served dense below index_topk (DeepSeek-V3.2; GLM-5 with a "shared" indexer layer)
     ("gen_deepseek_v32", "deepseek-v3.2", {"first_k_dense_replace": 1}),
     ("gen_axk1", "a.x-k1", {}),  # (DeepSeek-V3 with a norm after the experts of its second layer)
+    ("gen_axk2", "a.x-k2", {}),  # (DeepSeek-V3.2 served dense, with gated norms and a gated query projection)
     # (a windowed rotating layer, then a global NoPE one; experts chosen by logit + bias)
     ("gen_kolibri1", "kolibri-1", {"layer_types": ["sliding_attention", "full_attention"]}),
     # (softplus gates per head, a sliding layer rotating whole heads, then a full one YaRN over half of each)
@@ -162,6 +166,9 @@ FAMILIES = [
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}}),
     # LongCat-Flash: two layers of two latent-attention sublayers and a shortcut MoE with identity experts
     ("gen_longcat_flash", "longcat-flash-chat", {"num_hidden_layers": 4}),
+    # ModernBERT decoder (Ettin): an embedding norm, the first layer without its attention norm, a global layer then a
+    # local one (8 tokens), GeGLU, the prediction head before a tied projection with a bias
+    ("gen_modernbert_decoder", "ettin-decoder-150m", {"local_attention": 16, "cls_token_id": 1, "sep_token_id": 2}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

@@ -313,14 +313,15 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "codegen-350m-mono", "gpt-neo-125m", "hy3-preview", "biogpt", "flint", "trinity-mini",
                  "lfm2-1.2b", "lfm2-8b-a1b", "persimmon-8b", "deepseek-v3", "deepseek-v2-lite",
                  "glm-4.7-flash", "youtu-llm-2b", "mistral-small-4", "minicpm3-4b", "xglm-564m", "apertus-8b",
-                 "deepseek-v3.2", "glm-5", "a.x-k1", "kolibri-1", "laguna-xs.2", "longcat-flash-chat",
+                 "deepseek-v3.2", "glm-5", "a.x-k1", "a.x-k2", "kolibri-1", "laguna-xs.2", "longcat-flash-chat",
                  "llama-4-scout",
                  "dbrx-132b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-35b-a3b", "granite-4.0-h-tiny",
                  "bamba-9b", "nemotron-h-8b", "nemotron-3-nano-30b-a3b", "falcon-h1-0.5b", "olmo-hybrid-7b",
-                 "lfm3-1.7b", "recurrentgemma-2b",
+                 "lfm3-1.7b", "recurrentgemma-2b", "ettin-decoder-150m",
                  "zamba2-2.7b", "zamba-7b", "kimi-linear-48b-a3b", "ling-3.0-flash", "mamba-2.8b", "falcon-mamba-7b",
                  "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
-                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "jetmoe-8b", "zaya1-8b"]
+                 "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "gemma-4-12b", "jetmoe-8b", "zaya1-8b",
+                 "diffllama-0.3b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -352,9 +353,9 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
 # GLM-5: two layers, a dense one and a MoE one (LAYER_LISTS: first_k_dense_replace 1; 9.7B weights in 256 experts of
 # 2,048 over 6,144, 39 GB in fp32, twice: HF's and ours, on the H200's 139 GB).
 # Gemma-4-31B and 26B-A4B: six layers (LAYER_LISTS: five sliding ones and a full one, the published pattern's first
-# six), 0.48B weights a layer (31B) / 0.76B in 128 experts (26B); Gemma-4-E2B: all 35, its last 20 sharing keys
-# (2.3B weights in its per-layer embeddings). Zamba-7B: 14 of its 76 layers (for time), the shared block run at 2,
-# 7 and 13.
+# six), 0.48B weights a layer (31B) / 0.76B in 128 experts (26B); Gemma-4-12B (unified) likewise, six of its assumed
+# 48; Gemma-4-E2B: all 35, its last 20 sharing keys (2.3B weights in its per-layer embeddings). Zamba-7B: 14 of its
+# 76 layers (for time), the shared block run at 2, 7 and 13.
 LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air": 2, "gpt-oss-20b": 4, "dots.llm1": 2,
           "solar-open-100b": 2, "flex-olmo-7x7b": 4, "falcon-40b": 4, "cwm-32b": 4, "minimax-m2": 2,
           "command-a-plus": 2, "hy3-preview": 2, "trinity-mini": 4, "deepseek-v3": 2, "llama-4-scout": 4,
@@ -362,10 +363,13 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           "zamba2-2.7b": 54, "zamba-7b": 14, "kimi-linear-48b-a3b": 4, "jamba-mini": 5, "nemotron-3-nano-30b-a3b": 8,
           "gemma-3n-e2b": 30, "phi-3.5-moe": 2, "minimax-text-01": 2,
           "mimo-v2-flash": 2, "mistral-small-4": 2, "deepseek-v3.2": 2, "glm-5": 2, "gemma-4-31b": 6,
-          "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35,
+          "gemma-4-26b-a4b": 6, "gemma-4-e2b": 35, "gemma-4-12b": 6,
           # A.X-K1: its dense first layer and one MoE layer (8.5B weights in 192 experts of 2,048 over 7,168: 34 GB in
           # fp32, twice), the layer whose norm after the experts is its one change to DeepSeek-V3
           "a.x-k1": 2,
+          # A.X-K2: its dense first layer and three MoE ones (0.4B weights each in 128 experts of 512 over 2,048),
+          # every one behind gated norms and a gated query projection (for time; the whole 48 fit)
+          "a.x-k2": 4,
           # Kolibri-1: five layers, four windowed ones and the first global (NoPE) one, 1.5B weights a layer in 384
           # experts of 512 over 2,560 (fp32: 30 GB, twice)
           "kolibri-1": 5,
@@ -391,6 +395,7 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
     "minimax-text-01": {"layer_types": ["linear_attention", "full_attention"]},
     "gemma-4-31b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
     "gemma-4-26b-a4b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+    "gemma-4-12b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
     "glm-5": {"first_k_dense_replace": 1},  # (not a list: its second layer a MoE one)
     "laguna-xs.2": {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
@@ -426,6 +431,9 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         # A.X-K1's top 8 of 192 experts by sigmoid score + bias among the best 4 of 8 groups: fp32 from the start (not
         # yet measured in bf16)
         "a.x-k1",
+        # A.X-K2's top 8 of 128 experts by sigmoid score + bias (no groups): fp32 from the start (not yet measured in
+        # bf16)
+        "a.x-k2",
         # Kolibri-1's top 6 of 384 experts by logit + bias: fp32 from the start (not yet measured in bf16)
         "kolibri-1",
         # Laguna-XS.2's top 8 of 256 experts by sigmoid score + bias: fp32 from the start (not yet measured in bf16)
@@ -491,7 +499,8 @@ def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dty
                 p.add_(torch.randn_like(p))
             elif name.endswith("qk_norm.temp"):  # (ZAYA's key temperatures start at zero: keys on)
                 p.add_(torch.randn_like(p))
-            elif model_type in ("gemma3n_text", "gemma4_text") and name.endswith("self_attn.q_norm.weight"):
+            elif model_type in ("gemma3n_text", "gemma4_text", "gemma4_unified_text") and \
+                    name.endswith("self_attn.q_norm.weight"):
                 # Gemma 3n scores unscaled (scale 1): with q and k normed to 1 its 256-wide heads' scores spread
                 # at sqrt(256) = 16, near-argmax attention that over 30 layers turns fp32 rounding into other
                 # logits (on the CPU, 30 layers of its width and heads, MLPs of 512, a 700-token prompt: HF against

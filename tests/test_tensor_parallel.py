@@ -145,6 +145,9 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # A.X-K1: DeepSeek-V3's split (above) with the expert layers' norm after the MLP whole on each rank, after
            # the all-reduce; its published norm names (beside the layer, as save_pretrained writes them)
            "a.x-k1-biases": ("a.x-k1", {"attention_bias": True}),
+           # A.X-K2: DeepSeek-V3.2's split with each rank's heads' query and gate rows of q_gate_proj (its output
+           # gate per element with its heads), the gated norms whole on each rank after the all-reduce
+           "a.x-k2-biases": ("a.x-k2", {"attention_bias": True}),
            # Kolibri-1: heads, q / k norms and sandwich norms as Qwen3's and GLM-4's split, its experts by columns with
            # the router whole (each rank chooses by logit + bias the same way), a windowed layer and a NoPE one
            "kolibri-1-kv2": ("kolibri-1", {"num_key_value_heads": 2, "layer_types": ["sliding_attention",
@@ -190,6 +193,11 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # bias added by one rank; 2 KV heads (the published models' one does not split)
            "recurrent-gemma": ("recurrentgemma-2b", {"num_key_value_heads": 2}),
            "minimax-m2-kv2": ("minimax-m2", {"num_key_value_heads": 2}),
+           # ModernBERT decoder: the embedding norm and the prediction head whole on every rank, the projection's bias
+           # by vocabulary rows, the GeGLU's [a | g] halves split by columns, Wo's and mlp.Wo's biases added once
+           "modernbert-decoder": ("ettin-decoder-150m", {"local_attention": 16, "cls_token_id": 1, "sep_token_id": 2,
+                                                         "norm_bias": True, "classifier_bias": True,
+                                                         "attention_bias": True, "mlp_bias": True}),
            # ALiBi: each rank its heads' slopes (BLOOM's, MPT's, Falcon-RW's over sqrt(head_dim))
            "falcon-rw-alibi": ("falcon-7b", {"alibi": True, "multi_query": False, "parallel_attn": False,
                                              "bias": True}),
@@ -224,6 +232,7 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("mistral-small-4", 8), ("minicpm3-4b", 8),
                                            ("deepseek-v3.2-moe", 8), ("glm-5-moe", 8),
                                            ("a.x-k1-biases", 8), ("kolibri-1-kv2", 8),
+                                           ("a.x-k2-biases", 8),
                                            ("laguna-xs.2-kv2-biases", 8),
                                            ("xglm-564m", 8),  # (each rank: the sinusoidal table built whole)
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
@@ -241,13 +250,16 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("minimax-m2-kv2", 8), ("olmo-hybrid-7b", 8),
                                            ("zamba2", 8), ("zamba2-adapters", 8), ("gemma3n", 8),
                                            ("bloom-560m", 8), ("mpt-7b", 8), ("falcon-rw-alibi", 8),
+                                           ("modernbert-decoder", 8),
                                            # Gemma 4: a sliding layer (8 KV heads of 32) and a full one (2 of 64,
                                            # values from the keys), each rank its share of both cache shapes (31B's
                                            # kind); the full layer's single KV head replicated, a dense MLP beside
                                            # experts split by columns (26B-A4B's); one KV head on every layer,
                                            # replicated, per-layer inputs, two layers reading the first two's KV
-                                           # (E2B's)
+                                           # (E2B's); Gemma 4 unified (12B's kind: 4 KV heads of 32 and 4 of
+                                           # 64, their own v_proj, no per-layer inputs or experts)
                                            ("gemma-4-31b", 16), ("gemma-4-26b-a4b", 8), ("gemma-4-e2b", 8),
+                                           ("gemma-4-12b", 8),
                                            ("recurrent-gemma", 8)])
 def test_two_ranks_give_the_tokens_and_logits_of_one(tmp_path, family, heads):
     if family in CHANGES:  # (on OLMo 2's sizes, or the shape named beside the changes)

@@ -133,6 +133,8 @@ DECODER_FAMILIES = {
     "gemma3n": "gemma3n",  # (Gemma 3n's multimodal checkpoint: its text model)
     "gemma4_text": "gemma4",  # (per-layer head shapes, values from keys, per-layer inputs, shared KV, experts)
     "gemma4": "gemma4",  # (Gemma 4's multimodal checkpoint: its text model)
+    "gemma4_unified_text": "gemma4",  # (Gemma 4's layers without per-layer inputs or experts)
+    "gemma4_unified": "gemma4",  # (Gemma 4 unified's multimodal checkpoint: its text model)
     "phi3": "phi3",
     "granite": "granite",
     "granitemoe": "granitemoe",
@@ -172,6 +174,7 @@ DECODER_FAMILIES = {
     "kimi_k2": "deepseek_v3",  # (Kimi K2: DeepSeek-V3's architecture under its own name)
     "longcat_flash": "longcat_flash",  # (two latent-attention sublayers a layer, a shortcut MoE with identity experts)
     "axk1": "axk1",  # (A.X-K1: DeepSeek-V3 with a norm after each expert block)
+    "axk2": "axk2",  # (A.X-K2: DeepSeek-V3.2 with gated norms and a gated query projection, served dense likewise)
     "laguna": "laguna",  # (AFMoE's attention with a softplus gate, a rotary per layer type, sigmoid experts)
     "kolibri1": "kolibri1",  # (EXAONE 4's hybrid attention, GLM-4's sandwich, experts chosen by logit)
     "deepseek_v2": "deepseek_v2",
@@ -225,6 +228,8 @@ DECODER_FAMILIES = {
     "nanochat": "nanochat",
     "gpt2": "gpt2",
     "bitnet": "bitnet",  # (BitNet b1.58: sub norms, ternary linears with per-token int8 activations)
+    "diffllama": "diffllama",  # (differential attention: two maps over halves of the heads, served as one over 2d)
+    "modernbert-decoder": "modernbert_decoder",  # (Ettin: an embedding norm, a prediction head before the projection)
 }
 
 

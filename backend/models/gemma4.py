@@ -1,5 +1,10 @@
 """Gemma 4 (text): `gemma4_text`, and the text model of a multimodal `gemma4` checkpoint (Gemma-4-E2B / E4B / 26B-A4B /
-31B), text in and text out, as transformers' Gemma4TextModel / Gemma4ForCausalLM compute it.
+31B), text in and text out, as transformers' Gemma4TextModel / Gemma4ForCausalLM compute it; and Gemma 4 unified
+(`gemma4_unified_text`, and the text model of a multimodal `gemma4_unified` checkpoint, Gemma-4-12B), whose layers are
+Gemma 4's without per-layer inputs or experts (transformers' Gemma4UnifiedTextDecoderLayer: the four norms, the dense
+GeGLU MLP, the layer scalar; the attention, kv sharing and double-wide MLPs Gemma 4's): its config is read as a Gemma 4
+text config without those options (keys naming them, which transformers' unified model never reads, are dropped) and
+with its own defaults (`sliding_window` 1,024, `max_position_embeddings` 262,144).
 
 Every RMSNorm here is x * (mean(x^2) + eps)^-1/2 in fp32 times its weight as it is (no 1 + w), rounded to x's dtype.
 With e the token embeddings times sqrt(H) (the scale rounded to the table's dtype), layer i of L:
@@ -183,11 +188,27 @@ def kv_heads_part(kv: int, heads: int, tp, layer: int) -> slice:
     return slice(head, head + 1)
 
 
+# the multimodal checkpoints' model types, and their text models'
+TEXT_TYPES = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text"}
+# what Gemma 4 unified's text config has not (transformers' Gemma4UnifiedTextConfig removes them; its layers read none)
+NOT_UNIFIED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block", "num_experts",
+               "top_k_experts", "moe_intermediate_size")
+
+
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
-    """A multimodal Gemma 4 checkpoint (model_type gemma4): its text model's config and tensors."""
-    if cfg.get("model_type") != "gemma4":
+    """A multimodal Gemma 4 (unified) checkpoint (model_type gemma4, gemma4_unified): its text model's config and
+    tensors."""
+    if cfg.get("model_type") not in TEXT_TYPES:
         return cfg, state
-    return text_part(cfg, state, "gemma4_text")
+    return text_part(cfg, state, TEXT_TYPES[cfg["model_type"]])
+
+
+def unified_as_gemma4(cfg: dict) -> dict:
+    """A `gemma4_unified_text` config as the Gemma 4 text config it computes as: no per-layer inputs and no experts
+    (keys naming them, which transformers' unified model never reads, dropped), and its own defaults (a window of
+    1,024, 262,144 positions)."""
+    return {"sliding_window": 1024, "max_position_embeddings": 262144,
+            **{k: v for k, v in cfg.items() if k not in NOT_UNIFIED}}
 
 
 def _layer_types(cfg: dict, layers: int) -> list[str]:
@@ -225,6 +246,8 @@ def _layer_heads(cfg: dict, types: list[str], kv: int, head_dim: int) -> list[tu
 
 
 def from_hf(cfg: dict) -> Gemma4Spec:
+    if cfg.get("model_type") == "gemma4_unified_text":
+        cfg = unified_as_gemma4(cfg)
     if cfg.get("use_bidirectional_attention") not in (None, "vision"):
         raise ValueError(f"unsupported Gemma 4 use_bidirectional_attention {cfg['use_bidirectional_attention']!r} "
                          f"(supported: use_bidirectional_attention None, or 'vision', whose text tokens attend "

@@ -143,13 +143,21 @@ class MlaLayer:
         `cos` / `sin`: the rows' rotary tables `[T, >= rope / 2]` (their first rope / 2 columns
         are the rotary's; None: no rotary). Static shapes, no host syncs: graph-capturable."""
         s = self.spec
-        t, heads, d, r, nope = x.shape[0], self.heads, s.qk_head_dim, s.qk_rope_head_dim, s.qk_nope_head_dim
+        t, heads, d, r = x.shape[0], self.heads, s.qk_head_dim, s.qk_rope_head_dim
         a = kernels.linear_act(x, self.a_w, self.a_b, prenorm=prenorm)
         q_width = a.shape[1] - s.kv_lora_rank - r  # [q latent (or queries); kv latent; k_pe]
         q_latent, kv_latent = kernels.mla_latent_norms(a, q_width, self.q_norm, self.kv_norm, s.norm_eps)
         q = a[:, :q_width].contiguous() if self.q_b_w is None else kernels.linear_act(q_latent, self.q_b_w)
-        q = q.view(t, heads, d)
-        kv = kernels.linear_act(kv_latent, self.kv_b_w).view(t, heads, nope + s.v_head_dim)
+        return self.rotate_and_cache(q.view(t, heads, d), kv_latent, a, cos, sin, k_cache, v_cache, slot_mapping)
+
+    def rotate_and_cache(self, q: torch.Tensor, kv_latent: torch.Tensor, a: torch.Tensor, cos, sin,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """to_cache's last part: the queries `q` `[T, heads, qk_head_dim]` rotated in place, and the keys and
+        zero-padded values from the normed kv latent (and the rotary key at the end of `a`'s rows) written to the
+        paged cache; returns q."""
+        s = self.spec
+        r = s.qk_rope_head_dim
+        kv = kernels.linear_act(kv_latent, self.kv_b_w).view(q.shape[0], self.heads, s.qk_nope_head_dim + s.v_head_dim)
         if cos is not None:
             cos, sin = cos[:, : r // 2], sin[:, : r // 2]
             kernels.rotary_in_place(q[:, :, :r], cos, sin)

@@ -5,7 +5,8 @@ A family file (llama.py, qwen3.py, gemma2.py, ...) maps its Hugging Face config 
 and runs it. What differs between the families is data, read here in one place:
 
     norm_offset      norm weight applied as (offset + w): Gemma's (1 + w), Nemotron's LayerNorm's; kept in fp32
-    activation       the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU); with
+    activation       the gated MLP's activation: silu (SwiGLU), gelu_tanh or gelu (GeGLU; gelu exact: ModernBERT
+                     decoder); with
                      gated_mlp False the plain MLP's: gelu_tanh, gelu, relu2 (squared ReLU) or xielu
                      (Apertus's xIELU: learnt scalars per layer, a kernel of its own after the first linear)
     gated_mlp        False: up projection, activation, down projection, no gate (Starcoder2,
@@ -21,6 +22,8 @@ and runs it. What differs between the families is data, read here in one place:
     post_norm_layers  per layer: True a post-norm block (norms after attention and the MLP only, as pre_norms
                      False with sandwich_norms), False a pre-norm one (norms before them only): OLMo hybrid's
                      attention layers are OLMo 3's, its DeltaNet layers Llama's
+    attn_norm_layers  per layer: whether a pre-norm layer has its norm before attention (ModernBERT decoder's first
+                     layer has none: it reads the embeddings as the family's _embed gives them, normalised there)
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere, Phi)
     parallel_mlp_norm  in the parallel block, the MLP on a norm of its own (GPT-NeoX's parallel residual)
     layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
@@ -103,7 +106,7 @@ from tritonformer.backend.parallel.group import TensorParallelGroup, adds_biases
 from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
 
 # spec name -> kernels.linear_act's (swiglu_oai: gpt-oss's clamped SwiGLU, (up + 1) times the gate's)
-GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "swiglu_oai": "swiglu_oai"}
+GATED_ACTIVATIONS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "gelu": "gelu_mul", "swiglu_oai": "swiglu_oai"}
 # the same for a plain (ungated) MLP's activation; xielu (Apertus's xIELU, learnt scalars per layer) is no epilogue:
 # the first linear's output as it is, then kernels.xielu with the layer's scalars (_Layer.act_params)
 PLAIN_ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2", "relu": "relu", "xielu": "none"}
@@ -182,6 +185,7 @@ class DecoderSpec:
     sandwich_norms: bool = False
     pre_norms: bool = True
     post_norm_layers: tuple[bool, ...] = ()  # empty: every layer's norms as pre_norms / sandwich_norms say
+    attn_norm_layers: tuple[bool, ...] = ()  # empty: every pre-norm layer has its norm before attention
     parallel_block: bool = False
     parallel_mlp_norm: bool = False
     layer_norm: bool = False
@@ -272,6 +276,10 @@ class DecoderSpec:
                                       or self.layer_norm or not self.pre_norms or self.sandwich_norms):
             raise ValueError(f"{len(self.post_norm_layers)} post-norm layer flags for {self.num_layers} layers "
                              f"(supported in the sequential block of RMSNorms, in place of pre_norms / sandwich_norms)")
+        if self.attn_norm_layers and (len(self.attn_norm_layers) != self.num_layers or self.parallel_block
+                                      or not self.pre_norms or self.sandwich_norms or self.post_norm_layers):
+            raise ValueError(f"{len(self.attn_norm_layers)} attention norm layer flags for {self.num_layers} layers "
+                             f"(supported in the sequential pre-norm block)")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
         if self.layer_norm and not ((not self.qk_norm or self.qk_norm_bias) and not self.sandwich_norms
@@ -322,6 +330,10 @@ class DecoderSpec:
     def layer_pre_norms(self, layer: int) -> bool:
         """Whether layer `layer` has norms before attention and the MLP (post_norm_layers, else pre_norms)."""
         return not self.post_norm_layers[layer] if self.post_norm_layers else self.pre_norms
+
+    def layer_attn_norm(self, layer: int) -> bool:
+        """Whether it has a norm before attention (layer_pre_norms, and attn_norm_layers where given)."""
+        return self.layer_pre_norms(layer) and (not self.attn_norm_layers or self.attn_norm_layers[layer])
 
     def layer_post_norms(self, layer: int) -> bool:
         """Whether it has norms after them (post_norm_layers, else sandwich_norms)."""
@@ -526,7 +538,7 @@ class TransformerDecoder(DecoderModel):
         def attention(i: int, p: str) -> dict:
             """Layer i's attention weights, as _Layer's fields."""
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
-            mla = load_mla_layer(c.mla, read, p, hidden, c.num_heads, heads_part) if c.mla else None
+            mla = self.load_mla(p, read, heads_part) if c.mla else None
             if mla is not None:  # (its own projections in place of Q, K, V: mla.py)
                 qkv_w = None
             elif group_order is not None:
@@ -610,7 +622,7 @@ class TransformerDecoder(DecoderModel):
                     down_b = scaled(w(p + n.down + ".bias", hidden), c.residual_scale)
             window = c.window(i)
             self.layers.append(_Layer(
-                attn_norm=norm(p + n.attn_norm + ".weight") if c.layer_pre_norms(i) else None,
+                attn_norm=norm(p + n.attn_norm + ".weight") if c.layer_attn_norm(i) else None,
                 attn_post_norm=norm(p + n.attn_post_norm + ".weight") if c.layer_post_norms(i) else None,
                 mlp_norm=(norm(p + n.mlp_norm + ".weight") if c.layer_pre_norms(i) and own_mlp_norm and c.has_mlp(i)
                           else None),
@@ -621,7 +633,7 @@ class TransformerDecoder(DecoderModel):
                 local=window is not None and self.local_cos_sin is not None,
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
-                attn_norm_b=norm_bias(p + n.attn_norm + ".weight"),
+                attn_norm_b=norm_bias(p + n.attn_norm + ".weight") if c.layer_attn_norm(i) else None,
                 mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if own_mlp_norm and c.has_mlp(i) else None,
                 gate_up_b=gate_up_b,
                 down_b=down_b,
@@ -648,6 +660,11 @@ class TransformerDecoder(DecoderModel):
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
                              f"({sizes}) needs {shape}")
         return name
+
+    def load_mla(self, prefix: str, read, part: slice | None) -> MlaLayer:
+        """The latent attention of the layer under `prefix` (mla.load_mla_layer; a family whose attention adds
+        to it overrides this): `read(name, shape, index=None)` as load_mla_layer's, `part` this rank's heads."""
+        return load_mla_layer(self.config.mla, read, prefix, self.config.hidden_size, self.config.num_heads, part)
 
     def load_mixer(self, i: int, prefix: str, weight, read):
         """Layer i's recurrent token mixer (a hybrid family's, which overrides this: mixers.py has
@@ -716,7 +733,7 @@ class TransformerDecoder(DecoderModel):
         # The token embeddings (the first residual) and the first norm in one launch (an
         # RMSNorm's; a LayerNorm runs in the first QKV projection's prologue instead).
         pre = None  # (the first layer's input comes normalised from the embedding kernel)
-        if self.layers[0].attn_norm is None:  # a post-norm block: the first layer reads the embeddings as they are
+        if self.layers[0].attn_norm is None:  # a post-norm block (or attn_norm_layers): the embeddings as they are
             x = residual = self._embed(batch.input_ids)
         elif c.layer_norm:
             x = residual = self._embed(batch.input_ids, batch.positions)
