@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tritonformer import kernels
-from tritonformer.kernels.fp8 import cat_rows
+from tritonformer.kernels.fp8 import cat_rows, scaled
 
 
 @dataclass(frozen=True)
@@ -203,19 +203,13 @@ def load_mla_layer(spec: MlaSpec, read: Callable[..., torch.Tensor], prefix: str
     else:
         q_w = read(p + n.q_a + ".weight", (spec.q_lora_rank, hidden))
         q_b = read(p + n.q_a + ".bias", (spec.q_lora_rank,)) if spec.bias else None
-        q_norm = _scaled_norm(read(p + n.q_a_norm + ".weight", (spec.q_lora_rank,)), spec.q_scale)
+        q_norm = scaled(read(p + n.q_a_norm + ".weight", (spec.q_lora_rank,)), spec.q_scale)
         q_b_w = ordered(read(p + n.q_b + ".weight", (heads * d, spec.q_lora_rank), mine), q_rows)
     kv_width = spec.qk_nope_head_dim + spec.v_head_dim
     kv_b_w = read(p + n.kv_b + ".weight", (heads * kv_width, kv_rank),
                   (slice(part.start * kv_width, part.stop * kv_width),))
     return MlaLayer(spec, local, cat_rows([q_w, kv_a]), None if q_b is None else torch.cat([q_b, kv_a_b]),
-                    q_norm, q_b_w, _scaled_norm(read(p + n.kv_a_norm + ".weight", (kv_rank,)), spec.kv_scale), kv_b_w)
-
-
-def _scaled_norm(weight: torch.Tensor, scale: float) -> torch.Tensor:
-    """A latent norm's weight with the scale of its output folded in (computed in fp32, as the norm's output
-    is scaled), or as it is."""
-    return weight if scale == 1.0 else (weight.float() * scale).to(weight.dtype)
+                    q_norm, q_b_w, scaled(read(p + n.kv_a_norm + ".weight", (kv_rank,)), spec.kv_scale), kv_b_w)
 
 
 def tensor_shapes(spec: MlaSpec, prefix: str, hidden: int, heads: int) -> dict[str, tuple[int, ...]]:

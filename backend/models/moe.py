@@ -204,7 +204,7 @@ class MoeLayer:
                                   x.dtype if self.round_weights else None, activation, self.scoring, bias,
                                   self.scale, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
                                   groups=self.groups, kept_groups=self.kept_groups, group_score=self.group_score,
-                                  mask_eps=self.mask_eps, **self._identity())
+                                  mask_eps=self.mask_eps, identity_experts=self.identity_experts)
             if self.latent_out is not None:
                 out = kernels.linear_act(out, self.latent_out)
         if self.shared_gate_up is not None:
@@ -213,10 +213,6 @@ class MoeLayer:
                 shared = torch.sigmoid(kernels.linear_act(x, self.shared_gate)) * shared
             out = out + shared
         return out
-
-    def _identity(self) -> dict:
-        """moe_mlp's identity_experts argument where there are any (the kernels without it otherwise)."""
-        return {"identity_experts": self.identity_experts} if self.identity_experts else {}
 
     def scale_output(self, factor: float | None) -> None:
         """The block's output times `factor` (Granite's residual multiplier), folded into the
