@@ -1301,20 +1301,29 @@ def qkv_to_cache(
     norm_eps: float = 1e-6,
     norm_squares: torch.Tensor | None = None,
     norm_ranks: int = 1,
+    v_norm: bool = False,
+    v_from_k: bool = False,
 ) -> torch.Tensor:
     """A decoder layer's QKV epilogue: bias, split, rotary (when cos/sin are given) and the
     write of k and v into the paged cache (`write_kv`); returns q `[T, H, D]`.
 
     `q_norm` / `k_norm` (`[D]`, Qwen3 and Gemma 3): after the bias and the split, before rotary,
     every q (k) head is RMS-normalised over its D values with that weight (`rms_norm`: fp32
-    statistics, the result rounded to qkv's dtype); v is never normalised. A weight of the
+    statistics, the result rounded to qkv's dtype); v only with `v_norm`. A weight of the
     whole width, `[H * D]` (`[Hkv * D]` for k; OLMo 2's), normalises each token's q (k) over all
     its heads at once instead (`head_norm`).
 
     `norm_squares` (fp32 `[T, 2]`, with whole-width norms split over `norm_ranks` tensor-parallel
     ranks, each holding H and Hkv of the heads): each token's sums of squares of its q and of its
     k over every rank's heads (`qk_squares` of each rank, all-reduced), in place of this rank's
-    own; the mean squares are over the whole width, `norm_ranks * H * D` (`* Hkv * D`)."""
+    own; the mean squares are over the whole width, `norm_ranks * H * D` (`* Hkv * D`).
+
+    `v_norm` (Gemma 4): every v head RMS-normalised over its D values too, without a weight.
+    `v_from_k` (Gemma 4's full layers with attention_k_eq_v; no bias): qkv holds q and k only,
+    `[T, (H + Hkv) * D]`, and v is k as projected, before k's norm and rotary."""
+    if v_from_k:
+        k_cols = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim]
+        qkv = torch.cat([qkv, k_cols], dim=1)
     if q_norm is None and k_norm is None:
         if cos is None:
             q, k, v = qkv_split(qkv, bias, num_heads, num_kv_heads, head_dim)
@@ -1335,6 +1344,8 @@ def qkv_to_cache(
         q, k = normed(q, q_norm, 0), normed(k, k_norm, 1)
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    if v_norm:
+        v = rms_norm(v, torch.ones(head_dim, dtype=v.dtype, device=v.device), norm_eps)[0]
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
 
@@ -1387,7 +1398,11 @@ class PreNorm:
     the add.
 
     `normed_out` (`[M, K]`, x's dtype): the operand is written there too, rounded to x's dtype
-    (a MoE block's input: the router's linear normalises it, the experts read it after)."""
+    (a MoE block's input: the router's linear normalises it, the experts read it after).
+
+    `sum_scale` (`[1]`, RMSNorm prenorms only; Gemma 4's `layer_scalar` closing the layer before):
+    the sum h, rounded to x's dtype, times it, rounded again, is both the next residual stream
+    (`sum_out`) and what the norm reads."""
     weight: torch.Tensor | None
     bias: torch.Tensor | None
     eps: float
@@ -1396,10 +1411,11 @@ class PreNorm:
     sum_out: torch.Tensor | None = None
     x_norm: torch.Tensor | None = None
     normed_out: torch.Tensor | None = None
+    sum_scale: torch.Tensor | None = None
 
     def __post_init__(self):
-        if self.x_norm is not None and self.bias is not None:
-            raise ValueError("PreNorm.x_norm goes with an RMSNorm prenorm (bias None), not a LayerNorm")
+        if (self.x_norm is not None or self.sum_scale is not None) and self.bias is not None:
+            raise ValueError("PreNorm.x_norm and sum_scale go with an RMSNorm prenorm (bias None), not a LayerNorm")
         if self.weight is None and (self.x_norm is None or self.bias is not None):
             raise ValueError("a PreNorm without a norm weight adds the residual to x_norm's output: give x_norm")
 
@@ -1419,7 +1435,12 @@ def prenormed(x: torch.Tensor, prenorm: PreNorm) -> torch.Tensor:
         h = x.float() if p.x_bias is None else x.float() + p.x_bias.float()
         if p.x_norm is not None:
             h = rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype).float()
-        if p.weight is None:  # the residual stream itself is the operand
+        if p.sum_scale is not None:  # the sum, rounded, times the scale, rounded: the residual stream and the input
+            h = (h if p.residual is None else h + p.residual.float()).to(x.dtype)
+            total = (h.float() * p.sum_scale.float()).to(x.dtype)
+            total = total if p.sum_out is None else p.sum_out.copy_(total)
+            normed = total if p.weight is None else rms_norm(total, p.weight, p.eps)[0].to(x.dtype)
+        elif p.weight is None:  # the residual stream itself is the operand
             normed = add_residual(h.to(x.dtype), p.residual, p.sum_out)
         else:
             normed = rms_norm(h, p.weight, p.eps, p.residual, p.sum_out)[0].to(x.dtype)

@@ -298,18 +298,20 @@ def _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, y, mask, n_q_heads
 
 @triton.jit
 def _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads, head_dim, eps,
-                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
+                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr, V_NORM: tl.constexpr = False):
     """(rstd `[BLOCK_H, 1]`, weight `[BLOCK_H, BLOCK_D]` at columns `cols`) of the per-head
     RMSNorm, given each head row's sum of squares `ss`: q heads take q_norm's weight (with
-    Q_NORM), k heads k_norm's (with K_NORM); every other head row gets 1 and 1, unchanged."""
+    Q_NORM), k heads k_norm's (with K_NORM), v heads a weight of ones (with V_NORM); every other
+    head row gets 1 and 1, unchanged."""
     is_q = heads < n_q_heads
     is_k = (heads >= n_q_heads) & (heads < n_q_heads + n_kv_heads)
-    if Q_NORM and K_NORM:
-        normed = is_q | is_k
-    elif Q_NORM:
-        normed = is_q
-    else:
-        normed = is_k
+    normed = heads < 0  # none
+    if Q_NORM:
+        normed = normed | is_q
+    if K_NORM:
+        normed = normed | is_k
+    if V_NORM:
+        normed = normed | (heads >= n_q_heads + n_kv_heads)
     rstd = tl.where(normed, tl.math.rsqrt(ss / head_dim + eps), 1.0)
     w = cols * 0.0 + 1.0  # ones, [1, BLOCK_D]
     w_q = w
@@ -366,7 +368,8 @@ def _split_rotary_kernel(
     n_q_heads, n_kv_heads, head_dim, half, norm_eps, norm_ranks,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, FULL_NORM: tl.constexpr,
-    SUMMED: tl.constexpr, FULL_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SUMMED: tl.constexpr, FULL_BLOCK: tl.constexpr, PDL: tl.constexpr, V_NORM: tl.constexpr = False,
+    V_FROM_K: tl.constexpr = False,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 
@@ -384,6 +387,9 @@ def _split_rotary_kernel(
     its token's q and k rows (a few KB, from L2), then normalises its own heads with them. SUMMED
     (FULL_NORM split over `norm_ranks` tensor-parallel ranks): the sums come from sq_ptr `[T, 2]`
     (every rank's, all-reduced) and the widths are norm_ranks times this rank's.
+    V_NORM (per-head norms only): each v head RMS-normalised too, without a weight (Gemma 4).
+    V_FROM_K (no bias): the source holds q and k only; v head j is k head j as projected, before
+    k's norm and rotary (Gemma 4's full layers with attention_k_eq_v).
     PDL: launched early, it waits for the previous kernel before anything else.
     """
     triton_pdl.wait_for_predecessor(PDL)
@@ -395,7 +401,10 @@ def _split_rotary_kernel(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
     n_slots = n_q_heads + 2 * n_kv_heads
     cols = tl.arange(0, BLOCK_D)[None, :]
-    src = src_ptr + t * src_stride_t + heads * src_stride_h
+    src_heads = heads
+    if V_FROM_K:
+        src_heads = tl.where(heads >= n_q_heads + n_kv_heads, heads - n_kv_heads, heads)
+    src = src_ptr + t * src_stride_t + src_heads * src_stride_h
     ss_q = 0.0
     ss_k = 0.0
     if SUMMED:
@@ -424,13 +433,13 @@ def _split_rotary_kernel(
                                           head_dim, norm_eps, norm_ranks, Q_NORM, K_NORM)
             _, w2 = _full_norm_factors(ss_q, ss_k, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads,
                                        n_kv_heads, head_dim, norm_eps, norm_ranks, Q_NORM, K_NORM)
-        elif Q_NORM or K_NORM:  # both halves of every head are here: its statistics
+        elif Q_NORM or K_NORM or V_NORM:  # both halves of every head are here: its statistics
             ss = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None]
             rstd, w1 = _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
-                                          head_dim, norm_eps, Q_NORM, K_NORM)
+                                          head_dim, norm_eps, Q_NORM, K_NORM, V_NORM)
             _, w2 = _head_norm_factors(ss, heads, half + cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads,
-                                       head_dim, norm_eps, Q_NORM, K_NORM)
-        if FULL_NORM or Q_NORM or K_NORM:
+                                       head_dim, norm_eps, Q_NORM, K_NORM, V_NORM)
+        if FULL_NORM or Q_NORM or K_NORM or V_NORM:
             # rounded to the activation dtype, as the unfused norm stores it before rotary
             x1 = (x1 * rstd * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
             x2 = (x2 * rstd * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
@@ -450,23 +459,23 @@ def _split_rotary_kernel(
             rstd, w = _full_norm_factors(ss_q, ss_k, heads, cols, cols < head_dim, qn_ptr, kn_ptr, n_q_heads,
                                          n_kv_heads, head_dim, norm_eps, norm_ranks, Q_NORM, K_NORM)
             x = x * rstd * w
-        elif Q_NORM or K_NORM:
+        elif Q_NORM or K_NORM or V_NORM:
             if HAS_BIAS:  # the norm sees qkv + bias as the unfused path stores it
                 x = x.to(q_ptr.dtype.element_ty).to(tl.float32)
             rstd, w = _head_norm_factors(tl.sum(x * x, axis=1)[:, None], heads, cols, cols < head_dim, qn_ptr,
-                                         kn_ptr, n_q_heads, n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM)
+                                         kn_ptr, n_q_heads, n_kv_heads, head_dim, norm_eps, Q_NORM, K_NORM, V_NORM)
             x = x * rstd * w
         _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, x, mask, n_q_heads, n_kv_heads, head_dim)
 
 
 def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, sin,
                          n_q_heads, n_kv_heads, head_dim, slots=None, q_norm=None, k_norm=None, norm_eps=1e-6,
-                         full_norm=False, norm_squares=None, norm_ranks=1):
+                         full_norm=False, norm_squares=None, norm_ranks=1, v_norm=False, v_from_k=False):
     """Launch _split_rotary_kernel over all tokens; cos/sin None means no rotary; `slots`
     (int64 `[T]`) sends k and v to those rows of flattened cache tensors; q_norm / k_norm
     (`[D]`; with `full_norm` the whole width, `[H * D]` / `[Hkv * D]`) RMS-normalise q / k
     heads before rotary; `norm_squares` (fp32 `[T, 2]`) and `norm_ranks`: whole-width norms split
-    over ranks (reference.qkv_to_cache)."""
+    over ranks (reference.qkv_to_cache); `v_norm`, `v_from_k`: as there."""
     n_tokens = q.shape[0]
     n_slots = n_q_heads + 2 * n_kv_heads
     if n_tokens == 0 or head_dim == 0 or n_slots == 0:
@@ -494,7 +503,8 @@ def _launch_split_rotary(src, src_stride_t, src_stride_h, bias, q, k, v, cos, si
         n_q_heads, n_kv_heads, head_dim, head_dim // 2, float(norm_eps), int(norm_ranks),
         HAS_BIAS=bias is not None, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d,
         TO_SLOTS=slots is not None, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, FULL_NORM=full_norm,
-        SUMMED=norm_squares is not None, FULL_BLOCK=_FULL_NORM_BLOCK, PDL=pdl, num_warps=num_warps,
+        SUMMED=norm_squares is not None, FULL_BLOCK=_FULL_NORM_BLOCK, PDL=pdl, V_NORM=v_norm, V_FROM_K=v_from_k,
+        num_warps=num_warps,
         **triton_pdl.launch_options(pdl),
     )
 
@@ -578,11 +588,15 @@ def qkv_to_cache(
     norm_eps: float = 1e-6,
     norm_squares: torch.Tensor | None = None,
     norm_ranks: int = 1,
+    v_norm: bool = False,
+    v_from_k: bool = False,
 ) -> torch.Tensor:
-    """Bias, split, the q/k head norms, rotary and the paged-cache write in one pass; see
+    """Bias, split, the q/k (and v) head norms, rotary and the paged-cache write in one pass; see
     reference.qkv_to_cache. The norm weights may be of any float dtype (read as fp32)."""
-    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(f"qkv must be [tokens, (H + 2*Hkv) * D], got {list(qkv.shape)}")
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + (1 if v_from_k else 2) * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv must be [tokens, (H + {'' if v_from_k else '2*'}Hkv) * D], got {list(qkv.shape)}")
+    if v_from_k and bias is not None:
+        raise ValueError("v_from_k (v is k's projection) goes without a QKV bias")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[-2:] != (num_kv_heads, head_dim):
         raise ValueError("k/v caches must be contiguous [blocks, block_size, Hkv, D]")
     if k_cache.dtype != qkv.dtype or (bias is not None and bias.dtype != qkv.dtype):
@@ -598,13 +612,16 @@ def qkv_to_cache(
                              f"([{num_heads} * {head_dim}], [{num_kv_heads} * {head_dim}]), got {list(t.shape)}")
     if full_norm and bias is not None:
         raise ValueError("whole-width q/k norms after a QKV bias are not supported")
+    if full_norm and v_norm:
+        raise ValueError("v_norm goes with per-head q/k norms, not whole-width ones")
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     _launch_split_rotary(qkv, qkv.stride(0), head_dim, _contig(bias) if bias is not None else None, q, k_cache,
                          v_cache, cos, sin, num_heads, num_kv_heads, head_dim, slots=slot_mapping.contiguous(),
                          q_norm=None if q_norm is None else _contig(q_norm),
                          k_norm=None if k_norm is None else _contig(k_norm), norm_eps=norm_eps,
-                         full_norm=full_norm, norm_squares=norm_squares, norm_ranks=norm_ranks)
+                         full_norm=full_norm, norm_squares=norm_squares, norm_ranks=norm_ranks, v_norm=v_norm,
+                         v_from_k=v_from_k)
     return q
 
 

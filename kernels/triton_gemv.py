@@ -154,19 +154,20 @@ def _normalize(s, k_ok, nw, nb, eps, K: tl.constexpr, NORM: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, xb_ptr, res_ptr, sum_ptr, normed_ptr, nw_ptr, nb_ptr, xn_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
+    x_ptr, xb_ptr, res_ptr, sum_ptr, normed_ptr, nw_ptr, nb_ptr, xn_ptr, ss_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     eps, stride_xm, stride_om, stride_cos,
     M: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_KV: tl.constexpr,
     HAS_XBIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, NORM: tl.constexpr,
-    POST_NORM: tl.constexpr, WRITE_NORMED: tl.constexpr,
+    POST_NORM: tl.constexpr, WRITE_NORMED: tl.constexpr, SUM_SCALE: tl.constexpr,
     PAIRED: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, OUT: tl.constexpr, ROTARY: tl.constexpr,
     SCALED: tl.constexpr, ROWS: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """One column tile of out = epilogue(prologue(x) @ W^T) for the M (<= ROWS) rows. Grid:
     (column tiles,), see column_tile. SCALED: FP8 weights, each column's sum times its weight
     row's scale (scale_ptr) before the bias. WRITE_NORMED: program 0 also stores the normalised
-    rows (normed_ptr, rounded to its dtype; PreNorm.normed_out)."""
+    rows (normed_ptr, rounded to its dtype; PreNorm.normed_out). SUM_SCALE: the prologue's sum,
+    rounded to x's dtype, times ss_ptr[0], rounded again (PreNorm.sum_scale)."""
     head, j, cols, col_ok = column_tile(HALF, BLOCK_N, PAIRED)
     ks = tl.arange(0, KP)
     k_ok = ks < K
@@ -203,6 +204,9 @@ def _gemv_kernel(
             nb = tl.load(nb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         if POST_NORM:
             xn = tl.load(xn_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    sum_scale = 1.0
+    if SUM_SCALE:
+        sum_scale = tl.load(ss_ptr).to(tl.float32)
     triton_pdl.wait_for_predecessor(PDL)  # from here on the previous kernel's writes are visible
 
     rows = tl.arange(0, ROWS)
@@ -210,6 +214,9 @@ def _gemv_kernel(
     s = _input_rows(x_ptr, xb_ptr, res_ptr, xn, eps, rows, ks, row_ok, k_ok, stride_xm, K, K, HAS_XBIAS,
                     HAS_RES, POST_NORM)
     if NORM != 0:
+        if SUM_SCALE:
+            s = (s.to(x_ptr.dtype.element_ty).to(tl.float32) * sum_scale).to(x_ptr.dtype.element_ty)
+            s = s.to(tl.float32)
         if WRITE_SUM:
             sum_rows = tl.where(tl.program_id(0) == 0, rows, M)  # one program writes the residual stream
             tl.store(sum_ptr + rows[:, None] * K + ks[None, :], s.to(sum_ptr.dtype.element_ty),
@@ -267,6 +274,7 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     residual = p.residual if p is not None else None
     sum_out = p.sum_out if p is not None else None
     x_norm = p.x_norm if p is not None else None
+    sum_scale = p.sum_scale if p is not None else None
     normed = p.normed_out if p is not None else None
     assert normed is None or (normed.shape == x.shape and normed.is_contiguous()), "normed_out must be [M, K], contiguous"
     heads_q, heads_kv, _, cos, sin, k_cache, v_cache, slots = qkv or (0, 0, 0, None, None, None, None, None)
@@ -282,14 +290,15 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     pdl = triton_pdl.enabled(x.device)
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
         x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x), _or(normed, x),
-        _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), weight, _or(scale, x),
-        _or(bias, x), out,
+        _or(p.weight if p else None, x), _or(p.bias if p else None, x), _or(x_norm, x), _or(sum_scale, x), weight,
+        _or(scale, x), _or(bias, x), out,
         _or(cos, x), _or(sin, x), _or(slots, x), _or(k_cache, x), _or(v_cache, x),
         p.eps if p else 0.0, x.stride(0), out.stride(0) if out.dim() == 2 else 0, cos.stride(0) if cos is not None else 0,
         M=m, K=k, HALF=half, HEADS_Q=heads_q, HEADS_KV=heads_kv,
         HAS_XBIAS=p is not None and p.x_bias is not None, HAS_RES=residual is not None,
         WRITE_SUM=sum_out is not None, NORM=norm_code, POST_NORM=x_norm is not None, WRITE_NORMED=normed is not None,
-        PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode, ROTARY=cos is not None,
+        SUM_SCALE=sum_scale is not None, PAIRED=paired, HAS_BIAS=bias is not None, ACT=act_code, OUT=out_mode,
+        ROTARY=cos is not None,
         SCALED=scale is not None, ROWS=rows, KP=kp, BLOCK_N=bn, PDL=pdl, num_warps=warps,
         **triton_pdl.launch_options(pdl),
     )

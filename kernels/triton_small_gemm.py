@@ -532,6 +532,12 @@ def _unfused_prenorm(x, prenorm):
     h = x if p.x_bias is None else x + p.x_bias
     if p.x_norm is not None:
         h = dispatch.rms_norm(h, p.x_norm, p.eps)[0].to(x.dtype)
+    if p.sum_scale is not None:  # the sum, rounded, times the scale, rounded: the residual stream and the input
+        total = h if p.residual is None else h + p.residual
+        total = total * p.sum_scale if p.sum_out is None else torch.mul(total, p.sum_scale, out=p.sum_out)
+        if p.weight is not None:
+            return dispatch.rms_norm(total, p.weight, p.eps, out=p.normed_out)[0]
+        return total if p.normed_out is None else p.normed_out.copy_(total)
     if p.weight is not None:
         return dispatch.rms_norm(h, p.weight, p.eps, p.residual, p.sum_out, out=p.normed_out)[0]
     # a post-norm block's: the residual stream is the operand (reference.add_residual)

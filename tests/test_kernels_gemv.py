@@ -81,6 +81,26 @@ def test_prenorm_linear_matches_reference(m, activation, norm, with_bias, with_r
     assert launches == [m]
 
 
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("norm,x_norm", [("rms", True), ("rms", False), ("sum", True)])
+def test_prenorm_scales_its_sum(m, norm, x_norm, launches):
+    """PreNorm.sum_scale (Gemma 4's layer scalar closing the layer before): the sum times the scale is the
+    residual stream written and what the norm reads (or, a post-norm block's, the operand itself), in the
+    GEMV's prologue (one row) and in the norm kernels before it (two rows), as the reference computes it."""
+    rand = Rand("gemv-sum-scale", m, norm, x_norm)
+    k, n = 48, 20
+    w = rand(n, k, std=k ** -0.5)
+    x = rand(m, k, std=2.0, mean=1.0)
+    p = replace(make_prenorm(rand, m, k, norm, False, True, True, x_norm=x_norm), sum_scale=rand(1, std=0.1, mean=0.4))
+    p_ref = twin(p)
+    out = tsg.linear_act(x, w, None, prenorm=p)
+    torch.testing.assert_close(out, ref.linear_act(x, w, None, prenorm=p_ref), atol=2e-5, rtol=2e-5)
+    h = x if p.x_norm is None else ref.rms_norm(x, p.x_norm, p.eps)[0]
+    torch.testing.assert_close(p.sum_out, (h + p.residual) * p.sum_scale, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(p_ref.sum_out, p.sum_out, atol=1e-6, rtol=1e-6)
+    assert launches == [m]
+
+
 @pytest.mark.parametrize("m", [1, 2, triton_gemv.MAX_ROWS + 3])
 @pytest.mark.parametrize("norm,with_bias,with_residual,write_sum,x_norm", PRENORMS)
 def test_prenorm_writes_the_rows_it_normalised(m, norm, with_bias, with_residual, write_sum, x_norm, launches):

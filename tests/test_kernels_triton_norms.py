@@ -537,8 +537,9 @@ def test_qkv_to_cache_with_head_norms(dtype, heads, kv_heads, head_dim, rotary, 
         te.qkv_to_cache(qkv, bias, heads, kv_heads, head_dim, cos, sin, kc, vc, slots, rand(head_dim + 1), None)
 
 
-def _check_normed_qkv_to_cache(rand, qkv, bias, heads, kv_heads, head_dim, cos, sin, q_norm, k_norm, loose):
-    """qkv_to_cache with q/k norms by the kernel and by the reference on equal inputs and caches:
+def _check_normed_qkv_to_cache(rand, qkv, bias, heads, kv_heads, head_dim, cos, sin, q_norm, k_norm, loose,
+                               **v_options):
+    """qkv_to_cache with q/k norms (and `v_options`, v_norm / v_from_k) by the kernel and by the reference on equal inputs and caches:
     q and both caches agree (bf16 in the interpreter, where `loose`: one ulp before the rotary).
     Returns (k cache, v cache, slots) for further calls."""
     dtype = qkv.dtype
@@ -546,8 +547,8 @@ def _check_normed_qkv_to_cache(rand, qkv, bias, heads, kv_heads, head_dim, cos, 
     kc_ref, vc_ref = kc.clone(), vc.clone()
     slots = torch.randperm(12, generator=torch.Generator().manual_seed(1))[:qkv.shape[0]].to(DEVICE)
     args = (heads, kv_heads, head_dim, cos, sin)
-    q = te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, q_norm, k_norm, 1e-6)
-    q_ref = ref.qkv_to_cache(qkv, bias, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6)
+    q = te.qkv_to_cache(qkv, bias, *args, kc, vc, slots, q_norm, k_norm, 1e-6, **v_options)
+    q_ref = ref.qkv_to_cache(qkv, bias, *args, kc_ref, vc_ref, slots, q_norm, k_norm, 1e-6, **v_options)
     for a, e in ((q, q_ref), (kc, kc_ref), (vc, vc_ref)):
         if INTERPRETED and dtype == torch.bfloat16 and loose:
             # the interpreter's bf16 rounding truncates: the normalised head one ulp off before rotary
@@ -555,6 +556,37 @@ def _check_normed_qkv_to_cache(rand, qkv, bias, heads, kv_heads, head_dim, cos, 
         else:
             close(a, e)
     return kc, vc, slots
+
+
+V_NORM_CASES = [  # (heads, kv_heads, head_dim, rotary, v_from_k, norms): Gemma 4's sliding layers (v_proj) and
+    # its full layers (v from k's projection), with and without q / k norms and rotary, half widths no power of two
+    (4, 2, 16, True, False, "qk"), (4, 1, 32, True, True, "qk"), (2, 2, 20, True, True, ""),
+    (3, 1, 12, False, True, "k"), (2, 1, 24, False, False, ""),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary,v_from_k,norms", V_NORM_CASES)
+def test_qkv_to_cache_normalises_values_and_reads_them_from_keys(dtype, heads, kv_heads, head_dim, rotary, v_from_k,
+                                                                  norms):
+    """Gemma 4's attention input: every v head RMS-normalised without a weight (`v_norm`), and on its full layers v
+    taken from the key projection's output before k's norm and rotary (`v_from_k`, qkv holding q and k only): the
+    kernel against the reference, and the v cache rows against the weightless norm of the v (or k) columns."""
+    rand = make_rand(seed_of(dtype, heads, kv_heads, head_dim, rotary, v_from_k, norms, "v"))
+    n_tokens = 5
+    qkv = rand(n_tokens, (heads + (1 if v_from_k else 2) * kv_heads) * head_dim, dtype=dtype)
+    cos, sin = _cos_sin(n_tokens, head_dim, dtype) if rotary else (None, None)
+    q_norm = rand(head_dim, mean=1.0, std=0.3) if "q" in norms else None
+    k_norm = rand(head_dim, mean=1.0, std=0.3) if "k" in norms else None
+    kc, vc, slots = _check_normed_qkv_to_cache(rand, qkv, None, heads, kv_heads, head_dim, cos, sin, q_norm, k_norm,
+                                               loose=rotary, v_norm=True, v_from_k=v_from_k)
+    start = (heads + (0 if v_from_k else kv_heads)) * head_dim
+    v = qkv[:, start : start + kv_heads * head_dim].float().view(n_tokens, kv_heads, head_dim)
+    want = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    close(vc.view(-1, kv_heads, head_dim)[slots], want)
+    with pytest.raises(ValueError, match="qkv must be"):
+        te.qkv_to_cache(qkv[:, :-head_dim], None, heads, kv_heads, head_dim, cos, sin, kc, vc, slots,
+                        v_norm=True, v_from_k=v_from_k)
 
 
 WHOLE_WIDTH_CASES = [  # (heads, kv_heads, head_dim, rotary, norms): OLMo 2's (MHA), GQA, no rotary, k's

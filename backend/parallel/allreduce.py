@@ -149,14 +149,14 @@ class AllReduce:
         """Whether `all_reduce_norm` serves x and `prenorm` (mode `fused`): rows of x that the
         push kernel takes, at least FUSED_NORM_MIN_ROWS of them, of at most NORM_MAX_HIDDEN
         columns, and an RMSNorm prenorm over a residual (no LayerNorm, no bias on x, not a
-        post-norm block's sum without a norm)."""
+        post-norm block's sum without a norm, no sum_scale)."""
         from tritonformer.kernels.triton_allreduce import NORM_MAX_HIDDEN
 
         p = prenorm
         return (self.mode == "fused" and self.peers is not None and x.dim() == 2
                 and FUSED_NORM_MIN_ROWS <= x.shape[0] and x.shape[1] <= NORM_MAX_HIDDEN
                 and p.weight is not None and p.bias is None and p.x_bias is None and p.residual is not None
-                and p.sum_out is not None
+                and p.sum_out is not None and p.sum_scale is None
                 and p.residual.dtype == p.sum_out.dtype == x.dtype and p.residual.is_contiguous()
                 and p.sum_out.is_contiguous() and self.route(x) == "push")
 
