@@ -84,6 +84,18 @@ _LARGE_WEIGHT_BYTES = 32 << 20
 # gate_up 2,901 vs 2,826, down 2,667 vs 2,634, head 3,089 vs 3,112; gemma-2-9b gate_up 2,442 vs
 # 2,079, qkv 1,843 vs 1,671. (Counted in elements as fp16, 1,781-2,634 for llama's four.)
 _FP8_BYTES_FACTOR = 2
+# 16-bit weights of _PADDED_K_MIN_BYTES or more whose rows pad to a power of two by _PADDED_K_MIN or more (K = 3,072
+# or 6,144 in 4,096 or 8,192 lanes: the masked lanes hold registers but move no bytes) take this many times the bytes
+# a program, unless a post-norm prologue holds its two more K-long vectors (1: as any other weight). H200,
+# whole decode steps at batch 1, bf16, one machine start. Every weight twice the bytes
+# (tools/gpu/ab_decode_step.py --knob kernels.triton_gemv._BYTES_PER_WARP): CWM-32B (K 6,144, every linear padded)
+# 16.775 -> 15.876 ms (0.946x), Llama-3.1-8B (K 4,096) 1.073x, Gemma-4-31B (post-norm prologues) 1.37x. Padded rows
+# only, 1 against 2 (--knob kernels.triton_gemv._PADDED_K_FACTOR): CWM-32B 0.946x, Gemma-7B 0.972x, Phi-3-mini
+# 0.978x, SmolLM3-3B 0.995x, Qwen2.5-7B 0.996x, Llama-3.1-8B 1.001x, Qwen3-8B 1.004x, Gemma-4-31B 1.010x (every
+# padded weight of these 18 MB or more). Smaller ones (GPT-2's, at most 5 MB) were not measured and stay as they were.
+_PADDED_K_FACTOR = 2
+_PADDED_K_MIN = 1.25
+_PADDED_K_MIN_BYTES = 8 << 20
 # A post-norm prologue (Gemma's sandwich norm, `x_norm`) keeps two more K-long vectors live and
 # every program recomputes it: this many times the weight rows per program amortise it. H100,
 # gemma-2-9b shape, one decode row (tools/gpu/time_family_linears.py): gate_up 2,099 -> 3,015 GB/s,
@@ -249,13 +261,17 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, 
             post_norm: bool = False, weight_k: int | None = None) -> int:
     """Weight rows per program: as many as keep each operand slab (`k` elements a row) within
     the register budget (in bytes of `element_size`-byte weights, more for E4M3 ones and for
-    16-bit weights of _LARGE_WEIGHT_BYTES or more, `weight_k` elements a row, default k; more
+    16-bit weights of _LARGE_WEIGHT_BYTES or more and for those with rows padded by _PADDED_K_MIN or more,
+    `weight_k` elements a row, default k; more
     rows with a post-norm prologue to amortise it), at most the half's width (a power of two)."""
     kp = triton.next_power_of_2(k)
     nbytes = _BYTES_PER_WARP * (_FP8_BYTES_FACTOR if element_size == 1 else 1)
     weight_bytes = (2 if paired else 1) * half * (weight_k or k) * element_size
     if element_size > 1 and _LARGE_WEIGHT_BYTES is not None and weight_bytes >= _LARGE_WEIGHT_BYTES:
         nbytes *= 2
+    if (element_size > 1 and not post_norm and weight_bytes >= _PADDED_K_MIN_BYTES
+            and kp >= _PADDED_K_MIN * (weight_k or k)):
+        nbytes *= _PADDED_K_FACTOR
     elements = nbytes // element_size * (_POST_NORM_ROWS if post_norm else 1)
     budget = elements * warps // (rows * (2 if paired else 1))
     return max(1, min(triton.next_power_of_2(half), budget // kp))

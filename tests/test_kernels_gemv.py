@@ -207,6 +207,22 @@ def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
     assert triton_gemv.block_n(half // 8, k, 1, False, weight_k=8 * k) == 4
 
 
+def test_block_n_gives_padded_16_bit_rows_twice_the_bytes():
+    """Weights of _PADDED_K_MIN_BYTES or more whose rows pad to the next power of two by _PADDED_K_MIN or more
+    (K 6,144 in 8,192 lanes) hold twice the bytes a program, unless a post-norm prologue runs; FP8 weights, rows
+    padded less (K 7,168) and smaller weights (GPT-2's down projection, K 3,072) as before."""
+    assert 1024 * 6144 * 2 >= triton_gemv._PADDED_K_MIN_BYTES > 768 * 3072 * 2
+
+    def rows(k, **kw):
+        return triton_gemv.block_n(1024, 8192, 1, False, weight_k=k, **kw)
+
+    assert rows(6144) == 2 * rows(8192) == 2
+    assert rows(7168) == rows(8192)
+    assert rows(6144, post_norm=True) == rows(8192, post_norm=True)
+    assert rows(6144, element_size=1) == rows(8192, element_size=1)
+    assert triton_gemv.block_n(768, 4096, 1, False, weight_k=3072) == triton_gemv.block_n(768, 4096, 1, False)
+
+
 @pytest.fixture
 def long_rows(monkeypatch):
     """Long rows on interpreter-sized limits: past 32 elements only one row of a plain linear
