@@ -1488,7 +1488,7 @@ def test_a_gemma4_checkpoint_serves_its_text_model(model_type, shape, extra, kv_
     _assert_two_prompts_greedy_as_hf(ours, hf)
 
 
-def test_gemma4_unified_reads_its_own_defaults_and_leaves_gemma4s_options_alone():
+def test_gemma4_configs_read_their_own_defaults_and_unified_leaves_gemma4s_options_alone():
     """A `gemma4_unified_text` config without a window or a length reads transformers' unified defaults (1,024 and
     262,144, not Gemma 4's 512 and 131,072), and Gemma 4's per-layer-input and expert options, which the unified
     model has not, do nothing there; a `gemma4_text` config with the same options still has both."""
@@ -1504,6 +1504,12 @@ def test_gemma4_unified_reads_its_own_defaults_and_leaves_gemma4s_options_alone(
     text = gemma4.from_hf({"model_type": "gemma4_text", **options})
     assert (text.layer_windows[0], text.max_position_embeddings) == (512, 131072)
     assert (text.per_layer_size, text.num_experts) == (16, 4)
+    # and where a gemma4_text config leaves the option out, transformers' default (256) as Gemma4TextConfig reads it;
+    # the unified model none, whatever it says
+    assert gemma4.from_hf({"model_type": "gemma4_text"}).per_layer_size == \
+        transformers.Gemma4TextConfig().hidden_size_per_layer_input == 256
+    assert gemma4.from_hf({"model_type": "gemma4_text", "hidden_size_per_layer_input": None}).per_layer_size == 0
+    assert gemma4.from_hf({"model_type": "gemma4_unified_text"}).per_layer_size == 0
 
 
 def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_outputs():

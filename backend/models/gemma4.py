@@ -14,7 +14,8 @@ With e the token embeddings times sqrt(H) (the scale rounded to the table's dtyp
     f = W_down (gelu_tanh(W_gate m) * W_up m)
     MoE layers (`enable_moe_block`, the 26B-A4B): f = RMSNorm_f1(f) + RMSNorm_f2(Experts(RMSNorm_ff2(x), route(x)))
     x = x + RMSNorm_pf(f)
-    per-layer inputs (`hidden_size_per_layer_input` P > 0, the E models):
+    per-layer inputs (`hidden_size_per_layer_input` P > 0, the E models; 256 where a config leaves it out, as
+    transformers reads it; none in Gemma 4 unified):
         x = x + RMSNorm_ppl(W_proj (gelu_tanh(W_g x) * u_i))
     x = x * s_i                                                        (`layer_scalar`, one learnt scalar per layer)
 
@@ -212,7 +213,7 @@ def unified_as_gemma4(cfg: dict) -> dict:
     (keys naming them, which transformers' unified model never reads, dropped), and its own defaults (a window of
     1,024, 262,144 positions)."""
     return {"sliding_window": 1024, "max_position_embeddings": 262144,
-            **{k: v for k, v in cfg.items() if k not in NOT_UNIFIED}}
+            **{k: v for k, v in cfg.items() if k not in NOT_UNIFIED}, "hidden_size_per_layer_input": 0}
 
 
 def _layer_types(cfg: dict, layers: int) -> list[str]:
@@ -289,7 +290,7 @@ def from_hf(cfg: dict) -> Gemma4Spec:
         layer_windows=tuple(window if t == "sliding_attention" else None for t in types),
         layer_heads=tuple(layer_heads),
         values_from_keys=tuple(bool(cfg.get("attention_k_eq_v")) and t == "full_attention" for t in types),
-        kv_sources=sources, per_layer_size=cfg.get("hidden_size_per_layer_input") or 0,
+        kv_sources=sources, per_layer_size=cfg.get("hidden_size_per_layer_input", 256) or 0,
         per_layer_vocab=cfg.get("vocab_size_per_layer_input") or cfg.get("vocab_size", 262144),
         final_softcap=cfg.get("final_logit_softcapping"),
         num_experts=experts if moe else 0, top_k=top_k if moe else 0, moe_intermediate_size=moe_inter if moe else 0)
