@@ -298,7 +298,7 @@ def _store_split(q_ptr, k_ptr, v_ptr, t, kv_row, heads, cols, y, mask, n_q_heads
 
 @triton.jit
 def _head_norm_factors(ss, heads, cols, col_mask, qn_ptr, kn_ptr, n_q_heads, n_kv_heads, head_dim, eps,
-                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr, V_NORM: tl.constexpr = False):
+                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr, V_NORM: tl.constexpr):
     """(rstd `[BLOCK_H, 1]`, weight `[BLOCK_H, BLOCK_D]` at columns `cols`) of the per-head
     RMSNorm, given each head row's sum of squares `ss`: q heads take q_norm's weight (with
     Q_NORM), k heads k_norm's (with K_NORM), v heads a weight of ones (with V_NORM); every other
@@ -368,8 +368,7 @@ def _split_rotary_kernel(
     n_q_heads, n_kv_heads, head_dim, half, norm_eps, norm_ranks,
     HAS_BIAS: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     TO_SLOTS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, FULL_NORM: tl.constexpr,
-    SUMMED: tl.constexpr, FULL_BLOCK: tl.constexpr, PDL: tl.constexpr, V_NORM: tl.constexpr = False,
-    V_FROM_K: tl.constexpr = False,
+    SUMMED: tl.constexpr, FULL_BLOCK: tl.constexpr, PDL: tl.constexpr, V_NORM: tl.constexpr, V_FROM_K: tl.constexpr,
 ):
     """Bias add + head split (+ rotate-half rotary on q and k) for one token's head slots.
 

@@ -216,11 +216,15 @@ def compile_all() -> list[str]:
          dict(BLOCK_M=16, BLOCK_N=32, NUM_SPLITS=16, **alibi)),
         ("split-rotary q/k norms", te._split_rotary_kernel, split_rotary,
          dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
-              FULL_NORM=False, SUMMED=False, FULL_BLOCK=1024, PDL=True)),
+              FULL_NORM=False, SUMMED=False, FULL_BLOCK=1024, PDL=True, V_NORM=False, V_FROM_K=False)),
+        # Gemma 4's full layers: v normalised without a weight and read from k's projection (head_dim 512)
+        ("split-rotary v norms from keys", te._split_rotary_kernel, split_rotary,
+         dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=4, BLOCK_D=256, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
+              FULL_NORM=False, SUMMED=False, FULL_BLOCK=1024, PDL=True, V_NORM=True, V_FROM_K=True)),
         # OLMo 2's whole-width q / k norms split over ranks: every rank's sums of squares read (norm_squares)
         ("split-rotary q/k norms over ranks", te._split_rotary_kernel, split_rotary,
          dict(HAS_BIAS=False, ROTARY=True, BLOCK_H=8, BLOCK_D=64, TO_SLOTS=True, Q_NORM=True, K_NORM=True,
-              FULL_NORM=True, SUMMED=True, FULL_BLOCK=1024, PDL=True)),
+              FULL_NORM=True, SUMMED=True, FULL_BLOCK=1024, PDL=True, V_NORM=False, V_FROM_K=False)),
         ("qk squares", te._qk_squares_kernel,
          {"qkv_ptr": "*bf16", "out_ptr": "*fp32", "stride_t": "i32", "q_width": "i32", "k_width": "i32"},
          dict(BLOCK=1024)),
