@@ -1564,46 +1564,28 @@ def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
 
 
 
-def test_jetmoe_refuses_tensor_parallelism_and_fp8_by_name():
-    from tritonformer.backend.models import jetmoe
+@pytest.mark.parametrize("name,model_type", [
+    ("jetmoe-8b", "jetmoe"),
+    # (a DiffLlama head pair's two query heads and two KV heads lie half the model apart: no contiguous split)
+    ("diffllama-0.3b", "diffllama"),
+    ("longcat-flash-chat", "longcat_flash"),
+    ("zaya1-8b", "zaya"),
+])
+def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
+    """Families without a tensor-parallel split or FP8 linears (each its own module, named as its model_type)
+    refuse both, naming their model_type: at the server's check, in the model itself, and at load."""
+    import importlib
+
     from tritonformer.backend.models.decoder import check_tensor_parallel
     from tritonformer.backend.parallel.group import TensorParallelGroup
 
-    cfg = shrunk("jetmoe-8b")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'jetmoe'"):
+    family = importlib.import_module(f"tritonformer.backend.models.{model_type}")
+    cfg = shrunk(name)
+    with pytest.raises(ValueError, match=f"tensor parallelism is not supported for model_type '{model_type}'"):
         check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'jetmoe'"):
-        jetmoe.JetMoeDecoder(jetmoe.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
-    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'jetmoe'"):
-        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
-
-
-def test_diffllama_refuses_tensor_parallelism_and_fp8_by_name():
-    """A head pair's two query heads and two KV heads lie half the model apart: no contiguous split."""
-    from tritonformer.backend.models import diffllama
-    from tritonformer.backend.models.decoder import check_tensor_parallel
-    from tritonformer.backend.parallel.group import TensorParallelGroup
-
-    cfg = shrunk("diffllama-0.3b")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'diffllama'"):
-        check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'diffllama'"):
-        diffllama.DiffLlamaDecoder(diffllama.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
-    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'diffllama'"):
-        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
-
-
-def test_longcat_flash_refuses_tensor_parallelism_and_fp8_by_name():
-    from tritonformer.backend.models import longcat_flash
-    from tritonformer.backend.models.decoder import check_tensor_parallel
-    from tritonformer.backend.parallel.group import TensorParallelGroup
-
-    cfg = shrunk("longcat-flash-chat")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'longcat_flash'"):
-        check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'longcat_flash'"):
-        longcat_flash.MODEL(longcat_flash.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
-    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'longcat_flash'"):
+    with pytest.raises(ValueError, match=f"tensor parallelism is not supported for model_type '{model_type}'"):
+        family.MODEL(family.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match=f"FP8 linears are not supported for model_type '{model_type}'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 
@@ -1632,19 +1614,6 @@ def test_longcat_flash_loads_its_published_layout():
                        "layers.7.post_attention_layernorm.weight": 2, "shortcut.3.mlp.router.weight": 3,
                        "layers.7.mlp.up_proj.weight": 4}  # (a name already the decoder's stays)
 
-
-def test_zaya_refuses_tensor_parallelism_and_fp8_by_name():
-    from tritonformer.backend.models import zaya
-    from tritonformer.backend.models.decoder import check_tensor_parallel
-    from tritonformer.backend.parallel.group import TensorParallelGroup
-
-    cfg = shrunk("zaya1-8b")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'zaya'"):
-        check_tensor_parallel(cfg, 2)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'zaya'"):
-        zaya.ZayaDecoder(zaya.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
-    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'zaya'"):
-        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 # Vision-language checkpoints served by their text model: (model_type, its text model's published shape shrunk,
 # the multimodal rotary's sections for the shrunk head (the published ones scaled: Qwen2-VL's [16, 24, 24] of 64
