@@ -262,17 +262,17 @@ def supported(m: int, x: torch.Tensor, prenorm=None, plain: bool = True) -> bool
 def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, element_size: int = 2,
             post_norm: bool = False, weight_k: int | None = None) -> int:
     """Weight rows per program: as many as keep each operand slab (`k` elements a row) within
-    the register budget (in bytes of `element_size`-byte weights, more for E4M3 ones and for
-    16-bit weights of _LARGE_WEIGHT_BYTES or more and for those with rows padded by _PADDED_K_MIN or more,
-    `weight_k` elements a row, default k; more
-    rows with a post-norm prologue to amortise it), at most the half's width (a power of two)."""
+    the register budget (in bytes of `element_size`-byte weights, more for E4M3 ones, for 16-bit
+    weights of _LARGE_WEIGHT_BYTES or more and for 16-bit rows padded by _PADDED_K_MIN or more,
+    `weight_k` elements a row, default k; more rows with a post-norm prologue to amortise it), at
+    most the half's width (a power of two)."""
     kp = triton.next_power_of_2(k)
+    row = weight_k or k
     nbytes = _BYTES_PER_WARP * (_FP8_BYTES_FACTOR if element_size == 1 else 1)
-    weight_bytes = (2 if paired else 1) * half * (weight_k or k) * element_size
+    weight_bytes = (2 if paired else 1) * half * row * element_size
     if element_size > 1 and _LARGE_WEIGHT_BYTES is not None and weight_bytes >= _LARGE_WEIGHT_BYTES:
         nbytes *= 2
-    if (element_size > 1 and not post_norm and weight_bytes >= _PADDED_K_MIN_BYTES
-            and kp >= _PADDED_K_MIN * (weight_k or k)):
+    if element_size > 1 and not post_norm and weight_bytes >= _PADDED_K_MIN_BYTES and kp >= _PADDED_K_MIN * row:
         nbytes *= _PADDED_K_FACTOR
     elements = nbytes // element_size * (_POST_NORM_ROWS if post_norm else 1)
     budget = elements * warps // (rows * (2 if paired else 1))
