@@ -43,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonformer.kernels import dispatch, fp8, reference, triton_fp8, triton_gemm, triton_gemv, triton_pdl
+from tritonformer.kernels import (arrival_counters, dispatch, fp8, reference, triton_fp8, triton_gemm, triton_gemv,
+                                  triton_pdl)
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.fp8 import Fp8Activation, Fp8Weight
 from tritonformer.kernels.reference import GATED_ACTIVATIONS, PreNorm
@@ -256,7 +257,7 @@ def _launch(x, weight, bias, out, *, gemv, act="none", prenorm=None, out_mode=OU
     partial = counters = x  # unused without splits
     if splits > 1:
         partial = torch.empty((splits, block_m, half + _PLAIN_MAX_N), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device, triton.cdiv(half, _PLAIN_MIN_N))
+        counters = arrival_counters.zeroed(x.device, triton.cdiv(half, _PLAIN_MIN_N))
 
     def grid(meta):
         return (halves * triton.cdiv(half, meta["BLOCK_N"]), splits)
@@ -290,23 +291,6 @@ def split_k(k: int) -> int:
     while splits < SPLIT_K_MAX and k >= 2 * splits * SPLIT_K_MIN_K:
         splits *= 2
     return splits
-
-
-_COUNTERS: dict = {}
-
-
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """At least `tiles` of split K's per-tile arrival counters, zero between launches (the last
-    program of a tile resets its own). One set per device and stream: launches on one stream
-    never overlap, but two streams' could (the stream is kept referenced, so its handle is not
-    reused by another). A set only grows: a graph captured with it keeps its address."""
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    key = (device, None if stream is None else stream.cuda_stream)
-    held = _COUNTERS.get(key)
-    if held is None or held[0].numel() < tiles:
-        counters = torch.zeros(max(4096, tiles), dtype=torch.int32, device=device)
-        held = _COUNTERS[key] = (counters, stream, held)  # the old set stays alive for graphs that use it
-    return held[0]
 
 
 def _norm_code(prenorm: PreNorm | None) -> int:

@@ -44,7 +44,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 from tritonformer.backend import quantization  # noqa: E402
 from tritonformer.backend.models.decoder import load_decoder  # noqa: E402
 from tritonformer.client.perplexity import perplexity  # noqa: E402
-from tritonformer.kernels import fp8, triton_fp8, triton_gemv  # noqa: E402
+from tritonformer.kernels import arrival_counters, fp8, triton_fp8, triton_gemv  # noqa: E402
 from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
 from tritonformer.kernels.fp8 import Fp8Weight, quantize_weight  # noqa: E402
@@ -212,7 +212,7 @@ def test_fp8_split_k_and_a_long_gemv_row(monkeypatch, launches):
         x, w, b = _fp8_inputs(rand, m, 40, 72, "none", True)
         torch.testing.assert_close(tsg.linear_act(x, w, b), ref.linear_act(x, w, b), atol=2e-5, rtol=2e-5)
     assert launches == ["gemv", "small"]
-    assert not any(c[0].any() for c in tsg._COUNTERS.values())
+    assert not any(c[0].any() for c in arrival_counters.HELD.values())
 
 
 def test_fp8_small_gemm_with_half_activations(launches):

@@ -21,7 +21,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and TRITON_INTERPRET is not 1: Triton kernels cannot run", allow_module_level=True)
 
-from tritonformer.kernels import dispatch  # noqa: E402
+from tritonformer.kernels import arrival_counters, dispatch  # noqa: E402
 from tritonformer.kernels import reference as ref  # noqa: E402
 from tritonformer.kernels import triton_small_gemm as tsg  # noqa: E402
 
@@ -164,7 +164,7 @@ def test_split_k_matches_reference_and_is_deterministic(monkeypatch, k, splits):
     out = tsg.linear_act(x, w, b)
     torch.testing.assert_close(out, ref.linear_act(x, w, b), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(tsg.linear_act(x, w, b), out, atol=0, rtol=0)
-    assert not any(c[0].any() for c in tsg._COUNTERS.values())
+    assert not any(c[0].any() for c in arrival_counters.HELD.values())
 
 
 def test_split_k_only_past_the_prefetch_limit():
@@ -290,6 +290,6 @@ def test_gpu_split_k_chain_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
-    assert not any(c[0].any() for c in tsg._COUNTERS.values())
+    assert not any(c[0].any() for c in arrival_counters.HELD.values())
     exact_run = run(ref, x0.float(), [tuple(t.float() for t in layer) for layer in layers])
     torch.testing.assert_close(out.float(), exact_run, atol=5e-2, rtol=5e-2)

@@ -62,6 +62,31 @@ def test_ties_go_to_the_first_column(monkeypatch, block):
     assert out.tolist() == [5, 37, 0, 3] == ref.argmax_rows(logits, torch.empty_like(out)).tolist()
 
 
+@pytest.mark.cuda_ok
+@pytest.mark.parametrize("split_rows", [0, 1024])
+def test_parts_across_signs_zeros_and_infinities(monkeypatch, split_rows):
+    """Rows split over programs (and, with split_rows 0, one program a row): the packed keys
+    order negative, zero and infinite logits as the logits order, -0.0 and 0.0 tie (the earlier
+    column wins), NaN is skipped; the scratch is zero again afterwards."""
+    from tritonformer.kernels import arrival_counters
+
+    monkeypatch.setattr(ts, "_BLOCK", 16)
+    monkeypatch.setattr(ts, "_SPLIT_MAX_ROWS", split_rows)
+    logits = torch.full((6, 70), -1e30)
+    logits[0, [3, 50]] = torch.tensor([-2.5, -2.0])  # all negative: the later, larger one
+    logits[1, [20, 40]] = torch.tensor([-0.0, 0.0])  # zeros of both signs tie: the earlier column
+    logits[1, 60] = -1e-30
+    logits[2, [5, 69]] = torch.tensor([float("inf"), float("inf")])
+    logits[3, :] = float("nan")
+    logits[3, 33] = 1.0  # NaN everywhere else
+    logits[4, [16, 17]] = torch.tensor([1e-30, 3e-30])  # denormal-small positives
+    logits[5, :] = -float("inf")
+    logits = logits.to(DEVICE)
+    out = ts.argmax_rows(logits, torch.empty(6, dtype=torch.long, device=DEVICE))
+    assert out.tolist() == [50, 20, 5, 33, 17, 0]
+    assert not any(c[0].any() for c in arrival_counters.HELD.values())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rows", [1, 2, 64])
