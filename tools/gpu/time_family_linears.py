@@ -28,6 +28,10 @@ makes. Per family, at each of `--rows` decode rows:
    the kinds alone, the layer chain in model order without attention, and the weight (+ KV)
    floor, projected to the published depth; and the decode attention alone (one layer's launch
    and its combine, the model's heads, head_dim, scale, window and soft-cap) over key splits.
+   Alone, nothing overlaps it; in a step the next GEMV's weight loads run under it (PDL), so a
+   split count that wins here can lose there (H200, 2026-12-01: 8.6 against 18.4 us a layer
+   alone at batch 4, no faster in the step): compare splits in whole steps,
+   tools/gpu/ab_decode_step.py --knob backend.decoder.graphs.FILL.
 
 Everything past the essentials (sweeps, attention configurations) is skipped, with a note, once
 the run nears --deadline-s.
@@ -464,7 +468,8 @@ def attention_rows(model, inp: Inputs, args, clock, families_after) -> tuple[dic
     if current > 1:  # a split decode's blocks, warps and stages are its own
         config = (config[0], *ta._split_decode_config(block_d, model.dtype, True, config[1:],
                                                     c.num_heads // c.num_kv_heads))
-    print(f"\ndecode attention alone, rows {inp.rows}, context {inp.context}: heads {c.num_heads}/{c.num_kv_heads} x "
+    print(f"\ndecode attention alone (no PDL overlap: compare splits in whole steps, ab_decode_step.py), "
+          f"rows {inp.rows}, context {inp.context}: heads {c.num_heads}/{c.num_kv_heads} x "
           f"{c.head_dim} (tile {block_d}), softcap {c.attn_softcap}, window {layer.window}; launch config "
           f"(BLOCK_M, BLOCK_N, warps, stages) {config}; the decode graphs split keys {current} ways")
     print("| key splits | " + " | ".join(f"{s}{' (graphs)' if s == current else ''}" for s in splits_timed) + " |")
