@@ -77,6 +77,8 @@ _WARPS = 4
 # (0.925-0.994x) but lost 3.9% on Qwen3-30B-A3B, whose 17-21 MB attention linears want the
 # smaller slabs. On the H100 the large kinds streamed at the same rate either way (Llama-3.1-8B
 # gate/up 3,064 vs 3,048 GB/s, down 2,877 both, head 3,148 vs 3,167: time_family_linears.py).
+# A fused QKV projection counts all its heads (one head's bytes were counted before: H200, batch 1,
+# same start, Llama-3.1-8B 3.910 -> 3.888 ms (0.994x), Phi-3-mini 0.988x, Gemma-2-9B 0.992x).
 _LARGE_WEIGHT_BYTES = 32 << 20
 # E4M3 weights: this many times the bytes (they stay packed, four to a register, until each is
 # converted for its multiply). H100, one decode row, GB/s at 2x against 1x the bytes
@@ -84,6 +86,14 @@ _LARGE_WEIGHT_BYTES = 32 << 20
 # gate_up 2,901 vs 2,826, down 2,667 vs 2,634, head 3,089 vs 3,112; gemma-2-9b gate_up 2,442 vs
 # 2,079, qkv 1,843 vs 1,671. (Counted in elements as fp16, 1,781-2,634 for llama's four.)
 _FP8_BYTES_FACTOR = 2
+# Two decode rows halve the weight rows a program holds (its registers hold both input rows' products);
+# weights of these element sizes take this many times the bytes again at two rows, E4M3 ones thus as many
+# weight rows as at one. H200, whole decode steps, bf16 activations, one machine start
+# (tools/gpu/ab_decode_step.py --knob kernels.triton_gemv._TWO_ROW_FACTOR): E4M3 2 against 1 at batch 2,
+# Llama-3.1-8B 3.836 -> 3.441 ms (0.897x), Qwen3-8B 0.911x; 16-bit 2 against 1 mixed (Llama-3.1-8B 1.010x,
+# Phi-3-mini 1.033x, Qwen2.5-7B 0.984x, Gemma-2-9B 0.981x). Twice the E4M3 bytes at one row too lost
+# (_FP8_BYTES_FACTOR 4: 1.031-1.060x), and so did eight warps a program (1.035-1.104x).
+_TWO_ROW_FACTOR = {1: 2, 2: 1}
 # 16-bit weights of _PADDED_K_MIN_BYTES or more whose rows pad to a power of two by _PADDED_K_MIN or more (K = 3,072
 # or 6,144 in 4,096 or 8,192 lanes: the masked lanes hold registers but move no bytes) take this many times the bytes
 # a program, unless a post-norm prologue holds its two more K-long vectors (1: as any other weight). H200,
@@ -260,16 +270,20 @@ def supported(m: int, x: torch.Tensor, prenorm=None, plain: bool = True) -> bool
 
 
 def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, element_size: int = 2,
-            post_norm: bool = False, weight_k: int | None = None) -> int:
+            post_norm: bool = False, weight_k: int | None = None, halves: int = 1) -> int:
     """Weight rows per program: as many as keep each operand slab (`k` elements a row) within
     the register budget (in bytes of `element_size`-byte weights, more for E4M3 ones, for 16-bit
     weights of _LARGE_WEIGHT_BYTES or more and for 16-bit rows padded by _PADDED_K_MIN or more,
-    `weight_k` elements a row, default k; more rows with a post-norm prologue to amortise it), at
-    most the half's width (a power of two)."""
+    `weight_k` elements a row, default k; more rows with a post-norm prologue to amortise it; more
+    bytes at two `rows` by _TWO_ROW_FACTOR), at most the half's width (a power of two). The
+    weight's bytes count all its `halves` (a QKV projection's are its heads: `half` is half of
+    one head)."""
     kp = triton.next_power_of_2(k)
     row = weight_k or k
     nbytes = _BYTES_PER_WARP * (_FP8_BYTES_FACTOR if element_size == 1 else 1)
-    weight_bytes = (2 if paired else 1) * half * row * element_size
+    if rows >= 2:
+        nbytes *= _TWO_ROW_FACTOR.get(element_size, 1)
+    weight_bytes = halves * (2 if paired else 1) * half * row * element_size
     if element_size > 1 and _LARGE_WEIGHT_BYTES is not None and weight_bytes >= _LARGE_WEIGHT_BYTES:
         nbytes *= 2
     if element_size > 1 and not post_norm and weight_bytes >= _PADDED_K_MIN_BYTES and kp >= _PADDED_K_MIN * row:
@@ -302,9 +316,9 @@ def launch(x, weight, bias, out, *, paired, half, act_code, norm_code, prenorm, 
     kp = triton.next_power_of_2(k)
     rows = triton.next_power_of_2(m)
     warps = 1 if _INTERPRETED else program_warps(k)
-    bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None,
-                 weight_k=k)
     halves = weight.shape[0] // (2 * half) if paired else 1
+    bn = block_n(half, kp, rows, paired, warps, element_size=weight.element_size(), post_norm=x_norm is not None,
+                 weight_k=k, halves=halves)
     pdl = triton_pdl.enabled(x.device)
     _gemv_kernel[(halves * triton.cdiv(half, bn),)](
         x, _or(p.x_bias if p else None, x), _or(residual, x), _or(sum_out, x), _or(normed, x),

@@ -191,11 +191,14 @@ def test_block_n_counts_bytes_and_doubles_under_a_post_norm():
     assert triton_gemv.block_n(1024, 4096, 1, True) == 1
     assert triton_gemv.block_n(1024, 4096, 1, True, post_norm=True) == 2
     assert triton_gemv.block_n(1024, 4096, 2, True, post_norm=True) == 1
+    # two rows: E4M3 weights hold as many weight rows as at one (_TWO_ROW_FACTOR), 16-bit ones half
+    assert triton_gemv.block_n(2048, 4096, 2, False, element_size=1) == 8
+    assert triton_gemv.block_n(2048, 4096, 2, False) == 1
 
 
 def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
-    """From _LARGE_WEIGHT_BYTES of 16-bit weights (counted over both halves of a paired weight
-    and over the whole row) a program holds twice the rows;
+    """From _LARGE_WEIGHT_BYTES of 16-bit weights (counted over both halves of a paired weight,
+    over every head of a QKV projection and over the whole row) a program holds twice the rows;
     FP8 weights keep their own factor."""
     large = triton_gemv._LARGE_WEIGHT_BYTES
     assert large is not None
@@ -205,6 +208,8 @@ def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
     assert triton_gemv.block_n(half // 2, k, 1, True) == 2 * triton_gemv.block_n(half // 2 - 1, k, 1, True)
     assert triton_gemv.block_n(half, k, 1, False, element_size=1) == 8
     assert triton_gemv.block_n(half // 8, k, 1, False, weight_k=8 * k) == 4
+    # a QKV projection's `half` is half of one head: its heads count too (Llama-3-8B's 48 heads of 128)
+    assert triton_gemv.block_n(64, k, 1, True, halves=48) == 2 * triton_gemv.block_n(64, k, 1, True) == 2
 
 
 def test_block_n_gives_padded_16_bit_rows_twice_the_bytes():
