@@ -212,10 +212,12 @@ def test_block_n_gives_large_16_bit_weights_twice_the_bytes():
     assert triton_gemv.block_n(64, k, 1, True, halves=48) == 2 * triton_gemv.block_n(64, k, 1, True) == 2
 
 
-def test_block_n_gives_padded_16_bit_rows_twice_the_bytes():
+def test_block_n_gives_padded_16_bit_rows_twice_the_bytes(monkeypatch):
     """Weights of _PADDED_K_MIN_BYTES or more whose rows pad to the next power of two by _PADDED_K_MIN or more
     (K 6,144 in 8,192 lanes) hold twice the bytes a program, unless a post-norm prologue runs; FP8 weights, rows
-    padded less (K 7,168) and smaller weights (GPT-2's down projection, K 3,072) as before."""
+    padded less (K 7,168) and smaller weights (GPT-2's down projection, K 3,072) as before. (Long rows' own
+    factor set aside: the next test.)"""
+    monkeypatch.setattr(triton_gemv, "_LONG_K_FACTOR", 1)
     assert 1024 * 6144 * 2 >= triton_gemv._PADDED_K_MIN_BYTES > 768 * 3072 * 2
 
     def rows(k, **kw):
@@ -226,6 +228,26 @@ def test_block_n_gives_padded_16_bit_rows_twice_the_bytes():
     assert rows(6144, post_norm=True) == rows(8192, post_norm=True)
     assert rows(6144, element_size=1) == rows(8192, element_size=1)
     assert triton_gemv.block_n(768, 4096, 1, False, weight_k=3072) == triton_gemv.block_n(768, 4096, 1, False)
+
+
+def test_block_n_gives_long_16_bit_rows_twice_the_bytes(monkeypatch):
+    """16-bit rows of _LONG_K_MIN elements or more (Llama-3-70B's 8,192 a rank at TP=2, a down projection's
+    14,336), up to _MAX_K and not padded, hold twice the bytes a program (padded ones have their own factor, not
+    both); FP8 weights, post-norm prologues, shorter rows and the long program's rows past _MAX_K as before."""
+    assert triton_gemv._LONG_K_MIN == 8192 and triton_gemv._LONG_K_FACTOR == 2
+
+    def rows(k, kp=None, **kw):
+        return triton_gemv.block_n(2048, kp or triton.next_power_of_2(k), 1, False, weight_k=k, **kw)
+
+    long_k, fp8_long, post_long, short, padded, past = (
+        rows(8192), rows(8192, element_size=1), rows(8192, post_norm=True), rows(4096), rows(6144),
+        triton_gemv.block_n(1024, 32768, 1, False, 8))
+    assert (long_k, rows(14336)) == (4, 2)
+    monkeypatch.setattr(triton_gemv, "_LONG_K_FACTOR", 1)
+    assert rows(8192) == long_k // 2 and rows(14336) == 1
+    assert (fp8_long, post_long, short, padded, past) == (
+        rows(8192, element_size=1), rows(8192, post_norm=True), rows(4096), rows(6144),
+        triton_gemv.block_n(1024, 32768, 1, False, 8))
 
 
 @pytest.fixture
