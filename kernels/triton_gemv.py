@@ -108,16 +108,21 @@ _TWO_ROW_FACTOR = {1: 2, 2: 1}
 _PADDED_K_FACTOR = 2
 _PADDED_K_MIN = 1.25
 _PADDED_K_MIN_BYTES = 8 << 20
-# 16-bit rows of _LONG_K_MIN elements or more (up to _MAX_K; not padded as above, no post-norm prologue) take this
-# many times the bytes a program: with rows this long a program held one or two weight rows (one pair of a gated or
-# QKV projection, whose every program normalises the whole input row again). 2 x H200, batch 1, one start, 2 against
-# 1 (tools/gpu/knobs: TRITONFORMER_KNOBS=kernels.triton_gemv._LONG_K_FACTOR=1 against none, `tritonformer bench
-# tensor-parallel`): Llama-3.1-70B at TP=2 (K 8,192, down 14,336 a rank) 21.139 -> 18.149 ms (1.26x -> 1.10x its
-# floor), batch 64 1.001x; Llama-3.1-8B at TP=2 (its down projections only) 1.008x, batch 64 0.995x. One GPU, the
-# down projections of K 14,336 (tools/gpu/ab_decode_step.py): Llama-3.1-8B, Gemma-2-9B, Mistral-7B 0.998-1.001x at
-# batches 1 and 2. Eight warps a program instead (the same registers a thread): 70B 0.982x.
+# 16-bit weights of _LONG_K_MIN_BYTES or more with rows of _LONG_K_MIN elements or more (up to _MAX_K; not padded
+# as above, no post-norm prologue) take this many times the bytes a program: with rows this long a program held one
+# or two weight rows (one pair of a gated or QKV projection, whose every program normalises the whole input row
+# again). The byte floor keeps smaller weights (Llama-3.2-1B's 34 MB down projection: half the programs) as they
+# were: every weight measured below is 58 MB or more, the 70B shape's 67 MB or more a rank. 2 x H200, batch 1, one
+# start, 2 against 1 (tools/gpu/knobs: TRITONFORMER_KNOBS=kernels.triton_gemv._LONG_K_FACTOR=1 against none,
+# `tritonformer bench tensor-parallel`): Llama-3.1-70B at TP=2 (K 8,192, down 14,336 a rank) 21.139 -> 18.149 ms
+# (1.26x -> 1.10x its floor), batch 64 1.001x; Llama-3.1-8B at TP=2 (its down projections only) 1.008x, batch 64
+# 0.995x. One GPU, the down projections of K 14,336 (tools/gpu/ab_decode_step.py): Llama-3.1-8B, Gemma-2-9B,
+# Mistral-7B 0.998-1.001x at batches 1 and 2. Eight warps a program instead (the same registers a thread): 70B
+# 0.982x. (These runs had no byte floor; the floor leaves every measured weight but the 8B shape's 59 MB down
+# projections at TP=2 in the rule.)
 _LONG_K_FACTOR = 2
 _LONG_K_MIN = 8192
+_LONG_K_MIN_BYTES = 64 << 20
 # A post-norm prologue (Gemma's sandwich norm, `x_norm`) keeps two more K-long vectors live and
 # every program recomputes it: this many times the weight rows per program amortise it. H100,
 # gemma-2-9b shape, one decode row (tools/gpu/time_family_linears.py): gate_up 2,099 -> 3,015 GB/s,
@@ -284,11 +289,10 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, 
     """Weight rows per program: as many as keep each operand slab (`k` elements a row) within
     the register budget (in bytes of `element_size`-byte weights, more for E4M3 ones, for 16-bit
     weights of _LARGE_WEIGHT_BYTES or more and for 16-bit rows padded by _PADDED_K_MIN or more,
-    `weight_k` elements a row, default k, and for 16-bit rows of _LONG_K_MIN or more; more rows
-    with a post-norm prologue to amortise it; more bytes at two `rows` by _TWO_ROW_FACTOR), at
-    most the half's width (a power of two). The
-    weight's bytes count all its `halves` (a QKV projection's are its heads: `half` is half of
-    one head)."""
+    `weight_k` elements a row, default k, and for large 16-bit weights of rows of _LONG_K_MIN
+    or more; more rows with a post-norm prologue to amortise it; more bytes at two `rows` by
+    _TWO_ROW_FACTOR), at most the half's width (a power of two). The weight's bytes count all
+    its `halves` (a QKV projection's are its heads: `half` is half of one head)."""
     kp = triton.next_power_of_2(k)
     row = weight_k or k
     nbytes = _BYTES_PER_WARP * (_FP8_BYTES_FACTOR if element_size == 1 else 1)
@@ -299,7 +303,8 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, 
         nbytes *= 2
     if element_size > 1 and not post_norm and weight_bytes >= _PADDED_K_MIN_BYTES and kp >= _PADDED_K_MIN * row:
         nbytes *= _PADDED_K_FACTOR
-    elif element_size > 1 and not post_norm and _LONG_K_MIN <= kp <= _MAX_K:
+    elif (element_size > 1 and not post_norm and weight_bytes >= _LONG_K_MIN_BYTES
+          and _LONG_K_MIN <= kp <= _MAX_K):
         nbytes *= _LONG_K_FACTOR
     elements = nbytes // element_size * (_POST_NORM_ROWS if post_norm else 1)
     budget = elements * warps // (rows * (2 if paired else 1))

@@ -231,22 +231,24 @@ def test_block_n_gives_padded_16_bit_rows_twice_the_bytes(monkeypatch):
 
 
 def test_block_n_gives_long_16_bit_rows_twice_the_bytes(monkeypatch):
-    """16-bit rows of _LONG_K_MIN elements or more (Llama-3-70B's 8,192 a rank at TP=2, a down projection's
-    14,336), up to _MAX_K and not padded, hold twice the bytes a program (padded ones have their own factor, not
-    both); FP8 weights, post-norm prologues, shorter rows and the long program's rows past _MAX_K as before."""
+    """16-bit weights of _LONG_K_MIN_BYTES or more with rows of _LONG_K_MIN elements or more (Llama-3-70B's 8,192 a
+    rank at TP=2, a down projection's 14,336), up to _MAX_K and not padded, hold twice the bytes a program (padded
+    ones have their own factor, not both); smaller weights, FP8 weights, post-norm prologues, shorter rows and the
+    long program's rows past _MAX_K as before."""
     assert triton_gemv._LONG_K_MIN == 8192 and triton_gemv._LONG_K_FACTOR == 2
+    assert 4096 * 8192 * 2 >= triton_gemv._LONG_K_MIN_BYTES > 2048 * 8192 * 2
 
-    def rows(k, kp=None, **kw):
-        return triton_gemv.block_n(2048, kp or triton.next_power_of_2(k), 1, False, weight_k=k, **kw)
+    def rows(k, half=4096, **kw):
+        return triton_gemv.block_n(half, triton.next_power_of_2(k), 1, False, weight_k=k, **kw)
 
-    long_k, fp8_long, post_long, short, padded, past = (
-        rows(8192), rows(8192, element_size=1), rows(8192, post_norm=True), rows(4096), rows(6144),
-        triton_gemv.block_n(1024, 32768, 1, False, 8))
-    assert (long_k, rows(14336)) == (4, 2)
+    long_k, small, fp8_long, post_long, short, padded, past = (
+        rows(8192), rows(8192, half=2048), rows(8192, element_size=1), rows(8192, post_norm=True), rows(4096),
+        rows(6144), triton_gemv.block_n(1024, 32768, 1, False, 8))
+    assert (long_k, rows(14336), small) == (4, 2, 2)
     monkeypatch.setattr(triton_gemv, "_LONG_K_FACTOR", 1)
     assert rows(8192) == long_k // 2 and rows(14336) == 1
-    assert (fp8_long, post_long, short, padded, past) == (
-        rows(8192, element_size=1), rows(8192, post_norm=True), rows(4096), rows(6144),
+    assert (small, fp8_long, post_long, short, padded, past) == (
+        rows(8192, half=2048), rows(8192, element_size=1), rows(8192, post_norm=True), rows(4096), rows(6144),
         triton_gemv.block_n(1024, 32768, 1, False, 8))
 
 

@@ -326,7 +326,7 @@ def gemv_tile(weight, rows: int, tile, post_norm: bool = False, element_size: in
     size = element_size or weight.element_size()
     halves = n // (2 * half) if paired else 1
     bn = triton_gemv.block_n(half, kp, triton.next_power_of_2(rows), paired, warps, element_size=size,
-                             post_norm=post_norm, halves=halves)
+                             post_norm=post_norm, weight_k=k, halves=halves)
     programs = halves * triton.cdiv(half, bn)
     return bn, warps, programs, bn * (2 if paired else 1) * k * size
 
