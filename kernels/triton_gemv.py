@@ -301,11 +301,11 @@ def block_n(half: int, k: int, rows: int, paired: bool, warps: int = _WARPS, *, 
     weight_bytes = halves * (2 if paired else 1) * half * row * element_size
     if element_size > 1 and _LARGE_WEIGHT_BYTES is not None and weight_bytes >= _LARGE_WEIGHT_BYTES:
         nbytes *= 2
-    if element_size > 1 and not post_norm and weight_bytes >= _PADDED_K_MIN_BYTES and kp >= _PADDED_K_MIN * row:
-        nbytes *= _PADDED_K_FACTOR
-    elif (element_size > 1 and not post_norm and weight_bytes >= _LONG_K_MIN_BYTES
-          and _LONG_K_MIN <= kp <= _MAX_K):
-        nbytes *= _LONG_K_FACTOR
+    if element_size > 1 and not post_norm:  # 16-bit rows, padded or long (one factor, not both)
+        if weight_bytes >= _PADDED_K_MIN_BYTES and kp >= _PADDED_K_MIN * row:
+            nbytes *= _PADDED_K_FACTOR
+        elif weight_bytes >= _LONG_K_MIN_BYTES and _LONG_K_MIN <= kp <= _MAX_K:
+            nbytes *= _LONG_K_FACTOR
     elements = nbytes // element_size * (_POST_NORM_ROWS if post_norm else 1)
     budget = elements * warps // (rows * (2 if paired else 1))
     return max(1, min(triton.next_power_of_2(half), budget // kp))
