@@ -45,9 +45,35 @@ def _tile_2d(n_rows: int, n_cols: int) -> tuple[int, int, int]:
 
 
 @triton.jit
+def _erfc_nonneg(z):
+    """erfc(z) for z >= 0 (fp32) without a branch: t * 2^(P(t) - z^2 log2(e)), t = 1 / (1 + z / 2),
+    P of degree 9 in t (Numerical Recipes' `erfcc` form; the coefficients fitted for this in log2
+    units, least squares reweighted toward minimax over t in (0, 1], i.e. every z >= 0, against
+    float64's erfcx): within 1.0e-7 of erfc relatively; evaluated in fp32, 2e-6 at z <= 4 (the
+    exponent's rounding), 1e-5 at z <= 9. One reciprocal, nine FMAs, one exp2."""
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = 0.24346929788589478 * t - 1.173378825187683
+    p = p * t + 2.1254608631134033
+    p = p * t - 1.6174126863479614
+    p = p * t + 0.39148402214050293
+    p = p * t - 0.26540976762771606
+    p = p * t + 0.13905924558639526
+    p = p * t + 0.5397483110427856
+    p = p * t + 1.4427276849746704
+    p = p * t - 1.8257482051849365
+    return t * tl.exp2(p - z * z * 1.4426950408889634)
+
+
+@triton.jit
 def _erf_gelu(h):
-    """Exact GELU (BERT's "gelu"); tl.math.erf is fp32-only, h is fp32 here."""
-    return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+    """Exact GELU (BERT's "gelu"), h * Phi(h), h fp32: Phi(h) = erfc(|h| / sqrt 2) / 2 below 0 and
+    1 minus that above, from the branch-free `_erfc_nonneg` (libdevice's erff branches on |h|,
+    and a warp of mixed signs and sizes ran both sides: the FP8 FFN's act + quantise kernel took
+    212 us on bert-base's (64, 512) [32768, 3072] output on an H200, 76 us without the GELU).
+    Within 1e-6 of h * Phi(h) relatively where h > -5.6; both tails keep their relative
+    accuracy (erfc is computed, never 1 - erf)."""
+    half_e = 0.5 * _erfc_nonneg(tl.abs(h) * 0.7071067811865476)
+    return h * tl.where(h < 0, half_e, 1.0 - half_e)
 
 
 @triton.jit

@@ -57,9 +57,19 @@ from tritonformer.kernels import reference
 from tritonformer.kernels.dispatch import register
 from tritonformer.kernels.gpu_info import hopper_or_newer, sm_count
 
-# The exact (erf) and tanh GELU definitions are shared with the unfused bias_gelu kernel, so
-# the fused and unfused paths use the same formulas.
-from tritonformer.kernels.triton_elementwise import _erf_gelu, _tanh_gelu
+# The tanh GELU is the unfused bias_gelu kernel's formula. The exact (erf) one is not: the
+# element-wise kernels compute it from a branch-free erfc (triton_elementwise._erf_gelu), 0.78x the
+# bias + GELU pass's time on an H200, but this GEMM's epilogue with it made bert-base's (64, 512)
+# bf16 forward 1.01x slower (every one of four forwards above every one of six with libdevice's
+# erf, `tools/gpu/ab_erf_gelu.py`, docs/benchmarks/fp8-and-prefix-caching.md), so it keeps
+# libdevice's. The two agree to a few fp32 ulps but in GELU's far negative tail.
+from tritonformer.kernels.triton_elementwise import _tanh_gelu
+
+
+@triton.jit
+def _erf_gelu(h):
+    """Exact GELU, 0.5 h (1 + erf(h / sqrt 2)), h fp32, with libdevice's erf."""
+    return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
