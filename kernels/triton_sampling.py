@@ -33,7 +33,7 @@ _BLOCK = 8192  # logits per step: 32 per thread at 8 warps, four 16-byte loads i
 # --knob kernels.triton_sampling._SPLIT_MAX_ROWS): batch 1 BLOOM-560m (250,880 logits) 0.949x,
 # ERNIE-4.5-0.3B 0.974x, Gemma-3-1B 0.988x, Llama-3.1-8B 0.995x; batch 64 0.985-0.999x.
 _SPLIT_MAX_ROWS = 1024
-_LOW = 1 << 31  # a key's low part holds _LOW - 1 - column
+_LOW = 1 << 31  # a key's low part holds _LOW - 1 - column (the parts kernel's LOW)
 
 
 @triton.jit(do_not_specialize=["n_cols", "stride_row"])
@@ -55,11 +55,12 @@ def _argmax_rows_kernel(x_ptr, out_ptr, n_cols, stride_row, BLOCK: tl.constexpr)
 
 
 @triton.jit(do_not_specialize=["n_cols", "stride_row"])
-def _argmax_parts_kernel(x_ptr, out_ptr, scratch_ptr, n_cols, stride_row, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+def _argmax_parts_kernel(x_ptr, out_ptr, scratch_ptr, n_cols, stride_row, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+                         LOW: tl.constexpr):
     """Program (row, part): the part's best logit and its first column, packed into a key
-    (the logit's bits mapped to an unsigned order, times 2^31, plus 2^31 - 1 - column: a larger
-    key is a larger logit, or the same one at an earlier column; every key of a real part is
-    positive) and maxed into scratch[2 row]; scratch[2 row + 1] counts the parts in."""
+    (the logit's bits mapped to an unsigned order, times LOW = 2^31, plus LOW - 1 - column: a
+    larger key is a larger logit, or the same one at an earlier column; every key of a real part
+    is positive) and maxed into scratch[2 row]; scratch[2 row + 1] counts the parts in."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(x_ptr + row.to(tl.int64) * stride_row + cols, mask=cols < n_cols, other=float("-inf"))
@@ -70,13 +71,13 @@ def _argmax_parts_kernel(x_ptr, out_ptr, scratch_ptr, n_cols, stride_row, PARTS:
     top = tl.where(top == 0.0, 0.0, top)  # -0.0 equals 0.0: one key for both
     bits = top.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
     order = tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)  # monotone in the logit
-    key = order * 2147483648 + (2147483647 - first.to(tl.int64))
+    key = order * LOW + (LOW - 1 - first.to(tl.int64))
     slot = scratch_ptr + 2 * row
     tl.atomic_max(slot, key, sem="acq_rel")
     if tl.atomic_add(slot + 1, 1, sem="acq_rel") == PARTS - 1:  # the last part in: every key is there
         best = tl.atomic_xchg(slot, 0, sem="acq_rel")
         tl.atomic_xchg(slot + 1, 0, sem="relaxed")
-        tl.store(out_ptr + row, 2147483647 - best % 2147483648)
+        tl.store(out_ptr + row, LOW - 1 - best % LOW)
 
 
 @register("argmax_rows")
@@ -91,7 +92,7 @@ def argmax_rows(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     if parts > 1 and rows <= _SPLIT_MAX_ROWS and n_cols < _LOW:
         scratch = arrival_counters.zeroed(logits.device, 2 * _SPLIT_MAX_ROWS, torch.int64)
         _argmax_parts_kernel[(rows, parts)](logits, out, scratch, n_cols, logits.stride(0), PARTS=parts, BLOCK=block,
-                                            num_warps=8)
+                                            LOW=_LOW, num_warps=8)
     else:
         _argmax_rows_kernel[(rows,)](logits, out, n_cols, logits.stride(0), BLOCK=block, num_warps=8)
     return out
