@@ -108,9 +108,10 @@ def _erf_gelu_of(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 def test_branch_free_erf_gelu_against_the_exact_gelu():
     """The kernels' exact GELU (h * Phi(h) from a branch-free erfc, triton_elementwise._erf_gelu)
-    against float64's GELU: relatively within 4e-6 where h > -5.6 (its fp32 evaluation's bound:
-    the exponent's rounding), the far negative tail within 1e-12 absolutely (values ~1e-9 and
-    less), zeros and infinities where they belong; a fresh random draw in the middle."""
+    against float64's GELU: relatively within 1e-5 where h > -5.6 (3.1e-6 in the interpreter;
+    the GPU's approximate reciprocal and exp2 add a few fp32 ulps), the far negative tail within
+    1e-12 absolutely (values ~1e-9 and less), zeros and infinities where they belong; a fresh
+    random draw in the middle."""
     grid = torch.linspace(-12.0, 12.0, 24001)
     drawn = torch.randn(4096, generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))) * 3
     x = torch.cat([grid, drawn, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 60.0, -60.0])]).to(DEVICE)
@@ -119,7 +120,8 @@ def test_branch_free_erf_gelu_against_the_exact_gelu():
     want = _erf_gelu(x.double())
     err = (y.double() - want).abs()
     near = x > -5.6
-    assert (err[near] <= 4e-6 * want[near].abs() + 1e-30).all(), x[near][(err[near] > 4e-6 * want[near].abs())]
+    bound = 1e-5 * want[near].abs()
+    assert (err[near] <= bound + 1e-30).all(), x[near][err[near] > bound]
     assert (err[~near] <= 1e-12).all()
     tail = y[-6:].cpu()
     assert tail[0] == 0 and tail[1] == 0 and tail[4] == 60.0 and tail[5] == 0
