@@ -21,6 +21,14 @@ from decoder_steps import PagedSteps, check_joining_iterations_match  # noqa: E4
 transformers = pytest.importorskip("transformers")
 CPU = torch.device("cpu")
 
+# Cohere Compass text's rope per layer type: windowed layers at base 500, global ones at 1e6 (weights drawn wider:
+# with a tied head at transformers' 0.02 every continuation repeats one token)
+COMPASS = {"model_type": "cohere_compass_text", "initializer_range": 0.1, "rope_parameters": {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+    "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}
+# and as the multimodal checkpoint writes it: M-RoPE's sections (of the shrunk head's 8 frequencies) in each type's
+COMPASS_MROPE = {t: {**p, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+                 for t, p in COMPASS["rope_parameters"].items()}
 # (case, shape name, config changes): every family, and the features a shape alone would not reach.
 # The other rope scalings are table-only differences, checked against HF's rotary module below.
 CASES = [
@@ -457,6 +465,26 @@ CASES = [
                              "tie_word_embeddings": True}),
     ("cohere2", "olmo-2-7b", {"model_type": "cohere2", "num_key_value_heads": 2, "sliding_window": 8,
                               "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True}),
+    # Cohere Compass text on Command R7B's sizes: Cohere2's parallel block with the rotate-half rotary and a rope per
+    # layer type: a local layer and a global one of different bases; a local rotating layer beside a NoPE global one
+    # (Command R7B's arrangement); a global rotating layer before a local NoPE one, biases on the attention
+    # (`attention_bias`: q, k, v and the output projection); and the default layer types (all
+    # global, `sliding_window_pattern` 4 ignored) with YaRN, the published config's stray top-level rope keys and
+    # M-RoPE sections, no logit_scale (1) and an untied head
+    ("cohere-compass-two-bases", "command-r7b", {**COMPASS, "layer_types": ["sliding_attention", "full_attention"]}),
+    ("cohere-compass-nope-global", "command-r7b", {
+        **COMPASS, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4}, "full_attention": None}}),
+    ("cohere-compass-nope-local-global-first-biases", "command-r7b", {
+        **COMPASS, "layer_types": ["full_attention", "sliding_attention"], "attention_bias": True,
+        "rope_parameters": {"sliding_attention": None,
+                            "full_attention": {"rope_type": "default", "rope_theta": 50.0}}}),
+    ("cohere-compass-default-layers-yarn-untied", "command-r7b", {
+        **COMPASS, "logit_scale": None, "tie_word_embeddings": False, "rope_parameters": {
+            "rope_theta": 5.0, "rope_type": "default",
+            "full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                               "original_max_position_embeddings": 64, "mrope_section": [2, 3, 3],
+                               "mrope_interleaved": True}}}),
     # EXAONE MoE on OLMo 2's sizes: EXAONE 4's attention in a pre-norm block, a dense first layer, then
     # DeepSeek-V3's experts (a shared one); a local layer and a NoPE global one
     ("exaone-moe", "olmo-2-7b", {"model_type": "exaone_moe", "num_key_value_heads": 2, "sliding_window": 8,
@@ -742,7 +770,9 @@ ITERATION_CASES = ("ministral3-query-scaling",
                    "phimoe-unwindowed-unbiased-wide-band", "mimo-v2-flash",
                    "mimo-v2-flash-windowed-first-biases-groups",
                    "qwen2-moe", "granite-moe-shared",
-                   "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "olmoe", "flex-olmo", "hunyuan",
+                   "glm4-moe", "olmo2", "olmo3", "exaone4-hybrid", "cohere2", "cohere-compass-two-bases",
+                   "cohere-compass-nope-global", "cohere-compass-nope-local-global-first-biases",
+                   "cohere-compass-default-layers-yarn-untied", "olmoe", "flex-olmo", "hunyuan",
                    "hunyuan-moe", "gpt-oss", "starcoder2", "nemotron", "phi", "gpt-neox", "falcon-new-architecture",
                    "falcon-mha-sequential-biases", "gpt-bigcode", "opt", "gptj", "cwm",
                    "falcon-rw-alibi", "bloom-six-heads", "mpt-six-heads-scale-clip",
@@ -905,7 +935,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
-                                               "gemma4_unified"}
+                                               "gemma4_unified", "cohere_compass"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -1082,6 +1112,17 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("mpt-7b", {"attn_config": {"attn_impl": "xformers"}}, "attn_impl"),
     ("mpt-7b", {"no_bias": False}, "no_bias"),
     ("mpt-7b", {"expansion_ratio": 2}, "expansion_ratio"),
+    ("command-r7b", {**COMPASS, "hidden_act": "gelu"}, "hidden_act"),
+    ("command-r7b", {**COMPASS, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+    ("command-r7b", {**COMPASS, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": None},
+     "sliding_window"),
+    ("command-r7b", {**COMPASS, "layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
+    ("command-r7b", {**COMPASS, "rope_parameters": {"full_attention": {"rope_type": "su", "rope_theta": 1e4}}},
+     "rope_type"),
+    ("command-r7b", {**COMPASS, "rope_parameters": {"full_attention": {"rope_theta": 1e4,
+                                                                       "partial_rotary_factor": 0.5}}},
+     "partial_rotary_factor"),
+    ("command-r7b", {**COMPASS, "rope_parameters": {"full_attention": {"rope_type": "default"}}}, "rope_theta"),
     ("mpt-7b", {"logit_scale": 0.5}, "logit_scale"),
     ("mpt-7b", {"norm_type": "rmsnorm"}, "norm_type"),
     ("jetmoe-8b", {"activation_function": "gelu"}, "activation_function"),
@@ -1408,6 +1449,15 @@ def _multimodal(kind: str):
                                                  projector_output_dim=32)
         cfg = transformers.Llama4Config(text_config=transformers.Llama4TextConfig(**text), vision_config=vision)
         return transformers.Llama4ForConditionalGeneration(cfg)
+    if kind == "cohere_compass":  # (North-Micro-Vision's: the text config's head tied, the outer one's not: HF unties)
+        text = {k: v for k, v in {**shrunk("command-r7b"), "layer_types": ["sliding_attention", "full_attention"],
+                                  "rope_parameters": COMPASS_MROPE}.items() if k != "model_type"}
+        vision = transformers.CohereCompassVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                        deepstack_visual_indexes=[0],
+                                                        out_hidden_size=text["hidden_size"])
+        cfg = transformers.CohereCompassConfig(text_config=transformers.CohereCompassTextConfig(**text),
+                                               vision_config=vision)
+        return transformers.CohereCompassForConditionalGeneration(cfg)
     text = {k: v for k, v in {**shrunk("gemma-3-1b"), "sliding_window_pattern": 2}.items() if k != "model_type"}
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=32, patch_size=16)
@@ -1416,10 +1466,11 @@ def _multimodal(kind: str):
     return transformers.Gemma3ForConditionalGeneration(cfg)
 
 
-@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4"])
+@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
-    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3) and Llama 4 (llama4) checkpoints: the text model's config and
-    tensors (output head included, wherever the layout keeps it), greedy text as HF's."""
+    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4) and Cohere Compass (cohere_compass)
+    checkpoints: the text model's config and tensors (output head included, wherever the layout keeps it), greedy
+    text as HF's."""
     torch.manual_seed(4)
     hf = _multimodal(kind).eval()
     with torch.no_grad():
@@ -1429,6 +1480,47 @@ def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
     ours = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
     _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+def test_cohere_compass_multimodal_rotary_is_the_plain_rotary_for_text():
+    """Cohere Compass's rotary is multimodal (M-RoPE, its sections interleaved); for a text token (time, height and
+    width positions all p) HF's gives, for each layer type, the table of the ordinary rotary of that type's base
+    that ours builds, in the rotate-half layout (each frequency's cos and sin at dims i and i + d/2)."""
+    hf = _multimodal("cohere_compass").eval()
+    ours = load_decoder(hf.config.to_dict(), {k.removeprefix("model."): v for k, v in hf.state_dict().items()},
+                        CPU, torch.float32)
+    positions = torch.arange(200).view(1, 1, -1).expand(3, 1, -1)
+    for layer_type, table in (("full_attention", ours.rope_cos_sin), ("sliding_attention", ours.local_cos_sin)):
+        cos, sin = hf.model.language_model.rotary_emb(torch.zeros(1, 200, 1), positions, layer_type)
+        half = cos.shape[-1] // 2
+        torch.testing.assert_close(cos[..., :half], cos[..., half:], rtol=0, atol=0)
+        torch.testing.assert_close(table[:200, 0], cos[0, :, :half], rtol=0, atol=1e-6)
+        torch.testing.assert_close(table[:200, 1], sin[0, :, :half], rtol=0, atol=1e-6)
+    assert not torch.allclose(ours.rope_cos_sin[:200], ours.local_cos_sin[:200])  # (the two bases differ)
+    # (and positions that differ by axis turn the frequencies the sections give to height and width otherwise)
+    apart = positions * torch.tensor([1, 2, 3])[:, None, None]
+    cos, _ = hf.model.language_model.rotary_emb(torch.zeros(1, 200, 1), apart, "full_attention")
+    assert not torch.allclose(ours.rope_cos_sin[:200, 0], cos[0, :, : cos.shape[-1] // 2])
+
+
+def test_cohere_compass_reads_its_config_as_transformers_does():
+    """A config.json without `layer_types` is every layer global (its `sliding_window_pattern` unread), the rope
+    keys beside the per-type ones (the published config's) unread, no `logit_scale` a scale of 1, the head tied;
+    a multimodal checkpoint's head tied only where its outer config says (transformers' default: untied)."""
+    from tritonformer.backend.models import cohere_compass
+
+    raw = {**shrunk("command-r7b"), "model_type": "cohere_compass_text", "logit_scale": None, "rope_parameters": {
+        "rope_theta": 5.0, "rope_type": "default", "full_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    raw.pop("tie_word_embeddings")
+    hf_cfg = transformers.CohereCompassTextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    spec = cohere_compass.from_hf(raw)
+    assert hf_cfg.layer_types == ["full_attention"] * 2 and spec.layer_windows == (None, None)
+    assert spec.rope == Rope(1e4) and spec.local_rope is None and spec.rope_layers == ()
+    assert spec.logit_scale is None and spec.tie_word_embeddings is hf_cfg.tie_word_embeddings is True
+    assert spec.head_dim == hf_cfg.head_dim and spec.norm_eps == hf_cfg.layer_norm_eps
+    outer = {"model_type": "cohere_compass", "text_config": {**raw, "tie_word_embeddings": True}}
+    assert cohere_compass.adapt(outer, {})[0]["tie_word_embeddings"] is False
+    assert cohere_compass.adapt({**outer, "tie_word_embeddings": True}, {})[0]["tie_word_embeddings"] is True
 
 
 def test_a_gemma3n_checkpoint_serves_its_text_model():

@@ -169,6 +169,12 @@ FAMILIES = [
     # ModernBERT decoder (Ettin): an embedding norm, the first layer without its attention norm, a global layer then a
     # local one (8 tokens), GeGLU, the prediction head before a tied projection with a bias
     ("gen_modernbert_decoder", "ettin-decoder-150m", {"local_attention": 16, "cls_token_id": 1, "sep_token_id": 2}),
+    # Cohere Compass text: Cohere2's parallel block with the rotate-half rotary, a rope per layer type (a windowed
+    # layer at base 500, a global one at 1e6; weights drawn wider: continuations that vary)
+    ("gen_cohere_compass", "command-r7b", {"model_type": "cohere_compass_text", "initializer_range": 0.1,
+                                           "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+                                               "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                                               "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

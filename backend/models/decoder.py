@@ -196,6 +196,8 @@ DECODER_FAMILIES = {
     "exaone_moe": "exaone_moe",
     "cohere": "cohere",
     "cohere2": "cohere",
+    "cohere_compass_text": "cohere_compass",  # (Cohere2's block, rotate-half rotary with a rope per layer type)
+    "cohere_compass": "cohere_compass",  # (North-Micro-Vision's multimodal checkpoint: its text model)
     "gpt_oss": "gpt_oss",
     "starcoder2": "starcoder2",
     "internlm3": "llama",  # (Llama's block under its own name)
