@@ -619,6 +619,21 @@ LLAMA_4_SCOUT = {
     "max_position_embeddings": 10485760, "tie_word_embeddings": False, "bos_token_id": 200000,
     "eos_token_id": [200001, 200007, 200008], "pad_token_id": 200018,
 }
+# meta-llama/Llama-3.2-11B-Vision's text model (its config.json's text_config, model_type mllama_text_model; the
+# checkpoint's own model_type is mllama), served text-only: 40 layers at 4,096 wide of which 8 are cross-attention
+# layers (at 3, 8, ..., 38), skipped without an image, so 32 Llama layers run; 32 query heads of 128 over 8 KV heads,
+# a SwiGLU MLP of 14,336, Llama 3's vocabulary (the embedding 8 rows longer for the image tokens) and llama3-scaled
+# rope (factor 8, base 500,000), untied head. Uncertain: max_position_embeddings 131,072 and the special ids (eos
+# 128001 is the base model's; the instruction-tuned files add 128008 and 128009).
+LLAMA_3_2_11B_VISION = {
+    "model_type": "mllama_text_model", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
+    "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38], "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "max_position_embeddings": 131072, "tie_word_embeddings": False, "bos_token_id": 128000,
+    "eos_token_id": 128001, "pad_token_id": 128004,
+}
 # arcee-ai/Trinity-Mini (model_type afmoe), as its config.json reads (its values quoted by public ports of the model;
 # the sizes are those of the Trinity technical report's table): 32 layers at 2,048 wide, 32 query heads of 128 over 4
 # KV heads, 2,048-token windows on three of every four layers (the fourth global, NoPE), a gated attention output,
@@ -1402,6 +1417,7 @@ DECODER_SHAPES = {
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
     "llama-4-scout": LLAMA_4_SCOUT,
+    "llama-3.2-11b-vision": LLAMA_3_2_11B_VISION,
     "flint": FLINT,
     "trinity-mini": TRINITY_MINI,
     "recurrentgemma-2b": RECURRENTGEMMA_2B,
@@ -1636,6 +1652,9 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         if published.get("enable_moe_block"):
             cfg.update(num_experts=min(published["num_experts"], 2 * published["top_k_experts"]),
                        moe_intermediate_size=hidden + 16)
+    if "cross_attention_layers" in cfg:  # Llama 3.2 Vision: its last layer of the few a cross-attention one (skipped
+        # for text)
+        cfg["cross_attention_layers"] = [layers - 1]
     if "full_attention_interval" in cfg:  # a full-attention layer among the few (Qwen3-Next: every 4th)
         cfg["full_attention_interval"] = min(cfg["full_attention_interval"], layers)
     if "no_rope_layer_interval" in cfg:  # a NoPE layer among the few (SmolLM3: every 4th of 36)

@@ -33,6 +33,8 @@ COMPASS_MROPE = {t: {**p, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
 # The other rope scalings are table-only differences, checked against HF's rotary module below.
 CASES = [
     ("llama3-rope", "llama-3.1-8b", {}),
+    # (Llama 3.2 Vision's text model: cross-attention layers among the five, skipped for text as HF skips them)
+    ("mllama", "llama-3.2-11b-vision", {"num_hidden_layers": 5, "cross_attention_layers": [1, 3]}),
     ("qwen2.5", "qwen2.5-7b", {}),
     ("qwen2.5-windowed", "qwen2.5-7b", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
     ("seed-oss", "qwen2.5-7b", {"model_type": "seed_oss"}),  # (Qwen2's block under another name)
@@ -697,7 +699,8 @@ CASES = [
 ]
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = {**transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-              "mistral4": "Mistral4ForCausalLM"}  # (which transformers maps as a multimodal LM only)
+              "mistral4": "Mistral4ForCausalLM",  # (which transformers maps as a multimodal LM only)
+              "mllama_text_model": "MllamaForCausalLM"}  # (mapped under the multimodal `mllama`; saved under this)
 CONFIG_CLASSES = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
 
 
@@ -763,7 +766,7 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
         assert tokens == _hf_greedy(hf, prompt, 32)
 
 
-ITERATION_CASES = ("ministral3-query-scaling",
+ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
                    "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "phimoe",
@@ -935,7 +938,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
-                                               "gemma4_unified", "cohere_compass"}
+                                               "gemma4_unified", "cohere_compass", "mllama"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -1128,6 +1131,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("jetmoe-8b", {"activation_function": "gelu"}, "activation_function"),
     ("zaya1-8b", {"num_experts_per_tok": 2}, "num_experts_per_tok"),
     ("zaya1-8b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama-3.2-11b-vision", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama-3.2-11b-vision", {"cross_attention_layers": [0, 1]}, "cross_attention_layers"),
     ("zaya1-8b", {"layer_types": ["hybrid", "full_attention"]}, "layer_types"),
     ("zaya1-8b", {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window": None}, "sliding_window"),
     ("zaya1-8b", {"cca_time0": 1, "cca_time1": 1}, "cca_time0"),
@@ -1449,6 +1454,19 @@ def _multimodal(kind: str):
                                                  projector_output_dim=32)
         cfg = transformers.Llama4Config(text_config=transformers.Llama4TextConfig(**text), vision_config=vision)
         return transformers.Llama4ForConditionalGeneration(cfg)
+    if kind == "mllama":  # (Llama 3.2 Vision's: cross-attention layers at 1 and 3 of five, their gates open)
+        text = {k: v for k, v in {**shrunk("llama-3.2-11b-vision"), "num_hidden_layers": 5,
+                                  "cross_attention_layers": [1, 3]}.items() if k != "model_type"}
+        vision = transformers.MllamaVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_global_layers=1, attention_heads=2, image_size=28, patch_size=14,
+                                                 vision_output_dim=64, intermediate_layers_indices=[0])
+        cfg = transformers.MllamaConfig(text_config=transformers.MllamaTextConfig(**text), vision_config=vision)
+        model = transformers.MllamaForConditionalGeneration(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
+                    p.fill_(1.0)
+        return model
     if kind == "cohere_compass":  # (North-Micro-Vision's: the text config's head tied, the outer one's not: HF unties)
         text = {k: v for k, v in {**shrunk("command-r7b"), "layer_types": ["sliding_attention", "full_attention"],
                                   "rope_parameters": COMPASS_MROPE}.items() if k != "model_type"}
@@ -1466,11 +1484,11 @@ def _multimodal(kind: str):
     return transformers.Gemma3ForConditionalGeneration(cfg)
 
 
-@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass"])
+@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass", "mllama"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
-    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4) and Cohere Compass (cohere_compass)
-    checkpoints: the text model's config and tensors (output head included, wherever the layout keeps it), greedy
-    text as HF's."""
+    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4), Cohere Compass (cohere_compass) and Llama 3.2
+    Vision (mllama, text-only) checkpoints: the text model's config and tensors (output head included, wherever the
+    layout keeps it), greedy text as HF's."""
     torch.manual_seed(4)
     hf = _multimodal(kind).eval()
     with torch.no_grad():
@@ -1480,6 +1498,72 @@ def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
     ours = load_decoder(hf.config.to_dict(), state, CPU, torch.float32)
     _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["read", "lazy"])
+def test_a_saved_mllama_checkpoint_serves_text_as_hf_without_an_image(lazy, tmp_path):
+    """A Llama 3.2 Vision checkpoint as transformers writes it (model_type mllama, the text model under
+    `language_model.model.`, the towers beside it): read whole or lazily (as a tensor-parallel rank reads it), its
+    self-attention layers only (the cross-attention ones, gates open, skipped as HF skips them without an image), the
+    embedding's image rows past the vocabulary left out; prefill logits and greedy text as HF's text-only generate."""
+    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
+
+    torch.manual_seed(6)
+    hf = _multimodal("mllama").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    state = (lazy_state_dict if lazy else load_state_dict)(tmp_path)
+    assert any(".cross_attn." in name for name in state) and state["language_model.model.embed_tokens.weight"].shape[
+        0] == 328
+    ours = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+    assert ours.config.num_layers == 3 and ours.vocab_size == ours.config.vocab_size == 320
+    assert tuple(ours.embed.shape) == (320, hf.config.text_config.hidden_size)
+    prompt = list(range(3, 70))
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0, -1]
+    got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+def test_a_text_prompt_past_the_model_vocabulary_is_a_request_error():
+    """A tokenizer may write ids the model has no embedding for (Llama 3.2 Vision's `<|image|>`, id 128,256, past
+    the 128,256 text rows served text-only): the generator refuses the request, naming them, before it is queued."""
+    from tritonformer.backend.errors import InvalidRequest
+    from tritonformer.backend.triton import inputs
+
+    inputs.text_ids_in_vocabulary([128000, 9906, 128255], 128256)
+    inputs.text_ids_in_vocabulary([], 128256)
+    with pytest.raises(InvalidRequest, match=r"outside the model's vocabulary \[0, 128256\): ids \[128256\]"):
+        inputs.text_ids_in_vocabulary([128000, 128256, 9906, 128256], 128256)
+
+
+def test_mllama_reads_its_config_as_transformers_does():
+    """The published text config: 40 layers of which 8 cross-attention ones, so 32 Llama layers with llama3 rope; a
+    config without `cross_attention_layers` has transformers' default ones, an index past the layers names none; a
+    state already holding the self-attention layers alone (model_shapes.random_decoder's) is not renumbered."""
+    from tritonformer.backend.models import mllama
+
+    spec = mllama.from_hf(DECODER_SHAPES["llama-3.2-11b-vision"])
+    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (32, 32, 8, 128)
+    assert (spec.rope.rope_type, spec.rope.factor, spec.rope.theta) == ("llama3", 8.0, 500000.0)
+    assert not spec.tie_word_embeddings and spec.vocab_size == 128256
+    raw = {k: v for k, v in DECODER_SHAPES["llama-3.2-11b-vision"].items() if k != "cross_attention_layers"}
+    assert transformers.MllamaTextConfig().cross_attention_layers == mllama.CROSS_ATTENTION_LAYERS
+    assert mllama.from_hf(raw).num_layers == 32
+    assert mllama.from_hf({**raw, "num_hidden_layers": 6, "cross_attention_layers": [2, 9]}).num_layers == 5
+    layers = {f"layers.{i}.mlp.up_proj.weight": torch.full((1,), float(i)) for i in range(4)}
+    cfg = {**raw, "num_hidden_layers": 6, "cross_attention_layers": [1, 4]}
+    _, kept = mllama.adapt(cfg, layers)  # (four layers for the four self-attention ones: as they are)
+    assert [t.item() for t in kept.values()] == [0, 1, 2, 3] and list(kept) == list(layers)
+    full = {f"layers.{i}.mlp.up_proj.weight": torch.full((1,), float(i)) for i in range(6)}
+    text, kept = mllama.adapt(cfg, full)  # (all six: 1 and 4 dropped, the rest renumbered)
+    assert {k: t.item() for k, t in kept.items()} == {f"layers.{i}.mlp.up_proj.weight": float(old)
+                                                      for i, old in enumerate([0, 2, 3, 5])}
+    assert text["num_hidden_layers"] == 4 and list(mllama.adapt(text, kept)[1]) == list(kept)  # (once is enough)
 
 
 def test_cohere_compass_multimodal_rotary_is_the_plain_rotary_for_text():
@@ -1903,7 +1987,9 @@ def test_kimi_linear_loads_its_published_layout():
     ("axk2", ("layers.1.post_attention_layernorm.W_up", "layers.0.input_layernorm.W_down", "self_attn.q_b_proj",
               "layers.1.mlp.experts.3.gate_proj")),
     # (Laguna's choice bias under `mlp.experts`, its shared expert as `mlp.shared_expert`)
-    ("laguna", ("layers.1.mlp.experts.e_score_correction_bias", "layers.1.mlp.shared_expert.up_proj"))])
+    ("laguna", ("layers.1.mlp.experts.e_score_correction_bias", "layers.1.mlp.shared_expert.up_proj")),
+    # (Llama 3.2 Vision's text model, MllamaForCausalLM's: its cross-attention layers' tensors written, left unread)
+    ("mllama", ("layers.1.cross_attn.q_proj", "layers.3.cross_attn_mlp_gate"))])
 def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):
     """transformers writes these families' checkpoints under their published names, which it renames as it loads
     (OLMo hybrid's DeltaNet norms and its convolution in three parts, LFM3's per-head gates as `gate_proj`): the

@@ -175,6 +175,9 @@ FAMILIES = [
                                            "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
                                                "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
                                                "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
+    # Llama 3.2 Vision's text model (MllamaForCausalLM's checkpoint): cross-attention layers at 1 and 3 of five, served
+    # text-only as HF skips them without an image; the embedding 8 rows longer than the head
+    ("gen_mllama", "llama-3.2-11b-vision", {"num_hidden_layers": 5, "cross_attention_layers": [1, 3]}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

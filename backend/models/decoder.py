@@ -103,6 +103,8 @@ DECODER_FAMILIES = {
     "hy_v3": "hy_v3",
     "llama4_text": "llama4",
     "llama4": "llama4",  # (Llama-4-Scout / Maverick's multimodal checkpoint: its text part)
+    "mllama_text_model": "mllama",  # (Llama 3.2 Vision's text model: its self-attention layers, text-only)
+    "mllama": "mllama",  # (Llama 3.2 Vision's multimodal checkpoint: its text model, cross-attention layers skipped)
     "flint": "flint",
     "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",

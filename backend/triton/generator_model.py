@@ -222,6 +222,8 @@ class TritonPythonModel:
     def _complete(self, prompt: "_Prompt", ids: list[int] | None) -> tuple[list[int], SamplingParams, bool,
                                                                           ResponseOptions]:
         prompt_ids = prompt.ids if ids is None else ids
+        if ids is not None:
+            inputs.text_ids_in_vocabulary(ids, self.vocab_size)
         limit = self.max_len - 1  # room for at least one new token
         if len(prompt_ids) > limit:
             raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens; this model allows at most {limit}")

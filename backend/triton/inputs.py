@@ -50,6 +50,16 @@ def token_ids(arr: np.ndarray, name: str, vocab_size: int) -> list[int]:
     return flat.astype(np.int64).tolist()
 
 
+def text_ids_in_vocabulary(ids: list[int], vocab_size: int) -> None:
+    """A text prompt's ids as its tokenizer wrote them, inside the model's vocabulary: a tokenizer
+    may know tokens the model has no embedding for (a multimodal checkpoint served text-only: Llama
+    3.2 Vision's `<|image|>` is id 128,256 of a 128,256-row text vocabulary)."""
+    if ids and max(ids) >= vocab_size:
+        outside = sorted({i for i in ids if i >= vocab_size})
+        raise InvalidRequest(f"the prompt's text holds tokens outside the model's vocabulary [0, {vocab_size}): "
+                             f"ids {outside[:4]} (a multimodal checkpoint's image tokens have no text embedding)")
+
+
 def fit_length(ids: list[int], max_len: int, truncate: bool, what: str) -> list[int]:
     """Bound a sequence to the model's maximum: error, or truncation when asked for (the last
     token, the closing special token of an encoder input, is kept)."""
