@@ -13,7 +13,8 @@ Each arm runs in a process of its own, the arms alternating, `--rounds` times:
 
 Per arm: the act + quantise kernel and the bias + GELU kernel on bert-base's FFN output at (64,
 512) (`[32768, 3072]` bf16), and bert-base's forward (random weights) in bf16 and with
-`quantization: fp8`; then a table of the arms' best times and new / old.
+`quantization: fp8`, each the median of CUDA-event-timed calls (client/gpu_measure.cuda_ms); then a table
+of the arms' best medians and new / old.
 """
 from __future__ import annotations
 
@@ -36,25 +37,6 @@ def _set_formula(formula: str, gemm_too: bool) -> None:
         triton_gemm._erf_gelu = fn
 
 
-def cuda_ms(fn, reps: int = 20) -> float:
-    """The best of three timed runs of `reps` calls, ms per call."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
-
-
 def arm(formula: str, shapes: list[tuple[int, int]], gemm_too: bool) -> None:
     """One arm, in this process: prints one `RESULT name=value` line per measurement."""
     _set_formula(formula, gemm_too)
@@ -63,6 +45,7 @@ def arm(formula: str, shapes: list[tuple[int, int]], gemm_too: bool) -> None:
 
     from tritonformer.backend import quantization
     from tritonformer.backend.checkpoints.weights import strip_prefixes_of
+    from tritonformer.client.gpu_measure import cuda_ms
     from tritonformer.kernels import dispatch, triton_fp8
 
     dev = torch.device("cuda")
@@ -82,7 +65,7 @@ def arm(formula: str, shapes: list[tuple[int, int]], gemm_too: bool) -> None:
             for quant, label in (("none", "bf16"), ("fp8", "fp8")):
                 model = quantization.load_encoder(cfg.to_dict(), state, dev, torch.bfloat16, quant)
                 res[f"bert-base ({seqs}, {length}) {label} ms"] = cuda_ms(
-                    lambda m=model: m.forward(ids, cu, max_seqlen=length), reps=10)
+                    lambda m=model: m.forward(ids, cu, max_seqlen=length), iters=10)
                 del model
                 torch.cuda.empty_cache()
     for name, value in res.items():
