@@ -173,6 +173,12 @@ PHI_4_MINI = {
         32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16,
         47.77]},
 }
+# microsoft/Phi-4-multimodal-instruct's language model, as transformers' conversion writes its config.json (model_type
+# phi4_multimodal; the original's phi4mm values, as public copies of it quote them): Phi-4-mini's text model (32 layers
+# at 3,072 wide, 24 query heads of 128 over 8 KV heads, 96 of each head's dims rotating under the same longrope
+# factors, a 262,144-token window, the tied 200,064-id vocabulary with the image and audio placeholders 200010 and
+# 200011 inside it), eos 199999. The towers' vision_config and audio_config are left out (unread text-only).
+PHI_4_MULTIMODAL = {**PHI_4_MINI, "model_type": "phi4_multimodal", "eos_token_id": 199999}
 # Granite-3.1-8B-Instruct: Llama's block with muP scalars (embedding, attention, residual, logits).
 GRANITE_3_1_8B = {
     "model_type": "granite", "vocab_size": 49155, "hidden_size": 4096, "intermediate_size": 12800,
@@ -278,6 +284,18 @@ PYTHIA_6_9B = {
     "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0,
 }
 
+# abeja/gpt-neox-japanese-2.7b (model_type gpt_neox_japanese), the shape transformers' GPTNeoXJapaneseConfig
+# defaults to, with its config.json's values as recalled (not checked against it here; its tie_word_embeddings
+# especially, written false here, transformers' default being true): GPT-NeoX's sequential block 2,560 wide, 32
+# heads of 80, 32 layers, a rotary over every dim (`rotary_pct` 1.0), an unbiased GELU MLP 4 x 2,560 wide
+# (`intermediate_multiple_size`), 2,048 positions, 32,000 tokens.
+GPT_NEOX_JAPANESE_2_7B = {
+    "model_type": "gpt_neox_japanese", "vocab_size": 32000, "hidden_size": 2560, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "intermediate_multiple_size": 4, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+    "rotary_pct": 1.0, "rotary_emb_base": 10000, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+    "bos_token_id": 31996, "eos_token_id": 31999,
+}
+
 # The shape transformers' FalconConfig defaults to (Falcon-7B): 71 query heads of 64 dims and one KV
 # head (multi_query) in one fused projection, attention and the MLP side by side on one LayerNorm.
 FALCON_7B = {
@@ -381,6 +399,27 @@ GPT_NEO_125M = {
     "num_attention_heads": 12, "max_position_embeddings": 2048, "attention_types": [[["global", "local"], 6]],
     "window_size": 256, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
     "bos_token_id": 50256, "eos_token_id": 50256,
+}
+
+# openai-community/openai-gpt (model_type openai-gpt, GPT-1), as its config.json was recalled (not checked against it
+# here), in transformers' canonical names (its file says n_embd, n_head, n_layer, n_positions; transformers'
+# OpenAIGPTConfig defaults to the same): 768 wide, 12 heads, 12 layers, a (tanh) GELU MLP of 4 x 768, 512 learnt
+# positions, a tied head over 40,478 tokens, no bos / eos ids.
+OPENAI_GPT = {
+    "model_type": "openai-gpt", "vocab_size": 40478, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "max_position_embeddings": 512, "afn": "gelu", "layer_norm_epsilon": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+# Salesforce/ctrl (model_type ctrl, CTRL 1.6B), as its config.json was recalled (not checked against it here; its
+# n_positions especially, recalled as 50,000 where transformers' CTRLConfig defaults to 256), in transformers'
+# canonical names (its file says n_embd, n_head, n_layer, n_positions): 1,280 wide, 16 heads, 48 layers, a ReLU MLP
+# of 8,192 (`dff`), sinusoidal positions added to embeddings scaled by sqrt(1,280), a tied head with a bias over
+# 246,534 tokens, no bos / eos ids.
+CTRL = {
+    "model_type": "ctrl", "vocab_size": 246534, "hidden_size": 1280, "num_hidden_layers": 48,
+    "num_attention_heads": 16, "dff": 8192, "max_position_embeddings": 50000, "layer_norm_epsilon": 1e-6,
+    "tie_word_embeddings": True,
 }
 
 # microsoft/biogpt (model_type biogpt), transformers' BioGptConfig defaults: OPT's block 1,024 wide over 16 heads,
@@ -601,6 +640,23 @@ HY3_PREVIEW = {
     "router_scaling_factor": 2.826, "rms_norm_eps": 1e-5, "rope_theta": 11158840.0, "max_position_embeddings": 131072,
     "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
 }
+# The shape transformers' HYV4Config defaults to (tencent/Hy4-preview, model_type hy_v4): 34 layers at 2,816 wide, 4
+# hyper-connection streams (post gates times 2), latent attention at 32 heads (a query latent of 1,536, a key / value
+# latent of 512 plus a 64-dim rotary key, 192 + 64 query / key dims, 256 value dims), sinks and an output gate, DSA
+# indexers of 16 heads of 128 choosing 2,048 keys on layer 0 and every fourth from 1 (the others reuse the choice),
+# the first layer dense (6,912 columns), then 256 experts of 768 columns, the top 8 by sigmoid score plus a learnt
+# bias, renormalised and scaled by 2.827, their SwiGLU clamped at 10, one shared expert. Uncertain: the published
+# config.json's rope (transformers' default: base 10,000, unscaled) and whether it lists the per-layer kinds.
+HY4_PREVIEW = {
+    "model_type": "hy_v4", "vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912,
+    "moe_intermediate_size": 768, "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "routed_scaling_factor": 2.827,
+    "norm_topk_prob": True, "n_group": 1, "topk_group": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128,
+    "index_n_heads": 16, "hc_mult": 4, "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 262144, "attention_bias": False,
+    "tie_word_embeddings": False, "bos_token_id": 120000, "eos_token_id": 120025, "pad_token_id": 120002,
+}
 # meta-llama/Llama-4-Scout-17B-16E's text model (its config.json's text_config, model_type llama4_text; the
 # checkpoint's own model_type is llama4): 48 layers at 5,120 wide, 40 query heads of 128 over 8 KV heads, every
 # fourth layer NoPE with full attention and temperature tuning (floor_scale 8,192, attn_scale 0.1), the others
@@ -633,6 +689,18 @@ LLAMA_3_2_11B_VISION = {
                      "original_max_position_embeddings": 8192},
     "max_position_embeddings": 131072, "tie_word_embeddings": False, "bos_token_id": 128000,
     "eos_token_id": 128001, "pad_token_id": 128004,
+}
+# BAAI/Emu3-Chat's text model as transformers' conversion writes it (config.json's text_config, model_type
+# emu3_text_model; the checkpoint's own model_type is emu3, the VQ-GAN beside it; Emu3-Gen's has the same sizes, and
+# the original checkpoints the same values under model_type Emu3): Llama's block, 32 layers at 4,096 wide, 32
+# query heads of 128 over 8 KV heads, a SwiGLU MLP of 14,336, rope base 1e6 unscaled, an untied head over 184,622 ids
+# (the VQ-GAN's 32,768 visual tokens among them). Uncertain: max_position_embeddings (transformers' default, 9,216,
+# here; an original (pre-transformers) Emu3 config.json, as public copies quote it, says 5,120).
+EMU3_CHAT = {
+    "model_type": "emu3_text_model", "vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
+    "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 9216, "tie_word_embeddings": False,
+    "bos_token_id": 151849, "eos_token_id": 151850, "pad_token_id": 151643,
 }
 # arcee-ai/Trinity-Mini (model_type afmoe), as its config.json reads (its values quoted by public ports of the model;
 # the sizes are those of the Trinity technical report's table): 32 layers at 2,048 wide, 32 query heads of 128 over 4
@@ -1220,6 +1288,29 @@ GLM_5 = {
     "rope_theta": 10000.0, "max_position_embeddings": 202752, "index_topk": 2048, "index_head_dim": 128,
     "index_n_heads": 32, "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
 }
+# dots-studio/dots3-note-prev's text model (model_type dots3_note_text; the multimodal dots3_note checkpoint's), as
+# transformers' Dots3NoteTextConfig defaults to it: 46 layers at 5,120 wide, the first two and every 4th from the
+# second DSA layers (indexed: latent attention at 128 heads, a query latent of 1,024, a key / value latent of 512 plus
+# a shared 64-dim rotary key, 128 + 64 query / key dims, 128 value dims; an indexer of 64 heads of 128 keeping the top
+# 2,048 keys, served dense up to 2,048 tokens a sequence), the others sliding over 512 keys (64 heads from latents of
+# 1,024 and 1,024, 192 + 64 query / key dims, 128 value dims), written as the published config.json writes them
+# (`swa_*`); rotary bases 8e7 and 5e4; the first layer dense (13,824 columns), then 256 experts of 1,536, the top 8 by
+# sigmoid score plus a learnt bias, renormalised, unscaled, one shared expert of 1,536; 524,288 positions. Uncertain:
+# all of it is transformers' defaults (the checkpoint's own config.json was not read).
+DOTS3_NOTE_PREV = {
+    "model_type": "dots3_note_text", "vocab_size": 152064, "hidden_size": 5120, "intermediate_size": 13824,
+    "moe_intermediate_size": 1536, "num_hidden_layers": 46, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "q_lora_rank": 1024, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "head_dim": 256, "n_routed_experts": 256, "n_shared_experts": 1, "shared_experts_intermediate_size": 1536,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 1.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "rope_theta": 80000000.0, "swa_rope_theta": 50000.0, "use_sliding_window": True, "sliding_window": 512,
+    "swa_num_attention_heads": 64, "swa_num_key_value_heads": 64, "swa_q_lora_rank": 1024, "swa_kv_lora_rank": 1024,
+    "swa_head_dim": 256, "swa_qk_nope_head_dim": 192, "swa_qk_rope_head_dim": 64, "swa_v_head_dim": 128,
+    "max_position_embeddings": 524288, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151668,
+    "pad_token_id": 151659,
+}
 # The shape transformers' YoutuConfig defaults to (tencent/Youtu-LLM-2B, model_type youtu): Llama's block at 2,048
 # wide, 32 layers, a dense MLP of 6,144 columns, with DeepSeek-V3's latent attention at 16 heads (a query latent of
 # 1,536, a key / value latent of 512 plus a shared 64-dim rotary key, 128 + 64 query / key dims, 128 value dims),
@@ -1375,6 +1466,7 @@ DECODER_SHAPES = {
     "phi-3-mini": PHI_3_MINI_4K,
     "phi-3-mini-128k": PHI_3_MINI_128K,
     "phi-4-mini": PHI_4_MINI,
+    "phi-4-multimodal": PHI_4_MULTIMODAL,
     "granite-3.1-8b": GRANITE_3_1_8B,
     "smollm3-3b": SMOLLM3_3B,
     "glm-4-9b": GLM_4_9B,
@@ -1392,6 +1484,7 @@ DECODER_SHAPES = {
     "dbrx-132b": DBRX_132B,
     "phi-2": PHI_2,
     "pythia-6.9b": PYTHIA_6_9B,
+    "gpt-neox-japanese-2.7b": GPT_NEOX_JAPANESE_2_7B,
     "falcon-7b": FALCON_7B,
     "falcon-40b": FALCON_40B,
     "bloom-560m": BLOOM_560M,
@@ -1404,6 +1497,8 @@ DECODER_SHAPES = {
     "codegen-350m-mono": CODEGEN_350M,
     "gpt-neo-125m": GPT_NEO_125M,
     "biogpt": BIOGPT,
+    "openai-gpt": OPENAI_GPT,
+    "ctrl": CTRL,
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,
@@ -1416,8 +1511,10 @@ DECODER_SHAPES = {
     "minimax-m2": MINIMAX_M2,
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
+    "hy4-preview": HY4_PREVIEW,
     "llama-4-scout": LLAMA_4_SCOUT,
     "llama-3.2-11b-vision": LLAMA_3_2_11B_VISION,
+    "emu3-chat": EMU3_CHAT,
     "flint": FLINT,
     "trinity-mini": TRINITY_MINI,
     "recurrentgemma-2b": RECURRENTGEMMA_2B,
@@ -1444,6 +1541,7 @@ DECODER_SHAPES = {
     "kolibri-1": KOLIBRI1,
     "laguna-xs.2": LAGUNA_XS2,
     "glm-5": GLM_5,
+    "dots3-note-prev": DOTS3_NOTE_PREV,
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "glm-4.7-flash": GLM_4_7_FLASH,
     "youtu-llm-2b": YOUTU_LLM_2B,
@@ -1510,6 +1608,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["intermediate_size_mlp"] = 2 * hidden + 96
     if "ffn_dim" in cfg:  # (OPT's names for the MLP's width and the embeddings')
         cfg.update(ffn_dim=cfg["intermediate_size"], word_embed_proj_dim=hidden)
+    if "dff" in cfg:  # (CTRL's name for the MLP's width)
+        cfg["dff"] = cfg["intermediate_size"]
     if "head_dim" in cfg:
         # A head_dim unlike hidden / heads stays unlike it (Gemma's 256 for 3,584 / 16; Qwen3's 128,
         # which its smaller models keep beside other widths).
@@ -1608,6 +1708,16 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                    zero_expert_num=routed * published["zero_expert_num"] // published["n_routed_experts"])
     if "index_topk" in cfg:  # DSA's indexer (DeepSeek-V3.2, GLM-5): 4 heads, an eighth of the published head width
         cfg.update(index_n_heads=4, index_head_dim=cfg["index_head_dim"] // 8)
+    if cfg["model_type"] == "dots3_note_text":  # Dots3: the sliding layers' latent attention shrunk as the others' (its
+        # heads in the published ratio to theirs, its ranks and head dims an eighth), an indexed layer then a sliding
+        # one in turn over the few, the shared expert narrower
+        published = DECODER_SHAPES[name]
+        swa_heads = max(1, heads * published["swa_num_attention_heads"] // published["num_attention_heads"])
+        cfg.update({key: cfg[key] // 8 for key in ("swa_q_lora_rank", "swa_kv_lora_rank", "swa_head_dim",
+                                                   "swa_qk_nope_head_dim", "swa_qk_rope_head_dim", "swa_v_head_dim")},
+                   swa_num_attention_heads=swa_heads, swa_num_key_value_heads=swa_heads,
+                   layer_types=(["indexed_attention", "sliding_attention"] * layers)[:layers],
+                   shared_experts_intermediate_size=hidden + 48)
     if "linear_num_value_heads" in cfg:  # gated DeltaNet (Qwen3-Next, Qwen3.5): 2 key heads, the value heads' ratio
         ratio = cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"]  # kept, heads as wide as attention's
         cfg.update(linear_num_key_heads=2, linear_num_value_heads=2 * ratio, linear_key_head_dim=2 * hidden // heads,
@@ -1734,8 +1844,10 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         return spec.tensor_shapes()
     n, hidden, head = spec.names, spec.hidden_size, spec.head_dim
     q, kv, inter = spec.num_heads * head, spec.num_kv_heads * head, spec.intermediate_size
-    shapes = {n.embed: (spec.vocab_size, hidden), n.final_norm: (hidden,)}
-    if spec.norm_bias:
+    shapes = {n.embed: (spec.vocab_size, hidden)}
+    if not spec.post_ln:  # (post_ln: the last layer's norms close the stack, no final norm)
+        shapes[n.final_norm] = (hidden,)
+    if spec.norm_bias and not spec.post_ln:
         shapes[n.final_norm.removesuffix(".weight") + ".bias"] = (hidden,)
     if not spec.tie_word_embeddings:
         shapes[n.lm_head] = (spec.vocab_size, hidden)
@@ -1751,8 +1863,10 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         layer[n.o] = (hidden, q)
         if spec.mla and (spec.mixer(i) is None or spec.parallel_mixers):  # latent attention's projections (mla.py),
             # o_proj over the heads' values (a layer with a mixer in place of attention: the mixer's, below)
-            layer[n.o] = (hidden, spec.num_heads * spec.mla.v_head_dim)
-            shapes.update(mla_tensor_shapes(spec.mla, p, hidden, spec.num_heads))
+            own = spec.layer_mla[i] if spec.layer_mla else None  # (a layer's own shape of it: Dots3's)
+            mla, mla_heads = (own.spec, own.heads) if own else (spec.mla, spec.num_heads)
+            layer[n.o] = (hidden, mla_heads * mla.v_head_dim)
+            shapes.update(mla_tensor_shapes(mla, p, hidden, mla_heads))
         else:
             layer.update({n.qkv: (q + 2 * kv, hidden)} if n.qkv else {n.q: (q, hidden), n.k: (kv, hidden),
                                                                          n.v: (kv, hidden)})
@@ -1786,7 +1900,8 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
                           {p + n.gate + ".bias": (inter,), p + n.up + ".bias": (inter,)} if spec.gated_mlp else
                           {p + n.up + ".bias": (inter,)})
         if spec.norm_bias:
-            shapes.update({p + name + ".bias": (hidden,) for name in (n.attn_norm, n.mlp_norm) if name in layer})
+            shapes.update({p + name + ".bias": (hidden,) for name in (n.attn_norm, n.mlp_norm, n.attn_post_norm,
+                                                                      n.mlp_post_norm) if name in layer})
         if spec.sinks:
             shapes[p + n.sinks] = (spec.num_heads,)
         if spec.mixers and spec.mixer(i) is not None:  # a recurrent mixer in place of attention: its own tensors,

@@ -29,12 +29,27 @@ COMPASS = {"model_type": "cohere_compass_text", "initializer_range": 0.1, "rope_
 # and as the multimodal checkpoint writes it: M-RoPE's sections (of the shrunk head's 8 frequencies) in each type's
 COMPASS_MROPE = {t: {**p, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
                  for t, p in COMPASS["rope_parameters"].items()}
+# Phi-4-multimodal's towers beside its language model, tiny (HF builds them with the model; text never reads them), the
+# image and audio placeholder ids inside the shrunk vocabulary as the published ones are inside the published one
+PHI4MM_TOWERS = {
+    "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                      "image_size": 28, "patch_size": 14, "crop_size": 28, "image_token_id": 300},
+    "audio_config": {"hidden_size": 32, "intermediate_size": 64, "num_blocks": 1, "num_attention_heads": 2,
+                     "ext_pw_out_channel": 32, "depthwise_separable_out_channel": 32, "nemo_conv_channels": 32,
+                     "input_size": 16, "time_reduction": 2, "bias_max_distance": 10, "audio_token_id": 301}}
 # (case, shape name, config changes): every family, and the features a shape alone would not reach.
 # The other rope scalings are table-only differences, checked against HF's rotary module below.
 CASES = [
     ("llama3-rope", "llama-3.1-8b", {}),
     # (Llama 3.2 Vision's text model: cross-attention layers among the five, skipped for text as HF skips them)
     ("mllama", "llama-3.2-11b-vision", {"num_hidden_layers": 5, "cross_attention_layers": [1, 3]}),
+    # Emu3's text model (Emu3ForCausalLM's checkpoint, emu3_text_model): Llama's block at base 1e6 as published; then
+    # with biases on the attention's four projections and the MLP's, YaRN and a tied head
+    ("emu3", "emu3-chat", {}),
+    ("emu3-biases-yarn-tied", "emu3-chat", {
+        "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True, "initializer_range": 0.1,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                            "original_max_position_embeddings": 64}}),
     ("qwen2.5", "qwen2.5-7b", {}),
     ("qwen2.5-windowed", "qwen2.5-7b", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
     ("seed-oss", "qwen2.5-7b", {"model_type": "seed_oss"}),  # (Qwen2's block under another name)
@@ -104,6 +119,13 @@ CASES = [
     ("phi3", "phi-3-mini", {}),
     ("phi3-longrope", "phi-3-mini-128k", {}),
     ("phi4-mini-partial-rotary", "phi-4-mini", {}),
+    # Phi-4-multimodal's language model (Phi4MultimodalForCausalLM, its towers beside it, unread): Phi-4-mini's block as
+    # published (the partial longrope rotary, every layer windowed, the tied head); then the default rotary over half
+    # of each head, no window, an untied head
+    ("phi4-multimodal", "phi-4-multimodal", PHI4MM_TOWERS),
+    ("phi4-multimodal-default-rope-half-rotary-unwindowed-untied", "phi-4-multimodal", {
+        **PHI4MM_TOWERS, "rope_scaling": None, "partial_rotary_factor": 0.5, "sliding_window": None,
+        "tie_word_embeddings": False}),
     ("granite", "granite-3.1-8b", {}),
     ("smollm3-nope", "smollm3-3b", {}),
     ("glm4", "glm-4-9b", {}),
@@ -156,6 +178,23 @@ CASES = [
     ("hy-v3", "hy3-preview", {}),
     ("hy-v3-moe-first-biases", "hy3-preview", {"mlp_layer_types": ["sparse", "dense"], "num_shared_experts": 2,
                                                 "attention_bias": True}),
+    # HY-V4: 4 hyper-connection streams, sparse latent attention with sinks and an output gate, its index_topk (8) below
+    # the prompts' lengths (the choice matters from the ninth key on), a full indexer, a layer reusing its choice and
+    # a second full one, a dense layer then experts (SwiGLU clamped at the published 10: out of reach here); and 2
+    # streams, the default indexer pattern over three layers (full, full, shared), experts first and last in 4 groups
+    # (the best 2 kept), unrenormalised, the experts' clamp at 0.5 (in reach), YaRN with mscale_all_dim, attention
+    # biases. (Indexers of the published 16 heads: with 4, one key in 16 scores exactly 0, every head's ReLU zero, and
+    # a tie at the top-k's edge is broken by each top-k's own order)
+    ("hy-v4", "hy4-preview", {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"],
+                              "mlp_layer_types": ["dense", "sparse", "sparse"], "index_topk": 8, "index_head_dim": 32,
+                              "index_n_heads": 8, "initializer_range": 0.05}),
+    ("hy-v4-two-streams-default-indexers-moe-first-groups-clamped-yarn-biases", "hy4-preview", {
+        "num_hidden_layers": 3, "hc_mult": 2, "mlp_layer_types": ["sparse", "dense", "sparse"], "index_topk": 12,
+        "index_head_dim": 16, "index_n_heads": 16, "n_group": 4, "topk_group": 2, "norm_topk_prob": False,
+        "swiglu_limit": 0.5, "attention_bias": True, "initializer_range": 0.05,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+                            "mscale_all_dim": 1.0}}),
     # Llama 4 (Scout's shape): a rope layer chunked in 16 tokens (the prompts cross chunks), L2 q / k norms after the
     # interleaved llama3-scaled rotary, then a NoPE layer of full attention with temperature tuning (floor_scale 4: the
     # queries' scale grows along the prompts); experts in both: the top 1's input scaled, a shared expert. And
@@ -398,6 +437,22 @@ CASES = [
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
                             "beta_slow": 1.0, "original_max_position_embeddings": 64, "mscale": 0.707,
                             "mscale_all_dim": 1.0}}),
+    # Dots3 (index_topk of 2,048 past these sequences: the indexed layers dense): an indexed layer (latent attention of
+    # 8 heads of 16 + 8 from latents of 128 / 64), a sliding one over 8 keys (4 heads of 24 + 8 from latents of 128 /
+    # 128, its own rotary base) and a plain one; the latents' LoRA scales, k_pe's norm, per-head output gates, a dense
+    # first layer then sigmoid experts (bias, renormalised) with a shared one. And sliding first, experts first in 4
+    # groups (the best 2 kept) unrenormalised and scaled, every second layer dense (moe_layer_freq), two shared
+    # experts, attention biases, a tied head, per_layer_config giving each layer type a shape of its own
+    ("dots3", "dots3-note-prev", {"num_hidden_layers": 3, "use_dsa": None,
+                                  "layer_types": ["indexed_attention", "sliding_attention", "full_attention"]}),
+    ("dots3-sliding-first-groups-biases-tied-per-layer-shape", "dots3-note-prev", {
+        "num_hidden_layers": 3, "layer_types": ["sliding_attention", "indexed_attention", "indexed_attention"],
+        "first_k_dense_replace": 0, "moe_layer_freq": [1, 0, 1], "n_group": 4, "topk_group": 2,
+        "norm_topk_prob": False, "routed_scaling_factor": 2.5, "n_shared_experts": 2, "attention_bias": True,
+        "tie_word_embeddings": True, "initializer_range": 0.1, "per_layer_config": {
+            "0": {"num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 128, "qk_nope_head_dim": 24},
+            **{str(i): {"num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 64, "qk_nope_head_dim": 40,
+                        "v_head_dim": 24} for i in (1, 2)}}}),
     # MiniCPM3: latent attention with Llama's rotate-half rotary and narrower value heads, longrope, muP's embedding,
     # residual and logit scalars, a tied head; and queries from q_proj, attention and MLP biases (o_proj's scaled
     # with the residual branch, here by 4 / sqrt(2): the published 1.4 / sqrt(2) is near 1), an untied head
@@ -582,6 +637,25 @@ CASES = [
     # BioGPT: OPT's block with the embeddings scaled by sqrt(hidden); and unscaled
     ("biogpt", "biogpt", {}),
     ("biogpt-unscaled", "biogpt", {"scale_embedding": False}),
+    # GPT-1: GPT-2's Conv1D tensors in BERT's post-LN block (the norms after the residual adds, no final norm), an
+    # untied head (weights drawn wider: continuations that vary); and the published tied head, ReLU, three layers
+    ("openai-gpt", "openai-gpt", {"tie_word_embeddings": False, "initializer_range": 0.2}),
+    ("openai-gpt-tied-relu-three-layers", "openai-gpt", {"afn": "relu", "num_hidden_layers": 3,
+                                                         "initializer_range": 0.2}),
+    # CTRL: a pre-LN block with sinusoidal positions added to embeddings scaled by sqrt(d_model), biases everywhere, a
+    # head with a bias, untied (weights drawn wider: continuations that vary); and tied, at an odd width (one sine
+    # more than cosines), the final LayerNorm at an epsilon of its own (the layers' stay at 1e-6)
+    ("ctrl", "ctrl", {"tie_word_embeddings": False, "initializer_range": 0.2}),
+    ("ctrl-tied-odd-width-final-eps", "ctrl", {"hidden_size": 135, "num_attention_heads": 9, "initializer_range": 0.2,
+                                               "layer_norm_epsilon": 0.5}),
+    # GPT-NeoX-Japanese: GPT-NeoX's sequential block without biases but the last layer's dense_bias, the whole head
+    # rotating, an untied head (weights drawn wider: continuations that vary); and half of each head rotating at a
+    # base of 500 with linear scaling (the rope dict beside rotary_pct / rotary_emb_base), three layers (the bias on
+    # the third only), gelu_new, a tied head
+    ("gpt-neox-japanese", "gpt-neox-japanese-2.7b", {"initializer_range": 0.1}),
+    ("gpt-neox-japanese-half-rotary-linear-three-layers-tied", "gpt-neox-japanese-2.7b", {
+        "rotary_pct": 0.5, "rotary_emb_base": 500, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "num_hidden_layers": 3, "hidden_act": "gelu_new", "tie_word_embeddings": True, "initializer_range": 0.1}),
     # CWM: Llama's block, a global first layer and a sliding-window second one (layer_types by CWM's rule)
     ("cwm", "cwm-32b", {}),
     # Granite SWA: Granite's block with a global first layer, a windowed second one and sink logits; and with the
@@ -700,7 +774,8 @@ CASES = [
 # Each model_type's HF causal-LM and config class names, as transformers' Auto classes map them.
 HF_CLASSES = {**transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
               "mistral4": "Mistral4ForCausalLM",  # (which transformers maps as a multimodal LM only)
-              "mllama_text_model": "MllamaForCausalLM"}  # (mapped under the multimodal `mllama`; saved under this)
+              "mllama_text_model": "MllamaForCausalLM",  # (mapped under the multimodal `mllama`; saved under this)
+              "emu3_text_model": "Emu3ForCausalLM"}  # (likewise, under `emu3`)
 CONFIG_CLASSES = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
 
 
@@ -724,6 +799,8 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p))  # inputs)
             if name.endswith(("router.scale", "router.per_expert_scale")):  # (Gemma 4's router scales start at 1)
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(("_hc.scale", "_hc.base", "hc_head.hc_scale", "hc_head.hc_base")):  # (HY-V4's
+                p.add_(torch.randn_like(p))  # hyper-connection scales start at 0.01, which leaves every stream alike)
             if name.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
@@ -767,6 +844,9 @@ def test_family_greedy_is_token_identical_to_hf(case, shape, changes):
 
 
 ITERATION_CASES = ("ministral3-query-scaling", "mllama",
+                   "dots3", "dots3-sliding-first-groups-biases-tied-per-layer-shape",
+                   "emu3", "emu3-biases-yarn-tied", "phi4-multimodal",
+                   "phi4-multimodal-default-rope-half-rotary-unwindowed-untied",
                    "qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
                    "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "phimoe",
@@ -782,7 +862,12 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "modernbert-decoder", "modernbert-decoder-biases-tanh-every-2-untied",
                    "granite-swa-two-bases", "granite-moe-swa", "olmo", "nanochat", "hyperclovax", "mellum",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
-                   "gpt-neo", "hy-v3", "biogpt", "xglm", "xglm-odd-width-pad-row-relu-unscaled",
+                   "gpt-neo", "hy-v3", "hy-v4",
+                   "hy-v4-two-streams-default-indexers-moe-first-groups-clamped-yarn-biases", "biogpt",
+                   "openai-gpt", "openai-gpt-tied-relu-three-layers", "xglm",
+                   "ctrl", "ctrl-tied-odd-width-final-eps", "gpt-neox-japanese",
+                   "gpt-neox-japanese-half-rotary-linear-three-layers-tied",
+                   "xglm-odd-width-pad-row-relu-unscaled",
                    "flint", "afmoe", "persimmon", "bitnet", "diffllama", "diffllama-gqa-biases-wide-lambdas",
                    "jetmoe", "jetmoe-top3-of-4-two-kv-heads-untied-eps",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
@@ -938,7 +1023,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
-                                               "gemma4_unified", "cohere_compass", "mllama"}
+                                               "gemma4_unified", "cohere_compass", "mllama", "emu3", "dots3_note"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -954,6 +1039,14 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "partial_rotary_factor"),
     ("gpt-neo-125m", {"attention_layers": ["global", "dilated"]}, "attention_layers"),
     ("hy3-preview", {"mlp_bias": True}, "mlp_bias"),
+    ("hy4-preview", {"layer_types": ["indexed_attention", "full_attention"]}, "layer_types"),
+    ("hy4-preview", {"indexer_types": ["shared", "full"]}, "indexer_types"),  # (a shared layer needs a full one first)
+    ("hy4-preview", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("hy4-preview", {"q_lora_rank": None}, "q_lora_rank"),
+    ("hy4-preview", {"hidden_act": "gelu"}, "hidden_act"),
+    ("hy4-preview", {"swiglu_limit": 0.0}, "swiglu_limit"),
+    ("hy4-preview", {"index_head_dim": 4}, "index_head_dim"),
+    ("hy4-preview", {"tie_word_embeddings": True}, "tie_word_embeddings"),
     ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "moe_normalize_expert_weights": 2.0}},
      "moe_normalize_expert_weights"),
     ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "ffn_act_fn": {"name": "gelu"}}}, "ffn_act_fn"),
@@ -996,9 +1089,21 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("longcat-flash-chat", {"hidden_act": "gelu"}, "hidden_act"),
     ("glm-5", {"indexer_types": ["shared", "full"]}, "indexer_types"),  # (a shared layer needs a full one before it)
     ("glm-5", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("dots3-note-prev", {"hidden_act": "gelu"}, "hidden_act"),
+    ("dots3-note-prev", {"q_lora_rank": None}, "q_lora_rank"),  # (transformers builds q_a / q_b only)
+    ("dots3-note-prev", {"layer_types": ["indexed_attention", "chunked_attention"]}, "layer_types"),
+    ("dots3-note-prev", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("dots3-note-prev", {"per_layer_config": {"1": {"sliding_window": 4}}}, "per_layer_config"),
+    ("dots3-note-prev", {"num_key_value_heads": 4}, "num_key_value_heads"),  # (transformers refuses it too)
+    ("dots3-note-prev", {"swa_qk_rope_head_dim": 2}, "qk_rope_head_dim"),  # (one rotary key width: one table)
+    ("dots3-note-prev", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_type"),
+    ("dots3-note-prev", {"use_dsa": None, "layer_types": ["indexed_attention", "full_attention"], "rope_parameters": {
+        "indexed_attention": {"rope_theta": 1e4}, "full_attention": {"rope_theta": 1e5}}}, "rope_parameters"),
+    ("dots3-note-prev", {"index_head_dim": 4}, "index_head_dim"),
     ("glm-4.7-flash", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
     ("xglm-564m", {"add_cross_attention": True}, "add_cross_attention"),
+    ("openai-gpt", {"afn": "silu"}, "afn"),
     # (the rotary turns exactly the rope dims: Mistral 4's partial rotary of qk_rope / qk_head, MiniCPM3's head_dim)
     ("mistral-small-4", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                           "partial_rotary_factor": 1.0}}, "partial_rotary_factor"),
@@ -1133,6 +1238,15 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("zaya1-8b", {"hidden_act": "gelu"}, "hidden_act"),
     ("llama-3.2-11b-vision", {"hidden_act": "gelu"}, "hidden_act"),
     ("llama-3.2-11b-vision", {"cross_attention_layers": [0, 1]}, "cross_attention_layers"),
+    ("phi-4-multimodal", {"hidden_act": "gelu"}, "hidden_act"),
+    ("phi-4-multimodal", {"attention_bias": True}, "attention_bias"),
+    ("phi-4-multimodal", {"mlp_bias": True}, "mlp_bias"),
+    ("phi-4-multimodal", {"lm_head_bias": True}, "lm_head_bias"),
+    ("phi-4-multimodal", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type"),
+    ("phi-4-multimodal", {"rope_scaling": {"type": "su", "short_factor": [1.0] * 9}}, "short_factor"),
+    ("emu3-chat", {"hidden_act": "gelu"}, "hidden_act"),
+    ("emu3-chat", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ("emu3-chat", {"clip_qkv": 8.0}, "clip_qkv"),
     ("zaya1-8b", {"layer_types": ["hybrid", "full_attention"]}, "layer_types"),
     ("zaya1-8b", {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window": None}, "sliding_window"),
     ("zaya1-8b", {"cca_time0": 1, "cca_time1": 1}, "cca_time0"),
@@ -1308,7 +1422,9 @@ def test_internlm3_reads_its_config_names_for_the_biases():
 
 @pytest.mark.parametrize("shape,act,supported", [("starcoder2-3b", "silu", "gelu_pytorch_tanh, gelu_new, gelu"),
                                                   ("arcee-afm", "silu", "relu2"), ("jais2", "gelu", "relu2"),
-                                                  ("persimmon-8b", "gelu", "relu2")])
+                                                  ("persimmon-8b", "gelu", "relu2"),
+                                                  ("gpt-neox-japanese-2.7b", "silu",
+                                                   "gelu, gelu_new, gelu_pytorch_tanh, relu")])
 def test_a_plain_mlp_activation_a_family_does_not_have_is_refused_by_name(shape, act, supported):
     with pytest.raises(ValueError, match=rf"hidden_act '{act}' \(supported: {supported}\)"):
         load_decoder({**shrunk(shape), "hidden_act": act}, {}, CPU, torch.float32)
@@ -1476,6 +1592,28 @@ def _multimodal(kind: str):
         cfg = transformers.CohereCompassConfig(text_config=transformers.CohereCompassTextConfig(**text),
                                                vision_config=vision)
         return transformers.CohereCompassForConditionalGeneration(cfg)
+    if kind == "dots3_note":  # (Dots3's: tiny vision and audio towers beside the text model, an indexed and a sliding
+        # layer)
+        text = {k: v for k, v in shrunk("dots3-note-prev").items() if k != "model_type"}
+        vision = transformers.Dots3NoteVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                    num_attention_heads=2, mlp_layer_types=["dense"], adapter_in_dim=32,
+                                                    adapter_out_dim=text["hidden_size"])
+        audio = transformers.Dots3NoteAudioConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                  num_attention_heads=2, adapter_input_size=32,
+                                                  adapter_out_dim=text["hidden_size"], downsample_hidden_size=16)
+        cfg = transformers.Dots3NoteConfig(text_config=transformers.Dots3NoteTextConfig(**text), vision_config=vision,
+                                           audio_config=audio)
+        return transformers.Dots3NoteForConditionalGeneration(cfg)
+    if kind == "emu3":  # (Emu3's: a tiny VQ-GAN; the text config's head tied, the outer one's not: HF unties)
+        text = {k: v for k, v in {**shrunk("emu3-chat"), "tie_word_embeddings": True}.items() if k != "model_type"}
+        vq = {"codebook_size": 16, "base_channels": 32, "channel_multiplier": [1, 2], "num_res_blocks": 1,
+              "attn_resolutions": [], "hidden_size": 32, "temporal_downsample_factor": 2}
+        cfg = transformers.Emu3Config(text_config=text, vq_config=vq, vocabulary_map={"<image>": 300})
+        return transformers.Emu3ForConditionalGeneration(cfg)
+    if kind == "phi4_multimodal":  # (its language model's config flat beside the towers', tiny ones here)
+        text = {k: v for k, v in shrunk("phi-4-multimodal").items() if k != "model_type"}
+        cfg = transformers.Phi4MultimodalConfig(**text, **PHI4MM_TOWERS, initializer_range=0.1)
+        return transformers.Phi4MultimodalForCausalLM(cfg)
     text = {k: v for k, v in {**shrunk("gemma-3-1b"), "sliding_window_pattern": 2}.items() if k != "model_type"}
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=32, patch_size=16)
@@ -1484,11 +1622,13 @@ def _multimodal(kind: str):
     return transformers.Gemma3ForConditionalGeneration(cfg)
 
 
-@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass", "mllama"])
+@pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass", "mllama",
+                                  "emu3", "phi4_multimodal", "dots3_note"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
-    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4), Cohere Compass (cohere_compass) and Llama 3.2
-    Vision (mllama, text-only) checkpoints: the text model's config and tensors (output head included, wherever the
-    layout keeps it), greedy text as HF's."""
+    """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4), Cohere Compass (cohere_compass), Llama 3.2
+    Vision (mllama, text-only), Emu3 (emu3, its VQ-GAN beside it), Phi-4-multimodal (phi4_multimodal, its towers
+    beside it) and Dots3 Note (dots3_note, its towers beside it) checkpoints: the text model's config and tensors
+    (output head included, wherever the layout keeps it), greedy text as HF's."""
     torch.manual_seed(4)
     hf = _multimodal(kind).eval()
     with torch.no_grad():
@@ -1527,6 +1667,116 @@ def test_a_saved_mllama_checkpoint_serves_text_as_hf_without_an_image(lazy, tmp_
     got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["read", "lazy"])
+def test_a_saved_emu3_checkpoint_serves_text_as_hf(lazy, tmp_path):
+    """An Emu3 checkpoint as transformers writes it (model_type emu3, in the published layout: the text model under
+    `text_model.model.`, its head `text_model.lm_head`, the VQ-GAN under `vqmodel.`), read whole or lazily: the text
+    model alone, its head untied as the outer config says; prefill logits and greedy text as HF's text-only generate."""
+    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
+
+    torch.manual_seed(7)
+    hf = _multimodal("emu3").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    state = (lazy_state_dict if lazy else load_state_dict)(tmp_path)
+    assert "text_model.lm_head.weight" in state and "text_model.model.norm.weight" in state
+    assert any(name.startswith("vqmodel.") for name in state)
+    ours = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+    assert not ours.config.tie_word_embeddings
+    prompt = list(range(3, 70))
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0, -1]
+    got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+@pytest.mark.parametrize("layout", ["transformers", "original"])
+def test_a_saved_phi4_multimodal_checkpoint_serves_text_on_its_base_weights(layout, tmp_path):
+    """Phi-4-multimodal as transformers writes it (model_type phi4_multimodal: the language model's tensors named as a
+    Phi-3's, the towers under `model.embed_tokens_extend.`, the tied head not written), and with its linears in the
+    original layout (each wrapped: `base_layer` beside vision and speech LoRA adapters): the base weights run, as in
+    transformers' model (which holds no adapters) and the original's text mode; a prompt holding the image and audio
+    placeholder ids, with no pixels or audio, embeds them through the embedding as HF's does. Prefill logits and
+    greedy text as HF's."""
+    from safetensors.torch import load_file, save_file
+
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+
+    torch.manual_seed(8)
+    hf = _multimodal("phi4_multimodal").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    if layout == "original":
+        g = torch.Generator().manual_seed(9)
+        for path in tmp_path.glob("*.safetensors"):
+            tensors = {}
+            for name, t in load_file(str(path)).items():
+                if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+                    stem = name.removesuffix(".weight")
+                    tensors[f"{stem}.base_layer.weight"] = t
+                    for adapter in ("vision", "speech"):
+                        tensors[f"{stem}.lora_A.{adapter}.weight"] = torch.randn(4, t.shape[1], generator=g)
+                        tensors[f"{stem}.lora_B.{adapter}.weight"] = torch.randn(t.shape[0], 4, generator=g)
+                else:
+                    tensors[name] = t
+            save_file(tensors, str(path), metadata={"format": "pt"})
+    state = load_state_dict(tmp_path)
+    assert "lm_head.weight" not in state and any(name.startswith("embed_tokens_extend.") for name in state)
+    assert (layout == "original") == ("layers.0.self_attn.qkv_proj.lora_A.vision.weight" in state)
+    ours = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+    assert ours.config.tie_word_embeddings and ours.config.rotary_dim == 18
+    prompt = [3, 300, 17, 301, 301, 300, *range(40, 70)]  # (the placeholders: 300 image, 301 audio)
+    assert (hf.config.vision_config.image_token_id, hf.config.audio_config.audio_token_id) == (300, 301)
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0, -1]
+    got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert PagedSteps(ours, num_blocks=16, block_size=8).greedy([prompt], 16)[0] == _hf_greedy(hf, prompt, 16)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
+def test_phi4_multimodal_and_emu3_read_their_configs_as_transformers_does():
+    """Phi-4-multimodal's published config: 32 Phi-3 layers, 24 query heads of 128 over 8, 96 dims rotating under
+    longrope (its original length beside the rope dict), every layer windowed, the head tied; rope types su and yarn
+    read as longrope; a config that sets none of these, transformers' defaults (its end-of-sequence ids too). Emu3's:
+    32 Llama layers at base 1e6, untied; a bare config, transformers' defaults; the multimodal config's text model with
+    the outer config's tie."""
+    from tritonformer.backend.models import emu3, phi4_multimodal
+
+    published = DECODER_SHAPES["phi-4-multimodal"]
+    spec = phi4_multimodal.from_hf(published)
+    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rotary_dim) == (32, 24, 8, 128, 96)
+    assert (spec.rope.rope_type, spec.rope.original_max_positions) == ("longrope", 4096) and spec.tie_word_embeddings
+    assert spec.layer_windows == (262144,) * 32 and spec.eos_token_ids == (199999,)
+    for legacy in ("su", "yarn"):
+        rope = {**published["rope_scaling"], "type": legacy}
+        assert phi4_multimodal.from_hf({**published, "rope_scaling": rope}).rope == spec.rope
+    hf = transformers.Phi4MultimodalConfig()
+    bare = phi4_multimodal.from_hf({"model_type": "phi4_multimodal"})
+    assert bare.eos_token_ids == tuple(hf.eos_token_id) and bare.num_heads == hf.num_attention_heads
+    assert (bare.vocab_size, bare.rope.rope_type, bare.tie_word_embeddings, bare.layer_windows) == (
+        hf.vocab_size, "default", hf.tie_word_embeddings, ())
+
+    spec = emu3.from_hf(DECODER_SHAPES["emu3-chat"])
+    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (32, 32, 8, 128,
+                                                                                                    184622)
+    assert spec.rope == Rope(1e6) and not spec.tie_word_embeddings and spec.rotary_dim is None
+    hf = transformers.Emu3TextConfig()
+    bare = emu3.from_hf({"model_type": "emu3_text_model"})
+    assert (bare.rope, bare.max_position_embeddings, bare.vocab_size, bare.eos_token_ids) == (
+        Rope(hf.rope_parameters["rope_theta"]), hf.max_position_embeddings, hf.vocab_size, (hf.eos_token_id,))
+    text, _ = emu3.adapt({"model_type": "emu3", "text_config": {"tie_word_embeddings": False},
+                          "tie_word_embeddings": True}, {})
+    assert text == {"model_type": "emu3_text_model", "tie_word_embeddings": True}
 
 
 def test_a_text_prompt_past_the_model_vocabulary_is_a_request_error():
@@ -1746,6 +1996,7 @@ def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
     ("diffllama-0.3b", "diffllama"),
     ("longcat-flash-chat", "longcat_flash"),
     ("zaya1-8b", "zaya"),
+    ("hy4-preview", "hy_v4"),
 ])
 def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
     """Families without a tensor-parallel split or FP8 linears (each its own module, named as its model_type)
@@ -1989,7 +2240,14 @@ def test_kimi_linear_loads_its_published_layout():
     # (Laguna's choice bias under `mlp.experts`, its shared expert as `mlp.shared_expert`)
     ("laguna", ("layers.1.mlp.experts.e_score_correction_bias", "layers.1.mlp.shared_expert.up_proj")),
     # (Llama 3.2 Vision's text model, MllamaForCausalLM's: its cross-attention layers' tensors written, left unread)
-    ("mllama", ("layers.1.cross_attn.q_proj", "layers.3.cross_attn_mlp_gate"))])
+    ("mllama", ("layers.1.cross_attn.q_proj", "layers.3.cross_attn_mlp_gate")),
+    # (GPT-NeoX-Japanese's tensors under `gpt_neox_japanese.`, its last layer's bias as `dense_bias`, the head as
+    # `embed_out`)
+    ("gpt-neox-japanese", ("gpt_neox_japanese.layers.1.attention.dense_bias", "embed_out.weight")),
+    # (HY-V4's sinks as `learnable_sink_param`, its attention's and shared experts' gates as `linear_gate`, its
+    # hyper-connections under `hc_pre.`)
+    ("hy-v4", ("layers.1.self_attn.learnable_sink_param", "self_attn.linear_gate", "mlp.shared_experts.linear_gate",
+               "layers.0.hc_pre.hc_attn_layer.hc_fn", "hc_pre.hc_mlp_layer.hc_scale", "hc_pre.hc_head.hc_head_base"))])
 def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):
     """transformers writes these families' checkpoints under their published names, which it renames as it loads
     (OLMo hybrid's DeltaNet norms and its convolution in three parts, LFM3's per-head gates as `gate_proj`): the
@@ -2005,6 +2263,66 @@ def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case
     prompt = [(0, list(range(3, 80)))]
     torch.testing.assert_close(PagedSteps(loaded, num_blocks=16, block_size=8).step(prompt),
                                PagedSteps(ours, num_blocks=16, block_size=8).step(prompt), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["read", "lazy"])
+def test_openai_gpt_reads_its_conv1d_projections_transposed(lazy, tmp_path):
+    """GPT-1's projections are stored as Conv1D's `[in, out]`: a checkpoint saved by transformers, read whole or
+    lazily (a tensor-parallel rank's reads: parts of each tensor, transposed as read), builds the model HF runs."""
+    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
+
+    _, shape, changes = next(c for c in CASES if c[0] == "openai-gpt")
+    hf, ours = _pair(shape, changes)
+    hf.save_pretrained(tmp_path)
+    state = lazy_state_dict(tmp_path) if lazy else load_state_dict(tmp_path)
+    assert tuple(state["h.0.mlp.c_fc.weight"].shape) == (hf.config.n_embd, 4 * hf.config.n_embd)  # ([in, out])
+    loaded = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+    prompt = [(0, list(range(3, 80)))]
+    torch.testing.assert_close(PagedSteps(loaded, num_blocks=16, block_size=8).step(prompt),
+                               PagedSteps(ours, num_blocks=16, block_size=8).step(prompt), atol=1e-5, rtol=1e-5)
+    if lazy:  # (a part: rows and columns of the Linear view, as a rank reads them)
+        from tritonformer.backend.models import openai_gpt
+
+        _, adapted = openai_gpt.adapt({}, state)
+        fc = hf.transformer.h[0].mlp.c_fc.weight.detach()
+        torch.testing.assert_close(adapted["layers.0.mlp.c_fc.weight"][4:9, 2:7], fc.t()[4:9, 2:7])
+
+
+@pytest.mark.parametrize("dim", [128, 135])
+def test_ctrl_position_table_is_transformers_own(dim):
+    """CTRL's sinusoidal table, built at load (sines then cosines; at an odd width one sine more), is the buffer
+    transformers builds, exactly."""
+    from transformers.models.ctrl.modeling_ctrl import positional_encoding
+
+    from tritonformer.backend.models import ctrl
+
+    torch.testing.assert_close(ctrl.sinusoidal_positions(300, dim), positional_encoding(300, dim, torch.float32),
+                               rtol=0, atol=0)
+
+
+def test_gpt_neox_japanese_reads_its_config_as_transformers_does():
+    """The published config.json's `rotary_pct` / `rotary_emb_base` (1.0 / 10,000 where absent: the whole head, not
+    GPT-NeoX's quarter), read as transformers completes its rope dict, beside which a top-level `rope_theta` is
+    unread; the MLP `intermediate_multiple_size` x hidden wide whatever `intermediate_size` says; a zero output
+    projection bias on every layer but the last, whose own is `dense_bias`."""
+    from tritonformer.backend.models import gpt_neox_japanese
+
+    for extra in ({}, {"rotary_pct": 0.25, "rotary_emb_base": 500, "rope_theta": 7.0, "intermediate_multiple_size": 2},
+                  {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50.0}, "rotary_pct": 0.5}):
+        raw = {**{k: v for k, v in shrunk("gpt-neox-japanese-2.7b").items() if not k.startswith("rotary_")}, **extra}
+        hf_cfg = transformers.GPTNeoXJapaneseConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+        spec, from_dict = gpt_neox_japanese.from_hf(raw), gpt_neox_japanese.from_hf(hf_cfg.to_dict())
+        assert spec == from_dict
+        params = hf_cfg.rope_parameters
+        assert spec.rope == Rope.from_hf(params, params["rope_theta"], raw["max_position_embeddings"])
+        head = raw["hidden_size"] // raw["num_attention_heads"]
+        rotating = int(head * params["partial_rotary_factor"])
+        assert (spec.rotary_dim or head) == rotating == transformers.GPTNeoXJapaneseForCausalLM(
+            hf_cfg).gpt_neox_japanese.layers[0].attention.rotary_ndims
+        assert spec.intermediate_size == hf_cfg.hidden_size * hf_cfg.intermediate_multiple_size
+    _, state = gpt_neox_japanese.adapt(raw, {"gpt_neox_japanese.layers.1.attention.dense_bias": torch.ones(128)})
+    assert torch.equal(state["layers.0.attention.dense.bias"], torch.zeros(128))
+    assert torch.equal(state["layers.1.attention.dense.bias"], torch.ones(128))
 
 
 def test_ernie_moe_loads_its_published_layout():
@@ -2161,3 +2479,57 @@ def test_gpt_oss_serves_its_published_mxfp4_experts(tmp_path):
     ours = load_decoder(load_config(folder), load_state_dict(folder), CPU, torch.float32)
     prompt = torch.randint(3, 320, (21,), generator=g).tolist()
     assert PagedSteps(ours, num_blocks=32, block_size=8).greedy([prompt], 16)[0] == _hf_greedy(hf, prompt, 16)
+
+
+def test_dots3_reads_its_config_as_transformers_does():
+    """Dots3's config as the published config.json writes it (the sliding layers' shape as `swa_*` keys, the layer
+    kinds and experts' layers from transformers' rules, the rotary bases as rope_theta / swa_rope_theta) and as
+    transformers saves it (layer_types, per_layer_config, rope_parameters per layer type) read as transformers
+    resolves them; `use_dsa` false makes the indexed layers plain (no cap at index_topk); a multimodal config.json
+    with the text model's options at its top level reads as the text config."""
+    from tritonformer.backend.models import dots3
+
+    raw = DECODER_SHAPES["dots3-note-prev"]
+    for changes in ({}, {"use_dsa": False}):
+        hf = transformers.Dots3NoteTextConfig(**{k: v for k, v in {**raw, **changes}.items() if k != "model_type"})
+        for cfg in ({**raw, **changes}, hf.to_dict()):
+            spec = dots3.from_hf(cfg)
+            assert spec.indexer_layers == tuple(t == "indexed_attention" for t in hf.layer_types)
+            assert spec.moe.layers == tuple(t == "sparse" for t in hf.mlp_layer_types)
+            assert spec.layer_windows == tuple(512 if t == "sliding_attention" else None for t in hf.layer_types)
+            for i, own in enumerate(spec.layer_mla):
+                layer = hf.per_layer_config[i]
+                assert (own.heads, own.spec.q_lora_rank, own.spec.kv_lora_rank, own.spec.qk_nope_head_dim,
+                        own.spec.qk_rope_head_dim, own.spec.v_head_dim) == (
+                    layer.num_attention_heads, layer.q_lora_rank, layer.kv_lora_rank, layer.qk_nope_head_dim,
+                    layer.qk_rope_head_dim, layer.v_head_dim)
+            attending = "full_attention" if changes else "indexed_attention"
+            assert spec.rope.theta == hf.rope_parameters[attending]["rope_theta"] == 8e7
+            assert spec.local_rope.theta == hf.rope_parameters["sliding_attention"]["rope_theta"] == 5e4
+            assert spec.max_position_embeddings == (524288 if changes else 2048)
+            assert spec.moe.shared_intermediate_size == 1536 and spec.moe.num_experts == 256
+    assert [own.heads for own in dots3.from_hf(raw).layer_mla[:6]] == [128, 128, 64, 64, 64, 128]
+    outer = {**{k: v for k, v in raw.items() if k != "model_type"}, "model_type": "dots3_note"}
+    published = transformers.Dots3NoteTextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    assert transformers.Dots3NoteConfig(**outer).text_config.layer_types == published.layer_types
+    text, _ = dots3.adapt(outer, {})
+    assert text["model_type"] == "dots3_note_text" and dots3.from_hf(text) == dots3.from_hf(raw)
+
+
+def test_dots3_refuses_tensor_parallelism_and_fp8_and_serves_up_to_index_topk():
+    """Dots3 (its layers' latent attention of different shapes) refuses tensor parallelism and FP8 linears by name;
+    with a small index_topk (16) it matches HF up to there (a 5-token prompt, 11 tokens more: the indexed layers'
+    top-k is every key) and refuses a longer max_model_len."""
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+
+    cfg = shrunk("dots3-note-prev")
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'dots3_note_text'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'dots3_note_text'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+    hf, ours = _pair("dots3-note-prev", {"index_topk": 16})
+    assert ours.config.max_position_embeddings == 16
+    prompt = [5, 17, 42, 8, 99]
+    assert PagedSteps(ours, num_blocks=8, block_size=8).greedy([prompt], 11)[0] == _hf_greedy(hf, prompt, 11)
+    with pytest.raises(ValueError, match="max_model_len 17 is not supported.*supported: max_model_len up to index_top"):
+        load_decoder(hf.config.to_dict(), strip_prefixes_of(hf.state_dict()), CPU, torch.float32, max_model_len=17)

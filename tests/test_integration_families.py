@@ -90,6 +90,11 @@ FAMILIES = [
                                          "mlp_layer_types": ["dense", "sparse"]}),
     ("gen_minimax_m2", "minimax-m2", {}),
     ("gen_hy_v3", "hy3-preview", {}),
+    # HY-V4: hyper-connections; sparse attention past 8 keys; 16 index heads, as published (with the shrunk shape's 4
+    # one key in 16 scores exactly 0, and ties at the top-k boundary break by position, otherwise than HF's topk)
+    ("gen_hy_v4", "hy4-preview", {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"],
+                                  "mlp_layer_types": ["dense", "sparse", "sparse"], "index_topk": 8,
+                                  "index_head_dim": 32, "index_n_heads": 16, "initializer_range": 0.05}),
     ("gen_llama4", "llama-4-scout", {"attention_chunk_size": 16}),
     ("gen_flint", "flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
     ("gen_afmoe", "trinity-mini", {"num_dense_layers": 1, "global_attn_every_n_layers": 2}),
@@ -178,6 +183,30 @@ FAMILIES = [
     # Llama 3.2 Vision's text model (MllamaForCausalLM's checkpoint): cross-attention layers at 1 and 3 of five, served
     # text-only as HF skips them without an image; the embedding 8 rows longer than the head
     ("gen_mllama", "llama-3.2-11b-vision", {"num_hidden_layers": 5, "cross_attention_layers": [1, 3]}),
+    # GPT-1: GPT-2's Conv1D tensors in BERT's post-LN block (norms after the residual adds, none at the end), an untied
+    # head (weights drawn wider: continuations that vary)
+    ("gen_openai_gpt", "openai-gpt", {"tie_word_embeddings": False, "initializer_range": 0.2}),
+    # CTRL: a pre-LN block with sinusoidal positions added to scaled embeddings, a head with a bias, untied (weights
+    # drawn wider: continuations that vary)
+    ("gen_ctrl", "ctrl", {"tie_word_embeddings": False, "initializer_range": 0.2}),
+    # GPT-NeoX-Japanese: GPT-NeoX's sequential block without biases but the last layer's `dense_bias`, half of each
+    # head rotating (weights drawn wider: continuations that vary)
+    ("gen_gpt_neox_japanese", "gpt-neox-japanese-2.7b", {"rotary_pct": 0.5, "initializer_range": 0.1}),
+    # Emu3's text model (Emu3ForCausalLM's checkpoint, emu3_text_model): Llama's block at base 1e6
+    ("gen_emu3", "emu3-chat", {}),
+    # Phi-4-multimodal (Phi4MultimodalForCausalLM's checkpoint: tiny image and audio towers beside the language model,
+    # unread): Phi-4-mini's block, its longrope with an original length past these sequences (inside it ours is HF's)
+    ("gen_phi4_multimodal", "phi-4-multimodal", {
+        "original_max_position_embeddings": 128,
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                          "image_size": 28, "patch_size": 14, "crop_size": 28},
+        "audio_config": {"hidden_size": 32, "intermediate_size": 64, "num_blocks": 1, "num_attention_heads": 2,
+                         "ext_pw_out_channel": 32, "depthwise_separable_out_channel": 32, "nemo_conv_channels": 32,
+                         "input_size": 16, "time_reduction": 2, "bias_max_distance": 10}}),
+    # Dots3's text model: an indexed, a sliding (8 tokens, its own latent attention shape) and a plain latent-attention
+    # layer, per-head output gates, a dense MLP then sigmoid experts with a shared one
+    ("gen_dots3", "dots3-note-prev", {"num_hidden_layers": 3, "use_dsa": None,
+                                      "layer_types": ["indexed_attention", "sliding_attention", "full_attention"]}),
 ]
 
 REAL_GEMMA = "gen_gemma3_270m"

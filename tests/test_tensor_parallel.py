@@ -235,6 +235,12 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("a.x-k2-biases", 8),
                                            ("laguna-xs.2-kv2-biases", 8),
                                            ("xglm-564m", 8),  # (each rank: the sinusoidal table built whole)
+                                           # (GPT-1: each rank's part of each Conv1D weight, read transposed;
+                                           # the post-LN norms on the summed outputs)
+                                           ("openai-gpt", 8),
+                                           ("ctrl", 8),  # (the head's bias split by vocabulary rows as the head)
+                                           # (GPT-NeoX-Japanese: the last layer's dense_bias added by one rank)
+                                           ("gpt-neox-japanese-2.7b", 8),
                                            ("dbrx-132b", 16), ("qwen3-next", 8), ("qwen3.5-moe", 8),
                                            ("bamba-bias", 8), ("nemotron-h-8b", 8), ("falcon-h1-norm", 8),
                                            ("lfm2-bias", 8), ("mamba-codestral-7b", 8),

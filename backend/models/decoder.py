@@ -101,10 +101,13 @@ DECODER_FAMILIES = {
     "dbrx": "dbrx",
     "cohere2_moe": "cohere2_moe",
     "hy_v3": "hy_v3",
+    "hy_v4": "hy_v4",  # (hyper-connection streams, sparse latent attention run sparse, dense and MoE layers)
     "llama4_text": "llama4",
     "llama4": "llama4",  # (Llama-4-Scout / Maverick's multimodal checkpoint: its text part)
     "mllama_text_model": "mllama",  # (Llama 3.2 Vision's text model: its self-attention layers, text-only)
     "mllama": "mllama",  # (Llama 3.2 Vision's multimodal checkpoint: its text model, cross-attention layers skipped)
+    "emu3_text_model": "emu3",  # (Emu3's text model: Llama's block)
+    "emu3": "emu3",  # (Emu3-Chat / Emu3-Gen's multimodal checkpoint: its text model, the VQ-GAN unread)
     "flint": "flint",
     "minimax_m2": "minimax_m2",
     "qwen2": "qwen2",
@@ -138,6 +141,7 @@ DECODER_FAMILIES = {
     "gemma4_unified_text": "gemma4",  # (Gemma 4's layers without per-layer inputs or experts)
     "gemma4_unified": "gemma4",  # (Gemma 4 unified's multimodal checkpoint: its text model)
     "phi3": "phi3",
+    "phi4_multimodal": "phi4_multimodal",  # (Phi-4-multimodal's language model, text-only: base weights, no adapters)
     "granite": "granite",
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",
@@ -173,6 +177,8 @@ DECODER_FAMILIES = {
     "deepseek_v3": "deepseek_v3",
     "deepseek_v32": "deepseek_v32",  # (DeepSeek Sparse Attention served dense, up to index_topk tokens a sequence)
     "glm_moe_dsa": "glm_moe_dsa",  # (GLM-5: DeepSeek-V3.2's block at GLM's sizes, likewise)
+    "dots3_note_text": "dots3",  # (indexed, sliding and plain latent-attention layers, each of its own shape)
+    "dots3_note": "dots3",  # (Dots3's multimodal checkpoint: its text model)
     "kimi_k2": "deepseek_v3",  # (Kimi K2: DeepSeek-V3's architecture under its own name)
     "longcat_flash": "longcat_flash",  # (two latent-attention sublayers a layer, a shortcut MoE with identity experts)
     "axk1": "axk1",  # (A.X-K1: DeepSeek-V3 with a norm after each expert block)
@@ -219,6 +225,7 @@ DECODER_FAMILIES = {
     "phi": "phi",
     "persimmon": "persimmon",
     "gpt_neox": "gpt_neox",
+    "gpt_neox_japanese": "gpt_neox_japanese",  # (GPT-NeoX's sequential block unbiased, the last layer's dense_bias)
     "falcon": "falcon",
     "bloom": "bloom",  # (ALiBi, a LayerNorm on the embeddings)
     "mpt": "mpt",  # (ALiBi, LayerNorms without biases)
@@ -231,6 +238,8 @@ DECODER_FAMILIES = {
     "xglm": "xglm",  # (OPT's block with fairseq's sinusoidal positions)
     "nanochat": "nanochat",
     "gpt2": "gpt2",
+    "openai-gpt": "openai_gpt",  # (GPT-1: GPT-2's tensors in BERT's post-LN block, no final norm)
+    "ctrl": "ctrl",  # (a pre-LN block with sinusoidal positions added to scaled embeddings, a head with a bias)
     "bitnet": "bitnet",  # (BitNet b1.58: sub norms, ternary linears with per-token int8 activations)
     "diffllama": "diffllama",  # (differential attention: two maps over halves of the heads, served as one over 2d)
     "modernbert-decoder": "modernbert_decoder",  # (Ettin: an embedding norm, a prediction head before the projection)

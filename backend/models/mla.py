@@ -9,7 +9,8 @@ shares; c_kv is RMS-normalised (`kv_a_layernorm`) and kv_b maps it to every head
 [q_nope; rotary(q_pe)], and the scores are q . k times qk_head_dim ** -0.5 (times mscale ** 2 under a
 YaRN rope with `mscale_all_dim`, as DeepSeek scales them). LongCat-Flash multiplies the query latent's norm
 output by sqrt(hidden / q_lora_rank) and c_kv's by sqrt(hidden / kv_lora_rank) (MlaSpec.q_scale / kv_scale):
-folded into those norms' weights at load.
+folded into those norms' weights at load. Dots3 RMS-normalises k_pe before its rotary (MlaSpec.k_pe_norm), and
+its layers' latent attention differs in shape (LayerMla: heads, ranks, head dims and softmax scale per layer).
 
 Here the cache holds the expanded keys and values ("expanded MLA"): per head a full key of
 qk_head_dim = nope + rope dims and the value padded with zeros to that size, as many KV heads as
@@ -51,6 +52,7 @@ class MlaNames:
     kv_a: str = "self_attn.kv_a_proj_with_mqa"
     kv_a_norm: str = "self_attn.kv_a_layernorm"
     kv_b: str = "self_attn.kv_b_proj"
+    k_pe_norm: str = "self_attn.k_rope_only_layernorm"
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class MlaSpec:
     names: MlaNames = field(default_factory=MlaNames)
     q_scale: float = 1.0  # the query latent's norm output times this (LongCat-Flash's LoRA scale), in its weight
     kv_scale: float = 1.0  # c_kv's norm output likewise
+    k_pe_norm: bool = False  # an RMSNorm (norm_eps) on the shared rotary key k_pe before its rotary (Dots3's)
 
     def __post_init__(self):
         if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim <= 0:
@@ -95,6 +98,17 @@ class MlaSpec:
         nope, d = self.qk_nope_head_dim, self.qk_head_dim
         head = torch.cat([nope + self.rope_rows(), torch.arange(nope)])
         return (torch.arange(heads)[:, None] * d + head[None, :]).reshape(-1)
+
+
+@dataclass(frozen=True)
+class LayerMla:
+    """One layer's latent attention where the layers' differ in shape (DecoderSpec.layer_mla: Dots3's sliding
+    layers have half the heads, wider ones, from a wider kv latent): its spec, its query heads (as many KV heads
+    in its cache layer, each qk_head_dim wide) and its softmax scale."""
+
+    spec: MlaSpec
+    heads: int
+    scale: float
 
 
 def mla_options(cfg: dict) -> dict:
@@ -134,6 +148,7 @@ class MlaLayer:
     q_b_w: torch.Tensor | None  # [heads * qk_head_dim, q_lora_rank], our order
     kv_norm: torch.Tensor  # [kv_lora_rank]
     kv_b_w: torch.Tensor  # [heads * (nope + v), kv_lora_rank], as stored
+    k_pe_norm: torch.Tensor | None = None  # [qk_rope_head_dim], rope rows' order (MlaSpec.k_pe_norm; None: none)
 
     def to_cache(self, x: torch.Tensor, prenorm: kernels.PreNorm | None, cos: torch.Tensor | None,
                  sin: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -148,6 +163,9 @@ class MlaLayer:
         q_width = a.shape[1] - s.kv_lora_rank - r  # [q latent (or queries); kv latent; k_pe]
         q_latent, kv_latent = kernels.mla_latent_norms(a, q_width, self.q_norm, self.kv_norm, s.norm_eps)
         q = a[:, :q_width].contiguous() if self.q_b_w is None else kernels.linear_act(q_latent, self.q_b_w)
+        if self.k_pe_norm is not None:  # (k_pe normalised where it lies, before rotate_and_cache rotates it)
+            k_pe = a[:, a.shape[1] - r :]
+            k_pe.copy_(kernels.rms_norm(k_pe.contiguous(), self.k_pe_norm, s.norm_eps)[0])
         return self.rotate_and_cache(q.view(t, heads, d), kv_latent, a, cos, sin, k_cache, v_cache, slot_mapping)
 
     def rotate_and_cache(self, q: torch.Tensor, kv_latent: torch.Tensor, a: torch.Tensor, cos, sin,
@@ -175,7 +193,7 @@ class MlaLayer:
 
     def read_bytes(self, tokens: int | None) -> int:
         """Bytes of weights one step reads, whatever its `tokens`: all of them (the linears' and the norms')."""
-        weights = (self.a_w, self.a_b, self.q_norm, self.q_b_w, self.kv_norm, self.kv_b_w)
+        weights = (self.a_w, self.a_b, self.q_norm, self.q_b_w, self.kv_norm, self.kv_b_w, self.k_pe_norm)
         return sum(w.numel() * w.element_size() for w in weights if w is not None)
 
 
@@ -208,8 +226,11 @@ def load_mla_layer(spec: MlaSpec, read: Callable[..., torch.Tensor], prefix: str
     kv_width = spec.qk_nope_head_dim + spec.v_head_dim
     kv_b_w = read(p + n.kv_b + ".weight", (heads * kv_width, kv_rank),
                   (slice(part.start * kv_width, part.stop * kv_width),))
+    # (an RMSNorm's weight in the order its rows are stored: the norm itself does not depend on the order)
+    k_pe_norm = ordered(read(p + n.k_pe_norm + ".weight", (r,)), spec.rope_rows()) if spec.k_pe_norm else None
     return MlaLayer(spec, local, cat_rows([q_w, kv_a]), None if q_b is None else torch.cat([q_b, kv_a_b]),
-                    q_norm, q_b_w, scaled(read(p + n.kv_a_norm + ".weight", (kv_rank,)), spec.kv_scale), kv_b_w)
+                    q_norm, q_b_w, scaled(read(p + n.kv_a_norm + ".weight", (kv_rank,)), spec.kv_scale), kv_b_w,
+                    k_pe_norm)
 
 
 def tensor_shapes(spec: MlaSpec, prefix: str, hidden: int, heads: int) -> dict[str, tuple[int, ...]]:
@@ -226,4 +247,6 @@ def tensor_shapes(spec: MlaSpec, prefix: str, hidden: int, heads: int) -> dict[s
             shapes[n.q_a + ".bias"] = (spec.q_lora_rank,)
     if spec.bias:
         shapes[n.kv_a + ".bias"] = (kv_rank + r,)
+    if spec.k_pe_norm:
+        shapes[n.k_pe_norm + ".weight"] = (r,)
     return {prefix + name: shape for name, shape in shapes.items()}

@@ -3,18 +3,18 @@ served on its own, text in and text out, the vision tower and projector left unr
 from __future__ import annotations
 
 
-def text_part(cfg: dict, state: dict, text_type: str) -> tuple[dict, dict]:
+def text_part(cfg: dict, state: dict, text_type: str, marker: str = "language_model.") -> tuple[dict, dict]:
     """(the text model's config, as model_type `text_type`; its tensors, named as a text-only
-    checkpoint names them). The tensors are found under `language_model.` in either layout
-    transformers writes (`language_model.model.layers...` and `model.language_model.layers...`),
-    and the output head wherever it is (`language_model.lm_head` or a top-level `lm_head`)."""
+    checkpoint names them). The tensors are found under `marker` (`language_model.`; Emu3's
+    `text_model.`) in either layout transformers writes (`language_model.model.layers...` and
+    `model.language_model.layers...`), and the output head wherever it is
+    (`language_model.lm_head` or a top-level `lm_head`)."""
     if "text_config" not in cfg:
         raise ValueError(f"a model_type {cfg.get('model_type')!r} checkpoint needs a text_config")
     text = {**cfg["text_config"], "model_type": text_type}
     for key in ("bos_token_id", "eos_token_id"):
         if text.get(key) is None and cfg.get(key) is not None:
             text[key] = cfg[key]
-    marker = "language_model."
     tensors = {}
     for name, tensor in state.items():
         if marker in name:

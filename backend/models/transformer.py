@@ -24,6 +24,9 @@ and runs it. What differs between the families is data, read here in one place:
                      attention layers are OLMo 3's, its DeltaNet layers Llama's
     attn_norm_layers  per layer: whether a pre-norm layer has its norm before attention (ModernBERT decoder's first
                      layer has none: it reads the embeddings as the family's _embed gives them, normalised there)
+    post_ln          the norms after the residual adds, BERT's post-LN (GPT-1): x = norm_a(x + attn(x)),
+                     x = norm_m(x + mlp(x)), each norm's output the next residual stream (`attn_post_norm` /
+                     `mlp_post_norm`, with biases where norm_bias), no norm before attention or the MLP, none at the end
     parallel_block   attention and the MLP side by side on one norm's output, both added (Cohere, Phi)
     parallel_mlp_norm  in the parallel block, the MLP on a norm of its own (GPT-NeoX's parallel residual)
     layer_norm       LayerNorm (mean subtracted) instead of RMSNorm: without a bias (Cohere), or
@@ -74,6 +77,8 @@ and runs it. What differs between the families is data, read here in one place:
     rotary_interleaved  dims 2i, 2i + 1 rotate together (GLM) instead of i, i + rotary_dim / 2
     moe              mixture-of-experts MLPs in the layers it names (Mixtral, Qwen MoE: moe.py)
     mla              multi-head latent attention in place of Q, K, V (DeepSeek-V2 / V3: mla.py)
+    layer_mla        per layer its latent attention's own shape (mla.LayerMla: spec, heads, softmax scale), where the
+                     layers' differ (Dots3); each cache layer then holds that layer's heads (kv_cache's layer_shapes)
     mlp_layers       per layer: whether an MLP follows attention or the mixer (Nemotron-H's mixer-only blocks)
     parallel_mixers  the layers' recurrent mixers run beside attention on the same normed input, both outputs
                      added (Falcon-H1), not in its place
@@ -100,7 +105,7 @@ from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.decoder.state_cache import StateCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.moe import MoeLayer, MoeSpec, load_moe_layer
-from tritonformer.backend.models.mla import MlaLayer, MlaSpec, load_mla_layer
+from tritonformer.backend.models.mla import LayerMla, MlaLayer, MlaSpec, load_mla_layer
 from tritonformer.backend.models.rope import Rope, rotary_order
 from tritonformer.backend.parallel.group import TensorParallelGroup, adds_biases
 from tritonformer.kernels.fp8 import Fp8Weight, cat_rows, scaled, take_rows
@@ -186,6 +191,7 @@ class DecoderSpec:
     pre_norms: bool = True
     post_norm_layers: tuple[bool, ...] = ()  # empty: every layer's norms as pre_norms / sandwich_norms say
     attn_norm_layers: tuple[bool, ...] = ()  # empty: every pre-norm layer has its norm before attention
+    post_ln: bool = False  # norms after the residual adds, in place of pre_norms / sandwich_norms, no final norm
     parallel_block: bool = False
     parallel_mlp_norm: bool = False
     layer_norm: bool = False
@@ -216,9 +222,10 @@ class DecoderSpec:
     learned_positions: bool = False
     position_offset: int = 0
     position_rows: int | None = None
-    final_norm_eps: float | None = None  # the final norm's eps where it is not norm_eps (JetMoE)
+    final_norm_eps: float | None = None  # the final norm's eps where it is not norm_eps (JetMoE; CTRL's LayerNorm)
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
+    layer_mla: tuple[LayerMla, ...] = ()  # empty: every layer's latent attention is `mla` over num_heads
     # Hybrid models: layer i's recurrent token mixer in place of attention, named by its kind (a
     # linear attention, a Mamba layer, a short convolution; None: the layer attends). The family's
     # `load_mixer` builds it (mixers.py has the contract); empty: every layer attends.
@@ -261,6 +268,9 @@ class DecoderSpec:
                          or self.qk_norm or self.qkv_bias or self.parallel_block):
             raise ValueError("latent attention (mla) caches qk_head_dim-wide heads, one KV head per query head, "
                              "without q/k norms, QKV biases or the parallel block")
+        if self.layer_mla and (len(self.layer_mla) != self.num_layers or not self.mla or self.mixers):
+            raise ValueError(f"{len(self.layer_mla)} latent attention shapes for {self.num_layers} layers (layer_mla: "
+                             f"one per layer, beside `mla`, without recurrent mixers)")
         if self.mixers and (len(self.mixers) != self.num_layers or self.parallel_block
                             or (self.mla and self.parallel_mixers)):
             raise ValueError(f"{len(self.mixers)} mixer kinds for {self.num_layers} layers (recurrent mixers are "
@@ -282,6 +292,11 @@ class DecoderSpec:
                              f"(supported in the sequential pre-norm block)")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a block without norms before attention and the MLP needs the norms after them")
+        if self.post_ln and (self.parallel_block or self.sandwich_norms or not self.pre_norms or self.post_norm_layers
+                             or self.attn_norm_layers or self.mixers or self.mlp_layers or self.logit_scale is not None
+                             or self.final_norm_eps is not None):
+            raise ValueError("post_ln norms (after the residual adds) are supported in the sequential block of "
+                             "attending layers, in place of pre_norms / sandwich_norms, with no final norm to scale")
         if self.layer_norm and not ((not self.qk_norm or self.qk_norm_bias) and not self.sandwich_norms
                                     and self.pre_norms and not (self.parallel_block and self.norm_offset)):
             raise ValueError("LayerNorms are supported before attention and the MLP (with biases: Starcoder2) and in "
@@ -328,7 +343,10 @@ class DecoderSpec:
         return self.mlp_layers[layer] if self.mlp_layers else True
 
     def layer_pre_norms(self, layer: int) -> bool:
-        """Whether layer `layer` has norms before attention and the MLP (post_norm_layers, else pre_norms)."""
+        """Whether layer `layer` has norms before attention and the MLP (post_norm_layers, else pre_norms; none
+        with post_ln)."""
+        if self.post_ln:
+            return False
         return not self.post_norm_layers[layer] if self.post_norm_layers else self.pre_norms
 
     def layer_attn_norm(self, layer: int) -> bool:
@@ -336,7 +354,9 @@ class DecoderSpec:
         return self.layer_pre_norms(layer) and (not self.attn_norm_layers or self.attn_norm_layers[layer])
 
     def layer_post_norms(self, layer: int) -> bool:
-        """Whether it has norms after them (post_norm_layers, else sandwich_norms)."""
+        """Whether it has norms after them (post_norm_layers, else sandwich_norms; post_ln's after the adds)."""
+        if self.post_ln:
+            return True
         return self.post_norm_layers[layer] if self.post_norm_layers else self.sandwich_norms
 
 
@@ -380,12 +400,15 @@ class _Layer:
     mla: MlaLayer | None = None  # the layer's latent attention projections, in place of qkv_w (qkv_w None)
     attn_norm_b: torch.Tensor | None = None  # LayerNorm biases (norm_bias)
     mlp_norm_b: torch.Tensor | None = None
+    attn_post_norm_b: torch.Tensor | None = None  # (post_ln's LayerNorms with biases)
+    mlp_post_norm_b: torch.Tensor | None = None
     gate_up_b: torch.Tensor | None = None  # MLP biases (mlp_bias; down_b on one rank only)
     down_b: torch.Tensor | None = None
     q_norm_b: torch.Tensor | None = None  # the q / k LayerNorms' biases (qk_norm_bias)
     k_norm_b: torch.Tensor | None = None
     attn_gate_w: torch.Tensor | None = None  # [heads * head_dim, hidden]: this rank's heads' rows (attn_output_gate)
     chunk: int | None = None  # chunked attention's chunk size (layer_chunks)
+    attn_scale: float | None = None  # the layer's own softmax scale (layer_mla), None: the spec's attn_scale
     act_params: torch.Tensor | None = None  # [4] fp32: xIELU's alpha_p, alpha_n, beta, eps as applied (every rank's)
     mixer: Any = None  # a recurrent token mixer in place of attention (hybrid models: mixers.py)
     kv_index: int = 0  # an attending layer's place in the KV cache (which holds attending layers only)
@@ -497,8 +520,9 @@ class TransformerDecoder(DecoderModel):
             table = w(n.positions, c.position_offset + c.position_rows, hidden,
                       rows=slice(0, c.position_offset + c.max_position_embeddings))
             self.position_embed = table[c.position_offset:]
-        self.final_norm = norm(n.final_norm)
-        self.final_norm_b = norm_bias(n.final_norm)
+        # (post_ln: the last layer's norm closes the stack, no final norm)
+        self.final_norm = norm(n.final_norm) if not c.post_ln else None
+        self.final_norm_b = norm_bias(n.final_norm) if not c.post_ln else None
         # (LayerNorm without a bias: the kernels' LayerNorm with a zero one)
         self.zero_bias = torch.zeros(hidden, device=device, dtype=dtype) if c.layer_norm and not c.norm_bias else None
         if c.logit_scale is not None:  # logits = head(norm(x) * w * s): the scale rides on the norm's weight
@@ -538,7 +562,17 @@ class TransformerDecoder(DecoderModel):
         def attention(i: int, p: str) -> dict:
             """Layer i's attention weights, as _Layer's fields."""
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
-            mla = self.load_mla(p, read, heads_part) if c.mla else None
+            own, cols, cols_part, gate_rows, gate_part = None, o_cols, o_part, q_rows, q_part
+            if c.layer_mla:  # (a latent attention of its own shape: its heads, o_proj's columns, the gate's rows)
+                own = c.layer_mla[i]
+                part = tp.part(own.heads, f"layer {i}'s attention heads") if tp is not None else None
+                mla = load_mla_layer(own.spec, read, p, hidden, own.heads, part)
+                v, d = own.spec.v_head_dim, own.spec.qk_head_dim
+                cols, cols_part = own.heads * v, part and slice(part.start * v, part.stop * v)
+                gate_rows, gate_part = own.heads * d, part and slice(part.start * d, part.stop * d)
+                self.kv_shapes.append((mla.heads, d))
+            else:
+                mla = self.load_mla(p, read, heads_part) if c.mla else None
             if mla is not None:  # (its own projections in place of Q, K, V: mla.py)
                 qkv_w = None
             elif group_order is not None:
@@ -572,15 +606,16 @@ class TransformerDecoder(DecoderModel):
                 q_norm, k_norm, q_norm_b, k_norm_b = (t.view(-1, head)[:, order].reshape(-1) if t is not None else None
                                                       for t in (q_norm, k_norm, q_norm_b, k_norm_b))
             return dict(qkv_w=qkv_w, qkv_b=qkv_b, q_norm=q_norm, k_norm=k_norm, q_norm_b=q_norm_b, k_norm_b=k_norm_b,
-                        o_w=scaled(w(p + n.o + ".weight", hidden, o_cols, cols=o_part), c.residual_scale),
+                        o_w=scaled(w(p + n.o + ".weight", hidden, cols, cols=cols_part), c.residual_scale),
                         # (the output projection's bias: one rank adds it, the all-reduce sums the ranks')
                         o_b=scaled(w(p + n.o + ".bias", hidden), c.residual_scale) if c.o_bias and first_rank else None,
                         sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None, mla=mla,
                         # (the output gate's rows are split by heads as Q's are)
-                        attn_gate_w=(w(p + n.attn_gate + ".weight", q_rows, hidden, rows=q_part)
-                                     if c.attn_output_gate else None))
+                        attn_gate_w=(w(p + n.attn_gate + ".weight", gate_rows, hidden, rows=gate_part)
+                                     if c.attn_output_gate else None), attn_scale=own.scale if own else None)
 
         no_attention = dict(qkv_w=None, qkv_b=None, q_norm=None, k_norm=None, o_w=None, o_b=None, sinks=None)
+        self.kv_shapes: list[tuple[int, int]] = []  # (layer_mla: each cache layer's (heads, head dim), this rank's)
         kv_layers = state_layers = 0
         self.state_layouts: list[dict[str, tuple[int, ...]]] = []  # each mixer layer's state (mixers.py)
         for i in range(c.num_layers):
@@ -634,7 +669,10 @@ class TransformerDecoder(DecoderModel):
                 rotary=not c.rope_layers or c.rope_layers[i],
                 moe=moe,
                 attn_norm_b=norm_bias(p + n.attn_norm + ".weight") if c.layer_attn_norm(i) else None,
-                mlp_norm_b=norm_bias(p + n.mlp_norm + ".weight") if own_mlp_norm and c.has_mlp(i) else None,
+                mlp_norm_b=(norm_bias(p + n.mlp_norm + ".weight") if c.layer_pre_norms(i) and own_mlp_norm
+                            and c.has_mlp(i) else None),
+                attn_post_norm_b=norm_bias(p + n.attn_post_norm + ".weight") if c.layer_post_norms(i) else None,
+                mlp_post_norm_b=norm_bias(p + n.mlp_post_norm + ".weight") if c.layer_post_norms(i) else None,
                 gate_up_b=gate_up_b,
                 down_b=down_b,
                 act_params=act_params,
@@ -649,6 +687,20 @@ class TransformerDecoder(DecoderModel):
             self.config = replace(c, num_heads=c.num_heads // heads, num_kv_heads=c.num_kv_heads // heads,
                                   intermediate_size=c.intermediate_size // tp.world, alibi_slopes=alibi_part,
                                   moe=c.moe.split(tp.world) if c.moe else None)
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """One cache layer per attending layer; with layer_mla each at its layer's (heads, head dim), the layers
+        of each shape in one tensor (kv_cache's layer_shapes)."""
+        if not getattr(self, "kv_shapes", None):
+            return super().new_kv_cache(num_blocks, block_size)
+        c = self.config
+        return PagedKVCache(self.num_kv_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device,
+                            self.dtype, layer_shapes=self.kv_shapes)
+
+    def kv_bytes_per_token(self) -> int:
+        if not getattr(self, "kv_shapes", None):
+            return super().kv_bytes_per_token()
+        return 2 * sum(heads * dim for heads, dim in self.kv_shapes) * self.dtype.itemsize
 
     @staticmethod
     def checked(state: dict, name: str, shape: tuple[int, ...], sizes: str) -> str:
@@ -730,6 +782,8 @@ class TransformerDecoder(DecoderModel):
         local = self.local_cos_sin[batch.positions] if self.local_cos_sin is not None else None
         if c.parallel_block:
             return self._parallel_hidden_states(batch, cache, cos_sin, local)
+        if c.post_ln:
+            return self._post_ln_hidden_states(batch, cache, cos_sin, local)
         # The token embeddings (the first residual) and the first norm in one launch (an
         # RMSNorm's; a LayerNorm runs in the first QKV projection's prologue instead).
         pre = None  # (the first layer's input comes normalised from the embedding kernel)
@@ -776,7 +830,7 @@ class TransformerDecoder(DecoderModel):
         if last.mlp_post_norm is not None:
             x, _ = kernels.rms_norm(x, last.mlp_post_norm, eps)
         if c.layer_norm:
-            return self._norm(x, self.final_norm, residual, self.final_norm_b)[0]
+            return self._norm(x, self.final_norm, residual, self.final_norm_b, eps=c.final_norm_eps)[0]
         x, _ = kernels.rms_norm(x, self.final_norm, eps if c.final_norm_eps is None else c.final_norm_eps, residual)
         return x
 
@@ -809,6 +863,26 @@ class TransformerDecoder(DecoderModel):
             m, x = m[batch.logits_index], x[batch.logits_index]
         return self._norm(m, self.final_norm, x, self.final_norm_b)[0]
 
+    def _post_ln_hidden_states(self, batch: DecoderBatch, cache: PagedKVCache, cos_sin: torch.Tensor,
+                               local: torch.Tensor | None) -> torch.Tensor:
+        """hidden_states of the post-LN block (GPT-1's): each norm after its residual add, its output the next
+        residual stream, x = norm_a(x + attn(x)), then x = norm_m(x + mlp(x)); the last layer's closes the stack
+        (no final norm). The linears read the stream itself, so each add and its norm are one launch of their own
+        (the sum is not kept: the norm's output replaces it); the last norm runs on the logits' rows only."""
+        x = self._embed(batch.input_ids, batch.positions)
+        for li, layer in enumerate(self.layers):
+            h = self._attend(x, li, layer, batch, cache, cos_sin, local)
+            if self.tp is not None:  # (each rank's heads' share of the output projection, summed)
+                h = self.tp.all_reduce(h)
+            x = self._norm(h, layer.attn_post_norm, x, layer.attn_post_norm_b)[0]
+            m = self._mlp(x, layer)
+            if self.tp is not None:
+                m = self.tp.all_reduce(m)
+            if li + 1 == len(self.layers) and not batch.logits_every_row:
+                m, x = m[batch.logits_index], x[batch.logits_index]
+            x = self._norm(m, layer.mlp_post_norm, x, layer.mlp_post_norm_b)[0]
+        return x
+
     def _mlp_norm(self, x: torch.Tensor, layer: _Layer, attn_input: torch.Tensor) -> torch.Tensor:
         """The parallel block's MLP input: the norm attention reads (`attn_input`), or with
         parallel_mlp_norm (GPT-NeoX) the layer's own norm of the residual stream x."""
@@ -817,12 +891,13 @@ class TransformerDecoder(DecoderModel):
         return self._norm(x, layer.mlp_norm, bias=layer.mlp_norm_b)[0]
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
-              bias: torch.Tensor | None = None):
+              bias: torch.Tensor | None = None, eps: float | None = None):
         """(RMSNorm, or with `layer_norm` LayerNorm (with `bias` as Phi's, or without one as Cohere's), of
         x's rows plus `residual`'s, that sum as the next residual stream: written by the same
-        launch; x itself without a residual)."""
+        launch; x itself without a residual). At `eps` where given, else the config's norm_eps."""
         total = None if residual is None else torch.empty_like(residual)
-        pre = kernels.PreNorm(weight, self._norm_bias(bias), self.config.norm_eps, residual=residual, sum_out=total)
+        eps = self.config.norm_eps if eps is None else eps
+        pre = kernels.PreNorm(weight, self._norm_bias(bias), eps, residual=residual, sum_out=total)
         return kernels.prenormed(x, pre), x if total is None else total
 
     def _norm_bias(self, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -905,7 +980,8 @@ class TransformerDecoder(DecoderModel):
             beta, original = c.query_scaling
             t = 1.0 + beta * torch.log(1.0 + torch.floor(batch.positions.float() / original))
             q = q * t.to(q.dtype)[:, None, None]
-        ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=c.attn_scale, window=layer.window,
+        scale = c.attn_scale if layer.attn_scale is None else layer.attn_scale
+        ctx = batch.attention(q, cache.keys(li), cache.values(li), scale=scale, window=layer.window,
                               softcap=c.attn_softcap, sinks=layer.sinks, chunk=layer.chunk,
                               alibi_slopes=self.alibi_slopes)
         if gate is not None and c.attn_gate_softplus:  # (fp32 softplus rounded to ctx's dtype, as transformers)
