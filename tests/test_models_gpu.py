@@ -321,7 +321,8 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "zamba2-2.7b", "zamba-7b", "kimi-linear-48b-a3b", "ling-3.0-flash", "mamba-2.8b", "falcon-mamba-7b",
                  "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
                  "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "gemma-4-12b", "jetmoe-8b", "zaya1-8b",
-                 "diffllama-0.3b"]
+                 "diffllama-0.3b", "llama-3.2-11b-vision", "phi-4-multimodal", "emu3-chat", "dots3-note-prev",
+                 "hy4-preview", "openai-gpt", "ctrl", "gpt-neox-japanese-2.7b"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -386,7 +387,12 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           # LongCat-Flash: one layer (num_hidden_layers counts its two sublayers), 26B weights in HF's model (512
           # experts of 2,048 over 6,144, [gate; up] stacked for the 256 identity experts too): ~110 GB in fp32 with
           # the embeddings, which ours reads in place (fp32: no copy), on the H200's 139 GB
-          "longcat-flash-chat": 2}
+          "longcat-flash-chat": 2,
+          # Dots3: its first three layers, two indexed ones (served dense) and the first sliding one, whose latent
+          # attention has a shape of its own; the dense first MLP, then two MoE ones of 6.0B weights in 256 experts
+          "dots3-note-prev": 3,
+          # HY-V4: three layers (its dense first MLP, then 1.7B weights a layer in 256 experts), indexers full, shared
+          "hy4-preview": 3}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
@@ -464,7 +470,10 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "zamba-7b",
         # ZAYA1-8B's top 1 of 16 experts (or the skip class) by softmax probability + balancing bias, which
         # transformers takes in the activation dtype: fp32 from the start (not yet measured in bf16)
-        "zaya1-8b"}
+        "zaya1-8b",
+        # Dots3's and HY-V4's top 8 of 256 experts by sigmoid score + bias: fp32 from the start (not yet measured in
+        # bf16)
+        "dots3-note-prev", "hy4-preview"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):
@@ -547,6 +556,11 @@ ON_OLMO2_SHAPE = {
     "exaone_moe": {"model_type": "exaone_moe", "num_key_value_heads": 8, "sliding_window": 512,
                    "sliding_window_pattern": 2, "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
                    "first_k_dense_replace": 1},
+    # Cohere Compass text: windowed layers at one base, global ones without a rotary (NoPE), biases on the attention
+    "cohere_compass": {"model_type": "cohere_compass_text", "num_key_value_heads": 8, "sliding_window": 512,
+                       "layer_types": ["sliding_attention", "full_attention"] * 2, "attention_bias": True,
+                       "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+                                           "full_attention": None}},
 }
 
 
@@ -570,7 +584,9 @@ def _check_every_iteration_against_hf(cfg: dict, dtype: torch.dtype = torch.bflo
     hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16) if dtype == torch.bfloat16 else None
     gen = torch.Generator().manual_seed(13)
     vocab = min(cfg["vocab_size"], 32000)
-    prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (700, 1, 57)]
+    # (GPT-1's learnt positions end at 512: the long prompt kept short enough for the six steps after it)
+    positions = cfg.get("max_position_embeddings") or cfg.get("n_positions") or 700 + 8
+    prompts = [torch.randint(3, vocab, (min(n, positions - 8),), generator=gen).tolist() for n in (700, 1, 57)]
     run = PagedSteps(ours, num_blocks=512, block_size=16)
     histories = [list(p) for p in prompts]
     logits = run.step([(0, prompts[0][:100])] + [(i, p) for i, p in enumerate(prompts) if i])
