@@ -1545,6 +1545,31 @@ def _assert_two_prompts_greedy_as_hf(ours, hf) -> None:
         assert tokens == _hf_greedy(hf, prompt, 16)
 
 
+def _saved_multimodal(kind: str, seed: int, lazy: bool, tmp_path):
+    """(HF's tiny `kind` model, its norms drawn off 1; the checkpoint transformers saves of it, read whole or lazily
+    as a tensor-parallel rank reads it)."""
+    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_state_dict
+
+    torch.manual_seed(seed)
+    hf = _multimodal(kind).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    return hf, (lazy_state_dict if lazy else load_state_dict)(tmp_path)
+
+
+def _assert_text_as_hf(ours, hf) -> None:
+    """A 67-id prompt's prefill logits, then two prompts' greedy text, as HF's text-only model gives them."""
+    prompt = list(range(3, 70))
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0, -1]
+    got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    _assert_two_prompts_greedy_as_hf(ours, hf)
+
+
 def _multimodal(kind: str):
     """A tiny multimodal HF model (random weights) whose text model is a shrunk published shape."""
     if kind == "mistral3":
@@ -1646,27 +1671,15 @@ def test_a_saved_mllama_checkpoint_serves_text_as_hf_without_an_image(lazy, tmp_
     `language_model.model.`, the towers beside it): read whole or lazily (as a tensor-parallel rank reads it), its
     self-attention layers only (the cross-attention ones, gates open, skipped as HF skips them without an image), the
     embedding's image rows past the vocabulary left out; prefill logits and greedy text as HF's text-only generate."""
-    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
+    from tritonformer.backend.checkpoints.weights import load_config
 
-    torch.manual_seed(6)
-    hf = _multimodal("mllama").eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(tmp_path)
-    state = (lazy_state_dict if lazy else load_state_dict)(tmp_path)
+    hf, state = _saved_multimodal("mllama", 6, lazy, tmp_path)
     assert any(".cross_attn." in name for name in state) and state["language_model.model.embed_tokens.weight"].shape[
         0] == 328
     ours = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
     assert ours.config.num_layers == 3 and ours.vocab_size == ours.config.vocab_size == 320
     assert tuple(ours.embed.shape) == (320, hf.config.text_config.hidden_size)
-    prompt = list(range(3, 70))
-    with torch.no_grad():
-        expected = hf(torch.tensor([prompt])).logits[0, -1]
-    got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    _assert_two_prompts_greedy_as_hf(ours, hf)
+    _assert_text_as_hf(ours, hf)
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["read", "lazy"])
@@ -1674,26 +1687,14 @@ def test_a_saved_emu3_checkpoint_serves_text_as_hf(lazy, tmp_path):
     """An Emu3 checkpoint as transformers writes it (model_type emu3, in the published layout: the text model under
     `text_model.model.`, its head `text_model.lm_head`, the VQ-GAN under `vqmodel.`), read whole or lazily: the text
     model alone, its head untied as the outer config says; prefill logits and greedy text as HF's text-only generate."""
-    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
+    from tritonformer.backend.checkpoints.weights import load_config
 
-    torch.manual_seed(7)
-    hf = _multimodal("emu3").eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(tmp_path)
-    state = (lazy_state_dict if lazy else load_state_dict)(tmp_path)
+    hf, state = _saved_multimodal("emu3", 7, lazy, tmp_path)
     assert "text_model.lm_head.weight" in state and "text_model.model.norm.weight" in state
     assert any(name.startswith("vqmodel.") for name in state)
     ours = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
     assert not ours.config.tie_word_embeddings
-    prompt = list(range(3, 70))
-    with torch.no_grad():
-        expected = hf(torch.tensor([prompt])).logits[0, -1]
-    got = PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)])[0]
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    _assert_two_prompts_greedy_as_hf(ours, hf)
+    _assert_text_as_hf(ours, hf)
 
 
 @pytest.mark.parametrize("layout", ["transformers", "original"])
@@ -1708,13 +1709,7 @@ def test_a_saved_phi4_multimodal_checkpoint_serves_text_on_its_base_weights(layo
 
     from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
 
-    torch.manual_seed(8)
-    hf = _multimodal("phi4_multimodal").eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(tmp_path)
+    hf, _ = _saved_multimodal("phi4_multimodal", 8, False, tmp_path)
     if layout == "original":
         g = torch.Generator().manual_seed(9)
         for path in tmp_path.glob("*.safetensors"):

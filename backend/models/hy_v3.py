@@ -7,23 +7,19 @@ output to the routed sum in fp32 (`enable_moe_fp32_combine`); the decoder adds t
 rounding apart in bf16, none in fp32. Published checkpoints name the router `router.gate`, the bias
 `expert_bias` and the shared experts `shared_mlp`: renamed at load. MLP biases (`mlp_bias`) are refused: the
 shared experts have none here. The multi-token-prediction layer (`layers.{num_hidden_layers}`) is not read."""
+import re
+
 from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
-from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf
+from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf, tensors_renamed
 
 # published name -> transformers', inside a layer's `mlp.`
-RENAMES = (("mlp.router.gate.", "mlp.gate."), ("mlp.expert_bias", "mlp.e_score_correction_bias"),
-           ("mlp.shared_mlp.", "mlp.shared_experts."))
+RENAMES = tuple((re.compile(re.escape(old)), new) for old, new in (
+    ("mlp.router.gate.", "mlp.gate."), ("mlp.expert_bias", "mlp.e_score_correction_bias"),
+    ("mlp.shared_mlp.", "mlp.shared_experts.")))
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
-    if not any(old in name for name in state for old, _ in RENAMES):
-        return cfg, state
-    renamed = {}
-    for name, t in state.items():
-        for old, new in RENAMES:
-            name = name.replace(old, new)
-        renamed[name] = t
-    return cfg, renamed
+    return cfg, tensors_renamed(state, RENAMES)
 
 
 def from_hf(cfg: dict) -> DecoderSpec:

@@ -53,7 +53,7 @@ from tritonformer.backend.models.glm4_moe import sigmoid_moe
 from tritonformer.backend.models.hyper_connections import (HyperConnection, expand, hc_tensor_shapes,
                                                            load_hyper_connection, load_hyper_head)
 from tritonformer.backend.models.mla import mla_options
-from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf
+from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf, tensors_renamed
 from tritonformer.kernels.reference import moe_route
 
 # transformers' HYV4Config defaults, where a config.json leaves them out
@@ -81,12 +81,7 @@ CHECKPOINT_RENAMES = ((re.compile(r"(^|\.)hc_pre\.hc_"), r"\1hc_"),
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """The checkpoint's tensors under the names transformers' model gives them (CHECKPOINT_RENAMES); names
     already in that form pass unchanged."""
-    renamed = {}
-    for name, tensor in state.items():
-        for pattern, repl in CHECKPOINT_RENAMES:
-            name = pattern.sub(repl, name)
-        renamed[name] = tensor
-    return cfg, renamed
+    return cfg, tensors_renamed(state, CHECKPOINT_RENAMES)
 
 
 @dataclass(frozen=True)

@@ -1102,6 +1102,17 @@ def layers_renamed(state: dict, prefix: str) -> dict:
     return {("layers." + name[len(prefix):] if name.startswith(prefix) else name): t for name, t in state.items()}
 
 
+def tensors_renamed(state: dict, renames) -> dict:
+    """The checkpoint's tensors with each name rewritten by `renames`, (compiled pattern, replacement) pairs applied
+    in order (re.sub): a published checkpoint's names as transformers' modules name them."""
+    renamed = {}
+    for name, t in state.items():
+        for pattern, replacement in renames:
+            name = pattern.sub(replacement, name)
+        renamed[name] = t
+    return renamed
+
+
 def config_renamed(cfg: dict, renames: tuple[tuple[str, str], ...]) -> dict:
     """A copy of the config with each (old, new) name's value also under the new name (transformers'
     canonical one, which the decoder reads) where that is not set: configs written with GPT-2's or
