@@ -49,11 +49,12 @@ import torch.nn.functional as F
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
+from tritonformer.backend.models.deepseek_v32 import INDEXER, DsaSpec
 from tritonformer.backend.models.glm4_moe import sigmoid_moe
 from tritonformer.backend.models.hyper_connections import (HyperConnection, expand, hc_tensor_shapes,
                                                            load_hyper_connection, load_hyper_head)
 from tritonformer.backend.models.mla import mla_options
-from tritonformer.backend.models.transformer import DecoderSpec, TransformerDecoder, spec_from_hf, tensors_renamed
+from tritonformer.backend.models.transformer import TransformerDecoder, spec_from_hf, tensors_renamed
 from tritonformer.kernels.reference import moe_route
 
 # transformers' HYV4Config defaults, where a config.json leaves them out
@@ -65,7 +66,6 @@ DEFAULTS = {"vocab_size": 120832, "hidden_size": 2816, "intermediate_size": 6912
             "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
             "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 16, "hc_mult": 4,
             "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0}
-INDEXER = "self_attn.indexer."
 # The published checkpoint (and transformers' save_pretrained, which writes its conversion mapping back) names some
 # tensors otherwise than transformers' modules: the sinks `learnable_sink_param`, the attention's and the experts'
 # gates `linear_gate`, the hyper-connections `hc_pre.hc_attn_layer.hc_fn` and so on. transformers renames them as it
@@ -85,38 +85,31 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
 
 
 @dataclass(frozen=True)
-class HyV4Spec(DecoderSpec):
-    """DecoderSpec (latent attention with sinks, experts) plus the hyper-connections, the indexers and the clamp."""
+class HyV4Spec(DsaSpec):
+    """DsaSpec (latent attention with sinks, experts, the indexers' sizes and layers) plus the hyper-connections and
+    the clamp."""
 
+    family: str = "HY-V4"
     hc_mult: int = 4
     hc_magnitude: float = 2.0
     hc_eps: float = 1e-6
-    index_topk: int = 2048
-    index_heads: int = 16
-    index_head_dim: int = 128
-    indexer_layers: tuple[bool, ...] = ()  # per layer: a "full" indexer of its own
     swiglu_limit: float = 10.0
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """No cap: the sparse attention runs sparse here, any length (DsaSpec caps the dense form at index_topk)."""
 
     def check_split(self, tp) -> None:
         raise ValueError("tensor parallelism is not supported for model_type 'hy_v4' (supported: one GPU)")
 
-    def indexer_shapes(self) -> dict[str, tuple[int, ...]]:
-        """One layer's indexer tensors by name (after `self_attn.indexer.`)."""
-        d, hidden = self.index_head_dim, self.hidden_size
-        return {"wq_b.weight": (self.index_heads * d, self.mla.q_lora_rank), "wk.weight": (d, hidden),
-                "k_norm.weight": (d,), "k_norm.bias": (d,), "weights_proj.weight": (self.index_heads, hidden)}
-
     def extra_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Beside the shared decoder's (client/model_shapes.tensor_shapes): the hyper-connections, the output gates
-        and the indexers."""
+        """Beside the shared decoder's (client/model_shapes.tensor_shapes) and the indexers' (DsaSpec's): the
+        hyper-connections and the output gates."""
         n, hidden = self.hc_mult, self.hidden_size
-        shapes = hc_tensor_shapes("hc_head.", n, hidden, head=True)
+        shapes = {**super().extra_tensor_shapes(), **hc_tensor_shapes("hc_head.", n, hidden, head=True)}
         for i in range(self.num_layers):
             p = f"layers.{i}."
             shapes.update(hc_tensor_shapes(p + "attn_hc.", n, hidden) | hc_tensor_shapes(p + "ffn_hc.", n, hidden))
             shapes[p + "self_attn.gate_proj.weight"] = (self.num_heads * self.mla.v_head_dim, hidden)
-            if self.indexer_layers[i]:
-                shapes.update({p + INDEXER + name: shape for name, shape in self.indexer_shapes().items()})
         return shapes
 
 
