@@ -597,6 +597,20 @@ MINIMAX_M2 = {
     "num_local_experts": 256, "num_experts_per_tok": 8, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
     "max_position_embeddings": 196608, "tie_word_embeddings": False, "bos_token_id": 200034, "eos_token_id": 200020,
 }
+# The shape transformers' MiniMaxM3VLTextConfig defaults to (MiniMaxAI/MiniMax-M3's text model, model_type
+# minimax_m3_vl_text): 60 layers at 6,144 wide, 64 query heads of 128 over 4 KV heads, 128 experts of 3,072 columns,
+# the top 4 by sigmoid score plus a learnt bias, renormalised and scaled by 2, a shared expert of 3,072, gpt-oss's
+# clamped SwiGLU; indexers of 4 heads of 128 choosing 16 blocks of 128 keys. Uncertain: the published config.json's
+# per-layer kinds (transformers' defaults: every layer full attention and MoE) and its rope share.
+MINIMAX_M3 = {
+    "model_type": "minimax_m3_vl_text", "vocab_size": 200064, "hidden_size": 6144, "intermediate_size": 3072,
+    "num_hidden_layers": 60, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+    "num_local_experts": 128, "num_experts_per_tok": 4, "dense_intermediate_size": 12288,
+    "shared_intermediate_size": 3072, "routed_scaling_factor": 2.0, "rotary_dim": 64, "index_n_heads": 4,
+    "index_head_dim": 128, "index_block_size": 128, "index_topk_blocks": 16, "index_local_blocks": 1,
+    "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "max_position_embeddings": 524288, "tie_word_embeddings": False,
+    "bos_token_id": 200034, "eos_token_id": 200020,
+}
 # MiniMaxAI/MiniMax-Text-01 (model_type minimax, 456B in all, 46B active) in transformers' names (the -hf
 # conversion's), as recalled, not read from the file: 80 layers at 6,144 wide, 64 heads of 128 (head_dim not hidden /
 # heads), 8 KV heads on the softmax layers; every 8th layer softmax attention, the other 7 lightning attention (the
@@ -701,6 +715,18 @@ EMU3_CHAT = {
     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
     "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 9216, "tie_word_embeddings": False,
     "bos_token_id": 151849, "eos_token_id": 151850, "pad_token_id": 151643,
+}
+# rhymes-ai/Aria's language model (config.json's text_config, model_type aria_text; the checkpoint's own model_type is
+# aria, the vision tower and projector beside it), from memory of the published config: Llama's block, 28 layers at
+# 2,560 wide, 20 query heads of 128 (as many KV heads), rope base 5e6, a 100,352-id vocabulary, an untied head; every
+# layer's MLP 64 experts of 1,664 columns, the top 6, and 2 shared experts (3,328 columns). Sure: the expert counts,
+# k, the widths, the layers. Uncertain: rope_theta, max_position_embeddings (64K context), the special ids.
+ARIA = {
+    "model_type": "aria_text", "vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 1664,
+    "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 20, "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "max_position_embeddings": 65536, "tie_word_embeddings": False,
+    "moe_num_experts": 64, "moe_topk": 6, "moe_num_shared_experts": 2, "attention_bias": False, "mlp_bias": False,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
 }
 # arcee-ai/Trinity-Mini (model_type afmoe), as its config.json reads (its values quoted by public ports of the model;
 # the sizes are those of the Trinity technical report's table): 32 layers at 2,048 wide, 32 query heads of 128 over 4
@@ -1509,12 +1535,14 @@ DECODER_SHAPES = {
     "phi-3.5-moe": PHI_3_5_MOE,
     "mimo-v2-flash": MIMO_V2_FLASH,
     "minimax-m2": MINIMAX_M2,
+    "minimax-m3": MINIMAX_M3,
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
     "hy4-preview": HY4_PREVIEW,
     "llama-4-scout": LLAMA_4_SCOUT,
     "llama-3.2-11b-vision": LLAMA_3_2_11B_VISION,
     "emu3-chat": EMU3_CHAT,
+    "aria": ARIA,
     "flint": FLINT,
     "trinity-mini": TRINITY_MINI,
     "recurrentgemma-2b": RECURRENTGEMMA_2B,
@@ -1635,6 +1663,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
             cfg["moe_intermediate_size"] = hidden + 16
         if "shared_expert_intermediate_size" in cfg:
             cfg["shared_expert_intermediate_size"] = hidden + 48
+    if "moe_topk" in cfg and "moe_num_experts" in cfg:  # (Aria's names for k and the experts: fewer likewise, k kept)
+        cfg["moe_num_experts"] = min(cfg["moe_num_experts"], max(8, 2 * cfg["moe_topk"]))
     if dbrx:  # (its nested options: its KV heads; fewer, narrower experts, k kept)
         ffn = cfg["ffn_config"]
         cfg["attn_config"] = {**cfg["attn_config"], "kv_n_heads": cfg.pop("num_key_value_heads")}

@@ -136,6 +136,14 @@ CASES = [
      {"moe_layer_start_index": 0, "moe_layer_end_index": 0, "moe_num_shared_experts": 0}),
     ("helium", "helium-1-2b", {}),
     ("mixtral", "mixtral-8x7b", {}),
+    # Aria's language model: the top 6 of 12 experts by logit (softmax over the 6) and 2 shared experts in every layer;
+    # then biases on the attention's four projections, GQA, one shared expert, YaRN and a tied head
+    ("aria", "aria", {"initializer_range": 0.1}),
+    ("aria-biases-gqa-one-shared-yarn-tied", "aria", {
+        "attention_bias": True, "num_key_value_heads": 2, "moe_num_shared_experts": 1, "moe_topk": 2,
+        "tie_word_embeddings": True, "initializer_range": 0.1,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                            "rope_theta": 5000000.0}}),
     # Phi-3.5-MoE: LayerNorms with biases, biases on attention and the head, longrope scaled by its own mscales, a
     # window on every layer, 2 of 8 experts by the sparsemixer router (each weight a softmax over the experts near its
     # pick); and no window or biases, short_mscale alone in reach (the original length the model's), a router band
@@ -195,6 +203,21 @@ CASES = [
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
                             "beta_slow": 1.0, "original_max_position_embeddings": 64, "mscale": 1.0,
                             "mscale_all_dim": 1.0}}),
+    # MiniMax-M3's text model: blocks of 4 keys, the best 3 a query (its own forced), well below the prompts' lengths,
+    # sparse layers first and last beside a full one, a dense layer then experts; and blocks of 8, the best 2 with
+    # two forced, half of each head rotated, experts first. (Indexers of 8 and 4 heads of 32: no ties at a block's
+    # edge)
+    ("minimax-m3", "minimax-m3", {"num_hidden_layers": 3, "layer_types": ["minimax_m3_sparse", "full_attention",
+                                                                          "minimax_m3_sparse"],
+                                  "mlp_layer_types": ["dense", "sparse", "sparse"], "dense_intermediate_size": 160,
+                                  "index_n_heads": 8, "index_head_dim": 32, "index_block_size": 4,
+                                  "index_topk_blocks": 3, "initializer_range": 0.05}),
+    ("minimax-m3-half-rotary-two-local-blocks-moe-first", "minimax-m3", {
+        "num_hidden_layers": 2, "layer_types": ["minimax_m3_sparse", "minimax_m3_sparse"],
+        "mlp_layer_types": ["sparse", "dense"], "dense_intermediate_size": 96, "index_n_heads": 4,
+        "index_head_dim": 32, "index_block_size": 8, "index_topk_blocks": 2, "index_local_blocks": 2,
+        "initializer_range": 0.05,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
     # Llama 4 (Scout's shape): a rope layer chunked in 16 tokens (the prompts cross chunks), L2 q / k norms after the
     # interleaved llama3-scaled rotary, then a NoPE layer of full attention with temperature tuning (floor_scale 4: the
     # queries' scale grows along the prompts); experts in both: the top 1's input scaled, a shared expert. And
@@ -849,7 +872,8 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "phi4-multimodal-default-rope-half-rotary-unwindowed-untied",
                    "qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
                    "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
-                   "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "phimoe",
+                   "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "aria",
+                   "aria-biases-gqa-one-shared-yarn-tied", "phimoe",
                    "phimoe-unwindowed-unbiased-wide-band", "mimo-v2-flash",
                    "mimo-v2-flash-windowed-first-biases-groups",
                    "qwen2-moe", "granite-moe-shared",
@@ -864,6 +888,7 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
                    "gpt-neo", "hy-v3", "hy-v4",
                    "hy-v4-two-streams-default-indexers-moe-first-groups-clamped-yarn-biases", "biogpt",
+                   "minimax-m3", "minimax-m3-half-rotary-two-local-blocks-moe-first",
                    "openai-gpt", "openai-gpt-tied-relu-three-layers", "xglm",
                    "ctrl", "ctrl-tied-odd-width-final-eps", "gpt-neox-japanese",
                    "gpt-neox-japanese-half-rotary-linear-three-layers-tied",
@@ -1023,7 +1048,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
     # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
-                                               "gemma4_unified", "cohere_compass", "mllama", "emu3", "dots3_note"}
+                                               "gemma4_unified", "cohere_compass", "mllama", "emu3", "dots3_note",
+                                               "aria"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -1047,6 +1073,13 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("hy4-preview", {"swiglu_limit": 0.0}, "swiglu_limit"),
     ("hy4-preview", {"index_head_dim": 4}, "index_head_dim"),
     ("hy4-preview", {"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ("minimax-m3", {"layer_types": ["minimax_m3_sparse", "sliding_attention"]}, "layer_types"),
+    ("minimax-m3", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("minimax-m3", {"swiglu_limit": 10.0}, "swiglu_limit"),
+    ("minimax-m3", {"swiglu_alpha": 1.0}, "swiglu_alpha"),
+    ("minimax-m3", {"index_n_heads": 3}, "index_n_heads"),
+    ("minimax-m3", {"index_head_dim": 8}, "index_head_dim"),
+    ("minimax-m3", {"index_topk_blocks": 1, "index_local_blocks": 2}, "index_topk_blocks"),
     ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "moe_normalize_expert_weights": 2.0}},
      "moe_normalize_expert_weights"),
     ("dbrx-132b", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 4, "ffn_act_fn": {"name": "gelu"}}}, "ffn_act_fn"),
@@ -1247,6 +1280,8 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("emu3-chat", {"hidden_act": "gelu"}, "hidden_act"),
     ("emu3-chat", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("emu3-chat", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("aria", {"hidden_act": "gelu"}, "hidden_act"),
+    ("aria", {"mlp_bias": True}, "mlp_bias"),
     ("zaya1-8b", {"layer_types": ["hybrid", "full_attention"]}, "layer_types"),
     ("zaya1-8b", {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window": None}, "sliding_window"),
     ("zaya1-8b", {"cca_time0": 1, "cca_time1": 1}, "cca_time0"),
@@ -1635,6 +1670,13 @@ def _multimodal(kind: str):
               "attn_resolutions": [], "hidden_size": 32, "temporal_downsample_factor": 2}
         cfg = transformers.Emu3Config(text_config=text, vq_config=vq, vocabulary_map={"<image>": 300})
         return transformers.Emu3ForConditionalGeneration(cfg)
+    if kind == "aria":  # (Aria's: a tiny Idefics3 vision tower and projector; the text config's head tied, the outer
+        # one's not: HF unties)
+        text = {k: v for k, v in {**shrunk("aria"), "tie_word_embeddings": True}.items() if k != "model_type"}
+        vision = transformers.Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=2, image_size=28, patch_size=14)
+        cfg = transformers.AriaConfig(text_config=text, vision_config=vision, projector_patch_to_query_dict={4: 4})
+        return transformers.AriaForConditionalGeneration(cfg)
     if kind == "phi4_multimodal":  # (its language model's config flat beside the towers', tiny ones here)
         text = {k: v for k, v in shrunk("phi-4-multimodal").items() if k != "model_type"}
         cfg = transformers.Phi4MultimodalConfig(**text, **PHI4MM_TOWERS, initializer_range=0.1)
@@ -1648,12 +1690,12 @@ def _multimodal(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass", "mllama",
-                                  "emu3", "phi4_multimodal", "dots3_note"])
+                                  "emu3", "phi4_multimodal", "dots3_note", "aria"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4), Cohere Compass (cohere_compass), Llama 3.2
     Vision (mllama, text-only), Emu3 (emu3, its VQ-GAN beside it), Phi-4-multimodal (phi4_multimodal, its towers
-    beside it) and Dots3 Note (dots3_note, its towers beside it) checkpoints: the text model's config and tensors
-    (output head included, wherever the layout keeps it), greedy text as HF's."""
+    beside it), Dots3 Note (dots3_note, its towers beside it) and Aria (aria, its vision tower beside it) checkpoints:
+    the text model's config and tensors (output head included, wherever the layout keeps it), greedy text as HF's."""
     torch.manual_seed(4)
     hf = _multimodal(kind).eval()
     with torch.no_grad():
@@ -1682,16 +1724,25 @@ def test_a_saved_mllama_checkpoint_serves_text_as_hf_without_an_image(lazy, tmp_
     _assert_text_as_hf(ours, hf)
 
 
+# (the multimodal checkpoint's kind, tensors its published layout holds, the prefix of the part left unread)
+SAVED_TEXT_MODELS = [
+    # Emu3: the text model under `text_model.model.`, its head `text_model.lm_head`, the VQ-GAN under `vqmodel.`
+    ("emu3", ("text_model.lm_head.weight", "text_model.model.norm.weight"), "vqmodel."),
+    # Aria: the text model under `language_model.model.`, its experts as `experts.fc1` / `experts.fc2`, its head
+    # `language_model.lm_head`, the vision tower and projector beside it
+    ("aria", ("language_model.lm_head.weight", "language_model.model.layers.1.mlp.experts.fc1.weight"), "vision_tower.")]
+
+
 @pytest.mark.parametrize("lazy", [False, True], ids=["read", "lazy"])
-def test_a_saved_emu3_checkpoint_serves_text_as_hf(lazy, tmp_path):
-    """An Emu3 checkpoint as transformers writes it (model_type emu3, in the published layout: the text model under
-    `text_model.model.`, its head `text_model.lm_head`, the VQ-GAN under `vqmodel.`), read whole or lazily: the text
-    model alone, its head untied as the outer config says; prefill logits and greedy text as HF's text-only generate."""
+@pytest.mark.parametrize("kind,published,unread", SAVED_TEXT_MODELS, ids=[k for k, _, _ in SAVED_TEXT_MODELS])
+def test_a_saved_multimodal_checkpoint_serves_text_as_hf(kind, published, unread, lazy, tmp_path):
+    """Emu3's and Aria's checkpoints as transformers writes them, in their published layouts, read whole or lazily:
+    the text model alone, its head untied as the outer config says; prefill logits and greedy text as HF's text-only
+    generate."""
     from tritonformer.backend.checkpoints.weights import load_config
 
-    hf, state = _saved_multimodal("emu3", 7, lazy, tmp_path)
-    assert "text_model.lm_head.weight" in state and "text_model.model.norm.weight" in state
-    assert any(name.startswith("vqmodel.") for name in state)
+    hf, state = _saved_multimodal(kind, 7, lazy, tmp_path)
+    assert all(name in state for name in published) and any(name.startswith(unread) for name in state)
     ours = load_decoder(load_config(tmp_path), state, CPU, torch.float32)
     assert not ours.config.tie_word_embeddings
     _assert_text_as_hf(ours, hf)
@@ -2011,6 +2062,21 @@ def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
 
 
+def test_minimax_m3_refuses_tensor_parallelism_and_fp8_by_name():
+    """MiniMax-M3's text model (its module not named as its model_type) refuses both, naming its model_type."""
+    from tritonformer.backend.models import minimax_m3
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+    from tritonformer.backend.parallel.group import TensorParallelGroup
+
+    cfg = {**shrunk("minimax-m3"), "mlp_layer_types": ["dense", "dense"]}  # (FP8: refused without experts too)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'minimax_m3_vl_text'"):
+        check_tensor_parallel(cfg, 2)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'minimax_m3_vl_text'"):
+        minimax_m3.MODEL(minimax_m3.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
+    with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'minimax_m3_vl_text'"):
+        load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
 def test_longcat_flash_loads_its_published_layout():
     """A checkpoint as published (the experts one by one, `model.` names) and one saved by transformers (the experts
     stacked with rows for the identity experts too) load the same model; the MTP layer is not read."""
@@ -2234,6 +2300,8 @@ def test_kimi_linear_loads_its_published_layout():
               "layers.1.mlp.experts.3.gate_proj")),
     # (Laguna's choice bias under `mlp.experts`, its shared expert as `mlp.shared_expert`)
     ("laguna", ("layers.1.mlp.experts.e_score_correction_bias", "layers.1.mlp.shared_expert.up_proj")),
+    # (Aria's experts stacked as published, `experts.fc1` / `experts.fc2`)
+    ("aria", ("layers.0.mlp.experts.fc1.weight", "layers.1.mlp.experts.fc2.weight")),
     # (Llama 3.2 Vision's text model, MllamaForCausalLM's: its cross-attention layers' tensors written, left unread)
     ("mllama", ("layers.1.cross_attn.q_proj", "layers.3.cross_attn_mlp_gate")),
     # (GPT-NeoX-Japanese's tensors under `gpt_neox_japanese.`, its last layer's bias as `dense_bias`, the head as

@@ -95,6 +95,12 @@ FAMILIES = [
     ("gen_hy_v4", "hy4-preview", {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"],
                                   "mlp_layer_types": ["dense", "sparse", "sparse"], "index_topk": 8,
                                   "index_head_dim": 32, "index_n_heads": 16, "initializer_range": 0.05}),
+    # MiniMax-M3's text model: block-sparse attention (blocks of 4 keys, the best 3) on the first and last layers
+    ("gen_minimax_m3", "minimax-m3", {"num_hidden_layers": 3,
+                                      "layer_types": ["minimax_m3_sparse", "full_attention", "minimax_m3_sparse"],
+                                      "mlp_layer_types": ["dense", "sparse", "sparse"], "dense_intermediate_size": 160,
+                                      "index_n_heads": 8, "index_head_dim": 32, "index_block_size": 4,
+                                      "index_topk_blocks": 3, "initializer_range": 0.05}),
     ("gen_llama4", "llama-4-scout", {"attention_chunk_size": 16}),
     ("gen_flint", "flint", {"layer_types": ["sliding_attention", "full_attention"], "mlp_only_layers": [0]}),
     ("gen_afmoe", "trinity-mini", {"num_dense_layers": 1, "global_attn_every_n_layers": 2}),
@@ -194,6 +200,8 @@ FAMILIES = [
     ("gen_gpt_neox_japanese", "gpt-neox-japanese-2.7b", {"rotary_pct": 0.5, "initializer_range": 0.1}),
     # Emu3's text model (Emu3ForCausalLM's checkpoint, emu3_text_model): Llama's block at base 1e6
     ("gen_emu3", "emu3-chat", {}),
+    # Aria's language model: Llama's block, the top 6 of the experts and 2 shared experts in every layer
+    ("gen_aria", "aria", {}),
     # Phi-4-multimodal (Phi4MultimodalForCausalLM's checkpoint: tiny image and audio towers beside the language model,
     # unread): Phi-4-mini's block, its longrope with an original length past these sequences (inside it ours is HF's)
     ("gen_phi4_multimodal", "phi-4-multimodal", {

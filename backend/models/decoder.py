@@ -108,8 +108,11 @@ DECODER_FAMILIES = {
     "mllama": "mllama",  # (Llama 3.2 Vision's multimodal checkpoint: its text model, cross-attention layers skipped)
     "emu3_text_model": "emu3",  # (Emu3's text model: Llama's block)
     "emu3": "emu3",  # (Emu3-Chat / Emu3-Gen's multimodal checkpoint: its text model, the VQ-GAN unread)
+    "aria_text": "aria",  # (Aria's language model: Llama's block, MoE layers with shared experts)
+    "aria": "aria",  # (rhymes-ai/Aria's multimodal checkpoint: its text model, the vision tower unread)
     "flint": "flint",
     "minimax_m2": "minimax_m2",
+    "minimax_m3_vl_text": "minimax_m3",  # (MiniMax-M3's text model: block-sparse attention run sparse)
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2_moe",
