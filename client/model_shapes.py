@@ -422,6 +422,16 @@ CTRL = {
     "tie_word_embeddings": True,
 }
 
+# openbmb/cpm-ant-10b (model_type cpmant), its config.json: 48 pre-RMSNorm layers 4,096 wide, 32 heads of 128, a gated
+# GELU MLP 10,240 wide; 32 virtual prompt tokens (of 32 prompt types) before the text, 32 segment types, a position bias
+# of 512 buckets up to 2,048 positions; 30,720 tokens, no eos id in the config (its tokenizer's </d> ends a document).
+CPM_ANT_10B = {
+    "model_type": "cpmant", "vocab_size": 30720, "hidden_size": 4096, "num_attention_heads": 32, "dim_head": 128,
+    "dim_ff": 10240, "num_hidden_layers": 48, "dropout_p": 0.0, "position_bias_num_buckets": 512,
+    "position_bias_max_distance": 2048, "eps": 1e-6, "init_std": 1.0, "prompt_types": 32, "prompt_length": 32,
+    "segment_types": 32, "use_cache": True, "tie_word_embeddings": True,
+}
+
 # microsoft/biogpt (model_type biogpt), transformers' BioGptConfig defaults: OPT's block 1,024 wide over 16 heads,
 # 24 layers, its embeddings scaled by sqrt(1,024), 1,024 positions.
 BIOGPT = {
@@ -499,6 +509,18 @@ DIFFLLAMA_0_3B = {
     "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048, "tie_word_embeddings": False,
     "attention_bias": False, "attention_dropout": 0.0, "lambda_std_dev": 0.1, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+# SmallDoge/Doge-320M (model_type doge): the widths, layers, heads, dynamic rope and tied head as SmallDoge's training
+# recipe (recipes/doge/Doge-320M/config_full.yaml in SmallDoges/small-doge) writes its model config; keep_window_size,
+# rms_norm_eps and the dense MLP (is_moe false) are DogeConfig's defaults, which the recipe leaves alone. The token ids
+# are in neither: left out.
+DOGE_320M = {
+    "model_type": "doge", "vocab_size": 32768, "hidden_size": 1024, "intermediate_size": 2048,
+    "num_hidden_layers": 32, "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 2048, "tie_word_embeddings": True,
+    "rope_scaling": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 2048},
+    "keep_window_size": 2048, "is_moe": False, "attention_bias": False, "mlp_bias": False,
 }
 
 # The shape transformers' ArceeConfig defaults to (AFM-4.5B's widths): Llama's block with a plain
@@ -716,6 +738,23 @@ EMU3_CHAT = {
     "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 9216, "tie_word_embeddings": False,
     "bos_token_id": 151849, "eos_token_id": 151850, "pad_token_id": 151643,
 }
+# sapientinc/HRM-Text-1B (hrm_text), as a public copy of its config.json quotes it (a quantised derivative's, its
+# quantization_config aside): two stacks (L, H) of 16 layers at 1,536 wide, run H_cycles 2 x (L_cycles 3 + 1) times,
+# 12 heads of 128 (as many KV heads), a SwiGLU MLP of 4,096, weightless RMSNorms, gated attention output, rope base 1e4
+# unscaled, embeddings times 39.19 (1 / initializer_range), an untied head over 65,536 ids, prefix_lm true (served
+# causally for a plain prompt, as transformers computes it without token_type_ids). The file writes
+# num_hidden_layers 128 (16 x 2 x 4: transformers' cache slots) beside num_layers_per_stack 16; written here in the
+# form transformers first builds from (num_hidden_layers the per-stack count), which both it and we read the same
+# and which shrinks to a few layers per stack. Uncertain: the special ids, as the copy gives them.
+HRM_TEXT_1B = {
+    "model_type": "hrm_text", "vocab_size": 65536, "hidden_size": 1536, "intermediate_size": 4096,
+    "num_hidden_layers": 16, "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 128,
+    "hidden_act": "silu", "H_cycles": 2, "L_cycles": 3, "L_bp_cycles": [0, 3], "prefix_lm": True,
+    "embedding_scale": 39.191835884530846, "initializer_range": 0.025515518153991442, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "max_position_embeddings": 4096,
+    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "bos_token_id": 6, "eos_token_id": 11,
+    "pad_token_id": 5,
+}
 # rhymes-ai/Aria's language model (config.json's text_config, model_type aria_text; the checkpoint's own model_type is
 # aria, the vision tower and projector beside it), from memory of the published config: Llama's block, 28 layers at
 # 2,560 wide, 20 query heads of 128 (as many KV heads), rope base 5e6, a 100,352-id vocabulary, an untied head; every
@@ -803,6 +842,21 @@ RECURRENTGEMMA_2B = {
     "rope_theta": 10000.0, "block_types": ["recurrent", "recurrent", "attention"], "attention_bias": False,
     "embeddings_scale_by_sqrt_dim": True, "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
     "pad_token_id": 0,
+}
+# thinkingmachines/Inkling's text model (model_type inkling_text; the checkpoint's own model_type is inkling_mm_model,
+# this under its text_config), from transformers' InklingTextConfig defaults and docstring (its checkpoint): 66 layers
+# at 6,144 wide, every sixth full (64 query heads of 128 over 8 KV heads, relative logits over 1,024 tokens), the
+# others sliding over 512 (64 over 16); short convolutions of 4 taps; every layer's MLP 256 experts of 3,072 (top 6)
+# beside 2 shared ones; the head untied, its rows past 200,058 dropped. Uncertain: whether the published config.json
+# writes other values (dense_mlp_idx, log_scaling_n_floor, the token ids).
+INKLING = {
+    "model_type": "inkling_text", "vocab_size": 201024, "unpadded_vocab_size": 200058, "hidden_size": 6144,
+    "num_hidden_layers": 66, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "swa_num_attention_heads": 64, "swa_num_key_value_heads": 16, "swa_head_dim": 128, "sliding_window_size": 512,
+    "d_rel": 16, "rel_extent": 1024, "conv_kernel_size": 4, "intermediate_size": 24576, "moe_intermediate_size": 3072,
+    "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 2, "route_scale": 8.0,
+    "logits_mup_width_multiplier": 24.0, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2,
 }
 # Zyphra/ZAYA1-8B (model_type zaya), from transformers' ZayaConfig defaults and docstring (its checkpoint): 40
 # layers at 2,048 wide, each attending through CCA projections (8 query heads of 128 over 2 KV heads; convolutions of
@@ -1213,6 +1267,24 @@ LAGUNA_XS2 = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}},
     "tie_word_embeddings": False, "bos_token_id": 2, "eos_token_id": [2, 24], "pad_token_id": 9,
 }
+# reflection/Beam-1.0-501B-A23B (model_type beam, 501B in all, 23B active), at the values of transformers' BeamConfig
+# defaults (its docstring's checkpoint; not read from the published config.json): 52 layers of 5,120, 48 heads of 128
+# over 8 KV heads with an output gate (a bias per head), five of every six layers windowed (512 tokens, rotary at
+# theta 10,000), every sixth and the last global without a rotary; the first three layers dense (20,480 columns), then
+# 256 experts of 2,560, the top 8 by sigmoid score + bias among the best 4 of 8 groups, scaled by 2.5, no shared
+# expert; logits soft-capped at 30. Uncertain: max_position_embeddings (8,192, the default), the vocabulary (151,936,
+# the default) and the special ids (none in the defaults).
+BEAM_1_0 = {
+    "model_type": "beam", "vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 20480,
+    "num_hidden_layers": 52, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
+    "sliding_window": 512, "layer_types": ["full_attention" if (i + 1) % 6 == 0 or i == 51 else "sliding_attention"
+                                           for i in range(52)],
+    "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 49, "num_experts": 256, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2560, "norm_topk_prob": True, "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "final_logit_softcapping": 30.0, "tie_word_embeddings": False,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": None},
+}
 # Aleph-Alpha/Kolibri-1 (model_type kolibri1), at the values of transformers' Kolibri1Config defaults (its
 # docstring's checkpoint; not read from the published config.json): 50 layers of 2,560, 48 heads of 128 over 4 KV
 # heads, four of every five layers windowed (513 tokens; the fifth global, NoPE), 384 experts of 512 in every layer,
@@ -1506,6 +1578,7 @@ DECODER_SHAPES = {
     "arcee-afm": ARCEE_AFM,
     "bitnet-b1.58-2b-4t": BITNET_B158_2B_4T,
     "diffllama-0.3b": DIFFLLAMA_0_3B,
+    "doge-320m": DOGE_320M,
     "apertus-8b": APERTUS_8B,
     "dbrx-132b": DBRX_132B,
     "phi-2": PHI_2,
@@ -1525,6 +1598,7 @@ DECODER_SHAPES = {
     "biogpt": BIOGPT,
     "openai-gpt": OPENAI_GPT,
     "ctrl": CTRL,
+    "cpm-ant-10b": CPM_ANT_10B,
     "cwm-32b": CWM_32B,
     "granite-swash-2b": GRANITE_SWASH_2B,
     "olmo-7b": OLMO_7B,
@@ -1543,11 +1617,13 @@ DECODER_SHAPES = {
     "llama-3.2-11b-vision": LLAMA_3_2_11B_VISION,
     "emu3-chat": EMU3_CHAT,
     "aria": ARIA,
+    "hrm-text-1b": HRM_TEXT_1B,
     "flint": FLINT,
     "trinity-mini": TRINITY_MINI,
     "recurrentgemma-2b": RECURRENTGEMMA_2B,
     "lfm2-1.2b": LFM2_1_2B,
     "zaya1-8b": ZAYA1_8B,
+    "inkling": INKLING,
     "lfm2-8b-a1b": LFM2_8B_A1B,
     "lfm3-1.7b": LFM3_1_7B,
     "persimmon-8b": PERSIMMON_8B,
@@ -1568,6 +1644,7 @@ DECODER_SHAPES = {
     "a.x-k2": AXK2,
     "kolibri-1": KOLIBRI1,
     "laguna-xs.2": LAGUNA_XS2,
+    "beam-1.0-501b-a23b": BEAM_1_0,
     "glm-5": GLM_5,
     "dots3-note-prev": DOTS3_NOTE_PREV,
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
@@ -1638,6 +1715,8 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg.update(ffn_dim=cfg["intermediate_size"], word_embed_proj_dim=hidden)
     if "dff" in cfg:  # (CTRL's name for the MLP's width)
         cfg["dff"] = cfg["intermediate_size"]
+    if "dim_ff" in cfg:  # (CPM-Ant's names for the MLP's width and the heads')
+        cfg.update(dim_ff=cfg["intermediate_size"], dim_head=hidden // heads)
     if "head_dim" in cfg:
         # A head_dim unlike hidden / heads stays unlike it (Gemma's 256 for 3,584 / 16; Qwen3's 128,
         # which its smaller models keep beside other widths).
@@ -1761,9 +1840,25 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 4, "head_dim": 2 * hidden // heads,
                                      "kda_layers": list(range(1, layers + 1, 2)),
                                      "full_attn_layers": list(range(2, layers + 1, 2))}
+    if cfg["model_type"] == "inkling_text":  # Inkling: the sliding layers' heads in the published ratio to the full
+        # ones', a sliding layer then a full one in turn over the few, a window of `window` tokens, relative logits
+        # over 32 tokens (shorter than the prompts), every row of the head giving logits
+        published = DECODER_SHAPES[name]
+        cfg.update(swa_num_attention_heads=heads * published["swa_num_attention_heads"] // published[
+            "num_attention_heads"], swa_num_key_value_heads=max(1, heads * published["swa_num_key_value_heads"] //
+                                                                  published["num_attention_heads"]),
+                   swa_head_dim=cfg["head_dim"], layer_types=(["hybrid_sliding", "hybrid"] * layers)[:layers],
+                   rel_extent=32, unpadded_vocab_size=None)
+        if window:
+            cfg["sliding_window_size"] = window
     if cfg["model_type"] == "laguna":  # Laguna: a sliding layer then a full one in turn over the few (each type's own
         # rotary: the full layers' over half of each head)
         cfg["layer_types"] = (["sliding_attention", "full_attention"] * layers)[:layers]
+    if cfg["model_type"] == "beam":  # Beam: a sliding layer then a full (NoPE) one in turn over the few, a dense layer
+        # then sparse ones
+        cfg.update(layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+                   mlp_layer_types=["dense"] + ["sparse"] * (layers - 1), n_group=min(cfg["n_group"], 4),
+                   topk_group=min(cfg["topk_group"], 2))
     if cfg["model_type"] == "minimax":  # MiniMax: a lightning layer then a softmax one in turn over the few, blocks
         # of 16 tokens in transformers' prompt form (so that the prompts cross them)
         cfg.update(layer_types=(["linear_attention", "full_attention"] * layers)[:layers], block_size=16)
@@ -1915,7 +2010,9 @@ def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:
         if spec.qk_norm:
             layer.update({n.q_norm: (q,), n.k_norm: (kv,)} if spec.qk_norm_full else {n.q_norm: (head,), n.k_norm: (head,)})
         if spec.attn_output_gate:
-            layer[n.attn_gate] = (q, hidden)
+            layer[n.attn_gate] = (spec.num_heads if spec.attn_gate_per_head else q, hidden)
+        if spec.attn_gate_head_bias:
+            shapes[p + n.attn_gate_bias] = (spec.num_heads,)
         shapes.update({p + name + ".weight": shape for name, shape in layer.items()})
         if spec.qk_norm_bias:
             shapes.update({p + n.q_norm + ".bias": (head,), p + n.k_norm + ".bias": (head,)})

@@ -249,15 +249,25 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return gated_act(gate_up, "silu_mul")
 
 
-def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x * sigmoid(gate), element by element (gate of x's number of elements, read in x's order):
-    an attention output gated per element before the output projection (AFMoE's gate_proj,
-    Qwen3-Next's gate half of q_proj). sigmoid(gate) is rounded to x's dtype before the product,
-    as transformers' two ops round it, and the product once; `out` may be x itself (in place)."""
-    if gate.numel() != x.numel():
+def gate_group(x: torch.Tensor, gate: torch.Tensor) -> int:
+    """How many consecutive elements of x each element of `gate` gates: 1 for a gate per element, a head's
+    width for a gate per head; a ValueError where gate's elements do not divide x's evenly."""
+    if x.numel() == 0 and gate.numel() == 0:
+        return 1
+    if gate.numel() == 0 or x.numel() % gate.numel():
         raise ValueError(f"gate has {gate.numel()} elements for x's {x.numel()}")
+    return x.numel() // gate.numel()
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x * sigmoid(gate), read in x's order: an attention output gated before the output projection, per
+    element (gate of x's number of elements: AFMoE's gate_proj, Qwen3-Next's gate half of q_proj) or per head
+    (gate of one element per `group` consecutive ones of x, group = x's elements / gate's: Dots3's, Ling's and
+    LFM3's g_proj, whose one value per head covers the head's columns). sigmoid(gate) is rounded to x's dtype
+    before the product, as transformers' two ops round it, and the product once; `out` may be x itself."""
+    group = gate_group(x, gate)
     s = torch.sigmoid(gate.float()).to(x.dtype).float()
-    result = (x.float() * s.view(x.shape)).to(x.dtype)
+    result = (x.float().reshape(-1, group) * s.reshape(-1, 1)).to(x.dtype).view(x.shape)
     return result if out is None else out.copy_(result)
 
 

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from tritonformer.kernels import triton_pdl
 from tritonformer.kernels.dispatch import register
-from tritonformer.kernels.reference import GATED_ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from tritonformer.kernels.reference import GATED_ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, gate_group
 
 _TILE_ELEMS = 4096  # elements per program (32 per thread at 4 warps)
 # From this many tokens the split + rotary kernel launches with PDL where the GPU has it (a large
@@ -211,27 +211,28 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["n"])  # one compiled kernel whatever the token count
-def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """out = x * sigmoid(gate) over flat elements, sigmoid rounded to x's dtype first."""
+def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, n, group, BLOCK: tl.constexpr):
+    """out = x * sigmoid(gate) over flat elements, each gate element over `group` of x's, sigmoid rounded to
+    x's dtype first."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs // group, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(g).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + offs, (x * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @register("sigmoid_mul")
 def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x * sigmoid(gate) in one launch; see reference.sigmoid_mul (`out` may be x: in place)."""
-    if gate.numel() != x.numel():
-        raise ValueError(f"gate has {gate.numel()} elements for x's {x.numel()}")
+    """x * sigmoid(gate) in one launch, per element or per head; see reference.sigmoid_mul (`out` may be x)."""
+    group = gate_group(x, gate)
     x, gate = _contig(x), _contig(gate)
     if out is None:
         out = torch.empty_like(x)
     n = x.numel()
     if n:
-        _sigmoid_mul_kernel[(triton.cdiv(n, _TILE_ELEMS),)](x, gate, out, n, BLOCK=_TILE_ELEMS, num_warps=4)
+        _sigmoid_mul_kernel[(triton.cdiv(n, _TILE_ELEMS),)](x, gate, out, n, group, BLOCK=_TILE_ELEMS,
+                                                               num_warps=4)
     return out
 
 

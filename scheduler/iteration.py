@@ -139,6 +139,7 @@ class IterationScheduler:
         max_decode_steps: int = 1,
         prefix_caching: bool = False,
         recurrent_state: bool = False,
+        whole_prompts: bool = False,
     ):
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -159,8 +160,14 @@ class IterationScheduler:
             raise ValueError(
                 f"max_seq_len {max_seq_len} needs {blocks.blocks_for(max_seq_len)} blocks, the pool has {blocks.num_blocks}"
             )
+        if whole_prompts and max_seq_len is not None and max_tokens_per_iteration < max_seq_len:
+            raise ValueError(f"max_tokens_per_iteration ({max_tokens_per_iteration}) must be >= max_seq_len "
+                             f"({max_seq_len}): this model's prompts run whole, in one iteration")
         self.blocks = blocks
         self.max_running = max_running
+        # A prompt (and a preempted sequence's recompute) runs in one iteration, never in chunks: for a model
+        # whose prompt attends both ways (CPM-Ant). It waits for an iteration with the budget for all of it.
+        self.whole_prompts = whole_prompts
         self.max_tokens_per_iteration = max_tokens_per_iteration
         self.max_seq_len = max_seq_len
         self.max_decode_steps = max_decode_steps
@@ -322,6 +329,8 @@ class IterationScheduler:
             cached = cache.match(seq) if cache is not None and not seq.block_table else None
             start = len(cached) * block_size if cached else seq.num_computed
             num_new = min(seq.num_tokens - start, budget)
+            if self.whole_prompts and num_new < seq.num_tokens - start:
+                break  # (a later iteration has the budget: never skip ahead of the oldest waiting sequence)
             if cached:
                 fits = self.blocks.can_take(cached, start + num_new)
             else:

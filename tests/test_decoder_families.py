@@ -144,6 +144,14 @@ CASES = [
         "tie_word_embeddings": True, "initializer_range": 0.1,
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                             "rope_theta": 5000000.0}}),
+    # HRM-Text: two stacks of 2 layers run 2 x (3 + 1) times (16 cache layers over 4 layers' weights), prefix_lm as
+    # published (a plain prompt attends causally in transformers); then 3 layers a stack run 3 x (1 + 1) times, GeGLU
+    # with MLP biases, a tied head, the default embedding scale (1 / initializer_range), prefix_lm false, rope base 500
+    ("hrm-text", "hrm-text-1b", {}),
+    ("hrm-text-three-layers-one-l-cycle-gelu-biases-tied", "hrm-text-1b", {
+        "num_hidden_layers": 3, "H_cycles": 3, "L_cycles": 1, "hidden_act": "gelu", "mlp_bias": True,
+        "tie_word_embeddings": True, "embedding_scale": None, "initializer_range": 0.1, "prefix_lm": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}),
     # Phi-3.5-MoE: LayerNorms with biases, biases on attention and the head, longrope scaled by its own mscales, a
     # window on every layer, 2 of 8 experts by the sparsemixer router (each weight a softmax over the experts near its
     # pick); and no window or biases, short_mscale alone in reach (the original length the model's), a router band
@@ -275,6 +283,16 @@ CASES = [
         "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
                             "hybrid_sliding": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 0.5}}}),
+    # Inkling: no rotary, relative logits mixed per token from a bank of profiles (over 32 tokens, the prompts longer),
+    # short convolutions on k, v and the attention's and MLP's outputs, normalised embeddings, a sliding layer (2 KV
+    # heads) then a full one (1), 6 of 12 sigmoid-chosen experts beside 2 shared ones in a sink normalisation, the muP
+    # divisor before the head. Then the full layer first with log-scaled logits from position 16, a dense MLP first,
+    # 3 taps, one shared expert, relative logits over 64 tokens and the head's last 20 rows dropped
+    ("inkling", "inkling", {"initializer_range": 0.1}),
+    ("inkling-full-first-log-scaling-dense-first-3-taps-one-shared-unpadded", "inkling", {
+        "initializer_range": 0.1, "layer_types": ["hybrid", "hybrid_sliding"], "log_scaling_n_floor": 16,
+        "log_scaling_alpha": 0.5, "mlp_layer_types": ["dense", "sparse"], "conv_kernel_size": 3, "n_shared_experts": 1,
+        "rel_extent": 64, "unpadded_vocab_size": 300}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -416,6 +434,19 @@ CASES = [
         "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
             "sliding_attention": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}}}),
+    # Beam: a windowed dense layer that alone rotates, then a global NoPE one (queries scaled by position) with experts
+    # by sigmoid score + bias among the best groups, output gates with a bias per head, four norms and residual adds
+    # scaled by depth, logits capped; and three layers, global and MoE first, the global layers rotating at their own
+    # base (no query scale), attention biases, two KV heads, the top 4 unrenormalised, uncapped, a tied head, and a
+    # norm eps large beside the streams' mean squares (without it the depth scales cancel in the norms after them)
+    ("beam", "beam-1.0-501b-a23b", {}),
+    ("beam-global-moe-first-roped-biases-top4-unnormalised-uncapped-tied", "beam-1.0-501b-a23b", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+        "mlp_layer_types": ["sparse", "dense", "sparse"], "attention_bias": True, "num_key_value_heads": 2,
+        "num_experts_per_tok": 4, "norm_topk_prob": False, "final_logit_softcapping": None,
+        "tie_word_embeddings": True, "rms_norm_eps": 0.5, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
     # Kolibri-1: a windowed layer that alone rotates, then a global NoPE one, GLM-4's sandwich norms, experts in both
     # chosen by logit + bias (weighted by sigmoid score, unrenormalised) beside a shared one; and the global layer
     # first, two KV heads, the weights renormalised
@@ -591,6 +622,15 @@ CASES = [
     ("diffllama", "diffllama-0.3b", {}),
     ("diffllama-gqa-biases-wide-lambdas", "diffllama-0.3b", {"num_key_value_heads": 4, "attention_bias": True,
                                                              "lambda_std_dev": 0.5, "num_hidden_layers": 3}),
+    # Doge: dynamic mask attention (a bias per key from its values, kept in the cache with the key), q / k norms,
+    # per-channel residual weights, dynamic rope, a tied head (weights drawn wider: at 0.02 every continuation repeats
+    # one token); and with biases on the attention's projections and dt_proj and on the MLP's, 8-token windows,
+    # multi-head attention, GeGLU, an untied head, three layers
+    ("doge", "doge-320m", {"initializer_range": 0.1}),
+    ("doge-biases-windowed-mha-gelu-untied", "doge-320m", {
+        "initializer_range": 0.1, "attention_bias": True, "mlp_bias": True, "sliding_window": 8,
+        "num_key_value_heads": 8, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": False,
+        "num_hidden_layers": 3, "rope_scaling": None}),
     # Apertus: per-head q / k norms, llama3 rope scaling, a plain MLP with xIELU's learnt scalars per layer; and with
     # attention biases, MHA, beta and eps of its own
     ("apertus", "apertus-8b", {}),
@@ -671,6 +711,14 @@ CASES = [
     ("ctrl", "ctrl", {"tie_word_embeddings": False, "initializer_range": 0.2}),
     ("ctrl-tied-odd-width-final-eps", "ctrl", {"hidden_size": 135, "num_attention_heads": 9, "initializer_range": 0.2,
                                                "layer_norm_epsilon": 0.5}),
+    # CPM-Ant: 32 virtual prompt tokens, the segment and bucketed position bias (512 buckets to 2,048), the prompt
+    # attending both ways; then 8 virtual tokens of 3 types, 3 segment types, 32 buckets to 128 (the 70-token prompt's
+    # distances past their log-spaced reach), 3 layers, heads narrower than hidden / heads. (Greedy only: transformers'
+    # forward over a whole sequence attends both ways over all of it, which its generate never computes.)
+    ("cpm-ant", "cpm-ant-10b", {}),
+    ("cpm-ant-few-prompt-types-segments-buckets-narrow-heads", "cpm-ant-10b", {
+        "prompt_length": 8, "prompt_types": 3, "segment_types": 3, "position_bias_num_buckets": 32,
+        "position_bias_max_distance": 128, "num_hidden_layers": 3, "dim_head": 12, "eps": 1e-3}),
     # GPT-NeoX-Japanese: GPT-NeoX's sequential block without biases but the last layer's dense_bias, the whole head
     # rotating, an untied head (weights drawn wider: continuations that vary); and half of each head rotating at a
     # base of 500 with linear scaling (the rope dict beside rotary_pct / rotary_emb_base), three layers (the bias on
@@ -824,7 +872,11 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("_hc.scale", "_hc.base", "hc_head.hc_scale", "hc_head.hc_base")):  # (HY-V4's
                 p.add_(torch.randn_like(p))  # hyper-connection scales start at 0.01, which leaves every stream alike)
+            if name.endswith("z_L_init"):  # (HRM-Text's starting low-level state: zeros in transformers' init)
+                p.add_(torch.randn_like(p))
             if name.endswith("router.gate.weight") and not p.any():  # (AFMoE's router starts at zero)
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("global_scale"):  # (Inkling's MLP and router scales start at 1)
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
                 p.add_(torch.randn_like(p))
@@ -834,6 +886,10 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
             if name.endswith(("linear_attn.A_log", "forget_gate.A_log")):  # (gated DeltaNet, Kimi's KDA: HF draws decay
                 # rates up to 16, which forget the state within a token; slower ones keep it)
                 p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())
+            if name.endswith("self_attn.A"):  # (Doge's dynamic mask: A at zero makes every key's bias 1, which the
+                p.add_(torch.randn_like(p))  # softmax cancels)
+            if name.endswith(("input_residual", "post_attention_residual")):  # (Doge's residual weights start at 1)
+                p.add_(torch.randn_like(p) * 0.1)
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):  # (LFM2-MoE's too)
                 b.add_(torch.randn_like(b) * 0.1)
@@ -873,7 +929,8 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "qwen3", "qwen3-next", "qwen3-next-attention-first-dense-narrow-values", "qwen3.5", "qwen3.5-moe",
                    "gemma2", "gemma3", "phi3", "phi4-mini-partial-rotary", "granite", "smollm3-nope", "glm4",
                    "ernie4.5", "ernie4.5-moe", "dots1", "helium", "mixtral", "aria",
-                   "aria-biases-gqa-one-shared-yarn-tied", "phimoe",
+                   "aria-biases-gqa-one-shared-yarn-tied", "hrm-text",
+                   "hrm-text-three-layers-one-l-cycle-gelu-biases-tied", "phimoe",
                    "phimoe-unwindowed-unbiased-wide-band", "mimo-v2-flash",
                    "mimo-v2-flash-windowed-first-biases-groups",
                    "qwen2-moe", "granite-moe-shared",
@@ -894,6 +951,7 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "gpt-neox-japanese-half-rotary-linear-three-layers-tied",
                    "xglm-odd-width-pad-row-relu-unscaled",
                    "flint", "afmoe", "persimmon", "bitnet", "diffllama", "diffllama-gqa-biases-wide-lambdas",
+                   "doge", "doge-biases-windowed-mha-gelu-untied",
                    "jetmoe", "jetmoe-top3-of-4-two-kv-heads-untied-eps",
                    "mistral-small-4-no-q-latent-scaled-queries-dense-first-groups-biases",
                    "deepseek-v3", "deepseek-v2-lite", "glm4-moe-lite", "minicpm3", "apertus", "dbrx",
@@ -902,6 +960,7 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "axk1", "axk1-all-moe-ungrouped-unnormalised-rotate-half-biases",
                    "axk2", "axk2-all-moe-groups-unnormalised-biases-yarn",
                    "kolibri1", "kolibri1-global-first-renormalised-two-kv-heads",
+                   "beam", "beam-global-moe-first-roped-biases-top4-unnormalised-uncapped-tied",
                    "laguna", "laguna-moe-first-per-element-gates-biases-scaled-partial-ropes",
                    "dbrx-unnormalised-mqa", "llama4", "lfm2", "lfm2-attention-first-conv-bias-untied", "lfm2-moe",
                    "granite-4.0-h", "granite-4.0-h-dense-rope-groups", "bamba", "bamba-biases-groups", "nemotron-h",
@@ -915,6 +974,7 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "olmo-hybrid", "olmo-hybrid-rope-gqa-attention-last", "olmo-hybrid-attention-first",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
                    "zaya", "zaya-windowed-first-taps-biases-untied",
+                   "inkling", "inkling-full-first-log-scaling-dense-first-3-taps-one-shared-unpadded",
                    "recurrent-gemma",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
                    "zamba", "zamba-hybrid-first-one-head-biases-untied",
@@ -1046,10 +1106,11 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     checked = {changes.get("model_type", DECODER_SHAPES[shape]["model_type"]) for _, shape, changes in CASES}
     # (the vision-language checkpoints and their text models' own types: test_a_vl_checkpoint_serves_its_text_model)
     checked |= {t for case in VL_CASES for t in (case[0], case[0] + "_text")}
-    # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below)
+    # (kimi_k2: DeepSeek-V3's architecture, which transformers has no class of its own for; its test is below; gpt-sw3:
+    # GPT-2's model, test_gpt_sw3_loads_as_gpt2)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
                                                "gemma4_unified", "cohere_compass", "mllama", "emu3", "dots3_note",
-                                               "aria"}
+                                               "aria", "inkling_mm_model", "gpt-sw3"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -1109,6 +1170,17 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("laguna-xs.2", {"moe_apply_router_weight_on_input": True}, "moe_apply_router_weight_on_input"),
     ("laguna-xs.2", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("a.x-k1", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("beam-1.0-501b-a23b", {"hidden_act": "gelu"}, "hidden_act"),
+    ("beam-1.0-501b-a23b", {"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types"),
+    ("beam-1.0-501b-a23b", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("beam-1.0-501b-a23b", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4,
+                                                                      "factor": 4.0}}}, "rope_type"),
+    ("beam-1.0-501b-a23b", {"rope_parameters": {"sliding_attention": {"rope_theta": 1e4,
+                                                                      "partial_rotary_factor": 0.5}}},
+     "partial_rotary_factor"),
+    ("beam-1.0-501b-a23b", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+    ("beam-1.0-501b-a23b", {"sliding_window": None, "rope_parameters": {
+        "sliding_attention": {"rope_theta": 1e4}, "full_attention": {"rope_theta": 1e6}}}, "sliding_window"),
     ("a.x-k2", {"n_group": 4}, "n_group"),  # (groups without topk_group: transformers refuses it too)
     ("a.x-k2", {"q_lora_rank": None}, "q_lora_rank"),
     ("a.x-k2", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
@@ -1282,12 +1354,28 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("emu3-chat", {"clip_qkv": 8.0}, "clip_qkv"),
     ("aria", {"hidden_act": "gelu"}, "hidden_act"),
     ("aria", {"mlp_bias": True}, "mlp_bias"),
+    ("hrm-text-1b", {"hidden_act": "relu"}, "hidden_act"),
+    ("hrm-text-1b", {"attention_bias": True}, "attention_bias"),
     ("zaya1-8b", {"layer_types": ["hybrid", "full_attention"]}, "layer_types"),
     ("zaya1-8b", {"layer_types": ["hybrid_sliding", "hybrid"], "sliding_window": None}, "sliding_window"),
     ("zaya1-8b", {"cca_time0": 1, "cca_time1": 1}, "cca_time0"),
+    ("inkling", {"layer_types": ["hybrid", "full_attention"]}, "layer_types"),
+    ("inkling", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
+    ("inkling", {"hidden_act": "gelu"}, "hidden_act"),
+    ("inkling", {"shared_expert_sink": False}, "shared_expert_sink"),
+    ("inkling", {"n_shared_experts": 0}, "n_shared_experts"),
+    ("inkling", {"conv_kernel_size": 1}, "conv_kernel_size"),
     ("zaya1-8b", {"rope_parameters": {"hybrid": {"rope_type": "yarn", "factor": 4.0}}}, "rope_type"),
     ("zaya1-8b", {"rope_parameters": {"hybrid": {"rope_theta": 1e4, "partial_rotary_factor": 0.03}}},
      "partial_rotary_factor"),
+    ("cpm-ant-10b", {"use_cache": False}, "use_cache"),
+    ("cpm-ant-10b", {"prompt_types": 2}, "prompt_types"),
+    ("cpm-ant-10b", {"segment_types": 2}, "segment_types"),
+    ("cpm-ant-10b", {"position_bias_num_buckets": 2}, "position_bias_num_buckets"),
+    # (Doge's cross-domain experts: HF's router mixes a forward's tokens, its prompts' outputs depend on batching)
+    ("doge-320m", {"is_moe": True, "num_experts": 16, "num_experts_per_tok": 4}, "is_moe"),
+    ("doge-320m", {"hidden_act": "relu"}, "hidden_act"),
+    ("doge-320m", {"head_dim": 512}, "head_dim"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
@@ -1395,6 +1483,31 @@ def test_kimi_k2_loads_as_deepseek_v3():
     prompt = [[5, 17, 42, 8, 99, 3, 250]]
     assert PagedSteps(kimi, num_blocks=16, block_size=8).greedy(prompt, 8) == \
         PagedSteps(ours, num_blocks=16, block_size=8).greedy(prompt, 8)
+
+
+def test_gpt_sw3_loads_as_gpt2():
+    """A config.json saying model_type gpt-sw3 is GPT-2's model in transformers (GPT2Config, GPT2LMHeadModel): it
+    loads as the gpt2 family, greedy token for token with HF's on the same weights (GPT-SW3's exact GELU), and an
+    untied head, which that family does not hold, is refused by name."""
+    assert (CONFIG_CLASSES["gpt-sw3"], HF_CLASSES["gpt-sw3"]) == ("GPT2Config", "GPT2LMHeadModel")
+    cfg = transformers.GPT2Config(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                  activation_function="gelu")
+    torch.manual_seed(2)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # (LayerNorms away from 1 and 0, so that a norm read wrongly would show)
+        for name, p in hf.named_parameters():
+            if ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    state = strip_prefixes_of(hf.state_dict())
+    ours = load_decoder({**cfg.to_dict(), "model_type": "gpt-sw3"}, state, CPU, torch.float32)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (5, 29, 70)]
+    got = PagedSteps(ours, num_blocks=64, block_size=8).greedy(prompts, 32)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 32)
+    with pytest.raises(ValueError, match="tie_word_embeddings.*supported: tie_word_embeddings"):
+        load_decoder({**cfg.to_dict(), "model_type": "gpt-sw3", "tie_word_embeddings": False}, state, CPU,
+                     torch.float32)
 
 
 def test_axk2_published_shape_names_the_tensors_transformers_holds():
@@ -1506,6 +1619,26 @@ def test_sparse_attention_families_serve_up_to_index_topk_and_refuse_a_longer_ma
     without = {k: v for k, v in state.items() if not k.startswith("layers.1.self_attn.indexer.wk.")}
     with pytest.raises(KeyError, match="layers.1.self_attn.indexer.wk.weight"):  # (read-checked, though not used)
         load_decoder(hf.config.to_dict(), without, CPU, torch.float32)
+
+
+def test_doge_serves_up_to_keep_window_size_and_refuses_a_longer_max_model_len():
+    """Doge's dynamic mask keeps, once a sequence's keys outnumber keep_window_size, each query's keep_window_size
+    keys of largest bias only; up to there every key is kept: HF given a small keep_window_size (16) matches ours up to
+    there (a 5-token prompt, 11 tokens more), so the longest sequence is capped at it and a max_model_len past it is
+    refused by name."""
+    hf, ours = _pair("doge-320m", {"initializer_range": 0.1, "keep_window_size": 16})
+    assert ours.config.max_position_embeddings == 16
+    prompt = [5, 17, 42, 8, 99]
+    assert PagedSteps(ours, num_blocks=8, block_size=8).greedy([prompt], 11)[0] == _hf_greedy(hf, prompt, 11)
+    state = strip_prefixes_of(hf.state_dict())
+    capped = load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=16)
+    assert capped.config.max_position_embeddings == 16
+    with pytest.raises(ValueError, match="max_model_len 17 is not supported.*supported: max_model_len up to keep_wind"):
+        load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=17)
+    from tritonformer.client.model_shapes import random_decoder  # (the benchmarks' lengths: caps, as elsewhere)
+
+    cfg = {**shrunk("doge-320m"), "keep_window_size": 16}
+    assert random_decoder(cfg, CPU, torch.float32, max_model_len=4096).config.max_position_embeddings == 16
 
 
 def test_a_kv_cache_short_of_one_sequence_names_max_model_len():
@@ -1677,6 +1810,15 @@ def _multimodal(kind: str):
                                                    num_attention_heads=2, image_size=28, patch_size=14)
         cfg = transformers.AriaConfig(text_config=text, vision_config=vision, projector_patch_to_query_dict={4: 4})
         return transformers.AriaForConditionalGeneration(cfg)
+    if kind == "inkling_mm_model":  # (Inkling's: tiny vision and audio towers beside the text model, a dense MLP first,
+        # the head's last 20 rows dropped; the towers' token ids inside the shrunk vocabulary)
+        text = {k: v for k, v in {**shrunk("inkling"), "mlp_layer_types": ["dense", "sparse"],
+                                  "unpadded_vocab_size": 300}.items() if k != "model_type"}
+        cfg = transformers.InklingConfig(text_config=text, vision_config={"patch_size": 4, "temporal_patch_size": 2,
+                                                                          "num_hidden_layers": 4, "hidden_size": 32},
+                                         audio_config={"n_mel_bins": 4, "mel_vocab_size": 8}, image_token_id=300,
+                                         audio_token_id=301, image_bos_token_id=302, audio_bos_token_id=303)
+        return transformers.InklingForConditionalGeneration(cfg)
     if kind == "phi4_multimodal":  # (its language model's config flat beside the towers', tiny ones here)
         text = {k: v for k, v in shrunk("phi-4-multimodal").items() if k != "model_type"}
         cfg = transformers.Phi4MultimodalConfig(**text, **PHI4MM_TOWERS, initializer_range=0.1)
@@ -1690,11 +1832,12 @@ def _multimodal(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["mistral3", "mistral3-mistral4", "gemma3", "llama4", "cohere_compass", "mllama",
-                                  "emu3", "phi4_multimodal", "dots3_note", "aria"])
+                                  "emu3", "phi4_multimodal", "dots3_note", "aria", "inkling_mm_model"])
 def test_a_multimodal_checkpoint_serves_its_text_model(kind):
     """Mistral-Small-3.x (mistral3), Gemma 3 (gemma3), Llama 4 (llama4), Cohere Compass (cohere_compass), Llama 3.2
     Vision (mllama, text-only), Emu3 (emu3, its VQ-GAN beside it), Phi-4-multimodal (phi4_multimodal, its towers
-    beside it), Dots3 Note (dots3_note, its towers beside it) and Aria (aria, its vision tower beside it) checkpoints:
+    beside it), Dots3 Note (dots3_note, its towers beside it), Aria (aria, its vision tower beside it) and Inkling
+    (inkling_mm_model, its towers beside it) checkpoints:
     the text model's config and tensors (output head included, wherever the layout keeps it), greedy text as HF's."""
     torch.manual_seed(4)
     hf = _multimodal(kind).eval()
@@ -1730,13 +1873,18 @@ SAVED_TEXT_MODELS = [
     ("emu3", ("text_model.lm_head.weight", "text_model.model.norm.weight"), "vqmodel."),
     # Aria: the text model under `language_model.model.`, its experts as `experts.fc1` / `experts.fc2`, its head
     # `language_model.lm_head`, the vision tower and projector beside it
-    ("aria", ("language_model.lm_head.weight", "language_model.model.layers.1.mlp.experts.fc1.weight"), "vision_tower.")]
+    ("aria", ("language_model.lm_head.weight", "language_model.model.layers.1.mlp.experts.fc1.weight"), "vision_tower."),
+    # Inkling: transformers saves the published layout, the text model under `llm.` (`embed`, `unembed`, `attn.wq_du`,
+    # experts' gate and up rows paired as `w13_weight`), the towers under `visual.` and `audio.`
+    ("inkling_mm_model",
+     ("llm.unembed.weight", "llm.layers.1.mlp.experts.w13_weight", "llm.layers.0.mlp.w13_dn.weight"), "visual.")]
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["read", "lazy"])
 @pytest.mark.parametrize("kind,published,unread", SAVED_TEXT_MODELS, ids=[k for k, _, _ in SAVED_TEXT_MODELS])
 def test_a_saved_multimodal_checkpoint_serves_text_as_hf(kind, published, unread, lazy, tmp_path):
-    """Emu3's and Aria's checkpoints as transformers writes them, in their published layouts, read whole or lazily:
+    """Emu3's, Aria's and Inkling's checkpoints as transformers writes them, in their published layouts, read whole or
+    lazily:
     the text model alone, its head untied as the outer config says; prefill logits and greedy text as HF's text-only
     generate."""
     from tritonformer.backend.checkpoints.weights import load_config
@@ -2014,6 +2162,76 @@ def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_out
         assert seq.output_ids == _hf_greedy(hf, prompt, 16)
 
 
+def test_cpmant_padding_ids_decodes_and_a_recompute_match_hf_generate_step_by_step():
+    """CPM-Ant against the forwards transformers' generate makes (the whole ids each step, its cache keeping all but
+    the last): a prompt with ids of 0 (read as left padding: the first z text tokens masked, segment 0), then forced
+    tokens with more zeros, one a step; and a recompute (prompt and output in one first forward, its prompt length
+    known) then a decode after it. Every step's logits equal HF's."""
+    from tritonformer.backend.decoder.batch import BatchEntry, build_batch
+
+    hf, ours = _pair("cpm-ant-10b", {}, seed=2)
+    prompt, forced = [5, 0, 17, 33, 9], [0, 12, 0, 0, 40, 7]
+    cache, expected, ids = transformers.DynamicCache(config=hf.config), [], list(prompt)
+    with torch.no_grad():
+        for t in [None] + forced:
+            ids += [] if t is None else [t]
+            expected.append(hf(torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1])
+    kv = ours.new_kv_cache(64, 4)
+    kv.state = ours.new_state_cache(2)
+    kv.state.reset([0, 1])
+
+    def run(tokens, start, table, slot, prompt_len=0):
+        batch = build_batch([BatchEntry(tokens, start, table, True, slot, prompt_len)], 4, CPU)
+        return ours.forward(batch, kv)[0]
+
+    got = [run(prompt, 0, list(range(8)), 0, len(prompt))]
+    got += [run([t], len(prompt) + i, list(range(8)), 0) for i, t in enumerate(forced)]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    recomputed = prompt + forced[:-1]
+    torch.testing.assert_close(run(recomputed, 0, list(range(8, 16)), 1, len(prompt)), expected[-2], atol=1e-4,
+                               rtol=1e-4)
+    torch.testing.assert_close(run(forced[-1:], len(recomputed), list(range(8, 16)), 1), expected[-1], atol=1e-4,
+                               rtol=1e-4)
+    with pytest.raises(ValueError, match="prompt chunk starting at token 3"):  # (a prompt never runs in chunks)
+        run([4, 5], 3, list(range(16, 24)), 1)
+
+
+def test_cpmant_through_the_generator_engine_whole_prompts_and_preemption_give_hf_greedy_outputs():
+    """CPM-Ant served by the engine with a token budget short of the prompts together and a KV pool short of the
+    sequences: each prompt runs whole in one iteration (the scheduler waits for the budget rather than chunk it; a
+    chunk would be the model's error), a one-token prompt outside the decode graphs' path, sequences preempted and
+    recomputed (prompt both ways, output causally); every output is HF's greedy continuation of its prompt alone."""
+    from tritonformer.backend.decoder.engine import GeneratorEngine
+    from tritonformer.backend.decoder.runner import DecoderRunner
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+    from tritonformer.client.engine_drive import CountingSink, IdsOnly
+    from tritonformer.scheduler.iteration import IterationScheduler
+    from tritonformer.scheduler.kv_blocks import BlockManager
+
+    hf, ours = _pair("cpm-ant-10b", {})
+    block, blocks = 4, 20  # 80 tokens of KV for 4 sequences of up to 14 + 16 tokens
+    cache = ours.new_kv_cache(blocks, block)
+    cache.state = ours.new_state_cache(4)
+    with pytest.raises(ValueError, match="prompts run whole"):
+        IterationScheduler(BlockManager(blocks, block), 4, 16, max_seq_len=32, whole_prompts=True)
+    scheduler = IterationScheduler(BlockManager(blocks, block), 4, 32, max_seq_len=32, recurrent_state=True,
+                                   whole_prompts=True)
+    engine = GeneratorEngine(DecoderRunner(ours, cache, 4), IdsOnly(), CountingSink(), scheduler,
+                             cancel_check_interval_s=3600)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (14, 1, 9, 12)]
+    prompts[2][:2] = [0, 0]  # (left padding, as transformers reads ids of 0)
+    seqs = [engine.new_sequence(i, prompt, SamplingParams(max_tokens=16, ignore_eos=True), False)
+            for i, prompt in enumerate(prompts)]
+    engine.admit(seqs)
+    while engine.has_work():
+        engine.step()
+    assert scheduler.num_preemptions > 0 and scheduler.blocks.num_used == 0
+    for seq, prompt in zip(seqs, prompts):
+        assert seq.output_ids == _hf_greedy(hf, prompt, 16)
+
+
 def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
     """Gemma 4 splits over tensor-parallel ranks (test_tensor_parallel.py) where its heads allow: a layer's KV heads
     that neither divide by the ranks nor divide them are refused, naming the layer, before any tensor is read (the
@@ -2040,9 +2258,13 @@ def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
     ("jetmoe-8b", "jetmoe"),
     # (a DiffLlama head pair's two query heads and two KV heads lie half the model apart: no contiguous split)
     ("diffllama-0.3b", "diffllama"),
+    ("doge-320m", "doge"),
     ("longcat-flash-chat", "longcat_flash"),
     ("zaya1-8b", "zaya"),
     ("hy4-preview", "hy_v4"),
+    ("cpm-ant-10b", "cpmant"),
+    ("inkling", "inkling_text"),
+    ("hrm-text-1b", "hrm_text"),
 ])
 def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
     """Families without a tensor-parallel split or FP8 linears (each its own module, named as its model_type)
@@ -2052,7 +2274,7 @@ def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
     from tritonformer.backend.models.decoder import check_tensor_parallel
     from tritonformer.backend.parallel.group import TensorParallelGroup
 
-    family = importlib.import_module(f"tritonformer.backend.models.{model_type}")
+    family = importlib.import_module(f"tritonformer.backend.models.{DECODER_FAMILIES[model_type]}")
     cfg = shrunk(name)
     with pytest.raises(ValueError, match=f"tensor parallelism is not supported for model_type '{model_type}'"):
         check_tensor_parallel(cfg, 2)
@@ -2060,6 +2282,26 @@ def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
         family.MODEL(family.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
     with pytest.raises(ValueError, match=f"FP8 linears are not supported for model_type '{model_type}'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
+def test_inkling_reads_its_published_config_as_transformers_does():
+    """The published config.json's names (sconv_kernel_size, sliding_window, num_local_experts, embedding_multiplier,
+    local_layer_ids, dense_mlp_idx, dense_intermediate_size beside the experts' intermediate_size) and transformers'
+    defaults read as InklingTextConfig reads them."""
+    from tritonformer.backend.models import inkling
+
+    published = {"model_type": "inkling_text", "num_hidden_layers": 7, "sconv_kernel_size": 3, "sliding_window": 64,
+                 "num_local_experts": 16, "embedding_multiplier": 12.0, "local_layer_ids": [1, 2, 4],
+                 "dense_mlp_idx": 2, "intermediate_size": 512, "dense_intermediate_size": 2048}
+    hf = transformers.InklingTextConfig(**{k: v for k, v in published.items() if k != "model_type"}).to_dict()
+    assert inkling.from_hf(published) == inkling.from_hf(hf)
+    spec = inkling.from_hf(published)
+    assert (spec.conv_kernel, spec.window, spec.num_experts, spec.mup) == (3, 64, 16, 12.0)
+    assert (spec.intermediate_size, spec.moe_intermediate_size) == (2048, 512)
+    assert spec.sliding == (False, True, True, False, True, False, False)
+    assert spec.sparse == (False, False, True, True, True, True, True)
+    default = inkling.from_hf({"model_type": "inkling_text", "num_hidden_layers": 12})
+    assert default.sliding == tuple((i + 1) % 6 != 0 for i in range(12)) and all(default.sparse)
 
 
 def test_minimax_m3_refuses_tensor_parallelism_and_fp8_by_name():
@@ -2075,6 +2317,36 @@ def test_minimax_m3_refuses_tensor_parallelism_and_fp8_by_name():
         minimax_m3.MODEL(minimax_m3.from_hf(cfg), {}, CPU, torch.float32, tp=TensorParallelGroup(0, 2))
     with pytest.raises(ValueError, match="FP8 linears are not supported for model_type 'minimax_m3_vl_text'"):
         load_decoder(cfg, {}, CPU, torch.float32, quantization="fp8")
+
+
+
+def test_hrm_text_reads_legacy_fused_tensors_and_runs_each_stack_on_one_set_of_weights():
+    """HRM-Text's legacy fused tensors (transformers' conversion mapping for hrm_text: `attn.gqkv_proj`'s gate,
+    q, k, v rows, `mlp.gate_up_proj`, `attn.o_proj`) give the logits its own names do; each stack's layers are read
+    once, every invocation of a layer holding the same tensors over a cache layer of its own."""
+    hf, ours = _pair("hrm-text-1b", {}, seed=3)
+    state, fused = strip_prefixes_of(hf.state_dict()), {}
+    for name, t in state.items():
+        layer, attn, rest = name.partition(".self_attn.")
+        if attn and rest == "gate_proj.weight":
+            fused[layer + ".attn.gqkv_proj.weight"] = torch.cat(
+                [state[f"{layer}.self_attn.{part}_proj.weight"] for part in ("gate", "q", "k", "v")])
+        elif attn and rest == "o_proj.weight":
+            fused[layer + ".attn.o_proj.weight"] = t
+        elif name.endswith(".mlp.gate_proj.weight"):
+            layer = name.removesuffix(".mlp.gate_proj.weight")
+            fused[layer + ".mlp.gate_up_proj.weight"] = torch.cat([t, state[layer + ".mlp.up_proj.weight"]])
+        elif not (attn or name.endswith(".mlp.up_proj.weight")):
+            fused[name] = t
+    assert "L_module.layers.1.attn.gqkv_proj.weight" in fused and not any(".self_attn." in name for name in fused)
+    published = load_decoder(hf.config.to_dict(), fused, CPU, torch.float32)
+    prompt = list(range(3, 40))
+    torch.testing.assert_close(PagedSteps(published, num_blocks=16, block_size=8).step([(0, prompt)]),
+                               PagedSteps(ours, num_blocks=16, block_size=8).step([(0, prompt)]), atol=1e-5, rtol=1e-5)
+    # 2 layers a stack, 2 x (3 + 1) invocations: 16 cache layers, L's weights in 12 of them, H's in the other 4
+    assert [layer.kv_index for layer in ours.layers] == list(range(16)) and ours.num_kv_layers == 16
+    assert len({id(layer.qkv_w) for layer in ours.layers}) == 4
+    assert ours.layers[0].qkv_w is ours.layers[4].qkv_w and ours.layers[7].down_w is ours.layers[15].down_w
 
 
 def test_longcat_flash_loads_its_published_layout():
@@ -2236,6 +2508,7 @@ def _published_experts(state: dict, block: str, names: tuple[str, str, str]) -> 
     ("afmoe", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (its router `mlp.router.gate`, bias `mlp.expert_bias`)
     ("lfm2-moe", "feed_forward", ("w1", "w3", "w2")),  # (LFM2-8B-A1B's: router `feed_forward.gate`, `expert_bias`)
     ("mistral-small-4", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (no conversion in transformers: either form)
+    ("beam", "mlp", ("gate_proj", "up_proj", "down_proj")),  # (transformers converts beam's as qwen2_moe's)
 ])
 def test_moe_checkpoints_load_with_experts_one_by_one_as_published(case, block, names):
     """A published MoE checkpoint stores each expert's projections apart; it builds the same

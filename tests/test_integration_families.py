@@ -58,6 +58,7 @@ FAMILIES = [
     ("gen_arcee", "arcee-afm", {}),
     ("gen_bitnet", "bitnet-b1.58-2b-4t", {}),  # (the -bf16 form: sub norms, gated relu2, tied head)
     ("gen_diffllama", "diffllama-0.3b", {"num_key_value_heads": 4}),  # (differential attention, grouped queries)
+    ("gen_doge", "doge-320m", {"initializer_range": 0.1}),  # (dynamic mask: each key's bias kept in the cache with it)
     ("gen_apertus", "apertus-8b", {}),
     ("gen_dbrx", "dbrx-132b", {}),
     ("gen_phimoe", "phi-3.5-moe", {}),  # (LayerNorms, biases, longrope's mscales, the sparsemixer router)
@@ -121,6 +122,9 @@ FAMILIES = [
     # ZAYA: CCA projections (conv and delayed-value state per sequence), an MLP router carried across layers, a skip
     # class (weights drawn wider: continuations that vary)
     ("gen_zaya", "zaya1-8b", {"router_hidden_size": 64, "initializer_range": 0.3}),
+    # Inkling: relative logits (no rotary), short convolutions (conv state per sequence), a sliding and a full layer
+    # of their own KV shapes, sigmoid experts beside shared ones (weights drawn wider: continuations that vary)
+    ("gen_inkling", "inkling", {"initializer_range": 0.1}),
     ("gen_granite_4_h", "granite-4.0-h-tiny", {}),
     ("gen_bamba", "bamba-9b", {}),
     ("gen_nemotron_h", "nemotron-h-8b", {}),
@@ -158,6 +162,9 @@ FAMILIES = [
     ("gen_kolibri1", "kolibri-1", {"layer_types": ["sliding_attention", "full_attention"]}),
     # (softplus gates per head, a sliding layer rotating whole heads, then a full one YaRN over half of each)
     ("gen_laguna", "laguna-xs.2", {}),
+    # (sigmoid gates with a bias per head, a sliding rotating dense layer, then a global NoPE one with scaled queries
+    # and grouped experts; residual adds scaled by depth)
+    ("gen_beam", "beam-1.0-501b-a23b", {}),
     ("gen_glm_moe_dsa", "glm-5", {"num_hidden_layers": 3, "first_k_dense_replace": 1, "index_topk_freq": 2}),
     ("gen_youtu", "youtu-llm-2b", {}),
     ("gen_mistral4", "mistral-small-4", {}),  # (latent attention, softmax experts, queries scaled past 64 positions)
@@ -195,6 +202,9 @@ FAMILIES = [
     # CTRL: a pre-LN block with sinusoidal positions added to scaled embeddings, a head with a bias, untied (weights
     # drawn wider: continuations that vary)
     ("gen_ctrl", "ctrl", {"tie_word_embeddings": False, "initializer_range": 0.2}),
+    # CPM-Ant: virtual prompt tokens before the text, a segment and bucketed position bias, the prompt attending both
+    # ways (run whole: the scheduler never chunks it)
+    ("gen_cpmant", "cpm-ant-10b", {}),
     # GPT-NeoX-Japanese: GPT-NeoX's sequential block without biases but the last layer's `dense_bias`, half of each
     # head rotating (weights drawn wider: continuations that vary)
     ("gen_gpt_neox_japanese", "gpt-neox-japanese-2.7b", {"rotary_pct": 0.5, "initializer_range": 0.1}),
@@ -202,6 +212,9 @@ FAMILIES = [
     ("gen_emu3", "emu3-chat", {}),
     # Aria's language model: Llama's block, the top 6 of the experts and 2 shared experts in every layer
     ("gen_aria", "aria", {}),
+    # HRM-Text: two stacks of 2 layers run 2 x (3 + 1) times, each invocation a cache layer of its own over the
+    # stack's one set of weights; prefix_lm as published (a plain prompt attends causally, as in transformers)
+    ("gen_hrm_text", "hrm-text-1b", {}),
     # Phi-4-multimodal (Phi4MultimodalForCausalLM's checkpoint: tiny image and audio towers beside the language model,
     # unread): Phi-4-mini's block, its longrope with an original length past these sequences (inside it ours is HF's)
     ("gen_phi4_multimodal", "phi-4-multimodal", {

@@ -243,6 +243,33 @@ def test_long_prompt_is_chunked_while_others_decode():
     assert long.num_computed == 50 and long.generated == 1
 
 
+def test_whole_prompts_wait_for_the_budget_instead_of_running_in_chunks():
+    """A model whose prompt attends both ways (CPM-Ant): a prompt that does not fit the budget left by the decoders
+    waits (nothing behind it skips ahead) and runs whole once it fits; a budget short of the longest sequence is
+    refused."""
+    with pytest.raises(ValueError, match="prompts run whole"):
+        IterationScheduler(BlockManager(64, 4), max_running=4, max_tokens_per_iteration=8, max_seq_len=16,
+                           whole_prompts=True)
+    sched = IterationScheduler(BlockManager(64, 4), max_running=4, max_tokens_per_iteration=8, max_seq_len=8,
+                               whole_prompts=True)
+    short, long, later = FakeSeq(0, prompt=3, target=3), FakeSeq(1, prompt=8, target=1), FakeSeq(2, prompt=1, target=1)
+    for seq in (short, long, later):
+        sched.add(seq)
+    runs = []
+    while sched.has_work():
+        it = sched.schedule()
+        runs.append([(e.seq.arrival, e.start, e.num_new) for e in it.all()])
+        sched.commit(it)
+        for e in it.all():
+            if e.samples:
+                e.seq.generated += 1
+                if e.seq.generated == e.seq.target:
+                    sched.finish(e.seq)
+    # short's prompt, then its decodes, alone (long's 8 would not fit beside them; later waits behind it), then long's
+    # prompt whole, then later's
+    assert runs == [[(0, 0, 3)], [(0, 3, 1)], [(0, 4, 1)], [(1, 0, 8)], [(2, 0, 1)]]
+
+
 def test_tiny_pool_preempts_newest_and_recomputes():
     # 4 blocks of 4 tokens; three sequences that each grow to 16 tokens cannot all fit.
     sched = IterationScheduler(BlockManager(4, 4), max_running=3, max_tokens_per_iteration=64, max_seq_len=16)

@@ -322,7 +322,8 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "mamba-codestral-7b", "jamba-mini", "gemma-3n-e2b", "minimax-text-01",
                  "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "gemma-4-12b", "jetmoe-8b", "zaya1-8b",
                  "diffllama-0.3b", "llama-3.2-11b-vision", "phi-4-multimodal", "emu3-chat", "dots3-note-prev",
-                 "hy4-preview", "openai-gpt", "ctrl", "gpt-neox-japanese-2.7b"]
+                 "hy4-preview", "openai-gpt", "ctrl", "gpt-neox-japanese-2.7b", "aria", "minimax-m3",
+                 "beam-1.0-501b-a23b", "doge-320m", "hrm-text-1b", "inkling"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -392,7 +393,18 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           # attention has a shape of its own; the dense first MLP, then two MoE ones of 6.0B weights in 256 experts
           "dots3-note-prev": 3,
           # HY-V4: three layers (its dense first MLP, then 1.7B weights a layer in 256 experts), indexers full, shared
-          "hy4-preview": 3}
+          "hy4-preview": 3,
+          # Aria: four layers of 0.85B weights, 64 experts of 1,664 over 2,560 and two shared ones
+          "aria": 4,
+          # MiniMax-M3: two layers (LAYER_LISTS: a sparse-attention layer with a dense MLP, then a full-attention one
+          # with 7.2B weights in 128 experts of 3,072 over 6,144: 29 GB in fp32, twice)
+          "minimax-m3": 2,
+          # Beam: two layers (LAYER_LISTS: a sliding one with a dense MLP, then a full NoPE one with 10B weights in 256
+          # experts of 2,560 over 5,120: 40 GB in fp32, twice)
+          "beam-1.0-501b-a23b": 2,
+          # Inkling: two layers (LAYER_LISTS: a sliding one with a dense MLP, a full one with 64 of its 256 experts:
+          # 3.6B weights at their published 3,072 over 6,144; all 256 would be 58 GB a layer in fp32, twice)
+          "inkling": 2}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
@@ -403,7 +415,12 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
     "gemma-4-26b-a4b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
     "gemma-4-12b": {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
     "glm-5": {"first_k_dense_replace": 1},  # (not a list: its second layer a MoE one)
-    "laguna-xs.2": {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}}
+    "laguna-xs.2": {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+    "minimax-m3": {"layer_types": ["minimax_m3_sparse", "full_attention"], "mlp_layer_types": ["dense", "sparse"]},
+    "beam-1.0-501b-a23b": {"layer_types": ["sliding_attention", "full_attention"],
+                           "mlp_layer_types": ["dense", "sparse"]},
+    "inkling": {"n_routed_experts": 64, "layer_types": ["hybrid_sliding", "hybrid"],
+                "mlp_layer_types": ["dense", "sparse"]}}
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -473,7 +490,10 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "zaya1-8b",
         # Dots3's and HY-V4's top 8 of 256 experts by sigmoid score + bias: fp32 from the start (not yet measured in
         # bf16)
-        "dots3-note-prev", "hy4-preview"}
+        "dots3-note-prev", "hy4-preview",
+        # MiniMax-M3's top 4 of 128, Beam's top 8 of 256 (in groups) and Inkling's top 6 by sigmoid score + bias, and
+        # Aria's top 6 of 64 by softmax: fp32 from the start (not yet measured in bf16)
+        "minimax-m3", "beam-1.0-501b-a23b", "inkling", "aria"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):

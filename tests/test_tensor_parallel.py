@@ -156,6 +156,9 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
            # q's, the full layer's q / k rows in the kernels' order within each head, experts by columns; its
            # published names (the choice bias under `mlp.experts`, `mlp.shared_expert`), as save_pretrained writes them
            "laguna-xs.2-kv2-biases": ("laguna-xs.2", {"num_key_value_heads": 2, "attention_bias": True}),
+           # Beam: the output gate's rows and its bias per head split by heads as q's, experts by columns, each
+           # sublayer's output summed over the ranks before its post-norm and depth-scaled residual add
+           "beam-kv2-biases": ("beam-1.0-501b-a23b", {"num_key_value_heads": 2, "attention_bias": True}),
            # Recurrent mixers, each rank with its heads' (or channels') rows of the input projection and the
            # convolution, their state and their columns of the output projection: gated DeltaNet with Qwen3-Next's
            # grouped projections (and Qwen3.5's flat ones, experts beside them); Mamba-2 with its B / C groups split
@@ -234,6 +237,7 @@ CHANGES = {"llama4": ("llama-4-scout", {"attention_chunk_size": 16, "interleave_
                                            ("a.x-k1-biases", 8), ("kolibri-1-kv2", 8),
                                            ("a.x-k2-biases", 8),
                                            ("laguna-xs.2-kv2-biases", 8),
+                                           ("beam-kv2-biases", 8),
                                            ("xglm-564m", 8),  # (each rank: the sinusoidal table built whole)
                                            # (GPT-1: each rank's part of each Conv1D weight, read transposed;
                                            # the post-LN norms on the summed outputs)

@@ -27,6 +27,7 @@ class BatchEntry:
     block_table: list[int]  # the sequence's KV blocks, covering start + len(tokens)
     sample: bool  # whether the logits of its last token are needed
     state_slot: int = -1  # its recurrent state's slot (hybrid models, decoder/state_cache.py; -1: none)
+    prompt_len: int = 0  # its prompt's tokens (0: not known), for a model whose prompt attends both ways (CPM-Ant)
 
 
 @dataclass
@@ -52,6 +53,10 @@ class DecoderBatch:
     # host (their rows follow the decode rows in this order). None for a model without state.
     state_slots: torch.Tensor | None = None  # [S] int64
     prefill_lens: tuple[int, ...] = ()
+    # Each entry's start and prompt length (BatchEntry's), on the host, in entry order; empty in a decode graph's
+    # batch (every row a sequence past its first forward). Read by models whose prompt attends both ways.
+    entry_starts: tuple[int, ...] = ()
+    prompt_lens: tuple[int, ...] = ()
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, scale: float | None = None,
                   window: int | None = None, softcap: float | None = None,
@@ -157,7 +162,8 @@ def build_batch(entries: list[BatchEntry], block_size: int, device: torch.device
     # entry is one token that samples: logits_index = 0..T-1.
     lens = tuple(len(e.tokens) for e in prefill)
     return DecoderBatch(num_decode=num_decode, prefill_max_q=max(lens, default=0), prefill_lens=lens,
-                        logits_every_row=len(logits_rows) == len(ids), **fields)
+                        logits_every_row=len(logits_rows) == len(ids), entry_starts=tuple(e.start for e in entries),
+                        prompt_lens=tuple(e.prompt_len for e in entries), **fields)
 
 
 def whole_prompts_batch(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, block_size: int,

@@ -88,6 +88,7 @@ def build_engine(model: DecoderModel, tokenizer, sink: ResponseSink, options: En
         BlockManager(num_blocks, o.kv_block_size), o.max_running_sequences, o.max_tokens_per_iteration,
         max_seq_len=model.config.max_position_embeddings, max_decode_steps=o.max_decode_steps,
         prefix_caching=o.prefix_caching and state is None, recurrent_state=state is not None,
+        whole_prompts=getattr(model, "whole_prompts", False),
     )
     cache = model.new_kv_cache(num_blocks, o.kv_block_size)
     cache.state = state

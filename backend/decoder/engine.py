@@ -269,8 +269,8 @@ class GeneratorEngine(EngineLoop):
 
     def _launch(self, it: Iteration) -> _Launched | None:
         work = it.all()
-        entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples, w.seq.state_slot)
-                   for w in work]
+        entries = [BatchEntry(w.seq.tokens(w.start, w.num_new), w.start, w.seq.block_table, w.samples, w.seq.state_slot,
+                              len(w.seq.prompt_ids)) for w in work]
         sampling = [w for w in work if w.samples]
         params, keys = [w.seq.params for w in sampling], [w.seq.key for w in sampling]
         try:

@@ -93,7 +93,9 @@ class DecoderRunner:
         if model.device.type == "cuda":
             self._to_host = PinnedRing(MAX_DECODE_STEPS * self.last_ids.numel() * self.last_ids.element_size())
             self._host_views: dict[tuple[int, int], torch.Tensor] = {}
-            if cuda_graphs:
+            # (a model may opt out: one whose decode step, captured at every table width up to its longest
+            # sequence, would hold more memory in the graphs' pools than the GPU has: CPM-Ant's, in PyTorch ops)
+            if cuda_graphs and getattr(model, "decode_graphs", True):
                 max_blocks = -(-model.config.max_position_embeddings // cache.block_size)
                 self.graphs = DecodeGraphs(model, cache, max_running, max_blocks, self.last_ids)
 

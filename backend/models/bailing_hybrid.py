@@ -18,10 +18,8 @@ returns it. The KDA's sizes: `linear_num_heads` / `linear_head_dim` / `linear_co
 writes them (transformers' saved configs), else `num_attention_heads`, `head_dim` and `short_conv_kernel_size` (the
 published config.json: its `head_dim` is the KDA's; the latent attention's heads are `qk_*_head_dim` wide).
 
-The per-head attention gate runs as the shared decoder's per-element one (attn_output_gate): `adapt` repeats each
-head's g_proj row over the head's qk_head_dim cached dims, so that one GEMM and one element-wise kernel gate the
-attention's output exactly as transformers' per-head product does (the cost: qk_head_dim times the gate's weights,
-Ling-3.0-Flash's 32 x 192 rows a latent-attention layer, about a third of its q_proj).
+The per-head attention gate is the shared decoder's (attn_output_gate, attn_gate_per_head): one GEMM of g_proj's
+rows as published and one element-wise kernel gate the attention's output as transformers' per-head product does.
 
 Checkpoints: the published names (`word_embeddings`, `attention.` for `self_attn.`, `attention.dense` for o_proj,
 the KDA's `q_conv1d` / `k_conv1d` / `v_conv1d` and `f_proj` / `dt_bias` / `A_log` beside its projections, experts one
@@ -121,7 +119,7 @@ def from_hf(cfg: dict) -> BailingHybridSpec:
     cfg = {**cfg, "q_lora_rank": None, "rope_interleave": True,
            "rope_parameters": {"rope_theta": cfg["rope_theta"], **params}, "rope_scaling": None}
     spec = spec_from_hf(cfg, **mla_options(cfg), norm_eps=cfg["rms_norm_eps"], moe=moe, mixers=layer_kinds(cfg),
-                        attn_output_gate=True)
+                        attn_output_gate=True, attn_gate_per_head=True)
     return BailingHybridSpec(**{f.name: getattr(spec, f.name) for f in fields(DecoderSpec)}, kda=kda_spec(cfg))
 
 
@@ -133,11 +131,10 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """The checkpoint's tensors under the names the decoder reads (see the module docstring): the published names
     as transformers' (`word_embeddings` as `embed_tokens`, `attention.` as `self_attn.`, its `dense` as o_proj, the
     router's `expert_bias`), the KDA's `forget_gate.*` up to `self_attn.` as published and transformers' one
-    `conv1d.weight` `[3 dim, 1, kernel]` as the published three; a latent-attention layer's g_proj `[heads, hidden]`
-    as the decoder's per-element gate `self_attn.gate_proj` `[heads * qk_head_dim, hidden]`, each row repeated over
-    its head's dims (these read whole: a few kilobytes to megabytes)."""
+    `conv1d.weight` `[3 dim, 1, kernel]` as the published three (read whole: a few kilobytes); a latent-attention
+    layer's per-head gate g_proj `[heads, hidden]` under the decoder's name for it, `self_attn.gate_proj`."""
     c = _defaults(cfg)
-    heads, qk_head = c["num_attention_heads"], c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    heads = c["num_attention_heads"]
     out = {}
     for name, t in state.items():
         name = name.replace("word_embeddings.", "embed_tokens.")
@@ -150,8 +147,7 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
                 out[name.replace("conv1d", conv)] = whole[j * third : (j + 1) * third]
             continue
         if name.endswith(".self_attn.g_proj.weight") and tuple(t.shape)[0] == heads:  # (latent attention's gate)
-            out[name.replace("g_proj", "gate_proj")] = _whole(t).repeat_interleave(qk_head, 0)
-            continue
+            name = name.replace("g_proj", "gate_proj")
         out[name] = t
     return cfg, out
 

@@ -15,15 +15,13 @@ import math
 
 import torch
 
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, config_renamed,
-                                                     layers_renamed, spec_from_hf)
+from tritonformer.backend.models.transformer import (GPT2_CONFIG_NAMES, DecoderSpec, TransformerDecoder, WeightNames,
+                                                     config_renamed, layers_renamed, spec_from_hf)
 
 _ATTN = "multi_head_attention."
 NAMES = WeightNames(q=_ATTN + "Wq", k=_ATTN + "Wk", v=_ATTN + "Wv", o=_ATTN + "dense", up="ffn.0", down="ffn.2",
                     attn_norm="layernorm1", mlp_norm="layernorm2", embed="w.weight", positions="pos_encoding",
                     final_norm="layernorm.weight")
-_NAMES = (("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"),
-          ("n_positions", "max_position_embeddings"))
 _DEFAULTS = {"vocab_size": 246534, "hidden_size": 1280, "num_hidden_layers": 48, "num_attention_heads": 16,
              "max_position_embeddings": 256}  # (transformers' CTRLConfig's, where config.json leaves one out)
 
@@ -37,13 +35,13 @@ def sinusoidal_positions(rows: int, dim: int) -> torch.Tensor:
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """The layers as `layers.{i}.`, and the position table the decoder reads as `pos_encoding`."""
-    cfg = {**_DEFAULTS, **config_renamed(cfg, _NAMES)}
+    cfg = {**_DEFAULTS, **config_renamed(cfg, GPT2_CONFIG_NAMES)}
     table = sinusoidal_positions(cfg["max_position_embeddings"], cfg["hidden_size"])
     return cfg, {**layers_renamed(state, "h."), NAMES.positions: table}
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
-    cfg = {**_DEFAULTS, **config_renamed(cfg, _NAMES)}
+    cfg = {**_DEFAULTS, **config_renamed(cfg, GPT2_CONFIG_NAMES)}
     hidden, heads, layers = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     return spec_from_hf({**cfg, "intermediate_size": cfg.get("dff", 8192)}, tie_default=True, norm_eps=1e-6,
                         final_norm_eps=cfg.get("layer_norm_epsilon", 1e-6), layer_norm=True, norm_bias=True,

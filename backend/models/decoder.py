@@ -54,12 +54,15 @@ class DecoderModel:
         H100, `tools/gpu/time_small_gemm.py --layers "lm head"`), more rows the small GEMM where
         K is short (GPT-2's) or cuBLAS. Soft-capped where the config says (`final_softcap`: Gemma 2,
         Gemma 3n): cap * tanh(logits / cap), in the projection's dtype as Hugging Face computes it,
-        in place."""
+        in place; with `final_softcap_fp32` (Beam, whose transformers model caps in fp32: a 16-bit tanh
+        rounds near the cap) in fp32 from the projection's output, fp32 whatever `fp32` says."""
         logits = kernels.linear_act(x, self.output_head, self.output_head_b)
         if self.tp is not None:  # each rank holds a slice of the vocabulary: all of it on every rank
             logits = self.tp.gather_columns(logits)
         logits = logits[:, : self.vocab_size]
         cap = getattr(self.config, "final_softcap", None)
+        if cap is not None and getattr(self.config, "final_softcap_fp32", False):
+            return torch.tanh(logits.float() / cap) * cap
         if cap is not None:
             logits.div_(cap).tanh_().mul_(cap)
         return logits.float() if fp32 else logits
@@ -187,6 +190,7 @@ DECODER_FAMILIES = {
     "axk1": "axk1",  # (A.X-K1: DeepSeek-V3 with a norm after each expert block)
     "axk2": "axk2",  # (A.X-K2: DeepSeek-V3.2 with gated norms and a gated query projection, served dense likewise)
     "laguna": "laguna",  # (AFMoE's attention with a softplus gate, a rotary per layer type, sigmoid experts)
+    "beam": "beam",  # (AFMoE's attention, a gate bias per head, NoPE layers' scaled queries, residual adds by depth)
     "kolibri1": "kolibri1",  # (EXAONE 4's hybrid attention, GLM-4's sandwich, experts chosen by logit)
     "deepseek_v2": "deepseek_v2",
     "glm4_moe_lite": "glm4_moe_lite",
@@ -220,6 +224,8 @@ DECODER_FAMILIES = {
     "arcee": "arcee",
     "afmoe": "afmoe",
     "zaya": "zaya",  # (CCA convolutions into attention, residual scalings, an MLP router carried across layers)
+    "inkling_text": "inkling",  # (relative logits, no rotary; short convolutions around attention and the MLP)
+    "inkling_mm_model": "inkling",  # (Inkling's multimodal checkpoint: its text model, the towers unread)
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "lfm3": "lfm3",  # (LFM2 with windowed layers, sandwich norms and per-head attention gates)
@@ -241,11 +247,15 @@ DECODER_FAMILIES = {
     "xglm": "xglm",  # (OPT's block with fairseq's sinusoidal positions)
     "nanochat": "nanochat",
     "gpt2": "gpt2",
+    "gpt-sw3": "gpt2",  # (GPT-SW3: transformers maps it to GPT-2's config and model)
     "openai-gpt": "openai_gpt",  # (GPT-1: GPT-2's tensors in BERT's post-LN block, no final norm)
     "ctrl": "ctrl",  # (a pre-LN block with sinusoidal positions added to scaled embeddings, a head with a bias)
+    "cpmant": "cpmant",  # (virtual prompt tokens, a segment and bucketed position bias, the prompt attending both ways)
     "bitnet": "bitnet",  # (BitNet b1.58: sub norms, ternary linears with per-token int8 activations)
     "diffllama": "diffllama",  # (differential attention: two maps over halves of the heads, served as one over 2d)
     "modernbert-decoder": "modernbert_decoder",  # (Ettin: an embedding norm, a prediction head before the projection)
+    "doge": "doge",  # (dynamic mask attention: a bias per key from its values, kept in the cache beside the key)
+    "hrm_text": "hrm_text",  # (HRM-Text: two stacks run recurrently, each invocation a cache layer of its own)
 }
 
 

@@ -22,9 +22,8 @@ Dots3's own parts of the latent attention, as transformers applies them:
 - the rotary always on interleaved pairs, over qk_rope_head_dim dims (transformers' head_dim times the
   partial_rotary_factor it derives from them), each layer type's base from `rope_parameters` (published: 8e7, and
   `swa_rope_theta` 5e4 for the sliding layers);
-- each head's output times sigmoid(x_n . G_h) before o_proj (`g_proj`, one row per head): run as the shared
-  decoder's per-element gate (attn_output_gate), `adapt` repeating each head's row over its qk_head_dim cached dims
-  (as bailing_hybrid.py does; the cost: qk_head_dim times the gate's weights).
+- each head's output times sigmoid(x_n . G_h) before o_proj (`g_proj`, one row per head): the shared decoder's
+  per-head output gate (attn_output_gate, attn_gate_per_head), `adapt` renaming it `self_attn.gate_proj`.
 
 The MLPs: a dense SwiGLU where `mlp_layer_types` says "dense" (by default the first `first_k_dense_replace`, 1),
 else DeepSeek-V3's experts (glm4_moe.sigmoid_moe: sigmoid scores from fp32 router logits, the top
@@ -46,8 +45,6 @@ attention's shape (and KV heads unlike the query heads), rotary key widths that 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-
-import torch
 
 from tritonformer.backend.models.deepseek_v32 import DsaDecoder, DsaSpec
 from tritonformer.backend.models.glm4_moe import sigmoid_moe
@@ -86,8 +83,8 @@ class Dots3Spec(DsaSpec):
             super().check_max_model_len(max_model_len)
 
     def extra_tensor_shapes(self) -> dict[str, tuple[int, ...] | None]:
-        """The indexers' tensors and each layer's per-head gate `[heads, hidden]` as the checkpoint holds it (the
-        decoder's per-element gate is made from it at load)."""
+        """The indexers' tensors and each layer's per-head gate `[heads, hidden]` under its published name (`adapt`
+        renames it)."""
         shapes = super().extra_tensor_shapes()
         for i, own in enumerate(self.layer_mla):
             shapes[f"layers.{i}.{GATE}"] = (own.heads, self.hidden_size)
@@ -239,7 +236,7 @@ def from_hf(cfg: dict) -> Dots3Spec:
         {**c, "rope_parameters": None, "rope_scaling": None, "num_attention_heads": top.heads,
          "head_dim": top.spec.qk_head_dim},
         num_kv_heads=top.heads, mla=top.spec, layer_mla=tuple(layers), rotary_dim=rope_dim, attn_scale=top.scale,
-        o_bias=top.spec.bias, norm_eps=c["rms_norm_eps"], moe=moe, attn_output_gate=True, rope=rope,
+        o_bias=top.spec.bias, norm_eps=c["rms_norm_eps"], moe=moe, attn_output_gate=True, attn_gate_per_head=True, rope=rope,
         local_rope=None if local == rope else local, max_position_embeddings=longest,
         layer_windows=tuple(c["sliding_window"] if t == "sliding_attention" else None for t in types))
     return Dots3Spec(**{f.name: getattr(spec, f.name) for f in fields(DecoderSpec)}, index_topk=int(c["index_topk"]),
@@ -259,25 +256,14 @@ def _text_model(cfg: dict, state: dict) -> tuple[dict, dict]:
     return {**text, "model_type": "dots3_note_text", "tie_word_embeddings": tie}, state
 
 
-def _whole(t) -> torch.Tensor:
-    return t if isinstance(t, torch.Tensor) else t[:]
-
-
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """The text model of a multimodal checkpoint (`_text_model`); each layer's per-head gate `g_proj`
-    `[heads, hidden]` as the decoder's per-element one, `self_attn.gate_proj` `[heads * qk_head_dim, hidden]`, each
-    head's row repeated over its head's dims (read whole: a few megabytes)."""
+    `[heads, hidden]` under the decoder's name for it, `self_attn.gate_proj`."""
     if cfg.get("model_type") == "dots3_note":
         cfg, state = _text_model(cfg, state)
     if not state:
         return cfg, state
-    state = dict(state)
-    for i, own in enumerate(_resolved(cfg)["_layers"]):
-        name = f"layers.{i}.{GATE}"
-        if name in state:
-            gate = _whole(state.pop(name))
-            state[name.replace("g_proj", "gate_proj")] = gate.repeat_interleave(own.spec.qk_head_dim, dim=0)
-    return cfg, state
+    return cfg, {name.replace(f".{GATE}", f".{GATE.replace('g_proj', 'gate_proj')}"): t for name, t in state.items()}
 
 
 MODEL = DsaDecoder

@@ -43,8 +43,11 @@ class GPT2Config:
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "GPT2Config":
-        if cfg.get("model_type") != "gpt2":
-            raise ValueError(f"expected model_type 'gpt2', got {cfg.get('model_type')!r}")
+        if cfg.get("model_type") not in ("gpt2", "gpt-sw3"):  # (GPT-SW3's: GPT-2's model in transformers)
+            raise ValueError(f"expected model_type 'gpt2' or 'gpt-sw3', got {cfg.get('model_type')!r}")
+        if cfg.get("tie_word_embeddings", True) is False:  # (the head here is the token embedding)
+            raise ValueError("GPT-2 with tie_word_embeddings false is not supported (supported: tie_word_embeddings "
+                             "true)")
         act = cfg.get("activation_function", "gelu_new")
         if act not in _GELU:
             raise ValueError(f"unsupported GPT-2 activation_function {act!r} (supported: {sorted(_GELU)})")

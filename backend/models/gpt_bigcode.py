@@ -6,18 +6,16 @@ LayerNorms with a bias before attention and the MLP and at the end, a plain GELU
 and then the KV head, or without `multi_query` each head's q, k and v. Its config uses GPT-2's
 names (`n_embd`, `n_head`, `n_layer`, `n_positions`, `n_inner`) and its layers are `h.{i}`.
 Unscaled attention (`scale_attn_weights` false) is refused."""
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, config_renamed,
-                                                     layers_renamed, plain_activation, spec_from_hf)
+from tritonformer.backend.models.transformer import (GPT2_CONFIG_NAMES, DecoderSpec, TransformerDecoder, WeightNames,
+                                                     config_renamed, layers_renamed, plain_activation, spec_from_hf)
 
-_GPT2_KEYS = (("n_embd", "hidden_size"), ("n_head", "num_attention_heads"), ("n_layer", "num_hidden_layers"),
-              ("n_positions", "max_position_embeddings"))
 
 
 def with_canonical_names(cfg: dict) -> dict:
     """A config written with GPT-2's names (`n_embd`, `n_head`, `n_layer`, `n_positions`: GPT-BigCode's,
     GPT-J's) with transformers' canonical ones beside them, and `intermediate_size` from `n_inner`
     (4 x hidden where it is None)."""
-    cfg = config_renamed(cfg, _GPT2_KEYS)
+    cfg = config_renamed(cfg, GPT2_CONFIG_NAMES)
     cfg["intermediate_size"] = cfg.get("n_inner") or 4 * cfg["hidden_size"]
     return cfg
 NAMES = WeightNames(qkv="attn.c_attn", qkv_grouped=True, o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj",

@@ -188,7 +188,24 @@ class _Choice:
     chunks: list[torch.Tensor]
 
 
-class HyV4Decoder(TransformerDecoder):
+class IndexedKvCache:
+    """The KV cache of a decoder whose indexers keep keys of their own (HY-V4's, MiniMax-M3's): after the attention
+    layers' cache layers, one per indexer (`index_layers` of them), one head of the config's `index_head_dim`."""
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """The attention layers' (one key and value per head), then one layer per indexer: its keys, one head."""
+        c = self.config
+        shapes = [(c.num_kv_heads, c.head_dim)] * self.num_kv_layers + [(1, c.index_head_dim)] * self.index_layers
+        return PagedKVCache(len(shapes), num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype,
+                            layer_shapes=shapes)
+
+    def kv_bytes_per_token(self) -> int:
+        c = self.config
+        per_layer = self.num_kv_layers * c.num_kv_heads * c.head_dim + self.index_layers * c.index_head_dim
+        return 2 * per_layer * self.dtype.itemsize
+
+
+class HyV4Decoder(IndexedKvCache, TransformerDecoder):
     def __init__(self, config: HyV4Spec, state: dict, device, dtype, tp=None):
         if tp is not None:
             config.check_split(tp)
@@ -228,18 +245,6 @@ class HyV4Decoder(TransformerDecoder):
         self.hc_head = load_hyper_head(fp32, "hc_head.", **hc)
         # transformers keeps the head in fp32 and casts the final norm's rows to it
         self.set_output_head(fp32(c.names.lm_head, (c.vocab_size, c.hidden_size)))
-
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """The attention layers' (one key and value per head), then one layer per indexer: its keys, one head."""
-        c = self.config
-        shapes = [(c.num_kv_heads, c.head_dim)] * self.num_kv_layers + [(1, c.index_head_dim)] * self.index_layers
-        return PagedKVCache(len(shapes), num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype,
-                            layer_shapes=shapes)
-
-    def kv_bytes_per_token(self) -> int:
-        c = self.config
-        per_layer = self.num_kv_layers * c.num_kv_heads * c.head_dim + self.index_layers * c.index_head_dim
-        return 2 * per_layer * self.dtype.itemsize
 
     def logits(self, x: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """The fp32 head over the rows in fp32 (fp32 logits either way)."""

@@ -6,8 +6,8 @@ DeepSeek-V3's kind of experts after a dense first layer, in Llama's pre-norm blo
   attention over the last `sliding_window` keys on the layers `layer_types` calls "sliding_attention", over all on
   the "full_attention" ones (all of them by default). Its output o is gated before o_proj: o * softplus(x_n @ G^T)
   in fp32, rounded to the activation dtype, G the layer's `self_attn.g_proj`: one gate per head (`gating` true or
-  "per-head": `[heads, hidden]`, each head's row repeated over its head_dim columns at load, as lfm3.py does) or
-  one per element (`[heads * head_dim, hidden]`): the shared decoder's output gate with attn_gate_softplus.
+  "per-head": `[heads, hidden]`, attn_gate_per_head) or one per element (`[heads * head_dim, hidden]`, any other
+  `gating`, as transformers reads it): the shared decoder's output gate with attn_gate_softplus.
 - Rotary: `rope_parameters` keyed by layer type, each its own theta, variant (default, YaRN, ...) and
   `partial_rotary_factor` (published: the full layers YaRN over half of each head, theta 500,000; the sliding ones
   the whole head, theta 10,000). The sliding layers read the local table, the full ones the other; where a type
@@ -118,18 +118,18 @@ def from_hf(cfg: dict) -> DecoderSpec:
                   shared_intermediate_size=cfg["shared_expert_intermediate_size"],
                   names=MoeNames(shared="mlp.shared_experts", shared_gate=None), scoring="sigmoid", score_bias=True,
                   scale=float(cfg.get("moe_routed_scaling_factor", 1.0)))
-    bias = bool(cfg.get("attention_bias", False))
+    bias, gating = bool(cfg.get("attention_bias", False)), cfg.get("gating", True)
     return spec_from_hf(cfg, norm_eps=cfg["rms_norm_eps"], qkv_bias=bias, o_bias=bias, qk_norm=True,
                         attn_output_gate=True, attn_gate_softplus=True, layer_windows=windows,
+                        attn_gate_per_head=gating is True or gating == "per-head",
                         rope=rope("full_attention"), local_rope=rope("sliding_attention") if any(windows) else None,
                         rotary_dim=None, moe=moe)
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """The tensors as the shared decoder reads them: the published names as transformers'; each layer's gate
-    `self_attn.g_proj` as `self_attn.gate_proj` `[heads * head_dim, hidden]` (a per-head gate's rows repeated over
-    its head's columns); the q / k rows, biases and norm weights of each layer whose type rotates part of a head
-    in the kernels' order for it (rope.rotary_order)."""
+    `self_attn.g_proj` as `self_attn.gate_proj`; the q / k rows, biases and norm weights of each layer whose type
+    rotates part of a head in the kernels' order for it (rope.rotary_order)."""
     full = {**DEFAULTS, **cfg}
     head, heads, kv_heads = full["head_dim"], full["num_attention_heads"], full["num_key_value_heads"]
     params = _rope_params(full)
@@ -143,10 +143,7 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
         layer = int(parts[1]) if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() else None
         order = orders.get(types[layer]) if layer is not None and layer < len(types) else None
         if name.endswith("self_attn.g_proj.weight"):
-            t = _tensor(t)
             name = name.replace(".g_proj.", ".gate_proj.")
-            if t.shape[0] == heads:  # (one gate per head: its row over each of the head's columns)
-                t = t.repeat_interleave(head, dim=0)
         elif order is not None and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
                                                   "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             t = _tensor(t)

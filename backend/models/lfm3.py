@@ -10,8 +10,8 @@ otherwise, as transformers' Lfm3Config reads it). Where it differs from LFM2:
 
 - the attention is Qwen3's under Qwen3's names (`q_proj` .. `o_proj`, per-head `q_norm` / `k_norm` before the
   rotary), `sliding_window` tokens on the windowed layers, and each head's output scaled by its own sigmoid gate
-  (`use_attention_gate`): o_h * sigmoid(x_n . g_h), `g_proj` `[heads, hidden]`. `adapt` repeats each head's row
-  over its head_dim columns, the shared decoder's per-element output gate (attn_output_gate) with equal values;
+  (`use_attention_gate`): o_h * sigmoid(x_n . g_h), `g_proj` `[heads, hidden]`: the shared decoder's per-head
+  output gate (attn_output_gate, attn_gate_per_head);
 - a rotary per layer type (`rope_parameters` keyed by "full_attention" / "sliding_attention"; transformers'
   defaults where the config has none: the windowed layers' plain rotary of base 10,000 over whole heads, the global
   layers' "proportional" one of base 1e6 over half of each head's frequency pairs, rope.py);
@@ -25,8 +25,6 @@ one's, and whatever LFM2 refuses (a convolution of fewer than 2 taps)."""
 from __future__ import annotations
 
 from dataclasses import replace
-
-import torch
 
 from tritonformer.backend.models import lfm2
 from tritonformer.backend.models.lfm2 import SHORT_CONV, Lfm2Decoder, Lfm2Spec
@@ -81,28 +79,18 @@ def from_hf(cfg: dict) -> Lfm2Spec:
     rope, local_rope = ropes(cfg, types)
     windows = tuple(window if t == "sliding_attention" else None for t in types)
     mixers = tuple(SHORT_CONV if t == "conv" else None for t in types)
-    sandwich = bool(cfg.get("use_sandwich_norm", True))
+    sandwich, gated = bool(cfg.get("use_sandwich_norm", True)), bool(cfg.get("use_attention_gate", True))
     return lfm2.lfm2_spec({**cfg, "rope_parameters": None, "rope_scaling": None},  # (the ropes: given here)
                           "LFM3", cfg["intermediate_size"], mixers, names=NAMES, rope=rope,
                           local_rope=None if local_rope == rope else local_rope, layer_windows=windows,
-                          sandwich_norms=sandwich, attn_output_gate=bool(cfg.get("use_attention_gate", True)))
+                          sandwich_norms=sandwich, attn_output_gate=gated, attn_gate_per_head=gated)
 
 
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
     """Each attention layer's per-head gate `[heads, hidden]` (transformers' `self_attn.g_proj`; the published
-    checkpoints' `self_attn.gate_proj`, which transformers renames) as the shared decoder's per-element one,
-    `self_attn.gate_proj` `[heads * head_dim, hidden]` (each head's row repeated over its columns)."""
-    if not cfg.get("use_attention_gate", True):
-        return cfg, state
-    head_dim = cfg.get("head_dim") or DEFAULTS["head_dim"]
-    heads = cfg["num_attention_heads"]
-    out = dict(state)
-    for name, t in state.items():
-        if name.endswith(("self_attn.g_proj.weight", "self_attn.gate_proj.weight")) and t.shape[0] == heads:
-            rows = t if isinstance(t, torch.Tensor) else t.to("cpu")
-            del out[name]
-            out[name.replace(".g_proj.", ".gate_proj.")] = rows.repeat_interleave(head_dim, dim=0)
-    return cfg, out
+    checkpoints' `self_attn.gate_proj`, which transformers renames) under the decoder's name for it,
+    `self_attn.gate_proj`."""
+    return cfg, {name.replace(".self_attn.g_proj.", ".self_attn.gate_proj."): t for name, t in state.items()}
 
 
 MODEL = Lfm2Decoder

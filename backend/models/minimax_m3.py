@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
-from tritonformer.backend.models.hy_v4 import _causal, _table_slots
+from tritonformer.backend.models.hy_v4 import IndexedKvCache, _causal, _table_slots
 from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, rotary_dims,
                                                      spec_from_hf)
@@ -135,7 +135,7 @@ class _Indexer:
     cache_layer: int  # its keys' cache layer (after the attention layers')
 
 
-class MiniMaxM3Decoder(TransformerDecoder):
+class MiniMaxM3Decoder(IndexedKvCache, TransformerDecoder):
     def __init__(self, config: MiniMaxM3Spec, state: dict, device, dtype, tp=None):
         if tp is not None:
             config.check_split(tp)
@@ -160,18 +160,6 @@ class MiniMaxM3Decoder(TransformerDecoder):
                                           self.weight(checked(p + "k_proj.weight")),
                                           *norm, self.num_kv_layers + sum(x is not None for x in self.indexers)))
         self.index_layers = sum(x is not None for x in self.indexers)
-
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """The attention layers' (one key and value per head), then one layer per indexer: its keys, one head."""
-        c = self.config
-        shapes = [(c.num_kv_heads, c.head_dim)] * self.num_kv_layers + [(1, c.index_head_dim)] * self.index_layers
-        return PagedKVCache(len(shapes), num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype,
-                            layer_shapes=shapes)
-
-    def kv_bytes_per_token(self) -> int:
-        c = self.config
-        per_layer = self.num_kv_layers * c.num_kv_heads * c.head_dim + self.index_layers * c.index_head_dim
-        return 2 * per_layer * self.dtype.itemsize
 
     def _attend(self, x: torch.Tensor, li: int, layer, batch: DecoderBatch, cache: PagedKVCache,
                 cos_sin: torch.Tensor, local: torch.Tensor | None, pre: kernels.PreNorm | None = None) -> torch.Tensor:
@@ -262,6 +250,9 @@ class MiniMaxM3Decoder(TransformerDecoder):
         scores = torch.einsum("rhd,rkhd->rhk", q.float(), k) * scale
         keep = keep.repeat_interleave(c.num_heads // c.index_heads, dim=1)
         probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+        # (the table's slots past a sequence's keys were never written: whatever they hold, NaN included, must not
+        # reach the sum, where a probability of 0 times NaN would)
+        v = v.masked_fill(~keep.any(dim=1)[:, :, None, None], 0.0)
         return torch.einsum("rhk,rkhd->rhd", probs, v).to(q.dtype)
 
 

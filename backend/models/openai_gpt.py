@@ -10,13 +10,11 @@ it is read (a lazily read checkpoint's too, only the part a tensor-parallel rank
 `n_embd`, `n_layer`, `n_head`, `n_positions`."""
 import torch
 
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, config_renamed,
-                                                     layers_renamed, spec_from_hf)
+from tritonformer.backend.models.transformer import (GPT2_CONFIG_NAMES, DecoderSpec, TransformerDecoder, WeightNames,
+                                                     config_renamed, layers_renamed, spec_from_hf)
 
 NAMES = WeightNames(qkv="attn.c_attn", o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj", attn_post_norm="ln_1",
                     mlp_post_norm="ln_2", embed="tokens_embed.weight", positions="positions_embed.weight")
-_NAMES = (("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"),
-          ("n_positions", "max_position_embeddings"))
 _CONV1D = tuple(f"{name}.weight" for name in (NAMES.qkv, NAMES.o, NAMES.up, NAMES.down))
 _AFN = {"gelu": "gelu_tanh", "relu": "relu"}  # (transformers' ACT_FNS for GPT-1: its "gelu" is gelu_new)
 
@@ -50,7 +48,7 @@ def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
 
 
 def from_hf(cfg: dict) -> DecoderSpec:
-    cfg = {"max_position_embeddings": 512, **config_renamed(cfg, _NAMES)}
+    cfg = {"max_position_embeddings": 512, **config_renamed(cfg, GPT2_CONFIG_NAMES)}
     afn = cfg.get("afn", "gelu")
     if afn not in _AFN:
         raise ValueError(f"GPT-1 with afn {afn!r} is not supported (supported: afn {', '.join(_AFN)})")

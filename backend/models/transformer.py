@@ -43,7 +43,12 @@ and runs it. What differs between the families is data, read here in one place:
                      projection (AFMoE). Qwen3-Next's full-attention gate is the same operation, its G the
                      second D of each head's 2D rows of q_proj (query and gate interleaved per head)
     attn_gate_softplus  that gate's softplus(gate_proj(x)) in fp32, rounded to the activation dtype, in place of
-                     its sigmoid (Laguna; a per-head gate's rows repeated over each head's columns)
+                     its sigmoid (Laguna)
+    attn_gate_per_head  that gate has one row per head (`[heads, hidden]`): each head's output times one value
+                     (Dots3's, Ling's, LFM3's, Laguna's per-head g_proj), read as published, not repeated over
+                     the head's columns (which would read head_dim times its weights every step)
+    attn_gate_head_bias  that gate's pre-activation plus a learnt bias per head (`gate_bias` `[heads]`, Beam's),
+                     repeated over the head's columns at load: the gate linear's bias
     clip_qkv         the QKV projection's outputs clamped to [-clip, clip] before the split and the rotary
                      (DBRX): the projection then runs unfused, the clamp in place on its output
     rope, local_rope rotary tables: one, or a second for sliding-window layers (Gemma 3)
@@ -53,6 +58,8 @@ and runs it. What differs between the families is data, read here in one place:
     nope_temperature  (floor_scale, attn_scale): on the NoPE layers each query times
                      log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1 at its position p, in
                      fp32 (Llama 4's attention temperature tuning)
+    nope_query_power  (length, power): on the NoPE layers each query times (1 + (p + 1) / length) ** power at
+                     its position p, in fp32 (Beam's scalable-softmax scale of its full-attention layers)
     query_scaling    (beta, original): on every layer each query times 1 + beta * log(1 + floor(p / original)) at
                      its position p, rounded to the activation dtype as transformers does (Mistral 4's
                      `llama_4_scaling_beta`; exactly 1 below `original`)
@@ -63,7 +70,7 @@ and runs it. What differs between the families is data, read here in one place:
                      heads' under tensor parallelism), which the decode graphs read as they are
     attn_scale       query scale (Gemma: query_pre_attn_scalar ** -0.5; else head_dim ** -0.5)
     attn_softcap     tanh soft-capping of attention scores (Gemma 2)
-    final_softcap    tanh soft-capping of the logits (Gemma 2)
+    final_softcap    tanh soft-capping of the logits (Gemma 2); in fp32 where final_softcap_fp32 (Beam)
     embed_scale      token embeddings times a scalar: sqrt(hidden) (Gemma), embedding_multiplier (Granite)
     residual_scale   attention and MLP outputs times a scalar before the residual add (Granite),
                      folded into the output and down projections at load
@@ -82,6 +89,9 @@ and runs it. What differs between the families is data, read here in one place:
     mlp_layers       per layer: whether an MLP follows attention or the mixer (Nemotron-H's mixer-only blocks)
     parallel_mixers  the layers' recurrent mixers run beside attention on the same normed input, both outputs
                      added (Falcon-H1), not in its place
+    layer_sources    per layer the checkpoint layer whose weights it runs (`layers.{source}.`): layers naming one
+                     source share its tensors, read once, each with a cache layer of its own (HRM-Text's stacks,
+                     run several times over an iteration); empty: layer i runs `layers.{i}.`
     tie_word_embeddings
 
 One `forward` is one model iteration over every scheduled sequence (Orca's shape): prompt
@@ -157,6 +167,7 @@ class WeightNames:
     q_norm: str = "self_attn.q_norm"
     k_norm: str = "self_attn.k_norm"
     attn_gate: str = "self_attn.gate_proj"  # (attn_output_gate)
+    attn_gate_bias: str = "self_attn.gate_bias"  # (attn_gate_head_bias: one per head)
     sinks: str = "self_attn.sinks"
     embed: str = "embed_tokens.weight"
     positions: str = "wpe.weight"  # (learned_positions)
@@ -202,17 +213,21 @@ class DecoderSpec:
     qk_norm_bias: bool = False
     attn_output_gate: bool = False
     attn_gate_softplus: bool = False  # the output gate is softplus(x_n @ G^T), not its sigmoid (Laguna)
+    attn_gate_per_head: bool = False  # the output gate has one row per head, not one per element
+    attn_gate_head_bias: bool = False  # the output gate's pre-activation has a bias per head (Beam)
     clip_qkv: float | None = None  # the QKV projection's outputs clamped to [-clip_qkv, clip_qkv] (DBRX)
     local_rope: Rope | None = None  # sliding-window layers' rope, when it differs (Gemma 3)
     layer_windows: tuple[int | None, ...] = ()  # empty: every layer attends to all keys
     layer_chunks: tuple[int | None, ...] = ()  # empty: no layer's attention is chunked
     nope_temperature: tuple[float, float] | None = None
+    nope_query_power: tuple[float, float] | None = None  # (length, power): see the module's docstring
     alibi_slopes: tuple[float, ...] | None = None  # one per query head (ALiBi), None: no linear biases
     query_scaling: tuple[float, int] | None = None  # (beta, original): see the module's docstring
     rope_layers: tuple[bool, ...] = ()  # empty: every layer rotates q and k
     attn_scale: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    final_softcap_fp32: bool = False  # the cap in fp32 from the projection's output (models/decoder.py's logits)
     embed_scale: float | None = None
     rotary_dim: int | None = None  # None: every head dim rotates
     rotary_interleaved: bool = False
@@ -236,6 +251,8 @@ class DecoderSpec:
     # The mixers run beside attention, not in its place: both on the layer's normalised input, their outputs added
     # (Falcon-H1's parallel hybrid; sequential block only)
     parallel_mixers: bool = False
+    # Per layer the checkpoint layer whose weights it runs (see the module's docstring); empty: its own
+    layer_sources: tuple[int, ...] = ()
     names: WeightNames = field(default_factory=WeightNames)
 
     def __post_init__(self):
@@ -275,6 +292,9 @@ class DecoderSpec:
                             or (self.mla and self.parallel_mixers)):
             raise ValueError(f"{len(self.mixers)} mixer kinds for {self.num_layers} layers (recurrent mixers are "
                              f"supported in the sequential block, in place of latent attention but not beside it)")
+        if self.layer_sources and (len(self.layer_sources) != self.num_layers or self.mixers or self.layer_mla):
+            raise ValueError(f"{len(self.layer_sources)} layer sources for {self.num_layers} layers (layers that "
+                             f"share weights are supported without recurrent mixers or per-layer latent attention)")
         if self.parallel_mixers and not self.mixers:
             raise ValueError("parallel_mixers runs the layers' mixers beside attention: name them in `mixers`")
         if self.mlp_layers and (len(self.mlp_layers) != self.num_layers or self.parallel_block):
@@ -313,8 +333,10 @@ class DecoderSpec:
         if self.alibi_slopes is not None and (len(self.alibi_slopes) != self.num_heads or self.mla):
             raise ValueError(f"{len(self.alibi_slopes)} ALiBi slopes for {self.num_heads} heads (one per query head; "
                              f"supported without latent attention)")
-        if self.attn_gate_softplus and not self.attn_output_gate:
-            raise ValueError("attn_gate_softplus is the output gate's (attn_output_gate)")
+        if (self.attn_gate_softplus or self.attn_gate_per_head) and not self.attn_output_gate:
+            raise ValueError("attn_gate_softplus and attn_gate_per_head are the output gate's (attn_output_gate)")
+        if self.attn_gate_head_bias and (not self.attn_output_gate or self.mla):
+            raise ValueError("attn_gate_head_bias is the output gate's (attn_output_gate), without latent attention")
         if self.qk_norm_bias and (not self.qk_norm or self.qk_norm_full or self.qk_norm_after_rope):
             raise ValueError("q/k LayerNorms with biases are per-head norms (qk_norm) before the rotary")
 
@@ -407,6 +429,7 @@ class _Layer:
     q_norm_b: torch.Tensor | None = None  # the q / k LayerNorms' biases (qk_norm_bias)
     k_norm_b: torch.Tensor | None = None
     attn_gate_w: torch.Tensor | None = None  # [heads * head_dim, hidden]: this rank's heads' rows (attn_output_gate)
+    attn_gate_b: torch.Tensor | None = None  # [heads * head_dim]: its bias, each head's repeated (attn_gate_head_bias)
     chunk: int | None = None  # chunked attention's chunk size (layer_chunks)
     attn_scale: float | None = None  # the layer's own softmax scale (layer_mla), None: the spec's attn_scale
     act_params: torch.Tensor | None = None  # [4] fp32: xIELU's alpha_p, alpha_n, beta, eps as applied (every rank's)
@@ -563,6 +586,8 @@ class TransformerDecoder(DecoderModel):
             """Layer i's attention weights, as _Layer's fields."""
             qkv_parts = [(q_rows, q_part), (kv_rows, kv_part), (kv_rows, kv_part)]
             own, cols, cols_part, gate_rows, gate_part = None, o_cols, o_part, q_rows, q_part
+            if c.attn_gate_per_head:  # (one row per head: the ranks' heads split it)
+                gate_rows, gate_part = c.num_heads, heads_part
             if c.layer_mla:  # (a latent attention of its own shape: its heads, o_proj's columns, the gate's rows)
                 own = c.layer_mla[i]
                 part = tp.part(own.heads, f"layer {i}'s attention heads") if tp is not None else None
@@ -570,6 +595,8 @@ class TransformerDecoder(DecoderModel):
                 v, d = own.spec.v_head_dim, own.spec.qk_head_dim
                 cols, cols_part = own.heads * v, part and slice(part.start * v, part.stop * v)
                 gate_rows, gate_part = own.heads * d, part and slice(part.start * d, part.stop * d)
+                if c.attn_gate_per_head:
+                    gate_rows, gate_part = own.heads, part
                 self.kv_shapes.append((mla.heads, d))
             else:
                 mla = self.load_mla(p, read, heads_part) if c.mla else None
@@ -612,14 +639,22 @@ class TransformerDecoder(DecoderModel):
                         sinks=w(p + n.sinks, c.num_heads, rows=heads_part).float() if c.sinks else None, mla=mla,
                         # (the output gate's rows are split by heads as Q's are)
                         attn_gate_w=(w(p + n.attn_gate + ".weight", gate_rows, hidden, rows=gate_part)
-                                     if c.attn_output_gate else None), attn_scale=own.scale if own else None)
+                                     if c.attn_output_gate else None), attn_scale=own.scale if own else None,
+                        attn_gate_b=(w(p + n.attn_gate_bias, c.num_heads, rows=heads_part).repeat_interleave(head)
+                                     if c.attn_gate_head_bias else None))
 
         no_attention = dict(qkv_w=None, qkv_b=None, q_norm=None, k_norm=None, o_w=None, o_b=None, sinks=None)
         self.kv_shapes: list[tuple[int, int]] = []  # (layer_mla: each cache layer's (heads, head dim), this rank's)
         kv_layers = state_layers = 0
         self.state_layouts: list[dict[str, tuple[int, ...]]] = []  # each mixer layer's state (mixers.py)
+        loaded: dict[int, _Layer] = {}  # (layer_sources: each source's layer, as first read)
         for i in range(c.num_layers):
-            p = f"layers.{i}."
+            source = c.layer_sources[i] if c.layer_sources else i
+            if source in loaded:  # its weights read already: the same tensors, a cache layer of its own
+                self.layers.append(replace(loaded[source], kv_index=kv_layers))
+                kv_layers += 1
+                continue
+            p = f"layers.{source}."
             attn = no_attention
             if c.mixer(i) is None or c.parallel_mixers:
                 attn = attention(i, p) | dict(kv_index=kv_layers)
@@ -680,6 +715,7 @@ class TransformerDecoder(DecoderModel):
                 has_mlp=c.has_mlp(i),
                 **attn,
             ))
+            loaded[source] = self.layers[-1]
         self.num_kv_layers = kv_layers
         self.activation = (GATED_ACTIVATIONS if c.gated_mlp else PLAIN_ACTIVATIONS)[c.activation]
         if tp is not None:  # what the forward, the KV cache and the graphs size themselves by
@@ -934,10 +970,10 @@ class TransformerDecoder(DecoderModel):
         split_norms = self.tp is not None and c.qk_norm_full and layer.q_norm is not None
         if layer.attn_gate_w is not None and pre is not None:
             normed = torch.empty_like(x)
-            gate = kernels.linear_act(x, layer.attn_gate_w, prenorm=replace(pre, normed_out=normed))
+            gate = kernels.linear_act(x, layer.attn_gate_w, layer.attn_gate_b, prenorm=replace(pre, normed_out=normed))
             x, pre = normed, None
         elif layer.attn_gate_w is not None:
-            gate = kernels.linear_act(x, layer.attn_gate_w)
+            gate = kernels.linear_act(x, layer.attn_gate_w, layer.attn_gate_b)
         if layer.mla is not None:  # multi-head latent attention: its projections write the cache (mla.py)
             q = layer.mla.to_cache(x, pre, cos, sin, cache.keys(li), cache.values(li), batch.slot_mapping)
         elif split_norms:  # each rank's sums of squares of its q and k, summed over the ranks, normalise its heads
@@ -976,6 +1012,10 @@ class TransformerDecoder(DecoderModel):
             floor_scale, strength = c.nope_temperature
             t = torch.log1p(torch.floor((batch.positions.float() + 1.0) / floor_scale)) * strength + 1.0
             q = (q.float() * t[:, None, None]).to(q.dtype)
+        if c.nope_query_power is not None and not layer.rotary:  # q times its position's scale, in fp32
+            length, power = c.nope_query_power
+            t = torch.exp(power * torch.log1p((batch.positions.float() + 1.0) / length))
+            q = (q.float() * t[:, None, None]).to(q.dtype)
         if c.query_scaling is not None:  # every layer's q times its position's factor, rounded to q's dtype first
             beta, original = c.query_scaling
             t = 1.0 + beta * torch.log(1.0 + torch.floor(batch.positions.float() / original))
@@ -985,7 +1025,7 @@ class TransformerDecoder(DecoderModel):
                               softcap=c.attn_softcap, sinks=layer.sinks, chunk=layer.chunk,
                               alibi_slopes=self.alibi_slopes)
         if gate is not None and c.attn_gate_softplus:  # (fp32 softplus rounded to ctx's dtype, as transformers)
-            ctx = ctx * torch.nn.functional.softplus(gate.float()).to(ctx.dtype).view_as(ctx)
+            ctx = ctx * torch.nn.functional.softplus(gate.float()).to(ctx.dtype).view(*ctx.shape[:2], -1)
         elif gate is not None:
             ctx = kernels.sigmoid_mul(ctx, gate)
         if layer.mla is not None:  # (each head's values, past their zero padding)
@@ -1111,6 +1151,11 @@ def tensors_renamed(state: dict, renames) -> dict:
             name = pattern.sub(replacement, name)
         renamed[name] = t
     return renamed
+
+
+# GPT-2's names for the config's sizes, which GPT-1, CTRL, GPT-BigCode and GPT-J keep.
+GPT2_CONFIG_NAMES = (("n_embd", "hidden_size"), ("n_head", "num_attention_heads"), ("n_layer", "num_hidden_layers"),
+                     ("n_positions", "max_position_embeddings"))
 
 
 def config_renamed(cfg: dict, renames: tuple[tuple[str, str], ...]) -> dict:
