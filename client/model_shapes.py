@@ -858,6 +858,22 @@ INKLING = {
     "logits_mup_width_multiplier": 24.0, "hidden_act": "silu", "rms_norm_eps": 1e-6,
     "max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2,
 }
+# thinkingmachines/Inkling-2-Small's text model (model_type inkling2_text, under the checkpoint's text_config), from
+# transformers' Inkling2TextConfig defaults and docstring (its checkpoint): 48 layers at 4,608 wide, every sixth full
+# (48 query heads of 128 over 8 KV heads, relative logits over 1,024 tokens, dynamic k / v convolutions), the others
+# sliding over 1,024 (48 over 8); attention residuals over blocks of 6 layers; short convolutions of 4 taps; every
+# layer's MLP 384 routed experts of 2,304 (top 8); the head untied, softcapped at 30, its rows past 200,058 dropped.
+# Uncertain: whether the published config.json writes other values (the token ids); its experts are MXFP8, not read.
+INKLING2_SMALL = {
+    "model_type": "inkling2_text", "vocab_size": 201024, "unpadded_vocab_size": 200058, "hidden_size": 4608,
+    "num_hidden_layers": 48, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+    "swa_num_attention_heads": 48, "swa_num_key_value_heads": 8, "swa_head_dim": 128, "sliding_window_size": 1024,
+    "d_rel": 16, "rel_extent": 1024, "log_scaling_n_floor": 128000, "log_scaling_alpha": 0.1, "conv_kernel_size": 4,
+    "moe_intermediate_size": 2304, "n_routed_experts": 384, "num_experts_per_tok": 8, "route_scale": 8.0,
+    "qk_l2_clip_threshold": 22.627416997969522, "rel_l2_clip_threshold": 8.0, "n_layers_per_attn_res_block": 6,
+    "mlp_gate_softcap": 4.0, "mlp_up_softcap": 25.0, "final_logit_softcapping": 30.0, "scoring_func": "sigmoid",
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 1048576, "eos_token_id": 200006,
+}
 # Zyphra/ZAYA1-8B (model_type zaya), from transformers' ZayaConfig defaults and docstring (its checkpoint): 40
 # layers at 2,048 wide, each attending through CCA projections (8 query heads of 128 over 2 KV heads; convolutions of
 # 2 and 2 taps) and routing each token to one of 16 experts of 2,048 (or to none) by an MLP router of 256; half of each
@@ -1624,6 +1640,7 @@ DECODER_SHAPES = {
     "lfm2-1.2b": LFM2_1_2B,
     "zaya1-8b": ZAYA1_8B,
     "inkling": INKLING,
+    "inkling2-small": INKLING2_SMALL,
     "lfm2-8b-a1b": LFM2_8B_A1B,
     "lfm3-1.7b": LFM3_1_7B,
     "persimmon-8b": PERSIMMON_8B,
@@ -1849,6 +1866,18 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
                                                                   published["num_attention_heads"]),
                    swa_head_dim=cfg["head_dim"], layer_types=(["hybrid_sliding", "hybrid"] * layers)[:layers],
                    rel_extent=32, unpadded_vocab_size=None)
+        if window:
+            cfg["sliding_window_size"] = window
+    if cfg["model_type"] == "inkling2_text":  # Inkling 2: as Inkling above (the experts' width under its own name
+        # only: transformers reads `intermediate_size` as it; every row of the head giving logits, which transformers
+        # must be told), blocks of attention residuals kept at the published 6
+        published = DECODER_SHAPES[name]
+        cfg.pop("intermediate_size")
+        cfg.update(swa_num_attention_heads=heads * published["swa_num_attention_heads"] // published[
+            "num_attention_heads"], swa_num_key_value_heads=max(1, heads * published["swa_num_key_value_heads"] //
+                                                                  published["num_attention_heads"]),
+                   swa_head_dim=cfg["head_dim"], layer_types=(["hybrid_sliding", "hybrid"] * layers)[:layers],
+                   rel_extent=32, unpadded_vocab_size=vocab)
         if window:
             cfg["sliding_window_size"] = window
     if cfg["model_type"] == "laguna":  # Laguna: a sliding layer then a full one in turn over the few (each type's own

@@ -293,6 +293,17 @@ CASES = [
         "initializer_range": 0.1, "layer_types": ["hybrid", "hybrid_sliding"], "log_scaling_n_floor": 16,
         "log_scaling_alpha": 0.5, "mlp_layer_types": ["dense", "sparse"], "conv_kernel_size": 3, "n_shared_experts": 1,
         "rel_extent": 64, "unpadded_vocab_size": 300}),
+    # Inkling 2: Inkling's relative logits and short convolutions (scaled), a sliding layer then a full one (dynamic
+    # k / v convolutions, q / k / v inputs of their own), attention residuals over blocks, per-head sinks and output
+    # gates, clipped q / k / relative states, 8 of 16 experts with softcapped SwiGLUs, the logits softcapped. Then four
+    # layers, the full first, blocks of 2, clips that bind, log-scaled logits from position 16, 3 taps, a tight final
+    # softcap and the head's last 20 rows dropped
+    ("inkling2", "inkling2-small", {"initializer_range": 0.1}),
+    ("inkling2-four-layers-blocks-of-2-full-first-clipped-log-scaling-3-taps-capped-unpadded", "inkling2-small", {
+        "initializer_range": 0.1, "num_hidden_layers": 4, "n_layers_per_attn_res_block": 2,
+        "layer_types": ["hybrid", "hybrid_sliding", "hybrid_sliding", "hybrid"], "qk_l2_clip_threshold": 1.0,
+        "rel_l2_clip_threshold": 0.5, "log_scaling_n_floor": 16, "log_scaling_alpha": 0.5, "conv_kernel_size": 3,
+        "final_logit_softcapping": 2.0, "unpadded_vocab_size": 300}),
     ("cohere2-moe-sigmoid-rms-sum", "command-a-plus", {
         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "sparse"],
         "expert_selection_fn": "sigmoid", "norm_topk_prob": False, "rms_norm_eps": 1e-6, "num_shared_experts": 2,
@@ -878,6 +889,10 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith("global_scale"):  # (Inkling's MLP and router scales start at 1)
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("_input.query"):  # (Inkling 2's block residual queries start at zero: a plain mean)
+                p.add_(torch.randn_like(p))
+            if name.endswith(("sconv.static_weight", "l2_clip.scale")):  # (its static taps start at zero, its clip
+                p.add_(torch.randn_like(p) * 0.1)  # scales at 1)
             if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # xIELU's learnt scalars (Apertus), per layer
                 p.add_(torch.randn_like(p))
             if name.endswith(("qk_norm.temp", "residual_scale.hidden_states_scale", "residual_scale.residual_scale",
@@ -975,6 +990,7 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "lfm3", "lfm3-plain-norms-ungated-conv-bias-untied",
                    "zaya", "zaya-windowed-first-taps-biases-untied",
                    "inkling", "inkling-full-first-log-scaling-dense-first-3-taps-one-shared-unpadded",
+                   "inkling2", "inkling2-four-layers-blocks-of-2-full-first-clipped-log-scaling-3-taps-capped-unpadded",
                    "recurrent-gemma",
                    "zamba2", "zamba2-hybrid-first-rope-adapters-biases",
                    "zamba", "zamba-hybrid-first-one-head-biases-untied",
@@ -1365,6 +1381,13 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("inkling", {"shared_expert_sink": False}, "shared_expert_sink"),
     ("inkling", {"n_shared_experts": 0}, "n_shared_experts"),
     ("inkling", {"conv_kernel_size": 1}, "conv_kernel_size"),
+    ("inkling2-small", {"layer_types": ["hybrid_sliding", "full_attention"]}, "layer_types"),
+    ("inkling2-small", {"scoring_func": "softmax"}, "scoring_func"),
+    ("inkling2-small", {"conv_kernel_size": 1}, "conv_kernel_size"),
+    ("inkling2-small", {"log_scaling_n_floor": None}, "log_scaling_n_floor"),
+    ("inkling2-small", {"n_layers_per_attn_res_block": 0}, "n_layers_per_attn_res_block"),
+    ("inkling2-small", {"quantization_config": {"quant_method": "fp8", "weight_block_size": [1, 32],
+                                                "scale_fmt": "ue8m0"}}, "quantization_config"),
     ("zaya1-8b", {"rope_parameters": {"hybrid": {"rope_type": "yarn", "factor": 4.0}}}, "rope_type"),
     ("zaya1-8b", {"rope_parameters": {"hybrid": {"rope_theta": 1e4, "partial_rotary_factor": 0.03}}},
      "partial_rotary_factor"),
@@ -2264,6 +2287,7 @@ def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
     ("hy4-preview", "hy_v4"),
     ("cpm-ant-10b", "cpmant"),
     ("inkling", "inkling_text"),
+    ("inkling2-small", "inkling2_text"),
     ("hrm-text-1b", "hrm_text"),
 ])
 def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
@@ -2302,6 +2326,29 @@ def test_inkling_reads_its_published_config_as_transformers_does():
     assert spec.sparse == (False, False, True, True, True, True, True)
     default = inkling.from_hf({"model_type": "inkling_text", "num_hidden_layers": 12})
     assert default.sliding == tuple((i + 1) % 6 != 0 for i in range(12)) and all(default.sparse)
+
+
+def test_inkling2_reads_its_published_config_as_transformers_does():
+    """The config.json names Inkling2TextConfig maps (sconv_kernel_size, sliding_window, num_local_experts,
+    intermediate_size for the experts' width, routed_scaling_factor) and its defaults read as transformers reads them;
+    the published shape's tensors (model_shapes.tensor_shapes) are transformers' own."""
+    from tritonformer.backend.models import inkling2
+    from tritonformer.client.model_shapes import tensor_shapes
+
+    published = {"model_type": "inkling2_text", "num_hidden_layers": 7, "sconv_kernel_size": 3, "sliding_window": 64,
+                 "num_local_experts": 16, "intermediate_size": 512, "routed_scaling_factor": 2.5}
+    hf = transformers.Inkling2TextConfig(**{k: v for k, v in published.items() if k != "model_type"})
+    assert inkling2.from_hf(published) == inkling2.from_hf(hf.to_dict())
+    spec = inkling2.from_hf(published)
+    assert (spec.conv_kernel, spec.window, spec.num_experts, spec.moe_intermediate_size, spec.route_scale) == (
+        3, 64, 16, 512, 2.5)
+    assert spec.sliding == tuple(t == "hybrid_sliding" for t in hf.layer_types)
+    cfg = transformers.Inkling2TextConfig(**{k: v for k, v in DECODER_SHAPES["inkling2-small"].items()
+                                             if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.Inkling2ForCausalLM(cfg)
+    assert tensor_shapes(inkling2.from_hf(cfg.to_dict())) == {
+        k: tuple(v.shape) for k, v in strip_prefixes_of(model.state_dict()).items()}
 
 
 def test_minimax_m3_refuses_tensor_parallelism_and_fp8_by_name():

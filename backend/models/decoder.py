@@ -226,6 +226,7 @@ DECODER_FAMILIES = {
     "zaya": "zaya",  # (CCA convolutions into attention, residual scalings, an MLP router carried across layers)
     "inkling_text": "inkling",  # (relative logits, no rotary; short convolutions around attention and the MLP)
     "inkling_mm_model": "inkling",  # (Inkling's multimodal checkpoint: its text model, the towers unread)
+    "inkling2_text": "inkling2",  # (Inkling with block attention residuals, sinks, gates, dynamic convolutions)
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2_moe",
     "lfm3": "lfm3",  # (LFM2 with windowed layers, sandwich norms and per-head attention gates)

@@ -299,13 +299,15 @@ class _Layer:
     shared_down: torch.Tensor | None = None  # [hidden, S I]: their down columns side by side
 
 
-class InklingDecoder(DecoderModel):
-    def __init__(self, config: InklingSpec, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 tp=None):
-        if tp is not None:  # (decoder._check_split refuses it first: the spec has no shared decoder's names)
-            raise ValueError(f"tensor parallelism is not supported for model_type {TEXT_TYPE!r}")
-        super().__init__(config, state, device, dtype)
-        c = config
+class InklingFamily:
+    """What Inkling's and Inkling 2's decoders share: their checkpoint readers (`_readers`), and their caches: each
+    layer's keys and values at its own shape (`config.shape(i)`), and per sequence each layer's short-convolution
+    states (on k / v, the attention's output and the MLP's: `conv_kernel` - 1 inputs each; `_init_caches`)."""
+
+    def _readers(self, state: dict[str, torch.Tensor]):
+        """(read, taps): a tensor of the checkpoint by name, checked against the spec's shape for it and moved to the
+        model's device (in `dtype`, default the model's); a short convolution's taps `[channels, kernel]` in fp32."""
+        c = self.config
         shapes = c.tensor_shapes()
         sizes = (f"hidden {c.hidden_size}, heads {c.heads}/{c.kv_heads} x {c.head_dims}, {c.num_experts} experts of "
                  f"{c.moe_intermediate_size}, vocab {c.vocab_size}")
@@ -316,10 +318,44 @@ class InklingDecoder(DecoderModel):
             if tuple(state[name].shape) != shapes[name]:
                 raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(state[name].shape)}, but the config "
                                  f"({sizes}) needs {shapes[name]}")
-            return state[name].to(device=device, dtype=dtype or self.dtype).contiguous()
+            return state[name].to(device=self.device, dtype=dtype or self.dtype).contiguous()
 
         def taps(name: str) -> torch.Tensor:
             return read(name + ".conv1d.weight", torch.float32)[:, 0].contiguous()
+
+        return read, taps
+
+    def _init_caches(self) -> None:
+        c = self.config
+        self.kv_shapes = [c.shape(i)[1:3] for i in range(c.num_layers)]
+        k = c.conv_kernel - 1
+        self.state_layouts = [{"kv": (2 * kv * d, k), "attn": (c.hidden_size, k), "mlp": (c.hidden_size, k)}
+                              for kv, d in self.kv_shapes]
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        c = self.config
+        return PagedKVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype,
+                            layer_shapes=self.kv_shapes)
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * sum(kv * d for kv, d in self.kv_shapes) * self.dtype.itemsize
+
+    def new_state_cache(self, num_slots: int) -> StateCache:
+        return StateCache(self.state_layouts, num_slots, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
+        return self.logits(self.hidden_states(batch, cache), fp32_logits)
+
+
+class InklingDecoder(InklingFamily, DecoderModel):
+    def __init__(self, config: InklingSpec, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 tp=None):
+        if tp is not None:  # (decoder._check_split refuses it first: the spec has no shared decoder's names)
+            raise ValueError(f"tensor parallelism is not supported for model_type {TEXT_TYPE!r}")
+        super().__init__(config, state, device, dtype)
+        c = config
+        read, taps = self._readers(state)
 
         self.embed = read("embed_tokens.weight")
         self.embed_norm = read("embed_tokens.embed_norm.weight")
@@ -351,25 +387,7 @@ class InklingDecoder(DecoderModel):
                 layer.dense_down = read(m + "down_proj.weight")
                 layer.dense_scale = read(m + "global_scale")
             self.layers.append(layer)
-        self.kv_shapes = [c.shape(i)[1:3] for i in range(c.num_layers)]
-        k = c.conv_kernel - 1
-        self.state_layouts = [{"kv": (2 * kv * d, k), "attn": (c.hidden_size, k), "mlp": (c.hidden_size, k)}
-                              for kv, d in self.kv_shapes]
-
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        c = self.config
-        return PagedKVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, self.device, self.dtype,
-                            layer_shapes=self.kv_shapes)
-
-    def kv_bytes_per_token(self) -> int:
-        return 2 * sum(kv * d for kv, d in self.kv_shapes) * self.dtype.itemsize
-
-    def new_state_cache(self, num_slots: int) -> StateCache:
-        return StateCache(self.state_layouts, num_slots, self.device)
-
-    @torch.inference_mode()
-    def forward(self, batch: DecoderBatch, cache: PagedKVCache, fp32_logits: bool = True) -> torch.Tensor:
-        return self.logits(self.hidden_states(batch, cache), fp32_logits)
+        self._init_caches()
 
     @torch.inference_mode()
     def hidden_states(self, batch: DecoderBatch, cache: PagedKVCache) -> torch.Tensor:
@@ -458,12 +476,14 @@ class InklingDecoder(DecoderModel):
 
     @staticmethod
     def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rel: torch.Tensor,
-                   positions: torch.Tensor, tau: torch.Tensor | None, extent: int, window: int | None) -> torch.Tensor:
+                   positions: torch.Tensor, tau: torch.Tensor | None, extent: int, window: int | None,
+                   sinks: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
         """Queries `[R, H, D]` at `positions` `[R]` over keys / values at positions 0..L-1: a prompt chunk's, which
         its rows share, `[L, Hkv, D]`, or decode rows' own `[R, L, Hkv, D]` (their block tables' every slot),
-        each score q . k / D plus the query's relative bias `rel` `[R, H, extent]` at its distance (0 from extent
-        on), both times `tau` `[R]` where given; causal, within the last `window` keys where given; fp32, rounded
-        to q's dtype."""
+        each score q . k / D (times `scale` where given: Inkling 2's) plus the query's relative bias `rel`
+        `[R, H, extent]` at its distance (0 from extent on), both times `tau` `[R]` where given; causal, within the
+        last `window` keys where given; with `sinks` `[R, H]` (Inkling 2's) one more logit per head whose value is
+        zero; fp32, rounded to q's dtype."""
         r, heads, d = q.shape
         length, kv_heads = keys.shape[-3], keys.shape[-2]
         group = heads // kv_heads
@@ -475,11 +495,16 @@ class InklingDecoder(DecoderModel):
             qf, bias = qf * tau[:, None, None, None], bias * tau[:, None, None]
         shared = keys.dim() == 3
         k_form = "lkd" if shared else "rlkd"
-        scores = torch.einsum(f"rkgd,{k_form}->rkgl", qf, keys.float()).reshape(r, heads, length) / d + bias
+        scores = torch.einsum(f"rkgd,{k_form}->rkgl", qf, keys.float()).reshape(r, heads, length)
+        scores = (scores / d if scale is None else scores * scale) + bias
         visible = distance >= 0
         if window is not None:
             visible = visible & (distance < window)
-        probs = torch.softmax(scores.masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            probs = torch.softmax(torch.cat([scores, sinks[:, :, None].float()], dim=-1), dim=-1)[..., :-1]
         values = values.float()
         if not shared:  # (a decode row's block table runs past its keys into slots never written: no NaN from them)
             values = values.masked_fill(~visible[:, :, None, None], 0.0)

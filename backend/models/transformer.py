@@ -640,7 +640,8 @@ class TransformerDecoder(DecoderModel):
                         # (the output gate's rows are split by heads as Q's are)
                         attn_gate_w=(w(p + n.attn_gate + ".weight", gate_rows, hidden, rows=gate_part)
                                      if c.attn_output_gate else None), attn_scale=own.scale if own else None,
-                        attn_gate_b=(w(p + n.attn_gate_bias, c.num_heads, rows=heads_part).repeat_interleave(head)
+                        attn_gate_b=(w(p + n.attn_gate_bias, c.num_heads, rows=heads_part)
+                                     .repeat_interleave(1 if c.attn_gate_per_head else head)
                                      if c.attn_gate_head_bias else None))
 
         no_attention = dict(qkv_w=None, qkv_b=None, q_norm=None, k_norm=None, o_w=None, o_b=None, sinks=None)
