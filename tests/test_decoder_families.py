@@ -2328,6 +2328,19 @@ def test_inkling_reads_its_published_config_as_transformers_does():
     assert default.sliding == tuple((i + 1) % 6 != 0 for i in range(12)) and all(default.sparse)
 
 
+def test_inkling2_refuses_its_published_tensor_layout_by_name(tmp_path):
+    """transformers saves Inkling 2 in the release's tensor layout (`llm.*`), which is not read yet: refused by name,
+    not a missing tensor."""
+    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+
+    hf, _ = _pair("inkling2-small", {}, seed=0)
+    hf.save_pretrained(tmp_path)
+    state = load_state_dict(tmp_path)
+    assert any(name.startswith("llm.") for name in state)
+    with pytest.raises(ValueError, match=r"inkling2_text in its published tensor layout \(`llm\.\*`"):
+        load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+
+
 def test_inkling2_reads_its_published_config_as_transformers_does():
     """The config.json names Inkling2TextConfig maps (sconv_kernel_size, sliding_window, num_local_experts,
     intermediate_size for the experts' width, routed_scaling_factor) and its defaults read as transformers reads them;

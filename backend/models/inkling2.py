@@ -392,4 +392,15 @@ class Inkling2Decoder(InklingFamily, DecoderModel):
         return kernels.linear_act(gated, layer.o_w)
 
 
+def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
+    """Transformers' module names load; the published layout (`llm.` tensors: `llm.embed`, `attn.wq_du`,
+    `attn_res.*`, `experts.w13_weight`, which transformers' save_pretrained writes too) is refused by name: it is
+    not read yet."""
+    if any(name.startswith("llm.") for name in state):
+        raise ValueError(f"{TEXT_TYPE} in its published tensor layout (`llm.*`, as the release and transformers' "
+                         f"save_pretrained write it) is not supported yet (supported: transformers' module names, "
+                         f"`embed_tokens.weight`, `layers.{{i}}.self_attn.*`)")
+    return cfg, state
+
+
 MODEL = Inkling2Decoder
