@@ -2328,17 +2328,17 @@ def test_inkling_reads_its_published_config_as_transformers_does():
     assert default.sliding == tuple((i + 1) % 6 != 0 for i in range(12)) and all(default.sparse)
 
 
-def test_inkling2_refuses_its_published_tensor_layout_by_name(tmp_path):
-    """transformers saves Inkling 2 in the release's tensor layout (`llm.*`), which is not read yet: refused by name,
-    not a missing tensor."""
-    from tritonformer.backend.checkpoints.weights import load_config, load_state_dict
+@pytest.mark.parametrize("lazy", [False, True])
+def test_inkling2_reads_its_release_tensor_layout(tmp_path, lazy):
+    """transformers saves Inkling 2 in the release's tensor layout (`llm.*`: `attn.wq_du`, `attn_res.*`, the experts'
+    gate and up rows paired in `w13_weight`): read whole or lazily, it serves HF's logits and greedy text."""
+    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
 
     hf, _ = _pair("inkling2-small", {}, seed=0)
     hf.save_pretrained(tmp_path)
-    state = load_state_dict(tmp_path)
+    state = (lazy_state_dict if lazy else load_state_dict)(tmp_path)
     assert any(name.startswith("llm.") for name in state)
-    with pytest.raises(ValueError, match=r"inkling2_text in its published tensor layout \(`llm\.\*`"):
-        load_decoder(load_config(tmp_path), state, CPU, torch.float32)
+    _assert_text_as_hf(load_decoder(load_config(tmp_path), state, CPU, torch.float32), hf)
 
 
 def test_inkling2_reads_its_published_config_as_transformers_does():

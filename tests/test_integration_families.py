@@ -125,7 +125,10 @@ FAMILIES = [
     # Inkling: relative logits (no rotary), short convolutions (conv state per sequence), a sliding and a full layer
     # of their own KV shapes, sigmoid experts beside shared ones (weights drawn wider: continuations that vary)
     ("gen_inkling", "inkling", {"initializer_range": 0.1}),
-    # (Inkling 2 is not served here: transformers saves it in the release's tensor layout, `llm.*`, not read yet)
+    # Inkling 2: attention residuals over blocks, sinks and output gates, dynamic k / v convolutions on the full layer
+    # (conv state per sequence), softcapped experts run without decode graphs; saved in the release's tensor layout
+    # (weights drawn wider: continuations that vary)
+    ("gen_inkling2", "inkling2-small", {"initializer_range": 0.1}),
     ("gen_granite_4_h", "granite-4.0-h-tiny", {}),
     ("gen_bamba", "bamba-9b", {}),
     ("gen_nemotron_h", "nemotron-h-8b", {}),

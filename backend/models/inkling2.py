@@ -43,6 +43,7 @@ FP8 linears. `hidden_act` is not read, as transformers does not."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -53,7 +54,7 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
 from tritonformer.backend.models.hy_v4 import _table_slots
-from tritonformer.backend.models.inkling import FULL, SLIDING, InklingDecoder, InklingSpec, InklingFamily
+from tritonformer.backend.models.inkling import FULL, SLIDING, InklingDecoder, InklingFamily, InklingSpec, _paired
 from tritonformer.backend.models.mixers import causal_conv1d
 
 TEXT_TYPE = "inkling2_text"
@@ -392,15 +393,47 @@ class Inkling2Decoder(InklingFamily, DecoderModel):
         return kernels.linear_act(gated, layer.o_w)
 
 
+# The release's tensor names (`llm.` dropped) as transformers' module names, in order: (pattern, replacement).
+RELEASE_NAMES = tuple((re.compile(p), r) for p, r in (
+    (r"^unembed\.weight$", "lm_head.weight"), (r"^embed\.weight$", "embed_tokens.weight"),
+    (r"^embed_norm\.", "embed_tokens.embed_norm."),
+    (r"mlp\.experts\.w2_weight$", "mlp.experts.down_proj"), (r"mlp\.gate\.bias$", "mlp.gate.e_score_correction_bias"),
+    (r"attn\.wq_du\.", "self_attn.q_proj."), (r"attn\.wk_dv\.", "self_attn.k_proj."),
+    (r"attn\.wv_dv\.", "self_attn.v_proj."), (r"attn\.wr_du\.", "self_attn.r_proj."),
+    (r"attn\.wo_ud\.", "self_attn.o_proj."), (r"attn\.gate_attn\.", "self_attn.gate_proj."),
+    (r"attn\.attn_sink_proj\.", "self_attn.sink_proj."),
+    (r"\.attn\.(q_l2_clip|k_l2_clip|rel_l2_clip|k_sconv|v_sconv|rel_logits_proj)\.", r".self_attn.\1."),
+    (r"attn_sconv\.", "post_attention_convolution."), (r"mlp_sconv\.", "post_mlp_convolution."),
+    (r"(convolution|sconv)\.weight$", r"\1.conv1d.weight"), (r"(convolution|sconv)\.static_w$", r"\1.static_weight"),
+    (r"(convolution|sconv)\.weight_proj$", r"\1.weight_proj.weight"),
+    (r"mlp_norm\.", "post_attention_layernorm."), (r"attn_norm\.", "input_layernorm."),
+    (r"(q|k|v)_input_norm\.", r"\1_input_layernorm."),
+    (r"^attn_res\.mlp_queries\.(\d+)$", r"layers.\1.mlp_input.query"),
+    (r"^attn_res\.output_query$", "final_input.query")))
+_ATTN_QUERY = re.compile(r"^attn_res\.attn_queries\.(\d+)$")  # (query j is layer j + 1's: layer 0 has none)
+
+
 def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
-    """Transformers' module names load; the published layout (`llm.` tensors: `llm.embed`, `attn.wq_du`,
-    `attn_res.*`, `experts.w13_weight`, which transformers' save_pretrained writes too) is refused by name: it is
-    not read yet."""
-    if any(name.startswith("llm.") for name in state):
-        raise ValueError(f"{TEXT_TYPE} in its published tensor layout (`llm.*`, as the release and transformers' "
-                         f"save_pretrained write it) is not supported yet (supported: transformers' module names, "
-                         f"`embed_tokens.weight`, `layers.{{i}}.self_attn.*`)")
-    return cfg, state
+    """Transformers' module names load as they are; the release's layout (`llm.` tensors: `llm.embed`,
+    `attn.wq_du`, `attn_res.*`, which transformers' save_pretrained writes too) is renamed to them, the routed
+    experts' `w13_weight` (gate and up rows paired row by row) stacked as [gate; up], the MTP layers left out."""
+    if not any(name.startswith("llm.") for name in state):
+        return cfg, state
+    out = {}
+    for full, tensor in state.items():
+        if not full.startswith("llm.") or full.startswith("llm.mtp"):
+            continue
+        name = full.removeprefix("llm.")
+        if match := _ATTN_QUERY.match(name):
+            out[f"layers.{int(match.group(1)) + 1}.attention_input.query"] = tensor
+            continue
+        if name.endswith("mlp.experts.w13_weight"):
+            out[name.replace("w13_weight", "gate_up_proj")] = _paired(tensor, 1)
+            continue
+        for pattern, replacement in RELEASE_NAMES:
+            name = pattern.sub(replacement, name)
+        out[name] = tensor
+    return cfg, out
 
 
 MODEL = Inkling2Decoder
