@@ -1126,7 +1126,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     # GPT-2's model, test_gpt_sw3_loads_as_gpt2)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
                                                "gemma4_unified", "cohere_compass", "mllama", "emu3", "dots3_note",
-                                               "aria", "inkling_mm_model", "gpt-sw3"}
+                                               "aria", "inkling_mm_model", "gpt-sw3", "minimax_m3_vl"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -1833,6 +1833,14 @@ def _multimodal(kind: str):
                                                    num_attention_heads=2, image_size=28, patch_size=14)
         cfg = transformers.AriaConfig(text_config=text, vision_config=vision, projector_patch_to_query_dict={4: 4})
         return transformers.AriaForConditionalGeneration(cfg)
+    if kind == "minimax_m3_vl":  # (MiniMax-M3's: a tiny vision tower and projectors beside the text model; a sparse
+        # attention layer with a dense MLP, then a full one with experts)
+        text = {**{k: v for k, v in shrunk("minimax-m3").items() if k != "model_type"},
+                "layer_types": ["minimax_m3_sparse", "full_attention"], "mlp_layer_types": ["dense", "sparse"]}
+        vision = transformers.MiniMaxM3VLVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                      num_attention_heads=2, image_size=28, patch_size=14)
+        cfg = transformers.MiniMaxM3VLConfig(text_config=text, vision_config=vision)
+        return transformers.MiniMaxM3SparseForConditionalGeneration(cfg)
     if kind == "inkling_mm_model":  # (Inkling's: tiny vision and audio towers beside the text model, a dense MLP first,
         # the head's last 20 rows dropped; the towers' token ids inside the shrunk vocabulary)
         text = {k: v for k, v in {**shrunk("inkling"), "mlp_layer_types": ["dense", "sparse"],
@@ -1892,6 +1900,10 @@ def test_a_saved_mllama_checkpoint_serves_text_as_hf_without_an_image(lazy, tmp_
 
 # (the multimodal checkpoint's kind, tensors its published layout holds, the prefix of the part left unread)
 SAVED_TEXT_MODELS = [
+    # MiniMax-M3: transformers saves the release's layout, the text model under `language_model.model.` (its experts
+    # one by one as `block_sparse_moe.experts.{j}.w1`, the indexers' `index_q_proj`), the towers beside it
+    ("minimax_m3_vl", ("language_model.lm_head.weight",
+                       "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight"), "vision_tower."),
     # Emu3: the text model under `text_model.model.`, its head `text_model.lm_head`, the VQ-GAN under `vqmodel.`
     ("emu3", ("text_model.lm_head.weight", "text_model.model.norm.weight"), "vqmodel."),
     # Aria: the text model under `language_model.model.`, its experts as `experts.fc1` / `experts.fc2`, its head

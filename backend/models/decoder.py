@@ -116,6 +116,7 @@ DECODER_FAMILIES = {
     "flint": "flint",
     "minimax_m2": "minimax_m2",
     "minimax_m3_vl_text": "minimax_m3",  # (MiniMax-M3's text model: block-sparse attention run sparse)
+    "minimax_m3_vl": "minimax_m3",  # (the multimodal checkpoint's text model, its towers unread)
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2_moe",

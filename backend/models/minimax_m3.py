@@ -22,10 +22,12 @@ host sync, prompt chunks looped per sequence on the host.
 Refused by name: `layer_types` / `mlp_layer_types` not one known kind per layer, `swiglu_alpha` / `swiglu_limit`
 other than gpt-oss's, `index_n_heads` not dividing the attention heads, `index_head_dim` narrower than the rotated
 dims, `index_local_blocks` above `index_topk_blocks` (transformers' choice among the forced blocks is a tie),
-tensor parallelism and FP8 linears. Tensors are read under transformers' names (a text-only save); the published
-multimodal checkpoint's names (`block_sparse_moe`, `index_q_proj`, per-expert `w1` / `w2` / `w3`) are not."""
+tensor parallelism and FP8 linears. Tensors are read under transformers' names (a text-only save) or the
+release's (`minimax_m3_vl`: the multimodal checkpoint's text model, `block_sparse_moe`, `index_q_proj`, per-expert
+`w1` / `w2` / `w3`; `adapt`)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 
 import torch
@@ -36,6 +38,7 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.hy_v4 import IndexedKvCache, _causal, _table_slots
 from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
+from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, rotary_dims,
                                                      spec_from_hf)
 from tritonformer.kernels import reference
@@ -49,6 +52,7 @@ DEFAULTS = {"vocab_size": 200064, "hidden_size": 6144, "intermediate_size": 3072
             "index_local_blocks": 1}
 SWIGLU = {"swiglu_alpha": reference.SWIGLU_OAI_ALPHA, "swiglu_limit": reference.SWIGLU_OAI_LIMIT}
 INDEXER = "self_attn.indexer."
+TEXT_TYPE = "minimax_m3_vl_text"
 SPARSE = "minimax_m3_sparse"
 
 
@@ -254,6 +258,43 @@ class MiniMaxM3Decoder(IndexedKvCache, TransformerDecoder):
         # reach the sum, where a probability of 0 times NaN would)
         v = v.masked_fill(~keep.any(dim=1)[:, :, None, None], 0.0)
         return torch.einsum("rhk,rkhd->rhd", probs, v).to(q.dtype)
+
+
+# The release's tensor names (the multimodal checkpoint's text model, as transformers' save_pretrained writes it too)
+# as transformers' module names, in order: (pattern, replacement). The experts one by one as moe.py reads them.
+RELEASE_NAMES = tuple((re.compile(p), r) for p, r in (
+    (r"\.block_sparse_moe\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),
+    (r"\.block_sparse_moe\.", ".mlp."),
+    (r"\.self_attn\.index_(q|k)_(proj|norm)\.", r".self_attn.indexer.\1_\2."),
+    (r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."), (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj."),
+    (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj.")))
+
+
+def adapt(cfg: dict, state: dict) -> tuple[dict, dict]:
+    """The multimodal checkpoint (model_type minimax_m3_vl): its text model's config and tensors, the head tied as
+    the outer config says (the towers and projectors unread); tensors under the release's names (`block_sparse_moe`,
+    experts one by one as `w1` / `w3` / `w2`, `index_q_proj`, the dense and shared MLPs' gate and up apart) renamed
+    as transformers converts them, those gate and up projections stacked as their one [gate; up] projection."""
+    if cfg.get("model_type") == "minimax_m3_vl":
+        tie = bool(cfg.get("tie_word_embeddings", False))
+        text, state = text_part(cfg, state, TEXT_TYPE)
+        cfg = {**text, "tie_word_embeddings": tie}
+    if not any(".block_sparse_moe." in name or ".self_attn.index_" in name for name in state):
+        return cfg, state
+    out = {}
+    for name, tensor in state.items():
+        for pattern, replacement in RELEASE_NAMES:
+            name = pattern.sub(replacement, name)
+        out[name] = tensor
+    stacked = (".mlp.gate_proj.weight", ".mlp.shared_experts.gate_proj.weight")  # (not the experts' one by one)
+    for gate in [name for name in out if name.endswith(stacked)]:
+        up = out.pop(gate.replace("gate_proj", "up_proj"))
+        out[gate.replace("gate_proj", "gate_up_proj")] = torch.cat([_whole(out.pop(gate)), _whole(up)])
+    return cfg, out
+
+
+def _whole(t) -> torch.Tensor:
+    return t if isinstance(t, torch.Tensor) else t[:]
 
 
 MODEL = MiniMaxM3Decoder
