@@ -39,7 +39,7 @@ from tritonformer.backend.models.glm4_moe import expert_groups
 from tritonformer.backend.models.moe import MoeSpec, num_experts
 from tritonformer.backend.models.rope import Rope
 from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, layer_windows,
-                                                     spec_from_hf)
+                                                     per_layer_kinds, spec_from_hf)
 
 NAMES = WeightNames(mlp_norm="pre_feedforward_layernorm", attn_post_norm="post_attention_layernorm",
                     mlp_post_norm="post_feedforward_layernorm")
@@ -54,30 +54,18 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 NOPE_QUERY_POWER = (2048.0, 0.1)
 
 
-def _layer_types(cfg: dict) -> list[str]:
-    """Per layer its attention kind: `layer_types`, else transformers' rule (every sixth layer and the last full)."""
-    layers = cfg["num_hidden_layers"]
-    types = cfg.get("layer_types")
-    if types is None:
-        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
-        types[-1] = "full_attention"
-    if len(types) != layers or not set(types) <= set(LAYER_TYPES):
-        raise ValueError(f"Beam with layer_types {types} is not supported (supported: layer_types, "
-                         f"'sliding_attention' or 'full_attention' for each of {layers} layers)")
-    return list(types)
+def _layer_types(layers: int) -> list[str]:
+    """Per layer its attention kind where the config lists none: transformers' rule (every sixth layer and the last
+    full)."""
+    types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    types[-1] = "full_attention"
+    return types
 
 
-def _mlp_types(cfg: dict) -> list[str]:
-    """Per layer its MLP kind: `mlp_layer_types`, else transformers' rule (the first three dense)."""
-    layers = cfg["num_hidden_layers"]
-    types = cfg.get("mlp_layer_types")
-    if types is None:
-        dense = min(3, layers)
-        types = ["dense"] * dense + ["sparse"] * (layers - dense)
-    if len(types) != layers or not set(types) <= {"dense", "sparse"}:
-        raise ValueError(f"Beam with mlp_layer_types {types} is not supported (supported: mlp_layer_types, "
-                         f"'dense' or 'sparse' for each of {layers} layers)")
-    return list(types)
+def _mlp_types(layers: int) -> list[str]:
+    """Per layer its MLP kind where the config lists none: transformers' rule (the first three dense)."""
+    dense = min(3, layers)
+    return ["dense"] * dense + ["sparse"] * (layers - dense)
 
 
 def _ropes(cfg: dict) -> dict[str, Rope | None]:
@@ -107,7 +95,8 @@ def from_hf(cfg: dict) -> DecoderSpec:
     cfg = {**DEFAULTS, **cfg}
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"Beam with hidden_act {cfg['hidden_act']!r} is not supported (supported: hidden_act silu)")
-    types, mlp_types = _layer_types(cfg), _mlp_types(cfg)
+    types = per_layer_kinds(cfg, "layer_types", LAYER_TYPES, _layer_types, "Beam")
+    mlp_types = per_layer_kinds(cfg, "mlp_layer_types", ("dense", "sparse"), _mlp_types, "Beam")
     ropes = _ropes(cfg)
     # the full layers' table where they rotate, else the sliding ones' (a NoPE layer reads none)
     rope = ropes["full_attention"] or ropes["sliding_attention"] or Rope(10000.0)

@@ -51,7 +51,7 @@ from tritonformer.backend.models.glm4_moe import sigmoid_moe
 from tritonformer.backend.models.mla import LayerMla, MlaSpec
 from tritonformer.backend.models.multimodal import text_part
 from tritonformer.backend.models.rope import Rope
-from tritonformer.backend.models.transformer import DecoderSpec, spec_from_hf
+from tritonformer.backend.models.transformer import DecoderSpec, per_layer_kinds, spec_from_hf
 
 # transformers' Dots3NoteTextConfig defaults, where a config leaves them out
 DEFAULTS = {"vocab_size": 152064, "hidden_size": 5120, "intermediate_size": 13824, "moe_intermediate_size": 1536,
@@ -120,16 +120,10 @@ def _types(c: dict) -> list[str]:
 def _mlp_types(c: dict) -> list[str]:
     """Per layer "dense" or "sparse": `mlp_layer_types`, else sparse from `first_k_dense_replace` (1) on where
     `moe_layer_freq` (an int: every n-th layer; a list: per layer) says so."""
-    layers = c["num_hidden_layers"]
-    types = c.get("mlp_layer_types")
-    if types is None:
-        first, freq = c.get("first_k_dense_replace", 1), c.get("moe_layer_freq", 1)
-        types = ["sparse" if i >= first and (bool(freq[i]) if isinstance(freq, (list, tuple)) else i % freq == 0)
-                 else "dense" for i in range(layers)]
-    if len(types) != layers or not set(types) <= {"dense", "sparse"}:
-        raise ValueError(f"Dots3 with mlp_layer_types {list(types)} is not supported (supported: mlp_layer_types, "
-                         f"'dense' or 'sparse' for each of {layers} layers)")
-    return list(types)
+    first, freq = c.get("first_k_dense_replace", 1), c.get("moe_layer_freq", 1)
+    return per_layer_kinds(c, "mlp_layer_types", ("dense", "sparse"), lambda layers: [
+        "sparse" if i >= first and (bool(freq[i]) if isinstance(freq, (list, tuple)) else i % freq == 0) else "dense"
+        for i in range(layers)], "Dots3")
 
 
 def _layer_configs(c: dict, types: list[str]) -> list[dict]:

@@ -54,7 +54,9 @@ from tritonformer.backend.models.glm4_moe import sigmoid_moe
 from tritonformer.backend.models.hyper_connections import (HyperConnection, expand, hc_tensor_shapes,
                                                            load_hyper_connection, load_hyper_head)
 from tritonformer.backend.models.mla import mla_options
-from tritonformer.backend.models.transformer import TransformerDecoder, spec_from_hf, tensors_renamed
+from tritonformer.backend.models.paged_gather import causal_mask, table_slots
+from tritonformer.backend.models.transformer import (TransformerDecoder, per_layer_kinds, spec_from_hf,
+                                                     tensors_renamed)
 from tritonformer.kernels.reference import moe_route
 
 # transformers' HYV4Config defaults, where a config.json leaves them out
@@ -113,23 +115,14 @@ class HyV4Spec(DsaSpec):
         return shapes
 
 
-def _kinds(cfg: dict, key: str, known: tuple[str, ...], default: list[str]) -> list[str]:
-    layers = cfg["num_hidden_layers"]
-    kinds = cfg.get(key)
-    kinds = default if kinds is None else list(kinds)
-    if len(kinds) != layers or not set(kinds) <= set(known):
-        raise ValueError(f"HY-V4 with {key} {kinds} is not supported (supported: {key}, one of "
-                         f"{', '.join(repr(k) for k in known)} for each of {layers} layers)")
-    return kinds
-
-
 def from_hf(cfg: dict) -> HyV4Spec:
     cfg = {**DEFAULTS, **cfg}
-    layers = cfg["num_hidden_layers"]
-    _kinds(cfg, "layer_types", ("indexed_attention",), ["indexed_attention"] * layers)
-    mlp = _kinds(cfg, "mlp_layer_types", ("dense", "sparse"), ["dense"] * min(1, layers) + ["sparse"] * (layers - 1))
-    indexers = _kinds(cfg, "indexer_types", ("full", "shared"),
-                      ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(layers)])
+    per_layer_kinds(cfg, "layer_types", ("indexed_attention",), lambda n: ["indexed_attention"] * n, "HY-V4")
+    mlp = per_layer_kinds(cfg, "mlp_layer_types", ("dense", "sparse"),
+                          lambda n: ["dense"] * min(1, n) + ["sparse"] * (n - 1), "HY-V4")
+    indexers = per_layer_kinds(cfg, "indexer_types", ("full", "shared"),
+                               lambda n: ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)],
+                               "HY-V4")
     if indexers[0] != "full":
         raise ValueError(f"HY-V4 with indexer_types {indexers} is not supported (supported: indexer_types whose "
                          f"first layer is 'full': a shared layer reuses an earlier full one's choice)")
@@ -310,7 +303,7 @@ class HyV4Decoder(IndexedKvCache, TransformerDecoder):
         bs, nd = cache.block_size, batch.num_decode
         decode = None
         if nd:
-            slots = _table_slots(batch.decode_tables, bs)  # [D, width * bs]
+            slots = table_slots(batch.decode_tables, bs)  # [D, width * bs]
             scores = self._index_scores(q[:nd], keys[slots], w[:nd])  # [D, L]
             span = torch.arange(slots.shape[1], device=x.device)
             scores = scores.masked_fill(span[None, :] >= batch.decode_seqlens[:, None].long(), float("-inf"))
@@ -318,9 +311,9 @@ class HyV4Decoder(IndexedKvCache, TransformerDecoder):
             decode = torch.where(top < batch.decode_seqlens[:, None].long(), top, -1)
         masks = []
         for j, (rows, length) in enumerate(chunks):
-            slots = _table_slots(batch.prefill_tables[j : j + 1], bs)[0, :length]
+            slots = table_slots(batch.prefill_tables[j : j + 1], bs)[0, :length]
             scores = self._index_scores(q[rows], keys[slots][None].expand(rows.stop - rows.start, -1, -1), w[rows])
-            causal = _causal(rows.stop - rows.start, length, x.device)
+            causal = causal_mask(rows.stop - rows.start, length, x.device)
             scores = scores.masked_fill(~causal, float("-inf"))
             top = scores.topk(min(c.index_topk, length), dim=-1).indices
             masks.append(torch.zeros_like(causal).scatter_(1, top, True) & causal)
@@ -357,7 +350,7 @@ class HyV4Decoder(IndexedKvCache, TransformerDecoder):
             scores = scores.masked_fill((choice.decode < 0)[:, None, :], float("-inf"))
             out[:nd] = _with_sinks(scores, values[slots], layer.sinks, "rhk,rkhd->rhd").to(q.dtype)
         for j, (rows, length) in enumerate(chunks):
-            slots = _table_slots(batch.prefill_tables[j : j + 1], bs)[0, :length]
+            slots = table_slots(batch.prefill_tables[j : j + 1], bs)[0, :length]
             scores = torch.einsum("rhd,khd->rhk", q[rows].float(), keys[slots].float()) * c.attn_scale
             scores = scores.masked_fill(~choice.chunks[j][:, None, :], float("-inf"))
             out[rows] = _with_sinks(scores, values[slots], layer.sinks, "rhk,khd->rhd").to(q.dtype)
@@ -395,18 +388,6 @@ def _with_sinks(scores: torch.Tensor, values: torch.Tensor, sinks: torch.Tensor,
     sink = sinks.float()[None, :, None].expand(scores.shape[0], -1, 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     return torch.einsum(spec, probs, values.float())
-
-
-def _table_slots(tables: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Every cache slot of each row's block table `[R, width]`, in position order: `[R, width * block_size]`."""
-    offsets = torch.arange(block_size, device=tables.device)
-    return (tables.long()[:, :, None] * block_size + offsets).flatten(1)
-
-
-def _causal(rows: int, length: int, device) -> torch.Tensor:
-    """The causal mask `[rows, length]` of a sequence's last `rows` positions over its `length` keys."""
-    query = torch.arange(length - rows, length, device=device)
-    return torch.arange(length, device=device)[None, :] <= query[:, None]
 
 
 MODEL = HyV4Decoder

@@ -55,9 +55,9 @@ from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.decoder.state_cache import StateCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
-from tritonformer.backend.models.hy_v4 import _table_slots
 from tritonformer.backend.models.mixers import causal_conv1d
 from tritonformer.backend.models.multimodal import text_part
+from tritonformer.backend.models.paged_gather import table_slots
 
 TEXT_TYPE = "inkling_text"
 FULL, SLIDING = "hybrid", "hybrid_sliding"
@@ -215,12 +215,19 @@ def published_renamed(state: dict) -> dict:
     return out
 
 
-def _config(cfg: dict) -> dict:
-    """`cfg` with transformers' defaults and its config.json names read as InklingTextConfig reads them."""
+def config_aliased(cfg: dict, aliases: tuple[tuple[str, str], ...]) -> dict:
+    """A copy of the config with each (alias, name)'s value under the name wherever the name is unset or null
+    (Inkling's and Inkling 2's: unlike transformer.config_renamed, which keeps an explicit null)."""
     cfg = dict(cfg)
-    for alias, name in ALIASES:
+    for alias, name in aliases:
         if cfg.get(name) is None and cfg.get(alias) is not None:
             cfg[name] = cfg[alias]
+    return cfg
+
+
+def _config(cfg: dict) -> dict:
+    """`cfg` with transformers' defaults and its config.json names read as InklingTextConfig reads them."""
+    cfg = config_aliased(cfg, ALIASES)
     if cfg.get("dense_intermediate_size") is not None:  # (then intermediate_size is the experts' width)
         cfg["moe_intermediate_size"] = cfg.get("intermediate_size", DEFAULTS["intermediate_size"])
         cfg["intermediate_size"] = cfg["dense_intermediate_size"]
@@ -462,14 +469,14 @@ class InklingDecoder(InklingFamily, DecoderModel):
         out = torch.empty_like(q)
         nd = batch.num_decode
         if nd:  # every slot of each row's block table, those past its position masked: no host sync
-            slots = _table_slots(batch.decode_tables, cache.block_size)  # [D, L]
+            slots = table_slots(batch.decode_tables, cache.block_size)  # [D, L]
             out[:nd] = self._attention(q[:nd], keys[slots], values[slots], rel[:nd], positions[:nd],
                                        None if tau is None else tau[:nd], extent, window)
         if batch.prefill_cu_q is not None:
             cu, lengths = batch.prefill_cu_q.tolist(), batch.prefill_seqlens.tolist()
             for j, (start, end, length) in enumerate(zip(cu, cu[1:], lengths)):
                 rows = slice(nd + start, nd + end)
-                slots = _table_slots(batch.prefill_tables[j: j + 1], cache.block_size)[0, :length]
+                slots = table_slots(batch.prefill_tables[j: j + 1], cache.block_size)[0, :length]
                 out[rows] = self._attention(q[rows], keys[slots], values[slots], rel[rows],
                                             positions[rows], None if tau is None else tau[rows], extent, window)
         return kernels.linear_act(out.reshape(t, -1), layer.o_w)

@@ -53,9 +53,10 @@ from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
 from tritonformer.backend.models.decoder import DecoderModel, eos_ids
-from tritonformer.backend.models.hy_v4 import _table_slots
-from tritonformer.backend.models.inkling import FULL, SLIDING, InklingDecoder, InklingFamily, InklingSpec, _paired
+from tritonformer.backend.models.inkling import (FULL, SLIDING, InklingDecoder, InklingFamily, InklingSpec, _paired,
+                                                 config_aliased)
 from tritonformer.backend.models.mixers import causal_conv1d
+from tritonformer.backend.models.paged_gather import table_slots
 
 TEXT_TYPE = "inkling2_text"
 # transformers' Inkling2TextConfig defaults, where a config.json leaves a key out
@@ -117,11 +118,7 @@ class Inkling2Spec(InklingSpec):
 
 def _config(cfg: dict) -> dict:
     """`cfg` with transformers' defaults and its config.json names read as Inkling2TextConfig reads them."""
-    cfg = dict(cfg)
-    for alias, name in ALIASES:
-        if cfg.get(name) is None and cfg.get(alias) is not None:
-            cfg[name] = cfg[alias]
-    return {**DEFAULTS, **cfg}
+    return {**DEFAULTS, **config_aliased(cfg, ALIASES)}
 
 
 def from_hf(cfg: dict) -> Inkling2Spec:
@@ -379,14 +376,14 @@ class Inkling2Decoder(InklingFamily, DecoderModel):
         nd = batch.num_decode
         attention = InklingDecoder._attention
         if nd:  # every slot of each row's block table, those past its position masked: no host sync
-            slots = _table_slots(batch.decode_tables, cache.block_size)  # [D, L]
+            slots = table_slots(batch.decode_tables, cache.block_size)  # [D, L]
             out[:nd] = attention(q[:nd], keys[slots], values[slots], rel[:nd], positions[:nd], None, extent, window,
                                  sinks=sinks[:nd], scale=scale)
         if batch.prefill_cu_q is not None:
             cu, lengths = batch.prefill_cu_q.tolist(), batch.prefill_seqlens.tolist()
             for j, (start, end, length) in enumerate(zip(cu, cu[1:], lengths)):
                 rows = slice(nd + start, nd + end)
-                slots = _table_slots(batch.prefill_tables[j: j + 1], cache.block_size)[0, :length]
+                slots = table_slots(batch.prefill_tables[j: j + 1], cache.block_size)[0, :length]
                 out[rows] = attention(q[rows], keys[slots], values[slots], rel[rows], positions[rows], None, extent,
                                       window, sinks=sinks[rows], scale=scale)
         gated = (out.reshape(t, -1).float() * torch.sigmoid(g.float())).to(self.dtype)

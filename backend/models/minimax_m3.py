@@ -36,11 +36,12 @@ import torch.nn.functional as F
 from tritonformer import kernels
 from tritonformer.backend.decoder.batch import DecoderBatch
 from tritonformer.backend.decoder.kv_cache import PagedKVCache
-from tritonformer.backend.models.hy_v4 import IndexedKvCache, _causal, _table_slots
+from tritonformer.backend.models.hy_v4 import IndexedKvCache
 from tritonformer.backend.models.moe import MoeNames, MoeSpec, num_experts
 from tritonformer.backend.models.multimodal import text_part
-from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames, rotary_dims,
-                                                     spec_from_hf)
+from tritonformer.backend.models.paged_gather import causal_mask, table_slots
+from tritonformer.backend.models.transformer import (DecoderSpec, TransformerDecoder, WeightNames,
+                                                     per_layer_kinds, rotary_dims, spec_from_hf)
 from tritonformer.kernels import reference
 
 # transformers' MiniMaxM3VLTextConfig defaults, where a config.json leaves them out
@@ -84,24 +85,15 @@ class MiniMaxM3Spec(DecoderSpec):
                 for name, shape in self.indexer_shapes().items()}
 
 
-def _kinds(cfg: dict, key: str, known: tuple[str, ...], default: str) -> list[str]:
-    layers = cfg["num_hidden_layers"]
-    kinds = cfg.get(key)
-    kinds = [default] * layers if kinds is None else list(kinds)
-    if len(kinds) != layers or not set(kinds) <= set(known):
-        raise ValueError(f"MiniMax-M3 with {key} {kinds} is not supported (supported: {key}, one of "
-                         f"{', '.join(repr(k) for k in known)} for each of {layers} layers)")
-    return kinds
-
-
 def from_hf(cfg: dict) -> MiniMaxM3Spec:
     cfg = {**DEFAULTS, **cfg}
     for key, value in SWIGLU.items():
         if cfg.get(key, value) != value:
             raise ValueError(f"MiniMax-M3 with {key} {cfg[key]} is not supported (supported: {key} {value}, "
                              f"the kernels' swiglu_oai)")
-    attention = _kinds(cfg, "layer_types", ("full_attention", SPARSE), "full_attention")
-    mlp = _kinds(cfg, "mlp_layer_types", ("dense", "sparse"), "sparse")
+    attention = per_layer_kinds(cfg, "layer_types", ("full_attention", SPARSE), lambda n: ["full_attention"] * n,
+                                "MiniMax-M3")
+    mlp = per_layer_kinds(cfg, "mlp_layer_types", ("dense", "sparse"), lambda n: ["sparse"] * n, "MiniMax-M3")
     cfg.pop("rotary_dim", None)  # (transformers' rope table does not read it: rope_parameters say what rotates)
     heads, index_heads, d = cfg["num_attention_heads"], cfg["index_n_heads"], cfg["index_head_dim"]
     if index_heads < 1 or heads % index_heads:
@@ -199,7 +191,7 @@ class MiniMaxM3Decoder(IndexedKvCache, TransformerDecoder):
         bs, nd = cache.block_size, batch.num_decode
         out = torch.empty_like(q)
         if nd:  # every slot of each row's block table, those past its length masked: no host sync
-            slots = _table_slots(batch.decode_tables, bs)  # [D, L]
+            slots = table_slots(batch.decode_tables, bs)  # [D, L]
             span = torch.arange(slots.shape[1], device=x.device)
             lengths = batch.decode_seqlens.long()
             valid = (span[None, :] < lengths[:, None])[:, None, :]  # [D, 1, L]
@@ -211,8 +203,8 @@ class MiniMaxM3Decoder(IndexedKvCache, TransformerDecoder):
             cu, lengths = starts.tolist(), batch.prefill_seqlens.tolist()
             for j, (a, b, length) in enumerate(zip(cu, cu[1:], lengths)):
                 rows = slice(rows_cu + a, rows_cu + b)
-                slots = _table_slots(batch.prefill_tables[j : j + 1], bs)[0, :length]
-                causal = _causal(b - a, length, x.device)[:, None, :]  # [R, 1, L]
+                slots = table_slots(batch.prefill_tables[j : j + 1], bs)[0, :length]
+                causal = causal_mask(b - a, length, x.device)[:, None, :]  # [R, 1, L]
                 scores = torch.matmul(iq[rows].float(), index_keys[slots].float().T)  # [R, heads, L]
                 positions = torch.arange(length - (b - a), length, device=x.device)
                 keep = self._blocks(scores.masked_fill(~causal, float("-inf")), positions) & causal

@@ -105,7 +105,7 @@ or quantised at load, backend/quantization.py); the linear ops take either.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -1133,6 +1133,20 @@ def layer_windows(cfg: dict, window: int | None, sliding: list[bool] | None = No
     elif sliding is None:
         sliding = [True] * layers
     return tuple(window if s else None for s in sliding)
+
+
+def per_layer_kinds(cfg: dict, key: str, known: tuple[str, ...], default: Callable[[int], list[str]],
+                    family: str) -> list[str]:
+    """Per layer its kind from the config's `key` (`mlp_layer_types`, `indexer_types`, ...), else
+    `default(num_hidden_layers)`, the family's rule (called only then: a rule may read options the
+    list overrides); refused in the family's name unless it names one of `known` for each layer."""
+    layers = cfg["num_hidden_layers"]
+    kinds = cfg.get(key)
+    kinds = default(layers) if kinds is None else list(kinds)
+    if len(kinds) != layers or not set(kinds) <= set(known):
+        raise ValueError(f"{family} with {key} {kinds} is not supported (supported: {key}, one of "
+                         f"{', '.join(repr(k) for k in known)} for each of {layers} layers)")
+    return kinds
 
 
 def layers_renamed(state: dict, prefix: str) -> dict:
