@@ -693,6 +693,25 @@ HY4_PREVIEW = {
     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 262144, "attention_bias": False,
     "tie_word_embeddings": False, "bos_token_id": 120000, "eos_token_id": 120025, "pad_token_id": 120002,
 }
+# The shape transformers' DeepseekV4Config defaults to (its docstring names deepseek-ai/DeepSeek-V4-Flash-Base; no
+# published config.json is known here, so these are those defaults): 43 layers at 4,096 wide, 4 Sinkhorn hyper-
+# connection streams (20 iterations), 64 query heads of 512 from a 1,024 query latent over one shared key-value head,
+# a 64-dim interleaved rotary, a 128-token window, sinks, the output in 8 groups of 1,024; two heavily compressed
+# layers (entries of 128 tokens) then compressed-sparse (entries of 4, an indexer of 64 heads of 128 keeping 512) and
+# heavily compressed in turn; 256 experts of 2,048 columns, the top 6 by sqrt(softplus) score (the first 3 layers by a
+# token-id table), renormalised and scaled by 1.5, clamped at 10, one shared expert. Uncertain: the published
+# config's rope scaling of the compressed layers (YaRN, believed) and its per-layer kinds.
+DEEPSEEK_V4_FLASH = {
+    "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "q_lora_rank": 1024, "num_experts_per_tok": 6, "n_routed_experts": 256, "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "routed_scaling_factor": 1.5,
+    "max_position_embeddings": 1048576, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}, "hc_mult": 4,
+    "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0, "sliding_window": 128, "o_groups": 8,
+    "o_lora_rank": 1024, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+}
 # meta-llama/Llama-4-Scout-17B-16E's text model (its config.json's text_config, model_type llama4_text; the
 # checkpoint's own model_type is llama4): 48 layers at 5,120 wide, 40 query heads of 128 over 8 KV heads, every
 # fourth layer NoPE with full attention and temperature tuning (floor_scale 8,192, attn_scale 0.1), the others
@@ -792,6 +811,14 @@ MAMBA_2_8B = {
     "use_bias": False, "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5,
     "residual_in_fp32": True, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
 }
+# RWKV/rwkv-4-169m-pile's config.json (model_type rwkv), from memory of the published file: 12 RWKV-4 layers at 768
+# wide (the time mix as wide, attention_hidden_size 768; the channel mix 3,072), the residual stream halved every 6
+# layers, an untied head, GPT-NeoX's tokenizer (50,277 ids, eos and bos 0), a 1,024-token context.
+RWKV_4_169M_PILE = {
+    "model_type": "rwkv", "vocab_size": 50277, "hidden_size": 768, "attention_hidden_size": 768,
+    "intermediate_size": 3072, "num_hidden_layers": 12, "context_length": 1024, "layer_norm_epsilon": 1e-5,
+    "rescale_every": 6, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0, "use_cache": True,
+}
 # tiiuae/falcon-mamba-7b's config.json (model_type falcon_mamba), from memory of the published file: 64 Mamba-1
 # layers at 4,096 wide (intermediate 8,192, state 16, dt rank 256) with weightless RMSNorms on dt, B and C
 # (mixer_rms_eps 1e-6), an untied head, a 65,024-id vocabulary. Uncertain: `expand` (2 here, as intermediate / hidden:
@@ -827,6 +854,21 @@ JAMBA_MINI = {
     "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
     "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256, "mamba_conv_bias": True,
     "mamba_proj_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
+# NX-AI/xLSTM-7b's config.json (model_type xlstm), from memory of the published file: 32 mLSTM blocks at 4,096 wide
+# (embedding_dim, num_blocks), 8 heads with q / k half as wide (qk_dim_factor 0.5: heads of 256 keys, 512 values),
+# gates soft-capped at 15, logits at 30, a SwiGLU MLP of round_up(4,096 x 2.667, 64) = 10,944, 64-token chunks, an
+# untied head, a 50,304-id vocabulary (GPT-NeoX's tokenizer, padded). Uncertain: weight_mode (single here) and the
+# kernels: the published file names the xlstm package's Triton kernels, which transformers without that package
+# refuses to load (and this runtime refuses by name); here the native ones, transformers' defaults (left unset).
+XLSTM_7B = {
+    "model_type": "xlstm", "vocab_size": 50304, "hidden_size": 4096, "embedding_dim": 4096, "num_hidden_layers": 32,
+    "num_blocks": 32, "num_heads": 8, "qk_dim_factor": 0.5, "v_dim_factor": 1.0, "use_bias": False,
+    "add_out_norm": True, "norm_eps": 1e-6, "norm_reduction_force_float32": True, "eps": 1e-6, "chunk_size": 64,
+    "mode": "inference", "return_last_states": True, "inference_state_dtype": "float32",
+    "autocast_kernel_dtype": "bfloat16", "ffn_proj_factor": 2.667, "ffn_round_up_to_multiple_of": 64,
+    "gate_soft_cap": 15.0, "output_logit_soft_cap": 30.0, "weight_mode": "single", "max_inference_chunksize": 16384,
+    "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1,
 }
 # google/recurrentgemma-2b's config.json (model_type recurrent_gemma), from memory of the published file: 26 layers
 # at 2,560 wide in turn recurrent, recurrent, attention (block_types); RG-LRU width 2,560 in 10 heads of 256, a conv
@@ -1158,6 +1200,24 @@ QWEN3_5_35B_A3B = {
     "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
     "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "max_position_embeddings": 262144,
     "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
+# Qwen4-Exp's text model (model_type qwen4_exp_text): no published checkpoint config is known, so these are
+# transformers' Qwen4ExpTextConfig defaults: 40 layers, every 4th gated attention with QSA (16 query heads of 256
+# over 2 KV heads, the whole head rotating), the others gated DeltaNet (16 key heads and 32 value heads of 128);
+# 512 experts of 512 columns, the top 10 renormalised, a gated shared expert of 512; 4 gated residual streams
+# (rank 320), no PLE layers. Uncertain: the five QSA options, which the defaults leave unset (and with which
+# transformers cannot build an attention layer): 16 index heads of 256, one key, blocks of 64, 2,048 tokens are
+# placeholders; the token ids (eos 248044, needed by PLE only, likewise).
+QWEN4_EXP = {
+    "model_type": "qwen4_exp_text", "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+    "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 512, "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "max_position_embeddings": 32768, "attention_bias": False, "tie_word_embeddings": False, "hc_count": 4,
+    "hc_lowrank": 320, "indexer_n_heads": 16, "indexer_kv_heads": 1, "indexer_head_dim": 256,
+    "indexer_budget": 2048, "indexer_compress_ratio": 64, "bos_token_id": None, "eos_token_id": 248044,
 }
 # Qwen1.5-MoE-A2.7B (model_type qwen2_moe): 60 experts, the top 4 (not renormalised), and a
 # shared expert of 5,632 columns behind a sigmoid gate.
@@ -1629,6 +1689,7 @@ DECODER_SHAPES = {
     "command-a-plus": COMMAND_A_PLUS,
     "hy3-preview": HY3_PREVIEW,
     "hy4-preview": HY4_PREVIEW,
+    "deepseek-v4-flash": DEEPSEEK_V4_FLASH,
     "llama-4-scout": LLAMA_4_SCOUT,
     "llama-3.2-11b-vision": LLAMA_3_2_11B_VISION,
     "emu3-chat": EMU3_CHAT,
@@ -1648,6 +1709,7 @@ DECODER_SHAPES = {
     "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
     "qwen3.5-27b": QWEN3_5_27B,
     "qwen3.5-35b-a3b": QWEN3_5_35B_A3B,
+    "qwen4-exp": QWEN4_EXP,
     "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B,
     "granite-3.1-3b-a800m": GRANITE_3_1_3B_A800M,
     "jetmoe-8b": JETMOE_8B,
@@ -1691,8 +1753,10 @@ DECODER_SHAPES = {
     "zamba-7b": ZAMBA_7B,
     "mamba-2.8b": MAMBA_2_8B,
     "falcon-mamba-7b": FALCON_MAMBA_7B,
+    "rwkv-4-169m-pile": RWKV_4_169M_PILE,
     "mamba-codestral-7b": MAMBA_CODESTRAL_7B,
     "jamba-mini": JAMBA_MINI,
+    "xlstm-7b": XLSTM_7B,
 }
 
 
@@ -1713,6 +1777,18 @@ def shrunk(name: str, layers: int = 2, hidden: int = 128, heads: int = 8, vocab:
         cfg["num_key_value_heads"] = cfg["attn_config"]["kv_n_heads"]
     if "num_attention_heads" not in cfg and "state_size" in cfg:  # attention-free (Mamba, Mamba-2): no heads
         return _shrunk_attention_free(cfg, layers, hidden, vocab)
+    if cfg["model_type"] == "rwkv":  # (attention-free, no heads: the time mix as wide as hidden, the channel mix's
+        # width not a multiple of 64, at most 256 tokens a sequence)
+        cfg.update(vocab_size=vocab, hidden_size=hidden, attention_hidden_size=hidden,
+                   intermediate_size=2 * hidden + 32, num_hidden_layers=layers, context_length=256, bos_token_id=1,
+                   eos_token_id=2, pad_token_id=0)
+        return cfg
+    if cfg["model_type"] == "xlstm":  # xLSTM: `layers` mLSTM blocks at `hidden` (embedding_dim, num_blocks too), its
+        # heads and width factors kept, 16-token chunks (so that the prompts cross them), at most 256 tokens a sequence
+        cfg.update(vocab_size=vocab, hidden_size=hidden, embedding_dim=hidden, num_hidden_layers=layers,
+                   num_blocks=layers, chunk_size=16, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                   pad_token_id=0)
+        return cfg
     kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
     ratio = cfg["num_attention_heads"] // kv
     if name.startswith("phi-2"):
@@ -1984,8 +2060,10 @@ def _spec(cfg: dict):
 
 
 def _is_norm_weight(name: str) -> bool:
-    """Whether a checkpoint tensor is a norm's weight (random ones are drawn around 1; a norm's bias around 0)."""
-    return "norm" in name and not name.endswith(".bias")
+    """Whether a checkpoint tensor is a norm's weight (random ones are drawn around 1; a norm's bias around 0): a
+    name with "norm" in it, or a LayerNorm module named ln* / *_ln (RWKV's ln1, ln_out, pre_ln)."""
+    module = name.rpartition(".")[0].rpartition(".")[2]
+    return ("norm" in name or module.startswith("ln") or module.endswith("_ln")) and not name.endswith(".bias")
 
 
 def tensor_shapes(spec) -> dict[str, tuple[int, ...]]:

@@ -59,6 +59,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     prenorm_qkv_to_cache,
     prenormed,
     varlen_attention,
+    wkv4,
     write_kv,
     xielu,
 )

@@ -1754,3 +1754,49 @@ def moe_route_align(router_logits: torch.Tensor, top_k: int, normalize: bool, we
     weights, ids = moe_route(router_logits, top_k, normalize, weights_dtype, scoring, score_bias, scale, groups,
                              kept_groups, group_score, mask_eps)
     return (weights, *moe_align(ids, router_logits.shape[1], block_m))
+
+
+WKV4_FRESH_MAX = -1e30  # RWKV-4's starting max exponent (transformers' state[4] -= 1e30): e^(FRESH - m) is 0
+
+
+def wkv4_step(k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, w: torch.Tensor, num: torch.Tensor,
+              den: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One token of RWKV-4's WKV for rows of channels: k fp32, v (any float dtype), u = time_first and
+    w = -exp(time_decay) fp32, the state num / den / top (the largest exponent) fp32. Returns (wkv fp32, num, den,
+    top) after the token, in transformers' order of operations."""
+    m = torch.maximum(top, k + u)
+    e1, e2 = torch.exp(top - m), torch.exp(k + u - m)
+    out = (e1 * num + e2 * v) / (e1 * den + e2)
+    m = torch.maximum(top + w, k)
+    e1, e2 = torch.exp(top + w - m), torch.exp(k - m)
+    return out, e1 * num + e2 * v, e1 * den + e2, m
+
+
+def wkv4(k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, w: torch.Tensor, num: torch.Tensor, den: torch.Tensor,
+         top: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor | None = None) -> torch.Tensor:
+    """RWKV-4's WKV (models/rwkv.py) over consecutive sequences of rows: k `[T, H]` fp32, v `[T, H]` (any float
+    dtype), u = time_first and w = -exp(time_decay) `[H]` fp32; sequence s is rows sum(lens[:s]) .. + lens[s] (lens
+    None: each row a sequence of its own), its state num / den / top `[slots, H]` fp32 at row slots[s], read (a slot
+    whose den is 0, never written since it was zeroed, starts top at WKV4_FRESH_MAX), carried token by token and
+    written back in place. Returns wkv `[T, H]` fp32."""
+    out = torch.empty_like(k)
+    if lens is None:  # one step of every row together
+        s_den = den[slots]
+        s_top = torch.where(s_den == 0, WKV4_FRESH_MAX, top[slots])
+        out, n2, d2, t2 = wkv4_step(k, v, u, w, num[slots], s_den, s_top)
+        num.index_copy_(0, slots, n2)
+        den.index_copy_(0, slots, d2)
+        top.index_copy_(0, slots, t2)
+        return out
+    row = 0
+    for s, n in enumerate(lens.tolist()):
+        at = slots[s : s + 1]
+        s_num, s_den = num[at], den[at]
+        s_top = torch.where(s_den == 0, WKV4_FRESH_MAX, top[at])
+        for t in range(row, row + n):
+            out[t : t + 1], s_num, s_den, s_top = wkv4_step(k[t : t + 1], v[t : t + 1], u, w, s_num, s_den, s_top)
+        num.index_copy_(0, at, s_num)
+        den.index_copy_(0, at, s_den)
+        top.index_copy_(0, at, s_top)
+        row += n
+    return out

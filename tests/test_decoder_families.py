@@ -211,6 +211,28 @@ CASES = [
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
                             "beta_slow": 1.0, "original_max_position_embeddings": 64, "mscale": 1.0,
                             "mscale_all_dim": 1.0}}),
+    # DeepSeek-V4: 4 Sinkhorn hyper-connection streams; a sliding layer (window 8), compressed-sparse ones (entries of
+    # 4 tokens, the indexer's best 3: the choice matters from the sixteenth token on) and a heavily compressed one
+    # (entries of 8 here, the published 128 out of reach), hash-routed experts then top-k ones (sqrt(softplus)
+    # scores); and 2 streams, compressed-sparse first (the best 2), sliding, then heavily compressed at 4, top-k
+    # experts around a hash-routed layer, sigmoid scores, the clamp at 0.5 (in reach), YaRN on the compressed
+    # layers, a tied head. (16 index heads: with fewer, an entry whose every head's ReLU is zero ties at the top-k's
+    # edge, broken by each top-k's own order)
+    ("deepseek-v4", "deepseek-v4-flash", {
+        "num_hidden_layers": 4, "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                                                "heavily_compressed_attention", "compressed_sparse_attention"],
+        "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, "index_topk": 3,
+        "index_n_heads": 16, "index_head_dim": 32, "q_lora_rank": 64, "o_lora_rank": 32, "o_groups": 4,
+        "partial_rotary_factor": 0.25, "initializer_range": 0.05}),
+    ("deepseek-v4-two-streams-csa-first-sigmoid-clamped-yarn-tied", "deepseek-v4-flash", {
+        "num_hidden_layers": 3, "hc_mult": 2,
+        "layer_types": ["compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention"],
+        "mlp_layer_types": ["moe", "hash_moe", "moe"],
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 4}, "index_topk": 2,
+        "index_n_heads": 16, "index_head_dim": 16, "scoring_func": "sigmoid", "swiglu_limit": 0.5,
+        "tie_word_embeddings": True, "initializer_range": 0.05,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
     # MiniMax-M3's text model: blocks of 4 keys, the best 3 a query (its own forced), well below the prompts' lengths,
     # sparse layers first and last beside a full one, a dense layer then experts; and blocks of 8, the best 2 with
     # two forced, half of each head rotated, experts first. (Indexers of 8 and 4 heads of 32: no ties at a block's
@@ -225,6 +247,23 @@ CASES = [
         "mlp_layer_types": ["sparse", "dense"], "dense_intermediate_size": 96, "index_n_heads": 4,
         "index_head_dim": 32, "index_block_size": 8, "index_topk_blocks": 2, "index_local_blocks": 2,
         "initializer_range": 0.05,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    # Qwen4-Exp's text model: 4 gated residual streams, DeltaNet layers with PLE (bigrams and trigrams, 8 hashed heads
+    # each) beside QSA attention layers (blocks of 4 keys, the best 2 a query, well below the prompts' lengths), experts
+    # in every layer; and 2 streams, attention first ("full_attention", read as indexed), PLE on the two DeltaNet
+    # layers (up to 4-grams, 2 heads each, a 3-tap convolution) stopped at an eos inside the prompts (73), blocks of 3
+    # keys, the best 4, half of each head rotated, the experts unrenormalised. (Indexers of 8 heads: no ties)
+    ("qwen4-exp", "qwen4-exp", {"num_hidden_layers": 4, "layer_types": ["linear_attention", "indexed_attention",
+                                                                        "linear_attention", "indexed_attention"],
+                                "ple_layer_ids": [1, 3], "ple_embed_dim": 64, "ngram_vocab_size_base": 1000,
+                                "indexer_n_heads": 8, "indexer_head_dim": 32, "indexer_budget": 8,
+                                "indexer_compress_ratio": 4, "hc_lowrank": 24}),
+    ("qwen4-exp-two-streams-attention-first-4grams-eos-half-rotary-unnormalised", "qwen4-exp", {
+        "num_hidden_layers": 3, "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+        "hc_count": 2, "hc_lowrank": 16, "ple_layer_ids": [3, 2], "ngram_size": 4, "heads_per_ngram": 2,
+        "ple_embed_dim": 48, "ple_conv_kernel_size": 3, "ngram_vocab_size_base": 700,
+        "make_ngram_vocab_size_divisible_by": 64, "seed": 99, "eos_token_id": 73, "indexer_n_heads": 8,
+        "indexer_head_dim": 16, "indexer_budget": 12, "indexer_compress_ratio": 3, "norm_topk_prob": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
     # Llama 4 (Scout's shape): a rope layer chunked in 16 tokens (the prompts cross chunks), L2 q / k norms after the
     # interleaved llama3-scaled rotary, then a NoPE layer of full attention with temperature tuning (floor_scale 4: the
@@ -363,6 +402,22 @@ CASES = [
     ("mamba2", "mamba-codestral-7b", {}),
     ("mamba2-biases-one-group-tied", "mamba-codestral-7b", {"use_bias": True, "use_conv_bias": False, "n_groups": 1,
                                                             "conv_kernel": 3, "tie_word_embeddings": True}),
+    # xLSTM: two mLSTM blocks, 8 heads with keys half as wide as values, 16-token chunks (the longer prompts run whole
+    # chunks in the chunkwise form, the rest a step at a time); and 4 heads with keys as wide as hidden and values
+    # 1.5 times it, 8-token chunks, gates capped at 3 and logits at 4, a narrower MLP rounded to 48, other epsilons,
+    # tie_word_embeddings set (which transformers' xLSTM does not act on: its head stays its own)
+    ("xlstm", "xlstm-7b", {}),
+    ("xlstm-four-heads-wide-keys-wider-values-8-token-chunks-capped-narrow-mlp-eps", "xlstm-7b", {
+        "num_heads": 4, "qk_dim_factor": 1.0, "v_dim_factor": 1.5, "chunk_size": 8, "gate_soft_cap": 3.0,
+        "output_logit_soft_cap": 4.0, "ffn_proj_factor": 1.3, "ffn_round_up_to_multiple_of": 48, "norm_eps": 1e-5,
+        "eps": 1e-4, "tie_word_embeddings": True}),
+    # RWKV-4: two layers of time and channel mixes (rescale_every 6 as published: no halving in two layers); and
+    # three layers halved after each (their output projections divided by 1, 2, 4), a narrower channel mix, another
+    # eps; and no rescaling with a tied head
+    ("rwkv", "rwkv-4-169m-pile", {}),
+    ("rwkv-halved-every-layer-narrow-channel-mix-eps", "rwkv-4-169m-pile", {
+        "num_hidden_layers": 3, "rescale_every": 1, "intermediate_size": 200, "layer_norm_epsilon": 1e-3}),
+    ("rwkv-unscaled-tied", "rwkv-4-169m-pile", {"rescale_every": 0, "tie_word_embeddings": True}),
     # Jamba: a Mamba-1 layer with its weighted dt / B / C norms and a dense MLP, then an attending one (NoPE) with
     # experts (softmax top 2 unnormalised); and four layers: experts after a Mamba-1 layer and after attention, the
     # Mamba layers' projection biases, a conv of 3 taps without a bias, MHA (weights drawn wider: at 0.02 the
@@ -903,8 +958,16 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())
             if name.endswith("self_attn.A"):  # (Doge's dynamic mask: A at zero makes every key's bias 1, which the
                 p.add_(torch.randn_like(p))  # softmax cancels)
+            if name.endswith("ple.conv1d.weight"):  # (Qwen4-Exp's PLE convolution starts at zero, which mutes it)
+                p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("input_residual", "post_attention_residual")):  # (Doge's residual weights start at 1)
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(("time_first", "ln1.weight", "ln2.weight", "pre_ln.weight", "ln_out.weight")):  # (RWKV's
+                p.add_(torch.randn_like(p) * 0.1)  # bonus starts at 1 in every channel, its LayerNorms' weights at 1)
+            if name.endswith(("igate_preact.weight", "fgate_preact.weight", "ifgate_preact.weight")):  # (xLSTM's gates
+                p.add_(torch.randn_like(p) * 0.3)  # start at zero weights: each head's gate the same for every token)
+            if name.endswith("igate_preact.bias"):  # (its input gate's bias starts at -10: nothing written to memory)
+                p.add_(8.0)
         for name, b in hf.named_buffers():  # a router's learnt bias (GLM-4.5) starts at zero too
             if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):  # (LFM2-MoE's too)
                 b.add_(torch.randn_like(b) * 0.1)
@@ -914,6 +977,9 @@ def _pair(shape: str, changes: dict, seed: int = 0, without: tuple = ()):
                 b.add_(torch.rand_like(b) * 0.5)
             if name.endswith("gate.balancing_biases"):  # (ZAYA's: its skip class's -1 drawn near the others, so that
                 b.copy_(torch.randn_like(b) * 0.01)  # some tokens skip the experts)
+            if name.endswith("gate.tid2eid"):  # (DeepSeek-V4's hash routing table starts at zero: every token to
+                experts = hf.config.n_routed_experts  # expert 0; k distinct experts a token instead)
+                b.copy_(torch.rand(b.shape[0], experts).argsort(-1)[:, : b.shape[1]])
     state = strip_prefixes_of(hf.state_dict())  # (`model.`; GPT-NeoX's `gpt_neox.`)
     return hf, load_decoder(hf_cfg.to_dict(), state, CPU, torch.float32)
 
@@ -960,7 +1026,9 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "minimax-m2", "cohere2-moe", "cohere2-moe-sigmoid-rms-sum", "codegen",
                    "gpt-neo", "hy-v3", "hy-v4",
                    "hy-v4-two-streams-default-indexers-moe-first-groups-clamped-yarn-biases", "biogpt",
-                   "minimax-m3", "minimax-m3-half-rotary-two-local-blocks-moe-first",
+                   "deepseek-v4", "deepseek-v4-two-streams-csa-first-sigmoid-clamped-yarn-tied",
+                   "minimax-m3", "minimax-m3-half-rotary-two-local-blocks-moe-first", "qwen4-exp",
+                   "qwen4-exp-two-streams-attention-first-4grams-eos-half-rotary-unnormalised",
                    "openai-gpt", "openai-gpt-tied-relu-three-layers", "xglm",
                    "ctrl", "ctrl-tied-odd-width-final-eps", "gpt-neox-japanese",
                    "gpt-neox-japanese-half-rotary-linear-three-layers-tied",
@@ -982,7 +1050,9 @@ ITERATION_CASES = ("ministral3-query-scaling", "mllama",
                    "nemotron-h-biases-mlp-less-end", "nemotron-h-moe", "nemotron-h-moe-latent-groups-unnormalised",
                    "falcon-h1", "falcon-h1-norm-before-gate-biases",
                    "mamba", "mamba-biases-3-taps-untied", "falcon-mamba", "mamba2", "mamba2-biases-one-group-tied",
+                   "xlstm", "xlstm-four-heads-wide-keys-wider-values-8-token-chunks-capped-narrow-mlp-eps",
                    "jamba", "jamba-moe-after-mamba-biases-mha",
+                   "rwkv", "rwkv-halved-every-layer-narrow-channel-mix-eps", "rwkv-unscaled-tied",
                    "kimi-linear", "kimi-linear-mla-first-q-latent-groups",
                    "ling-3.0", "ling-3.0-mla-first-unbounded-decay-groups",
                    "minimax", "minimax-attention-first-windowed-betas-mha",
@@ -1103,8 +1173,8 @@ def test_partial_rotary_in_the_kernels_order_is_hf_rotation(head_dim, rotary_dim
 
 
 def test_unknown_families_and_ropes_are_load_errors_that_name_the_supported_ones():
-    with pytest.raises(ValueError, match=r"unsupported decoder model_type 'rwkv' \(supported: llama, mistral"):
-        load_decoder({"model_type": "rwkv"}, {}, CPU, torch.float32)
+    with pytest.raises(ValueError, match=r"unsupported decoder model_type 't5' \(supported: llama, mistral"):
+        load_decoder({"model_type": "t5"}, {}, CPU, torch.float32)
     cfg = {**shrunk("llama-3.1-8b"), "rope_scaling": {"rope_type": "su", "factor": 2.0}}
     with pytest.raises(ValueError, match="unsupported rope type 'su' .*llama3.*yarn.*longrope"):
         load_decoder(cfg, {}, CPU, torch.float32)
@@ -1126,7 +1196,7 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     # GPT-2's model, test_gpt_sw3_loads_as_gpt2)
     assert set(DECODER_FAMILIES) - checked == {"gpt2", "gemma3", "mistral3", "kimi_k2", "llama4", "gemma3n", "gemma4",
                                                "gemma4_unified", "cohere_compass", "mllama", "emu3", "dots3_note",
-                                               "aria", "inkling_mm_model", "gpt-sw3", "minimax_m3_vl"}
+                                               "aria", "inkling_mm_model", "gpt-sw3", "minimax_m3_vl", "qwen4_exp"}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert [t for t in DECODER_FAMILIES if f"`{t}`" not in readme] == []
 
@@ -1150,7 +1220,31 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("hy4-preview", {"swiglu_limit": 0.0}, "swiglu_limit"),
     ("hy4-preview", {"index_head_dim": 4}, "index_head_dim"),
     ("hy4-preview", {"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ("deepseek-v4-flash", {"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+    ("deepseek-v4-flash", {"mlp_layer_types": ["moe", "dense"]}, "mlp_layer_types"),
+    ("deepseek-v4-flash", {"scoring_func": "softmax"}, "scoring_func"),
+    ("deepseek-v4-flash", {"hidden_act": "gelu"}, "hidden_act"),
+    ("deepseek-v4-flash", {"n_shared_experts": 2}, "n_shared_experts"),
+    ("deepseek-v4-flash", {"swiglu_limit": 0.0}, "swiglu_limit"),
+    ("deepseek-v4-flash", {"o_groups": 3}, "o_groups"),
+    ("deepseek-v4-flash", {"compress_rates": {"compressed_sparse_attention": 4,
+                                              "heavily_compressed_attention": 0}}, "compress_rates"),
+    ("deepseek-v4-flash", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type"),
     ("minimax-m3", {"layer_types": ["minimax_m3_sparse", "sliding_attention"]}, "layer_types"),
+    ("qwen4-exp", {"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+    ("qwen4-exp", {"output_gate_type": "sigmoid"}, "output_gate_type"),
+    ("qwen4-exp", {"hc_count": 1}, "hc_count"),
+    ("qwen4-exp", {"layer_types": ["linear_attention", "indexed_attention"], "indexer_budget": None}, "indexer_budget"),
+    ("qwen4-exp", {"layer_types": ["linear_attention", "indexed_attention"], "indexer_kv_heads": 2},
+     "indexer_kv_heads"),
+    ("qwen4-exp", {"layer_types": ["linear_attention", "indexed_attention"], "indexer_budget": 10,
+                   "indexer_compress_ratio": 4}, "indexer_budget"),
+    ("qwen4-exp", {"layer_types": ["linear_attention", "indexed_attention"], "indexer_head_dim": 16},
+     "indexer_head_dim"),
+    ("qwen4-exp", {"layer_types": ["linear_attention", "indexed_attention"], "ple_layer_ids": [2]}, "ple_layer_ids"),
+    ("qwen4-exp", {"ple_layer_ids": [1], "eos_token_id": None}, "eos_token_id"),
+    ("qwen4-exp", {"ple_layer_ids": [1], "ple_embed_dim": 60}, "ple_embed_dim"),
+    ("qwen4-exp", {"attention_bias": True}, "attention_bias"),
     ("minimax-m3", {"mlp_layer_types": ["dense", "moe"]}, "mlp_layer_types"),
     ("minimax-m3", {"swiglu_limit": 10.0}, "swiglu_limit"),
     ("minimax-m3", {"swiglu_alpha": 1.0}, "swiglu_alpha"),
@@ -1399,10 +1493,69 @@ def test_every_model_type_is_checked_against_hf_and_listed_in_the_readme():
     ("doge-320m", {"is_moe": True, "num_experts": 16, "num_experts_per_tok": 4}, "is_moe"),
     ("doge-320m", {"hidden_act": "relu"}, "hidden_act"),
     ("doge-320m", {"head_dim": 512}, "head_dim"),
+    ("rwkv-4-169m-pile", {"attention_hidden_size": 96}, "attention_hidden_size"),
+    # (xLSTM: what transformers' native path does not run, or runs otherwise; the xlstm package's sigmoid input gate)
+    ("xlstm-7b", {"mode": "train"}, "mode"),
+    ("xlstm-7b", {"return_last_states": False}, "return_last_states"),
+    ("xlstm-7b", {"chunkwise_kernel": "chunkwise--triton_xl_chunk_siging"}, "chunkwise_kernel"),
+    ("xlstm-7b", {"sequence_kernel": "native_sequence__triton_step_fused"}, "sequence_kernel"),
+    ("xlstm-7b", {"step_kernel": "triton_fused"}, "step_kernel"),
+    ("xlstm-7b", {"inference_state_dtype": "bfloat16"}, "inference_state_dtype"),
+    ("xlstm-7b", {"norm_reduction_force_float32": False}, "norm_reduction_force_float32"),
+    ("xlstm-7b", {"use_bias": True}, "use_bias"),
+    ("xlstm-7b", {"add_out_norm": False}, "add_out_norm"),
+    ("xlstm-7b", {"weight_mode": "grouped"}, "weight_mode"),
+    ("xlstm-7b", {"embedding_dim": 64}, "embedding_dim"),
+    ("xlstm-7b", {"num_blocks": 3}, "num_blocks"),
+    ("xlstm-7b", {"qk_dim_factor": 0.25}, "qk_dim_factor"),
+    ("xlstm-7b", {"v_dim_factor": 0.75}, "v_dim_factor"),
 ])
 def test_what_a_new_family_does_not_support_is_refused_at_load_by_name(shape, changes, named):
     with pytest.raises(ValueError, match=f"{named}.*supported: {named}"):
         load_decoder({**shrunk(shape), **changes}, {}, CPU, torch.float32)
+
+
+def test_xlstm_fused_weights_serve_as_the_single_ones_and_tensor_parallelism_is_refused():
+    """xLSTM's weight_mode "fused" (q, k, v and o one projection, the two gates another, the MLP's gate and up a
+    third): transformers cannot build it from a config (its initialisation of the fused gates fails), so HF runs the
+    single layout and ours the same tensors stacked as the fused one; greedy continuations are token-identical."""
+    from tritonformer.backend.models.decoder import check_tensor_parallel
+
+    hf, _ = _pair("xlstm-7b", {})
+    cfg = {**hf.config.to_dict(), "weight_mode": "fused"}
+    fused = {}
+    for name, t in strip_prefixes_of(hf.state_dict()).items():
+        p, _, leaf = name.rpartition("mlstm_layer.")
+        if leaf == "q.weight":
+            parts = [p + "mlstm_layer." + part + ".weight" for part in ("q", "k", "v", "ogate_preact")]
+            fused[p + "mlstm_layer.qkv_opreact.weight"] = torch.cat([hf.state_dict()[n] for n in parts])
+            for kind in ("weight", "bias"):
+                fused[f"{p}mlstm_layer.ifgate_preact.{kind}"] = torch.cat(
+                    [hf.state_dict()[f"{p}mlstm_layer.{gate}_preact.{kind}"] for gate in ("igate", "fgate")])
+            fused[p + "ffn.proj_up_gate_z.weight"] = torch.cat(
+                [hf.state_dict()[p + "ffn." + part + ".weight"] for part in ("proj_up_gate", "proj_up")])
+        elif not name.endswith(("_preact.weight", "_preact.bias", ".q.weight", ".k.weight", ".v.weight",
+                                "ffn.proj_up_gate.weight", "ffn.proj_up.weight")):
+            fused[name] = t
+    ours = load_decoder(cfg, fused, CPU, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (7, 40)]
+    got = PagedSteps(ours, num_blocks=96, block_size=8).greedy(prompts, 32)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == _hf_greedy(hf, prompt, 32)
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'xlstm'"):
+        check_tensor_parallel(shrunk("xlstm-7b"), 2)
+
+
+def test_xlstm_serves_the_published_configs_triton_kernel_names_as_its_own_recurrence():
+    """xLSTM-7b's config names the xlstm package's Triton kernels, which transformers without that package refuses;
+    they compute the recurrence the native ones do, so the config loads and serves HF's native greedy tokens."""
+    hf, _ = _pair("xlstm-7b", {})
+    cfg = {**hf.config.to_dict(), "chunkwise_kernel": "chunkwise--triton_xl_chunk",
+           "sequence_kernel": "native_sequence__triton", "step_kernel": "triton"}
+    ours = load_decoder(cfg, strip_prefixes_of(hf.state_dict()), CPU, torch.float32)
+    prompt = torch.randint(3, 320, (21,), generator=torch.Generator().manual_seed(5)).tolist()
+    assert PagedSteps(ours, num_blocks=96, block_size=8).greedy([prompt], 16)[0] == _hf_greedy(hf, prompt, 16)
 
 
 def test_minimax_reads_the_original_config_names():
@@ -1620,25 +1773,34 @@ def test_max_model_len_caps_the_longest_sequence():
     torch.testing.assert_close(capped.rope_cos_sin, ours.rope_cos_sin[:100])
 
 
-@pytest.mark.parametrize("shape", ["deepseek-v3.2", "glm-5", "a.x-k2"])
-def test_sparse_attention_families_serve_up_to_index_topk_and_refuse_a_longer_max_model_len(shape):
-    """DeepSeek Sparse Attention is served as dense latent attention, the same only while a sequence is at most
-    index_topk tokens: HF given a small index_topk (16) matches ours up to there (a 5-token prompt, 11 tokens more),
-    past it HF's attention is sparse and is not expected to match, so the longest sequence is capped at index_topk
-    and a max_model_len past it is refused by name."""
-    hf, ours = _pair(shape, {"first_k_dense_replace": 1, "index_topk": 16})
+def _serves_up_to_a_cap_of_16(shape: str, changes: dict, supported: str):
+    """A family whose `changes` cap the longest sequence at 16 tokens: HF matches ours greedily up to there (a 5-token
+    prompt, 11 tokens more), max_model_len 16 loads, 17 is refused naming what it is `supported` up to, and the
+    benchmarks' random decoder is capped there too. Returns HF's model and its state (ours' names)."""
+    hf, ours = _pair(shape, changes)
     assert ours.config.max_position_embeddings == 16
     prompt = [5, 17, 42, 8, 99]
     assert PagedSteps(ours, num_blocks=8, block_size=8).greedy([prompt], 11)[0] == _hf_greedy(hf, prompt, 11)
     state = strip_prefixes_of(hf.state_dict())
     capped = load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=16)
     assert capped.config.max_position_embeddings == 16
-    with pytest.raises(ValueError, match="max_model_len 17 is not supported.*supported: max_model_len up to index_top"):
+    with pytest.raises(ValueError, match=f"max_model_len 17 is not supported.*{supported}"):
         load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=17)
     from tritonformer.client.model_shapes import random_decoder  # (the benchmarks' lengths: caps, as elsewhere)
 
-    cfg = {**shrunk(shape), "first_k_dense_replace": 1, "index_topk": 16}
+    cfg = {**shrunk(shape), **changes}
     assert random_decoder(cfg, CPU, torch.float32, max_model_len=4096).config.max_position_embeddings == 16
+    return hf, state
+
+
+@pytest.mark.parametrize("shape", ["deepseek-v3.2", "glm-5", "a.x-k2"])
+def test_sparse_attention_families_serve_up_to_index_topk_and_refuse_a_longer_max_model_len(shape):
+    """DeepSeek Sparse Attention is served as dense latent attention, the same only while a sequence is at most
+    index_topk tokens: HF given a small index_topk (16) matches ours up to there (a 5-token prompt, 11 tokens more),
+    past it HF's attention is sparse and is not expected to match, so the longest sequence is capped at index_topk
+    and a max_model_len past it is refused by name."""
+    hf, state = _serves_up_to_a_cap_of_16(shape, {"first_k_dense_replace": 1, "index_topk": 16},
+                                          "supported: max_model_len up to index_top")
     without = {k: v for k, v in state.items() if not k.startswith("layers.1.self_attn.indexer.wk.")}
     with pytest.raises(KeyError, match="layers.1.self_attn.indexer.wk.weight"):  # (read-checked, though not used)
         load_decoder(hf.config.to_dict(), without, CPU, torch.float32)
@@ -1649,19 +1811,8 @@ def test_doge_serves_up_to_keep_window_size_and_refuses_a_longer_max_model_len()
     keys of largest bias only; up to there every key is kept: HF given a small keep_window_size (16) matches ours up to
     there (a 5-token prompt, 11 tokens more), so the longest sequence is capped at it and a max_model_len past it is
     refused by name."""
-    hf, ours = _pair("doge-320m", {"initializer_range": 0.1, "keep_window_size": 16})
-    assert ours.config.max_position_embeddings == 16
-    prompt = [5, 17, 42, 8, 99]
-    assert PagedSteps(ours, num_blocks=8, block_size=8).greedy([prompt], 11)[0] == _hf_greedy(hf, prompt, 11)
-    state = strip_prefixes_of(hf.state_dict())
-    capped = load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=16)
-    assert capped.config.max_position_embeddings == 16
-    with pytest.raises(ValueError, match="max_model_len 17 is not supported.*supported: max_model_len up to keep_wind"):
-        load_decoder(hf.config.to_dict(), state, CPU, torch.float32, max_model_len=17)
-    from tritonformer.client.model_shapes import random_decoder  # (the benchmarks' lengths: caps, as elsewhere)
-
-    cfg = {**shrunk("doge-320m"), "keep_window_size": 16}
-    assert random_decoder(cfg, CPU, torch.float32, max_model_len=4096).config.max_position_embeddings == 16
+    _serves_up_to_a_cap_of_16("doge-320m", {"initializer_range": 0.1, "keep_window_size": 16},
+                              "supported: max_model_len up to keep_wind")
 
 
 def test_a_kv_cache_short_of_one_sequence_names_max_model_len():
@@ -2197,6 +2348,37 @@ def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_out
         assert seq.output_ids == _hf_greedy(hf, prompt, 16)
 
 
+def test_rwkv_through_the_generator_engine_with_chunks_and_preemption_gives_hf_greedy_outputs():
+    """RWKV-4 served by the engine over a block pool too small for every sequence at once (the blocks hold no keys,
+    they only count tokens) and prompts chunked: sequences are preempted and recomputed from a zeroed state slot, the
+    chunks carry their state between iterations; every output is HF's greedy continuation of its prompt alone."""
+    from tritonformer.backend.decoder.engine import GeneratorEngine
+    from tritonformer.backend.decoder.runner import DecoderRunner
+    from tritonformer.backend.decoder.sampling_params import SamplingParams
+    from tritonformer.client.engine_drive import CountingSink, IdsOnly
+    from tritonformer.scheduler.iteration import IterationScheduler
+    from tritonformer.scheduler.kv_blocks import BlockManager
+
+    hf, ours = _pair("rwkv-4-169m-pile", {"num_hidden_layers": 3, "rescale_every": 2})
+    block, blocks = 4, 20  # 80 tokens for 4 sequences of up to 14 + 16 tokens
+    cache = ours.new_kv_cache(blocks, block)
+    cache.state = ours.new_state_cache(4)
+    scheduler = IterationScheduler(BlockManager(blocks, block), 4, 8, max_seq_len=32,  # (8 tokens an iteration)
+                                   recurrent_state=True)
+    engine = GeneratorEngine(DecoderRunner(ours, cache, 4), IdsOnly(), CountingSink(), scheduler,
+                             cancel_check_interval_s=3600)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (14, 3, 9, 12)]
+    seqs = [engine.new_sequence(i, prompt, SamplingParams(max_tokens=16, ignore_eos=True), False)
+            for i, prompt in enumerate(prompts)]
+    engine.admit(seqs)
+    while engine.has_work():
+        engine.step()
+    assert scheduler.num_preemptions > 0 and scheduler.blocks.num_used == 0
+    for seq, prompt in zip(seqs, prompts):
+        assert seq.output_ids == _hf_greedy(hf, prompt, 16)
+
+
 def test_cpmant_padding_ids_decodes_and_a_recompute_match_hf_generate_step_by_step():
     """CPM-Ant against the forwards transformers' generate makes (the whole ids each step, its cache keeping all but
     the last): a prompt with ids of 0 (read as left padding: the first z text tokens masked, segment 0), then forced
@@ -2297,10 +2479,13 @@ def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():
     ("longcat-flash-chat", "longcat_flash"),
     ("zaya1-8b", "zaya"),
     ("hy4-preview", "hy_v4"),
+    ("qwen4-exp", "qwen4_exp_text"),
+    ("deepseek-v4-flash", "deepseek_v4"),
     ("cpm-ant-10b", "cpmant"),
     ("inkling", "inkling_text"),
     ("inkling2-small", "inkling2_text"),
     ("hrm-text-1b", "hrm_text"),
+    ("rwkv-4-169m-pile", "rwkv"),
 ])
 def test_families_refuse_tensor_parallelism_and_fp8_by_name(name, model_type):
     """Families without a tensor-parallel split or FP8 linears (each its own module, named as its model_type)
@@ -2374,6 +2559,71 @@ def test_inkling2_reads_its_published_config_as_transformers_does():
         model = transformers.Inkling2ForCausalLM(cfg)
     assert tensor_shapes(inkling2.from_hf(cfg.to_dict())) == {
         k: tuple(v.shape) for k, v in strip_prefixes_of(model.state_dict()).items()}
+
+
+def test_qwen4_exp_ngram_ids_are_transformers_hashes():
+    """PLE's hashed n-gram rows of a sequence with eos ids inside it (where n-grams stop) and at its start, from a
+    PLE layer past the first (its own multipliers and primes), as transformers' n-gram embedding looks them up."""
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextNGramEmbedding
+
+    from tritonformer.backend.models import qwen4_exp
+
+    cfg = transformers.Qwen4ExpTextConfig(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=16, ngram_size=4, heads_per_ngram=2,
+                                          ngram_vocab_size_base=700, ple_layer_ids=[1], ple_embed_dim=48,
+                                          eos_token_id=5, seed=99)
+    heads = 6
+    hf = Qwen4ExpTextNGramEmbedding(cfg, heads, 0, ple_layer_index=2)  # (one column a head: each row its own index)
+    with torch.no_grad():
+        hf.ngram_embedding.weight.copy_(torch.arange(hf.ngram_embedding.weight.shape[0]).float()[:, None])
+    ids = torch.tensor([[5, 7, 9, 5, 5, 11, 12, 13, 5, 14, 15, 16, 17, 5, 18]])
+    primes = qwen4_exp.ngram_primes(700, 3 * heads)[-heads:]
+    multipliers = torch.tensor(qwen4_exp.ngram_multipliers(320, 4, 2, 99))
+    history = torch.cat([torch.full((1, 3), 5), ids], dim=1)  # (eos before the sequence)
+    ours = qwen4_exp.ngram_ids(history, ids.shape[1], 5, multipliers, torch.tensor(primes),
+                               torch.tensor([sum(primes[:j]) for j in range(heads)]), 2)
+    assert torch.equal(ours, hf(ids, None).long())
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["sharded-tables", "lazy"])
+def test_a_saved_qwen4_exp_checkpoint_serves_its_text_model(lazy, tmp_path):
+    """Qwen4-Exp's multimodal checkpoint as transformers saves it (model_type qwen4_exp: the text model under
+    `model.language_model.`, a vision tower beside it, unread), read whole with its n-gram tables in shards as
+    published (`ngram_embedding.shard_{k}.weight`), or lazily: prefill logits and greedy text as HF's."""
+    from tritonformer.backend.checkpoints.weights import lazy_state_dict, load_config, load_state_dict
+
+    text = {k: v for k, v in shrunk("qwen4-exp").items() if k != "model_type"}
+    text.update(num_hidden_layers=4, layer_types=["linear_attention", "indexed_attention"] * 2, ple_layer_ids=[1, 3],
+                ple_embed_dim=64, ngram_vocab_size_base=1000, indexer_n_heads=8, indexer_head_dim=32,
+                indexer_budget=8, indexer_compress_ratio=4, hc_lowrank=24)
+    vision = transformers.Qwen4ExpVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                               out_hidden_size=text["hidden_size"])
+    cfg = transformers.Qwen4ExpConfig(text_config=transformers.Qwen4ExpTextConfig(**text), vision_config=vision)
+    torch.manual_seed(3)
+    hf = transformers.Qwen4ExpForConditionalGeneration._from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("ple.conv1d.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("linear_attn.A_log"):
+                p.copy_(torch.rand_like(p).mul(0.99).add(0.01).log())
+    hf.save_pretrained(tmp_path)
+    config = load_config(tmp_path)
+    assert config["model_type"] == "qwen4_exp"
+    if lazy:
+        state = lazy_state_dict(tmp_path)
+    else:
+        state = {}
+        for name, t in load_state_dict(tmp_path).items():
+            if not name.endswith("ngram_embedding.weight"):
+                state[name] = t
+                continue
+            for k, part in enumerate(t.chunk(3)):
+                state[name.replace("ngram_embedding.weight", f"ngram_embedding.shard_{k}.weight")] = part
+    assert any(name.startswith(("model.visual.", "visual.")) for name in state)
+    _assert_text_as_hf(load_decoder(config, state, CPU, torch.float32), hf)
 
 
 def test_minimax_m3_refuses_tensor_parallelism_and_fp8_by_name():
@@ -2655,7 +2905,13 @@ def test_kimi_linear_loads_its_published_layout():
     # (HY-V4's sinks as `learnable_sink_param`, its attention's and shared experts' gates as `linear_gate`, its
     # hyper-connections under `hc_pre.`)
     ("hy-v4", ("layers.1.self_attn.learnable_sink_param", "self_attn.linear_gate", "mlp.shared_experts.linear_gate",
-               "layers.0.hc_pre.hc_attn_layer.hc_fn", "hc_pre.hc_mlp_layer.hc_scale", "hc_pre.hc_head.hc_head_base"))])
+               "layers.0.hc_pre.hc_attn_layer.hc_fn", "hc_pre.hc_mlp_layer.hc_scale", "hc_pre.hc_head.hc_head_base")),
+    # (DeepSeek-V4's `attn.` / `ffn.` blocks, `wq_a` / `wkv` / `wo_a`, `attn_sink`, the compressors' `ape` and
+    # `wgate`, the indexer's compressor under `indexer.compressor.`, the experts one by one as w1 / w2 / w3, the
+    # hyper-connections as `hc_attn_fn`, the head as `head`)
+    ("deepseek-v4", ("layers.1.attn.wq_a", "attn.wkv", "attn.wo_a", "attn.attn_sink", "compressor.ape",
+                     "compressor.wgate", "layers.1.attn.indexer.compressor.wkv", "ffn.experts.3.w1",
+                     "ffn.experts.11.w2", "ffn.gate.tid2eid", "ffn.gate.bias", "layers.0.hc_attn_fn", "head.weight"))])
 def test_a_checkpoint_saved_by_transformers_loads_under_its_published_names(case, renamed, tmp_path):
     """transformers writes these families' checkpoints under their published names, which it renames as it loads
     (OLMo hybrid's DeltaNet norms and its convolution in three parts, LFM3's per-head gates as `gate_proj`): the

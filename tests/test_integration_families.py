@@ -96,6 +96,15 @@ FAMILIES = [
     ("gen_hy_v4", "hy4-preview", {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"],
                                   "mlp_layer_types": ["dense", "sparse", "sparse"], "index_topk": 8,
                                   "index_head_dim": 32, "index_n_heads": 16, "initializer_range": 0.05}),
+    # DeepSeek-V4: Sinkhorn hyper-connections; a sliding layer, compressed-sparse ones (entries of 4, the indexer's
+    # best 3) and a heavily compressed one (entries of 8), hash-routed then top-k experts
+    ("gen_deepseek_v4", "deepseek-v4-flash", {
+        "num_hidden_layers": 4, "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                                                "heavily_compressed_attention", "compressed_sparse_attention"],
+        "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, "index_topk": 3,
+        "index_n_heads": 16, "index_head_dim": 32, "q_lora_rank": 64, "o_lora_rank": 32, "o_groups": 4,
+        "partial_rotary_factor": 0.25, "initializer_range": 0.05}),
     # MiniMax-M3's text model: block-sparse attention (blocks of 4 keys, the best 3) on the first and last layers
     ("gen_minimax_m3", "minimax-m3", {"num_hidden_layers": 3,
                                       "layer_types": ["minimax_m3_sparse", "full_attention", "minimax_m3_sparse"],
@@ -108,6 +117,13 @@ FAMILIES = [
     ("gen_qwen3_next", "qwen3-next-80b-a3b", {}),
     ("gen_qwen3_5", "qwen3.5-27b", {}),
     ("gen_qwen3_5_moe", "qwen3.5-35b-a3b", {}),
+    # Qwen4-Exp's text model: gated residual streams, PLE on the DeltaNet layers, QSA attention (blocks of 4 keys, the
+    # best 2) on the others, experts in every layer
+    ("gen_qwen4_exp", "qwen4-exp", {"num_hidden_layers": 4,
+                                    "layer_types": ["linear_attention", "indexed_attention"] * 2,
+                                    "ple_layer_ids": [1, 3], "ple_embed_dim": 64, "ngram_vocab_size_base": 1000,
+                                    "indexer_n_heads": 8, "indexer_head_dim": 32, "indexer_budget": 8,
+                                    "indexer_compress_ratio": 4, "hc_lowrank": 24}),
     ("gen_olmo_hybrid", "olmo-hybrid-7b", {"num_hidden_layers": 3,
                                            "layer_types": ["linear_attention", "full_attention", "linear_attention"]}),
     ("gen_lfm2", "lfm2-1.2b", {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
@@ -139,6 +155,10 @@ FAMILIES = [
     ("gen_mamba", "mamba-2.8b", {"initializer_range": 0.3}),
     ("gen_falcon_mamba", "falcon-mamba-7b", {}),
     ("gen_mamba2", "mamba-codestral-7b", {}),
+    # RWKV-4: time and channel mixes with their token shifts and WKV state, the residual stream halved every 2 layers
+    ("gen_rwkv", "rwkv-4-169m-pile", {"num_hidden_layers": 3, "rescale_every": 2}),
+    # xLSTM: mLSTM blocks (a matrix memory per head) with an MLP each, prompts past the 16-token chunks
+    ("gen_xlstm", "xlstm-7b", {}),
     ("gen_jamba", "jamba-mini", {}),  # (Mamba-1 with dt / B / C norms and a dense MLP, attention with experts)
     ("gen_kimi_linear", "kimi-linear-48b-a3b", {}),
     ("gen_bailing_hybrid", "ling-3.0-flash", {}),  # (bounded-decay KDA, then latent attention gated per head; experts)

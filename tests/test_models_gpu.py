@@ -323,7 +323,8 @@ FAMILY_SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "gemma-
                  "gemma-4-31b", "gemma-4-26b-a4b", "gemma-4-e2b", "gemma-4-12b", "jetmoe-8b", "zaya1-8b",
                  "diffllama-0.3b", "llama-3.2-11b-vision", "phi-4-multimodal", "emu3-chat", "dots3-note-prev",
                  "hy4-preview", "openai-gpt", "ctrl", "gpt-neox-japanese-2.7b", "aria", "minimax-m3",
-                 "beam-1.0-501b-a23b", "doge-320m", "hrm-text-1b", "inkling", "inkling2-small"]
+                 "beam-1.0-501b-a23b", "doge-320m", "hrm-text-1b", "inkling", "inkling2-small",
+                 "deepseek-v4-flash", "rwkv-4-169m-pile", "xlstm-7b", "qwen4-exp"]
 # Fewer layers where 8 in fp32 (HF's reference) and twice in bf16 do not fit 80 GB (GLM-4.5-Air:
 # its dense first layer and one MoE layer), or for time (Falcon-40B: 0.6B weights a layer;
 # CWM: 0.48B, four layers still reach a global one and three windowed ones; MiniMax-M2: 3.6B
@@ -406,7 +407,13 @@ LAYERS = {"gpt-neo-125m": 12, "lfm2-8b-a1b": 24, "mixtral-8x7b": 2, "glm-4.5-air
           # 3.6B weights at their published 3,072 over 6,144; all 256 would be 58 GB a layer in fp32, twice)
           "inkling": 2,
           # Inkling 2: two layers (LAYER_LISTS: a sliding and a full one), 64 of its 384 experts of 2,304 over 4,608
-          "inkling2-small": 2}
+          "inkling2-small": 2,
+          # DeepSeek-V4: four layers (two heavily compressed, a compressed-sparse one, a heavily compressed one; the
+          # first three hash-routed), 64 of its 256 experts of 2,048 over 4,096 (LAYER_LISTS): 1.6B weights a layer
+          "deepseek-v4-flash": 4,
+          # Qwen4-Exp: four layers (three gated DeltaNet ones, then one with the QSA indexer), 512 experts of 512 over
+          # 2,048 in each: 1.6B weights a layer
+          "qwen4-exp": 4}
 # Configs that list each layer's kind by index past the cut (transformers' KimiLinearConfig fails on an index beyond
 # num_hidden_layers): the lists of the layers kept, as published.
 LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
@@ -423,7 +430,9 @@ LAYER_LISTS = {"kimi-linear-48b-a3b": {"linear_attn_config": {
                            "mlp_layer_types": ["dense", "sparse"]},
     "inkling": {"n_routed_experts": 64, "layer_types": ["hybrid_sliding", "hybrid"],
                 "mlp_layer_types": ["dense", "sparse"]},
-    "inkling2-small": {"n_routed_experts": 64, "layer_types": ["hybrid_sliding", "hybrid"]}}
+    "inkling2-small": {"n_routed_experts": 64, "layer_types": ["hybrid_sliding", "hybrid"]},
+    "deepseek-v4-flash": {"n_routed_experts": 64},
+    "xlstm-7b": {"num_blocks": 8}}  # (not a list: num_hidden_layers' other name, which must agree with it)
 # Families compared in fp32, where bf16 cannot be judged: gpt-oss's top 4 of 32 experts at random
 # weights are near ties that bf16 rounding flips (on the CPU HF's own bf16 model chose other
 # experts for 21% of the tokens of its second layer; on the H200 its logits were at cosine 0.82
@@ -496,7 +505,10 @@ FP32 = {"dbrx-132b", "granite-swash-2b", "gpt-oss-20b", "dots.llm1", "solar-open
         "dots3-note-prev", "hy4-preview",
         # MiniMax-M3's top 4 of 128, Beam's top 8 of 256 (in groups) and Inkling's top 6 by sigmoid score + bias, and
         # Aria's top 6 of 64 by softmax: fp32 from the start (not yet measured in bf16)
-        "minimax-m3", "beam-1.0-501b-a23b", "inkling", "aria", "inkling2-small"}
+        "minimax-m3", "beam-1.0-501b-a23b", "inkling", "aria", "inkling2-small",
+        # DeepSeek-V4's top 6 of 256 by sqrt(softplus) score (the first layers by a token-id table), Qwen4-Exp's top k
+        # of 512 by softmax: fp32 from the start
+        "deepseek-v4-flash", "qwen4-exp"}
 
 
 def _hf_at_published_width(cfg: dict, classes: dict, seed: int, dtype: torch.dtype = torch.bfloat16):

@@ -101,6 +101,15 @@ def recurrent_gemma():
                                        "max_position_embeddings": 64}, seed=3)
 
 
+@pytest.fixture(scope="module")
+def xlstm():
+    """A tiny xLSTM (two mLSTM blocks, no attention: each sequence's state a matrix memory, a normaliser and a
+    stabiliser per head; 16-token chunks) in HF and ours, as the family tests build it, at most 64 tokens a sequence."""
+    from test_decoder_families import _pair
+
+    return _pair("xlstm-7b", {"max_position_embeddings": 64}, seed=3)
+
+
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     if hf.config.model_type == "recurrent_gemma":  # (a stateful model: its blocks keep the last generation's conv
         # inputs, which a one-token prompt's first step, a decode step, would read; zeroed, as a new sequence's)
@@ -111,7 +120,8 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "ling", "minimax", "recurrent_gemma"])
+@pytest.mark.parametrize("family", ["lfm2", "mamba", "kimi_linear", "ling", "minimax", "recurrent_gemma",
+                                    "xlstm"])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_engine_with_queued_preempted_sequences_is_hf_greedy(family, steps, request):
     hf, model = request.getfixturevalue(family)  # (LFM2: a hybrid; Mamba: attention-free, a KV cache of no layer)

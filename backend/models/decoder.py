@@ -105,6 +105,7 @@ DECODER_FAMILIES = {
     "cohere2_moe": "cohere2_moe",
     "hy_v3": "hy_v3",
     "hy_v4": "hy_v4",  # (hyper-connection streams, sparse latent attention run sparse, dense and MoE layers)
+    "deepseek_v4": "deepseek_v4",  # (Sinkhorn hyper-connections, windowed + compressed attention, hash / top-k MoE)
     "llama4_text": "llama4",
     "llama4": "llama4",  # (Llama-4-Scout / Maverick's multimodal checkpoint: its text part)
     "mllama_text_model": "mllama",  # (Llama 3.2 Vision's text model: its self-attention layers, text-only)
@@ -126,6 +127,8 @@ DECODER_FAMILIES = {
     "qwen3_5_text": "qwen3_5",
     "qwen3_5_moe": "qwen3_5",
     "qwen3_5_moe_text": "qwen3_5",
+    "qwen4_exp_text": "qwen4_exp",  # (Qwen3.5-MoE's hybrid in gated residual streams, hashed n-gram PLE, QSA attention)
+    "qwen4_exp": "qwen4_exp",  # (the multimodal checkpoint's text model, its vision tower unread)
     # (multimodal Qwen-VL checkpoints and their text models' own types: the text model, text in and out)
     "qwen2_vl": "qwen_vl",
     "qwen2_vl_text": "qwen_vl",
@@ -165,6 +168,8 @@ DECODER_FAMILIES = {
     "minimax": "minimax",  # (lightning attention layers beside softmax attention, experts in every layer)
     "mamba": "mamba",  # (attention-free: Mamba-1 layers only, no KV cache layers)
     "falcon_mamba": "mamba",
+    "xlstm": "xlstm",  # (attention-free: mLSTM layers with a matrix memory per head, each followed by an MLP)
+    "rwkv": "rwkv",  # (attention-free: RWKV-4's time and channel mixes, their state per sequence)
     "mamba2": "mamba2_lm",  # (attention-free: Mamba-2 layers only)
     "jamba": "jamba",  # (hybrid: Mamba-1 layers beside attending ones)
     "zamba2": "zamba2",  # (Mamba-2 layers fed by shared transformer blocks)

@@ -1,5 +1,5 @@
 """Hyper-connections: a residual stream of N (`hc_mult`) rows a token in place of one (HY-V4; DeepSeek-V4's form
-differs only in how the streams mix, see below).
+differs mainly in how the streams mix, see below).
 
 The streams S `[T, N, H]` start as N copies of the token embeddings (`expand`). A sub-layer (attention, the MLP)
 reads one row mixed from them and writes its output back to every one. With f = S flattened to `[T, N H]` and
@@ -16,9 +16,10 @@ norm. All of it runs in fp32 whatever the activations' dtype (transformers force
 rounded once to that dtype.
 
 DeepSeek-V4's hyper-connections add a third group of N x N logits, normalised by Sinkhorn iterations into a
-matrix C that mixes the streams themselves: S'_j = sum_k C_jk S_k + post_j * sublayer(x). `read` hands back
-`Gates` with a `comb` slot for that matrix (None here: the identity) and `write` takes them, so that form is a
-new way to fill `comb`, not a new call shape. Only HY-V4's form (no `comb`) is built.
+matrix C that mixes the streams themselves: S'_j = sum_k C_kj S_k + post_j * sublayer(x) (its post without
+hc_eps, the streams normalised before the product rather than after). `read` hands back
+`Gates` with a `comb` slot for that matrix (None: the identity) and `write` takes them; `SinkhornHyperConnection`
+fills it (DeepSeek-V4, below).
 
 Plain PyTorch ops over the packed rows, no host sync (a captured decode graph replays them)."""
 from __future__ import annotations
@@ -79,10 +80,47 @@ class HyperConnection:
 
     @staticmethod
     def write(s: torch.Tensor, out: torch.Tensor, gates: Gates) -> torch.Tensor:
-        """The streams after the sub-layer: S_j + post_j * out (out `[T, H]`), in fp32, rounded once."""
+        """The streams after the sub-layer: S_j + post_j * out (out `[T, H]`), in fp32, rounded once; with a `comb`
+        sum_k C_kj S_k + post_j * out in the streams' dtype (transformers' DeepSeek-V4 mixes there)."""
         if gates.comb is not None:
-            raise NotImplementedError("stream-mixing hyper-connections (DeepSeek-V4's comb) are not built")
+            mixed = torch.matmul(gates.comb.to(s.dtype).transpose(-1, -2), s)
+            return gates.post.to(s.dtype)[..., None] * out[:, None, :] + mixed
         return (gates.post[..., None] * out.float()[:, None, :] + s.float()).to(s.dtype)
+
+
+def _normed_mixes(s: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    """The flattened streams normalised (an RMSNorm without a weight, fp32), then times fn^T: DeepSeek-V4's order
+    (HY-V4's, `_mixes`, scales after the product: one rounding apart)."""
+    flat = s.flatten(1).float()
+    return torch.nn.functional.linear(flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps), fn)
+
+
+@dataclass
+class SinkhornHyperConnection(HyperConnection):
+    """DeepSeek-V4's manifold-constrained form: fn `[(2 + N) N, N H]` gives N pre, N post and N x N comb logits,
+    scale `[3]` one scale each. pre = sigmoid(.) + eps; post = magnitude * sigmoid(.) (no eps); comb = softmax over
+    each row + eps, then made doubly stochastic: columns normalised, then `sinkhorn_iters - 1` times rows and
+    columns in turn (each sum + eps)."""
+
+    sinkhorn_iters: int = 20
+
+    @property
+    def streams(self) -> int:
+        return int(round((1 + self.base.shape[0]) ** 0.5)) - 1  # ((2 + N) N logits)
+
+    def read(self, s: torch.Tensor) -> Gates:
+        n = s.shape[1]
+        m = _normed_mixes(s, self.fn, self.norm_eps)
+        base, scale = self.base, self.scale
+        pre = torch.sigmoid(m[:, :n] * scale[0] + base[:n]) + self.eps
+        post = self.magnitude * torch.sigmoid(m[:, n:2 * n] * scale[1] + base[n:2 * n])
+        comb = m[:, 2 * n:].view(-1, n, n) * scale[2] + base[2 * n:].view(n, n)
+        comb = torch.softmax(comb, dim=-1) + self.eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        for _ in range(self.sinkhorn_iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        return Gates(_collapse(s, pre), post, comb)
 
 
 @dataclass
@@ -94,17 +132,24 @@ class HyperHead:
     scale: torch.Tensor  # [1]
     eps: float
     norm_eps: float
+    norm_first: bool = False  # the streams normalised before the product (DeepSeek-V4's order, `_normed_mixes`)
 
     def __call__(self, s: torch.Tensor) -> torch.Tensor:
-        pre = torch.sigmoid(_mixes(s, self.fn, self.norm_eps) * self.scale + self.base) + self.eps
+        mixes = (_normed_mixes if self.norm_first else _mixes)(s, self.fn, self.norm_eps)
+        pre = torch.sigmoid(mixes * self.scale + self.base) + self.eps
         return _collapse(s, pre)
 
 
-def hc_tensor_shapes(prefix: str, streams: int, hidden: int, head: bool = False) -> dict[str, tuple[int, ...]]:
-    """A hyper-connection's tensors under `prefix` (ending in "."), or with `head` a HyperHead's."""
+def hc_tensor_shapes(prefix: str, streams: int, hidden: int, head: bool = False,
+                     sinkhorn: bool = False) -> dict[str, tuple[int, ...]]:
+    """A hyper-connection's tensors under `prefix` (ending in "."), or with `head` a HyperHead's; with `sinkhorn` a
+    SinkhornHyperConnection's (its N x N comb logits and their scale beside pre and post)."""
     if head:
         return {prefix + "hc_fn": (streams, streams * hidden), prefix + "hc_base": (streams,),
                 prefix + "hc_scale": (1,)}
+    if sinkhorn:
+        logits = (2 + streams) * streams
+        return {prefix + "fn": (logits, streams * hidden), prefix + "base": (logits,), prefix + "scale": (3,)}
     return {prefix + "fn": (2 * streams, streams * hidden), prefix + "base": (2 * streams,), prefix + "scale": (2,)}
 
 
@@ -116,8 +161,69 @@ def load_hyper_connection(read: Callable[[str, tuple[int, ...]], torch.Tensor], 
     return HyperConnection(fn, base, scale, magnitude, eps, norm_eps)
 
 
+def load_sinkhorn_hyper_connection(read: Callable[[str, tuple[int, ...]], torch.Tensor], prefix: str, streams: int,
+                                   hidden: int, magnitude: float, eps: float, norm_eps: float,
+                                   sinkhorn_iters: int) -> SinkhornHyperConnection:
+    shapes = hc_tensor_shapes(prefix, streams, hidden, sinkhorn=True)
+    fn, base, scale = (read(name, shape) for name, shape in shapes.items())
+    return SinkhornHyperConnection(fn, base, scale, magnitude, eps, norm_eps, sinkhorn_iters)
+
+
 def load_hyper_head(read: Callable[[str, tuple[int, ...]], torch.Tensor], prefix: str, streams: int, hidden: int,
-                    eps: float, norm_eps: float) -> HyperHead:
+                    eps: float, norm_eps: float, norm_first: bool = False) -> HyperHead:
     shapes = hc_tensor_shapes(prefix, streams, hidden, head=True)
     fn, base, scale = (read(name, shape) for name, shape in shapes.items())
-    return HyperHead(fn, base, scale, eps, norm_eps)
+    return HyperHead(fn, base, scale, eps, norm_eps, norm_first)
+
+
+def grouped_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """An RMSNorm of each row of x `[..., N, H]` over its last dim (each stream on its own), times `weight`
+    `[N H]` (fp32, as applied: Qwen's 1 + w), in fp32, rounded to x's dtype."""
+    h = x.float()
+    normed = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)
+    return (normed * weight.view(x.shape[-2:])).to(x.dtype)
+
+
+@dataclass
+class GatedResidual:
+    """Qwen4-Exp's gated residual over N streams S `[T, N, H]`: no logits over the flattened streams as above, but
+    a gate per element of each stream. With n = each stream RMS-normalised (grouped_rms_norm) and f = n flattened:
+
+        m = sigmoid(up(silu(down(f) / N)))                  down `[rank, N H]`, up `[N H, rank]`, m `[T, N, H]`
+        x = mean_j (m_j * n_j)                              (what the sub-layer reads: no norm of its own)
+        inject = 2 sigmoid(f @ W^T / N)                     W `[N, N H]`
+        S'_j = S_j + inject_j * sublayer(x)                 (write)
+
+    The last one of the stack has no W: it collapses the streams into the rows the output head reads (no final
+    norm). In the streams' dtype as transformers computes it (the norm in fp32)."""
+
+    norm: torch.Tensor  # [N H] fp32: 1 + w
+    down: torch.Tensor  # [rank, N H]
+    up: torch.Tensor  # [N H, rank]
+    inject: torch.Tensor | None  # [N, N H]; None: the final collapse
+    eps: float
+
+    def read(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the sub-layer's input rows `[T, H]`, each stream's share of its output `[T, N]` or None)."""
+        t, n, _ = s.shape
+        normed = grouped_rms_norm(s, self.norm, self.eps)
+        flat = normed.flatten(1)
+        mix = torch.sigmoid(torch.nn.functional.linear(
+            torch.nn.functional.silu(torch.nn.functional.linear(flat, self.down) / n), self.up))
+        x = (mix.view_as(normed) * normed).mean(dim=1)
+        if self.inject is None:
+            return x, None
+        return x, 2 * torch.sigmoid(torch.nn.functional.linear(flat, self.inject) / n)
+
+    @staticmethod
+    def write(s: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+        return s + out[:, None, :] * inject[..., None]
+
+
+def gated_residual_shapes(prefix: str, streams: int, hidden: int, rank: int,
+                          final: bool = False) -> dict[str, tuple[int, ...]]:
+    """A GatedResidual's tensors under `prefix` (ending in "."), by transformers' names."""
+    wide = streams * hidden
+    shapes = {prefix + "hc_norm.weight": (wide,), prefix + "input_mix_weight_down.weight": (rank, wide),
+              prefix + "input_mix_weight_up.weight": (wide, rank)}
+    return shapes if final else {**shapes, prefix + "block_inject_weight.weight": (streams, wide)}

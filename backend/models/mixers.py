@@ -96,3 +96,29 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         row += n
     return out
 
+
+
+def token_shift(x: torch.Tensor, batch: DecoderBatch, last: torch.Tensor) -> torch.Tensor:
+    """Each row's predecessor in its sequence `[T, C]` in x's dtype (RWKV's token shift): the row before it, or for
+    a sequence's first row of this iteration the last row it saw in its previous forward (`last` `[slots + 1, C]`
+    fp32 at its slot: zeros for a new sequence), which then becomes the sequence's last row, in place. The decode
+    rows' in one gather and one scatter (no host sync); each prompt chunk's a shifted copy."""
+    if batch.state_slots is None:
+        raise ValueError("a recurrent layer needs its sequences' state slots (DecoderBatch.state_slots)")
+    d, slots = batch.num_decode, batch.state_slots
+    if d and d == x.shape[0]:  # decode rows only (a decode graph's step)
+        prev = last[slots[:d]].to(x.dtype)
+        last.index_copy_(0, slots[:d], x.float())
+        return prev
+    prev = torch.empty_like(x)
+    if d:
+        prev[:d] = last[slots[:d]]
+        last.index_copy_(0, slots[:d], x[:d].float())
+    row = d
+    for j, n in enumerate(batch.prefill_lens):
+        at = slots[d + j : d + j + 1]
+        prev[row : row + 1] = last[at]
+        prev[row + 1 : row + n] = x[row : row + n - 1]
+        last.index_copy_(0, at, x[row + n - 1 : row + n].float())
+        row += n
+    return prev
