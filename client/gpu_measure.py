@@ -99,8 +99,10 @@ def prefill_flops(model, tokens: int) -> float:
                          if n.startswith("experts_") and t is not None)
     layer_weights += sum(layer.moe.active_params() for layer in model.layers if getattr(layer, "moe", None))
     layer_weights += sum(layer.mla.params() for layer in model.layers if getattr(layer, "mla", None))  # (latent)
-    layer_weights += sum(t.numel() for layer in model.layers if getattr(layer, "mixer", None) is not None
-                         for t in vars(layer.mixer).values() if isinstance(t, torch.Tensor) and t.dim() == 2)
+    # (a recurrent mixer, models/mixers.py, or another object with a per-sequence state, RWKV's mixes: its matrices)
+    layer_weights += sum(t.numel() for layer in model.layers for part in vars(layer).values()
+                         if hasattr(part, "state_shapes")
+                         for t in vars(part).values() if isinstance(t, torch.Tensor) and t.dim() == 2)
     attention = 2 * 2 * model.num_kv_layers * c.num_heads * c.head_dim * tokens * (tokens + 1) / 2
     return 2 * layer_weights * tokens + 2 * model.output_head.numel() + attention
 

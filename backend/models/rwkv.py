@@ -71,7 +71,8 @@ class RwkvSpec:
     bos_token_id: int | None = None
 
     norm_offset = 0.0  # (LayerNorm weights as they are: model_shapes.random_decoder)
-    num_kv_heads = 1  # (placeholders: the paged cache holds no layer)
+    num_heads = 1  # (placeholders: the paged cache holds no layer)
+    num_kv_heads = 1
     head_dim = 2
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
