@@ -37,6 +37,14 @@ PHI4MM_TOWERS = {
     "audio_config": {"hidden_size": 32, "intermediate_size": 64, "num_blocks": 1, "num_attention_heads": 2,
                      "ext_pw_out_channel": 32, "depthwise_separable_out_channel": 32, "nemo_conv_channels": 32,
                      "input_size": 16, "time_reduction": 2, "bias_max_distance": 10, "audio_token_id": 301}}
+# DeepSeek-V4 shrunk to four layers of every kind (its CASES row says why these; the tritonserver case serves it too)
+DEEPSEEK_V4_SMALL = {
+    "num_hidden_layers": 4, "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                                            "heavily_compressed_attention", "compressed_sparse_attention"],
+    "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, "index_topk": 3,
+    "index_n_heads": 16, "index_head_dim": 32, "q_lora_rank": 64, "o_lora_rank": 32, "o_groups": 4,
+    "partial_rotary_factor": 0.25, "initializer_range": 0.05}
 # (case, shape name, config changes): every family, and the features a shape alone would not reach.
 # The other rope scalings are table-only differences, checked against HF's rotary module below.
 CASES = [
@@ -218,13 +226,7 @@ CASES = [
     # experts around a hash-routed layer, sigmoid scores, the clamp at 0.5 (in reach), YaRN on the compressed
     # layers, a tied head. (16 index heads: with fewer, an entry whose every head's ReLU is zero ties at the top-k's
     # edge, broken by each top-k's own order)
-    ("deepseek-v4", "deepseek-v4-flash", {
-        "num_hidden_layers": 4, "layer_types": ["sliding_attention", "compressed_sparse_attention",
-                                                "heavily_compressed_attention", "compressed_sparse_attention"],
-        "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
-        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, "index_topk": 3,
-        "index_n_heads": 16, "index_head_dim": 32, "q_lora_rank": 64, "o_lora_rank": 32, "o_groups": 4,
-        "partial_rotary_factor": 0.25, "initializer_range": 0.05}),
+    ("deepseek-v4", "deepseek-v4-flash", DEEPSEEK_V4_SMALL),
     ("deepseek-v4-two-streams-csa-first-sigmoid-clamped-yarn-tied", "deepseek-v4-flash", {
         "num_hidden_layers": 3, "hc_mult": 2,
         "layer_types": ["compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention"],
@@ -2318,26 +2320,21 @@ def test_gemma4_configs_read_their_own_defaults_and_unified_leaves_gemma4s_optio
     assert gemma4.from_hf({"model_type": "gemma4_unified_text"}).per_layer_size == 0
 
 
-def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_outputs():
-    """Gemma 4 (E2B's kind: two cache shapes, the last layers reading earlier ones' keys) served by the engine over a
-    KV pool too small for every sequence at once: sequences are preempted and recomputed, the cache's per-shape
-    tensors sized by the model; every output is HF's greedy continuation of its prompt alone."""
+def _engine_preempts_and_gives_hf_greedy(hf, ours, cache, scheduler, lengths=(14, 3, 9, 12), padded=None):
+    """Four random prompts of `lengths` (prompt `padded`'s first two ids 0, left padding as transformers reads it)
+    served by the engine on `cache` and `scheduler` (4 rows), 16 tokens each: some sequence was preempted, every
+    block came back, and every output is HF's greedy continuation of its prompt alone."""
     from tritonformer.backend.decoder.engine import GeneratorEngine
     from tritonformer.backend.decoder.runner import DecoderRunner
     from tritonformer.backend.decoder.sampling_params import SamplingParams
     from tritonformer.client.engine_drive import CountingSink, IdsOnly
-    from tritonformer.scheduler.iteration import IterationScheduler
-    from tritonformer.scheduler.kv_blocks import BlockManager
 
-    hf, ours = _pair("gemma-4-e2b", {"initializer_range": 0.05})
-    block, blocks = 4, 20  # 80 tokens of KV for 4 sequences of up to 14 + 16 tokens
-    cache = ours.new_kv_cache(blocks, block)
-    assert cache.data is None and cache.nbytes() == ours.kv_bytes_per_token() * block * (blocks + 1)
-    scheduler = IterationScheduler(BlockManager(blocks, block), 4, 32, max_seq_len=32)
     engine = GeneratorEngine(DecoderRunner(ours, cache, 4), IdsOnly(), CountingSink(), scheduler,
                              cancel_check_interval_s=3600)
     g = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (14, 3, 9, 12)]
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in lengths]
+    if padded is not None:
+        prompts[padded][:2] = [0, 0]
     seqs = [engine.new_sequence(i, prompt, SamplingParams(max_tokens=16, ignore_eos=True), False)
             for i, prompt in enumerate(prompts)]
     engine.admit(seqs)
@@ -2348,14 +2345,25 @@ def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_out
         assert seq.output_ids == _hf_greedy(hf, prompt, 16)
 
 
+def test_gemma4_through_the_generator_engine_with_preemption_gives_hf_greedy_outputs():
+    """Gemma 4 (E2B's kind: two cache shapes, the last layers reading earlier ones' keys) served by the engine over a
+    KV pool too small for every sequence at once: sequences are preempted and recomputed, the cache's per-shape
+    tensors sized by the model; every output is HF's greedy continuation of its prompt alone."""
+    from tritonformer.scheduler.iteration import IterationScheduler
+    from tritonformer.scheduler.kv_blocks import BlockManager
+
+    hf, ours = _pair("gemma-4-e2b", {"initializer_range": 0.05})
+    block, blocks = 4, 20  # 80 tokens of KV for 4 sequences of up to 14 + 16 tokens
+    cache = ours.new_kv_cache(blocks, block)
+    assert cache.data is None and cache.nbytes() == ours.kv_bytes_per_token() * block * (blocks + 1)
+    scheduler = IterationScheduler(BlockManager(blocks, block), 4, 32, max_seq_len=32)
+    _engine_preempts_and_gives_hf_greedy(hf, ours, cache, scheduler)
+
+
 def test_rwkv_through_the_generator_engine_with_chunks_and_preemption_gives_hf_greedy_outputs():
     """RWKV-4 served by the engine over a block pool too small for every sequence at once (the blocks hold no keys,
     they only count tokens) and prompts chunked: sequences are preempted and recomputed from a zeroed state slot, the
     chunks carry their state between iterations; every output is HF's greedy continuation of its prompt alone."""
-    from tritonformer.backend.decoder.engine import GeneratorEngine
-    from tritonformer.backend.decoder.runner import DecoderRunner
-    from tritonformer.backend.decoder.sampling_params import SamplingParams
-    from tritonformer.client.engine_drive import CountingSink, IdsOnly
     from tritonformer.scheduler.iteration import IterationScheduler
     from tritonformer.scheduler.kv_blocks import BlockManager
 
@@ -2365,18 +2373,7 @@ def test_rwkv_through_the_generator_engine_with_chunks_and_preemption_gives_hf_g
     cache.state = ours.new_state_cache(4)
     scheduler = IterationScheduler(BlockManager(blocks, block), 4, 8, max_seq_len=32,  # (8 tokens an iteration)
                                    recurrent_state=True)
-    engine = GeneratorEngine(DecoderRunner(ours, cache, 4), IdsOnly(), CountingSink(), scheduler,
-                             cancel_check_interval_s=3600)
-    g = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (14, 3, 9, 12)]
-    seqs = [engine.new_sequence(i, prompt, SamplingParams(max_tokens=16, ignore_eos=True), False)
-            for i, prompt in enumerate(prompts)]
-    engine.admit(seqs)
-    while engine.has_work():
-        engine.step()
-    assert scheduler.num_preemptions > 0 and scheduler.blocks.num_used == 0
-    for seq, prompt in zip(seqs, prompts):
-        assert seq.output_ids == _hf_greedy(hf, prompt, 16)
+    _engine_preempts_and_gives_hf_greedy(hf, ours, cache, scheduler)
 
 
 def test_cpmant_padding_ids_decodes_and_a_recompute_match_hf_generate_step_by_step():
@@ -2419,10 +2416,6 @@ def test_cpmant_through_the_generator_engine_whole_prompts_and_preemption_give_h
     sequences: each prompt runs whole in one iteration (the scheduler waits for the budget rather than chunk it; a
     chunk would be the model's error), a one-token prompt outside the decode graphs' path, sequences preempted and
     recomputed (prompt both ways, output causally); every output is HF's greedy continuation of its prompt alone."""
-    from tritonformer.backend.decoder.engine import GeneratorEngine
-    from tritonformer.backend.decoder.runner import DecoderRunner
-    from tritonformer.backend.decoder.sampling_params import SamplingParams
-    from tritonformer.client.engine_drive import CountingSink, IdsOnly
     from tritonformer.scheduler.iteration import IterationScheduler
     from tritonformer.scheduler.kv_blocks import BlockManager
 
@@ -2434,19 +2427,7 @@ def test_cpmant_through_the_generator_engine_whole_prompts_and_preemption_give_h
         IterationScheduler(BlockManager(blocks, block), 4, 16, max_seq_len=32, whole_prompts=True)
     scheduler = IterationScheduler(BlockManager(blocks, block), 4, 32, max_seq_len=32, recurrent_state=True,
                                    whole_prompts=True)
-    engine = GeneratorEngine(DecoderRunner(ours, cache, 4), IdsOnly(), CountingSink(), scheduler,
-                             cancel_check_interval_s=3600)
-    g = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (14, 1, 9, 12)]
-    prompts[2][:2] = [0, 0]  # (left padding, as transformers reads ids of 0)
-    seqs = [engine.new_sequence(i, prompt, SamplingParams(max_tokens=16, ignore_eos=True), False)
-            for i, prompt in enumerate(prompts)]
-    engine.admit(seqs)
-    while engine.has_work():
-        engine.step()
-    assert scheduler.num_preemptions > 0 and scheduler.blocks.num_used == 0
-    for seq, prompt in zip(seqs, prompts):
-        assert seq.output_ids == _hf_greedy(hf, prompt, 16)
+    _engine_preempts_and_gives_hf_greedy(hf, ours, cache, scheduler, (14, 1, 9, 12), padded=2)
 
 
 def test_gemma4_refuses_a_split_that_cannot_be_made_and_fp8_by_name():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers import http_post
+from test_decoder_families import DEEPSEEK_V4_SMALL
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 transformers = pytest.importorskip("transformers")
@@ -98,13 +99,7 @@ FAMILIES = [
                                   "index_head_dim": 32, "index_n_heads": 16, "initializer_range": 0.05}),
     # DeepSeek-V4: Sinkhorn hyper-connections; a sliding layer, compressed-sparse ones (entries of 4, the indexer's
     # best 3) and a heavily compressed one (entries of 8), hash-routed then top-k experts
-    ("gen_deepseek_v4", "deepseek-v4-flash", {
-        "num_hidden_layers": 4, "layer_types": ["sliding_attention", "compressed_sparse_attention",
-                                                "heavily_compressed_attention", "compressed_sparse_attention"],
-        "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
-        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, "index_topk": 3,
-        "index_n_heads": 16, "index_head_dim": 32, "q_lora_rank": 64, "o_lora_rank": 32, "o_groups": 4,
-        "partial_rotary_factor": 0.25, "initializer_range": 0.05}),
+    ("gen_deepseek_v4", "deepseek-v4-flash", DEEPSEEK_V4_SMALL),
     # MiniMax-M3's text model: block-sparse attention (blocks of 4 keys, the best 3) on the first and last layers
     ("gen_minimax_m3", "minimax-m3", {"num_hidden_layers": 3,
                                       "layer_types": ["minimax_m3_sparse", "full_attention", "minimax_m3_sparse"],
