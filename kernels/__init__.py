@@ -35,6 +35,7 @@ from tritonformer.kernels.dispatch import (  # noqa: F401
     mamba_gated_squares,
     mla_kv_to_cache,
     mla_latent_norms,
+    mlstm_decode,
     moe_mlp,
     qkv_split,
     qkv_split_rotary,

@@ -35,7 +35,7 @@ _KERNEL_MODULES = ("triton_norms", "triton_elementwise", "triton_attention", "tr
                    "triton_pooling", "triton_sampling", "triton_decode_steps", "triton_rotary", "triton_moe",
                    "triton_mla", "triton_recurrent", "triton_kda", "triton_recurrent_prefill",
                    "triton_lightning", "triton_disentangled_attention",
-                   "triton_relative_attention", "triton_rglru", "triton_cca", "triton_wkv4")
+                   "triton_relative_attention", "triton_rglru", "triton_cca", "triton_wkv4", "triton_mlstm")
 _loaded = False
 
 
@@ -121,6 +121,7 @@ selective_scan_decode = _dispatched("selective_scan_decode")
 selective_scan_chunk = _dispatched("selective_scan_chunk")
 rglru_decode = _dispatched("rglru_decode")
 wkv4 = _dispatched("wkv4")
+mlstm_decode = _dispatched("mlstm_decode")
 qkv_to_cache = _dispatched("qkv_to_cache")
 qk_squares = _dispatched("qk_squares")
 # Tables, not kernels: always computed by torch.

@@ -1800,3 +1800,28 @@ def wkv4(k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, w: torch.Tensor, num
         top.index_copy_(0, at, s_top)
         row += n
     return out
+
+
+def mlstm_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor,
+                 c: torch.Tensor, n: torch.Tensor, m: torch.Tensor, slots: torch.Tensor, eps: float) -> torch.Tensor:
+    """One token of the mLSTM rule (models/mlstm.py) for each of B decoding sequences: q, k `[B, H, dk]`, v
+    `[B, H, dv]`, the (capped) gate logits i, f `[B, H]`, all in the model's dtype; the states C `[slots, H, dk, dv]`,
+    n `[slots, H, dk]`, m `[slots, H, 1]` fp32, row b's at slots[b], read and written back in place. Returns h
+    `[B, H, dv]` in the model's dtype, rounded where transformers' step rounds (the outer product k v^T and the
+    products with C and n in the model's dtype)."""
+    dtype = q.dtype
+    c0, n0, m0 = c.index_select(0, slots), n.index_select(0, slots), m.index_select(0, slots)
+    f_log = F.logsigmoid(f)[..., None]  # [B, H, 1]
+    m1 = torch.max(f_log + m0, i[..., None])
+    f_act = torch.exp(f_log + m0 - m1)
+    i_act = torch.exp(i[..., None] - m1)
+    q = q * (q.shape[-1] ** -0.5)
+    c1 = f_act[..., None] * c0 + i_act[..., None] * (k[..., :, None] @ v[..., None, :])
+    n1 = f_act * n0 + i_act * k
+    num = (q[..., None, :] @ c1.to(dtype)).squeeze(-2).float()
+    qn = (q[..., None, :] @ n1[..., None].to(dtype)).squeeze(-2)
+    den = (torch.maximum(qn.abs(), torch.exp(-m1)) + eps).float()
+    c.index_copy_(0, slots, c1.float())
+    n.index_copy_(0, slots, n1.float())
+    m.index_copy_(0, slots, m1.float())
+    return (num / den).to(dtype)

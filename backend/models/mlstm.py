@@ -13,8 +13,8 @@ logit i_t and the forget gate's f_t (each one per head, soft-capped: cap * tanh(
 head is LayerNorm'd (mean subtracted, no bias, fp32, rounded to the model's dtype, times the weight `[v_dim]`), gated
 by sigmoid(o_t) and projected back (out_proj). A sequence's state is C, n and m per head.
 
-Decode rows take one step of the rule, batched over sequences (states gathered by slot and scattered back: no host
-sync, a captured CUDA graph replays it). A prompt chunk runs as Hugging Face's inference path runs a forward call:
+Decode rows take one step of the rule, batched over sequences (`kernels.mlstm_decode`: each state updated in place
+at its slot, no host sync, a captured CUDA graph replays it). A prompt chunk runs as Hugging Face's inference path runs a forward call:
 its whole `chunk_size` blocks in the chunkwise form from the slot's state, the rest as one shorter block (Hugging
 Face steps through the rest: the same rule, rounded otherwise). Within a block of
 L tokens, with b_t = sum_(j <= t) log f_j (from the block's start), g = b_L and the state (C0, n0, m0) before it:
@@ -26,8 +26,8 @@ L tokens, with b_t = sum_(j <= t) log f_j (from the block's start), g = b_L and 
 
 Every exponent is <= 0 by the choice of m, so nothing overflows; only the pass from block to block is sequential.
 
-There is no kernel of its own: the rule runs in PyTorch ops (on the GPU too), the projections through the shared
-linears. Dtypes where they differ from fp32: the projections, the soft-capped gates and o in the model's dtype; the
+The decode step is a kernel of its own; the prompts' chunkwise form runs in PyTorch ops (on the GPU too), the
+projections through the shared linears. Dtypes where they differ from fp32: the projections, the soft-capped gates and o in the model's dtype; the
 step and the chunkwise form in fp32 (Hugging Face's step reads C and n rounded to the model's dtype for h, as here;
 its chunkwise form computes in the model's dtype where its states are not fp32, here in fp32: the same in fp32).
 """
@@ -126,13 +126,9 @@ class MlstmMixer:
         q, k, v = q.reshape(rows, heads, dk), k.reshape(rows, heads, dk), v.reshape(rows, heads, dv)
         h = torch.empty(rows, heads, dv, dtype=x.dtype, device=x.device)
         d, slots = batch.num_decode, batch.state_slots
-        if d:  # one step of every decoding sequence from its slot, written back there: no host sync
-            at = slots[:d]
-            held = (state["C"].index_select(0, at), state["n"].index_select(0, at), state["m"].index_select(0, at))
-            h[:d], (c1, n1, m1) = mlstm_step(q[:d], k[:d], v[:d], i[:d], f[:d], *held, s.eps)
-            state["C"].index_copy_(0, at, c1)
-            state["n"].index_copy_(0, at, n1)
-            state["m"].index_copy_(0, at, m1)
+        if d:  # one step of every decoding sequence, its state updated in place at its slot: no host sync
+            h[:d] = kernels.mlstm_decode(q[:d], k[:d], v[:d], i[:d], f[:d], state["C"], state["n"], state["m"],
+                                         slots[:d], s.eps)
         row = d
         for j, n in enumerate(batch.prefill_lens):  # each prompt chunk from its slot's state, written back
             at = slots[d + j : d + j + 1]
@@ -149,29 +145,12 @@ class MlstmMixer:
         return kernels.linear_act(torch.sigmoid(o) * out, self.out_w)
 
 
-def mlstm_step(q, k, v, i, f, c0, n0, m0, eps: float):
-    """One token of the rule for each of B sequences: q, k `[B, H, dk]`, v `[B, H, dv]`, the (capped) gate logits
-    i, f `[B, H]` in the model's dtype; the states C `[B, H, dk, dv]`, n `[B, H, dk]`, m `[B, H, 1]` fp32. Returns
-    (h `[B, H, dv]` in the model's dtype, (C, n, m) after it, fp32)."""
-    dtype = q.dtype
-    f_log = F.logsigmoid(f)[..., None]  # [B, H, 1]
-    m1 = torch.max(f_log + m0, i[..., None])
-    f_act = torch.exp(f_log + m0 - m1)
-    i_act = torch.exp(i[..., None] - m1)
-    q = q * (q.shape[-1] ** -0.5)
-    c1 = f_act[..., None] * c0 + i_act[..., None] * (k[..., :, None] @ v[..., None, :])
-    n1 = f_act * n0 + i_act * k
-    num = (q[..., None, :] @ c1.to(dtype)).squeeze(-2).float()
-    qn = (q[..., None, :] @ n1[..., None].to(dtype)).squeeze(-2)
-    den = (torch.maximum(qn.abs(), torch.exp(-m1)) + eps).float()
-    return (num / den).to(dtype), (c1.float(), n1.float(), m1.float())
-
-
 def mlstm_sequence(q, k, v, i, f, c0, n0, m0, eps: float, chunk_size: int):
-    """One sequence's T tokens from its state (as mlstm_step's, B = 1; q, k, v `[T, H, d]`, i, f `[T, H]`): its
-    first whole `chunk_size` blocks in the chunkwise form, the rest as one shorter block of the same form (Hugging
-    Face steps through the rest one token at a time: the same rule, rounded otherwise; step by step a 63-token rest
-    was 63 x ~20 small launches a layer). Returns (h `[T, H, dv]`, (C, n, m) after them)."""
+    """One sequence's T tokens from its state (as kernels.mlstm_decode's for one row: q, k, v `[T, H, d]`, i, f
+    `[T, H]`; C, n, m `[1, ...]`): its first whole `chunk_size` blocks in the chunkwise form, the rest as one
+    shorter block of the same form (Hugging Face steps through the rest one token at a time: the same rule,
+    rounded otherwise; step by step a 63-token rest was 63 x ~20 small launches a layer). Returns (h `[T, H,
+    dv]`, (C, n, m) after them)."""
     t = q.shape[0]
     whole = t // chunk_size * chunk_size
     outs = []
