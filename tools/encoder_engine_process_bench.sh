@@ -4,10 +4,11 @@
 # start (carry .gpu-carry/server, as for tools/gpu_served_bench.sh). Random-weight bert-base,
 # the "mixed" length distribution, open-loop Poisson load at each of EMBED_RATES for POINT_SECONDS (4).
 #
-# One server start per CONFIGS entry, "engine_process:instances[:b]" (default: the thread with 1 and
-# 4 instances, the engine process with 1, 2 and 4); a third field "b" puts the embedder behind
-# Triton's batcher (EMBEDDER_TRITON_BATCHING=1: several requests per execute() call, requests
-# shaped [1, ...]). CLIENT_PROCESSES (4) load-generator processes, about one per 1,500 req/s.
+# One server start per CONFIGS entry, "engine_process:instances[:b][/threads]" (default: the thread
+# with 1 and 4 instances, the engine process with 1, 2 and 4); a third field "b" puts the embedder
+# behind Triton's batcher (EMBEDDER_TRITON_BATCHING=1: several requests per execute() call, requests
+# shaped [1, ...]); "/threads" sets response_threads (else the config.pbtxt default).
+# CLIENT_PROCESSES (4) load-generator processes, about one per 1,500 req/s.
 # EMBEDDER_EXTRA: more config parameters for every configuration ("key=value ...").
 # Per load point it samples the GPU's busy % with
 # nvidia-smi and the server's CPU (tritonserver, its stubs and the engine process: cores used) from
@@ -56,14 +57,15 @@ EOF
 }
 
 for config in $CONFIGS; do
-  IFS=: read -r ep instances batching <<<"$config"
-  tag="ep${ep}_x$instances${batching:+_$batching}"
+  IFS=/ read -r base threads <<<"$config"
+  IFS=: read -r ep instances batching <<<"$base"
+  tag="ep${ep}_x$instances${batching:+_$batching}${threads:+_t$threads}"
   batch_dim=() triton_batching=0
   if [[ $batching == b ]]; then batch_dim=(--batch-dim) triton_batching=1; fi
-  echo "== engine_process=$ep, $instances instance(s)${batching:+, behind the Triton batcher}"
+  echo "== engine_process=$ep, $instances instance(s)${batching:+, behind the Triton batcher}${threads:+, $threads response threads}"
   t0=$(date +%s)
   if ! EMBEDDER_TRITON_BATCHING=$triton_batching \
-      EMBEDDER_PARAMS="pooling=mean normalize=true engine_process=$ep ${EMBEDDER_EXTRA:-}" EMBEDDER_INSTANCES=$instances \
+      EMBEDDER_PARAMS="pooling=mean normalize=true engine_process=$ep ${threads:+response_threads=$threads} ${EMBEDDER_EXTRA:-}" EMBEDDER_INSTANCES=$instances \
       timeout 300 tools/gpu_server.sh start > "$OUT/encoder_ep_server_$tag.log" 2>&1; then
     echo "server did not start:"; tail -20 /tmp/tritonserver.log; tools/gpu_server.sh stop > /dev/null 2>&1; continue
   fi

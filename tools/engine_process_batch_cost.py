@@ -99,20 +99,21 @@ def measure(streams: int, tokens: int, repeat: int) -> dict:
     message = next(b for b in reversed(drained) if pickle.loads(b)[0] == "out")  # as the stub receives it
 
     triton = TritonSink.__new__(TritonSink)  # its loop body, run here, without its thread
-    triton.batch_axis, triton._started = False, set()
+    triton.batch_axis = False
 
     client = EngineClient.__new__(EngineClient)
     client._lock, client._cancel_sent = threading.Lock(), set()
     handles = [Handle() for _ in range(streams)]
     stub_s = []
     for _ in range(repeat):
-        triton._queue = queue.SimpleQueue()
+        pending = queue.SimpleQueue()
+        triton._queues = [pending]  # one sender thread's queue
         client.sink, client._pending = triton, dict(enumerate(handles))
         t = time.perf_counter()
         _, (responses, arrays, _) = pickle.loads(message)
         client._deliver([(rid, out, err, False) for rid, out, err, _ in responses], arrays)  # (keep every stream open)
-        triton._queue.put(_STOP)
-        triton._run()
+        pending.put(_STOP)
+        triton._run(pending)
         stub_s.append(time.perf_counter() - t)
     ours.close()
     return {"streams": streams, "tokens": tokens, "bytes": len(message),

@@ -57,6 +57,7 @@ ENCODER_PARAMETERS = {
     # true: the engine runs in a process of its own, one per GPU, shared by this model's instances
     # (one queue and one copy of the weights for all of them); false: on a thread of each instance
     "engine_process": "false",
+    "response_threads": "4",  # threads sending responses to Triton (each send is an IPC round trip)
 }
 
 
@@ -107,7 +108,7 @@ class EncoderTritonModel:
         # Behind Triton's batcher (config.pbtxt max_batch_size > 0, see the README), one execute()
         # call carries every request queued meanwhile: fewer IPC round trips per request.
         self.batched = uses_triton_batching(args)
-        self.sink = TritonSink(self.name, batch_axis=self.batched)
+        self.sink = TritonSink(self.name, batch_axis=self.batched, threads=p.int("response_threads", minimum=1))
         self.metrics = EmbedderMetrics(self.name, args.get("model_version", "1"))
         if p.choice("engine_process", ("true", "false")) == "true":
             key = instance_key(self.name, args.get("model_version", "1"), str(device))

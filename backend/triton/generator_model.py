@@ -71,6 +71,7 @@ PARAMETERS = {
     "prefix_caching": str(_ENGINE.prefix_caching).lower(),  # reuse the KV blocks of prompt prefixes already computed
     # true: the engine runs in a process of its own, one per GPU, shared by this model's instances
     "engine_process": "auto",  # the engine in a process of its own: auto = on a GPU
+    "response_threads": "1",  # threads sending responses to Triton (each send is an IPC round trip)
 }
 
 log = logging.getLogger("tritonformer")
@@ -93,7 +94,7 @@ class TritonPythonModel:
         self.max_tokens_limit = p.int("max_tokens_limit")
         self.max_prompt_bytes = p.int("max_prompt_bytes")
 
-        self.sink = TritonSink("generator")
+        self.sink = TritonSink("generator", threads=p.int("response_threads", minimum=1))
         self.metrics = GeneratorMetrics(args["model_name"], args.get("model_version", "1"))
         options = EngineOptions(
             max_running_sequences=p.int("max_running_sequences"),

@@ -1,8 +1,8 @@
 """Everything that touches Triton's Python-backend API (`triton_python_backend_utils`).
 
 The engines know nothing of Triton: they answer through a `ResponseSink`. `TritonSink` is the
-real one. Every `send()` is an IPC round trip to the server (~0.1-0.2 ms), so responses leave
-from a dedicated sender thread and the engine thread goes back to the GPU at once.
+real one. Every `send()` is an IPC round trip to the server (~0.1-0.5 ms), so responses leave
+from sender threads of their own and the engine thread goes back to the GPU at once.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,19 +64,28 @@ def one_item_batches(request, names: tuple[str, ...]) -> None:
 
 
 class TritonSink:
-    """A ResponseSink whose handles are `InferenceResponseSender`s. When sending falls behind
-    the engine, a stream's pending pieces are coalesced into one response. `batch_axis`: see
-    make_response."""
+    """A ResponseSink whose handles are `InferenceResponseSender`s. Each `send()` to Triton is a
+    synchronous IPC round trip that releases the GIL while it waits, and tritonserver takes a
+    stub's responses on a pool of threads: `threads` sender threads keep that many round trips in
+    flight. A request's responses always leave from the same thread (chosen by its handle), so
+    a stream keeps its order; when a thread falls behind the engine, a stream's pending pieces
+    are coalesced into one response. `batch_axis`: see make_response."""
 
-    def __init__(self, name: str, batch_axis: bool = False):
+    def __init__(self, name: str, batch_axis: bool = False, threads: int = 1):
+        if threads < 1:
+            raise ValueError(f"a sink needs at least one sender thread, got {threads}")
         self.batch_axis = batch_axis
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._started: set[int] = set()  # requests with a response sent (see first_pieces_first)
-        self._thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
-        self._thread.start()
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(q,), name=f"{name}-sender-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def send(self, handle, outputs, error, final) -> None:
-        self._queue.put((handle, outputs, error, final))
+        # id() is an address, aligned and often evenly spaced: the tuple's hash mixes its bits.
+        self._queues[hash((id(handle),)) % len(self._queues)].put((handle, outputs, error, final))
 
     def is_cancelled(self, handle) -> bool:
         """An IPC round trip. Never call it once the handle's final response may have been
@@ -84,16 +94,20 @@ class TritonSink:
         return handle.is_cancelled()
 
     def close(self, timeout: float = 10.0) -> None:
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+        for q in self._queues:
+            q.put(_STOP)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
+    def _run(self, pending: queue.SimpleQueue) -> None:
+        started: set[int] = set()  # requests with a response sent (see first_pieces_first)
         while True:
-            items = [self._queue.get()]
-            while not self._queue.empty():  # whatever piled up while we were sending
-                items.append(self._queue.get_nowait())
+            items = [pending.get()]
+            while not pending.empty():  # whatever piled up while we were sending
+                items.append(pending.get_nowait())
             stop = _STOP in items
-            batch = first_pieces_first(coalesce([i for i in items if i is not _STOP]), self._started)
+            batch = first_pieces_first(coalesce([i for i in items if i is not _STOP]), started)
             for handle, outputs, error, final in batch:
                 flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
                 try:
