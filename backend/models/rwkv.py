@@ -133,15 +133,18 @@ class TimeMix:
         self.w = -torch.exp(read(prefix + "time_decay", (hidden,)).float())
         self.state_shapes = {"att_shift": (hidden,), "num": (hidden,), "den": (hidden,), "max": (hidden,)}
 
-    def __call__(self, x: torch.Tensor, batch: DecoderBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch: DecoderBatch, state: dict[str, torch.Tensor],
+                 prompt_lens: torch.Tensor | None) -> torch.Tensor:
+        """`prompt_lens`: batch.prefill_lens on the device (made once a forward, shared by the layers)."""
         prev = token_shift(x, batch, state["att_shift"])
         k, v, r = (x * self.mix[m] + prev * self.keep[m] for m in ("key", "value", "receptance"))
         k = kernels.linear_act(k, self.key_w).float()
         v = kernels.linear_act(v, self.value_w)
         r = torch.sigmoid(kernels.linear_act(r, self.receptance_w))
-        return kernels.linear_act(r * self._wkv(k, v, batch, state).to(x.dtype), self.output_w)
+        return kernels.linear_act(r * self._wkv(k, v, batch, state, prompt_lens).to(x.dtype), self.output_w)
 
-    def _wkv(self, k: torch.Tensor, v: torch.Tensor, batch: DecoderBatch, state: dict[str, torch.Tensor]):
+    def _wkv(self, k: torch.Tensor, v: torch.Tensor, batch: DecoderBatch, state: dict[str, torch.Tensor],
+             prompt_lens: torch.Tensor | None):
         """wkv of every row `[T, hidden]` fp32 (kernels.wkv4), each sequence's num / den / max read at its slot and
         written back: the decoding rows' one step together, then each prompt chunk's steps in turn."""
         num, den, top = state["num"], state["den"], state["max"]
@@ -149,9 +152,9 @@ class TimeMix:
         parts = []
         if d:
             parts.append(kernels.wkv4(k[:d], v[:d], self.u, self.w, num, den, top, slots[:d]))
-        if batch.prefill_lens:
-            lens = torch.tensor(batch.prefill_lens, dtype=torch.int32).to(k.device, non_blocking=True)
-            parts.append(kernels.wkv4(k[d:], v[d:], self.u, self.w, num, den, top, slots[d : d + len(lens)], lens))
+        if prompt_lens is not None:
+            parts.append(kernels.wkv4(k[d:], v[d:], self.u, self.w, num, den, top, slots[d : d + len(prompt_lens)],
+                                      prompt_lens))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -241,9 +244,12 @@ class RwkvDecoder(DecoderModel):
         if batch.state_slots is None:
             raise ValueError("RWKV needs its sequences' state slots (DecoderBatch.state_slots)")
         x = self._norm(self.embed[batch.input_ids], self.pre_norm)[0]  # the residual stream
+        prompt_lens = None
+        if batch.prefill_lens:  # (one host-to-device copy a forward, not one a layer)
+            prompt_lens = torch.tensor(batch.prefill_lens, dtype=torch.int32).to(x.device, non_blocking=True)
         for i, layer in enumerate(self.layers):
             state = cache.state.layer(i)
-            h = layer.att(self._norm(x, layer.ln1)[0], batch, state)
+            h = layer.att(self._norm(x, layer.ln1)[0], batch, state, prompt_lens)
             h, x = self._norm(h, layer.ln2, x)
             x = x + layer.ffn(h, batch, state)
             if c.rescale_every > 0 and (i + 1) % c.rescale_every == 0:
