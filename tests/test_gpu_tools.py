@@ -117,3 +117,14 @@ def test_minilm_fp16_carry_holds_the_checkpoint_rounded_to_fp16(tmp_path):
         assert carried[name].dtype == expected.dtype and carried[name].equal(expected), name
     assert (tmp_path / "m" / "config.json").read_text() == (minilm_dir() / "config.json").read_text()
     assert sum(f.stat().st_size for f in (tmp_path / "m").iterdir()) < 64 * 2**20
+
+
+def test_encoder_ep_table_reads_a_run_with_response_threads():
+    """The embedder bench's table from the files one of its runs kept (a configuration's "/k" sets
+    response_threads, and its files carry "_tk"): every load point read, the goodput as published."""
+    kept = REPO / "docs/results/engine-process/response-threads-2026-12-02-h200/batcher-another-start"
+    out = subprocess.run([sys.executable, str(REPO / "tools/encoder_ep_table.py"), str(kept), "50", "false:4:b/4"],
+                         check=True, capture_output=True, text=True, cwd=REPO / "tools").stdout
+    rows = [line for line in out.splitlines() if line.startswith("| false | 4 b | 4 |")]
+    assert len(rows) == 6
+    assert "Triton batcher, 4 response threads: 6,040 req/s" in out
