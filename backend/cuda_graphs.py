@@ -1,4 +1,4 @@
-"""CUDA graphs for small encoder batches (Nimble's ahead-of-time idea).
+"""CUDA graphs for encoder batches (Nimble's ahead-of-time idea).
 
 A small batch is launch-bound: a 12-layer encoder issues ~100 kernels whose launch costs more
 than their work. Capturing the whole forward once per shape bucket and replaying it removes
@@ -17,7 +17,13 @@ import torch
 from tritonformer.backend.device import copy_to_device_
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)  # includes the padding sequence
+# The largest buckets hold the encoders' default batch limits (max_batch_tokens 8192,
+# max_batch_sequences 256 plus the padding sequence): every batch the default policies form
+# replays a graph. An eager batch's ~100 kernel launches from Python cost the host about what the
+# batch costs the GPU, and under load the queue grows its batches past the graphs: on an H200 one
+# engine process for four instances was 20-26% GPU busy at saturation with a 16,384-token limit
+# (docs/benchmarks/serving.md, "Batches that fit a CUDA graph").
+SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256, 512)  # includes the padding sequence
 
 
 class EncoderGraphs:

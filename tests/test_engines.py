@@ -187,6 +187,30 @@ def test_graph_bucketing_pads_without_changing_results(minilm):
     assert graphs.replays == 3 and graphs.bucket(1025, 1) is None and graphs.bucket(10, 8) is None
 
 
+
+def test_default_batch_limits_fit_a_graph_bucket():
+    """Every batch the encoders' default limits allow replays a CUDA graph: the largest one (the
+    token limit in the sequence limit's texts, plus the padding sequence) has a bucket, so no batch
+    under load falls back to eager launches from Python. The limits are the served defaults (the
+    model repository's encoder configs) and the engine spec's."""
+    import re
+    from pathlib import Path
+
+    from tritonformer.backend.cuda_graphs import EncoderGraphs
+    from tritonformer.backend.encoder.build import EncoderSpec
+
+    fields = EncoderSpec.__dataclass_fields__
+    tokens, texts = fields["max_batch_tokens"].default, fields["max_batch_sequences"].default
+    repository = Path(__file__).resolve().parents[1] / "model_repository"
+    for model in ("embedder", "reranker", "classifier"):
+        config = (repository / model / "config.pbtxt").read_text()
+        served = [int(re.search(rf'key: "{key}" value: {{ string_value: "(\d+)" }}', config).group(1))
+                  for key in ("max_batch_tokens", "max_batch_sequences")]
+        assert served == [tokens, texts], model
+    graphs = EncoderGraphs(model=None, capture=False)
+    assert graphs.bucket(tokens, texts) == (tokens, 2 * texts)  # 8192 tokens; 256 texts and the padding one
+    assert graphs.bucket(tokens + 1, 1) is None  # past the limit: eager
+
 class RecordingStats:
     def __init__(self):
         self.batches = []

@@ -82,7 +82,7 @@ class EncoderSpec:
     score_tokens: str = ""  # the reranker's: a decoder's next-token logits as its score ("no,yes"), see models/encoder.py
     normalize: str = "auto"  # the embedder's: auto | true | false
     max_batch_sequences: int = 256
-    max_batch_tokens: int = 16384
+    max_batch_tokens: int = 8192  # the largest CUDA-graph bucket (cuda_graphs.TOKEN_BUCKETS)
     max_queue_requests: int = 1024
     cuda_graphs: bool = True
     activation_arena: str = "false"  # auto (on GPU) | true | false
@@ -126,7 +126,7 @@ class EncoderSpec:
         if self.warm_up:
             engine.embed([tokenizer.encode("warm up")])  # first-call costs before READY
             if engine.graphs is not None:
-                log.info("captured %d CUDA graphs for small batches", engine.graphs.warm_up())
+                log.info("captured %d CUDA graphs", engine.graphs.warm_up())
             if device.type == "cuda":
                 _warm_up_large_batches(engine, self.max_batch_tokens, self.max_batch_sequences, max_tokens)
         if self.batch_policy == "dp":

@@ -38,11 +38,11 @@ ENCODER_PARAMETERS = {
     "dtype": "auto",  # auto (fp16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16
     "quantization": "none",  # none | fp8: FP8 linears (GPU compute capability >= 8.9); FP8 checkpoints load as FP8
     "max_batch_sequences": "256",
-    "max_batch_tokens": "16384",
+    "max_batch_tokens": "8192",  # the largest CUDA-graph bucket: larger batches run eagerly
     "max_queue_requests": "1024",
     "max_texts_per_request": "256",
     "max_text_bytes": "100000",
-    "cuda_graphs": "true",  # replay captured CUDA graphs for small batches (GPU only)
+    "cuda_graphs": "true",  # replay captured CUDA graphs, batches up to 8192 tokens and 256 texts (GPU only)
     "activation_arena": "false",  # auto (on GPU) | true | false: length-aware activation allocator
     "arena_release_after_idle": "0",  # release an unused arena chunk after N idle batches
     "batch_policy": "fifo",  # fifo (arrival order up to the caps) | dp (length-aware dynamic programming)
