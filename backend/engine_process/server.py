@@ -5,8 +5,10 @@ Started by the first instance (client.py) with spawn. It builds what its spec de
 (protocol.EngineSpec): it loads the model (the generator with tensor_parallel_size > 1 as rank
 0, starting the workers itself: they are this engine's), builds the engine with a BatchingSink,
 warms up, and says "ready" on its starter's pipe; then it listens on the rendezvous socket for
-the other instances. One reader thread per stub turns its messages into submits and
-cancellations; the engine thread flushes each pass's outputs as one message per stub. It exits
+the other instances. One reader thread waits on every stub's connection at once and turns their
+messages into submits and cancellations (one thread, not one per stub: each thread that wakes
+for a message contends for the GIL with the engine thread's launches); the engine thread flushes
+each pass's outputs as one message per stub. It exits
 when the last stub has gone (a stub's end of the connection closes when the stub exits, however
 it exits), or after a fatal failure that it first reports to every stub.
 """
@@ -16,7 +18,8 @@ import logging
 import os
 import threading
 import traceback
-from multiprocessing.connection import Listener
+from multiprocessing import Pipe
+from multiprocessing.connection import Listener, wait
 
 from tritonformer.backend.engine_process.batching_sink import BatchingSink
 from tritonformer.backend.engine_process.protocol import EngineSpec
@@ -25,6 +28,7 @@ from tritonformer.backend.spawn import LockedConnection, start_heartbeat
 log = logging.getLogger("tritonformer")
 STOP_TIMEOUT_S = 20.0  # the engine, its workers and the group, stopped at exit at most this long
 FAILED_STOP_TIMEOUT_S = 2.0  # the same after a rank failed: the group is broken, nothing to wait for
+READ_BATCH = 16  # a stub's messages read in one turn of the reader at most
 
 
 def engine_main(spec: EngineSpec, starter, address: str | None, authkey: bytes | None) -> None:
@@ -47,6 +51,10 @@ class EngineServer:
         self._done = threading.Event()
         self._failed = False
         self._listener = None
+        self._readable: dict = {}  # a stub's raw connection -> (its id, its LockedConnection)
+        self._readable_lock = threading.Lock()
+        self._wake_reader, self._waker = Pipe(duplex=False)  # a new stub joins the reader's wait
+        self._waker_lock = threading.Lock()
 
     def run(self) -> None:
         start_heartbeat(self._beat)
@@ -60,6 +68,7 @@ class EngineServer:
             self._stop_engine()
             return
         self.info = info
+        threading.Thread(target=self._read, name="tritonformer-stubs", daemon=True).start()
         if self.address is not None:
             self._listener = Listener(self.address, "AF_UNIX", authkey=self.authkey)
             threading.Thread(target=self._accept, name="tritonformer-accept", daemon=True).start()
@@ -99,7 +108,7 @@ class EngineServer:
             self._serve(LockedConnection(conn))
 
     def _serve(self, conn: LockedConnection) -> bool:
-        """Greet a stub and read its messages on a thread of their own; False if it is gone."""
+        """Greet a stub and add its connection to the reader's; False if it is gone."""
         with self._ids_lock:
             cid = self._ids
             self._ids += 1
@@ -109,36 +118,64 @@ class EngineServer:
             conn.close()
             return False
         self.sink.connect(cid, conn)
-        threading.Thread(target=self._read, args=(cid, conn), name=f"tritonformer-stub{cid}", daemon=True).start()
+        with self._readable_lock:
+            self._readable[conn.conn] = (cid, conn)
+        with self._waker_lock:
+            self._waker.send_bytes(b"")
         return True
 
-    def _read(self, cid: int, conn: LockedConnection) -> None:
-        engine, sink = self.engine, self.sink
-        try:
-            while True:
-                kind, body = conn.recv()
-                if kind == "submit":
-                    rejected = False
-                    for rid, args in body:
-                        handle = (cid, rid)
-                        sink.opened(handle)
-                        try:
-                            engine.submit(self.spec.new_item(engine, handle, args))
-                        except Exception as e:  # Overloaded, EngineFailed, ShuttingDown
-                            sink.send(handle, None, e, True)
-                            rejected = True
-                    if rejected:
-                        sink.flush()
-                elif kind == "cancel":
-                    sink.cancel([(cid, rid) for rid in body])
-                elif kind == "bye":
-                    break
-        except (EOFError, OSError):
-            pass
-        sink.disconnect(cid)
+    def _read(self) -> None:
+        """Every stub's messages, on one thread: wait until connections hold some, read each
+        one's (up to READ_BATCH in a turn, so that none waits behind a busy one), wait again. A
+        stub that said "bye", or whose connection closed, is dropped."""
+        while True:
+            with self._readable_lock:
+                readable = dict(self._readable)
+            for raw in wait([self._wake_reader, *readable]):
+                if raw is self._wake_reader:
+                    self._wake_reader.recv_bytes()
+                    continue
+                cid, conn = readable[raw]
+                try:
+                    staying = self._handle(cid, conn.recv())
+                    for _ in range(READ_BATCH - 1):
+                        if not (staying and raw.poll()):
+                            break
+                        staying = self._handle(cid, conn.recv())
+                except (EOFError, OSError):
+                    staying = False
+                if not staying:
+                    self._drop(raw, cid, conn)
+
+    def _drop(self, raw, cid: int, conn: LockedConnection) -> None:
+        with self._readable_lock:
+            self._readable.pop(raw, None)
+        self.sink.disconnect(cid)
         conn.close()
-        if sink.num_connections() == 0:
+        if self.sink.num_connections() == 0:
             self._done.set()
+
+    def _handle(self, cid: int, message) -> bool:
+        """One stub message: submits, cancellations; False for its "bye"."""
+        engine, sink = self.engine, self.sink
+        kind, body = message
+        if kind == "submit":
+            rejected = False
+            for rid, args in body:
+                handle = (cid, rid)
+                sink.opened(handle)
+                try:
+                    engine.submit(self.spec.new_item(engine, handle, args))
+                except Exception as e:  # Overloaded, EngineFailed, ShuttingDown
+                    sink.send(handle, None, e, True)
+                    rejected = True
+            if rejected:
+                sink.flush()
+        elif kind == "cancel":
+            sink.cancel([(cid, rid) for rid in body])
+        elif kind == "bye":
+            return False
+        return True
 
     def _beat(self, message) -> None:
         if self._ready:
