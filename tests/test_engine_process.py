@@ -221,6 +221,25 @@ def test_a_second_stub_attaches_to_the_same_engine(engine, checkpoint):
     wait_all([c], 30)
 
 
+
+def test_a_stub_whose_message_fails_is_cut_off_and_the_others_are_still_served(engine, checkpoint):
+    """One thread reads every stub: a message it cannot handle closes that stub's connection
+    (the stub fails loudly), not the reader for the others."""
+    client, _, _, place = engine
+    other = EngineClient.connect(spec(checkpoint), Sink(), None, rendezvous=place)
+    try:
+        other.conn.send(("cancel", None))  # not a list of request ids
+        deadline = time.monotonic() + 10
+        while other.failure is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert other.failure is not None and "closed its connection" in other.failure
+    finally:
+        other.close()
+    c = Sender("c")
+    client.submit([(c, [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), True, ResponseOptions())])
+    wait_all([c], 30)
+    assert len(ids_of(c)[0]) == 3
+
 class TritonLikeSink:
     """Sends from a thread of its own, as TritonSink does, with Triton's rule for a sender: once
     its final response has been sent, tritonserver has freed the request's response factory and

@@ -144,6 +144,9 @@ class EngineServer:
                         staying = self._handle(cid, conn.recv())
                 except (EOFError, OSError):
                     staying = False
+                except Exception:  # a message that cannot be read: that stub is cut off, not every stub
+                    log.exception("a message from stub %d failed; its connection is closed", cid)
+                    staying = False
                 if not staying:
                     self._drop(raw, cid, conn)
 
