@@ -221,7 +221,6 @@ def test_a_second_stub_attaches_to_the_same_engine(engine, checkpoint):
     wait_all([c], 30)
 
 
-
 def test_a_stub_whose_message_fails_is_cut_off_and_the_others_are_still_served(engine, checkpoint):
     """One thread reads every stub: a message it cannot handle closes that stub's connection
     (the stub fails loudly), not the reader for the others."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,3 +129,23 @@ def test_encoder_ep_table_reads_a_run_with_response_threads():
     rows = [line for line in out.splitlines() if line.startswith("| false | 4 b | 4 |")]
     assert len(rows) == 6
     assert "Triton batcher, 4 response threads: 6,040 req/s" in out
+
+
+def test_encoder_host_cost_times_the_engine_not_its_stand_in():
+    """tools/encoder_host_cost.py runs (a short run of its table) and its stand-in model hands out
+    rows from buffers made ahead: no allocation, whose page faults it would time as the engine's."""
+    out = subprocess.run([sys.executable, str(REPO / "tools/encoder_host_cost.py"), "--batch", "16", "--rounds", "3",
+                          "--repeat", "1"], check=True, capture_output=True, text=True, cwd=REPO / "tools").stdout
+    parts = re.findall(r"([\d.]+) us", out.splitlines()[-1])
+    assert len(parts) == 5 and float(parts[-1]) > 0
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import encoder_host_cost
+    finally:
+        sys.path.pop(0)
+    engine = encoder_host_cost._RowsAtOnce.__new__(encoder_host_cost._RowsAtOnce)
+    first, second = (engine.launch([[1, 2]] * n).wait() for n in (3, 5))
+    assert first.shape == (3, encoder_host_cost.WIDTH) and second.shape == (5, encoder_host_cost.WIDTH)
+    made_ahead = [b.numpy() for b in encoder_host_cost._RowsAtOnce.BUFFERS]
+    assert any(np.shares_memory(first, b) for b in made_ahead) and any(np.shares_memory(second, b) for b in made_ahead)
+    assert not np.shares_memory(first, second)  # taken in turn: a batch's rows outlive the next launch

@@ -8,9 +8,9 @@ warms up, and says "ready" on its starter's pipe; then it listens on the rendezv
 the other instances. One reader thread waits on every stub's connection at once and turns their
 messages into submits and cancellations (one thread, not one per stub: each thread that wakes
 for a message contends for the GIL with the engine thread's launches); the engine thread flushes
-each pass's outputs as one message per stub. It exits
-when the last stub has gone (a stub's end of the connection closes when the stub exits, however
-it exits), or after a fatal failure that it first reports to every stub.
+each pass's outputs as one message per stub. It exits when the last stub has gone (a stub's end
+of the connection closes when the stub exits, however it exits), or after a fatal failure that
+it first reports to every stub.
 """
 from __future__ import annotations
 
