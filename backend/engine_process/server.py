@@ -52,9 +52,8 @@ class EngineServer:
         self._failed = False
         self._listener = None
         self._readable: dict = {}  # a stub's raw connection -> (its id, its LockedConnection)
-        self._readable_lock = threading.Lock()
+        self._readable_lock = threading.Lock()  # (also one send on the waker at a time)
         self._wake_reader, self._waker = Pipe(duplex=False)  # a new stub joins the reader's wait
-        self._waker_lock = threading.Lock()
 
     def run(self) -> None:
         start_heartbeat(self._beat)
@@ -120,7 +119,6 @@ class EngineServer:
         self.sink.connect(cid, conn)
         with self._readable_lock:
             self._readable[conn.conn] = (cid, conn)
-        with self._waker_lock:
             self._waker.send_bytes(b"")
         return True
 
